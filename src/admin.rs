@@ -1,0 +1,319 @@
+//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints.
+//! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+
+use crate::delivery::Deliverer;
+use crate::metrics::Gauges;
+use crate::model::State;
+use crate::serve::{self, Body};
+use crate::store::{AttemptRecord, ListFilter, MessageRecord, StoreError};
+use crate::timefmt::{parse_rfc3339, rfc3339};
+
+/// Default page size of `GET /deliveries`.
+pub const DEFAULT_PAGE: usize = 100;
+
+/// The admin component.
+pub struct Admin {
+    d: Arc<Deliverer>,
+    draining: Arc<AtomicBool>,
+}
+
+fn not_found(what: &str) -> Response<Body> {
+    serve::error(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+}
+
+fn bad_request(message: impl Into<String>) -> Response<Body> {
+    serve::error(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+fn store_failed(e: &StoreError) -> Response<Body> {
+    serve::error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string())
+}
+
+fn time_or_null(ms: u64) -> Value {
+    if ms == 0 {
+        Value::Null
+    } else {
+        Value::String(rfc3339(ms))
+    }
+}
+
+/// The JSON of one delivery (CONTRACT §5); `history` only when given.
+pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>) -> Value {
+    let mut v = json!({
+        "id": rec.id,
+        "event_id": rec.event_id,
+        "target": rec.target,
+        "endpoint": rec.endpoint,
+        "state": rec.state.as_str(),
+        "attempts": rec.attempts,
+        "max_attempts": rec.max_attempts,
+        "accepted_at": time_or_null(rec.accepted_at_ms),
+        "next_attempt_at": if rec.state == State::Pending { time_or_null(rec.next_attempt_at_ms) } else { Value::Null },
+        "give_up_at": time_or_null(rec.give_up_at_ms),
+        "finished_at": time_or_null(rec.finished_at_ms),
+        "dead_reason": rec.dead_reason.map(|r| r.as_str()),
+        "last_status": rec.last_status,
+        "last_error": rec.last_error,
+    });
+    if let Some(history) = history {
+        v["history"] = history
+            .iter()
+            .map(|a| json!({ "at": rfc3339(a.at_ms), "status": a.status, "error": a.error, "duration_ms": a.duration_ms }))
+            .collect();
+    }
+    v
+}
+
+fn query_map(req: &Request<Incoming>) -> HashMap<String, String> {
+    req.uri()
+        .query()
+        .map(|q| url::form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+fn decode_segment(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+impl Admin {
+    /// Builds the component.
+    pub fn new(d: Arc<Deliverer>, draining: Arc<AtomicBool>) -> Self {
+        Admin { d, draining }
+    }
+
+    fn authorized(&self, req: &Request<Incoming>) -> bool {
+        let Some(token) = &self.d.config.admin_token else { return true };
+        let given = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.expose().as_bytes())))
+    }
+
+    /// Handles one request.
+    pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        if path == "/healthz" {
+            return serve::json(StatusCode::OK, &json!({ "status": "ok" }));
+        }
+        if !self.authorized(&req) {
+            return serve::error(StatusCode::UNAUTHORIZED, "unauthorized", "admin API needs Authorization: Bearer <admin_token>");
+        }
+        let method = req.method().clone();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match (&method, segments.as_slice()) {
+            (&Method::GET, ["readyz"]) => self.readyz(),
+            (&Method::GET, ["metrics"]) => self.metrics(),
+            (&Method::GET, ["deliveries"]) => self.list(&query_map(&req)),
+            (&Method::POST, ["deliveries", "retry"]) => self.bulk_retry(&query_map(&req)),
+            (&Method::GET, ["deliveries", id]) => self.show(&decode_segment(id)),
+            (&Method::DELETE, ["deliveries", id]) => self.delete(&decode_segment(id)),
+            (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
+            (&Method::GET, ["endpoints"]) => self.endpoints(),
+            (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
+                let pause = path.ends_with("/pause");
+                let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
+                self.set_paused(&decode_segment(&raw), pause)
+            }
+            (_, ["readyz" | "metrics" | "deliveries" | "endpoints", ..]) => {
+                serve::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {path}"))
+            }
+            _ => serve::error(StatusCode::NOT_FOUND, "not_found", format!("no admin route {path}")),
+        }
+    }
+
+    fn readyz(&self) -> Response<Body> {
+        if self.draining.load(Ordering::SeqCst) {
+            return serve::error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is draining");
+        }
+        if !self.d.store.writable() {
+            return serve::error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", "the store cannot write");
+        }
+        serve::json(StatusCode::OK, &json!({ "status": "ready" }))
+    }
+
+    fn metrics(&self) -> Response<Body> {
+        let d = &self.d;
+        let counts = d.store.counts().unwrap_or_default();
+        let in_flight = d.in_flight_count() as u64;
+        let now = d.clock.now_ms();
+        let oldest = d.store.oldest_open_ms().ok().flatten().map_or(0.0, |ms| now.saturating_sub(ms) as f64 / 1000.0);
+        let gauges = Gauges {
+            pending: counts.open.saturating_sub(in_flight),
+            in_flight,
+            oldest_pending_seconds: oldest,
+            dead_stored: counts.dead,
+            endpoints_paused: d.endpoints.paused_count(),
+        };
+        serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", d.metrics.render(&gauges))
+    }
+
+    fn show(&self, id: &str) -> Response<Body> {
+        match (self.d.store.message(id), self.d.store.history(id)) {
+            (Ok(Some(rec)), Ok(history)) => serve::json(StatusCode::OK, &delivery_json(&rec, Some(&history))),
+            (Ok(None), _) => not_found(&format!("delivery {id:?}")),
+            (Err(e), _) | (_, Err(e)) => store_failed(&e),
+        }
+    }
+
+    fn filter(q: &HashMap<String, String>) -> Result<ListFilter, Response<Body>> {
+        let state = match q.get("state").map(String::as_str) {
+            None | Some("") => None,
+            Some(s) => Some(s.parse::<State>().map_err(|e| bad_request(e.to_string()))?),
+        };
+        let time = |key: &str| -> Result<Option<u64>, Response<Body>> {
+            match q.get(key).map(String::as_str) {
+                None | Some("") => Ok(None),
+                Some(t) => parse_rfc3339(t)
+                    .map(Some)
+                    .ok_or_else(|| bad_request(format!("{key}={t:?} is not an RFC 3339 time like 2026-01-31T12:00:00Z"))),
+            }
+        };
+        Ok(ListFilter {
+            state,
+            endpoint: q.get("endpoint").filter(|e| !e.is_empty()).cloned(),
+            finished_since_ms: time("since")?,
+            finished_until_ms: time("until")?,
+        })
+    }
+
+    fn list(&self, q: &HashMap<String, String>) -> Response<Body> {
+        let filter = match Self::filter(q) {
+            Ok(f) => f,
+            Err(resp) => return resp,
+        };
+        let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+            None => DEFAULT_PAGE,
+            Some(Ok(n)) if (1..=1000).contains(&n) => n,
+            Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
+        };
+        let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
+        match self.d.store.list(&filter, limit, cursor) {
+            Ok(page) => {
+                let items: Vec<Value> = page.items.iter().map(|r| delivery_json(r, None)).collect();
+                serve::json(StatusCode::OK, &json!({ "items": items, "next_cursor": page.next_cursor }))
+            }
+            Err(e) => store_failed(&e),
+        }
+    }
+
+    fn give_up_at(&self, now: u64) -> u64 {
+        now.saturating_add(self.d.config.retry.give_up_after.as_millis() as u64)
+    }
+
+    fn retry(&self, id: &str) -> Response<Body> {
+        let now = self.d.clock.now_ms();
+        match self.d.store.replay(id, now, self.give_up_at(now)) {
+            Ok(Some(true)) => {
+                self.d.wake.notify_one();
+                tracing::info!(delivery_id = id, "dead message replayed");
+                serve::json(StatusCode::ACCEPTED, &json!({ "id": id, "status": "pending" }))
+            }
+            Ok(Some(false)) => serve::error(StatusCode::CONFLICT, "not_dead", format!("delivery {id:?} is not dead; only dead messages can be retried")),
+            Ok(None) => not_found(&format!("delivery {id:?}")),
+            Err(e) => store_failed(&e),
+        }
+    }
+
+    fn bulk_retry(&self, q: &HashMap<String, String>) -> Response<Body> {
+        let filter = match Self::filter(q) {
+            Ok(f) => f,
+            Err(resp) => return resp,
+        };
+        if filter.state.is_some_and(|s| s != State::Dead) {
+            return bad_request("only dead messages can be replayed (state=dead)");
+        }
+        let now = self.d.clock.now_ms();
+        match self.d.store.replay_dead(&filter, now, self.give_up_at(now)) {
+            Ok(n) => {
+                if n > 0 {
+                    self.d.wake.notify_one();
+                }
+                tracing::info!(requeued = n, endpoint = filter.endpoint.as_deref(), "dead messages replayed");
+                serve::json(StatusCode::OK, &json!({ "requeued": n }))
+            }
+            Err(e) => store_failed(&e),
+        }
+    }
+
+    fn delete(&self, id: &str) -> Response<Body> {
+        match self.d.store.delete(id) {
+            Ok(true) => {
+                tracing::info!(delivery_id = id, "delivery deleted");
+                serve::empty(StatusCode::NO_CONTENT)
+            }
+            Ok(false) => not_found(&format!("delivery {id:?}")),
+            Err(e) => store_failed(&e),
+        }
+    }
+
+    /// Every endpoint courier knows: with state, or with open messages, or configured.
+    fn endpoint_table(&self) -> Result<BTreeMap<String, Value>, StoreError> {
+        let open: HashMap<String, u64> = self.d.store.open_per_endpoint()?.into_iter().collect();
+        let mut out = BTreeMap::new();
+        let add = |out: &mut BTreeMap<String, Value>, key: &str, paused: bool, streak: u32, in_flight: u32| {
+            let pending = open.get(key).copied().unwrap_or(0).saturating_sub(u64::from(in_flight));
+            out.insert(
+                key.to_string(),
+                json!({
+                    "key": key,
+                    "state": if paused { "paused" } else { "active" },
+                    "permanent_failure_streak": streak,
+                    "in_flight": in_flight,
+                    "pending": pending,
+                }),
+            );
+        };
+        let views = self.d.endpoints.snapshot();
+        for v in &views {
+            if v.rec.paused || v.rec.streak > 0 || v.in_flight > 0 || open.contains_key(&v.key) {
+                add(&mut out, &v.key, v.rec.paused, v.rec.streak, v.in_flight);
+            }
+        }
+        for key in open.keys() {
+            if !views.iter().any(|v| &v.key == key) {
+                add(&mut out, key, false, 0, 0);
+            }
+        }
+        for e in &self.d.config.endpoints {
+            if !out.contains_key(&e.key) {
+                add(&mut out, &e.key, false, 0, 0);
+            }
+        }
+        Ok(out)
+    }
+
+    fn endpoints(&self) -> Response<Body> {
+        match self.endpoint_table() {
+            Ok(table) => serve::json(StatusCode::OK, &json!({ "items": table.into_values().collect::<Vec<_>>() })),
+            Err(e) => store_failed(&e),
+        }
+    }
+
+    fn set_paused(&self, key: &str, paused: bool) -> Response<Body> {
+        let known = self.d.endpoints.get(key).is_some()
+            || match self.endpoint_table() {
+                Ok(t) => t.contains_key(key),
+                Err(e) => return store_failed(&e),
+            };
+        if !known {
+            return not_found(&format!("endpoint {key:?}"));
+        }
+        match self.d.set_paused(key, paused) {
+            Ok(()) => serve::empty(StatusCode::NO_CONTENT),
+            Err(e) => store_failed(&e),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Wiring: the one place that builds every component, starts the tasks, and orders
+//! shutdown.
+//!
+//! Start: open the store → bind both listeners → requeue messages a crash left in flight →
+//! start scheduler, retention, ingress and admin → log `listening`.
+//!
+//! Stop (SIGTERM/SIGINT, or [`Running::shutdown`]): ingress answers 503 and `/readyz` 503
+//! → the scheduler stops claiming → running attempts get `shutdown_grace` to finish, the
+//! rest are cut off and requeued without counting an attempt → listeners close → the
+//! store's queued accepts are answered, the WAL synced and memtables flushed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::admin::Admin;
+use crate::client::{ClientSettings, HttpTransport};
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::Config;
+use crate::delivery::{Deliverer, DelivererParts};
+use crate::egress::EgressPolicy;
+use crate::ingress::Ingress;
+use crate::metrics::Metrics;
+use crate::resolver::{Resolve, SystemResolver};
+use crate::scheduler::Scheduler;
+use crate::serve::{self, Handler, ServeLimits};
+use crate::store::{Store, StoreError, StoreOptions};
+use crate::transport::Transport;
+
+/// Why courier could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The store could not be opened.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// `ingress` or `admin`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
+/// scripted transport or a fixed resolver.
+pub struct Seams {
+    /// The clock.
+    pub clock: SharedClock,
+    /// The transport; `None` builds the real HTTP client.
+    pub transport: Option<Arc<dyn Transport>>,
+    /// DNS for the real HTTP client.
+    pub resolver: Arc<dyn Resolve>,
+    /// Seed for jitter; `None` seeds from the OS.
+    pub rng_seed: Option<u64>,
+}
+
+impl Default for Seams {
+    fn default() -> Self {
+        Seams { clock: Arc::new(SystemClock), transport: None, resolver: Arc::new(SystemResolver), rng_seed: None }
+    }
+}
+
+/// A started courier.
+pub struct Running {
+    /// Where ingress listens.
+    pub ingress_addr: SocketAddr,
+    /// Where admin listens.
+    pub admin_addr: SocketAddr,
+    /// The delivery context (for in-process tests).
+    pub deliverer: Arc<Deliverer>,
+    trigger: Arc<Notify>,
+    done: JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts the shutdown sequence (idempotent).
+    pub fn shutdown(&self) {
+        self.trigger.notify_one();
+    }
+
+    /// Waits until shutdown has completed.
+    pub async fn wait(self) {
+        let _ = self.done.await;
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr).await.map_err(|source| AppError::Bind { what, addr, source })
+}
+
+/// Starts courier: returns once both listeners are bound and the store is open.
+pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
+    let config = Arc::new(config);
+    let store = Arc::new(Store::open(
+        &config.data_dir,
+        StoreOptions {
+            retention_ms: config.retention.as_millis() as u64,
+            dead_retention_ms: config.dead_retention.as_millis() as u64,
+            ..StoreOptions::default()
+        },
+    )?);
+    let ingress_listener = bind("ingress", config.listen).await?;
+    let admin_listener = bind("admin", config.admin_listen).await?;
+    let ingress_addr = ingress_listener.local_addr().map_err(|source| AppError::Bind { what: "ingress", addr: config.listen, source })?;
+    let admin_addr = admin_listener.local_addr().map_err(|source| AppError::Bind { what: "admin", addr: config.admin_listen, source })?;
+
+    let clock = seams.clock;
+    let recovered = store.recover_in_flight(clock.now_ms())?;
+    if recovered > 0 {
+        tracing::warn!(count = recovered, "requeued messages that were in flight when courier last stopped");
+    }
+
+    let transport: Arc<dyn Transport> = match seams.transport {
+        Some(t) => t,
+        None => Arc::new(HttpTransport::new(
+            ClientSettings {
+                connect_timeout: config.delivery.connect_timeout,
+                request_timeout: config.delivery.request_timeout,
+                max_response_body: config.delivery.max_response_body as usize,
+                pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
+            },
+            EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
+            seams.resolver,
+        )),
+    };
+    let rng = match seams.rng_seed {
+        Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
+        None => rand::rngs::StdRng::from_os_rng(),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let wake = Arc::new(Notify::new());
+    let deliverer = Deliverer::new(DelivererParts {
+        store: store.clone(),
+        transport,
+        clock: clock.clone(),
+        config: config.clone(),
+        metrics: metrics.clone(),
+        wake: wake.clone(),
+        rng,
+    })?;
+
+    let draining = Arc::new(AtomicBool::new(false));
+    let (stop_sched, sched_rx) = watch::channel(false);
+    let (stop_http, http_rx) = watch::channel(false);
+
+    let ingress = Arc::new(Ingress::new(store.clone(), config.clone(), clock.clone(), metrics, wake, draining.clone()));
+    let admin = Arc::new(Admin::new(deliverer.clone(), draining.clone()));
+    let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
+    let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
+    let ingress_task = tokio::spawn(serve::serve(ingress_listener, ingress_handler, ServeLimits::default(), http_rx.clone()));
+    let admin_task = tokio::spawn(serve::serve(admin_listener, admin_handler, ServeLimits::default(), http_rx));
+    let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
+    let retention_task = tokio::spawn(crate::retention::run(store.clone(), clock.clone(), sched_rx));
+
+    tracing::info!(ingress = %ingress_addr, admin = %admin_addr, data_dir = %config.data_dir.display(), "listening");
+
+    let trigger = Arc::new(Notify::new());
+    let t = trigger.clone();
+    let d = deliverer.clone();
+    let grace = config.shutdown_grace;
+    let done = tokio::spawn(async move {
+        t.notified().await;
+        tracing::info!(grace_ms = grace.as_millis() as u64, in_flight = d.in_flight_count(), "shutting down: draining");
+        draining.store(true, Ordering::SeqCst);
+        let _ = stop_sched.send(true);
+        let _ = scheduler_task.await;
+        let _ = retention_task.await;
+        let cut = d.drain(grace).await;
+        if cut > 0 {
+            tracing::warn!(count = cut, "attempts still running at the end of shutdown_grace were cut off; they are retried after restart");
+        }
+        let _ = stop_http.send(true);
+        let _ = ingress_task.await;
+        let _ = admin_task.await;
+        let s = store.clone();
+        let _ = tokio::task::spawn_blocking(move || s.close()).await;
+        tracing::info!("stopped");
+    });
+    Ok(Running { ingress_addr, admin_addr, deliverer, trigger, done })
+}
+
+/// Runs courier until SIGTERM or SIGINT, then shuts down cleanly.
+pub async fn run(config: Config) -> Result<(), AppError> {
+    let running = start(config, Seams::default()).await?;
+    wait_for_signal().await;
+    running.shutdown();
+    running.wait().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
+    }
+}

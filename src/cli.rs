@@ -1,0 +1,130 @@
+//! The command line: `courier [serve]`, `courier check-config`, and the operator commands
+//! (`deliveries`, `endpoints`) that talk to a running courier's admin API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, Overrides};
+
+/// courier: durable webhook delivery sidecar.
+#[derive(Debug, Parser)]
+#[command(name = "courier", version, about, long_about = None)]
+pub struct Cli {
+    /// Settings shared by every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Flags that override the config file and environment.
+#[derive(Debug, Args, Clone, Default)]
+pub struct GlobalArgs {
+    /// TOML config file (also COURIER_CONFIG).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Ingress address, ip:port (also COURIER_LISTEN).
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Data directory (also COURIER_DATA_DIR).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run courier (the default).
+    Serve,
+    /// Validate the configuration and print a summary, without serving.
+    CheckConfig,
+    /// Inspect and replay deliveries through the admin API.
+    #[command(subcommand)]
+    Deliveries(crate::operator::DeliveriesCommand),
+    /// Inspect, pause and resume endpoints through the admin API.
+    #[command(subcommand)]
+    Endpoints(crate::operator::EndpointsCommand),
+}
+
+impl GlobalArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            config: self.config.clone(),
+            listen: self.listen.clone(),
+            admin_listen: self.admin_listen.clone(),
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+/// Loads the layered config for these flags and the process environment.
+pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigError> {
+    Config::load(&global.overrides(), &|name| std::env::var(name).ok())
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("COURIER_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+/// Parses the command line and runs the command; returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        None | Some(Command::Serve) => serve(&cli.global),
+        Some(Command::CheckConfig) => match load_config(&cli.global) {
+            Ok(cfg) => {
+                println!("config ok\n{}", cfg.summary());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("courier: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Some(Command::Deliveries(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Deliveries(cmd)),
+        Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
+    }
+}
+
+fn serve(global: &GlobalArgs) -> ExitCode {
+    let config = match load_config(global) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("courier: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("courier: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::app::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("courier: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The auto-pause alert: a JSON message to `alert_url`, accepted into courier's own
+//! pipeline so it is stored, retried and signed like any other message.
+
+use super::Deliverer;
+use crate::envelope::Envelope;
+use crate::store::{Accepted, EndpointRecord, SigningChoice};
+
+/// The alert body (CONTRACT §5).
+pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> {
+    let at = crate::timefmt::rfc3339(now_ms);
+    serde_json::json!({
+        "type": "endpoint.paused",
+        "endpoint": endpoint,
+        "streak": rec.streak,
+        "last_status": rec.last_status,
+        "at": at,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Enqueues the alert for a paused endpoint, if `alert_url` is set. The alert endpoint
+/// itself never alerts about itself (that would loop).
+pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
+    let Some(url) = d.config.alert_url.clone() else { return };
+    if crate::target::default_endpoint_key(&url) == endpoint {
+        return;
+    }
+    let env = Envelope {
+        target: url,
+        endpoint: None,
+        event_id: None,
+        method: "POST".into(),
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: alert_body(endpoint, rec, now_ms),
+        scheme: None,
+        signing: SigningChoice::Default,
+        max_attempts: d.config.retry.max_attempts,
+        give_up_after: d.config.retry.give_up_after,
+    };
+    let msg = d.with_rng(|rng| env.into_message(now_ms, rng));
+    match d.store.accept(msg).await {
+        Ok(Accepted::New) => {
+            d.metrics.accepted();
+            d.wake.notify_one();
+        }
+        Ok(Accepted::Duplicate { .. }) => {}
+        Err(e) => tracing::error!(endpoint, error = %e, "storing the pause alert failed"),
+    }
+}

@@ -1,0 +1,215 @@
+//! Per-endpoint state in memory: pause flag and permanent-failure streak (persisted in
+//! the store whenever they change), the rate-limit token bucket, and the in-flight count.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::policy::rate::TokenBucket;
+use crate::store::EndpointRecord;
+
+/// What an attempt's result did to its endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointChange {
+    /// Nothing to persist.
+    None,
+    /// The streak changed: persist the record.
+    Changed(EndpointRecord),
+    /// The streak reached the threshold and the endpoint is now paused.
+    Paused(EndpointRecord),
+}
+
+/// The class of an attempt, as the streak sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreakEvent {
+    /// 2xx: the streak resets.
+    Success,
+    /// A permanent status: the streak grows.
+    PermanentFailure,
+    /// Anything else leaves the streak alone.
+    Other,
+}
+
+#[derive(Debug)]
+struct Entry {
+    rec: EndpointRecord,
+    bucket: TokenBucket,
+    in_flight: u32,
+}
+
+/// A snapshot of one endpoint, for the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointView {
+    /// Endpoint key.
+    pub key: String,
+    /// Persistent state.
+    pub rec: EndpointRecord,
+    /// Attempts in flight now.
+    pub in_flight: u32,
+}
+
+/// Every endpoint courier has seen since start (and every one with persisted state).
+#[derive(Debug)]
+pub struct EndpointTable {
+    default_rate: u32,
+    rates: HashMap<String, u32>,
+    pause_after: u32,
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl EndpointTable {
+    /// A table with the default rate, per-endpoint rate overrides, the auto-pause
+    /// threshold and the persisted endpoint records.
+    pub fn new(
+        default_rate: u32,
+        rates: HashMap<String, u32>,
+        pause_after: u32,
+        persisted: Vec<(String, EndpointRecord)>,
+        now_ms: u64,
+    ) -> Self {
+        let t = EndpointTable { default_rate, rates, pause_after, entries: Mutex::new(HashMap::new()) };
+        {
+            let mut entries = t.lock();
+            for (key, rec) in persisted {
+                let bucket = TokenBucket::new(t.rate(&key), now_ms);
+                entries.insert(key, Entry { rec, bucket, in_flight: 0 });
+            }
+        }
+        t
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rate(&self, key: &str) -> u32 {
+        self.rates.get(key).copied().unwrap_or(self.default_rate)
+    }
+
+    fn with_entry<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let mut entries = self.lock();
+        if !entries.contains_key(key) {
+            if entries.len() > 10_000 {
+                // Forget endpoints with nothing to remember so the table stays small.
+                entries.retain(|_, e| e.rec != EndpointRecord::default() || e.in_flight > 0);
+            }
+            let bucket = TokenBucket::new(self.rate(key), now_ms);
+            entries.insert(key.to_string(), Entry { rec: EndpointRecord::default(), bucket, in_flight: 0 });
+        }
+        f(entries.get_mut(key).expect("inserted above"))
+    }
+
+    /// Whether the endpoint is paused.
+    pub fn is_paused(&self, key: &str) -> bool {
+        self.lock().get(key).is_some_and(|e| e.rec.paused)
+    }
+
+    /// Takes a rate-limit token, or says how many millis until one is free.
+    pub fn try_rate(&self, key: &str, now_ms: u64) -> Result<(), u64> {
+        self.with_entry(key, now_ms, |e| e.bucket.try_take(now_ms))
+    }
+
+    /// An attempt to the endpoint started.
+    pub fn started(&self, key: &str, now_ms: u64) {
+        self.with_entry(key, now_ms, |e| e.in_flight += 1);
+    }
+
+    /// An attempt to the endpoint ended (with or without a result).
+    pub fn finished(&self, key: &str, now_ms: u64) {
+        self.with_entry(key, now_ms, |e| e.in_flight = e.in_flight.saturating_sub(1));
+    }
+
+    /// Applies an attempt's result to the streak; pauses the endpoint when the streak
+    /// reaches the threshold.
+    pub fn record(&self, key: &str, event: StreakEvent, status: Option<u16>, now_ms: u64) -> EndpointChange {
+        let pause_after = self.pause_after;
+        self.with_entry(key, now_ms, |e| match event {
+            StreakEvent::Success if e.rec.streak > 0 => {
+                e.rec.streak = 0;
+                EndpointChange::Changed(e.rec.clone())
+            }
+            StreakEvent::PermanentFailure => {
+                e.rec.streak = e.rec.streak.saturating_add(1);
+                e.rec.last_status = status;
+                if !e.rec.paused && e.rec.streak >= pause_after {
+                    e.rec.paused = true;
+                    EndpointChange::Paused(e.rec.clone())
+                } else {
+                    EndpointChange::Changed(e.rec.clone())
+                }
+            }
+            _ => EndpointChange::None,
+        })
+    }
+
+    /// Pauses or resumes an endpoint; a resume also clears the streak. Returns the new record.
+    pub fn set_paused(&self, key: &str, paused: bool, now_ms: u64) -> EndpointRecord {
+        self.with_entry(key, now_ms, |e| {
+            e.rec.paused = paused;
+            if !paused {
+                e.rec.streak = 0;
+            }
+            e.rec.clone()
+        })
+    }
+
+    /// The state of one endpoint, if courier knows it.
+    pub fn get(&self, key: &str) -> Option<EndpointView> {
+        self.lock().get(key).map(|e| EndpointView { key: key.to_string(), rec: e.rec.clone(), in_flight: e.in_flight })
+    }
+
+    /// Every known endpoint.
+    pub fn snapshot(&self) -> Vec<EndpointView> {
+        let mut out: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(k, e)| EndpointView { key: k.clone(), rec: e.rec.clone(), in_flight: e.in_flight })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// How many endpoints are paused.
+    pub fn paused_count(&self) -> u64 {
+        self.lock().values().filter(|e| e.rec.paused).count() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, vec![], 0);
+        assert_eq!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(EndpointRecord { paused: false, streak: 1, last_status: Some(410) }));
+        assert_eq!(t.record("e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
+        assert!(matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r.streak == 0));
+        for _ in 0..2 {
+            assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(_)));
+        }
+        assert!(!t.is_paused("e"));
+        assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3));
+        assert!(t.is_paused("e"));
+        assert_eq!(t.paused_count(), 1);
+        // Already paused: later failures do not pause (or alert) again.
+        assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(_)));
+        let r = t.set_paused("e", false, 0);
+        assert_eq!((r.paused, r.streak), (false, 0));
+    }
+
+    #[test]
+    fn persisted_state_is_loaded_and_rates_are_per_endpoint() {
+        let rec = EndpointRecord { paused: true, streak: 7, last_status: None };
+        let t = EndpointTable::new(2, HashMap::from([("slow".to_string(), 1)]), 100, vec![("p".into(), rec)], 0);
+        assert!(t.is_paused("p"));
+        assert!(t.try_rate("slow", 0).is_ok());
+        assert!(t.try_rate("slow", 0).is_err());
+        assert!(t.try_rate("fast", 0).is_ok());
+        assert!(t.try_rate("fast", 0).is_ok());
+        assert!(t.try_rate("fast", 0).is_err());
+        t.started("fast", 0);
+        assert_eq!(t.get("fast").unwrap().in_flight, 1);
+        t.finished("fast", 0);
+        assert_eq!(t.get("fast").unwrap().in_flight, 0);
+    }
+}

@@ -1,0 +1,212 @@
+//! Delivery: everything that happens to a claimed message. [`Deliverer`] holds what an
+//! attempt needs (store, transport, clock, policy, limits, endpoint state, metrics);
+//! [`Deliverer::dispatch`] runs one attempt on its own task, isolated so that a panic in
+//! it is courier's failure (the message goes back to the queue with no attempt counted),
+//! and tracked so shutdown can wait for it, then cut it off.
+
+pub mod alert;
+pub mod endpoints;
+pub mod host_limiter;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::task::AbortHandle;
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::policy::RetryPolicy;
+use crate::store::{Claimed, Store};
+use crate::transport::Transport;
+
+pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
+pub use host_limiter::HostLimiter;
+
+/// How long a message waits after courier itself failed on it (a panic, a signing key
+/// missing from the config) before it is tried again.
+pub const SELF_FAILURE_DELAY: Duration = Duration::from_secs(5);
+
+/// Shared context of every attempt.
+pub struct Deliverer {
+    /// The store.
+    pub store: Arc<Store>,
+    /// The transport attempts go through.
+    pub transport: Arc<dyn Transport>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// The settings (signing secrets are looked up here at each attempt).
+    pub config: Arc<Config>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Per-endpoint state.
+    pub endpoints: EndpointTable,
+    /// Per-host caps.
+    pub hosts: HostLimiter,
+    /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
+    pub wake: Arc<Notify>,
+    /// The retry policy.
+    pub policy: RetryPolicy,
+    rng: Mutex<StdRng>,
+    in_flight: Mutex<HashMap<String, AbortHandle>>,
+    idle: Notify,
+}
+
+impl std::fmt::Debug for Deliverer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deliverer").finish_non_exhaustive()
+    }
+}
+
+/// Everything [`Deliverer::new`] takes.
+pub struct DelivererParts {
+    /// The store.
+    pub store: Arc<Store>,
+    /// The transport.
+    pub transport: Arc<dyn Transport>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// The settings.
+    pub config: Arc<Config>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// The scheduler's wake-up.
+    pub wake: Arc<Notify>,
+    /// Randomness for jitter (seeded in tests).
+    pub rng: StdRng,
+}
+
+impl Deliverer {
+    /// Builds the context; loads persisted endpoint state from the store.
+    pub fn new(parts: DelivererParts) -> Result<Arc<Self>, crate::store::StoreError> {
+        let cfg = &parts.config;
+        let now = parts.clock.now_ms();
+        let rates = cfg.endpoints.iter().map(|e| (e.key.clone(), e.rate_per_second)).collect();
+        let endpoints = EndpointTable::new(
+            cfg.delivery.rate_per_second,
+            rates,
+            cfg.delivery.pause_after_permanent_failures,
+            parts.store.endpoints()?,
+            now,
+        );
+        let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
+        let hosts = HostLimiter::new(cfg.delivery.max_in_flight_per_host, caps);
+        let backoff = crate::policy::Backoff::new(cfg.retry.base_delay, cfg.retry.max_delay, cfg.retry.jitter)
+            .expect("config validation guarantees a valid backoff");
+        let policy = RetryPolicy {
+            backoff,
+            max_attempts: cfg.retry.max_attempts,
+            max_attempts_404: cfg.retry.max_attempts_404,
+            max_retry_after: cfg.retry.max_retry_after,
+        };
+        Ok(Arc::new(Deliverer {
+            store: parts.store,
+            transport: parts.transport,
+            clock: parts.clock,
+            config: parts.config,
+            metrics: parts.metrics,
+            endpoints,
+            hosts,
+            wake: parts.wake,
+            policy,
+            rng: Mutex::new(parts.rng),
+            in_flight: Mutex::new(HashMap::new()),
+            idle: Notify::new(),
+        }))
+    }
+
+    fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Runs one attempt for a claimed message on its own task, holding the host permit
+    /// until its result is recorded.
+    pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: OwnedSemaphorePermit) {
+        let id = claimed.record.id.clone();
+        let endpoint = claimed.record.endpoint.clone();
+        let d = self.clone();
+        let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = tokio::spawn(worker::attempt(d.clone(), claimed));
+        registry.insert(id.clone(), inner.abort_handle());
+        drop(registry);
+        tokio::spawn(async move {
+            let outcome = inner.await;
+            drop(permit);
+            if let Err(e) = outcome {
+                // The attempt did not finish (panic, or cut off at shutdown): not the
+                // receiver's failure, so no attempt is counted.
+                d.metrics.attempt_abandoned();
+                let now = d.clock.now_ms();
+                d.endpoints.finished(&endpoint, now);
+                let due = if e.is_panic() {
+                    tracing::error!(delivery_id = %id, "delivery worker panicked; message requeued without counting an attempt");
+                    now + SELF_FAILURE_DELAY.as_millis() as u64
+                } else {
+                    now
+                };
+                if let Err(e) = d.store.release(&id, due) {
+                    tracing::error!(delivery_id = %id, error = %e, "requeueing an abandoned attempt failed; it is retried after restart");
+                }
+            }
+            let mut registry = d.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            registry.remove(&id);
+            if registry.is_empty() {
+                d.idle.notify_waiters();
+            }
+            drop(registry);
+            d.wake.notify_one();
+        });
+    }
+
+    /// Attempts running now.
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Waits up to `grace` for running attempts to finish, then cuts off the rest (their
+    /// messages go back to the queue with no attempt counted). Returns how many were cut.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let waited = tokio::time::timeout(grace, self.wait_idle()).await;
+        if waited.is_ok() {
+            return 0;
+        }
+        let handles: Vec<AbortHandle> =
+            self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for h in &handles {
+            h.abort();
+        }
+        // The cut-off tasks requeue their messages; give that a moment to happen.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.wait_idle()).await;
+        handles.len()
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight_count() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
+    /// messages back in the queue at once and wakes the scheduler.
+    pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), crate::store::StoreError> {
+        let now = self.clock.now_ms();
+        let rec = self.endpoints.set_paused(endpoint, paused, now);
+        self.store.put_endpoint(endpoint, &rec)?;
+        if paused {
+            tracing::info!(endpoint, "endpoint paused");
+        } else {
+            let n = self.store.unpark_endpoint(endpoint, now)?;
+            tracing::info!(endpoint, released = n, "endpoint resumed");
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+}

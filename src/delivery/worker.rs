@@ -1,0 +1,175 @@
+//! One attempt, start to finish: sign with a fresh timestamp, send through the transport,
+//! decide (policy), record the result and the transition in the store, update the
+//! endpoint's streak, and log and count the outcome in one place.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::endpoints::{EndpointChange, StreakEvent};
+use super::{Deliverer, SELF_FAILURE_DELAY};
+use crate::metrics::AttemptOutcome;
+use crate::model::DeadReason;
+use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
+use crate::signing::{self, Secret};
+use crate::store::{AttemptRecord, Claimed, SigningChoice, Transition};
+use crate::transport::{OutboundRequest, TransportError};
+
+/// Why an attempt could not even be built. Courier's (or its operator's) failure, never
+/// the receiver's: no attempt is counted.
+#[derive(Debug, thiserror::Error)]
+enum BuildError {
+    #[error("signing key {0:?} is not in the config")]
+    MissingKey(String),
+    #[error("{0}")]
+    Signing(#[from] signing::SigningError),
+    #[error("stored target is not a URL: {0}")]
+    Target(#[from] url::ParseError),
+    #[error("stored method is invalid")]
+    Method,
+}
+
+fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, BuildError> {
+    Ok(match choice {
+        SigningChoice::Default => d.config.signing.secrets.clone(),
+        SigningChoice::Key(name) => {
+            d.config.signing.keys.get(name).cloned().ok_or_else(|| BuildError::MissingKey(name.clone()))?
+        }
+        SigningChoice::Inline(secret) => vec![Secret::new(secret.clone())],
+    })
+}
+
+fn build(d: &Deliverer, claimed: &Claimed, now_ms: u64) -> Result<OutboundRequest, BuildError> {
+    let rec = &claimed.record;
+    let payload = &claimed.payload;
+    let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
+    let secrets = secrets_for(d, &payload.signing)?;
+    let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
+    let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
+    headers.extend(fresh.into_iter().map(|(name, value)| (name.to_string(), value.into_bytes())));
+    Ok(OutboundRequest {
+        method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,
+        url: url::Url::parse(&rec.target)?,
+        headers,
+        body: Bytes::from(payload.body.clone()),
+    })
+}
+
+/// Runs one attempt of a claimed message.
+pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
+    let rec = &claimed.record;
+    let started_ms = d.clock.now_ms();
+    let req = match build(&d, &claimed, started_ms) {
+        Ok(req) => req,
+        Err(e) => {
+            tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
+                "cannot build the attempt; message stays pending until the config is fixed");
+            let _ = d.store.release(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64);
+            return;
+        }
+    };
+    d.metrics.attempt_started();
+    d.endpoints.started(&rec.endpoint, started_ms);
+    let timer = Instant::now();
+    let sent = d.transport.send(req).await;
+    let duration = timer.elapsed();
+    let now = d.clock.now_ms();
+    d.endpoints.finished(&rec.endpoint, now);
+
+    let (result, status, error) = match &sent {
+        Ok(resp) => (
+            AttemptResult::Status { code: resp.status, retry_after: resp.retry_after.clone() },
+            Some(resp.status),
+            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body)),
+        ),
+        Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
+        Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
+    };
+    let attempts_made = rec.attempts + 1;
+    let limits = Limits { max_attempts: rec.max_attempts, give_up_at_ms: rec.give_up_at_ms };
+    let decision = d.with_rng(|rng| decide(&result, attempts_made, &limits, &d.policy, now, rng));
+    let transition = match decision {
+        Decision::Delivered => Transition::Delivered,
+        Decision::RetryAt { at_ms } => Transition::RetryAt(at_ms),
+        Decision::Dead(reason) => Transition::Dead(reason),
+    };
+    let record = AttemptRecord {
+        at_ms: started_ms,
+        status,
+        error: error.clone(),
+        duration_ms: duration.as_millis().min(u32::MAX as u128) as u32,
+    };
+
+    // The result must reach the store: retry the write (the disk may be full for a while)
+    // rather than forget it. Until it lands the message stays in flight.
+    loop {
+        match d.store.finish_attempt(&rec.id, &record, transition, now) {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::error!(delivery_id = %rec.id, error = %e, "recording an attempt failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+
+    let outcome = match (&result, status.map(classify)) {
+        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
+        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
+        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
+        _ => AttemptOutcome::Retry,
+    };
+    d.metrics.attempt_finished(outcome, duration.as_micros() as u64);
+    let span_fields = (rec.id.as_str(), rec.event_id.as_str(), rec.endpoint.as_str());
+    match transition {
+        Transition::Delivered => {
+            d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
+            tracing::info!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
+                attempt = attempts_made, status, duration_ms = record.duration_ms, "delivered");
+        }
+        Transition::RetryAt(at) => {
+            tracing::info!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
+                attempt = attempts_made, status, error = error.as_deref(), retry_in_ms = at.saturating_sub(now),
+                "attempt failed; retry scheduled");
+        }
+        Transition::Dead(reason) => {
+            d.metrics.dead(reason);
+            tracing::warn!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
+                attempt = attempts_made, status, error = error.as_deref(), reason = reason.as_str(), "dead-lettered");
+        }
+    }
+
+    let streak_event = match outcome {
+        AttemptOutcome::Delivered => StreakEvent::Success,
+        AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
+        _ if transition == Transition::Dead(DeadReason::EgressDenied) => StreakEvent::Other,
+        _ => StreakEvent::Other,
+    };
+    match d.endpoints.record(&rec.endpoint, streak_event, status, now) {
+        EndpointChange::None => {}
+        EndpointChange::Changed(ep) => {
+            if let Err(e) = d.store.put_endpoint(&rec.endpoint, &ep) {
+                tracing::error!(endpoint = %rec.endpoint, error = %e, "saving endpoint state failed");
+            }
+        }
+        EndpointChange::Paused(ep) => {
+            if let Err(e) = d.store.put_endpoint(&rec.endpoint, &ep) {
+                tracing::error!(endpoint = %rec.endpoint, error = %e, "saving endpoint state failed");
+            }
+            tracing::warn!(endpoint = %rec.endpoint, streak = ep.streak, last_status = ep.last_status,
+                "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
+            super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
+        }
+    }
+}
+
+/// A short description of a non-2xx answer for `last_error`: the status and the start of
+/// the body, as text.
+fn response_error(status: u16, body: &[u8]) -> String {
+    let snippet: String = String::from_utf8_lossy(&body[..body.len().min(200)]).chars().filter(|c| !c.is_control()).collect();
+    if snippet.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {snippet}")
+    }
+}

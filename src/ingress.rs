@@ -1,0 +1,261 @@
+//! Ingress: where the app's webhooks come in (CONTRACT §2).
+//!
+//! A request is checked (draining, method, token, control headers, target, egress for IP
+//! literals, body size, signing choice), turned into an [`Envelope`], and handed to the
+//! store's group commit. The 202 is sent only after the batch holding it is synced; then
+//! the scheduler is woken so the first attempt starts at once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::egress::{literal_ip, EgressPolicy};
+use crate::envelope::Envelope;
+use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
+use crate::metrics::Metrics;
+use crate::serve::{self, Body};
+use crate::signing;
+use crate::store::{Accepted, SigningChoice, Store};
+use crate::target::resolve_target;
+
+/// Longest event id accepted from `webhook-id` / `Idempotency-Key`.
+pub const MAX_EVENT_ID_LEN: usize = 256;
+/// What a 503 asks the app to wait, in seconds.
+const RETRY_AFTER_SECS: &str = "5";
+
+/// The ingress component.
+pub struct Ingress {
+    store: Arc<Store>,
+    config: Arc<Config>,
+    clock: SharedClock,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+    egress: EgressPolicy,
+    draining: Arc<AtomicBool>,
+}
+
+/// A refusal: status, code, message.
+#[derive(Debug)]
+struct Refusal(StatusCode, &'static str, String);
+
+impl Refusal {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Refusal(status, code, message.into())
+    }
+}
+
+impl Ingress {
+    /// Builds the component. `draining` turns true when shutdown starts.
+    pub fn new(
+        store: Arc<Store>,
+        config: Arc<Config>,
+        clock: SharedClock,
+        metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
+        draining: Arc<AtomicBool>,
+    ) -> Self {
+        let egress = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
+        Ingress { store, config, clock, metrics, wake, egress, draining }
+    }
+
+    /// Handles one request.
+    pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+        match self.accept(req).await {
+            Ok(resp) => resp,
+            Err(Refusal(status, code, message)) => {
+                self.metrics.rejected(code);
+                let mut resp = serve::error(status, code, message);
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(RETRY_AFTER_SECS));
+                }
+                resp
+            }
+        }
+    }
+
+    async fn accept(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is shutting down; retry shortly"));
+        }
+        if req.method() == http::Method::CONNECT {
+            return Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "CONNECT is not supported: courier must see the body to store and sign it; send the request itself",
+            ));
+        }
+        let control = parse_control_headers(req.headers())
+            .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+        self.check_token(&req, control.token.as_deref())?;
+
+        let config = &self.config;
+        let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
+            .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+        if let Some(ip) = literal_ip(&resolved.url) {
+            self.egress.check(ip).map_err(|e| {
+                Refusal::new(StatusCode::FORBIDDEN, e.code(), format!("{e}; allow it with egress.allow or egress.allow_private_targets"))
+            })?;
+        }
+        let route = resolved.route.as_deref().and_then(|name| config.routes.iter().find(|r| r.name == name));
+
+        // Signing: the message's own header wins, then the route's, then the defaults.
+        let scheme = control.scheme.or(route.and_then(|r| r.scheme));
+        let effective_scheme = scheme.unwrap_or(config.signing.scheme);
+        let signing = if let Some(secret) = control.signing_secret {
+            signing::validate_secret(effective_scheme, &secret)
+                .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), format!("Courier-Signing-Secret: {e}")))?;
+            SigningChoice::Inline(secret)
+        } else if let Some(name) = control.signing_key.or_else(|| route.and_then(|r| r.signing_key.clone())) {
+            if config.signing_key(&name).is_none() {
+                return Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_signing_key",
+                    format!("no signing key named {name:?} in [signing.keys]"),
+                ));
+            }
+            SigningChoice::Key(name)
+        } else {
+            SigningChoice::Default
+        };
+
+        let event_id = event_id(req.headers())?;
+        if let Some(len) = req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+            if len > config.max_body {
+                return Err(too_large(config.max_body));
+            }
+        }
+        let method = req.method().as_str().to_string();
+        let headers = forwardable_headers(req.headers());
+        let body = Limited::new(req.into_body(), config.max_body as usize).collect().await.map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                too_large(config.max_body)
+            } else {
+                Refusal::new(StatusCode::BAD_REQUEST, "body_read_failed", format!("reading the request body failed: {e}"))
+            }
+        })?;
+
+        let envelope = Envelope {
+            target: resolved.url,
+            endpoint: control.endpoint,
+            event_id,
+            method,
+            headers,
+            body: body.to_bytes().to_vec(),
+            scheme,
+            signing,
+            max_attempts: control.max_attempts.unwrap_or(config.retry.max_attempts),
+            give_up_after: control.give_up_after.unwrap_or(config.retry.give_up_after),
+        };
+        let now = self.clock.now_ms();
+        let msg = envelope.into_message(now, &mut rand::rng());
+        let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
+        match self.store.accept(msg).await {
+            Ok(Accepted::New) => {
+                self.metrics.accepted();
+                self.wake.notify_one();
+                tracing::debug!(delivery_id = %id, event_id = %event_id, "accepted");
+                Ok(accepted(&id, serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" })))
+            }
+            Ok(Accepted::Duplicate { id: first }) => {
+                self.metrics.duplicate();
+                let status = match self.store.message(&first) {
+                    Ok(Some(rec)) => rec.state.as_str(),
+                    _ => "pending",
+                };
+                Ok(accepted(
+                    &first,
+                    serde_json::json!({ "id": first, "event_id": event_id, "status": status, "duplicate": true }),
+                ))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not store an accepted message; answering 503");
+                let (code, message) = match e {
+                    crate::store::StoreError::Closed => ("shutting_down", "courier is shutting down; retry shortly".to_string()),
+                    other => ("storage_unavailable", format!("the message could not be stored durably ({other}); retry later")),
+                };
+                Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, code, message))
+            }
+        }
+    }
+
+    fn check_token(&self, req: &Request<Incoming>, header_token: Option<&str>) -> Result<(), Refusal> {
+        let Some(expected) = &self.config.ingress_token else { return Ok(()) };
+        let expected = expected.expose().as_bytes();
+        let given = header_token.map(str::to_string).or_else(|| proxy_bearer(req.headers()));
+        let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(expected)));
+        if ok {
+            Ok(())
+        } else {
+            Err(Refusal::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token>",
+            ))
+        }
+    }
+}
+
+fn too_large(max: u64) -> Refusal {
+    Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the body is larger than max_body ({max} bytes)"))
+}
+
+fn accepted(id: &str, body: serde_json::Value) -> Response<Body> {
+    let mut resp = serve::json(StatusCode::ACCEPTED, &body);
+    if let Ok(v) = http::HeaderValue::from_str(id) {
+        resp.headers_mut().insert("courier-delivery-id", v);
+    }
+    resp
+}
+
+/// The event id: `webhook-id`, else `Idempotency-Key`, else none (a new one is made).
+fn event_id(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
+    for name in ["webhook-id", "idempotency-key"] {
+        let mut values = headers.get_all(name).iter();
+        let Some(v) = values.next() else { continue };
+        if values.next().is_some() {
+            return Err(Refusal::new(StatusCode::BAD_REQUEST, "invalid_event_id", format!("{name} is given more than once")));
+        }
+        let text = v.to_str().ok().map(str::trim).filter(|t| {
+            !t.is_empty() && t.len() <= MAX_EVENT_ID_LEN && t.bytes().all(|b| b.is_ascii_graphic())
+        });
+        return match text {
+            Some(t) => Ok(Some(t.to_string())),
+            None => Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_event_id",
+                format!("{name} must be 1 to {MAX_EVENT_ID_LEN} visible ASCII characters"),
+            )),
+        };
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_id_prefers_webhook_id_then_idempotency_key() {
+        let mut h = http::HeaderMap::new();
+        assert!(event_id(&h).unwrap().is_none());
+        h.insert("idempotency-key", "k-1".parse().unwrap());
+        assert_eq!(event_id(&h).unwrap().as_deref(), Some("k-1"));
+        h.insert("webhook-id", "evt_9".parse().unwrap());
+        assert_eq!(event_id(&h).unwrap().as_deref(), Some("evt_9"));
+        h.insert("webhook-id", "has space".parse().unwrap());
+        assert!(event_id(&h).is_err());
+        h.insert("webhook-id", "x".repeat(MAX_EVENT_ID_LEN + 1).parse().unwrap());
+        assert!(event_id(&h).is_err());
+        h.remove("webhook-id");
+        h.append("idempotency-key", "k-2".parse().unwrap());
+        assert!(event_id(&h).is_err(), "two keys are ambiguous");
+    }
+}

@@ -1,0 +1,49 @@
+//! courier: a durable webhook delivery sidecar.
+//!
+//! The data path:
+//!
+//! ```text
+//!  app ─POST─▶ ingress ─accept (WAL synced)─▶ store ◀─due/claim─ scheduler ─▶ delivery workers
+//!                │ 202                          ▲                  ▲ sleep until next due      │
+//!                └──────────── wake ────────────┼──────────────────┘                           │
+//!                                               │  record attempt / reschedule / dead-letter   ▼
+//!                                               └────────── policy::decide ◀─ outcome ◀─ transport
+//!                                                           (classify, backoff,          (client, egress
+//!                                                            retry-after, give-up)        check, TLS)
+//!                                                                                 ▲
+//!                                                             signing::sign ──────┘ fresh timestamp each attempt
+//!  admin ─reads─▶ store stats, metrics         retention ─sweeps─▶ store
+//! ```
+//!
+//! Layers (a module uses only modules above it in this list):
+//! 1. Pure, no I/O: [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
+//!    [`envelope`], [`timefmt`], `store::keys`, `store::codec`, [`config::units`].
+//! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
+//! 3. I/O: [`store`], [`client`], [`serve`].
+//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`admin`], [`retention`], [`metrics`].
+//! 5. Wiring: [`app`], [`cli`], [`operator`].
+
+pub mod admin;
+pub mod app;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod delivery;
+pub mod egress;
+pub mod envelope;
+pub mod headers;
+pub mod ingress;
+pub mod metrics;
+pub mod model;
+pub mod operator;
+pub mod policy;
+pub mod resolver;
+pub mod retention;
+pub mod scheduler;
+pub mod serve;
+pub mod signing;
+pub mod store;
+pub mod target;
+pub mod timefmt;
+pub mod transport;

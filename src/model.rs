@@ -1,0 +1,261 @@
+//! The vocabulary shared by every layer: ids, message states, dead-letter reasons,
+//! signature schemes and jitter modes. Pure data, no I/O.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Prefix of delivery ids (courier's own id for one accepted message).
+pub const DELIVERY_ID_PREFIX: &str = "dlv_";
+/// Prefix of generated event ids (used when the app sends neither `webhook-id` nor `Idempotency-Key`).
+pub const EVENT_ID_PREFIX: &str = "msg_";
+
+/// A new delivery id: `dlv_<ULID>`. ULIDs sort by creation time, which the store's
+/// listing order and the oldest-pending gauge rely on.
+pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
+    format!("{DELIVERY_ID_PREFIX}{}", ulid_at(now_ms, rng))
+}
+
+/// A new event id: `msg_<ULID>` (26 Crockford base32 characters after the prefix).
+pub fn new_event_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
+    format!("{EVENT_ID_PREFIX}{}", ulid_at(now_ms, rng))
+}
+
+fn ulid_at(now_ms: u64, rng: &mut impl rand::RngCore) -> ulid::Ulid {
+    let random = (u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64())) & ((1u128 << 80) - 1);
+    ulid::Ulid::from_parts(now_ms, random)
+}
+
+/// The acceptance time (unix millis) encoded in a delivery id, if it is one of ours.
+pub fn delivery_id_millis(id: &str) -> Option<u64> {
+    let raw = id.strip_prefix(DELIVERY_ID_PREFIX)?;
+    ulid::Ulid::from_string(raw).ok().map(|u| u.timestamp_ms())
+}
+
+/// Where a message is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Waiting for its next attempt (or held by a paused endpoint).
+    Pending,
+    /// An attempt is being made right now.
+    InFlight,
+    /// A receiver answered 2xx.
+    Delivered,
+    /// Given up; kept in the dead-letter store for replay.
+    Dead,
+}
+
+impl State {
+    /// The name used in the admin API and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::InFlight => "in_flight",
+            State::Delivered => "delivered",
+            State::Dead => "dead",
+        }
+    }
+
+    /// One byte for the store's indexes and records.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            State::Pending => b'p',
+            State::InFlight => b'f',
+            State::Delivered => b'd',
+            State::Dead => b'x',
+        }
+    }
+
+    /// The inverse of [`State::to_byte`].
+    pub fn from_byte(b: u8) -> Option<State> {
+        Some(match b {
+            b'p' => State::Pending,
+            b'f' => State::InFlight,
+            b'd' => State::Delivered,
+            b'x' => State::Dead,
+            _ => return None,
+        })
+    }
+
+    /// Every state, in lifecycle order.
+    pub const ALL: [State; 4] = [State::Pending, State::InFlight, State::Delivered, State::Dead];
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownName::new("state", s, "pending, in_flight, delivered, dead"))
+    }
+}
+
+/// Why a message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    /// `max_attempts` (or `max_attempts_404`) reached.
+    MaxAttempts,
+    /// The next attempt would fall after the give-up time.
+    Expired,
+    /// The receiver answered a permanent status (400, 401, 403, 410, 422).
+    PermanentStatus,
+    /// The egress policy refused every address of the target.
+    EgressDenied,
+}
+
+impl DeadReason {
+    /// The name used in the admin API and the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::MaxAttempts => "max_attempts",
+            DeadReason::Expired => "expired",
+            DeadReason::PermanentStatus => "permanent_status",
+            DeadReason::EgressDenied => "egress_denied",
+        }
+    }
+
+    /// Every reason, for metric exposition.
+    pub const ALL: [DeadReason; 4] = [
+        DeadReason::MaxAttempts,
+        DeadReason::Expired,
+        DeadReason::PermanentStatus,
+        DeadReason::EgressDenied,
+    ];
+}
+
+impl FromStr for DeadReason {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DeadReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownName::new("dead reason", s, "max_attempts, expired, permanent_status, egress_denied"))
+    }
+}
+
+/// How attempts are signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SignatureScheme {
+    /// Standard Webhooks: `webhook-signature: v1,<base64>`.
+    #[default]
+    Standard,
+    /// Stripe: `Stripe-Signature: t=..,v1=<hex>`.
+    Stripe,
+    /// GitHub: `X-Hub-Signature-256: sha256=<hex>`.
+    Github,
+    /// No signature header (the `webhook-id`/`webhook-timestamp` headers are still sent).
+    None,
+}
+
+impl SignatureScheme {
+    /// The name used in config and in the `Courier-Signature-Scheme` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignatureScheme::Standard => "standard",
+            SignatureScheme::Stripe => "stripe",
+            SignatureScheme::Github => "github",
+            SignatureScheme::None => "none",
+        }
+    }
+}
+
+impl FromStr for SignatureScheme {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "standard" => SignatureScheme::Standard,
+            "stripe" => SignatureScheme::Stripe,
+            "github" => SignatureScheme::Github,
+            "none" => SignatureScheme::None,
+            _ => return Err(UnknownName::new("signature scheme", s, "standard, stripe, github, none")),
+        })
+    }
+}
+
+/// How backoff delays are randomised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Jitter {
+    /// `[base/2, base]`.
+    #[default]
+    Equal,
+    /// `[0, base]`.
+    Full,
+    /// Exactly `base`.
+    None,
+}
+
+impl FromStr for Jitter {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "equal" => Jitter::Equal,
+            "full" => Jitter::Full,
+            "none" => Jitter::None,
+            _ => return Err(UnknownName::new("jitter", s, "equal, full, none")),
+        })
+    }
+}
+
+/// A name that is not one of an enum's spellings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {given:?} (expected one of: {expected})")]
+pub struct UnknownName {
+    what: &'static str,
+    given: String,
+    expected: &'static str,
+}
+
+impl UnknownName {
+    fn new(what: &'static str, given: &str, expected: &'static str) -> Self {
+        UnknownName { what, given: given.to_string(), expected }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn generated_ids_are_prefixed_ulids_carrying_their_time() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let id = new_event_id(1_700_000_000_123, &mut rng);
+        assert!(id.starts_with("msg_"));
+        assert_eq!(id.len(), 4 + 26);
+        assert!(id[4..].chars().all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
+        let d = new_delivery_id(1_700_000_000_123, &mut rng);
+        assert_eq!(delivery_id_millis(&d), Some(1_700_000_000_123));
+        assert_eq!(delivery_id_millis("nope"), None);
+    }
+
+    #[test]
+    fn ids_made_later_sort_later() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let a = new_delivery_id(1000, &mut rng);
+        let b = new_delivery_id(1001, &mut rng);
+        assert!(a < b);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>().unwrap(), s);
+            assert_eq!(State::from_byte(s.to_byte()), Some(s));
+        }
+        for r in DeadReason::ALL {
+            assert_eq!(r.as_str().parse::<DeadReason>().unwrap(), r);
+        }
+        for sc in [SignatureScheme::Standard, SignatureScheme::Stripe, SignatureScheme::Github, SignatureScheme::None] {
+            assert_eq!(sc.as_str().parse::<SignatureScheme>().unwrap(), sc);
+        }
+        assert!("hmac".parse::<SignatureScheme>().is_err());
+        assert_eq!("full".parse::<Jitter>().unwrap(), Jitter::Full);
+        assert!("half".parse::<Jitter>().is_err());
+    }
+}

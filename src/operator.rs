@@ -1,0 +1,409 @@
+//! The operator commands: `courier deliveries …` and `courier endpoints …`. They find the
+//! admin API from the same settings as `serve` (config file, `COURIER_*`, flags; the token
+//! from `admin_token`), call it, and print a readable table, or the API's JSON with `--json`.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::cli::GlobalArgs;
+
+/// Output choice shared by the operator commands.
+#[derive(Debug, Args, Clone, Copy, Default)]
+pub struct OutputArgs {
+    /// Print the admin API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `courier deliveries …`
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCommand {
+    /// List deliveries (newest last), optionally filtered.
+    List {
+        /// Only this state: pending, in_flight, delivered, dead.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this endpoint key.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Page size (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this cursor (from a previous page).
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Show one delivery with its attempt history.
+    Show {
+        /// Delivery id (dlv_…).
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Replay a dead delivery, or every dead one matching filters with --all.
+    Retry {
+        /// Delivery id (dlv_…); omit with --all.
+        id: Option<String>,
+        /// Replay every dead delivery matching --endpoint/--since/--until.
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+        /// With --all: only this endpoint.
+        #[arg(long, requires = "all")]
+        endpoint: Option<String>,
+        /// With --all: only those that died at or after this RFC 3339 time.
+        #[arg(long, requires = "all")]
+        since: Option<String>,
+        /// With --all: only those that died before this RFC 3339 time.
+        #[arg(long, requires = "all")]
+        until: Option<String>,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Delete a delivery (any state).
+    Delete {
+        /// Delivery id (dlv_…).
+        id: String,
+    },
+}
+
+/// `courier endpoints …`
+#[derive(Debug, Subcommand)]
+pub enum EndpointsCommand {
+    /// List endpoints with state, streak, in-flight and pending counts.
+    List {
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Pause an endpoint: its messages stay pending, nothing is sent.
+    Pause {
+        /// Endpoint key (by default the target URL without its query).
+        key: String,
+    },
+    /// Resume an endpoint: its held messages go out at once.
+    Resume {
+        /// Endpoint key.
+        key: String,
+    },
+}
+
+/// One operator command.
+#[derive(Debug)]
+pub enum Operation {
+    /// A deliveries command.
+    Deliveries(DeliveriesCommand),
+    /// An endpoints command.
+    Endpoints(EndpointsCommand),
+}
+
+/// What went wrong talking to the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// The settings are invalid.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// Nothing answered at the admin address.
+    #[error("cannot reach the admin API at {addr}: {reason} (is courier running? is --admin-listen right?)")]
+    Unreachable {
+        /// The address tried.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The API answered with an error.
+    #[error("admin API answered {status}: {code}: {message}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// Error code.
+        code: String,
+        /// Message.
+        message: String,
+    },
+}
+
+struct AdminClient {
+    addr: SocketAddr,
+    token: Option<String>,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+impl AdminClient {
+    async fn call(&self, method: http::Method, path_and_query: &str) -> Result<(u16, Value), OperatorError> {
+        let unreachable = |reason: String| OperatorError::Unreachable { addr: self.addr, reason };
+        let mut req = http::Request::builder().method(method).uri(format!("http://{}{}", self.addr, path_and_query));
+        if let Some(t) = &self.token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req.body(Full::new(Bytes::new())).map_err(|e| unreachable(e.to_string()))?;
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
+            .await
+            .map_err(|_| unreachable("no answer within 30s".into()))?
+            .map_err(|e| unreachable(root_cause(&e)))?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?.to_bytes();
+        let value: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
+        if status >= 400 {
+            return Err(OperatorError::Api {
+                status,
+                code: value["error"].as_str().unwrap_or("error").to_string(),
+                message: value["message"].as_str().unwrap_or("").to_string(),
+            });
+        }
+        Ok((status, value))
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let mut ser = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            ser.append_pair(k, v);
+        }
+    }
+    let q = ser.finish();
+    if q.is_empty() {
+        q
+    } else {
+        format!("?{q}")
+    }
+}
+
+/// Where to reach the admin API for a configured listen address: a wildcard listen
+/// address is reached over loopback.
+pub fn admin_target(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port()),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port()),
+        _ => listen,
+    }
+}
+
+/// Runs an operator command; prints its output or one error line.
+pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("courier: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(global, op)) {
+        Ok(text) => {
+            if !text.is_empty() {
+                println!("{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("courier: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorError> {
+    let config = crate::cli::load_config(global)?;
+    let client = AdminClient {
+        addr: admin_target(config.admin_listen),
+        token: config.admin_token.as_ref().map(|t| t.expose().to_string()),
+        client: Client::builder(TokioExecutor::new()).build_http(),
+    };
+    use http::Method;
+    match op {
+        Operation::Deliveries(DeliveriesCommand::List { state, endpoint, limit, cursor, out }) => {
+            let q = query(&[("state", state), ("endpoint", endpoint), ("limit", Some(limit.to_string())), ("cursor", cursor)]);
+            let (_, v) = client.call(Method::GET, &format!("/deliveries{q}")).await?;
+            Ok(if out.json { pretty(&v) } else { deliveries_table(&v) })
+        }
+        Operation::Deliveries(DeliveriesCommand::Show { id, out }) => {
+            let (_, v) = client.call(Method::GET, &format!("/deliveries/{}", enc(&id))).await?;
+            Ok(if out.json { pretty(&v) } else { delivery_detail(&v) })
+        }
+        Operation::Deliveries(DeliveriesCommand::Retry { id, all, endpoint, since, until, out }) => {
+            if all {
+                let q = query(&[("state", Some("dead".into())), ("endpoint", endpoint), ("since", since), ("until", until)]);
+                let (_, v) = client.call(Method::POST, &format!("/deliveries/retry{q}")).await?;
+                Ok(if out.json { pretty(&v) } else { format!("requeued {} dead deliveries", v["requeued"]) })
+            } else {
+                let Some(id) = id else {
+                    return Err(OperatorError::Api {
+                        status: 400,
+                        code: "usage".into(),
+                        message: "give a delivery id, or --all".into(),
+                    });
+                };
+                let (_, v) = client.call(Method::POST, &format!("/deliveries/{}/retry", enc(&id))).await?;
+                Ok(if out.json { pretty(&v) } else { format!("{id} requeued (pending)") })
+            }
+        }
+        Operation::Deliveries(DeliveriesCommand::Delete { id }) => {
+            client.call(Method::DELETE, &format!("/deliveries/{}", enc(&id))).await?;
+            Ok(format!("{id} deleted"))
+        }
+        Operation::Endpoints(EndpointsCommand::List { out }) => {
+            let (_, v) = client.call(Method::GET, "/endpoints").await?;
+            Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
+        }
+        Operation::Endpoints(EndpointsCommand::Pause { key }) => {
+            client.call(Method::POST, &format!("/endpoints/{}/pause", enc(&key))).await?;
+            Ok(format!("{key} paused"))
+        }
+        Operation::Endpoints(EndpointsCommand::Resume { key }) => {
+            client.call(Method::POST, &format!("/endpoints/{}/resume", enc(&key))).await?;
+            Ok(format!("{key} resumed"))
+        }
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Renders rows as an aligned table with a header.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        parts.join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(headers.iter().map(|h| h.to_string()).collect())];
+    out.extend(rows.iter().map(|r| line(r.clone())));
+    out.join("\n")
+}
+
+fn deliveries_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|d| {
+                    vec![
+                        cell(&d["id"]),
+                        cell(&d["state"]),
+                        cell(&d["attempts"]),
+                        cell(&d["last_status"]),
+                        match d["state"].as_str() {
+                            Some("dead") => cell(&d["dead_reason"]),
+                            Some("pending") => cell(&d["next_attempt_at"]),
+                            _ => "-".into(),
+                        },
+                        cell(&d["endpoint"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(&["ID", "STATE", "ATTEMPTS", "LAST", "NEXT/REASON", "ENDPOINT"], &rows);
+    if let Some(c) = v["next_cursor"].as_str() {
+        out.push_str(&format!("\n(more: --cursor {c})"));
+    }
+    out
+}
+
+fn delivery_detail(d: &Value) -> String {
+    let fields = [
+        "id",
+        "event_id",
+        "state",
+        "target",
+        "endpoint",
+        "attempts",
+        "accepted_at",
+        "next_attempt_at",
+        "give_up_at",
+        "finished_at",
+        "dead_reason",
+        "last_status",
+        "last_error",
+    ];
+    let mut out: Vec<String> = fields.iter().map(|f| format!("{f:<16}{}", cell(&d[*f]))).collect();
+    let rows: Vec<Vec<String>> = d["history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    vec![(i + 1).to_string(), cell(&a["at"]), cell(&a["status"]), cell(&a["duration_ms"]), cell(&a["error"])]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push(String::new());
+    out.push(table(&["#", "AT", "STATUS", "MS", "ERROR"], &rows));
+    out.join("\n")
+}
+
+fn endpoints_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|e| {
+                    vec![
+                        cell(&e["key"]),
+                        cell(&e["state"]),
+                        cell(&e["permanent_failure_streak"]),
+                        cell(&e["in_flight"]),
+                        cell(&e["pending"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(&["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["A", "LONG"], &[vec!["xxxx".into(), "1".into()], vec!["y".into(), "22".into()]]);
+        assert_eq!(t, "A     LONG\nxxxx  1\ny     22");
+    }
+
+    #[test]
+    fn wildcard_admin_addresses_are_reached_over_loopback() {
+        assert_eq!(admin_target("0.0.0.0:8788".parse().unwrap()), "127.0.0.1:8788".parse().unwrap());
+        assert_eq!(admin_target("[::]:8788".parse().unwrap()), "[::1]:8788".parse().unwrap());
+        assert_eq!(admin_target("10.0.0.1:1".parse().unwrap()), "10.0.0.1:1".parse().unwrap());
+    }
+}

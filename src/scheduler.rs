@@ -1,0 +1,142 @@
+//! The scheduler: one task that hands due messages to delivery workers.
+//!
+//! It walks the store's due index from the front (never the whole queue: the walk stops at
+//! the first entry that is not yet due, or after a budget), and for each due message checks,
+//! in order: is its endpoint paused (then park it), is its host at its in-flight cap (skip
+//! the host for this pass), is there a rate-limit token for its endpoint (else skip the
+//! endpoint until the next token; no attempt is counted). Only then is the message claimed
+//! and dispatched, with the host permit already in hand.
+//!
+//! Between passes it sleeps until the earliest of: the next due time, the next rate-limit
+//! token it waited for, or a wake-up (an accept, a finished attempt freeing a permit, a
+//! resumed endpoint). There is no fixed polling interval: an idle courier does nothing.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::delivery::Deliverer;
+use crate::store::{ScanEnd, ScanStep};
+
+/// Most due entries one pass looks at before yielding.
+pub const SCAN_BUDGET: usize = 4096;
+/// How long to wait before trying again after the store failed to read or claim.
+const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The scheduler task.
+pub struct Scheduler {
+    d: Arc<Deliverer>,
+}
+
+/// What one pass found.
+#[derive(Debug, Default)]
+struct Pass {
+    dispatched: usize,
+    wake_at: Option<u64>,
+    cut: bool,
+    store_error: bool,
+}
+
+impl Scheduler {
+    /// A scheduler over a delivery context.
+    pub fn new(d: Arc<Deliverer>) -> Self {
+        Scheduler { d }
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let pass = self.pass();
+            if pass.cut && pass.dispatched > 0 {
+                // More may be due right now; let other tasks run, then go on.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let now = self.d.clock.now_ms();
+            let mut wake_at = pass.wake_at;
+            if pass.store_error {
+                let retry = now + STORE_ERROR_BACKOFF.as_millis() as u64;
+                wake_at = Some(wake_at.map_or(retry, |w| w.min(retry)));
+            }
+            let sleep = async {
+                match wake_at {
+                    Some(at) => self.d.clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.d.wake.notified() => {}
+                _ = sleep => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// One walk over what is due now.
+    fn pass(&self) -> Pass {
+        let d = &self.d;
+        let now = d.clock.now_ms();
+        let mut pass = Pass::default();
+        let mut full_hosts: HashSet<String> = HashSet::new();
+        let mut limited: HashSet<String> = HashSet::new();
+        let soonest = |pass: &mut Pass, at: u64| pass.wake_at = Some(pass.wake_at.map_or(at, |w| w.min(at)));
+        let scanned = d.store.scan_due(now, SCAN_BUDGET, |entry| {
+            let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
+            if d.endpoints.is_paused(endpoint) {
+                if let Err(e) = d.store.park(&entry) {
+                    tracing::error!(delivery_id = %entry.id, error = %e, "parking a message of a paused endpoint failed");
+                    pass.store_error = true;
+                    return ScanStep::Stop;
+                }
+                return ScanStep::Continue;
+            }
+            if full_hosts.contains(host) || limited.contains(endpoint) {
+                return ScanStep::Continue;
+            }
+            let Some(permit) = d.hosts.try_acquire(host) else {
+                full_hosts.insert(host.clone());
+                return ScanStep::Continue;
+            };
+            if let Err(wait_ms) = d.endpoints.try_rate(endpoint, now) {
+                drop(permit);
+                d.metrics.rate_limited();
+                limited.insert(endpoint.clone());
+                soonest(&mut pass, now + wait_ms);
+                return ScanStep::Continue;
+            }
+            match d.store.claim(&entry) {
+                Ok(Some(claimed)) => {
+                    d.dispatch(claimed, permit);
+                    pass.dispatched += 1;
+                    ScanStep::Continue
+                }
+                Ok(None) => ScanStep::Continue,
+                Err(e) => {
+                    // Courier's failure, not the receiver's: nothing is counted, and the
+                    // message stays due for the next pass.
+                    tracing::error!(delivery_id = %entry.id, error = %e, "claiming a due message failed");
+                    pass.store_error = true;
+                    ScanStep::Stop
+                }
+            }
+        });
+        match scanned {
+            Ok(ScanEnd::Exhausted { next_due_ms }) => {
+                if let Some(at) = next_due_ms {
+                    soonest(&mut pass, at);
+                }
+            }
+            Ok(ScanEnd::Cut) => pass.cut = !pass.store_error,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the due queue failed");
+                pass.store_error = true;
+            }
+        }
+        pass
+    }
+}

@@ -1,0 +1,131 @@
+//! Group commit for accepts. One thread owns every synced write: it takes all accepts
+//! queued while the previous fsync ran, checks them for duplicates (against the store and
+//! each other, so two racing requests with the same event id cannot both be stored), writes
+//! them as one `WriteBatch` with `sync = true`, and only then answers each caller. Under
+//! load one fsync covers hundreds of requests; when idle a lone accept is written at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rocksdb::{WriteBatch, WriteOptions, DB};
+use tokio::sync::{mpsc, oneshot};
+
+use super::codec::Routing;
+use super::{keys, Accepted, NewMessage, StoreError};
+use crate::model::State;
+
+/// The most accepts one batch carries; bounds the latency a batch adds to its last member.
+const MAX_BATCH: usize = 1024;
+/// Accepts waiting for the committer; past this, callers wait (backpressure).
+const QUEUE: usize = 8192;
+
+/// One accept waiting for its batch.
+pub(super) struct Job {
+    msg: NewMessage,
+    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+}
+
+/// Handle to the committer thread.
+pub(super) struct Committer {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Committer {
+    /// Starts the thread.
+    pub(super) fn start(db: Arc<DB>) -> Committer {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("courier-commit".into())
+            .spawn(move || run(&db, rx))
+            .expect("spawning the commit thread");
+        Committer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }
+    }
+
+    /// Queues an accept and waits until it is durable (or refused).
+    pub(super) async fn submit(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(Job { msg, reply }).await.map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stops taking accepts and waits until every queued one is answered.
+    pub(super) fn stop(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(db: &DB, mut rx: mpsc::Receiver<Job>) {
+    let mut synced = WriteOptions::default();
+    synced.set_sync(true);
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = Vec::with_capacity(64);
+        jobs.push(first);
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        commit(db, &synced, jobs);
+    }
+}
+
+fn commit(db: &DB, synced: &WriteOptions, jobs: Vec<Job>) {
+    let cf = |name| db.cf_handle(name).expect("column family opened at start");
+    let mut batch = WriteBatch::default();
+    let mut in_batch: HashMap<Vec<u8>, String> = HashMap::new();
+    let mut stored = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let rec = &job.msg.record;
+        let event_key = keys::pair_key(&rec.event_id, &rec.target);
+        if let Some(id) = in_batch.get(&event_key) {
+            let _ = job.reply.send(Ok(Accepted::Duplicate { id: id.clone() }));
+            continue;
+        }
+        match db.get_pinned_cf(cf(keys::EVENTS), &event_key) {
+            Ok(Some(id)) => {
+                let id = String::from_utf8_lossy(&id).into_owned();
+                let _ = job.reply.send(Ok(Accepted::Duplicate { id }));
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = job.reply.send(Err(StoreError::Rocks(e)));
+                continue;
+            }
+        }
+        let id = rec.id.as_str();
+        let routing = Routing { host: rec.host.clone(), endpoint: rec.endpoint.clone() };
+        batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), job.msg.payload.encode());
+        batch.put_cf(cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id), routing.encode());
+        batch.put_cf(cf(keys::STATES), keys::state_key(State::Pending.to_byte(), id), []);
+        batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());
+        batch.merge_cf(cf(keys::META), keys::COUNT_OPEN, 1i64.to_le_bytes());
+        batch.merge_cf(cf(keys::META), keys::endpoint_open_key(&rec.endpoint), 1i64.to_le_bytes());
+        in_batch.insert(event_key, rec.id.clone());
+        stored.push(job.reply);
+    }
+    if stored.is_empty() {
+        return;
+    }
+    match db.write_opt(batch, synced) {
+        Ok(()) => {
+            for reply in stored {
+                let _ = reply.send(Ok(Accepted::New));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, batch = stored.len(), "synced write of accepted messages failed");
+            for reply in stored {
+                let _ = reply.send(Err(StoreError::Rocks(e.clone())));
+            }
+        }
+    }
+}

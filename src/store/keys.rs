@@ -1,0 +1,140 @@
+//! Key layout of every column family. Integers are big-endian so that RocksDB's byte
+//! order is numeric order: iterating `due` yields messages in due-time order, and
+//! iterating `expiry` yields them in expiry order.
+
+/// Column family names, in the order they are opened.
+pub const CF_NAMES: [&str; 10] = [MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META];
+/// id → mutable message record (state, attempts, times, last result).
+pub const MESSAGES: &str = "messages";
+/// id → immutable payload (method, headers, body, signing choice).
+pub const PAYLOADS: &str = "payloads";
+/// be64(due millis) ‖ id → routing (host key, endpoint): the scheduler's queue.
+pub const DUE: &str = "due";
+/// state byte ‖ id → empty: listing by state, and finding in-flight messages at start.
+pub const STATES: &str = "states";
+/// endpoint ‖ 0 ‖ id → empty: messages held back by a paused endpoint.
+pub const PARKED: &str = "parked";
+/// event id ‖ 0 ‖ target → id: ingest dedupe.
+pub const EVENTS: &str = "events";
+/// id ‖ be32(attempt number) → attempt record.
+pub const HISTORY: &str = "history";
+/// endpoint → endpoint record (paused, permanent-failure streak).
+pub const ENDPOINTS: &str = "endpoints";
+/// counter name → i64 (little-endian), updated with a merge operator in the same
+/// batch as the transition it counts.
+pub const META: &str = "meta";
+/// be64(remove-at millis) ‖ id → empty: retention of delivered and dead messages.
+pub const EXPIRY: &str = "expiry";
+
+/// `be64(ms) ‖ id`, the layout of `due` and `expiry` keys.
+pub fn time_key(ms: u64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + id.len());
+    k.extend_from_slice(&ms.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// Splits a `time_key` back into its time and id.
+pub fn split_time_key(key: &[u8]) -> Option<(u64, &str)> {
+    if key.len() < 8 {
+        return None;
+    }
+    let (ms, id) = key.split_at(8);
+    let ms = u64::from_be_bytes(ms.try_into().ok()?);
+    Some((ms, std::str::from_utf8(id).ok()?))
+}
+
+/// `state byte ‖ id`.
+pub fn state_key(state: u8, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + id.len());
+    k.push(state);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// `a ‖ 0 ‖ b`, for `parked` (endpoint, id) and `events` (event id, target). Neither
+/// endpoints nor event ids may contain a NUL byte (ingress rejects control characters).
+pub fn pair_key(a: &str, b: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(a.len() + 1 + b.len());
+    k.extend_from_slice(a.as_bytes());
+    k.push(0);
+    k.extend_from_slice(b.as_bytes());
+    k
+}
+
+/// The prefix of every `pair_key(a, _)`.
+pub fn pair_prefix(a: &str) -> Vec<u8> {
+    pair_key(a, "")
+}
+
+/// `id ‖ be32(attempt)`.
+pub fn history_key(id: &str, attempt: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(id.len() + 4);
+    k.extend_from_slice(id.as_bytes());
+    k.extend_from_slice(&attempt.to_be_bytes());
+    k
+}
+
+/// The smallest key strictly greater than every key that starts with `prefix`
+/// (an exclusive upper bound for a prefix scan).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0xff; prefix.len() + 1]
+}
+
+/// Counter of open (pending or in-flight) messages.
+pub const COUNT_OPEN: &[u8] = b"count/open";
+/// Counter of delivered messages still retained.
+pub const COUNT_DELIVERED: &[u8] = b"count/delivered";
+/// Counter of dead messages still retained.
+pub const COUNT_DEAD: &[u8] = b"count/dead";
+/// Prefix of the per-endpoint open counters.
+pub const COUNT_OPEN_ENDPOINT: &[u8] = b"open/";
+
+/// The per-endpoint open counter key.
+pub fn endpoint_open_key(endpoint: &str) -> Vec<u8> {
+    let mut k = COUNT_OPEN_ENDPOINT.to_vec();
+    k.extend_from_slice(endpoint.as_bytes());
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_keys_sort_by_time_then_id() {
+        let mut keys = vec![time_key(300, "a"), time_key(2, "z"), time_key(256, "b"), time_key(2, "a")];
+        keys.sort();
+        let decoded: Vec<_> = keys.iter().map(|k| split_time_key(k).unwrap()).collect();
+        assert_eq!(decoded, vec![(2, "a"), (2, "z"), (256, "b"), (300, "a")]);
+        assert_eq!(split_time_key(b"short"), None);
+    }
+
+    #[test]
+    fn pair_keys_of_one_prefix_stay_together() {
+        let p = pair_prefix("https://a.example/x");
+        assert!(pair_key("https://a.example/x", "dlv_1").starts_with(&p));
+        assert!(!pair_key("https://a.example/xy", "dlv_1").starts_with(&p));
+        assert!(prefix_end(&p) > pair_key("https://a.example/x", "\u{7f}\u{7f}"));
+    }
+
+    #[test]
+    fn prefix_end_carries_over_ff() {
+        assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
+        assert_eq!(prefix_end(&[1, 0xff]), vec![2]);
+        assert_eq!(prefix_end(&[0xff, 0xff]), vec![0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn history_keys_sort_by_attempt() {
+        assert!(history_key("dlv_1", 2) < history_key("dlv_1", 10));
+        assert!(history_key("dlv_1", 255) < history_key("dlv_1", 256));
+    }
+}

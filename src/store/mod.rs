@@ -1,0 +1,941 @@
+//! The durable store: RocksDB with one column family per concern.
+//!
+//! # Layout
+//! - `messages`: id → [`MessageRecord`] (state, attempts, times, last result). Small, rewritten
+//!   on every transition.
+//! - `payloads`: id → [`Payload`] (method, headers, body, signing choice). Written once, so
+//!   retries never rewrite the body.
+//! - `due`: be64(due ms) ‖ id → [`Routing`]. The scheduler's queue: iteration order is due
+//!   order, and the routing value lets it gate on host and endpoint without a point read.
+//! - `states`: state byte ‖ id → (). Listing by state in id (= acceptance) order, finding
+//!   in-flight messages at start, and the oldest open message.
+//! - `parked`: endpoint ‖ 0 ‖ id → (). Messages that came due while their endpoint was paused.
+//! - `events`: event id ‖ 0 ‖ target → id. Ingest dedupe.
+//! - `history`: id ‖ be32(n) → [`AttemptRecord`].
+//! - `endpoints`: endpoint → [`EndpointRecord`] (pause, permanent-failure streak).
+//! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
+//! - `meta`: counters (open, delivered, dead, open per endpoint), merged in the same batch
+//!   as the transition they count, so gauges are point reads, never scans.
+//!
+//! # Durability
+//! Accepts go through the [`committer`]: one thread that drains every queued accept into one
+//! `WriteBatch` written with `sync = true`, then answers them all. Concurrent requests share
+//! one fsync; no caller is answered before its batch is on disk. Every later transition
+//! (claim, attempt result, replay) is a batch written without fsync: the WAL write reaches the
+//! OS before the call returns, so a killed process loses nothing, and losing one on power
+//! failure only repeats an attempt (at-least-once).
+//!
+//! # Concurrency
+//! Read-modify-write of one message (worker, admin, retention) is serialised by a lock
+//! striped over the id, so the store needs no global lock and the committer never waits for
+//! one (new ids cannot collide with existing ones).
+
+pub mod codec;
+mod committer;
+pub mod keys;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode,
+    MergeOperands, Options, ReadOptions, WriteBatch, WriteOptions, DB,
+};
+
+pub use codec::{AttemptRecord, CodecError, EndpointRecord, MessageRecord, Payload, Routing, SigningChoice};
+
+use crate::model::{DeadReason, State};
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB reported an error (I/O, no space, corruption).
+    #[error("storage error: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// Another process holds the data directory.
+    #[error("data dir {0} is locked by another courier process")]
+    Locked(PathBuf),
+    /// The data directory cannot be created or used.
+    #[error("data dir {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A stored record could not be decoded.
+    #[error("stored record {key}: {source}")]
+    Codec {
+        /// Which record.
+        key: String,
+        /// Why.
+        source: CodecError,
+    },
+    /// The store is closing; nothing new is accepted.
+    #[error("store is closed")]
+    Closed,
+}
+
+impl StoreError {
+    /// A short machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::Rocks(_) | StoreError::Dir { .. } => "storage_error",
+            StoreError::Locked(_) => "data_dir_locked",
+            StoreError::Codec { .. } => "corrupt_record",
+            StoreError::Closed => "shutting_down",
+        }
+    }
+}
+
+/// Tuning for [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long delivered messages are kept (millis).
+    pub retention_ms: u64,
+    /// How long dead messages are kept (millis).
+    pub dead_retention_ms: u64,
+    /// Block cache size in bytes.
+    pub block_cache_bytes: usize,
+    /// Memtable size per column family in bytes.
+    pub write_buffer_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            retention_ms: 3 * 86_400_000,
+            dead_retention_ms: 30 * 86_400_000,
+            block_cache_bytes: 8 << 20,
+            write_buffer_bytes: 4 << 20,
+        }
+    }
+}
+
+/// A message to accept: its first state and its payload.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// The record, in state pending, due at `next_attempt_at_ms`.
+    pub record: MessageRecord,
+    /// What will be sent.
+    pub payload: Payload,
+}
+
+/// The answer to an accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// Stored (and synced).
+    New,
+    /// The same event id and target were accepted before: nothing was stored.
+    Duplicate {
+        /// The first message's delivery id.
+        id: String,
+    },
+}
+
+/// A message claimed for an attempt: now `in_flight`.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The record (state `in_flight`).
+    pub record: MessageRecord,
+    /// What to send.
+    pub payload: Payload,
+}
+
+/// How an attempt ended, as the store records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// Try again at this time.
+    RetryAt(u64),
+    /// Delivered.
+    Delivered,
+    /// Dead-lettered.
+    Dead(DeadReason),
+}
+
+/// One due entry seen by [`Store::scan_due`].
+#[derive(Debug, Clone)]
+pub struct DueEntry {
+    /// When it is due.
+    pub due_ms: u64,
+    /// Delivery id.
+    pub id: String,
+    /// Host and endpoint.
+    pub routing: Routing,
+}
+
+/// What the scan callback wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanStep {
+    /// Look at the next entry.
+    Continue,
+    /// Stop scanning.
+    Stop,
+}
+
+/// How a [`Store::scan_due`] walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanEnd {
+    /// Every due entry was seen; the next one (if any) is due at this time.
+    Exhausted {
+        /// Due time of the first entry after `now`.
+        next_due_ms: Option<u64>,
+    },
+    /// The budget ran out or the callback stopped: more may be due now.
+    Cut,
+}
+
+/// Message counts kept by the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Pending or in flight.
+    pub open: u64,
+    /// Delivered and still retained.
+    pub delivered: u64,
+    /// Dead and still retained.
+    pub dead: u64,
+}
+
+/// A page of messages.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The messages, in id order.
+    pub items: Vec<MessageRecord>,
+    /// Where the next page starts, if there may be one.
+    pub next_cursor: Option<String>,
+}
+
+/// Filter for [`Store::list`] and [`Store::replay_dead`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this state.
+    pub state: Option<State>,
+    /// Only this endpoint.
+    pub endpoint: Option<String>,
+    /// Only messages finished at or after this time (millis).
+    pub finished_since_ms: Option<u64>,
+    /// Only messages finished before this time (millis).
+    pub finished_until_ms: Option<u64>,
+}
+
+impl ListFilter {
+    fn matches(&self, rec: &MessageRecord) -> bool {
+        self.state.is_none_or(|s| s == rec.state)
+            && self.endpoint.as_deref().is_none_or(|e| e == rec.endpoint)
+            && self.finished_since_ms.is_none_or(|t| rec.finished_at_ms >= t)
+            && self.finished_until_ms.is_none_or(|t| rec.finished_at_ms < t)
+    }
+}
+
+const LOCK_STRIPES: usize = 64;
+
+/// The store. Cheap to share behind an `Arc`; every method takes `now` from the caller.
+pub struct Store {
+    db: Arc<DB>,
+    committer: committer::Committer,
+    stripes: Vec<Mutex<()>>,
+    plain: WriteOptions,
+    options: StoreOptions,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn add_counter(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut total = existing.map(decode_counter).unwrap_or(0);
+    for op in operands {
+        total = total.wrapping_add(decode_counter(op));
+    }
+    Some(total.to_le_bytes().to_vec())
+}
+
+fn decode_counter(v: &[u8]) -> i64 {
+    v.try_into().map(i64::from_le_bytes).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        create_private_dir(dir)?;
+        let cache = Cache::new_lru_cache(options.block_cache_bytes);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+
+        let cf_opts = |name: &str| {
+            let mut o = Options::default();
+            o.set_block_based_table_factory(&table);
+            o.set_write_buffer_size(options.write_buffer_bytes);
+            o.set_max_write_buffer_number(3);
+            o.set_compression_type(if name == keys::PAYLOADS {
+                DBCompressionType::Lz4
+            } else {
+                DBCompressionType::None
+            });
+            o.set_level_compaction_dynamic_level_bytes(true);
+            if name == keys::META {
+                o.set_merge_operator_associative("courier_add_i64", add_counter);
+            }
+            o
+        };
+
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_max_total_wal_size(64 << 20);
+        db_opts.set_db_write_buffer_size(options.write_buffer_bytes * 8);
+        db_opts.set_keep_log_file_num(3);
+        db_opts.set_max_log_file_size(8 << 20);
+        db_opts.set_max_open_files(256);
+        db_opts.set_recycle_log_file_num(4);
+        let descriptors = keys::CF_NAMES.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
+        let db = DB::open_cf_descriptors(&db_opts, dir, descriptors).map_err(|e| {
+            let text = e.to_string();
+            if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
+                StoreError::Locked(dir.to_path_buf())
+            } else {
+                StoreError::Rocks(e)
+            }
+        })?;
+        let db = Arc::new(db);
+        let committer = committer::Committer::start(db.clone());
+        Ok(Store {
+            db,
+            committer,
+            stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            plain: WriteOptions::default(),
+            options,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// The data directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).expect("column family opened at start")
+    }
+
+    fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
+        // FNV-1a: cheap and good enough to spread ids over the stripes.
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in id.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+        }
+        self.stripes[(h % LOCK_STRIPES as u64) as usize].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
+    }
+
+    /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
+    /// accepts), unless one with the same event id and target exists.
+    pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
+        self.committer.submit(msg).await
+    }
+
+    /// Reads a message record.
+    pub fn message(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+        match self.db.get_pinned_cf(self.cf(keys::MESSAGES), id.as_bytes())? {
+            Some(v) => Ok(Some(decode_message(id, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads a message's payload.
+    pub fn payload(&self, id: &str) -> Result<Option<Payload>, StoreError> {
+        match self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())? {
+            Some(v) => Ok(Some(
+                Payload::decode(&v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// A message's attempt history, oldest first.
+    pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+        let prefix = id.as_bytes();
+        let mut out = Vec::new();
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
+        let iter = self.db.iterator_cf_opt(self.cf(keys::HISTORY), ro, IteratorMode::From(prefix, Direction::Forward));
+        for item in iter {
+            let (k, v) = item?;
+            if k.len() != prefix.len() + 4 {
+                continue; // another id that merely starts with this one
+            }
+            out.push(AttemptRecord::decode(&v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?);
+        }
+        Ok(out)
+    }
+
+    /// The earliest due time in the queue, if any.
+    pub fn next_due_ms(&self) -> Result<Option<u64>, StoreError> {
+        let mut it = self.db.raw_iterator_cf(self.cf(keys::DUE));
+        it.seek_to_first();
+        match it.key() {
+            Some(k) => Ok(keys::split_time_key(k).map(|(ms, _)| ms)),
+            None => {
+                it.status()?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Walks the due queue in due order, handing each entry due at or before `now_ms` to
+    /// `step`, at most `budget` entries.
+    pub fn scan_due(
+        &self,
+        now_ms: u64,
+        budget: usize,
+        mut step: impl FnMut(DueEntry) -> ScanStep,
+    ) -> Result<ScanEnd, StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
+        it.seek_to_first();
+        let mut seen = 0;
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if seen >= budget {
+                return Ok(ScanEnd::Cut);
+            }
+            seen += 1;
+            let Some((due_ms, id)) = keys::split_time_key(k) else {
+                it.next();
+                continue;
+            };
+            let routing = Routing::decode(v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?;
+            if step(DueEntry { due_ms, id: id.to_string(), routing }) == ScanStep::Stop {
+                return Ok(ScanEnd::Cut);
+            }
+            it.next();
+        }
+        it.status()?;
+        drop(it);
+        // Nothing more is due now: report when the next entry is.
+        let mut it = self.db.raw_iterator_cf(self.cf(keys::DUE));
+        it.seek(keys::time_key(now_ms.saturating_add(1), ""));
+        let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
+        it.status()?;
+        Ok(ScanEnd::Exhausted { next_due_ms })
+    }
+
+    /// Claims a due entry for an attempt: removes it from the queue and marks the message
+    /// `in_flight`. `None` when the entry is stale (the message moved on meanwhile).
+    pub fn claim(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
+        let _g = self.lock(&entry.id);
+        let due_key = keys::time_key(entry.due_ms, &entry.id);
+        let Some(mut rec) = self.message(&entry.id)? else {
+            self.db.delete_cf_opt(self.cf(keys::DUE), &due_key, &self.plain)?;
+            return Ok(None);
+        };
+        if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms {
+            self.db.delete_cf_opt(self.cf(keys::DUE), &due_key, &self.plain)?;
+            return Ok(None);
+        }
+        let Some(payload) = self.payload(&entry.id)? else {
+            return Err(StoreError::Codec {
+                key: entry.id.clone(),
+                source: CodecError::Corrupt("payload", "missing payload"),
+            });
+        };
+        rec.state = State::InFlight;
+        let mut b = WriteBatch::default();
+        b.delete_cf(self.cf(keys::DUE), &due_key);
+        self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);
+        b.put_cf(self.cf(keys::MESSAGES), rec.id.as_bytes(), rec.encode());
+        self.write(b)?;
+        Ok(Some(Claimed { record: rec, payload }))
+    }
+
+    fn move_state(&self, b: &mut WriteBatch, id: &str, from: State, to: State) {
+        if from != to {
+            b.delete_cf(self.cf(keys::STATES), keys::state_key(from.to_byte(), id));
+            b.put_cf(self.cf(keys::STATES), keys::state_key(to.to_byte(), id), []);
+        }
+    }
+
+    fn count(&self, b: &mut WriteBatch, key: &[u8], delta: i64) {
+        b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
+    }
+
+    fn enqueue(&self, b: &mut WriteBatch, rec: &MessageRecord) {
+        let routing = Routing { host: rec.host.clone(), endpoint: rec.endpoint.clone() };
+        b.put_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, &rec.id), routing.encode());
+    }
+
+    fn retention_of(&self, state: State) -> u64 {
+        if state == State::Dead {
+            self.options.dead_retention_ms
+        } else {
+            self.options.retention_ms
+        }
+    }
+
+    /// Records a finished attempt (attempt number `rec.attempts + 1`) and the transition it
+    /// led to. Returns the updated record, or `None` if the message was deleted meanwhile.
+    pub fn finish_attempt(
+        &self,
+        id: &str,
+        attempt: &AttemptRecord,
+        transition: Transition,
+        now_ms: u64,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let _g = self.lock(id);
+        let Some(mut rec) = self.message(id)? else { return Ok(None) };
+        if rec.state != State::InFlight {
+            // Deleted and re-created, or released by recovery: this attempt's result is stale.
+            return Ok(None);
+        }
+        rec.attempts += 1;
+        rec.history_len += 1;
+        rec.last_status = attempt.status;
+        rec.last_error = attempt.error.clone();
+        let mut b = WriteBatch::default();
+        b.put_cf(self.cf(keys::HISTORY), keys::history_key(id, rec.history_len), attempt.encode());
+        match transition {
+            Transition::RetryAt(at) => {
+                rec.state = State::Pending;
+                rec.next_attempt_at_ms = at;
+                self.enqueue(&mut b, &rec);
+                self.move_state(&mut b, id, State::InFlight, State::Pending);
+            }
+            Transition::Delivered | Transition::Dead(_) => {
+                let (state, counter) = match transition {
+                    Transition::Dead(reason) => {
+                        rec.dead_reason = Some(reason);
+                        (State::Dead, keys::COUNT_DEAD)
+                    }
+                    _ => (State::Delivered, keys::COUNT_DELIVERED),
+                };
+                rec.state = state;
+                rec.next_attempt_at_ms = 0;
+                rec.finished_at_ms = now_ms;
+                self.move_state(&mut b, id, State::InFlight, state);
+                b.put_cf(
+                    self.cf(keys::EXPIRY),
+                    keys::time_key(now_ms.saturating_add(self.retention_of(state)), id),
+                    [],
+                );
+                self.count(&mut b, keys::COUNT_OPEN, -1);
+                self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), -1);
+                self.count(&mut b, counter, 1);
+            }
+        }
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        self.write(b)?;
+        Ok(Some(rec))
+    }
+
+    /// Puts an in-flight message back in the queue, due at `now_ms`, without counting an
+    /// attempt: for failures of courier itself, and for rate-limit or shutdown hand-backs.
+    pub fn release(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
+        let _g = self.lock(id);
+        let Some(mut rec) = self.message(id)? else { return Ok(false) };
+        if rec.state != State::InFlight {
+            return Ok(false);
+        }
+        rec.state = State::Pending;
+        rec.next_attempt_at_ms = due_ms;
+        let mut b = WriteBatch::default();
+        self.enqueue(&mut b, &rec);
+        self.move_state(&mut b, id, State::InFlight, State::Pending);
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        self.write(b)?;
+        Ok(true)
+    }
+
+    /// At start: every message left `in_flight` by a crash goes back to due at `now_ms`
+    /// with its attempt count unchanged. Returns how many.
+    pub fn recover_in_flight(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let ids = self.ids_in_state(State::InFlight, usize::MAX)?;
+        let mut n = 0;
+        for id in ids {
+            if self.release(&id, now_ms)? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn ids_in_state(&self, state: State, limit: usize) -> Result<Vec<String>, StoreError> {
+        let prefix = [state.to_byte()];
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::STATES), ro);
+        it.seek(prefix);
+        let mut out = Vec::new();
+        while let Some(k) = it.key() {
+            if out.len() >= limit {
+                break;
+            }
+            out.push(String::from_utf8_lossy(&k[1..]).into_owned());
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    /// Moves a due message of a paused endpoint out of the queue into the endpoint's
+    /// parked set, so the scheduler does not see it again until the endpoint resumes.
+    pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
+        let _g = self.lock(&entry.id);
+        let mut b = WriteBatch::default();
+        b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
+        if let Some(rec) = self.message(&entry.id)? {
+            if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
+                b.put_cf(self.cf(keys::PARKED), keys::pair_key(&entry.routing.endpoint, &entry.id), []);
+            }
+        }
+        self.write(b)
+    }
+
+    /// Puts every parked message of `endpoint` back in the queue, due at `now_ms`.
+    pub fn unpark_endpoint(&self, endpoint: &str, now_ms: u64) -> Result<usize, StoreError> {
+        let prefix = keys::pair_prefix(endpoint);
+        let mut moved = 0;
+        loop {
+            let mut ro = ReadOptions::default();
+            ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
+            let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
+            it.seek(&prefix);
+            let mut ids = Vec::new();
+            while let Some(k) = it.key() {
+                ids.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+                if ids.len() >= 1000 {
+                    break;
+                }
+                it.next();
+            }
+            it.status()?;
+            drop(it);
+            if ids.is_empty() {
+                return Ok(moved);
+            }
+            for id in ids {
+                let _g = self.lock(&id);
+                let mut b = WriteBatch::default();
+                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, &id));
+                if let Some(mut rec) = self.message(&id)? {
+                    if rec.state == State::Pending {
+                        rec.next_attempt_at_ms = now_ms;
+                        self.enqueue(&mut b, &rec);
+                        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+                        moved += 1;
+                    }
+                }
+                self.write(b)?;
+            }
+        }
+    }
+
+    /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
+    /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
+    pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
+        let _g = self.lock(id);
+        let Some(mut rec) = self.message(id)? else { return Ok(None) };
+        if rec.state != State::Dead {
+            return Ok(Some(false));
+        }
+        let mut b = WriteBatch::default();
+        b.delete_cf(
+            self.cf(keys::EXPIRY),
+            keys::time_key(rec.finished_at_ms.saturating_add(self.options.dead_retention_ms), id),
+        );
+        rec.state = State::Pending;
+        rec.attempts = 0;
+        rec.dead_reason = None;
+        rec.finished_at_ms = 0;
+        rec.next_attempt_at_ms = now_ms;
+        rec.give_up_at_ms = give_up_at_ms;
+        self.enqueue(&mut b, &rec);
+        self.move_state(&mut b, id, State::Dead, State::Pending);
+        self.count(&mut b, keys::COUNT_DEAD, -1);
+        self.count(&mut b, keys::COUNT_OPEN, 1);
+        self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), 1);
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        self.write(b)?;
+        Ok(Some(true))
+    }
+
+    /// Replays every dead message matching `filter` (its state is forced to dead).
+    pub fn replay_dead(&self, filter: &ListFilter, now_ms: u64, give_up_at_ms: u64) -> Result<usize, StoreError> {
+        let filter = ListFilter { state: Some(State::Dead), ..filter.clone() };
+        let mut cursor = None;
+        let mut n = 0;
+        loop {
+            let page = self.list(&filter, 500, cursor.as_deref())?;
+            for rec in &page.items {
+                if self.replay(&rec.id, now_ms, give_up_at_ms)? == Some(true) {
+                    n += 1;
+                }
+            }
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return Ok(n),
+            }
+        }
+    }
+
+    /// Removes a message and everything indexed under it. `false` if there was none.
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let _g = self.lock(id);
+        let Some(rec) = self.message(id)? else { return Ok(false) };
+        let mut b = WriteBatch::default();
+        self.remove(&mut b, &rec)?;
+        self.write(b)?;
+        Ok(true)
+    }
+
+    fn remove(&self, b: &mut WriteBatch, rec: &MessageRecord) -> Result<(), StoreError> {
+        let id = rec.id.as_str();
+        b.delete_cf(self.cf(keys::MESSAGES), id.as_bytes());
+        b.delete_cf(self.cf(keys::PAYLOADS), id.as_bytes());
+        b.delete_cf(self.cf(keys::STATES), keys::state_key(rec.state.to_byte(), id));
+        b.delete_range_cf(self.cf(keys::HISTORY), keys::history_key(id, 0), keys::history_key(id, u32::MAX));
+        b.delete_cf(self.cf(keys::HISTORY), keys::history_key(id, u32::MAX));
+        let event_key = keys::pair_key(&rec.event_id, &rec.target);
+        if self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes()) {
+            b.delete_cf(self.cf(keys::EVENTS), &event_key);
+        }
+        match rec.state {
+            State::Pending | State::InFlight => {
+                b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
+                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(&rec.endpoint, id));
+                self.count(b, keys::COUNT_OPEN, -1);
+                self.count(b, &keys::endpoint_open_key(&rec.endpoint), -1);
+            }
+            State::Delivered | State::Dead => {
+                let expiry = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
+                b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(expiry, id));
+                let counter = if rec.state == State::Dead { keys::COUNT_DEAD } else { keys::COUNT_DELIVERED };
+                self.count(b, counter, -1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists messages in id (acceptance) order after `cursor`. With a state filter it walks
+    /// that state's index; the endpoint and time filters are applied while walking, with a
+    /// bound on how far one page looks, so a page may be short and still carry a cursor.
+    pub fn list(&self, filter: &ListFilter, limit: usize, cursor: Option<&str>) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 1000);
+        let budget = limit * 20 + 1000;
+        let (cf, prefix): (&str, Vec<u8>) = match filter.state {
+            Some(s) => (keys::STATES, vec![s.to_byte()]),
+            None => (keys::MESSAGES, Vec::new()),
+        };
+        let mut ro = ReadOptions::default();
+        if !prefix.is_empty() {
+            ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
+        }
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), ro);
+        let mut start = prefix.clone();
+        if let Some(c) = cursor {
+            start.extend_from_slice(c.as_bytes());
+            start.push(0); // strictly after the cursor
+        }
+        it.seek(&start);
+        let mut page = Page::default();
+        let mut scanned = 0;
+        while let Some(k) = it.key() {
+            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            scanned += 1;
+            let rec = if filter.state.is_some() {
+                self.message(&id)?
+            } else {
+                Some(decode_message(&id, it.value().unwrap_or_default())?)
+            };
+            if let Some(rec) = rec.filter(|r| filter.matches(r)) {
+                page.items.push(rec);
+                if page.items.len() >= limit {
+                    it.next();
+                    if it.key().is_some() {
+                        page.next_cursor = Some(id);
+                    }
+                    break;
+                }
+            }
+            if scanned >= budget {
+                page.next_cursor = Some(id);
+                break;
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(page)
+    }
+
+    /// The persisted state of every endpoint that has one.
+    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
+            let (k, v) = item?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let rec = EndpointRecord::decode(&v).map_err(|source| StoreError::Codec { key: key.clone(), source })?;
+            out.push((key, rec));
+        }
+        Ok(out)
+    }
+
+    /// Saves an endpoint's state.
+    pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
+        self.db.put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
+        Ok(())
+    }
+
+    /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
+    pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        let prefix = keys::COUNT_OPEN_ENDPOINT;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
+        it.seek(prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let n = decode_counter(v);
+            if n > 0 {
+                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), n as u64));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
+        Ok(self.db.get_pinned_cf(self.cf(keys::META), key)?.map(|v| decode_counter(&v).max(0) as u64).unwrap_or(0))
+    }
+
+    /// Message counts by state.
+    pub fn counts(&self) -> Result<Counts, StoreError> {
+        Ok(Counts {
+            open: self.counter(keys::COUNT_OPEN)?,
+            delivered: self.counter(keys::COUNT_DELIVERED)?,
+            dead: self.counter(keys::COUNT_DEAD)?,
+        })
+    }
+
+    /// Acceptance time of the oldest open message (from the first key of the pending and
+    /// in-flight indexes: ids sort by acceptance time).
+    pub fn oldest_open_ms(&self) -> Result<Option<u64>, StoreError> {
+        let mut oldest: Option<u64> = None;
+        for state in [State::Pending, State::InFlight] {
+            if let Some(id) = self.ids_in_state(state, 1)?.into_iter().next() {
+                if let Some(ms) = crate::model::delivery_id_millis(&id) {
+                    oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
+                }
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Removes delivered and dead messages whose retention ended at or before `now_ms`,
+    /// at most `limit` of them. Returns how many were removed.
+    pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::EXPIRY), ro);
+        it.seek_to_first();
+        let mut entries = Vec::new();
+        while let Some(k) = it.key() {
+            if entries.len() >= limit {
+                break;
+            }
+            if let Some((ms, id)) = keys::split_time_key(k) {
+                entries.push((ms, id.to_string()));
+            }
+            it.next();
+        }
+        it.status()?;
+        drop(it);
+        let mut removed = 0;
+        for (ms, id) in entries {
+            let _g = self.lock(&id);
+            let mut b = WriteBatch::default();
+            b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(ms, &id));
+            if let Some(rec) = self.message(&id)? {
+                if matches!(rec.state, State::Delivered | State::Dead) {
+                    let due = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
+                    if due <= now_ms {
+                        self.remove(&mut b, &rec)?;
+                        removed += 1;
+                    } else if due != ms {
+                        // Retention was lengthened since this entry was written.
+                        b.put_cf(self.cf(keys::EXPIRY), keys::time_key(due, &id), []);
+                    }
+                }
+            }
+            self.write(b)?;
+        }
+        Ok(removed)
+    }
+
+    /// Compacts every column family, so removed records give their disk space back.
+    pub fn compact(&self) {
+        for name in keys::CF_NAMES {
+            self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+        }
+    }
+
+    /// Whether the store can still write (a cheap synced probe write): readiness.
+    pub fn writable(&self) -> bool {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db.put_cf_opt(self.cf(keys::META), b"probe", b"", &wo).is_ok()
+    }
+
+    /// Stops accepting, waits for queued accepts to be answered, and flushes the WAL
+    /// and memtables so the next start has little to replay.
+    pub fn close(&self) {
+        self.committer.stop();
+        if let Err(e) = self.db.flush_wal(true) {
+            tracing::warn!(error = %e, "flushing the WAL at close failed");
+        }
+        for name in keys::CF_NAMES {
+            if let Err(e) = self.db.flush_cf(self.cf(name)) {
+                tracing::warn!(error = %e, cf = name, "flushing at close failed");
+            }
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // The commit thread holds the DB too: stop it so the DB (and its lock) is released.
+        self.committer.stop();
+    }
+}
+
+fn decode_message(id: &str, v: &[u8]) -> Result<MessageRecord, StoreError> {
+    MessageRecord::decode(v).map_err(|source| StoreError::Codec { key: id.to_string(), source })
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| StoreError::Dir { path: dir.to_path_buf(), source };
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(err)?;
+    }
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    if !meta.is_dir() {
+        return Err(err(std::io::Error::new(std::io::ErrorKind::Other, "not a directory")));
+    }
+    // Per-message signing secrets are stored with their messages: keep the dir private.
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

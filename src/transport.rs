@@ -1,0 +1,55 @@
+//! The transport seam: what a delivery worker sends through. The worker sees only the
+//! [`Transport`] trait, so component tests inject a scripted fake and the real
+//! [`crate::client::HttpTransport`] stays out of the retry logic.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+
+/// One attempt, ready to send: headers final (signatures included).
+#[derive(Debug, Clone)]
+pub struct OutboundRequest {
+    /// HTTP method.
+    pub method: http::Method,
+    /// Where to send it.
+    pub url: url::Url,
+    /// Headers in order (lowercase names).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// What the receiver answered.
+#[derive(Debug, Clone)]
+pub struct InboundResponse {
+    /// Status code.
+    pub status: u16,
+    /// The `Retry-After` header, raw.
+    pub retry_after: Option<String>,
+    /// The start of the body, at most `max_response_body` bytes.
+    pub body: Bytes,
+}
+
+/// Why an attempt got no response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The egress policy refused every address of the target.
+    #[error("egress denied: {0}")]
+    EgressDenied(String),
+    /// No connection within `connect_timeout`, or no complete answer within `request_timeout`.
+    #[error("timeout: {0}")]
+    Timeout(String),
+    /// DNS, refused, reset, TLS and other network failures.
+    #[error("{0}")]
+    Network(String),
+}
+
+/// A boxed send future.
+pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Result<InboundResponse, TransportError>> + Send + 'a>>;
+
+/// Sends one attempt.
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `req` and returns the receiver's answer or why there was none.
+    fn send(&self, req: OutboundRequest) -> SendFuture<'_>;
+}

@@ -1,0 +1,125 @@
+//! Lifecycle: start-up errors, check-config, health, SIGKILL with a backlog, SIGTERM drain.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn health_and_readiness_answer_once_listening() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "");
+    assert_eq!(get(&c.admin_url("/healthz")).await.status, 200);
+    assert_eq!(get(&c.admin_url("/readyz")).await.status, 200);
+    let line = c.log.wait_for("listening", WAIT).unwrap();
+    assert!(line.contains(&c.ingress.to_string()) && line.contains(&c.admin.to_string()), "{line}");
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(args).env_remove("COURIER_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn invalid_config_exits_at_once_with_one_clear_line() {
+    let d = tempfile::tempdir().unwrap();
+    let bad = d.path().join("bad.toml");
+    std::fs::write(&bad, "[retry]\nmax_atempts = 3\n").unwrap();
+    let (code, _, err) = run(&["serve", "--config", bad.to_str().unwrap()], &[]);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("max_atempts"), "{err}");
+
+    let (code, _, err) = run(&["check-config", "--config", d.path().join("missing.toml").to_str().unwrap()], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("missing.toml"), "{err}");
+
+    std::fs::write(&bad, "[retry]\nbase_delay = \"soon\"\n").unwrap();
+    let (code, _, err) = run(&["check-config"], &[("COURIER_CONFIG", bad.to_str().unwrap())]);
+    assert_ne!(code, 0);
+    assert!(err.contains("base_delay"), "{err}");
+
+    let good = d.path().join("good.toml");
+    std::fs::write(&good, "[retry]\nmax_attempts = 3\n").unwrap();
+    let (code, out, _) = run(&["check-config", "--config", good.to_str().unwrap()], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("ok"), "{out}");
+}
+
+#[tokio::test]
+async fn a_port_in_use_or_a_locked_data_dir_is_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "");
+    let data = c.data_dir.to_str().unwrap().to_string();
+    let port_taken = c.ingress.to_string();
+    let other = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(&["serve", "--data-dir", other.path().join("x").to_str().unwrap(), "--listen", &port_taken, "--admin-listen", "127.0.0.1:0"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains(&port_taken), "{err}");
+    let (code, _, err) = run(&["serve", "--data-dir", &data, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("locked"), "{err}");
+}
+
+#[tokio::test]
+async fn sigkill_with_300_acked_messages_loses_none() {
+    let down = dead_addr();
+    let d = tempfile::tempdir().unwrap();
+    let mut c = Courier::start(d.path(), "[retry]\nbase_delay = \"200ms\"\nmax_delay = \"500ms\"\njitter = \"none\"\n");
+    let mut acked = Vec::new();
+    let mut sends = Vec::new();
+    for i in 0..300 {
+        let url = c.prefixed(&format!("http://{down}/k"));
+        sends.push(tokio::spawn(async move {
+            let id = format!("evt_{i}");
+            let a = post(&url, &[("webhook-id", &id)], format!("body-{i}")).await;
+            (a.status, id)
+        }));
+    }
+    for s in sends {
+        let (status, id) = s.await.unwrap();
+        assert_eq!(status, 202);
+        acked.push(id);
+    }
+    c.kill();
+    let rx = Receiver::start_on(down).await;
+    c.restart();
+    rx.wait_for(300).await;
+    let mut got: Vec<String> = rx.seen().iter().map(|s| s.header("webhook-id").unwrap()).collect();
+    got.sort();
+    got.dedup();
+    acked.sort();
+    assert_eq!(got, acked, "every acknowledged message arrives after the crash");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_attempts_and_refuses_new_ones() {
+    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(1500))).await;
+    let d = tempfile::tempdir().unwrap();
+    let mut c = Courier::start(d.path(), "shutdown_grace = \"10s\"\n");
+    let id = post(&c.prefixed(&rx.url("/slow")), &[], "x").await.json()["id"].as_str().unwrap().to_string();
+    rx.wait_for(1).await;
+    let ingress = c.ingress;
+    c.signal("TERM");
+    // While draining, new messages are refused with 503 and Retry-After.
+    let refused = eventually("ingress to refuse while draining", || async {
+        let a = post(&format!("http://{ingress}/{}", rx.url("/late")), &[], "late").await;
+        (a.status == 503).then_some(a)
+    })
+    .await;
+    assert_eq!(refused.json()["error"], "shutting_down");
+    assert!(refused.headers.contains_key("retry-after"));
+    let (status, mut c) = tokio::task::spawn_blocking(move || (c.wait_exit(), c)).await.unwrap();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    c.log.wait_for("stopped", WAIT).expect("clean stop logged");
+    // The in-flight attempt finished during the grace period: delivered, not redelivered.
+    c.restart();
+    let rec = get(&c.admin_url(&format!("/deliveries/{id}"))).await.json();
+    assert_eq!(rec["state"], "delivered");
+    assert_eq!(rx.seen().iter().filter(|s| s.path == "/slow").count(), 1);
+}

@@ -1,0 +1,520 @@
+//! Test support: the real `courier` binary on ephemeral ports, a scripted receiver on
+//! 127.0.0.1:0 that records what it saw, and a small HTTP client. Everything waits on
+//! events with a deadline; nothing sleeps and hopes.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// How long any wait in a test may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Shared, waitable log lines of a child process.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
+
+impl Lines {
+    fn push(&self, line: String) {
+        let (m, c) = &*self.0;
+        m.lock().unwrap().push(line);
+        c.notify_all();
+    }
+
+    /// Waits for a line containing `needle`; returns it.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let (m, c) = &*self.0;
+        let deadline = Instant::now() + timeout;
+        let mut lines = m.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|l| l.contains(needle)) {
+                return Some(l.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            lines = c.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+
+    /// Everything seen so far.
+    pub fn all(&self) -> String {
+        self.0 .0.lock().unwrap().join("\n")
+    }
+}
+
+/// A running courier binary.
+pub struct Courier {
+    child: Option<Child>,
+    /// Ingress address.
+    pub ingress: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// Data dir.
+    pub data_dir: PathBuf,
+    /// Config file.
+    pub config_path: PathBuf,
+    /// stderr lines.
+    pub log: Lines,
+}
+
+/// The binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_courier")
+}
+
+/// A loopback address nothing listens on (connections are refused).
+pub fn dead_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Appends `[egress] allow_private_targets = true` unless the config has an egress section.
+fn with_loopback_allowed(cfg: &str) -> String {
+    if cfg.contains("[egress]") || cfg.contains("allow_private_targets") || cfg.contains("egress_allow") {
+        cfg.to_string()
+    } else {
+        format!("allow_private_targets = true\n{cfg}")
+    }
+}
+
+impl Courier {
+    /// Starts courier with `config` (TOML) in a fresh data dir under `dir`.
+    pub fn start(dir: &Path, config: &str) -> Courier {
+        Self::start_with(dir, config, &[], &[])
+    }
+
+    /// Starts courier with extra args and environment.
+    pub fn start_with(dir: &Path, config: &str, args: &[&str], env: &[(&str, &str)]) -> Courier {
+        let config_path = dir.join("courier.toml");
+        std::fs::write(&config_path, with_loopback_allowed(config)).unwrap();
+        let data_dir = dir.join("data");
+        Self::spawn(config_path, data_dir, args, env)
+    }
+
+    fn spawn(config_path: PathBuf, data_dir: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Courier {
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--admin-listen")
+            .arg("127.0.0.1:0")
+            .args(args)
+            .env("COURIER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start courier");
+        let log = Lines::default();
+        let stderr = child.stderr.take().unwrap();
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                match line {
+                    Ok(line) => l.push(line),
+                    Err(_) => break,
+                }
+            }
+        });
+        let line = match log.wait_for("listening", WAIT) {
+            Some(line) => line,
+            None => {
+                let _ = child.kill();
+                panic!("courier did not start; its log:\n{}", log.all());
+            }
+        };
+        let addr = |key: &str| -> SocketAddr {
+            let start = line.find(&format!("{key}=")).unwrap_or_else(|| panic!("no {key} in {line}")) + key.len() + 1;
+            let rest = &line[start..];
+            let end = rest.find(' ').unwrap_or(rest.len());
+            rest[..end].parse().unwrap()
+        };
+        let (ingress, admin) = (addr("ingress"), addr("admin"));
+        Courier { child: Some(child), ingress, admin, data_dir, config_path, log }
+    }
+
+    /// Starts a new process on the same config and data dir (after a stop or kill).
+    pub fn restart(&mut self) {
+        self.kill();
+        let next = Self::spawn(self.config_path.clone(), self.data_dir.clone(), &[], &[]);
+        *self = next;
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal (e.g. "TERM") and returns the exit status once the process ends.
+    pub fn signal_and_wait(&mut self, sig: &str) -> std::process::ExitStatus {
+        self.signal(sig);
+        self.wait_exit()
+    }
+
+    /// Sends a signal (e.g. "TERM").
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap();
+    }
+
+    /// Waits (up to a minute) for the process to exit; returns its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("courier did not exit; log:\n{}", self.log.all());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// `http://<ingress>/<target>` (the path form).
+    pub fn prefixed(&self, target: &str) -> String {
+        format!("http://{}/{}", self.ingress, target)
+    }
+
+    /// An admin URL.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+}
+
+impl Drop for Courier {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the receiver saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Headers (lowercase names, in order).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Body.
+    pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+impl Seen {
+    /// The first value of a header, as text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// Every value of a header.
+    pub fn headers_named(&self, name: &str) -> Vec<String> {
+        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned()).collect()
+    }
+}
+
+/// What the receiver answers.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Status.
+    pub status: u16,
+    /// Extra headers.
+    pub headers: Vec<(String, String)>,
+    /// Delay before answering.
+    pub delay: Duration,
+}
+
+impl Reply {
+    /// A plain status.
+    pub fn status(status: u16) -> Reply {
+        Reply { status, headers: vec![], delay: Duration::ZERO }
+    }
+
+    /// With a header.
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// After a delay.
+    pub fn after(mut self, d: Duration) -> Reply {
+        self.delay = d;
+        self
+    }
+}
+
+type Script = Arc<dyn Fn(usize, &Seen) -> Reply + Send + Sync>;
+
+struct ReceiverState {
+    seen: Mutex<Vec<Seen>>,
+    changed: tokio::sync::Notify,
+    in_flight: std::sync::atomic::AtomicUsize,
+    max_in_flight: std::sync::atomic::AtomicUsize,
+    script: Mutex<Script>,
+}
+
+/// A scripted HTTP receiver on 127.0.0.1:0.
+#[derive(Clone)]
+pub struct Receiver {
+    /// Its address.
+    pub addr: SocketAddr,
+    state: Arc<ReceiverState>,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl Receiver {
+    /// A receiver answering 200 to everything.
+    pub async fn start() -> Receiver {
+        Self::scripted(|_, _| Reply::status(200)).await
+    }
+
+    /// A receiver answering with `script(n, request)` (n counts from 0).
+    pub async fn scripted(script: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static) -> Receiver {
+        Self::on(SocketAddr::from(([127, 0, 0, 1], 0)), Arc::new(script)).await
+    }
+
+    /// A receiver on a given address (to bring a "down" receiver back on its old port).
+    pub async fn start_on(addr: SocketAddr) -> Receiver {
+        Self::on(addr, Arc::new(|_, _| Reply::status(200))).await
+    }
+
+    async fn on(addr: SocketAddr, script: Script) -> Receiver {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ReceiverState {
+            seen: Mutex::new(Vec::new()),
+            changed: tokio::sync::Notify::new(),
+            in_flight: Default::default(),
+            max_in_flight: Default::default(),
+            script: Mutex::new(script),
+        });
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let st = state.clone();
+        let stp = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+                    _ = stp.notified() => return,
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                        let st = st.clone();
+                        async move { Ok::<_, std::convert::Infallible>(handle(st, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        Receiver { addr, state, stop }
+    }
+
+    /// Replaces the script.
+    pub fn set_script(&self, script: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static) {
+        *self.state.script.lock().unwrap() = Arc::new(script);
+    }
+
+    /// A URL on this receiver.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Everything seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` requests were seen; panics after [`WAIT`].
+    pub async fn wait_for(&self, n: usize) -> Vec<Seen> {
+        self.wait_for_within(n, WAIT).await.unwrap_or_else(|| panic!("receiver saw {} requests, expected {n}", self.seen().len()))
+    }
+
+    /// Waits until at least `n` requests were seen, or `timeout`.
+    pub async fn wait_for_within(&self, n: usize, timeout: Duration) -> Option<Vec<Seen>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.state.changed.notified();
+            let seen = self.seen();
+            if seen.len() >= n {
+                return Some(seen);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Most requests ever being answered at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops accepting new connections.
+    pub fn stop(&self) {
+        self.stop.notify_waiters();
+    }
+}
+
+async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let now = st.in_flight.fetch_add(1, SeqCst) + 1;
+    st.max_in_flight.fetch_max(now, SeqCst);
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+    let seen = Seen {
+        method: parts.method.to_string(),
+        path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
+        headers: parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec())).collect(),
+        body,
+        at: Instant::now(),
+    };
+    let n = {
+        let mut all = st.seen.lock().unwrap();
+        all.push(seen.clone());
+        all.len() - 1
+    };
+    let script = st.script.lock().unwrap().clone();
+    let reply = script(n, &seen);
+    st.changed.notify_waiters();
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    st.in_flight.fetch_sub(1, SeqCst);
+    let mut resp = hyper::Response::builder().status(reply.status);
+    for (k, v) in &reply.headers {
+        resp = resp.header(k, v);
+    }
+    resp.body(Full::new(Bytes::new())).unwrap()
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Status.
+    pub status: u16,
+    /// Headers.
+    pub headers: HashMap<String, String>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends a request with the given headers and body.
+pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = tokio::time::timeout(WAIT, client.request(req.body(Full::new(body.into())).unwrap()))
+        .await
+        .expect("answer in time")
+        .expect("request sent");
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
+    Answer { status, headers, body }
+}
+
+/// POSTs a body.
+pub async fn post(url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
+    request("POST", url, headers, body).await
+}
+
+/// GETs a URL.
+pub async fn get(url: &str) -> Answer {
+    request("GET", url, &[], Bytes::new()).await
+}
+
+/// Writes raw bytes to `addr` and reads the answer until the server closes or `WAIT`.
+pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                // One answer is enough: stop once headers and a declared body are in.
+                let text = String::from_utf8_lossy(&out);
+                if let Some(head_end) = text.find("\r\n\r\n") {
+                    let len = text[..head_end]
+                        .lines()
+                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                        .unwrap_or(0);
+                    if out.len() >= head_end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Polls `f` until it returns `Some`, up to [`WAIT`] (for state that has no event to wait
+/// on, like an admin API field; each check is a real request, not a sleep-and-hope).
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
