@@ -92,7 +92,9 @@ impl Admin {
     }
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
-        let Some(token) = &self.d.config.admin_token else { return true };
+        let Some(token) = &self.d.config.admin_token else {
+            return true;
+        };
         let given = req
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -109,7 +111,11 @@ impl Admin {
             return serve::json(StatusCode::OK, &json!({ "status": "ok" }));
         }
         if !self.authorized(&req) {
-            return serve::error(StatusCode::UNAUTHORIZED, "unauthorized", "admin API needs Authorization: Bearer <admin_token>");
+            return serve::error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "admin API needs Authorization: Bearer <admin_token>",
+            );
         }
         let method = req.method().clone();
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -127,9 +133,11 @@ impl Admin {
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
                 self.set_paused(&decode_segment(&raw), pause)
             }
-            (_, ["readyz" | "metrics" | "deliveries" | "endpoints", ..]) => {
-                serve::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {path}"))
-            }
+            (_, ["readyz" | "metrics" | "deliveries" | "endpoints", ..]) => serve::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}"),
+            ),
             _ => serve::error(StatusCode::NOT_FOUND, "not_found", format!("no admin route {path}")),
         }
     }
@@ -139,7 +147,11 @@ impl Admin {
             return serve::error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is draining");
         }
         if !self.d.store.writable() {
-            return serve::error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", "the store cannot write");
+            return serve::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                "the store cannot write",
+            );
         }
         serve::json(StatusCode::OK, &json!({ "status": "ready" }))
     }
@@ -149,7 +161,12 @@ impl Admin {
         let counts = d.store.counts().unwrap_or_default();
         let in_flight = d.in_flight_count() as u64;
         let now = d.clock.now_ms();
-        let oldest = d.store.oldest_open_ms().ok().flatten().map_or(0.0, |ms| now.saturating_sub(ms) as f64 / 1000.0);
+        let oldest = d
+            .store
+            .oldest_open_ms()
+            .ok()
+            .flatten()
+            .map_or(0.0, |ms| now.saturating_sub(ms) as f64 / 1000.0);
         let gauges = Gauges {
             pending: counts.open.saturating_sub(in_flight),
             in_flight,
@@ -157,7 +174,11 @@ impl Admin {
             dead_stored: counts.dead,
             endpoints_paused: d.endpoints.paused_count(),
         };
-        serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", d.metrics.render(&gauges))
+        serve::text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            d.metrics.render(&gauges),
+        )
     }
 
     fn show(&self, id: &str) -> Response<Body> {
@@ -168,17 +189,18 @@ impl Admin {
         }
     }
 
-    fn filter(q: &HashMap<String, String>) -> Result<ListFilter, Response<Body>> {
+    /// The filter of a listing or replay query; `Err` is the message of a 400.
+    fn filter(q: &HashMap<String, String>) -> Result<ListFilter, String> {
         let state = match q.get("state").map(String::as_str) {
             None | Some("") => None,
-            Some(s) => Some(s.parse::<State>().map_err(|e| bad_request(e.to_string()))?),
+            Some(s) => Some(s.parse::<State>().map_err(|e| e.to_string())?),
         };
-        let time = |key: &str| -> Result<Option<u64>, Response<Body>> {
+        let time = |key: &str| -> Result<Option<u64>, String> {
             match q.get(key).map(String::as_str) {
                 None | Some("") => Ok(None),
                 Some(t) => parse_rfc3339(t)
                     .map(Some)
-                    .ok_or_else(|| bad_request(format!("{key}={t:?} is not an RFC 3339 time like 2026-01-31T12:00:00Z"))),
+                    .ok_or_else(|| format!("{key}={t:?} is not an RFC 3339 time like 2026-01-31T12:00:00Z")),
             }
         };
         Ok(ListFilter {
@@ -192,7 +214,7 @@ impl Admin {
     fn list(&self, q: &HashMap<String, String>) -> Response<Body> {
         let filter = match Self::filter(q) {
             Ok(f) => f,
-            Err(resp) => return resp,
+            Err(message) => return bad_request(message),
         };
         let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
             None => DEFAULT_PAGE,
@@ -203,7 +225,10 @@ impl Admin {
         match self.d.store.list(&filter, limit, cursor) {
             Ok(page) => {
                 let items: Vec<Value> = page.items.iter().map(|r| delivery_json(r, None)).collect();
-                serve::json(StatusCode::OK, &json!({ "items": items, "next_cursor": page.next_cursor }))
+                serve::json(
+                    StatusCode::OK,
+                    &json!({ "items": items, "next_cursor": page.next_cursor }),
+                )
             }
             Err(e) => store_failed(&e),
         }
@@ -221,7 +246,11 @@ impl Admin {
                 tracing::info!(delivery_id = id, "dead message replayed");
                 serve::json(StatusCode::ACCEPTED, &json!({ "id": id, "status": "pending" }))
             }
-            Ok(Some(false)) => serve::error(StatusCode::CONFLICT, "not_dead", format!("delivery {id:?} is not dead; only dead messages can be retried")),
+            Ok(Some(false)) => serve::error(
+                StatusCode::CONFLICT,
+                "not_dead",
+                format!("delivery {id:?} is not dead; only dead messages can be retried"),
+            ),
             Ok(None) => not_found(&format!("delivery {id:?}")),
             Err(e) => store_failed(&e),
         }
@@ -230,7 +259,7 @@ impl Admin {
     fn bulk_retry(&self, q: &HashMap<String, String>) -> Response<Body> {
         let filter = match Self::filter(q) {
             Ok(f) => f,
-            Err(resp) => return resp,
+            Err(message) => return bad_request(message),
         };
         if filter.state.is_some_and(|s| s != State::Dead) {
             return bad_request("only dead messages can be replayed (state=dead)");
@@ -241,7 +270,11 @@ impl Admin {
                 if n > 0 {
                     self.d.wake.notify_one();
                 }
-                tracing::info!(requeued = n, endpoint = filter.endpoint.as_deref(), "dead messages replayed");
+                tracing::info!(
+                    requeued = n,
+                    endpoint = filter.endpoint.as_deref(),
+                    "dead messages replayed"
+                );
                 serve::json(StatusCode::OK, &json!({ "requeued": n }))
             }
             Err(e) => store_failed(&e),
@@ -297,7 +330,10 @@ impl Admin {
 
     fn endpoints(&self) -> Response<Body> {
         match self.endpoint_table() {
-            Ok(table) => serve::json(StatusCode::OK, &json!({ "items": table.into_values().collect::<Vec<_>>() })),
+            Ok(table) => serve::json(
+                StatusCode::OK,
+                &json!({ "items": table.into_values().collect::<Vec<_>>() }),
+            ),
             Err(e) => store_failed(&e),
         }
     }

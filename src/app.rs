@@ -65,7 +65,12 @@ pub struct Seams {
 
 impl Default for Seams {
     fn default() -> Self {
-        Seams { clock: Arc::new(SystemClock), transport: None, resolver: Arc::new(SystemResolver), rng_seed: None }
+        Seams {
+            clock: Arc::new(SystemClock),
+            transport: None,
+            resolver: Arc::new(SystemResolver),
+            rng_seed: None,
+        }
     }
 }
 
@@ -94,7 +99,9 @@ impl Running {
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|source| AppError::Bind { what, addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Bind { what, addr, source })
 }
 
 /// Starts courier: returns once both listeners are bound and the store is open.
@@ -110,13 +117,24 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     )?);
     let ingress_listener = bind("ingress", config.listen).await?;
     let admin_listener = bind("admin", config.admin_listen).await?;
-    let ingress_addr = ingress_listener.local_addr().map_err(|source| AppError::Bind { what: "ingress", addr: config.listen, source })?;
-    let admin_addr = admin_listener.local_addr().map_err(|source| AppError::Bind { what: "admin", addr: config.admin_listen, source })?;
+    let ingress_addr = ingress_listener.local_addr().map_err(|source| AppError::Bind {
+        what: "ingress",
+        addr: config.listen,
+        source,
+    })?;
+    let admin_addr = admin_listener.local_addr().map_err(|source| AppError::Bind {
+        what: "admin",
+        addr: config.admin_listen,
+        source,
+    })?;
 
     let clock = seams.clock;
     let recovered = store.recover_in_flight(clock.now_ms())?;
     if recovered > 0 {
-        tracing::warn!(count = recovered, "requeued messages that were in flight when courier last stopped");
+        tracing::warn!(
+            count = recovered,
+            "requeued messages that were in flight when courier last stopped"
+        );
     }
 
     let transport: Arc<dyn Transport> = match seams.transport {
@@ -152,12 +170,29 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     let (stop_sched, sched_rx) = watch::channel(false);
     let (stop_http, http_rx) = watch::channel(false);
 
-    let ingress = Arc::new(Ingress::new(store.clone(), config.clone(), clock.clone(), metrics, wake, draining.clone()));
+    let ingress = Arc::new(Ingress::new(
+        store.clone(),
+        config.clone(),
+        clock.clone(),
+        metrics,
+        wake,
+        draining.clone(),
+    ));
     let admin = Arc::new(Admin::new(deliverer.clone(), draining.clone()));
     let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
-    let ingress_task = tokio::spawn(serve::serve(ingress_listener, ingress_handler, ServeLimits::default(), http_rx.clone()));
-    let admin_task = tokio::spawn(serve::serve(admin_listener, admin_handler, ServeLimits::default(), http_rx));
+    let ingress_task = tokio::spawn(serve::serve(
+        ingress_listener,
+        ingress_handler,
+        ServeLimits::default(),
+        http_rx.clone(),
+    ));
+    let admin_task = tokio::spawn(serve::serve(
+        admin_listener,
+        admin_handler,
+        ServeLimits::default(),
+        http_rx,
+    ));
     let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
     let retention_task = tokio::spawn(crate::retention::run(store.clone(), clock.clone(), sched_rx));
 
@@ -169,14 +204,21 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     let grace = config.shutdown_grace;
     let done = tokio::spawn(async move {
         t.notified().await;
-        tracing::info!(grace_ms = grace.as_millis() as u64, in_flight = d.in_flight_count(), "shutting down: draining");
+        tracing::info!(
+            grace_ms = grace.as_millis() as u64,
+            in_flight = d.in_flight_count(),
+            "shutting down: draining"
+        );
         draining.store(true, Ordering::SeqCst);
         let _ = stop_sched.send(true);
         let _ = scheduler_task.await;
         let _ = retention_task.await;
         let cut = d.drain(grace).await;
         if cut > 0 {
-            tracing::warn!(count = cut, "attempts still running at the end of shutdown_grace were cut off; they are retried after restart");
+            tracing::warn!(
+                count = cut,
+                "attempts still running at the end of shutdown_grace were cut off; they are retried after restart"
+            );
         }
         let _ = stop_http.send(true);
         let _ = ingress_task.await;
@@ -185,7 +227,13 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
         let _ = tokio::task::spawn_blocking(move || s.close()).await;
         tracing::info!("stopped");
     });
-    Ok(Running { ingress_addr, admin_addr, deliverer, trigger, done })
+    Ok(Running {
+        ingress_addr,
+        admin_addr,
+        deliverer,
+        trigger,
+        done,
+    })
 }
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down cleanly.

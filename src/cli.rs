@@ -99,7 +99,9 @@ pub fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Some(Command::Deliveries(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Deliveries(cmd)),
+        Some(Command::Deliveries(cmd)) => {
+            crate::operator::run(&cli.global, crate::operator::Operation::Deliveries(cmd))
+        }
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
     }
 }

@@ -95,11 +95,16 @@ impl HttpTransport {
     /// Builds the client. The TLS roots are the Mozilla set from `webpki-roots`.
     pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
         let policy = Arc::new(policy);
-        let mut http = HttpConnector::new_with_resolver(GuardedResolver { inner: resolver, policy: policy.clone() });
+        let mut http = HttpConnector::new_with_resolver(GuardedResolver {
+            inner: resolver,
+            policy: policy.clone(),
+        });
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.connect_timeout));
-        let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("ring supports the default TLS versions")
@@ -115,18 +120,26 @@ impl HttpTransport {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(settings.pool_max_idle_per_host)
             .build(https);
-        HttpTransport { client, policy, settings }
+        HttpTransport {
+            client,
+            policy,
+            settings,
+        }
     }
 
     async fn attempt(&self, req: OutboundRequest) -> Result<InboundResponse, TransportError> {
         if let Some(ip) = literal_ip(&req.url) {
-            self.policy.check(ip).map_err(|d| TransportError::EgressDenied(d.to_string()))?;
+            self.policy
+                .check(ip)
+                .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
         let mut builder = http::Request::builder().method(req.method).uri(req.url.as_str());
         for (name, value) in &req.headers {
             builder = builder.header(name.as_str(), value.as_slice());
         }
-        let request = builder.body(Full::new(req.body)).map_err(|e| TransportError::Network(e.to_string()))?;
+        let request = builder
+            .body(Full::new(req.body))
+            .map_err(|e| TransportError::Network(e.to_string()))?;
         let response = self.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
         let retry_after = response
@@ -149,7 +162,11 @@ impl HttpTransport {
                 Some(Err(_)) | None => break,
             }
         }
-        Ok(InboundResponse { status, retry_after, body: kept.freeze() })
+        Ok(InboundResponse {
+            status,
+            retry_after,
+            body: kept.freeze(),
+        })
     }
 }
 
@@ -159,7 +176,10 @@ impl Transport for HttpTransport {
             let limit = self.settings.request_timeout;
             match tokio::time::timeout(limit, self.attempt(req)).await {
                 Ok(result) => result,
-                Err(_) => Err(TransportError::Timeout(format!("no complete response within {}ms", limit.as_millis()))),
+                Err(_) => Err(TransportError::Timeout(format!(
+                    "no complete response within {}ms",
+                    limit.as_millis()
+                ))),
             }
         })
     }

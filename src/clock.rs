@@ -30,7 +30,10 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
     }
 
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
@@ -58,7 +61,10 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock reading `start_ms`.
     pub fn new(start_ms: u64) -> Arc<Self> {
-        Arc::new(ManualClock { now: AtomicU64::new(start_ms), moved: Notify::new() })
+        Arc::new(ManualClock {
+            now: AtomicU64::new(start_ms),
+            moved: Notify::new(),
+        })
     }
 
     /// Moves time forward by `by`.
@@ -107,7 +113,10 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!sleeper.is_finished());
         clock.advance(Duration::from_millis(1));
-        tokio::time::timeout(Duration::from_secs(5), sleeper).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), sleeper)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(clock.now_ms(), 1_500);
     }
 

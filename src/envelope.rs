@@ -36,7 +36,9 @@ impl Envelope {
     pub fn into_message(self, now_ms: u64, rng: &mut impl rand::RngCore) -> NewMessage {
         let id = model::new_delivery_id(now_ms, rng);
         let event_id = self.event_id.unwrap_or_else(|| model::new_event_id(now_ms, rng));
-        let endpoint = self.endpoint.unwrap_or_else(|| crate::target::default_endpoint_key(&self.target));
+        let endpoint = self
+            .endpoint
+            .unwrap_or_else(|| crate::target::default_endpoint_key(&self.target));
         let host = crate::target::host_key(&self.target);
         let record = MessageRecord {
             id,

@@ -63,7 +63,15 @@ impl Ingress {
         draining: Arc<AtomicBool>,
     ) -> Self {
         let egress = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
-        Ingress { store, config, clock, metrics, wake, egress, draining }
+        Ingress {
+            store,
+            config,
+            clock,
+            metrics,
+            wake,
+            egress,
+            draining,
+        }
     }
 
     /// Handles one request.
@@ -74,7 +82,10 @@ impl Ingress {
                 self.metrics.rejected(code);
                 let mut resp = serve::error(status, code, message);
                 if status == StatusCode::SERVICE_UNAVAILABLE {
-                    resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(RETRY_AFTER_SECS));
+                    resp.headers_mut().insert(
+                        http::header::RETRY_AFTER,
+                        http::HeaderValue::from_static(RETRY_AFTER_SECS),
+                    );
                 }
                 resp
             }
@@ -83,7 +94,11 @@ impl Ingress {
 
     async fn accept(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
         if self.draining.load(Ordering::SeqCst) {
-            return Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is shutting down; retry shortly"));
+            return Err(Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "courier is shutting down; retry shortly",
+            ));
         }
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(
@@ -101,19 +116,34 @@ impl Ingress {
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         if let Some(ip) = literal_ip(&resolved.url) {
             self.egress.check(ip).map_err(|e| {
-                Refusal::new(StatusCode::FORBIDDEN, e.code(), format!("{e}; allow it with egress.allow or egress.allow_private_targets"))
+                Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    e.code(),
+                    format!("{e}; allow it with egress.allow or egress.allow_private_targets"),
+                )
             })?;
         }
-        let route = resolved.route.as_deref().and_then(|name| config.routes.iter().find(|r| r.name == name));
+        let route = resolved
+            .route
+            .as_deref()
+            .and_then(|name| config.routes.iter().find(|r| r.name == name));
 
         // Signing: the message's own header wins, then the route's, then the defaults.
         let scheme = control.scheme.or(route.and_then(|r| r.scheme));
         let effective_scheme = scheme.unwrap_or(config.signing.scheme);
         let signing = if let Some(secret) = control.signing_secret {
-            signing::validate_secret(effective_scheme, &secret)
-                .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), format!("Courier-Signing-Secret: {e}")))?;
+            signing::validate_secret(effective_scheme, &secret).map_err(|e| {
+                Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    e.code(),
+                    format!("Courier-Signing-Secret: {e}"),
+                )
+            })?;
             SigningChoice::Inline(secret)
-        } else if let Some(name) = control.signing_key.or_else(|| route.and_then(|r| r.signing_key.clone())) {
+        } else if let Some(name) = control
+            .signing_key
+            .or_else(|| route.and_then(|r| r.signing_key.clone()))
+        {
             if config.signing_key(&name).is_none() {
                 return Err(Refusal::new(
                     StatusCode::BAD_REQUEST,
@@ -127,20 +157,31 @@ impl Ingress {
         };
 
         let event_id = event_id(req.headers())?;
-        if let Some(len) = req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+        if let Some(len) = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        {
             if len > config.max_body {
                 return Err(too_large(config.max_body));
             }
         }
         let method = req.method().as_str().to_string();
         let headers = forwardable_headers(req.headers());
-        let body = Limited::new(req.into_body(), config.max_body as usize).collect().await.map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                too_large(config.max_body)
-            } else {
-                Refusal::new(StatusCode::BAD_REQUEST, "body_read_failed", format!("reading the request body failed: {e}"))
-            }
-        })?;
+        let body = Limited::new(req.into_body(), config.max_body as usize)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    too_large(config.max_body)
+                } else {
+                    Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "body_read_failed",
+                        format!("reading the request body failed: {e}"),
+                    )
+                }
+            })?;
 
         let envelope = Envelope {
             target: resolved.url,
@@ -162,7 +203,10 @@ impl Ingress {
                 self.metrics.accepted();
                 self.wake.notify_one();
                 tracing::debug!(delivery_id = %id, event_id = %event_id, "accepted");
-                Ok(accepted(&id, serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" })))
+                Ok(accepted(
+                    &id,
+                    serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" }),
+                ))
             }
             Ok(Accepted::Duplicate { id: first }) => {
                 self.metrics.duplicate();
@@ -178,8 +222,13 @@ impl Ingress {
             Err(e) => {
                 tracing::error!(error = %e, "could not store an accepted message; answering 503");
                 let (code, message) = match e {
-                    crate::store::StoreError::Closed => ("shutting_down", "courier is shutting down; retry shortly".to_string()),
-                    other => ("storage_unavailable", format!("the message could not be stored durably ({other}); retry later")),
+                    crate::store::StoreError::Closed => {
+                        ("shutting_down", "courier is shutting down; retry shortly".to_string())
+                    }
+                    other => (
+                        "storage_unavailable",
+                        format!("the message could not be stored durably ({other}); retry later"),
+                    ),
                 };
                 Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, code, message))
             }
@@ -187,7 +236,9 @@ impl Ingress {
     }
 
     fn check_token(&self, req: &Request<Incoming>, header_token: Option<&str>) -> Result<(), Refusal> {
-        let Some(expected) = &self.config.ingress_token else { return Ok(()) };
+        let Some(expected) = &self.config.ingress_token else {
+            return Ok(());
+        };
         let expected = expected.expose().as_bytes();
         let given = header_token.map(str::to_string).or_else(|| proxy_bearer(req.headers()));
         let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(expected)));
@@ -204,7 +255,11 @@ impl Ingress {
 }
 
 fn too_large(max: u64) -> Refusal {
-    Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the body is larger than max_body ({max} bytes)"))
+    Refusal::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the body is larger than max_body ({max} bytes)"),
+    )
 }
 
 fn accepted(id: &str, body: serde_json::Value) -> Response<Body> {
@@ -221,11 +276,17 @@ fn event_id(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
         let mut values = headers.get_all(name).iter();
         let Some(v) = values.next() else { continue };
         if values.next().is_some() {
-            return Err(Refusal::new(StatusCode::BAD_REQUEST, "invalid_event_id", format!("{name} is given more than once")));
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_event_id",
+                format!("{name} is given more than once"),
+            ));
         }
-        let text = v.to_str().ok().map(str::trim).filter(|t| {
-            !t.is_empty() && t.len() <= MAX_EVENT_ID_LEN && t.bytes().all(|b| b.is_ascii_graphic())
-        });
+        let text = v
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && t.len() <= MAX_EVENT_ID_LEN && t.bytes().all(|b| b.is_ascii_graphic()));
         return match text {
             Some(t) => Ok(Some(t.to_string())),
             None => Err(Refusal::new(

@@ -50,8 +50,12 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
-    const ALL: [AttemptOutcome; 4] =
-        [AttemptOutcome::Delivered, AttemptOutcome::Retry, AttemptOutcome::Permanent, AttemptOutcome::EgressDenied];
+    const ALL: [AttemptOutcome; 4] = [
+        AttemptOutcome::Delivered,
+        AttemptOutcome::Retry,
+        AttemptOutcome::Permanent,
+        AttemptOutcome::EgressDenied,
+    ];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -64,9 +68,13 @@ impl AttemptOutcome {
     }
 }
 
-const LATENCY_BOUNDS: &[f64] =
-    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0];
-const ATTEMPT_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const LATENCY_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0,
+    86400.0,
+];
+const ATTEMPT_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// A fixed-bucket histogram of seconds, recorded in microseconds.
 #[derive(Debug)]
@@ -105,7 +113,11 @@ impl Histogram {
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
         let _ = writeln!(out, "{name}_count {count}");
     }
 }
@@ -174,7 +186,12 @@ impl Metrics {
 
     /// An ingress request was refused with `code`.
     pub fn rejected(&self, code: &'static str) {
-        *self.rejected.lock().unwrap_or_else(|p| p.into_inner()).entry(code).or_default() += 1;
+        *self
+            .rejected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(code)
+            .or_default() += 1;
     }
 
     /// A due message waited for its endpoint's rate limit.
@@ -222,18 +239,50 @@ impl Metrics {
         let mut counter = |name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         };
-        counter(ACCEPTED_TOTAL, "Messages durably accepted.", self.accepted.load(Ordering::Relaxed));
-        counter(DUPLICATES_TOTAL, "Accepts answered as duplicates.", self.duplicates.load(Ordering::Relaxed));
-        counter(DELIVERED_TOTAL, "Messages delivered.", self.delivered.load(Ordering::Relaxed));
-        counter(RATE_LIMITED_TOTAL, "Due messages held by an endpoint rate limit.", self.rate_limited.load(Ordering::Relaxed));
+        counter(
+            ACCEPTED_TOTAL,
+            "Messages durably accepted.",
+            self.accepted.load(Ordering::Relaxed),
+        );
+        counter(
+            DUPLICATES_TOTAL,
+            "Accepts answered as duplicates.",
+            self.duplicates.load(Ordering::Relaxed),
+        );
+        counter(
+            DELIVERED_TOTAL,
+            "Messages delivered.",
+            self.delivered.load(Ordering::Relaxed),
+        );
+        counter(
+            RATE_LIMITED_TOTAL,
+            "Due messages held by an endpoint rate limit.",
+            self.rate_limited.load(Ordering::Relaxed),
+        );
 
-        let _ = writeln!(out, "# HELP {ATTEMPTS_TOTAL} Delivery attempts by outcome.\n# TYPE {ATTEMPTS_TOTAL} counter");
+        let _ = writeln!(
+            out,
+            "# HELP {ATTEMPTS_TOTAL} Delivery attempts by outcome.\n# TYPE {ATTEMPTS_TOTAL} counter"
+        );
         for (o, v) in AttemptOutcome::ALL.iter().zip(&self.attempts) {
-            let _ = writeln!(out, "{ATTEMPTS_TOTAL}{{outcome=\"{}\"}} {}", o.as_str(), v.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "{ATTEMPTS_TOTAL}{{outcome=\"{}\"}} {}",
+                o.as_str(),
+                v.load(Ordering::Relaxed)
+            );
         }
-        let _ = writeln!(out, "# HELP {DEAD_LETTERS_TOTAL} Messages dead-lettered by reason.\n# TYPE {DEAD_LETTERS_TOTAL} counter");
+        let _ = writeln!(
+            out,
+            "# HELP {DEAD_LETTERS_TOTAL} Messages dead-lettered by reason.\n# TYPE {DEAD_LETTERS_TOTAL} counter"
+        );
         for (r, v) in DeadReason::ALL.iter().zip(&self.dead) {
-            let _ = writeln!(out, "{DEAD_LETTERS_TOTAL}{{reason=\"{}\"}} {}", r.as_str(), v.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "{DEAD_LETTERS_TOTAL}{{reason=\"{}\"}} {}",
+                r.as_str(),
+                v.load(Ordering::Relaxed)
+            );
         }
         let _ = writeln!(
             out,
@@ -248,9 +297,21 @@ impl Metrics {
         };
         gauge(PENDING, "Messages waiting for an attempt.", g.pending.to_string());
         gauge(IN_FLIGHT, "Attempts in progress.", g.in_flight.to_string());
-        gauge(OLDEST_PENDING_SECONDS, "Age of the oldest undelivered message.", format!("{:.3}", g.oldest_pending_seconds));
-        gauge(DEAD_STORED, "Dead messages in the dead-letter store.", g.dead_stored.to_string());
-        gauge(ENDPOINTS_PAUSED, "Endpoints currently paused.", g.endpoints_paused.to_string());
+        gauge(
+            OLDEST_PENDING_SECONDS,
+            "Age of the oldest undelivered message.",
+            format!("{:.3}", g.oldest_pending_seconds),
+        );
+        gauge(
+            DEAD_STORED,
+            "Dead messages in the dead-letter store.",
+            g.dead_stored.to_string(),
+        );
+        gauge(
+            ENDPOINTS_PAUSED,
+            "Endpoints currently paused.",
+            g.endpoints_paused.to_string(),
+        );
 
         let _ = writeln!(
             out,
@@ -279,7 +340,10 @@ mod tests {
         m.dead(DeadReason::Expired);
         m.delivered(2_000_000);
         m.rejected("invalid_target");
-        let text = m.render(&Gauges { pending: 3, ..Default::default() });
+        let text = m.render(&Gauges {
+            pending: 3,
+            ..Default::default()
+        });
         for name in [
             ACCEPTED_TOTAL,
             ATTEMPTS_TOTAL,

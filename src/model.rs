@@ -132,10 +132,13 @@ impl DeadReason {
 impl FromStr for DeadReason {
     type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DeadReason::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownName::new("dead reason", s, "max_attempts, expired, permanent_status, egress_denied"))
+        DeadReason::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| {
+            UnknownName::new(
+                "dead reason",
+                s,
+                "max_attempts, expired, permanent_status, egress_denied",
+            )
+        })
     }
 }
 
@@ -173,7 +176,13 @@ impl FromStr for SignatureScheme {
             "stripe" => SignatureScheme::Stripe,
             "github" => SignatureScheme::Github,
             "none" => SignatureScheme::None,
-            _ => return Err(UnknownName::new("signature scheme", s, "standard, stripe, github, none")),
+            _ => {
+                return Err(UnknownName::new(
+                    "signature scheme",
+                    s,
+                    "standard, stripe, github, none",
+                ))
+            }
         })
     }
 }
@@ -213,7 +222,11 @@ pub struct UnknownName {
 
 impl UnknownName {
     fn new(what: &'static str, given: &str, expected: &'static str) -> Self {
-        UnknownName { what, given: given.to_string(), expected }
+        UnknownName {
+            what,
+            given: given.to_string(),
+            expected,
+        }
     }
 }
 
@@ -251,7 +264,12 @@ mod tests {
         for r in DeadReason::ALL {
             assert_eq!(r.as_str().parse::<DeadReason>().unwrap(), r);
         }
-        for sc in [SignatureScheme::Standard, SignatureScheme::Stripe, SignatureScheme::Github, SignatureScheme::None] {
+        for sc in [
+            SignatureScheme::Standard,
+            SignatureScheme::Stripe,
+            SignatureScheme::Github,
+            SignatureScheme::None,
+        ] {
             assert_eq!(sc.as_str().parse::<SignatureScheme>().unwrap(), sc);
         }
         assert!("hmac".parse::<SignatureScheme>().is_err());

@@ -139,19 +139,35 @@ struct AdminClient {
 
 impl AdminClient {
     async fn call(&self, method: http::Method, path_and_query: &str) -> Result<(u16, Value), OperatorError> {
-        let unreachable = |reason: String| OperatorError::Unreachable { addr: self.addr, reason };
-        let mut req = http::Request::builder().method(method).uri(format!("http://{}{}", self.addr, path_and_query));
+        let unreachable = |reason: String| OperatorError::Unreachable {
+            addr: self.addr,
+            reason,
+        };
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{}", self.addr, path_and_query));
         if let Some(t) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let req = req.body(Full::new(Bytes::new())).map_err(|e| unreachable(e.to_string()))?;
+        let req = req
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| unreachable(e.to_string()))?;
         let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
             .await
             .map_err(|_| unreachable("no answer within 30s".into()))?
             .map_err(|e| unreachable(root_cause(&e)))?;
         let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?.to_bytes();
-        let value: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        let value: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap_or(Value::Null)
+        };
         if status >= 400 {
             return Err(OperatorError::Api {
                 status,
@@ -232,8 +248,19 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
     };
     use http::Method;
     match op {
-        Operation::Deliveries(DeliveriesCommand::List { state, endpoint, limit, cursor, out }) => {
-            let q = query(&[("state", state), ("endpoint", endpoint), ("limit", Some(limit.to_string())), ("cursor", cursor)]);
+        Operation::Deliveries(DeliveriesCommand::List {
+            state,
+            endpoint,
+            limit,
+            cursor,
+            out,
+        }) => {
+            let q = query(&[
+                ("state", state),
+                ("endpoint", endpoint),
+                ("limit", Some(limit.to_string())),
+                ("cursor", cursor),
+            ]);
             let (_, v) = client.call(Method::GET, &format!("/deliveries{q}")).await?;
             Ok(if out.json { pretty(&v) } else { deliveries_table(&v) })
         }
@@ -241,11 +268,27 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let (_, v) = client.call(Method::GET, &format!("/deliveries/{}", enc(&id))).await?;
             Ok(if out.json { pretty(&v) } else { delivery_detail(&v) })
         }
-        Operation::Deliveries(DeliveriesCommand::Retry { id, all, endpoint, since, until, out }) => {
+        Operation::Deliveries(DeliveriesCommand::Retry {
+            id,
+            all,
+            endpoint,
+            since,
+            until,
+            out,
+        }) => {
             if all {
-                let q = query(&[("state", Some("dead".into())), ("endpoint", endpoint), ("since", since), ("until", until)]);
+                let q = query(&[
+                    ("state", Some("dead".into())),
+                    ("endpoint", endpoint),
+                    ("since", since),
+                    ("until", until),
+                ]);
                 let (_, v) = client.call(Method::POST, &format!("/deliveries/retry{q}")).await?;
-                Ok(if out.json { pretty(&v) } else { format!("requeued {} dead deliveries", v["requeued"]) })
+                Ok(if out.json {
+                    pretty(&v)
+                } else {
+                    format!("requeued {} dead deliveries", v["requeued"])
+                })
             } else {
                 let Some(id) = id else {
                     return Err(OperatorError::Api {
@@ -254,12 +297,20 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
                         message: "give a delivery id, or --all".into(),
                     });
                 };
-                let (_, v) = client.call(Method::POST, &format!("/deliveries/{}/retry", enc(&id))).await?;
-                Ok(if out.json { pretty(&v) } else { format!("{id} requeued (pending)") })
+                let (_, v) = client
+                    .call(Method::POST, &format!("/deliveries/{}/retry", enc(&id)))
+                    .await?;
+                Ok(if out.json {
+                    pretty(&v)
+                } else {
+                    format!("{id} requeued (pending)")
+                })
             }
         }
         Operation::Deliveries(DeliveriesCommand::Delete { id }) => {
-            client.call(Method::DELETE, &format!("/deliveries/{}", enc(&id))).await?;
+            client
+                .call(Method::DELETE, &format!("/deliveries/{}", enc(&id)))
+                .await?;
             Ok(format!("{id} deleted"))
         }
         Operation::Endpoints(EndpointsCommand::List { out }) => {
@@ -267,11 +318,15 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
         }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {
-            client.call(Method::POST, &format!("/endpoints/{}/pause", enc(&key))).await?;
+            client
+                .call(Method::POST, &format!("/endpoints/{}/pause", enc(&key)))
+                .await?;
             Ok(format!("{key} paused"))
         }
         Operation::Endpoints(EndpointsCommand::Resume { key }) => {
-            client.call(Method::POST, &format!("/endpoints/{}/resume", enc(&key))).await?;
+            client
+                .call(Method::POST, &format!("/endpoints/{}/resume", enc(&key)))
+                .await?;
             Ok(format!("{key} resumed"))
         }
     }
@@ -359,7 +414,13 @@ fn delivery_detail(d: &Value) -> String {
             h.iter()
                 .enumerate()
                 .map(|(i, a)| {
-                    vec![(i + 1).to_string(), cell(&a["at"]), cell(&a["status"]), cell(&a["duration_ms"]), cell(&a["error"])]
+                    vec![
+                        (i + 1).to_string(),
+                        cell(&a["at"]),
+                        cell(&a["status"]),
+                        cell(&a["duration_ms"]),
+                        cell(&a["error"]),
+                    ]
                 })
                 .collect()
         })
@@ -396,14 +457,26 @@ mod tests {
 
     #[test]
     fn tables_align_columns() {
-        let t = table(&["A", "LONG"], &[vec!["xxxx".into(), "1".into()], vec!["y".into(), "22".into()]]);
+        let t = table(
+            &["A", "LONG"],
+            &[vec!["xxxx".into(), "1".into()], vec!["y".into(), "22".into()]],
+        );
         assert_eq!(t, "A     LONG\nxxxx  1\ny     22");
     }
 
     #[test]
     fn wildcard_admin_addresses_are_reached_over_loopback() {
-        assert_eq!(admin_target("0.0.0.0:8788".parse().unwrap()), "127.0.0.1:8788".parse().unwrap());
-        assert_eq!(admin_target("[::]:8788".parse().unwrap()), "[::1]:8788".parse().unwrap());
-        assert_eq!(admin_target("10.0.0.1:1".parse().unwrap()), "10.0.0.1:1".parse().unwrap());
+        assert_eq!(
+            admin_target("0.0.0.0:8788".parse().unwrap()),
+            "127.0.0.1:8788".parse().unwrap()
+        );
+        assert_eq!(
+            admin_target("[::]:8788".parse().unwrap()),
+            "[::1]:8788".parse().unwrap()
+        );
+        assert_eq!(
+            admin_target("10.0.0.1:1".parse().unwrap()),
+            "10.0.0.1:1".parse().unwrap()
+        );
     }
 }

@@ -47,13 +47,21 @@ impl StaticResolver {
 
     /// Makes `host` resolve to `addrs` from now on.
     pub fn set(&self, host: &str, addrs: Vec<IpAddr>) {
-        self.table.lock().unwrap_or_else(|p| p.into_inner()).insert(host.to_ascii_lowercase(), addrs);
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(host.to_ascii_lowercase(), addrs);
     }
 }
 
 impl Resolve for StaticResolver {
     fn resolve(&self, host: &str) -> ResolveFuture {
-        let found = self.table.lock().unwrap_or_else(|p| p.into_inner()).get(&host.to_ascii_lowercase()).cloned();
+        let found = self
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&host.to_ascii_lowercase())
+            .cloned();
         let host = host.to_string();
         Box::pin(async move {
             found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {host}")))

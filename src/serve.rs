@@ -39,7 +39,11 @@ pub struct ServeLimits {
 
 impl Default for ServeLimits {
     fn default() -> Self {
-        ServeLimits { header_read_timeout: Duration::from_secs(10), max_header_bytes: 64 << 10, max_connections: 4096 }
+        ServeLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 << 10,
+            max_connections: 4096,
+        }
     }
 }
 
@@ -111,5 +115,8 @@ pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Res
 
 /// An empty answer.
 pub fn empty(status: StatusCode) -> Response<Body> {
-    Response::builder().status(status).body(Full::new(Bytes::new())).expect("static response parts are valid")
+    Response::builder()
+        .status(status)
+        .body(Full::new(Bytes::new()))
+        .expect("static response parts are valid")
 }

@@ -19,14 +19,31 @@ pub fn rfc3339(ms: u64) -> String {
 /// offsets allowed) to unix millis.
 pub fn parse_rfc3339(text: &str) -> Option<u64> {
     let b = text.trim().as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let s = std::str::from_utf8(&b[r]).ok()?;
-        if s.bytes().all(|c| c.is_ascii_digit()) { s.parse().ok() } else { None }
+        if s.bytes().all(|c| c.is_ascii_digit()) {
+            s.parse().ok()
+        } else {
+            None
+        }
     };
-    let (y, mo, d, h, mi, s) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let (y, mo, d, h, mi, s) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
         return None;
     }
@@ -50,7 +67,11 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
             let hh = (*h1 - b'0') as i64 * 10 + (*h2 - b'0') as i64;
             let mm = (*m1 - b'0') as i64 * 10 + (*m2 - b'0') as i64;
             let v = hh * 3600 + mm * 60;
-            if *sign == b'+' { v } else { -v }
+            if *sign == b'+' {
+                v
+            } else {
+                -v
+            }
         }
         _ => return None,
     };
@@ -107,7 +128,14 @@ mod tests {
         assert_eq!(parse_rfc3339("2023-11-14T23:13:20+01:00"), Some(1_700_000_000_000));
         assert_eq!(parse_rfc3339("2023-11-14T21:13:20-01:00"), Some(1_700_000_000_000));
         assert_eq!(parse_rfc3339("2023-11-14T22:13:20.5Z"), Some(1_700_000_000_500));
-        for bad in ["", "2023-11-14", "2023-13-14T22:13:20Z", "2023-11-14T22:13:20", "yesterday", "2023-11-14T22:13:20+0100"] {
+        for bad in [
+            "",
+            "2023-11-14",
+            "2023-13-14T22:13:20Z",
+            "2023-11-14T22:13:20",
+            "yesterday",
+            "2023-11-14T22:13:20+0100",
+        ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
     }

@@ -29,7 +29,11 @@ pub enum UnitError {
 /// Parses a duration: a whole number followed by `ms`, `s`, `m`, `h` or `d`
 /// (several parts may be joined: `1h30m`). A bare `0` is zero.
 pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
-    let invalid = || UnitError::Invalid { kind: "duration", given: text.to_string(), example: "250ms, 30s, 1m, 1h, 3d" };
+    let invalid = || UnitError::Invalid {
+        kind: "duration",
+        given: text.to_string(),
+        example: "250ms, 30s, 1m, 1h, 3d",
+    };
     let s = text.trim();
     if s == "0" {
         return Ok(Duration::ZERO);
@@ -44,9 +48,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
         if digits == 0 {
             return Err(invalid());
         }
-        let number: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| UnitError::TooLarge { kind: "duration", given: text.to_string() })?;
+        let number: u64 = rest[..digits].parse().map_err(|_| UnitError::TooLarge {
+            kind: "duration",
+            given: text.to_string(),
+        })?;
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let factor: u64 = match &rest[..unit_len] {
@@ -61,7 +66,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
         total_ms = number
             .checked_mul(factor)
             .and_then(|ms| total_ms.checked_add(ms))
-            .ok_or_else(|| UnitError::TooLarge { kind: "duration", given: text.to_string() })?;
+            .ok_or_else(|| UnitError::TooLarge {
+                kind: "duration",
+                given: text.to_string(),
+            })?;
     }
     Ok(Duration::from_millis(total_ms))
 }
@@ -69,13 +77,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
 /// Parses a size: a whole number with an optional unit `B`, `KiB`, `MiB`, `GiB`
 /// (binary) or `KB`, `MB`, `GB` (decimal). A bare number is bytes.
 pub fn parse_size(text: &str) -> Result<u64, UnitError> {
-    let invalid = || UnitError::Invalid { kind: "size", given: text.to_string(), example: "64KiB, 1MiB, 512B" };
+    let invalid = || UnitError::Invalid {
+        kind: "size",
+        given: text.to_string(),
+        example: "64KiB, 1MiB, 512B",
+    };
     let s = text.trim();
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 {
         return Err(invalid());
     }
-    let number: u64 = s[..digits].parse().map_err(|_| UnitError::TooLarge { kind: "size", given: text.to_string() })?;
+    let number: u64 = s[..digits].parse().map_err(|_| UnitError::TooLarge {
+        kind: "size",
+        given: text.to_string(),
+    })?;
     let factor: u64 = match s[digits..].trim_start() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -86,7 +101,10 @@ pub fn parse_size(text: &str) -> Result<u64, UnitError> {
         "GB" => 1_000_000_000,
         _ => return Err(invalid()),
     };
-    number.checked_mul(factor).ok_or_else(|| UnitError::TooLarge { kind: "size", given: text.to_string() })
+    number.checked_mul(factor).ok_or_else(|| UnitError::TooLarge {
+        kind: "size",
+        given: text.to_string(),
+    })
 }
 
 /// Formats a duration the way config files write it (`1h`, `30s`, `250ms`), choosing the
@@ -129,10 +147,25 @@ mod tests {
 
     #[test]
     fn bad_durations_are_errors() {
-        for text in ["", "s", "10", "1.5s", "-1s", "10 s", "5sec", "1w", "ms", "1h 30m", "99999999999999999999s"] {
+        for text in [
+            "",
+            "s",
+            "10",
+            "1.5s",
+            "-1s",
+            "10 s",
+            "5sec",
+            "1w",
+            "ms",
+            "1h 30m",
+            "99999999999999999999s",
+        ] {
             assert!(parse_duration(text).is_err(), "{text:?} should be rejected");
         }
-        assert!(matches!(parse_duration("999999999999999d"), Err(UnitError::TooLarge { .. })));
+        assert!(matches!(
+            parse_duration("999999999999999d"),
+            Err(UnitError::TooLarge { .. })
+        ));
         let msg = parse_duration("5sec").unwrap_err().to_string();
         assert!(msg.contains("5sec") && msg.contains("30s"), "{msg}");
     }

@@ -66,12 +66,24 @@ impl EndpointTable {
         persisted: Vec<(String, EndpointRecord)>,
         now_ms: u64,
     ) -> Self {
-        let t = EndpointTable { default_rate, rates, pause_after, entries: Mutex::new(HashMap::new()) };
+        let t = EndpointTable {
+            default_rate,
+            rates,
+            pause_after,
+            entries: Mutex::new(HashMap::new()),
+        };
         {
             let mut entries = t.lock();
             for (key, rec) in persisted {
                 let bucket = TokenBucket::new(t.rate(&key), now_ms);
-                entries.insert(key, Entry { rec, bucket, in_flight: 0 });
+                entries.insert(
+                    key,
+                    Entry {
+                        rec,
+                        bucket,
+                        in_flight: 0,
+                    },
+                );
             }
         }
         t
@@ -93,7 +105,14 @@ impl EndpointTable {
                 entries.retain(|_, e| e.rec != EndpointRecord::default() || e.in_flight > 0);
             }
             let bucket = TokenBucket::new(self.rate(key), now_ms);
-            entries.insert(key.to_string(), Entry { rec: EndpointRecord::default(), bucket, in_flight: 0 });
+            entries.insert(
+                key.to_string(),
+                Entry {
+                    rec: EndpointRecord::default(),
+                    bucket,
+                    in_flight: 0,
+                },
+            );
         }
         f(entries.get_mut(key).expect("inserted above"))
     }
@@ -154,7 +173,11 @@ impl EndpointTable {
 
     /// The state of one endpoint, if courier knows it.
     pub fn get(&self, key: &str) -> Option<EndpointView> {
-        self.lock().get(key).map(|e| EndpointView { key: key.to_string(), rec: e.rec.clone(), in_flight: e.in_flight })
+        self.lock().get(key).map(|e| EndpointView {
+            key: key.to_string(),
+            rec: e.rec.clone(),
+            in_flight: e.in_flight,
+        })
     }
 
     /// Every known endpoint.
@@ -162,7 +185,11 @@ impl EndpointTable {
         let mut out: Vec<_> = self
             .lock()
             .iter()
-            .map(|(k, e)| EndpointView { key: k.clone(), rec: e.rec.clone(), in_flight: e.in_flight })
+            .map(|(k, e)| EndpointView {
+                key: k.clone(),
+                rec: e.rec.clone(),
+                in_flight: e.in_flight,
+            })
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
@@ -181,26 +208,53 @@ mod tests {
     #[test]
     fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
         let t = EndpointTable::new(100, HashMap::new(), 3, vec![], 0);
-        assert_eq!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(EndpointRecord { paused: false, streak: 1, last_status: Some(410) }));
+        assert_eq!(
+            t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+            EndpointChange::Changed(EndpointRecord {
+                paused: false,
+                streak: 1,
+                last_status: Some(410)
+            })
+        );
         assert_eq!(t.record("e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
-        assert!(matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r.streak == 0));
+        assert!(
+            matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r.streak == 0)
+        );
         for _ in 0..2 {
-            assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(_)));
+            assert!(matches!(
+                t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+                EndpointChange::Changed(_)
+            ));
         }
         assert!(!t.is_paused("e"));
-        assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3));
+        assert!(
+            matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
+        );
         assert!(t.is_paused("e"));
         assert_eq!(t.paused_count(), 1);
         // Already paused: later failures do not pause (or alert) again.
-        assert!(matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Changed(_)));
+        assert!(matches!(
+            t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+            EndpointChange::Changed(_)
+        ));
         let r = t.set_paused("e", false, 0);
         assert_eq!((r.paused, r.streak), (false, 0));
     }
 
     #[test]
     fn persisted_state_is_loaded_and_rates_are_per_endpoint() {
-        let rec = EndpointRecord { paused: true, streak: 7, last_status: None };
-        let t = EndpointTable::new(2, HashMap::from([("slow".to_string(), 1)]), 100, vec![("p".into(), rec)], 0);
+        let rec = EndpointRecord {
+            paused: true,
+            streak: 7,
+            last_status: None,
+        };
+        let t = EndpointTable::new(
+            2,
+            HashMap::from([("slow".to_string(), 1)]),
+            100,
+            vec![("p".into(), rec)],
+            0,
+        );
         assert!(t.is_paused("p"));
         assert!(t.try_rate("slow", 0).is_ok());
         assert!(t.try_rate("slow", 0).is_err());

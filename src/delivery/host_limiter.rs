@@ -18,7 +18,11 @@ pub struct HostLimiter {
 impl HostLimiter {
     /// A limiter with `default_cap` permits per host and per-host overrides.
     pub fn new(default_cap: u32, overrides: HashMap<String, u32>) -> Self {
-        HostLimiter { default_cap, overrides, hosts: Mutex::new(HashMap::new()) }
+        HostLimiter {
+            default_cap,
+            overrides,
+            hosts: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The cap for `host`.
@@ -34,7 +38,10 @@ impl HostLimiter {
                 // Forget idle hosts so the map does not grow with every host ever seen.
                 hosts.retain(|h, s| s.available_permits() < self.cap(h) as usize);
             }
-            hosts.entry(host.to_string()).or_insert_with(|| Arc::new(Semaphore::new(self.cap(host) as usize))).clone()
+            hosts
+                .entry(host.to_string())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.cap(host) as usize)))
+                .clone()
         };
         sem.try_acquire_owned().ok()
     }
@@ -42,7 +49,9 @@ impl HostLimiter {
     /// Attempts in flight to `host` now.
     pub fn in_flight(&self, host: &str) -> u32 {
         let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        hosts.get(host).map_or(0, |s| self.cap(host) - s.available_permits() as u32)
+        hosts
+            .get(host)
+            .map_or(0, |s| self.cap(host) - s.available_permits() as u32)
     }
 }
 

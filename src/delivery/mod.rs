@@ -85,7 +85,11 @@ impl Deliverer {
     pub fn new(parts: DelivererParts) -> Result<Arc<Self>, crate::store::StoreError> {
         let cfg = &parts.config;
         let now = parts.clock.now_ms();
-        let rates = cfg.endpoints.iter().map(|e| (e.key.clone(), e.rate_per_second)).collect();
+        let rates = cfg
+            .endpoints
+            .iter()
+            .map(|e| (e.key.clone(), e.rate_per_second))
+            .collect();
         let endpoints = EndpointTable::new(
             cfg.delivery.rate_per_second,
             rates,
@@ -174,8 +178,13 @@ impl Deliverer {
         if waited.is_ok() {
             return 0;
         }
-        let handles: Vec<AbortHandle> =
-            self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let handles: Vec<AbortHandle> = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
         for h in &handles {
             h.abort();
         }

@@ -33,9 +33,13 @@ enum BuildError {
 fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, BuildError> {
     Ok(match choice {
         SigningChoice::Default => d.config.signing.secrets.clone(),
-        SigningChoice::Key(name) => {
-            d.config.signing.keys.get(name).cloned().ok_or_else(|| BuildError::MissingKey(name.clone()))?
-        }
+        SigningChoice::Key(name) => d
+            .config
+            .signing
+            .keys
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BuildError::MissingKey(name.clone()))?,
         SigningChoice::Inline(secret) => vec![Secret::new(secret.clone())],
     })
 }
@@ -47,7 +51,11 @@ fn build(d: &Deliverer, claimed: &Claimed, now_ms: u64) -> Result<OutboundReques
     let secrets = secrets_for(d, &payload.signing)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
-    headers.extend(fresh.into_iter().map(|(name, value)| (name.to_string(), value.into_bytes())));
+    headers.extend(
+        fresh
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value.into_bytes())),
+    );
     Ok(OutboundRequest {
         method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,
         url: url::Url::parse(&rec.target)?,
@@ -65,7 +73,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         Err(e) => {
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
-            let _ = d.store.release(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64);
+            let _ = d
+                .store
+                .release(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64);
             return;
         }
     };
@@ -79,7 +89,10 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
 
     let (result, status, error) = match &sent {
         Ok(resp) => (
-            AttemptResult::Status { code: resp.status, retry_after: resp.retry_after.clone() },
+            AttemptResult::Status {
+                code: resp.status,
+                retry_after: resp.retry_after.clone(),
+            },
             Some(resp.status),
             (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body)),
         ),
@@ -87,7 +100,10 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
     };
     let attempts_made = rec.attempts + 1;
-    let limits = Limits { max_attempts: rec.max_attempts, give_up_at_ms: rec.give_up_at_ms };
+    let limits = Limits {
+        max_attempts: rec.max_attempts,
+        give_up_at_ms: rec.give_up_at_ms,
+    };
     let decision = d.with_rng(|rng| decide(&result, attempts_made, &limits, &d.policy, now, rng));
     let transition = match decision {
         Decision::Delivered => Transition::Delivered,
@@ -124,18 +140,40 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
     match transition {
         Transition::Delivered => {
             d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
-            tracing::info!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
-                attempt = attempts_made, status, duration_ms = record.duration_ms, "delivered");
+            tracing::info!(
+                delivery_id = span_fields.0,
+                event_id = span_fields.1,
+                endpoint = span_fields.2,
+                attempt = attempts_made,
+                status,
+                duration_ms = record.duration_ms,
+                "delivered"
+            );
         }
         Transition::RetryAt(at) => {
-            tracing::info!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
-                attempt = attempts_made, status, error = error.as_deref(), retry_in_ms = at.saturating_sub(now),
-                "attempt failed; retry scheduled");
+            tracing::info!(
+                delivery_id = span_fields.0,
+                event_id = span_fields.1,
+                endpoint = span_fields.2,
+                attempt = attempts_made,
+                status,
+                error = error.as_deref(),
+                retry_in_ms = at.saturating_sub(now),
+                "attempt failed; retry scheduled"
+            );
         }
         Transition::Dead(reason) => {
             d.metrics.dead(reason);
-            tracing::warn!(delivery_id = span_fields.0, event_id = span_fields.1, endpoint = span_fields.2,
-                attempt = attempts_made, status, error = error.as_deref(), reason = reason.as_str(), "dead-lettered");
+            tracing::warn!(
+                delivery_id = span_fields.0,
+                event_id = span_fields.1,
+                endpoint = span_fields.2,
+                attempt = attempts_made,
+                status,
+                error = error.as_deref(),
+                reason = reason.as_str(),
+                "dead-lettered"
+            );
         }
     }
 
@@ -166,7 +204,10 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
 /// A short description of a non-2xx answer for `last_error`: the status and the start of
 /// the body, as text.
 fn response_error(status: u16, body: &[u8]) -> String {
-    let snippet: String = String::from_utf8_lossy(&body[..body.len().min(200)]).chars().filter(|c| !c.is_control()).collect();
+    let snippet: String = String::from_utf8_lossy(&body[..body.len().min(200)])
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
     if snippet.is_empty() {
         format!("HTTP {status}")
     } else {

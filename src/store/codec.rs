@@ -390,7 +390,13 @@ impl Payload {
             _ => return Err(CodecError::Corrupt("payload", "unknown signing choice")),
         };
         r.end()?;
-        Ok(Payload { method, headers, body, scheme, signing })
+        Ok(Payload {
+            method,
+            headers,
+            body,
+            scheme,
+            signing,
+        })
     }
 }
 
@@ -408,7 +414,12 @@ impl AttemptRecord {
     /// Decodes an attempt written by [`AttemptRecord::encode`].
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new("attempt", ATTEMPT_V1, buf)?;
-        let rec = AttemptRecord { at_ms: r.u64()?, status: r.opt_u16()?, error: r.opt_string()?, duration_ms: r.u32()? };
+        let rec = AttemptRecord {
+            at_ms: r.u64()?,
+            status: r.opt_u16()?,
+            error: r.opt_string()?,
+            duration_ms: r.u32()?,
+        };
         r.end()?;
         Ok(rec)
     }
@@ -427,7 +438,11 @@ impl EndpointRecord {
     /// Decodes an endpoint state written by [`EndpointRecord::encode`].
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new("endpoint", ENDPOINT_V1, buf)?;
-        let rec = EndpointRecord { paused: r.flag()?, streak: r.u32()?, last_status: r.opt_u16()? };
+        let rec = EndpointRecord {
+            paused: r.flag()?,
+            streak: r.u32()?,
+            last_status: r.opt_u16()?,
+        };
         r.end()?;
         Ok(rec)
     }
@@ -445,7 +460,10 @@ impl Routing {
     /// Decodes a routing value written by [`Routing::encode`].
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new("routing", ROUTING_V1, buf)?;
-        let rec = Routing { host: r.string()?, endpoint: r.string()? };
+        let rec = Routing {
+            host: r.string()?,
+            endpoint: r.string()?,
+        };
         r.end()?;
         Ok(rec)
     }
@@ -480,24 +498,49 @@ mod tests {
     fn every_record_round_trips() {
         let m = message();
         assert_eq!(MessageRecord::decode(&m.encode()), Ok(m.clone()));
-        let open = MessageRecord { state: State::Pending, dead_reason: None, last_status: None, last_error: None, ..m };
+        let open = MessageRecord {
+            state: State::Pending,
+            dead_reason: None,
+            last_status: None,
+            last_error: None,
+            ..m
+        };
         assert_eq!(MessageRecord::decode(&open.encode()), Ok(open));
 
-        for signing in [SigningChoice::Default, SigningChoice::Key("billing".into()), SigningChoice::Inline("whsec_x".into())] {
+        for signing in [
+            SigningChoice::Default,
+            SigningChoice::Key("billing".into()),
+            SigningChoice::Inline("whsec_x".into()),
+        ] {
             let p = Payload {
                 method: "POST".into(),
-                headers: vec![("content-type".into(), b"application/json".to_vec()), ("x-a".into(), vec![0xff, 0])],
+                headers: vec![
+                    ("content-type".into(), b"application/json".to_vec()),
+                    ("x-a".into(), vec![0xff, 0]),
+                ],
                 body: (0..=255u8).collect(),
                 scheme: Some(SignatureScheme::Stripe),
                 signing,
             };
             assert_eq!(Payload::decode(&p.encode()), Ok(p));
         }
-        let a = AttemptRecord { at_ms: 9, status: None, error: Some("connection refused".into()), duration_ms: 12 };
+        let a = AttemptRecord {
+            at_ms: 9,
+            status: None,
+            error: Some("connection refused".into()),
+            duration_ms: 12,
+        };
         assert_eq!(AttemptRecord::decode(&a.encode()), Ok(a));
-        let e = EndpointRecord { paused: true, streak: 100, last_status: Some(410) };
+        let e = EndpointRecord {
+            paused: true,
+            streak: 100,
+            last_status: Some(410),
+        };
         assert_eq!(EndpointRecord::decode(&e.encode()), Ok(e));
-        let r = Routing { host: "h:443".into(), endpoint: "https://h/x".into() };
+        let r = Routing {
+            host: "h:443".into(),
+            endpoint: "https://h/x".into(),
+        };
         assert_eq!(Routing::decode(&r.encode()), Ok(r));
     }
 
@@ -505,7 +548,13 @@ mod tests {
     fn unknown_versions_are_errors_not_silence() {
         let mut buf = message().encode();
         buf[1] = 9;
-        assert_eq!(MessageRecord::decode(&buf), Err(CodecError::UnknownVersion { kind: "message", version: 9 }));
+        assert_eq!(
+            MessageRecord::decode(&buf),
+            Err(CodecError::UnknownVersion {
+                kind: "message",
+                version: 9
+            })
+        );
     }
 
     #[test]

@@ -40,12 +40,20 @@ impl Committer {
             .name("courier-commit".into())
             .spawn(move || run(&db, rx))
             .expect("spawning the commit thread");
-        Committer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }
+        Committer {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }
     }
 
     /// Queues an accept and waits until it is durable (or refused).
     pub(super) async fn submit(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or(StoreError::Closed)?;
+        let tx = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         tx.send(Job { msg, reply }).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
@@ -101,14 +109,25 @@ fn commit(db: &DB, synced: &WriteOptions, jobs: Vec<Job>) {
             }
         }
         let id = rec.id.as_str();
-        let routing = Routing { host: rec.host.clone(), endpoint: rec.endpoint.clone() };
+        let routing = Routing {
+            host: rec.host.clone(),
+            endpoint: rec.endpoint.clone(),
+        };
         batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), job.msg.payload.encode());
-        batch.put_cf(cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id), routing.encode());
+        batch.put_cf(
+            cf(keys::DUE),
+            keys::time_key(rec.next_attempt_at_ms, id),
+            routing.encode(),
+        );
         batch.put_cf(cf(keys::STATES), keys::state_key(State::Pending.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());
         batch.merge_cf(cf(keys::META), keys::COUNT_OPEN, 1i64.to_le_bytes());
-        batch.merge_cf(cf(keys::META), keys::endpoint_open_key(&rec.endpoint), 1i64.to_le_bytes());
+        batch.merge_cf(
+            cf(keys::META),
+            keys::endpoint_open_key(&rec.endpoint),
+            1i64.to_le_bytes(),
+        );
         in_batch.insert(event_key, rec.id.clone());
         stored.push(job.reply);
     }

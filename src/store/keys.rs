@@ -3,7 +3,9 @@
 //! iterating `expiry` yields them in expiry order.
 
 /// Column family names, in the order they are opened.
-pub const CF_NAMES: [&str; 10] = [MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META];
+pub const CF_NAMES: [&str; 10] = [
+    MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META,
+];
 /// id → mutable message record (state, attempts, times, last result).
 pub const MESSAGES: &str = "messages";
 /// id → immutable payload (method, headers, body, signing choice).
@@ -110,7 +112,12 @@ mod tests {
 
     #[test]
     fn time_keys_sort_by_time_then_id() {
-        let mut keys = vec![time_key(300, "a"), time_key(2, "z"), time_key(256, "b"), time_key(2, "a")];
+        let mut keys = [
+            time_key(300, "a"),
+            time_key(2, "z"),
+            time_key(256, "b"),
+            time_key(2, "a"),
+        ];
         keys.sort();
         let decoded: Vec<_> = keys.iter().map(|k| split_time_key(k).unwrap()).collect();
         assert_eq!(decoded, vec![(2, "a"), (2, "z"), (256, "b"), (300, "a")]);

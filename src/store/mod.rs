@@ -294,7 +294,9 @@ impl Store {
         db_opts.set_max_log_file_size(8 << 20);
         db_opts.set_max_open_files(256);
         db_opts.set_recycle_log_file_num(4);
-        let descriptors = keys::CF_NAMES.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
+        let descriptors = keys::CF_NAMES
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
         let db = DB::open_cf_descriptors(&db_opts, dir, descriptors).map_err(|e| {
             let text = e.to_string();
             if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
@@ -330,7 +332,9 @@ impl Store {
         for b in id.bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
         }
-        self.stripes[(h % LOCK_STRIPES as u64) as usize].lock().unwrap_or_else(|p| p.into_inner())
+        self.stripes[(h % LOCK_STRIPES as u64) as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -354,9 +358,10 @@ impl Store {
     /// Reads a message's payload.
     pub fn payload(&self, id: &str) -> Result<Option<Payload>, StoreError> {
         match self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())? {
-            Some(v) => Ok(Some(
-                Payload::decode(&v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?,
-            )),
+            Some(v) => Ok(Some(Payload::decode(&v).map_err(|source| StoreError::Codec {
+                key: id.to_string(),
+                source,
+            })?)),
             None => Ok(None),
         }
     }
@@ -367,13 +372,20 @@ impl Store {
         let mut out = Vec::new();
         let mut ro = ReadOptions::default();
         ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let iter = self.db.iterator_cf_opt(self.cf(keys::HISTORY), ro, IteratorMode::From(prefix, Direction::Forward));
+        let iter = self.db.iterator_cf_opt(
+            self.cf(keys::HISTORY),
+            ro,
+            IteratorMode::From(prefix, Direction::Forward),
+        );
         for item in iter {
             let (k, v) = item?;
             if k.len() != prefix.len() + 4 {
                 continue; // another id that merely starts with this one
             }
-            out.push(AttemptRecord::decode(&v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?);
+            out.push(AttemptRecord::decode(&v).map_err(|source| StoreError::Codec {
+                key: id.to_string(),
+                source,
+            })?);
         }
         Ok(out)
     }
@@ -413,8 +425,16 @@ impl Store {
                 it.next();
                 continue;
             };
-            let routing = Routing::decode(v).map_err(|source| StoreError::Codec { key: id.to_string(), source })?;
-            if step(DueEntry { due_ms, id: id.to_string(), routing }) == ScanStep::Stop {
+            let routing = Routing::decode(v).map_err(|source| StoreError::Codec {
+                key: id.to_string(),
+                source,
+            })?;
+            if step(DueEntry {
+                due_ms,
+                id: id.to_string(),
+                routing,
+            }) == ScanStep::Stop
+            {
                 return Ok(ScanEnd::Cut);
             }
             it.next();
@@ -469,8 +489,15 @@ impl Store {
     }
 
     fn enqueue(&self, b: &mut WriteBatch, rec: &MessageRecord) {
-        let routing = Routing { host: rec.host.clone(), endpoint: rec.endpoint.clone() };
-        b.put_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, &rec.id), routing.encode());
+        let routing = Routing {
+            host: rec.host.clone(),
+            endpoint: rec.endpoint.clone(),
+        };
+        b.put_cf(
+            self.cf(keys::DUE),
+            keys::time_key(rec.next_attempt_at_ms, &rec.id),
+            routing.encode(),
+        );
     }
 
     fn retention_of(&self, state: State) -> u64 {
@@ -491,7 +518,9 @@ impl Store {
         now_ms: u64,
     ) -> Result<Option<MessageRecord>, StoreError> {
         let _g = self.lock(id);
-        let Some(mut rec) = self.message(id)? else { return Ok(None) };
+        let Some(mut rec) = self.message(id)? else {
+            return Ok(None);
+        };
         if rec.state != State::InFlight {
             // Deleted and re-created, or released by recovery: this attempt's result is stale.
             return Ok(None);
@@ -501,7 +530,11 @@ impl Store {
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
         let mut b = WriteBatch::default();
-        b.put_cf(self.cf(keys::HISTORY), keys::history_key(id, rec.history_len), attempt.encode());
+        b.put_cf(
+            self.cf(keys::HISTORY),
+            keys::history_key(id, rec.history_len),
+            attempt.encode(),
+        );
         match transition {
             Transition::RetryAt(at) => {
                 rec.state = State::Pending;
@@ -540,7 +573,9 @@ impl Store {
     /// attempt: for failures of courier itself, and for rate-limit or shutdown hand-backs.
     pub fn release(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
         let _g = self.lock(id);
-        let Some(mut rec) = self.message(id)? else { return Ok(false) };
+        let Some(mut rec) = self.message(id)? else {
+            return Ok(false);
+        };
         if rec.state != State::InFlight {
             return Ok(false);
         }
@@ -593,7 +628,11 @@ impl Store {
         b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
         if let Some(rec) = self.message(&entry.id)? {
             if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
-                b.put_cf(self.cf(keys::PARKED), keys::pair_key(&entry.routing.endpoint, &entry.id), []);
+                b.put_cf(
+                    self.cf(keys::PARKED),
+                    keys::pair_key(&entry.routing.endpoint, &entry.id),
+                    [],
+                );
             }
         }
         self.write(b)
@@ -642,7 +681,9 @@ impl Store {
     /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
     pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
         let _g = self.lock(id);
-        let Some(mut rec) = self.message(id)? else { return Ok(None) };
+        let Some(mut rec) = self.message(id)? else {
+            return Ok(None);
+        };
         if rec.state != State::Dead {
             return Ok(Some(false));
         }
@@ -669,7 +710,10 @@ impl Store {
 
     /// Replays every dead message matching `filter` (its state is forced to dead).
     pub fn replay_dead(&self, filter: &ListFilter, now_ms: u64, give_up_at_ms: u64) -> Result<usize, StoreError> {
-        let filter = ListFilter { state: Some(State::Dead), ..filter.clone() };
+        let filter = ListFilter {
+            state: Some(State::Dead),
+            ..filter.clone()
+        };
         let mut cursor = None;
         let mut n = 0;
         loop {
@@ -701,7 +745,11 @@ impl Store {
         b.delete_cf(self.cf(keys::MESSAGES), id.as_bytes());
         b.delete_cf(self.cf(keys::PAYLOADS), id.as_bytes());
         b.delete_cf(self.cf(keys::STATES), keys::state_key(rec.state.to_byte(), id));
-        b.delete_range_cf(self.cf(keys::HISTORY), keys::history_key(id, 0), keys::history_key(id, u32::MAX));
+        b.delete_range_cf(
+            self.cf(keys::HISTORY),
+            keys::history_key(id, 0),
+            keys::history_key(id, u32::MAX),
+        );
         b.delete_cf(self.cf(keys::HISTORY), keys::history_key(id, u32::MAX));
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes()) {
@@ -717,7 +765,11 @@ impl Store {
             State::Delivered | State::Dead => {
                 let expiry = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
                 b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(expiry, id));
-                let counter = if rec.state == State::Dead { keys::COUNT_DEAD } else { keys::COUNT_DELIVERED };
+                let counter = if rec.state == State::Dead {
+                    keys::COUNT_DEAD
+                } else {
+                    keys::COUNT_DELIVERED
+                };
                 self.count(b, counter, -1);
             }
         }
@@ -781,7 +833,10 @@ impl Store {
         for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
             let (k, v) = item?;
             let key = String::from_utf8_lossy(&k).into_owned();
-            let rec = EndpointRecord::decode(&v).map_err(|source| StoreError::Codec { key: key.clone(), source })?;
+            let rec = EndpointRecord::decode(&v).map_err(|source| StoreError::Codec {
+                key: key.clone(),
+                source,
+            })?;
             out.push((key, rec));
         }
         Ok(out)
@@ -789,7 +844,8 @@ impl Store {
 
     /// Saves an endpoint's state.
     pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
-        self.db.put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
+        self.db
+            .put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
         Ok(())
     }
 
@@ -813,7 +869,11 @@ impl Store {
     }
 
     fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
-        Ok(self.db.get_pinned_cf(self.cf(keys::META), key)?.map(|v| decode_counter(&v).max(0) as u64).unwrap_or(0))
+        Ok(self
+            .db
+            .get_pinned_cf(self.cf(keys::META), key)?
+            .map(|v| decode_counter(&v).max(0) as u64)
+            .unwrap_or(0))
     }
 
     /// Message counts by state.
@@ -917,18 +977,28 @@ impl Drop for Store {
 }
 
 fn decode_message(id: &str, v: &[u8]) -> Result<MessageRecord, StoreError> {
-    MessageRecord::decode(v).map_err(|source| StoreError::Codec { key: id.to_string(), source })
+    MessageRecord::decode(v).map_err(|source| StoreError::Codec {
+        key: id.to_string(),
+        source,
+    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let err = |source| StoreError::Dir { path: dir.to_path_buf(), source };
+    let err = |source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    };
     if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(err)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
     }
     let meta = std::fs::metadata(dir).map_err(err)?;
     if !meta.is_dir() {
-        return Err(err(std::io::Error::new(std::io::ErrorKind::Other, "not a directory")));
+        return Err(err(std::io::Error::other("not a directory")));
     }
     // Per-message signing secrets are stored with their messages: keep the dir private.
     if meta.permissions().mode() & 0o077 != 0 {

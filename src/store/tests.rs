@@ -6,7 +6,15 @@ use crate::model::SignatureScheme;
 
 fn open() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("data"), StoreOptions { retention_ms: 1_000, dead_retention_ms: 5_000, ..Default::default() }).unwrap();
+    let store = Store::open(
+        &dir.path().join("data"),
+        StoreOptions {
+            retention_ms: 1_000,
+            dead_retention_ms: 5_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     (dir, store)
 }
 
@@ -56,20 +64,34 @@ fn claim(store: &Store, id: &str) -> Claimed {
     let entry = DueEntry {
         due_ms: rec.next_attempt_at_ms,
         id: id.into(),
-        routing: Routing { host: rec.host.clone(), endpoint: rec.endpoint.clone() },
+        routing: Routing {
+            host: rec.host.clone(),
+            endpoint: rec.endpoint.clone(),
+        },
     };
     store.claim(&entry).unwrap().expect("claimable")
 }
 
 fn attempt(status: u16) -> AttemptRecord {
-    AttemptRecord { at_ms: 1, status: Some(status), error: None, duration_ms: 3 }
+    AttemptRecord {
+        at_ms: 1,
+        status: Some(status),
+        error: None,
+        duration_ms: 3,
+    }
 }
 
 #[tokio::test]
 async fn accept_stores_and_dedupes_on_event_and_target() {
     let (_d, store) = open();
-    assert_eq!(store.accept(message("dlv_a", "evt_1", 10)).await.unwrap(), Accepted::New);
-    assert_eq!(store.accept(message("dlv_b", "evt_1", 11)).await.unwrap(), Accepted::Duplicate { id: "dlv_a".into() });
+    assert_eq!(
+        store.accept(message("dlv_a", "evt_1", 10)).await.unwrap(),
+        Accepted::New
+    );
+    assert_eq!(
+        store.accept(message("dlv_b", "evt_1", 11)).await.unwrap(),
+        Accepted::Duplicate { id: "dlv_a".into() }
+    );
     let mut other_target = message("dlv_c", "evt_1", 12);
     other_target.record.target = "https://other.example/h".into();
     assert_eq!(store.accept(other_target).await.unwrap(), Accepted::New);
@@ -85,7 +107,9 @@ async fn concurrent_duplicates_store_exactly_one() {
     let mut tasks = Vec::new();
     for i in 0..50 {
         let s = store.clone();
-        tasks.push(tokio::spawn(async move { s.accept(message(&format!("dlv_{i:03}"), "evt_same", 5)).await.unwrap() }));
+        tasks.push(tokio::spawn(async move {
+            s.accept(message(&format!("dlv_{i:03}"), "evt_same", 5)).await.unwrap()
+        }));
     }
     let mut new = 0;
     for t in tasks {
@@ -104,7 +128,10 @@ async fn scan_sees_only_what_is_due_in_due_order() {
     store.accept(message("dlv_early", "e2", 100)).await.unwrap();
     store.accept(message("dlv_mid", "e3", 200)).await.unwrap();
     assert_eq!(due_ids(&store, 250), vec!["dlv_early", "dlv_mid"]);
-    assert_eq!(store.scan_due(250, 100, |_| ScanStep::Continue).unwrap(), ScanEnd::Exhausted { next_due_ms: Some(300) });
+    assert_eq!(
+        store.scan_due(250, 100, |_| ScanStep::Continue).unwrap(),
+        ScanEnd::Exhausted { next_due_ms: Some(300) }
+    );
     assert_eq!(store.scan_due(250, 1, |_| ScanStep::Continue).unwrap(), ScanEnd::Cut);
     assert_eq!(store.next_due_ms().unwrap(), Some(100));
 }
@@ -116,25 +143,61 @@ async fn claim_then_retry_reschedules_and_keeps_history() {
     let c = claim(&store, "dlv_a");
     assert_eq!(c.record.state, State::InFlight);
     assert!(due_ids(&store, 1_000).is_empty(), "a claimed message leaves the queue");
-    let rec = store.finish_attempt("dlv_a", &attempt(503), Transition::RetryAt(700), 150).unwrap().unwrap();
-    assert_eq!((rec.state, rec.attempts, rec.next_attempt_at_ms, rec.last_status), (State::Pending, 1, 700, Some(503)));
+    let rec = store
+        .finish_attempt("dlv_a", &attempt(503), Transition::RetryAt(700), 150)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts, rec.next_attempt_at_ms, rec.last_status),
+        (State::Pending, 1, 700, Some(503))
+    );
     assert_eq!(due_ids(&store, 699), Vec::<String>::new());
     assert_eq!(due_ids(&store, 700), vec!["dlv_a"]);
     claim(&store, "dlv_a");
-    let rec = store.finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 800).unwrap().unwrap();
-    assert_eq!((rec.state, rec.attempts, rec.finished_at_ms), (State::Delivered, 2, 800));
+    let rec = store
+        .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 800)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts, rec.finished_at_ms),
+        (State::Delivered, 2, 800)
+    );
     let h = store.history("dlv_a").unwrap();
-    assert_eq!(h.iter().map(|a| a.status).collect::<Vec<_>>(), vec![Some(503), Some(200)]);
-    assert_eq!(store.counts().unwrap(), Counts { open: 0, delivered: 1, dead: 0 });
+    assert_eq!(
+        h.iter().map(|a| a.status).collect::<Vec<_>>(),
+        vec![Some(503), Some(200)]
+    );
+    assert_eq!(
+        store.counts().unwrap(),
+        Counts {
+            open: 0,
+            delivered: 1,
+            dead: 0
+        }
+    );
 }
 
 #[tokio::test]
 async fn stale_due_entries_are_dropped_not_claimed() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
-    let entry = DueEntry { due_ms: 99, id: "dlv_a".into(), routing: Routing { host: "h".into(), endpoint: "e".into() } };
+    let entry = DueEntry {
+        due_ms: 99,
+        id: "dlv_a".into(),
+        routing: Routing {
+            host: "h".into(),
+            endpoint: "e".into(),
+        },
+    };
     assert!(store.claim(&entry).unwrap().is_none());
-    let gone = DueEntry { due_ms: 100, id: "dlv_missing".into(), routing: Routing { host: "h".into(), endpoint: "e".into() } };
+    let gone = DueEntry {
+        due_ms: 100,
+        id: "dlv_missing".into(),
+        routing: Routing {
+            host: "h".into(),
+            endpoint: "e".into(),
+        },
+    };
     assert!(store.claim(&gone).unwrap().is_none());
 }
 
@@ -146,7 +209,9 @@ async fn in_flight_messages_are_recovered_with_their_attempt_count() {
         let store = Store::open(&path, StoreOptions::default()).unwrap();
         store.accept(message("dlv_a", "e", 100)).await.unwrap();
         claim(&store, "dlv_a");
-        store.finish_attempt("dlv_a", &attempt(500), Transition::RetryAt(200), 150).unwrap();
+        store
+            .finish_attempt("dlv_a", &attempt(500), Transition::RetryAt(200), 150)
+            .unwrap();
         claim(&store, "dlv_a");
         // No close: as if killed mid-attempt.
     }
@@ -154,7 +219,10 @@ async fn in_flight_messages_are_recovered_with_their_attempt_count() {
     assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::InFlight);
     assert_eq!(store.recover_in_flight(5_000).unwrap(), 1);
     let rec = store.message("dlv_a").unwrap().unwrap();
-    assert_eq!((rec.state, rec.attempts, rec.next_attempt_at_ms), (State::Pending, 1, 5_000));
+    assert_eq!(
+        (rec.state, rec.attempts, rec.next_attempt_at_ms),
+        (State::Pending, 1, 5_000)
+    );
     assert_eq!(due_ids(&store, 5_000), vec!["dlv_a"]);
 }
 
@@ -179,15 +247,38 @@ async fn dead_messages_replay_with_attempts_reset() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
     claim(&store, "dlv_a");
-    store.finish_attempt("dlv_a", &attempt(410), Transition::Dead(DeadReason::PermanentStatus), 150).unwrap();
-    assert_eq!(store.counts().unwrap(), Counts { open: 0, delivered: 0, dead: 1 });
+    store
+        .finish_attempt(
+            "dlv_a",
+            &attempt(410),
+            Transition::Dead(DeadReason::PermanentStatus),
+            150,
+        )
+        .unwrap();
+    assert_eq!(
+        store.counts().unwrap(),
+        Counts {
+            open: 0,
+            delivered: 0,
+            dead: 1
+        }
+    );
     assert_eq!(store.replay("dlv_a", 1_000, 9_000).unwrap(), Some(true));
     let rec = store.message("dlv_a").unwrap().unwrap();
-    assert_eq!((rec.state, rec.attempts, rec.give_up_at_ms, rec.dead_reason), (State::Pending, 0, 9_000, None));
-    assert_eq!(store.replay("dlv_a", 1_000, 9_000).unwrap(), Some(false), "not dead any more");
+    assert_eq!(
+        (rec.state, rec.attempts, rec.give_up_at_ms, rec.dead_reason),
+        (State::Pending, 0, 9_000, None)
+    );
+    assert_eq!(
+        store.replay("dlv_a", 1_000, 9_000).unwrap(),
+        Some(false),
+        "not dead any more"
+    );
     assert_eq!(store.replay("dlv_nope", 1_000, 9_000).unwrap(), None);
     claim(&store, "dlv_a");
-    store.finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 1_100).unwrap();
+    store
+        .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 1_100)
+        .unwrap();
     assert_eq!(store.history("dlv_a").unwrap().len(), 2, "history survives the replay");
 }
 
@@ -220,7 +311,16 @@ async fn listing_pages_by_state_and_endpoint() {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page = store.list(&ListFilter { state: Some(State::Pending), ..Default::default() }, 10, cursor.as_deref()).unwrap();
+        let page = store
+            .list(
+                &ListFilter {
+                    state: Some(State::Pending),
+                    ..Default::default()
+                },
+                10,
+                cursor.as_deref(),
+            )
+            .unwrap();
         seen.extend(page.items.iter().map(|r| r.id.clone()));
         match page.next_cursor {
             Some(c) => cursor = Some(c),
@@ -229,10 +329,28 @@ async fn listing_pages_by_state_and_endpoint() {
     }
     assert_eq!(seen.len(), 25);
     assert!(seen.windows(2).all(|w| w[0] < w[1]));
-    let even = store.list(&ListFilter { endpoint: Some("even".into()), ..Default::default() }, 100, None).unwrap();
+    let even = store
+        .list(
+            &ListFilter {
+                endpoint: Some("even".into()),
+                ..Default::default()
+            },
+            100,
+            None,
+        )
+        .unwrap();
     assert_eq!(even.items.len(), 13);
     assert!(even.next_cursor.is_none());
-    let dead = store.list(&ListFilter { state: Some(State::Dead), ..Default::default() }, 10, None).unwrap();
+    let dead = store
+        .list(
+            &ListFilter {
+                state: Some(State::Dead),
+                ..Default::default()
+            },
+            10,
+            None,
+        )
+        .unwrap();
     assert!(dead.items.is_empty());
     let per_ep: HashMap<_, _> = store.open_per_endpoint().unwrap().into_iter().collect();
     assert_eq!(per_ep.get("even"), Some(&13));
@@ -257,9 +375,18 @@ async fn retention_removes_finished_messages_when_their_time_comes() {
     store.accept(message("dlv_dead", "e2", 100)).await.unwrap();
     store.accept(message("dlv_open", "e3", 100)).await.unwrap();
     claim(&store, "dlv_ok");
-    store.finish_attempt("dlv_ok", &attempt(200), Transition::Delivered, 1_000).unwrap();
+    store
+        .finish_attempt("dlv_ok", &attempt(200), Transition::Delivered, 1_000)
+        .unwrap();
     claim(&store, "dlv_dead");
-    store.finish_attempt("dlv_dead", &attempt(410), Transition::Dead(DeadReason::PermanentStatus), 1_000).unwrap();
+    store
+        .finish_attempt(
+            "dlv_dead",
+            &attempt(410),
+            Transition::Dead(DeadReason::PermanentStatus),
+            1_000,
+        )
+        .unwrap();
     // retention 1s, dead retention 5s (see open()).
     assert_eq!(store.sweep_expired(1_999, 100).unwrap(), 0);
     assert_eq!(store.sweep_expired(2_000, 100).unwrap(), 1);
@@ -268,10 +395,23 @@ async fn retention_removes_finished_messages_when_their_time_comes() {
     assert!(store.message("dlv_dead").unwrap().is_some());
     assert_eq!(store.sweep_expired(6_000, 100).unwrap(), 1);
     assert!(store.message("dlv_dead").unwrap().is_none());
-    assert!(store.message("dlv_open").unwrap().is_some(), "open messages never expire");
-    assert_eq!(store.counts().unwrap(), Counts { open: 1, delivered: 0, dead: 0 });
+    assert!(
+        store.message("dlv_open").unwrap().is_some(),
+        "open messages never expire"
+    );
+    assert_eq!(
+        store.counts().unwrap(),
+        Counts {
+            open: 1,
+            delivered: 0,
+            dead: 0
+        }
+    );
     // The event ids are free again once their messages are gone.
-    assert_eq!(store.accept(message("dlv_again", "e1", 100)).await.unwrap(), Accepted::New);
+    assert_eq!(
+        store.accept(message("dlv_again", "e1", 100)).await.unwrap(),
+        Accepted::New
+    );
 }
 
 #[tokio::test]
@@ -292,13 +432,29 @@ async fn endpoint_state_persists() {
     let path = dir.path().join("data");
     {
         let store = Store::open(&path, StoreOptions::default()).unwrap();
-        store.put_endpoint("https://r.example/h", &EndpointRecord { paused: true, streak: 3, last_status: Some(410) }).unwrap();
+        store
+            .put_endpoint(
+                "https://r.example/h",
+                &EndpointRecord {
+                    paused: true,
+                    streak: 3,
+                    last_status: Some(410),
+                },
+            )
+            .unwrap();
         store.close();
     }
     let store = Store::open(&path, StoreOptions::default()).unwrap();
     assert_eq!(
         store.endpoints().unwrap(),
-        vec![("https://r.example/h".to_string(), EndpointRecord { paused: true, streak: 3, last_status: Some(410) })]
+        vec![(
+            "https://r.example/h".to_string(),
+            EndpointRecord {
+                paused: true,
+                streak: 3,
+                last_status: Some(410)
+            }
+        )]
     );
 }
 

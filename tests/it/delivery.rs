@@ -41,7 +41,10 @@ async fn a_failed_attempt_is_retried_with_the_same_event_id_and_a_fresh_timestam
     assert_eq!(seen[0].header("webhook-id"), seen[1].header("webhook-id"));
     assert_eq!(seen[0].body, seen[1].body);
     let gap = seen[1].at - seen[0].at;
-    assert!(gap >= Duration::from_millis(1100), "retried after {gap:?}, before the backoff");
+    assert!(
+        gap >= Duration::from_millis(1100),
+        "retried after {gap:?}, before the backoff"
+    );
     let t0: i64 = seen[0].header("webhook-timestamp").unwrap().parse().unwrap();
     let t1: i64 = seen[1].header("webhook-timestamp").unwrap().parse().unwrap();
     assert!(t1 > t0, "each attempt carries a fresh timestamp ({t0} then {t1})");
@@ -59,7 +62,10 @@ async fn permanent_statuses_dead_letter_at_once() {
         let rx = Receiver::scripted(move |_, _| Reply::status(status)).await;
         let d = tempfile::tempdir().unwrap();
         let c = Courier::start(d.path(), FAST);
-        let id = post(&c.prefixed(&rx.url("/p")), &[], "x").await.json()["id"].as_str().unwrap().to_string();
+        let id = post(&c.prefixed(&rx.url("/p")), &[], "x").await.json()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let d = wait_state(&c, &id, "dead").await;
         assert_eq!(d["dead_reason"], "permanent_status", "{status}");
         assert_eq!(d["last_status"], status);
@@ -73,7 +79,10 @@ async fn not_found_is_retried_up_to_its_own_cap() {
     let rx = Receiver::scripted(|_, _| Reply::status(404)).await;
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), &format!("{FAST}max_attempts_404 = 3\n"));
-    let id = post(&c.prefixed(&rx.url("/gone")), &[], "x").await.json()["id"].as_str().unwrap().to_string();
+    let id = post(&c.prefixed(&rx.url("/gone")), &[], "x").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let d = wait_state(&c, &id, "dead").await;
     assert_eq!(d["dead_reason"], "max_attempts");
     assert_eq!(d["attempts"], 3);
@@ -82,13 +91,23 @@ async fn not_found_is_retried_up_to_its_own_cap() {
 
 #[tokio::test]
 async fn retry_after_is_honoured_over_a_shorter_backoff() {
-    let rx = Receiver::scripted(|n, _| if n == 0 { Reply::status(429).header("retry-after", "2") } else { Reply::status(200) }).await;
+    let rx = Receiver::scripted(|n, _| {
+        if n == 0 {
+            Reply::status(429).header("retry-after", "2")
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), FAST);
     post(&c.prefixed(&rx.url("/ra")), &[], "x").await;
     let seen = rx.wait_for(2).await;
     let gap = seen[1].at - seen[0].at;
-    assert!(gap >= Duration::from_millis(1900), "Retry-After: 2 honoured, got {gap:?}");
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "Retry-After: 2 honoured, got {gap:?}"
+    );
 }
 
 #[tokio::test]
@@ -114,7 +133,11 @@ async fn gives_up_when_the_next_attempt_would_fall_after_give_up_time() {
     let d = wait_state(&c, &id, "dead").await;
     assert_eq!(d["dead_reason"], "expired");
     assert_eq!(d["attempts"], 1);
-    assert!(d["last_error"].as_str().unwrap().contains("refused"), "{}", d["last_error"]);
+    assert!(
+        d["last_error"].as_str().unwrap().contains("refused"),
+        "{}",
+        d["last_error"]
+    );
 }
 
 #[tokio::test]
@@ -147,7 +170,13 @@ async fn the_rate_limit_spaces_attempts_per_endpoint() {
     let span = seen[14].at - seen[0].at;
     assert!(span >= Duration::from_millis(1800), "15 attempts in {span:?} at 5/s");
     let m = get(&c.admin_url("/metrics")).await.text();
-    let limited: f64 = m.lines().find(|l| l.starts_with("courier_rate_limited_total ")).unwrap()[27..].trim().parse().unwrap();
+    let limited: f64 = m
+        .lines()
+        .find(|l| l.starts_with("courier_rate_limited_total "))
+        .unwrap()[27..]
+        .trim()
+        .parse()
+        .unwrap();
     assert!(limited > 0.0);
     let attempts: f64 = m
         .lines()
@@ -164,7 +193,11 @@ async fn standard_signatures_sign_with_every_rotated_secret() {
     let k1 = b"first-key-0123456789";
     let k2 = b"second-key-abcdefghij";
     let b64 = base64::engine::general_purpose::STANDARD;
-    let cfg = format!("[signing]\nsecrets = [\"whsec_{}\", \"whsec_{}\"]\n", b64.encode(k1), b64.encode(k2));
+    let cfg = format!(
+        "[signing]\nsecrets = [\"whsec_{}\", \"whsec_{}\"]\n",
+        b64.encode(k1),
+        b64.encode(k2)
+    );
     let c = Courier::start(d.path(), &cfg);
     post(&c.prefixed(&rx.url("/sig")), &[("webhook-id", "evt_sig")], "{\"x\":1}").await;
     let s = &rx.wait_for(1).await[0];
@@ -185,21 +218,48 @@ async fn stripe_and_github_signatures_per_message() {
     let c = Courier::start(d.path(), "[signing.keys]\ngh = [\"gh-secret\"]\n");
     post(
         &c.prefixed(&rx.url("/stripe")),
-        &[("courier-signature-scheme", "stripe"), ("courier-signing-secret", "sk_test_secret")],
+        &[
+            ("courier-signature-scheme", "stripe"),
+            ("courier-signing-secret", "sk_test_secret"),
+        ],
         "stripe-body",
     )
     .await;
-    post(&c.prefixed(&rx.url("/github")), &[("courier-signature-scheme", "github"), ("courier-signing-key", "gh")], "gh-body")
-        .await;
-    post(&c.prefixed(&rx.url("/none")), &[("courier-signature-scheme", "none")], "plain").await;
+    post(
+        &c.prefixed(&rx.url("/github")),
+        &[("courier-signature-scheme", "github"), ("courier-signing-key", "gh")],
+        "gh-body",
+    )
+    .await;
+    post(
+        &c.prefixed(&rx.url("/none")),
+        &[("courier-signature-scheme", "none")],
+        "plain",
+    )
+    .await;
     let seen = rx.wait_for(3).await;
     let by_path = |p: &str| seen.iter().find(|s| s.path == p).unwrap().clone();
     let s = by_path("/stripe");
     let header = s.header("stripe-signature").unwrap();
-    let ts = header.split(',').next().unwrap().strip_prefix("t=").unwrap().to_string();
-    assert_eq!(header, format!("t={ts},v1={}", hex::encode(hmac256(b"sk_test_secret", format!("{ts}.stripe-body").as_bytes()))));
+    let ts = header
+        .split(',')
+        .next()
+        .unwrap()
+        .strip_prefix("t=")
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        header,
+        format!(
+            "t={ts},v1={}",
+            hex::encode(hmac256(b"sk_test_secret", format!("{ts}.stripe-body").as_bytes()))
+        )
+    );
     let g = by_path("/github");
-    assert_eq!(g.header("x-hub-signature-256").unwrap(), format!("sha256={}", hex::encode(hmac256(b"gh-secret", b"gh-body"))));
+    assert_eq!(
+        g.header("x-hub-signature-256").unwrap(),
+        format!("sha256={}", hex::encode(hmac256(b"gh-secret", b"gh-body")))
+    );
     let n = by_path("/none");
     assert!(n.header("webhook-signature").is_none());
     assert!(n.header("webhook-id").is_some() && n.header("webhook-timestamp").is_some());

@@ -12,7 +12,10 @@ async fn health_and_readiness_answer_once_listening() {
     assert_eq!(get(&c.admin_url("/healthz")).await.status, 200);
     assert_eq!(get(&c.admin_url("/readyz")).await.status, 200);
     let line = c.log.wait_for("listening", WAIT).unwrap();
-    assert!(line.contains(&c.ingress.to_string()) && line.contains(&c.admin.to_string()), "{line}");
+    assert!(
+        line.contains(&c.ingress.to_string()) && line.contains(&c.admin.to_string()),
+        "{line}"
+    );
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
@@ -22,7 +25,11 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -35,7 +42,14 @@ fn invalid_config_exits_at_once_with_one_clear_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("max_atempts"), "{err}");
 
-    let (code, _, err) = run(&["check-config", "--config", d.path().join("missing.toml").to_str().unwrap()], &[]);
+    let (code, _, err) = run(
+        &[
+            "check-config",
+            "--config",
+            d.path().join("missing.toml").to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_ne!(code, 0);
     assert!(err.contains("missing.toml"), "{err}");
 
@@ -58,10 +72,32 @@ async fn a_port_in_use_or_a_locked_data_dir_is_a_clear_error() {
     let data = c.data_dir.to_str().unwrap().to_string();
     let port_taken = c.ingress.to_string();
     let other = tempfile::tempdir().unwrap();
-    let (code, _, err) = run(&["serve", "--data-dir", other.path().join("x").to_str().unwrap(), "--listen", &port_taken, "--admin-listen", "127.0.0.1:0"], &[]);
+    let (code, _, err) = run(
+        &[
+            "serve",
+            "--data-dir",
+            other.path().join("x").to_str().unwrap(),
+            "--listen",
+            &port_taken,
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     assert_ne!(code, 0);
     assert!(err.contains(&port_taken), "{err}");
-    let (code, _, err) = run(&["serve", "--data-dir", &data, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"], &[]);
+    let (code, _, err) = run(
+        &[
+            "serve",
+            "--data-dir",
+            &data,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     assert_ne!(code, 0);
     assert!(err.contains("locked"), "{err}");
 }
@@ -70,7 +106,10 @@ async fn a_port_in_use_or_a_locked_data_dir_is_a_clear_error() {
 async fn sigkill_with_300_acked_messages_loses_none() {
     let down = dead_addr();
     let d = tempfile::tempdir().unwrap();
-    let mut c = Courier::start(d.path(), "[retry]\nbase_delay = \"200ms\"\nmax_delay = \"500ms\"\njitter = \"none\"\n");
+    let mut c = Courier::start(
+        d.path(),
+        "[retry]\nbase_delay = \"200ms\"\nmax_delay = \"500ms\"\njitter = \"none\"\n",
+    );
     let mut acked = Vec::new();
     let mut sends = Vec::new();
     for i in 0..300 {
@@ -102,7 +141,10 @@ async fn sigterm_drains_in_flight_attempts_and_refuses_new_ones() {
     let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(1500))).await;
     let d = tempfile::tempdir().unwrap();
     let mut c = Courier::start(d.path(), "shutdown_grace = \"10s\"\n");
-    let id = post(&c.prefixed(&rx.url("/slow")), &[], "x").await.json()["id"].as_str().unwrap().to_string();
+    let id = post(&c.prefixed(&rx.url("/slow")), &[], "x").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     rx.wait_for(1).await;
     let ingress = c.ingress;
     c.signal("TERM");

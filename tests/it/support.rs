@@ -140,13 +140,24 @@ impl Courier {
             }
         };
         let addr = |key: &str| -> SocketAddr {
-            let start = line.find(&format!("{key}=")).unwrap_or_else(|| panic!("no {key} in {line}")) + key.len() + 1;
+            let start = line
+                .find(&format!("{key}="))
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+                + key.len()
+                + 1;
             let rest = &line[start..];
             let end = rest.find(' ').unwrap_or(rest.len());
             rest[..end].parse().unwrap()
         };
         let (ingress, admin) = (addr("ingress"), addr("admin"));
-        Courier { child: Some(child), ingress, admin, data_dir, config_path, log }
+        Courier {
+            child: Some(child),
+            ingress,
+            admin,
+            data_dir,
+            config_path,
+            log,
+        }
     }
 
     /// Starts a new process on the same config and data dir (after a stop or kill).
@@ -173,7 +184,11 @@ impl Courier {
     /// Sends a signal (e.g. "TERM").
     pub fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("running").id();
-        Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap();
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
     }
 
     /// Waits (up to a minute) for the process to exit; returns its status.
@@ -232,12 +247,19 @@ pub struct Seen {
 impl Seen {
     /// The first value of a header, as text.
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     }
 
     /// Every value of a header.
     pub fn headers_named(&self, name: &str) -> Vec<String> {
-        self.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned()).collect()
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
     }
 }
 
@@ -255,7 +277,11 @@ pub struct Reply {
 impl Reply {
     /// A plain status.
     pub fn status(status: u16) -> Reply {
-        Reply { status, headers: vec![], delay: Duration::ZERO }
+        Reply {
+            status,
+            headers: vec![],
+            delay: Duration::ZERO,
+        }
     }
 
     /// With a header.
@@ -331,7 +357,9 @@ impl Receiver {
                         let st = st.clone();
                         async move { Ok::<_, std::convert::Infallible>(handle(st, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
@@ -355,7 +383,9 @@ impl Receiver {
 
     /// Waits until at least `n` requests were seen; panics after [`WAIT`].
     pub async fn wait_for(&self, n: usize) -> Vec<Seen> {
-        self.wait_for_within(n, WAIT).await.unwrap_or_else(|| panic!("receiver saw {} requests, expected {n}", self.seen().len()))
+        self.wait_for_within(n, WAIT)
+            .await
+            .unwrap_or_else(|| panic!("receiver saw {} requests, expected {n}", self.seen().len()))
     }
 
     /// Waits until at least `n` requests were seen, or `timeout`.
@@ -393,7 +423,11 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
     let seen = Seen {
         method: parts.method.to_string(),
         path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
-        headers: parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec())).collect(),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+            .collect(),
         body,
         at: Instant::now(),
     };
@@ -430,7 +464,8 @@ pub struct Answer {
 impl Answer {
     /// The body as JSON.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// The body as text.
@@ -454,7 +489,12 @@ pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: im
     let headers = resp
         .headers()
         .iter()
-        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
     Answer { status, headers, body }
@@ -487,7 +527,11 @@ pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
                 if let Some(head_end) = text.find("\r\n\r\n") {
                     let len = text[..head_end]
                         .lines()
-                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0)))
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
                         .unwrap_or(0);
                     if out.len() >= head_end + 4 + len {
                         break;
