@@ -219,3 +219,6 @@ impl Deliverer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,389 @@
+//! Component tests: the scheduler and delivery workers over a temp-dir store, driven by a
+//! [`ManualClock`] and a scripted transport. Time moves only when a test moves it, so
+//! attempt times are asserted exactly.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use tokio::sync::{watch, Notify, Semaphore};
+
+use super::{Deliverer, DelivererParts};
+use crate::clock::{Clock, ManualClock};
+use crate::config::Config;
+use crate::envelope::Envelope;
+use crate::metrics::Metrics;
+use crate::model::{Jitter, State};
+use crate::scheduler::Scheduler;
+use crate::store::{MessageRecord, SigningChoice, Store, StoreOptions};
+use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
+
+const T0: u64 = 1_700_000_000_000;
+const WAIT: Duration = Duration::from_secs(10);
+
+type Step = Result<InboundResponse, TransportError>;
+
+/// A transport that answers from a script, records each call with the clock's time, and
+/// can hold calls until the test releases them.
+struct Scripted {
+    clock: Arc<ManualClock>,
+    script: Mutex<VecDeque<Step>>,
+    calls: Mutex<Vec<(u64, OutboundRequest)>>,
+    called: Notify,
+    gate: Option<Semaphore>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    panic_first: bool,
+}
+
+fn status(code: u16) -> Step {
+    Ok(InboundResponse {
+        status: code,
+        retry_after: None,
+        body: Default::default(),
+    })
+}
+
+impl Scripted {
+    fn new(clock: Arc<ManualClock>, script: Vec<Step>) -> Arc<Self> {
+        Self::build(clock, script, None, false)
+    }
+
+    fn build(clock: Arc<ManualClock>, script: Vec<Step>, gate: Option<Semaphore>, panic_first: bool) -> Arc<Self> {
+        Arc::new(Scripted {
+            clock,
+            script: Mutex::new(script.into()),
+            calls: Mutex::new(Vec::new()),
+            called: Notify::new(),
+            gate,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            panic_first,
+        })
+    }
+
+    fn calls(&self) -> Vec<(u64, OutboundRequest)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    async fn wait_calls(&self, n: usize) -> Vec<(u64, OutboundRequest)> {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let called = self.called.notified();
+                let calls = self.calls();
+                if calls.len() >= n {
+                    return calls;
+                }
+                called.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("expected {n} calls, saw {}", self.calls().len()))
+    }
+}
+
+impl Transport for Scripted {
+    fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
+        Box::pin(async move {
+            let n = {
+                let mut calls = self.calls.lock().unwrap();
+                calls.push((self.clock.now_ms(), req));
+                calls.len()
+            };
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            self.called.notify_waiters();
+            if self.panic_first && n == 1 {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                panic!("scripted transport panics on its first call");
+            }
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.script.lock().unwrap().pop_front().unwrap_or_else(|| status(200))
+        })
+    }
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    d: Arc<Deliverer>,
+    stop: watch::Sender<bool>,
+}
+
+impl Harness {
+    fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        let d = Deliverer::new(DelivererParts {
+            store,
+            transport,
+            clock: clock.clone(),
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::default()),
+            wake: Arc::new(Notify::new()),
+            rng: rand::rngs::StdRng::seed_from_u64(42),
+        })
+        .unwrap();
+        let (stop, rx) = watch::channel(false);
+        tokio::spawn(Scheduler::new(d.clone()).run(rx));
+        Harness {
+            _dir: dir,
+            clock,
+            d,
+            stop,
+        }
+    }
+
+    async fn accept(&self, path: &str, headers: Vec<(String, Vec<u8>)>) -> String {
+        let env = Envelope {
+            target: url::Url::parse(&format!("https://r.example{path}")).unwrap(),
+            endpoint: None,
+            event_id: None,
+            method: "POST".into(),
+            headers,
+            body: b"{\"n\":1}".to_vec(),
+            scheme: None,
+            signing: SigningChoice::Default,
+            max_attempts: self.d.config.retry.max_attempts,
+            give_up_after: self.d.config.retry.give_up_after,
+        };
+        let msg = env.into_message(self.clock.now_ms(), &mut rand::rng());
+        let id = msg.record.id.clone();
+        self.d.store.accept(msg).await.unwrap();
+        self.d.wake.notify_one();
+        id
+    }
+
+    fn record(&self, id: &str) -> MessageRecord {
+        self.d.store.message(id).unwrap().unwrap()
+    }
+
+    /// Waits until the message's stored record satisfies `pred` (the worker records
+    /// results asynchronously after the transport returns).
+    async fn wait_record(&self, id: &str, what: &str, pred: impl Fn(&MessageRecord) -> bool) -> MessageRecord {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let rec = self.record(id);
+                if pred(&rec) {
+                    return rec;
+                }
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{id}: timed out waiting for {what}; record: {:?}", self.record(id)))
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn config(jitter: Jitter) -> Config {
+    let mut c = Config::default();
+    c.retry.base_delay = Duration::from_secs(60);
+    c.retry.max_delay = Duration::from_secs(3600);
+    c.retry.jitter = jitter;
+    c.signing.secrets = vec![crate::signing::Secret::new("whsec_c2VjcmV0".into())];
+    c
+}
+
+fn header(req: &OutboundRequest, name: &str) -> String {
+    req.headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn attempts_happen_exactly_at_the_backoff_offsets_with_fresh_timestamps() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(
+        clock.clone(),
+        vec![
+            status(503),
+            status(500),
+            Err(TransportError::Network("reset".into())),
+            status(200),
+        ],
+    );
+    let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());
+    let id = h.accept("/hook", vec![]).await;
+
+    // Attempt n+1 is due base_delay * 2^(n-1) after attempt n: 1m, 2m, 4m.
+    let mut expected_at = T0;
+    for (n, gap) in [(1u32, 60_000u64), (2, 120_000), (3, 240_000)] {
+        let calls = t.wait_calls(n as usize).await;
+        assert_eq!(calls[n as usize - 1].0, expected_at, "attempt {n} time");
+        let rec = h
+            .wait_record(&id, "the retry to be scheduled", |r| {
+                r.attempts == n && r.state == State::Pending
+            })
+            .await;
+        assert_eq!(rec.next_attempt_at_ms, expected_at + gap, "retry after attempt {n}");
+        // One millisecond early: nothing may happen.
+        clock.set(expected_at + gap - 1);
+        tokio::task::yield_now().await;
+        assert_eq!(t.calls().len(), n as usize, "attempt {} fired early", n + 1);
+        expected_at += gap;
+        clock.set(expected_at);
+    }
+    let calls = t.wait_calls(4).await;
+    assert_eq!(calls[3].0, expected_at);
+    let rec = h.wait_record(&id, "delivery", |r| r.state == State::Delivered).await;
+    assert_eq!(rec.attempts, 4);
+
+    // Every attempt: same event id, a timestamp read from the clock at that attempt.
+    let ids: Vec<String> = calls.iter().map(|(_, r)| header(r, "webhook-id")).collect();
+    assert!(ids.iter().all(|i| *i == ids[0]));
+    for (at, req) in &calls {
+        assert_eq!(header(req, "webhook-timestamp"), (at / 1000).to_string());
+        assert!(header(req, "webhook-signature").starts_with("v1,"));
+    }
+    let stamps: std::collections::HashSet<String> = calls.iter().map(|(_, r)| header(r, "webhook-timestamp")).collect();
+    assert_eq!(stamps.len(), 4, "a fresh timestamp (and signature) on every attempt");
+}
+
+#[tokio::test]
+async fn retry_after_on_429_pushes_the_next_attempt_past_the_backoff() {
+    let clock = ManualClock::new(T0);
+    let ra = Ok(InboundResponse {
+        status: 429,
+        retry_after: Some("600".into()),
+        body: Default::default(),
+    });
+    let t = Scripted::new(clock.clone(), vec![ra, status(200)]);
+    let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());
+    let id = h.accept("/ra", vec![]).await;
+    t.wait_calls(1).await;
+    let rec = h
+        .wait_record(&id, "retry", |r| r.attempts == 1 && r.state == State::Pending)
+        .await;
+    assert_eq!(
+        rec.next_attempt_at_ms,
+        T0 + 600_000,
+        "max(1m backoff, Retry-After 600s)"
+    );
+    clock.set(T0 + 600_000);
+    assert_eq!(t.wait_calls(2).await[1].0, T0 + 600_000);
+}
+
+#[tokio::test]
+async fn equal_jitter_stays_within_half_to_full_backoff() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![status(503), status(200)]);
+    let h = Harness::start(config(Jitter::Equal), t.clone(), clock.clone());
+    let id = h.accept("/j", vec![]).await;
+    t.wait_calls(1).await;
+    let rec = h
+        .wait_record(&id, "retry", |r| r.attempts == 1 && r.state == State::Pending)
+        .await;
+    let wait = rec.next_attempt_at_ms - T0;
+    assert!(
+        (30_000..=60_000).contains(&wait),
+        "equal jitter of a 1m base gave {wait}ms"
+    );
+}
+
+#[tokio::test]
+async fn the_host_permit_is_taken_before_a_message_is_claimed() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::build(clock.clone(), vec![], Some(Semaphore::new(0)), false);
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.max_in_flight_per_host = 2;
+    let h = Harness::start(cfg, t.clone(), clock.clone());
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(h.accept(&format!("/p{i}"), vec![]).await);
+    }
+    t.wait_calls(2).await;
+    // Poke the scheduler: with both permits held, nothing more may be claimed.
+    for _ in 0..10 {
+        h.d.wake.notify_one();
+        tokio::task::yield_now().await;
+    }
+    let states: Vec<State> = ids.iter().map(|id| h.record(id).state).collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == State::InFlight).count(),
+        2,
+        "{states:?}"
+    );
+    assert_eq!(states.iter().filter(|s| **s == State::Pending).count(), 3, "{states:?}");
+    assert_eq!(t.calls().len(), 2);
+    t.gate.as_ref().unwrap().add_permits(5);
+    t.wait_calls(5).await;
+    for id in &ids {
+        h.wait_record(id, "delivery", |r| r.state == State::Delivered).await;
+    }
+    assert_eq!(t.max_in_flight.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn rate_limited_messages_wait_for_a_token_without_counting_an_attempt() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.rate_per_second = 1;
+    let h = Harness::start(cfg, t.clone(), clock.clone());
+    let a = h.accept("/same", vec![]).await;
+    t.wait_calls(1).await;
+    let b = h.accept("/same", vec![]).await;
+    for _ in 0..10 {
+        h.d.wake.notify_one();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(t.calls().len(), 1, "the bucket of 1/s is empty");
+    let rec = h.record(&b);
+    assert_eq!((rec.state, rec.attempts), (State::Pending, 0));
+    clock.set(T0 + 1_000);
+    assert_eq!(t.wait_calls(2).await[1].0, T0 + 1_000, "sent at the next free slot");
+    h.wait_record(&a, "delivery", |r| r.state == State::Delivered).await;
+    let rec = h.wait_record(&b, "delivery", |r| r.state == State::Delivered).await;
+    assert_eq!(rec.attempts, 1);
+}
+
+#[tokio::test]
+async fn a_panicking_worker_is_courier_s_failure_not_an_attempt() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::build(clock.clone(), vec![], None, true);
+    let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());
+    let id = h.accept("/panic", vec![]).await;
+    t.wait_calls(1).await;
+    let rec = h
+        .wait_record(&id, "requeue after the panic", |r| r.state == State::Pending)
+        .await;
+    assert_eq!(rec.attempts, 0, "a panic is not an attempt");
+    assert_eq!(
+        rec.next_attempt_at_ms,
+        T0 + super::SELF_FAILURE_DELAY.as_millis() as u64
+    );
+    clock.set(rec.next_attempt_at_ms);
+    t.wait_calls(2).await;
+    let rec = h.wait_record(&id, "delivery", |r| r.state == State::Delivered).await;
+    assert_eq!(rec.attempts, 1);
+}
+
+#[tokio::test]
+async fn a_paused_endpoint_holds_its_messages_until_resumed() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_paused("https://r.example/held", true).unwrap();
+    let held = h.accept("/held", vec![]).await;
+    let free = h.accept("/free", vec![]).await;
+    h.wait_record(&free, "delivery", |r| r.state == State::Delivered).await;
+    assert_eq!(t.calls().len(), 1);
+    assert_eq!(h.record(&held).state, State::Pending);
+    h.d.set_paused("https://r.example/held", false).unwrap();
+    h.wait_record(&held, "delivery after resume", |r| r.state == State::Delivered)
+        .await;
+}
