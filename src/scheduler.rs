@@ -85,53 +85,77 @@ impl Scheduler {
         let mut full_hosts: HashSet<String> = HashSet::new();
         let mut limited: HashSet<String> = HashSet::new();
         let soonest = |pass: &mut Pass, at: u64| pass.wake_at = Some(pass.wake_at.map_or(at, |w| w.min(at)));
+        // The earliest entry this pass leaves in the queue, and the last one it looked at:
+        // together they say how far the due floor may rise.
+        let mut first_left: Option<u64> = None;
+        let mut last_seen: Option<u64> = None;
         let scanned = d.store.scan_due(now, SCAN_BUDGET, |entry| {
+            let due_ms = entry.due_ms;
+            last_seen = Some(due_ms);
+            let (step, consumed) = (|| {
             let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
             if d.endpoints.is_paused(endpoint) {
                 if let Err(e) = d.store.park(&entry) {
                     tracing::error!(delivery_id = %entry.id, error = %e, "parking a message of a paused endpoint failed");
                     pass.store_error = true;
-                    return ScanStep::Stop;
+                    return (ScanStep::Stop, false);
                 }
-                return ScanStep::Continue;
+                return (ScanStep::Continue, true);
             }
             if full_hosts.contains(host) || limited.contains(endpoint) {
-                return ScanStep::Continue;
+                return (ScanStep::Continue, false);
             }
             let Some(permit) = d.hosts.try_acquire(host) else {
                 full_hosts.insert(host.clone());
-                return ScanStep::Continue;
+                return (ScanStep::Continue, false);
             };
             if let Err(wait_ms) = d.endpoints.try_rate(endpoint, now) {
                 drop(permit);
                 d.metrics.rate_limited();
                 limited.insert(endpoint.clone());
                 soonest(&mut pass, now + wait_ms);
-                return ScanStep::Continue;
+                return (ScanStep::Continue, false);
             }
             match d.store.claim(&entry) {
                 Ok(Some(claimed)) => {
                     d.dispatch(claimed, permit);
                     pass.dispatched += 1;
-                    ScanStep::Continue
+                    (ScanStep::Continue, true)
                 }
-                Ok(None) => ScanStep::Continue,
+                Ok(None) => (ScanStep::Continue, true),
                 Err(e) => {
                     // Courier's failure, not the receiver's: nothing is counted, and the
                     // message stays due for the next pass.
                     tracing::error!(delivery_id = %entry.id, error = %e, "claiming a due message failed");
                     pass.store_error = true;
-                    ScanStep::Stop
+                    (ScanStep::Stop, false)
                 }
             }
+            })();
+            if !consumed {
+                first_left.get_or_insert(due_ms);
+            }
+            step
         });
         match scanned {
-            Ok(ScanEnd::Exhausted { next_due_ms }) => {
+            Ok((ScanEnd::Exhausted { next_due_ms }, floor)) => {
                 if let Some(at) = next_due_ms {
                     soonest(&mut pass, at);
                 }
+                // Everything due by `now` was seen; what is left starts at `first_left`.
+                d.store.raise_due_floor(
+                    floor,
+                    first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1)),
+                );
             }
-            Ok(ScanEnd::Cut) => pass.cut = !pass.store_error,
+            Ok((ScanEnd::Cut, floor)) => {
+                pass.cut = !pass.store_error;
+                if !pass.store_error {
+                    if let Some(last) = last_seen {
+                        d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));
+                    }
+                }
+            }
             Err(e) => {
                 tracing::error!(error = %e, "reading the due queue failed");
                 pass.store_error = true;

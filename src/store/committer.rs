@@ -12,6 +12,7 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{MessageRecord, Routing};
+use super::floor::DueFloor;
 use super::{keys, Accepted, NewMessage, StoreError};
 use crate::model::State;
 
@@ -37,11 +38,11 @@ pub(super) struct Committer {
 
 impl Committer {
     /// Starts the thread.
-    pub(super) fn start(db: Arc<DB>) -> Committer {
+    pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>) -> Committer {
         let (tx, rx) = mpsc::channel(QUEUE);
         let thread = std::thread::Builder::new()
             .name("courier-commit".into())
-            .spawn(move || run(&db, rx))
+            .spawn(move || run(&db, &due_floor, rx))
             .expect("spawning the commit thread");
         Committer {
             tx: Mutex::new(Some(tx)),
@@ -77,7 +78,7 @@ impl Committer {
     }
 }
 
-fn run(db: &DB, mut rx: mpsc::Receiver<Job>) {
+fn run(db: &DB, due_floor: &DueFloor, mut rx: mpsc::Receiver<Job>) {
     let mut synced = WriteOptions::default();
     synced.set_sync(true);
     while let Some(first) = rx.blocking_recv() {
@@ -89,15 +90,16 @@ fn run(db: &DB, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        commit(db, &synced, jobs);
+        commit(db, due_floor, &synced, jobs);
     }
 }
 
-fn commit(db: &DB, synced: &WriteOptions, jobs: Vec<Job>) {
+fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) {
     let cf = |name| db.cf_handle(name).expect("column family opened at start");
     let mut batch = WriteBatch::default();
     let mut in_batch: HashMap<Vec<u8>, String> = HashMap::new();
     let mut stored = Vec::with_capacity(jobs.len());
+    let mut min_due = u64::MAX;
     for job in jobs {
         let rec = &job.record;
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
@@ -124,6 +126,7 @@ fn commit(db: &DB, synced: &WriteOptions, jobs: Vec<Job>) {
         };
         batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), &job.record_bytes);
         batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
+        min_due = min_due.min(rec.next_attempt_at_ms);
         batch.put_cf(
             cf(keys::DUE),
             keys::time_key(rec.next_attempt_at_ms, id),
@@ -145,6 +148,8 @@ fn commit(db: &DB, synced: &WriteOptions, jobs: Vec<Job>) {
     }
     match db.write_opt(batch, synced) {
         Ok(()) => {
+            // Only now are the entries visible: report them to the scheduler's floor.
+            due_floor.wrote(min_due);
             for reply in stored {
                 let _ = reply.send(Ok(Accepted::New));
             }

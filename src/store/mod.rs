@@ -32,6 +32,7 @@
 
 pub mod codec;
 mod committer;
+mod floor;
 pub mod keys;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,7 @@ use rocksdb::{
 };
 
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, MessageRecord, Payload, Routing, SigningChoice};
+pub use floor::FloorMark;
 
 use crate::model::{DeadReason, State};
 
@@ -232,6 +234,8 @@ const LOCK_STRIPES: usize = 64;
 /// The store. Cheap to share behind an `Arc`; every method takes `now` from the caller.
 pub struct Store {
     db: Arc<DB>,
+    /// No due entry sorts before this time (see [`Store::scan_due`]).
+    due_floor: Arc<floor::DueFloor>,
     committer: committer::Committer,
     stripes: Vec<Mutex<()>>,
     plain: WriteOptions,
@@ -294,6 +298,11 @@ impl Store {
         db_opts.set_max_log_file_size(8 << 20);
         db_opts.set_max_open_files(256);
         db_opts.set_recycle_log_file_num(4);
+        // The unused `default` column family takes its options from here. RocksDB's own
+        // default (64 MiB) would also set the free space it waits for before it resumes
+        // writing after a disk-full error (it reserves the largest write buffer), so on a
+        // volume with less than 64 MiB free courier would never accept again by itself.
+        db_opts.set_write_buffer_size(options.write_buffer_bytes);
         let descriptors = keys::CF_NAMES
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
@@ -306,9 +315,11 @@ impl Store {
             }
         })?;
         let db = Arc::new(db);
-        let committer = committer::Committer::start(db.clone());
+        let due_floor = Arc::new(floor::DueFloor::default());
+        let committer = committer::Committer::start(db.clone(), due_floor.clone());
         Ok(Store {
             db,
+            due_floor,
             committer,
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             plain: WriteOptions::default(),
@@ -405,20 +416,28 @@ impl Store {
 
     /// Walks the due queue in due order, handing each entry due at or before `now_ms` to
     /// `step`, at most `budget` entries.
+    ///
+    /// The walk starts at the due floor (see `store::floor`), not at the first key: a queue
+    /// consumed from its head leaves a trail of deletion tombstones there, and seeking
+    /// through them on every pass would cost more the busier courier is. The returned mark
+    /// goes back to [`Store::raise_due_floor`] after the pass.
     pub fn scan_due(
         &self,
         now_ms: u64,
         budget: usize,
         mut step: impl FnMut(DueEntry) -> ScanStep,
-    ) -> Result<ScanEnd, StoreError> {
+    ) -> Result<(ScanEnd, FloorMark), StoreError> {
+        let mark = self.due_floor.mark();
+        let floor = mark.floor;
         let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
         ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
-        it.seek_to_first();
+        it.seek(keys::time_key(floor, ""));
         let mut seen = 0;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if seen >= budget {
-                return Ok(ScanEnd::Cut);
+                return Ok((ScanEnd::Cut, mark));
             }
             seen += 1;
             let Some((due_ms, id)) = keys::split_time_key(k) else {
@@ -435,18 +454,31 @@ impl Store {
                 routing,
             }) == ScanStep::Stop
             {
-                return Ok(ScanEnd::Cut);
+                return Ok((ScanEnd::Cut, mark));
             }
             it.next();
         }
         it.status()?;
         drop(it);
         // Nothing more is due now: report when the next entry is.
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::DUE));
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
         it.seek(keys::time_key(now_ms.saturating_add(1), ""));
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
         it.status()?;
-        Ok(ScanEnd::Exhausted { next_due_ms })
+        Ok((ScanEnd::Exhausted { next_due_ms }, mark))
+    }
+
+    /// The current due floor (see [`Store::scan_due`]).
+    pub fn due_floor(&self) -> u64 {
+        self.due_floor.mark().floor
+    }
+
+    /// Raises the due floor to `to` after a pass that started at `mark`, unless a due entry
+    /// was written since (the pass may have missed it).
+    pub fn raise_due_floor(&self, mark: FloorMark, to: u64) {
+        self.due_floor.raise(mark, to);
     }
 
     /// Claims a due entry for an attempt: removes it from the queue and marks the message
@@ -488,6 +520,7 @@ impl Store {
         b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
     }
 
+    /// Adds the due entry of `rec`; the caller reports it with `due_written` after writing.
     fn enqueue(&self, b: &mut WriteBatch, rec: &MessageRecord) {
         let routing = Routing {
             host: rec.host.clone(),
@@ -566,6 +599,9 @@ impl Store {
         }
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         self.write(b)?;
+        if let Transition::RetryAt(at) = transition {
+            self.due_floor.wrote(at);
+        }
         Ok(Some(rec))
     }
 
@@ -586,6 +622,7 @@ impl Store {
         self.move_state(&mut b, id, State::InFlight, State::Pending);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         self.write(b)?;
+        self.due_floor.wrote(due_ms);
         Ok(true)
     }
 
@@ -673,6 +710,7 @@ impl Store {
                     }
                 }
                 self.write(b)?;
+                self.due_floor.wrote(now_ms);
             }
         }
     }
@@ -705,6 +743,7 @@ impl Store {
         self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), 1);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         self.write(b)?;
+        self.due_floor.wrote(now_ms);
         Ok(Some(true))
     }
 
