@@ -20,35 +20,284 @@ const COMPACT_AFTER: usize = 10_000;
 
 /// Runs one sweep to completion; returns how many messages were removed.
 pub fn sweep(store: &Store, now_ms: u64) -> Result<usize, crate::store::StoreError> {
+    sweep_batched(store, now_ms, BATCH, COMPACT_AFTER)
+}
+
+/// [`sweep`] with its batch size and compaction threshold as parameters (tests use small ones).
+fn sweep_batched(
+    store: &Store,
+    now_ms: u64,
+    batch: usize,
+    compact_after: usize,
+) -> Result<usize, crate::store::StoreError> {
     let mut total = 0;
     loop {
-        let n = store.sweep_expired(now_ms, BATCH)?;
+        let n = store.sweep_expired(now_ms, batch)?;
         total += n;
-        if n < BATCH {
+        if n < batch {
             break;
         }
     }
-    if total >= COMPACT_AFTER {
+    if total >= compact_after {
         store.compact();
     }
     Ok(total)
 }
 
 /// The retention task: a sweep at start, then every [`SWEEP_EVERY`], until `stop`.
-pub async fn run(store: Arc<Store>, clock: SharedClock, mut stop: watch::Receiver<bool>) {
+pub async fn run(store: Arc<Store>, clock: SharedClock, stop: watch::Receiver<bool>) {
+    run_reporting(store, clock, stop, |_, _| {}).await
+}
+
+/// The loop of [`run`]. `swept(at_ms, removed)` is called after each sweep, once the next
+/// one is scheduled, so a test on a manual clock knows when advancing it counts.
+async fn run_reporting(
+    store: Arc<Store>,
+    clock: SharedClock,
+    mut stop: watch::Receiver<bool>,
+    swept: impl Fn(u64, usize) + Send,
+) {
     loop {
         let now = clock.now_ms();
         let s = store.clone();
-        match tokio::task::spawn_blocking(move || sweep(&s, now)).await {
-            Ok(Ok(n)) if n > 0 => tracing::info!(removed = n, "retention sweep"),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "retention sweep failed; will try again"),
-            Err(e) => tracing::error!(error = %e, "retention sweep panicked"),
-        }
+        let removed = match tokio::task::spawn_blocking(move || sweep(&s, now)).await {
+            Ok(Ok(n)) => {
+                if n > 0 {
+                    tracing::info!(removed = n, "retention sweep");
+                }
+                n
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "retention sweep failed; will try again");
+                0
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "retention sweep panicked");
+                0
+            }
+        };
         let next = clock.now_ms() + SWEEP_EVERY.as_millis() as u64;
+        swept(now, removed);
         tokio::select! {
             _ = clock.sleep_until(next) => {}
             _ = stop.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::model::{DeadReason, State};
+    use crate::store::{AttemptRecord, DueEntry, MessageRecord, NewMessage, Payload, Routing, SigningChoice};
+    use crate::store::{StoreOptions, Transition};
+    use rand::{RngCore, SeedableRng};
+
+    const RETENTION_MS: u64 = 1_000;
+    const DEAD_RETENTION_MS: u64 = 5_000;
+
+    fn open(dir: &std::path::Path) -> Store {
+        Store::open(
+            &dir.join("data"),
+            StoreOptions {
+                retention_ms: RETENTION_MS,
+                dead_retention_ms: DEAD_RETENTION_MS,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn message(id: &str, at: u64, body: Vec<u8>) -> NewMessage {
+        NewMessage {
+            record: MessageRecord {
+                id: id.into(),
+                event_id: format!("evt_{id}"),
+                target: "https://r.example/h".into(),
+                endpoint: "https://r.example/h".into(),
+                host: "r.example:443".into(),
+                state: State::Pending,
+                attempts: 0,
+                history_len: 0,
+                max_attempts: 16,
+                accepted_at_ms: at,
+                next_attempt_at_ms: at,
+                give_up_at_ms: at + 1_000_000,
+                finished_at_ms: 0,
+                dead_reason: None,
+                last_status: None,
+                last_error: None,
+            },
+            payload: Payload {
+                method: "POST".into(),
+                headers: vec![],
+                body,
+                scheme: None,
+                signing: SigningChoice::Default,
+            },
+        }
+    }
+
+    /// Accepts a message at `at` and, unless `end` is `None`, finishes it at `at` that way.
+    async fn add(store: &Store, id: &str, at: u64, end: Option<Transition>, body: Vec<u8>) {
+        store.accept(message(id, at, body)).await.unwrap();
+        let Some(end) = end else { return };
+        let entry = DueEntry {
+            due_ms: at,
+            id: id.into(),
+            routing: Routing {
+                host: "r.example:443".into(),
+                endpoint: "https://r.example/h".into(),
+            },
+        };
+        store.claim(&entry).unwrap().expect("claimable");
+        let status = if end == Transition::Delivered { 200 } else { 410 };
+        let attempt = AttemptRecord {
+            at_ms: at,
+            status: Some(status),
+            error: None,
+            duration_ms: 1,
+        };
+        store.finish_attempt(id, &attempt, end, at).unwrap();
+    }
+
+    const DEAD: Option<Transition> = Some(Transition::Dead(DeadReason::PermanentStatus));
+
+    fn present(store: &Store, id: &str) -> bool {
+        store.message(id).unwrap().is_some()
+    }
+
+    #[tokio::test]
+    async fn finished_messages_go_after_their_retention_and_open_ones_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        // More of each than one batch, so the sweep loops over batches.
+        for i in 0..5 {
+            add(
+                &store,
+                &format!("dlv_ok{i}"),
+                10_000,
+                Some(Transition::Delivered),
+                vec![],
+            )
+            .await;
+            add(&store, &format!("dlv_dead{i}"), 10_000, DEAD, vec![]).await;
+        }
+        add(&store, "dlv_pending", 10_000, None, vec![]).await;
+        add(&store, "dlv_in_flight", 10_000, None, vec![]).await;
+        let entry = DueEntry {
+            due_ms: 10_000,
+            id: "dlv_in_flight".into(),
+            routing: Routing {
+                host: "r.example:443".into(),
+                endpoint: "https://r.example/h".into(),
+            },
+        };
+        store.claim(&entry).unwrap().expect("claimable");
+
+        // One millisecond before the delivered ones' retention ends: nothing goes.
+        assert_eq!(
+            sweep_batched(&store, 10_000 + RETENTION_MS - 1, 2, usize::MAX).unwrap(),
+            0
+        );
+        assert!(present(&store, "dlv_ok0"));
+        // At the end of the retention: exactly the delivered ones go.
+        assert_eq!(sweep_batched(&store, 10_000 + RETENTION_MS, 2, usize::MAX).unwrap(), 5);
+        assert!((0..5).all(|i| !present(&store, &format!("dlv_ok{i}"))));
+        assert!((0..5).all(|i| present(&store, &format!("dlv_dead{i}"))));
+        assert_eq!(sweep(&store, 10_000 + DEAD_RETENTION_MS - 1).unwrap(), 0);
+        assert_eq!(sweep(&store, 10_000 + DEAD_RETENTION_MS).unwrap(), 5);
+        assert!((0..5).all(|i| !present(&store, &format!("dlv_dead{i}"))));
+        // Open messages are never removed, however late it is.
+        assert_eq!(sweep(&store, u64::MAX / 2).unwrap(), 0);
+        assert!(present(&store, "dlv_pending") && present(&store, "dlv_in_flight"));
+        let counts = store.counts().unwrap();
+        assert_eq!((counts.open, counts.delivered, counts.dead), (2, 0, 0));
+    }
+
+    /// Bytes in the store's SST files.
+    fn sst_bytes(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir.join("data"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "sst"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    }
+
+    /// A store holding `n` delivered messages with incompressible 16 KiB bodies, on disk.
+    async fn filled(n: usize) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..n {
+            let mut body = vec![0u8; 16 << 10];
+            rng.fill_bytes(&mut body);
+            add(&store, &format!("dlv_{i:03}"), 1_000, Some(Transition::Delivered), body).await;
+        }
+        store.compact(); // flushes the memtables: the bodies are now in SST files
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn a_large_sweep_compacts_so_the_disk_space_comes_back() {
+        const N: usize = 40;
+        let volume = (N * (16 << 10)) as u64;
+
+        // Below the threshold: the records are gone but their bytes are still on disk.
+        let (dir, store) = filled(N).await;
+        assert!(sst_bytes(dir.path()) >= volume, "{} < {volume}", sst_bytes(dir.path()));
+        assert_eq!(sweep_batched(&store, 1_000 + RETENTION_MS, 7, N + 1).unwrap(), N);
+        assert!(!present(&store, "dlv_000"));
+        assert!(sst_bytes(dir.path()) >= volume, "nothing compacted yet");
+
+        // At the threshold: the sweep compacts and the space is given back.
+        let (dir, store) = filled(N).await;
+        assert_eq!(sweep_batched(&store, 1_000 + RETENTION_MS, 7, N).unwrap(), N);
+        let left = sst_bytes(dir.path());
+        assert!(left < volume / 10, "{left} bytes left of {volume}");
+    }
+
+    #[tokio::test]
+    async fn the_task_sweeps_at_start_and_again_every_sweep_interval_on_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open(dir.path()));
+        // Delivered at 1_000: expired from 2_000. Dead at 1_000: expired from 6_000.
+        add(&store, "dlv_ok", 1_000, Some(Transition::Delivered), vec![]).await;
+        add(&store, "dlv_dead", 1_000, DEAD, vec![]).await;
+        let start = 1_000 + RETENTION_MS;
+        let clock = ManualClock::new(start);
+        let (tx, mut swept) = tokio::sync::mpsc::unbounded_channel();
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(run_reporting(store.clone(), clock.clone(), stop, move |at, n| {
+            let _ = tx.send((at, n));
+        }));
+        let wait = Duration::from_secs(10);
+
+        // The sweep at start removes the expired delivered message only.
+        let first = tokio::time::timeout(wait, swept.recv()).await.unwrap().unwrap();
+        assert_eq!(first, (start, 1));
+        assert!(!present(&store, "dlv_ok") && present(&store, "dlv_dead"));
+
+        // The dead one expires long before the next sweep is due; nothing sweeps early.
+        let every = SWEEP_EVERY.as_millis() as u64;
+        clock.advance(Duration::from_millis(every - 1));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), swept.recv())
+                .await
+                .is_err(),
+            "swept before SWEEP_EVERY passed"
+        );
+        assert!(present(&store, "dlv_dead"));
+
+        // One more millisecond: the second sweep runs, on the clock's time.
+        clock.advance(Duration::from_millis(1));
+        let second = tokio::time::timeout(wait, swept.recv()).await.unwrap().unwrap();
+        assert_eq!(second, (start + every, 1));
+        assert!(!present(&store, "dlv_dead"));
+
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(wait, task).await.unwrap().unwrap();
     }
 }
