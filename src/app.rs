@@ -238,19 +238,17 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down cleanly.
 pub async fn run(config: Config) -> Result<(), AppError> {
-    let running = start(config, Seams::default()).await?;
-    wait_for_signal().await;
-    running.shutdown();
-    running.wait().await;
-    Ok(())
-}
-
-async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
+    // Installed before anything listens: a SIGTERM sent as soon as /readyz answers (a
+    // rollout, `systemctl restart`) must drain, not kill the process by default action.
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    let running = start(config, Seams::default()).await?;
     tokio::select! {
         _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
         _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
     }
+    running.shutdown();
+    running.wait().await;
+    Ok(())
 }

@@ -298,13 +298,13 @@ impl Store {
         db_opts.set_max_log_file_size(8 << 20);
         db_opts.set_max_open_files(256);
         db_opts.set_recycle_log_file_num(4);
-        // The unused `default` column family takes its options from here. RocksDB's own
-        // default (64 MiB) would also set the free space it waits for before it resumes
-        // writing after a disk-full error (it reserves the largest write buffer), so on a
-        // volume with less than 64 MiB free courier would never accept again by itself.
-        db_opts.set_write_buffer_size(options.write_buffer_bytes);
+        // The unused `default` column family is opened with our small write buffer too:
+        // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
+        // writing after a disk-full error (it reserves the largest write buffer) would be
+        // 64 MiB, and on a small volume courier would never accept again by itself.
         let descriptors = keys::CF_NAMES
             .iter()
+            .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
         let db = DB::open_cf_descriptors(&db_opts, dir, descriptors).map_err(|e| {
             let text = e.to_string();

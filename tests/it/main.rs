@@ -3,6 +3,12 @@
 
 mod support;
 
+mod admin;
+mod adoption;
+mod cli;
 mod delivery;
+mod hardening;
 mod ingress;
 mod lifecycle;
+mod metrics;
+mod chaos;

@@ -101,6 +101,14 @@ impl Courier {
         Self::spawn(config_path, data_dir, args, env)
     }
 
+    /// Starts courier with `config` (TOML) written under `dir` and its data in `data_dir`
+    /// (e.g. on a small filesystem); [`Courier::restart`] keeps both.
+    pub fn start_with_data_dir(dir: &Path, data_dir: &Path, config: &str, env: &[(&str, &str)]) -> Courier {
+        let config_path = dir.join("courier.toml");
+        std::fs::write(&config_path, with_loopback_allowed(config)).unwrap();
+        Self::spawn(config_path, data_dir.to_path_buf(), &[], env)
+    }
+
     fn spawn(config_path: PathBuf, data_dir: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Courier {
         let mut cmd = Command::new(bin());
         cmd.arg("serve")

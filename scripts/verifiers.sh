@@ -1,0 +1,42 @@
+# Sourced by scripts/test.sh: installs the third-party signature verifiers that
+# tests/it/adoption.rs checks courier's outgoing signatures with, and exports where they are:
+#   COURIER_TEST_PYTHON          a python with standardwebhooks, stripe and (if installable) svix
+#   NODE_PATH                    a node_modules folder with @octokit/webhooks-methods
+#   COURIER_TEST_REQUIRE_VERIFIERS=1   so those tests fail instead of skipping when a tool is missing
+# They live in the cargo target folder, never in the repository, and are installed only when
+# missing, so a second run costs two import checks.
+# shellcheck shell=bash
+
+verifiers_dir="${CARGO_TARGET_DIR:-$PWD/target}/verifiers"
+mkdir -p "$verifiers_dir"
+
+pyenv="$verifiers_dir/pyenv"
+if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe' 2>/dev/null; then
+  echo "verifiers: installing standardwebhooks and stripe into $pyenv" >&2
+  # Debian's python3 needs python3-venv for `-m venv` (ensurepip).
+  if ! python3 -m venv --clear "$pyenv" >/dev/null 2>&1; then
+    apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+    python3 -m venv --clear "$pyenv"
+  fi
+  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'stripe>=7'
+fi
+# svix is a second Standard Webhooks verifier; the tests use it only when it is there.
+if ! "$pyenv/bin/python" -c 'import svix' 2>/dev/null; then
+  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'svix>=1' ||
+    echo "verifiers: svix could not be installed; the tests check standardwebhooks only" >&2
+fi
+
+node_dir="$verifiers_dir/node"
+if ! command -v node >/dev/null; then
+  apt-get install -y -qq nodejs npm >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+fi
+if [[ ! -f "$node_dir/node_modules/@octokit/webhooks-methods/package.json" ]]; then
+  echo "verifiers: installing @octokit/webhooks-methods into $node_dir" >&2
+  npm install --prefix "$node_dir" --no-audit --no-fund --silent '@octokit/webhooks-methods@^6'
+fi
+
+export COURIER_TEST_PYTHON="$pyenv/bin/python"
+export NODE_PATH="$node_dir/node_modules${NODE_PATH:+:$NODE_PATH}"
+export COURIER_TEST_REQUIRE_VERIFIERS=1
