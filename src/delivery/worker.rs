@@ -10,7 +10,6 @@ use bytes::Bytes;
 use super::endpoints::{EndpointChange, StreakEvent};
 use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
-use crate::model::DeadReason;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
 use crate::signing::{self, Secret};
 use crate::store::{AttemptRecord, Claimed, SigningChoice, Transition};
@@ -136,51 +135,44 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         _ => AttemptOutcome::Retry,
     };
     d.metrics.attempt_finished(outcome, duration.as_micros() as u64);
-    let span_fields = (rec.id.as_str(), rec.event_id.as_str(), rec.endpoint.as_str());
-    match transition {
-        Transition::Delivered => {
-            d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
-            tracing::info!(
-                delivery_id = span_fields.0,
-                event_id = span_fields.1,
-                endpoint = span_fields.2,
-                attempt = attempts_made,
-                status,
-                duration_ms = record.duration_ms,
-                "delivered"
-            );
-        }
-        Transition::RetryAt(at) => {
-            tracing::info!(
-                delivery_id = span_fields.0,
-                event_id = span_fields.1,
-                endpoint = span_fields.2,
-                attempt = attempts_made,
-                status,
-                error = error.as_deref(),
-                retry_in_ms = at.saturating_sub(now),
-                "attempt failed; retry scheduled"
-            );
-        }
-        Transition::Dead(reason) => {
-            d.metrics.dead(reason);
-            tracing::warn!(
-                delivery_id = span_fields.0,
-                event_id = span_fields.1,
-                endpoint = span_fields.2,
-                attempt = attempts_made,
-                status,
-                error = error.as_deref(),
-                reason = reason.as_str(),
-                "dead-lettered"
-            );
+    {
+        // Every outcome line carries the same identifying fields, once, through the span.
+        let _span = tracing::info_span!(
+            "attempt",
+            delivery_id = %rec.id,
+            event_id = %rec.event_id,
+            endpoint = %rec.endpoint,
+            attempt = attempts_made
+        )
+        .entered();
+        match transition {
+            Transition::Delivered => {
+                d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
+                tracing::info!(status, duration_ms = record.duration_ms, "delivered");
+            }
+            Transition::RetryAt(at) => {
+                tracing::info!(
+                    status,
+                    error = error.as_deref(),
+                    retry_in_ms = at.saturating_sub(now),
+                    "attempt failed; retry scheduled"
+                );
+            }
+            Transition::Dead(reason) => {
+                d.metrics.dead(reason);
+                tracing::warn!(
+                    status,
+                    error = error.as_deref(),
+                    reason = reason.as_str(),
+                    "dead-lettered"
+                );
+            }
         }
     }
 
     let streak_event = match outcome {
         AttemptOutcome::Delivered => StreakEvent::Success,
         AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
-        _ if transition == Transition::Dead(DeadReason::EgressDenied) => StreakEvent::Other,
         _ => StreakEvent::Other,
     };
     match d.endpoints.record(&rec.endpoint, streak_event, status, now) {
