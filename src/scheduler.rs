@@ -7,6 +7,11 @@
 //! endpoint until the next token; no attempt is counted). Only then is the message claimed
 //! and dispatched, with the host permit already in hand.
 //!
+//! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
+//! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
+//! next pass continues from there, so other hosts' messages behind a blocked backlog are
+//! reached within a few wake-ups, and no wake-up pays for re-reading the whole blocked run.
+//!
 //! Between passes it sleeps until the earliest of: the next due time, the next rate-limit
 //! token it waited for, or a wake-up (an accept, a finished attempt freeing a permit, a
 //! resumed endpoint). There is no fixed polling interval: an idle courier does nothing.
@@ -22,18 +27,26 @@ use crate::store::{ScanEnd, ScanStep};
 
 /// Most due entries one pass looks at before yielding.
 pub const SCAN_BUDGET: usize = 4096;
+/// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
+pub const SKIP_RUN: usize = 256;
 /// How long to wait before trying again after the store failed to read or claim.
 const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The scheduler task.
 pub struct Scheduler {
     d: Arc<Deliverer>,
+    /// Where the last pass stopped on a long blocked run.
+    resume: Option<(u64, String)>,
 }
 
 /// What one pass found.
 #[derive(Debug, Default)]
 struct Pass {
     dispatched: usize,
+    /// Entries looked at.
+    scanned: usize,
+    /// Stopped on a long blocked run (a resume point is set).
+    stopped_on_run: bool,
     wake_at: Option<u64>,
     cut: bool,
     store_error: bool,
@@ -42,21 +55,27 @@ struct Pass {
 impl Scheduler {
     /// A scheduler over a delivery context.
     pub fn new(d: Arc<Deliverer>) -> Self {
-        Scheduler { d }
+        Scheduler { d, resume: None }
     }
 
     /// Runs until `stop` turns true.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        // Entries looked at since the last wait: one wake-up pays for at most SCAN_BUDGET.
+        let mut scanned_since_wait = 0;
         loop {
             if *stop.borrow() {
                 return;
             }
             let pass = self.pass();
-            if pass.cut && pass.dispatched > 0 {
+            scanned_since_wait += pass.scanned;
+            let more_now = pass.cut && pass.dispatched > 0;
+            let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
+            if more_now || go_deeper {
                 // More may be due right now; let other tasks run, then go on.
                 tokio::task::yield_now().await;
                 continue;
             }
+            scanned_since_wait = 0;
             let now = self.d.clock.now_ms();
             let mut wake_at = pass.wake_at;
             if pass.store_error {
@@ -77,8 +96,8 @@ impl Scheduler {
         }
     }
 
-    /// One walk over what is due now.
-    fn pass(&self) -> Pass {
+    /// One walk over what is due now (from the due floor, or from where the last pass stopped).
+    fn pass(&mut self) -> Pass {
         let d = &self.d;
         let now = d.clock.now_ms();
         let mut pass = Pass::default();
@@ -89,9 +108,19 @@ impl Scheduler {
         // together they say how far the due floor may rise.
         let mut first_left: Option<u64> = None;
         let mut last_seen: Option<u64> = None;
-        let scanned = d.store.scan_due(now, SCAN_BUDGET, |entry| {
+        let resumed = self.resume.take();
+        let mut skipped_in_a_row = 0;
+        let mut stopped_at: Option<(u64, String)> = None;
+        let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
+        let scanned = d.store.scan_due(now, SCAN_BUDGET, after, |entry| {
             let due_ms = entry.due_ms;
             last_seen = Some(due_ms);
+            pass.scanned += 1;
+            if skipped_in_a_row >= SKIP_RUN {
+                stopped_at = Some((due_ms, entry.id.clone()));
+                first_left.get_or_insert(due_ms);
+                return ScanStep::Stop;
+            }
             let (step, consumed) = (|| {
             let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
             if d.endpoints.is_paused(endpoint) {
@@ -132,7 +161,10 @@ impl Scheduler {
                 }
             }
             })();
-            if !consumed {
+            if consumed {
+                skipped_in_a_row = 0;
+            } else {
+                skipped_in_a_row += 1;
                 first_left.get_or_insert(due_ms);
             }
             step
@@ -143,17 +175,24 @@ impl Scheduler {
                     soonest(&mut pass, at);
                 }
                 // Everything due by `now` was seen; what is left starts at `first_left`.
-                d.store.raise_due_floor(
-                    floor,
-                    first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1)),
-                );
+                if resumed.is_none() {
+                    let to = first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1));
+                    d.store.raise_due_floor(floor, to);
+                }
             }
             Ok((ScanEnd::Cut, floor)) => {
-                pass.cut = !pass.store_error;
-                if !pass.store_error {
+                // A long blocked run: the next pass goes on from where this one stopped
+                // (after a wake-up, like any pass that could not dispatch).
+                pass.cut = !pass.store_error && stopped_at.is_none();
+                if !pass.store_error && resumed.is_none() {
                     if let Some(last) = last_seen {
                         d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));
                     }
+                }
+                pass.stopped_on_run = stopped_at.is_some();
+                if stopped_at.is_some() {
+                    // Resume just before the entry we stopped on, so it is looked at again.
+                    self.resume = stopped_at.map(|(due, id)| resume_before(due, &id));
                 }
             }
             Err(e) => {
@@ -163,4 +202,13 @@ impl Scheduler {
         }
         pass
     }
+}
+
+/// A position just before `(due, id)` in the due index, so a walk that continues "after" it
+/// starts with that entry. Ids are ASCII, so dropping the last byte gives a smaller key
+/// that no real id sorts between.
+fn resume_before(due: u64, id: &str) -> (u64, String) {
+    let mut prefix = id.to_string();
+    prefix.pop();
+    (due, prefix)
 }

@@ -140,8 +140,12 @@ impl Harness {
     }
 
     async fn accept(&self, path: &str, headers: Vec<(String, Vec<u8>)>) -> String {
+        self.accept_url(&format!("https://r.example{path}"), headers).await
+    }
+
+    async fn accept_url(&self, url: &str, headers: Vec<(String, Vec<u8>)>) -> String {
         let env = Envelope {
-            target: url::Url::parse(&format!("https://r.example{path}")).unwrap(),
+            target: url::Url::parse(url).unwrap(),
             endpoint: None,
             event_id: None,
             method: "POST".into(),
@@ -386,4 +390,26 @@ async fn a_paused_endpoint_holds_its_messages_until_resumed() {
     h.d.set_paused("https://r.example/held", false).unwrap();
     h.wait_record(&held, "delivery after resume", |r| r.state == State::Delivered)
         .await;
+}
+
+#[tokio::test]
+async fn another_host_is_served_behind_a_long_blocked_backlog() {
+    let clock = ManualClock::new(T0);
+    // Calls to the blocked host hang until the gate opens; the other host's answer at once.
+    let t = Scripted::build(clock.clone(), vec![], Some(Semaphore::new(0)), false);
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.max_in_flight_per_host = 1;
+    let h = Harness::start(cfg, t.clone(), clock.clone());
+    let n = 3 * crate::scheduler::SKIP_RUN + 10;
+    for i in 0..n {
+        h.accept_url(&format!("https://blocked.example/b{i}"), vec![]).await;
+    }
+    t.wait_calls(1).await;
+    let other = h.accept_url("https://other.example/x", vec![]).await;
+    let calls = t.wait_calls(2).await;
+    assert_eq!(calls[1].1.url.host_str(), Some("other.example"), "the other host was reached");
+    assert_eq!(h.record(&other).state, State::InFlight);
+    assert_eq!(t.calls().len(), 2, "the blocked host still has one attempt in flight");
+    t.gate.as_ref().unwrap().add_permits(n + 1);
+    h.wait_record(&other, "delivery", |r| r.state == State::Delivered).await;
 }

@@ -421,10 +421,13 @@ impl Store {
     /// consumed from its head leaves a trail of deletion tombstones there, and seeking
     /// through them on every pass would cost more the busier courier is. The returned mark
     /// goes back to [`Store::raise_due_floor`] after the pass.
+    ///
+    /// `after` continues an earlier walk just past that entry instead of at the floor.
     pub fn scan_due(
         &self,
         now_ms: u64,
         budget: usize,
+        after: Option<(u64, &str)>,
         mut step: impl FnMut(DueEntry) -> ScanStep,
     ) -> Result<(ScanEnd, FloorMark), StoreError> {
         let mark = self.due_floor.mark();
@@ -433,7 +436,16 @@ impl Store {
         ro.set_iterate_lower_bound(keys::time_key(floor, ""));
         ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
-        it.seek(keys::time_key(floor, ""));
+        match after {
+            Some((due, id)) => {
+                let from = keys::time_key(due, id);
+                it.seek(&from);
+                if it.key() == Some(from.as_slice()) {
+                    it.next();
+                }
+            }
+            None => it.seek(keys::time_key(floor, "")),
+        }
         let mut seen = 0;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if seen >= budget {

@@ -51,7 +51,7 @@ fn message(id: &str, event: &str, due: u64) -> NewMessage {
 fn due_ids(store: &Store, now: u64) -> Vec<String> {
     let mut ids = Vec::new();
     store
-        .scan_due(now, 1000, |e| {
+        .scan_due(now, 1000, None, |e| {
             ids.push(e.id);
             ScanStep::Continue
         })
@@ -129,10 +129,13 @@ async fn scan_sees_only_what_is_due_in_due_order() {
     store.accept(message("dlv_mid", "e3", 200)).await.unwrap();
     assert_eq!(due_ids(&store, 250), vec!["dlv_early", "dlv_mid"]);
     assert_eq!(
-        store.scan_due(250, 100, |_| ScanStep::Continue).unwrap().0,
+        store.scan_due(250, 100, None, |_| ScanStep::Continue).unwrap().0,
         ScanEnd::Exhausted { next_due_ms: Some(300) }
     );
-    assert_eq!(store.scan_due(250, 1, |_| ScanStep::Continue).unwrap().0, ScanEnd::Cut);
+    assert_eq!(
+        store.scan_due(250, 1, None, |_| ScanStep::Continue).unwrap().0,
+        ScanEnd::Cut
+    );
     assert_eq!(store.next_due_ms().unwrap(), Some(100));
 }
 
@@ -288,7 +291,7 @@ async fn paused_endpoint_messages_park_and_come_back() {
     store.accept(message("dlv_a", "e1", 100)).await.unwrap();
     store.accept(message("dlv_b", "e2", 100)).await.unwrap();
     store
-        .scan_due(100, 10, |e| {
+        .scan_due(100, 10, None, |e| {
             store.park(&e).unwrap();
             ScanStep::Continue
         })
@@ -466,7 +469,7 @@ async fn the_due_floor_skips_consumed_history_but_never_hides_a_new_entry() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e1", 100)).await.unwrap();
     claim(&store, "dlv_a");
-    let (_, mark) = store.scan_due(1_000, 10, |_| ScanStep::Continue).unwrap();
+    let (_, mark) = store.scan_due(1_000, 10, None, |_| ScanStep::Continue).unwrap();
     store.raise_due_floor(mark, 1_000);
     assert_eq!(store.due_floor(), 1_000);
     // A write with an earlier due time lowers the floor once it is visible.
@@ -474,17 +477,36 @@ async fn the_due_floor_skips_consumed_history_but_never_hides_a_new_entry() {
     assert_eq!(store.due_floor(), 500);
     assert_eq!(due_ids(&store, 600), vec!["dlv_b"]);
     // A pass that started before a write cannot raise the floor over it.
-    let (_, stale) = store.scan_due(600, 10, |_| ScanStep::Continue).unwrap();
+    let (_, stale) = store.scan_due(600, 10, None, |_| ScanStep::Continue).unwrap();
     store.accept(message("dlv_c", "e3", 550)).await.unwrap();
     store.raise_due_floor(stale, 2_000);
     assert_eq!(store.due_floor(), 500);
     // A retry scheduled below the floor lowers it too.
     claim(&store, "dlv_b");
     claim(&store, "dlv_c");
-    let (_, mark) = store.scan_due(800, 10, |_| ScanStep::Continue).unwrap();
+    let (_, mark) = store.scan_due(800, 10, None, |_| ScanStep::Continue).unwrap();
     store.raise_due_floor(mark, 900);
     store
         .finish_attempt("dlv_b", &attempt(503), Transition::RetryAt(700), 800)
         .unwrap();
     assert_eq!(due_ids(&store, 800), vec!["dlv_b"]);
+}
+
+#[tokio::test]
+async fn a_scan_can_continue_after_an_entry() {
+    let (_d, store) = open();
+    for (i, due) in [100u64, 200, 300].iter().enumerate() {
+        store
+            .accept(message(&format!("dlv_{i}"), &format!("e{i}"), *due))
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    store
+        .scan_due(1_000, 10, Some((200, "dlv_1")), |e| {
+            ids.push(e.id);
+            ScanStep::Continue
+        })
+        .unwrap();
+    assert_eq!(ids, vec!["dlv_2"]);
 }

@@ -432,9 +432,12 @@ async fn pending_gauges_describe_a_backlog() {
         let a = post(&c.prefixed(&format!("http://{down}/x")), &[], "m").await;
         assert_eq!(a.status, 202);
     }
-    let e = eventually("3 failed attempts", || async {
+    // The attempt counter moves just before the in-flight gauge drops: wait for both.
+    let e = eventually("3 failed attempts, none in flight", || async {
         let e = scrape(&c).await;
-        (e.get("courier_attempts_total", &[("outcome", "retry")]) == 3.0).then_some(e)
+        let settled = e.get("courier_attempts_total", &[("outcome", "retry")]) == 3.0
+            && e.get("courier_in_flight", &[]) == 0.0;
+        settled.then_some(e)
     })
     .await;
     assert_eq!(e.get("courier_pending", &[]), 3.0);
