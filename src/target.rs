@@ -105,7 +105,13 @@ pub fn resolve_target(
                 route: None,
             });
         }
-        if after.len() >= 3 && after[..3].eq_ignore_ascii_case("%3a") {
+        // Compare bytes: the path may hold non-ASCII, and slicing the str at byte 3 could
+        // split a character (a panic found by fuzzing; see the regression test).
+        if after
+            .as_bytes()
+            .get(..3)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"%3a"))
+        {
             let decoded = percent_decode_str(rest)
                 .decode_utf8()
                 .map_err(|_| TargetError::Invalid("the percent-encoded target is not valid UTF-8"))?;
@@ -575,6 +581,25 @@ mod tests {
         ];
         for (url, key) in cases {
             assert_eq!(host_key(&Url::parse(url).unwrap()), key, "{url}");
+        }
+    }
+
+    /// Found by fuzzing (`fuzz/`, target `target_parse`): a path whose third byte after a
+    /// scheme-like prefix falls inside a multi-byte character panicked on a str slice.
+    #[test]
+    fn non_ascii_paths_never_panic() {
+        let no_routes = |_: &str| None;
+        for path in [
+            "/r/'\u{661}*",
+            "/r/x\u{e9}",
+            "/a/x\u{e9}",
+            "/http\u{e9}",
+            "/h:\u{e9}",
+            "/x%3\u{e9}",
+        ] {
+            let uri: http::Uri = path.parse().unwrap_or_else(|e| panic!("{path}: {e}"));
+            let got = resolve_target(None, &uri, &no_routes);
+            assert!(got.is_err(), "{path}: {got:?}");
         }
     }
 }

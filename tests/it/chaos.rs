@@ -4,7 +4,7 @@
 //! within what at-least-once allows (attempts in flight at a kill).
 //!
 //! Sized to run in about a minute. For a longer soak, the test (not courier) reads
-//! `COURIER_CHAOS_KILLS` (default 10) and `COURIER_CHAOS_SECS` (default 30, the time the
+//! `COURIER_CHAOS_KILLS` (default 10) and `COURIER_CHAOS_SECS` (default 45, the time the
 //! senders and the killer run), e.g. `COURIER_CHAOS_KILLS=100 COURIER_CHAOS_SECS=600`.
 //! The random schedule's seed is printed; `COURIER_CHAOS_SEED` replays one.
 
@@ -30,7 +30,9 @@ const PHASE: Duration = Duration::from_millis(1500);
 
 fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}")),
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}")),
         Err(_) => default,
     }
 }
@@ -56,7 +58,7 @@ async fn try_post(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_messages_survive_repeated_sigkills() {
     let kills = env_number("COURIER_CHAOS_KILLS", 10) as usize;
-    let secs = env_number("COURIER_CHAOS_SECS", 30);
+    let secs = env_number("COURIER_CHAOS_SECS", 45);
     let seed = env_number(
         "COURIER_CHAOS_SEED",
         std::time::SystemTime::now()
@@ -158,7 +160,10 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
     };
 
     let got = delivered.lock().unwrap().clone();
-    let duplicates: usize = acked.iter().map(|id| got.get(id).copied().unwrap_or(0).saturating_sub(1)).sum();
+    let duplicates: usize = acked
+        .iter()
+        .map(|id| got.get(id).copied().unwrap_or(0).saturating_sub(1))
+        .sum();
     let unacked_arrived = got.keys().filter(|id| !acked.contains(id)).count();
     eprintln!(
         "chaos: acked {}, kills {kills}, lost {}, duplicates {duplicates}, arrived without an ack {unacked_arrived}, \
@@ -168,7 +173,11 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
         rx.seen().len(),
         drain_started.elapsed()
     );
-    assert!(acked.len() >= 100, "the senders got too few acks ({}) to mean anything", acked.len());
+    assert!(
+        acked.len() >= 100,
+        "the senders got too few acks ({}) to mean anything",
+        acked.len()
+    );
     assert!(
         missing.is_empty(),
         "{} acknowledged messages never arrived, e.g. {:?}; courier log:\n{}",
@@ -178,5 +187,8 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
     );
     // At-least-once: a duplicate is an attempt that was in flight at a kill.
     let bound = kills * MAX_IN_FLIGHT;
-    assert!(duplicates <= bound, "{duplicates} duplicates for {kills} kills (bound {bound})");
+    assert!(
+        duplicates <= bound,
+        "{duplicates} duplicates for {kills} kills (bound {bound})"
+    );
 }

@@ -476,6 +476,16 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
         );
         assert!(took < Duration::from_secs(5), "closed only after {took:?}");
 
+        // A connection that never sends a byte is closed on the same clock.
+        let mut s = TcpStream::connect(addr).unwrap();
+        let start = Instant::now();
+        read_until_closed(&mut s, Duration::from_secs(10)).expect("the silent connection was closed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "silent connection held {:?}",
+            start.elapsed()
+        );
+
         // Trickling one byte at a time does not reset the clock.
         let mut s = TcpStream::connect(addr).unwrap();
         let start = Instant::now();
@@ -509,6 +519,38 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
         );
         s.write_all(b"GET /b HTTP/1.1\r\nHost:").unwrap();
         read_until_closed(&mut s, Duration::from_secs(10)).expect("the stalled second request was cut off");
+    })
+    .await
+    .unwrap();
+}
+
+/// Past `max_connections`, new connections wait in the backlog; stalled ones are cut at
+/// the header timeout, which frees their slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_holds_and_stalled_connections_free_their_slots() {
+    let (addr, _stop) = limited_server(ServeLimits {
+        max_connections: 2,
+        ..small_limits()
+    })
+    .await;
+    tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let _a = TcpStream::connect(addr).unwrap();
+        let _b = TcpStream::connect(addr).unwrap();
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /c HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let (answer, at) = read_until_closed(&mut c, Duration::from_secs(10)).expect("served once a slot freed");
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        let waited = at - start;
+        assert!(
+            waited >= Duration::from_millis(350),
+            "served after {waited:?}: the two silent connections did not hold the cap"
+        );
     })
     .await
     .unwrap();
@@ -594,7 +636,10 @@ async fn the_real_ingress_refuses_heads_over_64_kib() {
         );
     }
     let metrics = get(&c.admin_url("/metrics")).await.text();
-    assert!(metrics.contains("courier_accepted_total 1"), "only the small head was stored:\n{metrics}");
+    assert!(
+        metrics.contains("courier_accepted_total 1"),
+        "only the small head was stored:\n{metrics}"
+    );
 }
 
 /// CR, LF, NUL and obsolete line folding inside a header value are refused by the HTTP
@@ -636,6 +681,22 @@ async fn header_values_with_cr_lf_or_nul_are_refused() {
     assert!(metrics.contains("courier_accepted_total 1"), "{metrics}");
 }
 
+/// A non-ASCII request path once panicked the target parser (found by fuzzing): every
+/// such request must get an answer, not a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_ascii_request_paths_get_an_answer() {
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "");
+    for path in ["/r/x\u{e9}", "/x%3\u{e9}", "/r/'\u{661}*", "/http\u{e9}://a/"] {
+        let req = format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let ingress = c.ingress;
+        let answer = tokio::task::spawn_blocking(move || raw(ingress, req.as_bytes()))
+            .await
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ingress_token_is_required_and_checked_exactly() {
     let rx = Receiver::start().await;
@@ -647,7 +708,6 @@ async fn the_ingress_token_is_required_and_checked_exactly() {
     );
     let url = c.prefixed(&rx.url("/t"));
     for wrong in [
-        
         "tok-3f9a1c-exac",
         "tok-3f9a1c-exactX",
         "TOK-3F9A1C-EXACT",

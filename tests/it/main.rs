@@ -5,10 +5,10 @@ mod support;
 
 mod admin;
 mod adoption;
+mod chaos;
 mod cli;
 mod delivery;
 mod hardening;
 mod ingress;
 mod lifecycle;
 mod metrics;
-mod chaos;
