@@ -15,6 +15,19 @@ use crate::signing::{self, Secret};
 use crate::store::{AttemptRecord, Claimed, SigningChoice, Transition};
 use crate::transport::{OutboundRequest, TransportError};
 
+/// Logs an attempt's outcome with the fields that identify it.
+macro_rules! attempt_event {
+    ($level:ident, $rec:expr, $attempt:expr, $($rest:tt)*) => {
+        tracing::$level!(
+            delivery_id = %$rec.id,
+            event_id = %$rec.event_id,
+            endpoint = %$rec.endpoint,
+            attempt = $attempt,
+            $($rest)*
+        )
+    };
+}
+
 /// Why an attempt could not even be built. Courier's (or its operator's) failure, never
 /// the receiver's: no attempt is counted.
 #[derive(Debug, thiserror::Error)]
@@ -135,38 +148,45 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         _ => AttemptOutcome::Retry,
     };
     d.metrics.attempt_finished(outcome, duration.as_micros() as u64);
-    {
-        // Every outcome line carries the same identifying fields, once, through the span.
-        let _span = tracing::info_span!(
-            "attempt",
-            delivery_id = %rec.id,
-            event_id = %rec.event_id,
-            endpoint = %rec.endpoint,
-            attempt = attempts_made
-        )
-        .entered();
-        match transition {
-            Transition::Delivered => {
-                d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
-                tracing::info!(status, duration_ms = record.duration_ms, "delivered");
-            }
-            Transition::RetryAt(at) => {
-                tracing::info!(
-                    status,
-                    error = error.as_deref(),
-                    retry_in_ms = at.saturating_sub(now),
-                    "attempt failed; retry scheduled"
-                );
-            }
-            Transition::Dead(reason) => {
-                d.metrics.dead(reason);
-                tracing::warn!(
-                    status,
-                    error = error.as_deref(),
-                    reason = reason.as_str(),
-                    "dead-lettered"
-                );
-            }
+    // One line per outcome. Successes and retries are debug: at thousands of messages a
+    // second an info line each would cost more than the delivery (metrics count them);
+    // a dead letter is always worth a warning.
+    match transition {
+        Transition::Delivered => {
+            d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
+            attempt_event!(
+                debug,
+                rec,
+                attempts_made,
+                status,
+                duration_ms = record.duration_ms,
+                "delivered"
+            );
+        }
+        Transition::RetryAt(at) => {
+            let retry_in_ms = at.saturating_sub(now);
+            attempt_event!(
+                debug,
+                rec,
+                attempts_made,
+                status,
+                error = error.as_deref(),
+                retry_in_ms,
+                "retry scheduled"
+            );
+        }
+        Transition::Dead(reason) => {
+            d.metrics.dead(reason);
+            let reason = reason.as_str();
+            attempt_event!(
+                warn,
+                rec,
+                attempts_made,
+                status,
+                error = error.as_deref(),
+                reason,
+                "dead-lettered"
+            );
         }
     }
 
