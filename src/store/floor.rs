@@ -3,10 +3,12 @@
 //! at its head.
 //!
 //! Correctness rests on one rule: every writer of a due entry reports it with
-//! [`DueFloor::wrote`] *after* the write is visible, which lowers the floor and bumps an
-//! epoch; the scheduler raises the floor only if the epoch did not move since it read the
-//! floor (before it created its iterator). So an entry written after the iterator's
-//! snapshot either bumps the epoch before the raise (no raise) or lowers the floor after it.
+//! [`DueFloor::wrote`] *after* the write is visible. That lowers the floor at once, and
+//! also records the earliest due time written since the scheduler's last [`DueFloor::mark`].
+//! A raise after a pass is capped by that record, so an entry written after the pass's
+//! iterator was created (which the pass may not have seen) is never left below the floor:
+//! either it was reported before the raise (and caps it), or after (and lowers the floor).
+//! Only the scheduler marks and raises; writers may be many.
 
 use std::sync::Mutex;
 
@@ -15,34 +17,57 @@ use std::sync::Mutex;
 pub struct FloorMark {
     /// The floor value.
     pub floor: u64,
-    epoch: u64,
 }
 
-/// The floor and its write epoch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
+struct Inner {
+    floor: u64,
+    written_since_mark: u64,
+}
+
+/// The floor and the earliest due time written since the last mark.
+#[derive(Debug)]
 pub struct DueFloor {
-    inner: Mutex<(u64, u64)>,
+    inner: Mutex<Inner>,
+}
+
+impl Default for DueFloor {
+    fn default() -> Self {
+        DueFloor { inner: Mutex::new(Inner { floor: 0, written_since_mark: u64::MAX }) }
+    }
 }
 
 impl DueFloor {
-    /// Reads the floor before a scan.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the floor before a scan and starts recording writes.
     pub fn mark(&self) -> FloorMark {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        FloorMark { floor: g.0, epoch: g.1 }
+        let mut g = self.lock();
+        g.written_since_mark = u64::MAX;
+        FloorMark { floor: g.floor }
+    }
+
+    /// The floor now, without starting a new record.
+    pub fn peek(&self) -> u64 {
+        self.lock().floor
     }
 
     /// A due entry at `due_ms` was written (and is visible).
     pub fn wrote(&self, due_ms: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 = g.0.min(due_ms);
-        g.1 = g.1.wrapping_add(1);
+        let mut g = self.lock();
+        g.floor = g.floor.min(due_ms);
+        g.written_since_mark = g.written_since_mark.min(due_ms);
     }
 
-    /// Raises the floor to `to` if nothing was written since `mark`.
-    pub fn raise(&self, mark: FloorMark, to: u64) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if g.1 == mark.epoch && to > g.0 {
-            g.0 = to;
+    /// Raises the floor towards `to` (what the pass proved empty below), but never above an
+    /// entry written since the mark.
+    pub fn raise(&self, _mark: FloorMark, to: u64) {
+        let mut g = self.lock();
+        let to = to.min(g.written_since_mark);
+        if to > g.floor {
+            g.floor = to;
         }
     }
 }
@@ -52,18 +77,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_write_after_the_mark_blocks_the_raise_or_lowers_after_it() {
+    fn writes_since_the_mark_cap_the_raise_and_later_writes_lower_it() {
         let f = DueFloor::default();
         let m = f.mark();
         f.raise(m, 100);
-        assert_eq!(f.mark().floor, 100);
+        assert_eq!(f.peek(), 100);
         let m = f.mark();
-        f.wrote(150); // at or above the floor: the value stays, the epoch moves
+        f.wrote(150); // above the floor: the floor stays, but the raise may not pass it
         f.raise(m, 200);
-        assert_eq!(f.mark().floor, 100, "a write since the mark blocks the raise");
+        assert_eq!(f.peek(), 150, "an entry written since the mark caps the raise");
         let m = f.mark();
         f.raise(m, 300);
+        assert_eq!(f.peek(), 300, "a new mark forgets writes the previous pass covered");
         f.wrote(120); // written after the raise: the floor comes back down
-        assert_eq!(f.mark().floor, 120);
+        assert_eq!(f.peek(), 120);
     }
 }

@@ -484,11 +484,11 @@ impl Store {
 
     /// The current due floor (see [`Store::scan_due`]).
     pub fn due_floor(&self) -> u64 {
-        self.due_floor.mark().floor
+        self.due_floor.peek()
     }
 
-    /// Raises the due floor to `to` after a pass that started at `mark`, unless a due entry
-    /// was written since (the pass may have missed it).
+    /// Raises the due floor towards `to` after a pass that started at `mark`, but not above
+    /// a due entry written since (the pass may have missed it).
     pub fn raise_due_floor(&self, mark: FloorMark, to: u64) {
         self.due_floor.raise(mark, to);
     }
