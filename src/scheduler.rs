@@ -1,16 +1,20 @@
 //! The scheduler: one task that hands due messages to delivery workers.
 //!
-//! It walks the store's due index from the front (never the whole queue: the walk stops at
-//! the first entry that is not yet due, or after a budget), and for each due message checks,
-//! in order: is its endpoint paused (then park it), is its host at its in-flight cap (skip
-//! the host for this pass), is there a rate-limit token for its endpoint (else skip the
-//! endpoint until the next token; no attempt is counted). Only then is the message claimed
-//! and dispatched, with the host permit already in hand.
+//! It walks the store's due index from the due floor (never the whole queue: the walk stops
+//! at the first entry that is not yet due, or after a budget), and for each due message
+//! checks, in order: is its endpoint paused (then park it), is its host at its in-flight cap
+//! (skip the host for this pass), is there a rate-limit token for its endpoint (else skip the
+//! endpoint until the next token; no attempt is counted). Messages that pass all three are
+//! claimed together in one store write, each with its host permit already in hand, and
+//! dispatched.
 //!
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
 //! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
 //! next pass continues from there, so other hosts' messages behind a blocked backlog are
-//! reached within a few wake-ups, and no wake-up pays for re-reading the whole blocked run.
+//! reached, and no wake-up pays for re-reading the whole blocked run.
+//!
+//! A pass runs on a blocking thread: its store writes wait behind the accepts' fsync, which
+//! must not hold up the async workers that serve ingress.
 //!
 //! Between passes it sleeps until the earliest of: the next due time, the next rate-limit
 //! token it waited for, or a wake-up (an accept, a finished attempt freeing a permit, a
@@ -20,13 +24,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use crate::delivery::Deliverer;
-use crate::store::{ScanEnd, ScanStep};
+use crate::store::{DueEntry, ScanEnd, ScanStep};
 
-/// Most due entries one pass looks at before yielding.
+/// Most due entries one pass looks at.
 pub const SCAN_BUDGET: usize = 4096;
+/// Most messages one pass claims (in one store write).
+pub const CLAIM_BATCH: usize = 256;
 /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
 pub const SKIP_RUN: usize = 256;
 /// How long to wait before trying again after the store failed to read or claim.
@@ -52,6 +58,12 @@ struct Pass {
     store_error: bool,
 }
 
+impl Pass {
+    fn wake_no_later_than(&mut self, at: u64) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+}
+
 impl Scheduler {
     /// A scheduler over a delivery context.
     pub fn new(d: Arc<Deliverer>) -> Self {
@@ -66,13 +78,26 @@ impl Scheduler {
             if *stop.borrow() {
                 return;
             }
-            let pass = self.pass();
+            let d = self.d.clone();
+            let resume = self.resume.take();
+            let (pass, resume) = match tokio::task::spawn_blocking(move || pass(&d, resume)).await {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::error!(error = %e, "a scheduler pass panicked");
+                    (
+                        Pass {
+                            store_error: true,
+                            ..Pass::default()
+                        },
+                        None,
+                    )
+                }
+            };
+            self.resume = resume;
             scanned_since_wait += pass.scanned;
             let more_now = pass.cut && pass.dispatched > 0;
             let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
             if more_now || go_deeper {
-                // More may be due right now; let other tasks run, then go on.
-                tokio::task::yield_now().await;
                 continue;
             }
             scanned_since_wait = 0;
@@ -95,113 +120,122 @@ impl Scheduler {
             }
         }
     }
+}
 
-    /// One walk over what is due now (from the due floor, or from where the last pass stopped).
-    fn pass(&mut self) -> Pass {
-        let d = &self.d;
-        let now = d.clock.now_ms();
-        let mut pass = Pass::default();
-        let mut full_hosts: HashSet<String> = HashSet::new();
-        let mut limited: HashSet<String> = HashSet::new();
-        let soonest = |pass: &mut Pass, at: u64| pass.wake_at = Some(pass.wake_at.map_or(at, |w| w.min(at)));
-        // The earliest entry this pass leaves in the queue, and the last one it looked at:
-        // together they say how far the due floor may rise.
-        let mut first_left: Option<u64> = None;
-        let mut last_seen: Option<u64> = None;
-        let resumed = self.resume.take();
-        let mut skipped_in_a_row = 0;
-        let mut stopped_at: Option<(u64, String)> = None;
-        let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
-        let scanned = d.store.scan_due(now, SCAN_BUDGET, after, |entry| {
-            let due_ms = entry.due_ms;
-            last_seen = Some(due_ms);
-            pass.scanned += 1;
-            if skipped_in_a_row >= SKIP_RUN {
-                stopped_at = Some((due_ms, entry.id.clone()));
-                first_left.get_or_insert(due_ms);
+/// One walk over what is due now (from the due floor, or from where the last pass
+/// stopped); returns what it found and where the next pass should resume.
+fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u64, String)>) {
+    let now = d.clock.now_ms();
+    let mut pass = Pass::default();
+    let mut full_hosts: HashSet<String> = HashSet::new();
+    let mut limited: HashSet<String> = HashSet::new();
+    let mut ready: Vec<(DueEntry, OwnedSemaphorePermit)> = Vec::new();
+    // The earliest entry this pass leaves in the queue, and the last one it looked at:
+    // together they say how far the due floor may rise.
+    let mut first_left: Option<u64> = None;
+    let mut last_seen: Option<u64> = None;
+    let mut skipped_in_a_row = 0;
+    let mut stopped_at: Option<(u64, String)> = None;
+    let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
+    let scanned = d.store.scan_due(now, SCAN_BUDGET, after, |entry| {
+        let due_ms = entry.due_ms;
+        last_seen = Some(due_ms);
+        pass.scanned += 1;
+        if skipped_in_a_row >= SKIP_RUN {
+            stopped_at = Some((due_ms, entry.id.clone()));
+            first_left.get_or_insert(due_ms);
+            return ScanStep::Stop;
+        }
+        let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
+        let dispatchable = if d.endpoints.is_paused(endpoint) {
+            if let Err(e) = d.store.park(&entry) {
+                tracing::error!(delivery_id = %entry.id, error = %e, "parking a message of a paused endpoint failed");
+                pass.store_error = true;
                 return ScanStep::Stop;
             }
-            let (step, consumed) = (|| {
-            let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
-            if d.endpoints.is_paused(endpoint) {
-                if let Err(e) = d.store.park(&entry) {
-                    tracing::error!(delivery_id = %entry.id, error = %e, "parking a message of a paused endpoint failed");
-                    pass.store_error = true;
-                    return (ScanStep::Stop, false);
+            true // consumed: parked
+        } else if full_hosts.contains(host) || limited.contains(endpoint) {
+            false
+        } else if let Some(permit) = d.hosts.try_acquire(host) {
+            match d.endpoints.try_rate(endpoint, now) {
+                Ok(()) => {
+                    ready.push((entry.clone(), permit));
+                    true
                 }
-                return (ScanStep::Continue, true);
-            }
-            if full_hosts.contains(host) || limited.contains(endpoint) {
-                return (ScanStep::Continue, false);
-            }
-            let Some(permit) = d.hosts.try_acquire(host) else {
-                full_hosts.insert(host.clone());
-                return (ScanStep::Continue, false);
-            };
-            if let Err(wait_ms) = d.endpoints.try_rate(endpoint, now) {
-                drop(permit);
-                d.metrics.rate_limited();
-                limited.insert(endpoint.clone());
-                soonest(&mut pass, now + wait_ms);
-                return (ScanStep::Continue, false);
-            }
-            match d.store.claim(&entry) {
-                Ok(Some(claimed)) => {
-                    d.dispatch(claimed, permit);
-                    pass.dispatched += 1;
-                    (ScanStep::Continue, true)
-                }
-                Ok(None) => (ScanStep::Continue, true),
-                Err(e) => {
-                    // Courier's failure, not the receiver's: nothing is counted, and the
-                    // message stays due for the next pass.
-                    tracing::error!(delivery_id = %entry.id, error = %e, "claiming a due message failed");
-                    pass.store_error = true;
-                    (ScanStep::Stop, false)
+                Err(wait_ms) => {
+                    d.metrics.rate_limited();
+                    limited.insert(endpoint.clone());
+                    pass.wake_no_later_than(now + wait_ms);
+                    false
                 }
             }
-            })();
-            if consumed {
-                skipped_in_a_row = 0;
-            } else {
-                skipped_in_a_row += 1;
-                first_left.get_or_insert(due_ms);
-            }
-            step
-        });
-        match scanned {
-            Ok((ScanEnd::Exhausted { next_due_ms }, floor)) => {
-                if let Some(at) = next_due_ms {
-                    soonest(&mut pass, at);
-                }
-                // Everything due by `now` was seen; what is left starts at `first_left`.
-                if resumed.is_none() {
-                    let to = first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1));
-                    d.store.raise_due_floor(floor, to);
-                }
-            }
-            Ok((ScanEnd::Cut, floor)) => {
-                // A long blocked run: the next pass goes on from where this one stopped
-                // (after a wake-up, like any pass that could not dispatch).
-                pass.cut = !pass.store_error && stopped_at.is_none();
-                if !pass.store_error && resumed.is_none() {
-                    if let Some(last) = last_seen {
-                        d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));
+        } else {
+            full_hosts.insert(host.clone());
+            false
+        };
+        if dispatchable {
+            skipped_in_a_row = 0;
+        } else {
+            skipped_in_a_row += 1;
+            first_left.get_or_insert(due_ms);
+        }
+        if ready.len() >= CLAIM_BATCH {
+            ScanStep::Stop
+        } else {
+            ScanStep::Continue
+        }
+    });
+
+    // Claim everything ready in one write, then dispatch with the permits in hand.
+    if !ready.is_empty() {
+        let entries: Vec<DueEntry> = ready.iter().map(|(e, _)| e.clone()).collect();
+        match d.store.claim_many(&entries) {
+            Ok(claims) => {
+                for ((_, permit), claimed) in ready.into_iter().zip(claims) {
+                    if let Some(claimed) = claimed {
+                        d.dispatch(claimed, permit);
+                        pass.dispatched += 1;
                     }
-                }
-                pass.stopped_on_run = stopped_at.is_some();
-                if stopped_at.is_some() {
-                    // Resume just before the entry we stopped on, so it is looked at again.
-                    self.resume = stopped_at.map(|(due, id)| resume_before(due, &id));
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "reading the due queue failed");
+                // Courier's failure, not the receiver's: nothing is counted, and the
+                // messages stay due for the next pass.
+                tracing::error!(error = %e, count = entries.len(), "claiming due messages failed");
                 pass.store_error = true;
             }
         }
-        pass
     }
+
+    let mut resume = None;
+    match scanned {
+        Ok((ScanEnd::Exhausted { next_due_ms }, floor)) => {
+            if let Some(at) = next_due_ms {
+                pass.wake_no_later_than(at);
+            }
+            // Everything due by `now` was seen; what is left starts at `first_left`.
+            if resumed.is_none() && !pass.store_error {
+                let to = first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1));
+                d.store.raise_due_floor(floor, to);
+            }
+        }
+        Ok((ScanEnd::Cut, floor)) => {
+            pass.cut = !pass.store_error && stopped_at.is_none();
+            if !pass.store_error && resumed.is_none() {
+                if let Some(last) = last_seen {
+                    d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));
+                }
+            }
+            pass.stopped_on_run = stopped_at.is_some();
+            // Resume just before the entry we stopped on, so it is looked at again.
+            resume = stopped_at.map(|(due, id)| resume_before(due, &id));
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reading the due queue failed");
+            pass.store_error = true;
+        }
+    }
+    (pass, resume)
 }
 
 /// A position just before `(due, id)` in the due index, so a walk that continues "after" it

@@ -407,7 +407,11 @@ async fn another_host_is_served_behind_a_long_blocked_backlog() {
     t.wait_calls(1).await;
     let other = h.accept_url("https://other.example/x", vec![]).await;
     let calls = t.wait_calls(2).await;
-    assert_eq!(calls[1].1.url.host_str(), Some("other.example"), "the other host was reached");
+    assert_eq!(
+        calls[1].1.url.host_str(),
+        Some("other.example"),
+        "the other host was reached"
+    );
     assert_eq!(h.record(&other).state, State::InFlight);
     assert_eq!(t.calls().len(), 2, "the blocked host still has one attempt in flight");
     t.gate.as_ref().unwrap().add_permits(n + 1);

@@ -33,7 +33,12 @@ pub struct DueFloor {
 
 impl Default for DueFloor {
     fn default() -> Self {
-        DueFloor { inner: Mutex::new(Inner { floor: 0, written_since_mark: u64::MAX }) }
+        DueFloor {
+            inner: Mutex::new(Inner {
+                floor: 0,
+                written_since_mark: u64::MAX,
+            }),
+        }
     }
 }
 

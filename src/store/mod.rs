@@ -76,6 +76,9 @@ pub enum StoreError {
     /// The store is closing; nothing new is accepted.
     #[error("store is closed")]
     Closed,
+    /// A store call on a blocking thread panicked.
+    #[error("store call panicked: {0}")]
+    Panicked(String),
 }
 
 impl StoreError {
@@ -86,6 +89,7 @@ impl StoreError {
             StoreError::Locked(_) => "data_dir_locked",
             StoreError::Codec { .. } => "corrupt_record",
             StoreError::Closed => "shutting_down",
+            StoreError::Panicked(_) => "storage_error",
         }
     }
 }
@@ -338,14 +342,7 @@ impl Store {
     }
 
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
-        // FNV-1a: cheap and good enough to spread ids over the stripes.
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in id.bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
-        }
-        self.stripes[(h % LOCK_STRIPES as u64) as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -496,29 +493,46 @@ impl Store {
     /// Claims a due entry for an attempt: removes it from the queue and marks the message
     /// `in_flight`. `None` when the entry is stale (the message moved on meanwhile).
     pub fn claim(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
-        let _g = self.lock(&entry.id);
-        let due_key = keys::time_key(entry.due_ms, &entry.id);
-        let Some(mut rec) = self.message(&entry.id)? else {
-            self.db.delete_cf_opt(self.cf(keys::DUE), &due_key, &self.plain)?;
-            return Ok(None);
-        };
-        if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms {
-            self.db.delete_cf_opt(self.cf(keys::DUE), &due_key, &self.plain)?;
-            return Ok(None);
-        }
-        let Some(payload) = self.payload(&entry.id)? else {
-            return Err(StoreError::Codec {
-                key: entry.id.clone(),
-                source: CodecError::Corrupt("payload", "missing payload"),
-            });
-        };
-        rec.state = State::InFlight;
+        Ok(self.claim_many(std::slice::from_ref(entry))?.pop().flatten())
+    }
+
+    /// Claims several due entries in one write (one wait for the WAL, however many):
+    /// the answer has one slot per entry, `None` for a stale one.
+    pub fn claim_many(&self, entries: &[DueEntry]) -> Result<Vec<Option<Claimed>>, StoreError> {
+        // Take every stripe involved, in stripe order, so two multi-claims cannot deadlock.
+        let mut stripes: Vec<usize> = entries.iter().map(|e| stripe_of(&e.id)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _guards: Vec<MutexGuard<'_, ()>> = stripes
+            .iter()
+            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
         let mut b = WriteBatch::default();
-        b.delete_cf(self.cf(keys::DUE), &due_key);
-        self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);
-        b.put_cf(self.cf(keys::MESSAGES), rec.id.as_bytes(), rec.encode());
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let due_key = keys::time_key(entry.due_ms, &entry.id);
+            b.delete_cf(self.cf(keys::DUE), &due_key);
+            let Some(mut rec) = self.message(&entry.id)? else {
+                out.push(None);
+                continue;
+            };
+            if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms {
+                out.push(None);
+                continue;
+            }
+            let Some(payload) = self.payload(&entry.id)? else {
+                return Err(StoreError::Codec {
+                    key: entry.id.clone(),
+                    source: CodecError::Corrupt("payload", "missing payload"),
+                });
+            };
+            rec.state = State::InFlight;
+            self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);
+            b.put_cf(self.cf(keys::MESSAGES), rec.id.as_bytes(), rec.encode());
+            out.push(Some(Claimed { record: rec, payload }));
+        }
         self.write(b)?;
-        Ok(Some(Claimed { record: rec, payload }))
+        Ok(out)
     }
 
     fn move_state(&self, b: &mut WriteBatch, id: &str, from: State, to: State) {
@@ -1025,6 +1039,15 @@ impl Drop for Store {
         // The commit thread holds the DB too: stop it so the DB (and its lock) is released.
         self.committer.stop();
     }
+}
+
+/// The lock stripe of an id (FNV-1a: cheap and good enough to spread ids).
+fn stripe_of(id: &str) -> usize {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+    }
+    (h % LOCK_STRIPES as u64) as usize
 }
 
 fn decode_message(id: &str, v: &[u8]) -> Result<MessageRecord, StoreError> {
