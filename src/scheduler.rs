@@ -49,6 +49,8 @@ pub struct Scheduler {
 #[derive(Debug, Default)]
 struct Pass {
     dispatched: usize,
+    /// Messages moved aside for paused endpoints.
+    parked: usize,
     /// Entries looked at.
     scanned: usize,
     /// Stopped on a long blocked run (a resume point is set).
@@ -95,7 +97,7 @@ impl Scheduler {
             };
             self.resume = resume;
             scanned_since_wait += pass.scanned;
-            let more_now = pass.cut && pass.dispatched > 0;
+            let more_now = pass.cut && pass.dispatched + pass.parked > 0;
             let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
             if more_now || go_deeper {
                 continue;
@@ -130,6 +132,7 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
     let mut full_hosts: HashSet<String> = HashSet::new();
     let mut limited: HashSet<String> = HashSet::new();
     let mut ready: Vec<(DueEntry, OwnedSemaphorePermit)> = Vec::new();
+    let mut to_park: Vec<DueEntry> = Vec::new();
     // The earliest entry this pass leaves in the queue, and the last one it looked at:
     // together they say how far the due floor may rise.
     let mut first_left: Option<u64> = None;
@@ -148,12 +151,8 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
         let dispatchable = if d.endpoints.is_paused(endpoint) {
-            if let Err(e) = d.store.park(&entry) {
-                tracing::error!(delivery_id = %entry.id, error = %e, "parking a message of a paused endpoint failed");
-                pass.store_error = true;
-                return ScanStep::Stop;
-            }
-            true // consumed: parked
+            to_park.push(entry.clone());
+            true // consumed: parked below
         } else if full_hosts.contains(host) || limited.contains(endpoint) {
             false
         } else if let Some(permit) = d.hosts.try_acquire(host) {
@@ -179,13 +178,22 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
             skipped_in_a_row += 1;
             first_left.get_or_insert(due_ms);
         }
-        if ready.len() >= CLAIM_BATCH {
+        if ready.len() + to_park.len() >= CLAIM_BATCH {
             ScanStep::Stop
         } else {
             ScanStep::Continue
         }
     });
 
+    if !to_park.is_empty() {
+        match d.store.park_many(&to_park) {
+            Ok(()) => pass.parked = to_park.len(),
+            Err(e) => {
+                tracing::error!(error = %e, count = to_park.len(), "parking messages of a paused endpoint failed");
+                pass.store_error = true;
+            }
+        }
+    }
     // Claim everything ready in one write, then dispatch with the permits in hand.
     if !ready.is_empty() {
         let entries: Vec<DueEntry> = ready.iter().map(|(e, _)| e.clone()).collect();

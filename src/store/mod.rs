@@ -345,6 +345,18 @@ impl Store {
         self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Every stripe the entries need, taken in stripe order so that two callers locking
+    /// several never deadlock.
+    fn lock_many(&self, entries: &[DueEntry]) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = entries.iter().map(|e| stripe_of(&e.id)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .iter()
+            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
         self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
     }
@@ -686,16 +698,23 @@ impl Store {
     /// Moves a due message of a paused endpoint out of the queue into the endpoint's
     /// parked set, so the scheduler does not see it again until the endpoint resumes.
     pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
-        let _g = self.lock(&entry.id);
+        self.park_many(std::slice::from_ref(entry))
+    }
+
+    /// [`Store::park`] for several entries, in one write.
+    pub fn park_many(&self, entries: &[DueEntry]) -> Result<(), StoreError> {
+        let _guards = self.lock_many(entries);
         let mut b = WriteBatch::default();
-        b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
-        if let Some(rec) = self.message(&entry.id)? {
-            if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
-                b.put_cf(
-                    self.cf(keys::PARKED),
-                    keys::pair_key(&entry.routing.endpoint, &entry.id),
-                    [],
-                );
+        for entry in entries {
+            b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
+            if let Some(rec) = self.message(&entry.id)? {
+                if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
+                    b.put_cf(
+                        self.cf(keys::PARKED),
+                        keys::pair_key(&entry.routing.endpoint, &entry.id),
+                        [],
+                    );
+                }
             }
         }
         self.write(b)

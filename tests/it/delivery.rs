@@ -169,21 +169,24 @@ async fn the_rate_limit_spaces_attempts_per_endpoint() {
     // Burst of 5, then 5 per second: the 15th cannot come before ~2 s after the first.
     let span = seen[14].at - seen[0].at;
     assert!(span >= Duration::from_millis(1800), "15 attempts in {span:?} at 5/s");
-    let m = get(&c.admin_url("/metrics")).await.text();
-    let limited: f64 = m
-        .lines()
-        .find(|l| l.starts_with("courier_rate_limited_total "))
-        .unwrap()[27..]
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(limited > 0.0);
-    let delivered: f64 = m
-        .lines()
-        .find(|l| l.starts_with("courier_attempts_total{outcome=\"delivered\"}"))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .unwrap();
-    assert_eq!(delivered, 15.0, "waiting for the rate limit is not an attempt");
+    // The receiver sees the 15th request just before courier records it: wait for that.
+    let m = eventually("15 deliveries recorded", || async {
+        let m = get(&c.admin_url("/metrics")).await.text();
+        m.lines().any(|l| l == "courier_delivered_total 15").then_some(m)
+    })
+    .await;
+    let value = |prefix: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert!(value("courier_rate_limited_total ") > 0.0);
+    assert_eq!(
+        value("courier_attempts_total{"),
+        15.0,
+        "waiting for the rate limit is not an attempt"
+    );
 }
 
 #[tokio::test]

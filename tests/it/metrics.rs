@@ -435,8 +435,8 @@ async fn pending_gauges_describe_a_backlog() {
     // The attempt counter moves just before the in-flight gauge drops: wait for both.
     let e = eventually("3 failed attempts, none in flight", || async {
         let e = scrape(&c).await;
-        let settled = e.get("courier_attempts_total", &[("outcome", "retry")]) == 3.0
-            && e.get("courier_in_flight", &[]) == 0.0;
+        let settled =
+            e.get("courier_attempts_total", &[("outcome", "retry")]) == 3.0 && e.get("courier_in_flight", &[]) == 0.0;
         settled.then_some(e)
     })
     .await;
