@@ -205,7 +205,7 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
         if f.kind.is_empty() || f.help.is_empty() {
             return Err(err("sample before both HELP and TYPE".into()));
         }
-        if f.kind == "counter" && !(value >= 0.0) {
+        if f.kind == "counter" && (value.is_nan() || value < 0.0) {
             return Err(err("negative or NaN counter".into()));
         }
         if !series.insert(format!("{name}{labels:?}")) {
