@@ -23,6 +23,8 @@
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`admin`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`].
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod app;
 pub mod cli;

@@ -40,6 +40,7 @@ pub enum DeliveriesCommand {
         /// Start after this cursor (from a previous page).
         #[arg(long)]
         cursor: Option<String>,
+        /// Output format.
         #[command(flatten)]
         out: OutputArgs,
     },
@@ -47,6 +48,7 @@ pub enum DeliveriesCommand {
     Show {
         /// Delivery id (dlv_…).
         id: String,
+        /// Output format.
         #[command(flatten)]
         out: OutputArgs,
     },
@@ -66,6 +68,7 @@ pub enum DeliveriesCommand {
         /// With --all: only those that died before this RFC 3339 time.
         #[arg(long, requires = "all")]
         until: Option<String>,
+        /// Output format.
         #[command(flatten)]
         out: OutputArgs,
     },
@@ -81,6 +84,7 @@ pub enum DeliveriesCommand {
 pub enum EndpointsCommand {
     /// List endpoints with state, streak, in-flight and pending counts.
     List {
+        /// Output format.
         #[command(flatten)]
         out: OutputArgs,
     },
