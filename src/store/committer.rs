@@ -1,13 +1,8 @@
-//! Group commit for accepts. A few commit threads ("lanes") own every synced write: each
-//! takes all accepts queued for it while its previous fsync ran, checks them for duplicates
-//! (against the store and each other), writes them as one `WriteBatch` with `sync = true`,
-//! and only then answers each caller. Under load one fsync covers hundreds of requests;
-//! when idle a lone accept is written at once.
-//!
-//! An accept's lane is chosen by its (event id, target), so two racing requests for the same
-//! event always meet in one lane and cannot both be stored. Two lanes let one batch be built
-//! and inserted while the other waits for its fsync (RocksDB joins their writes when they
-//! meet), which a single thread cannot overlap.
+//! Group commit for accepts. One thread owns every synced write: it takes all accepts
+//! queued while the previous fsync ran, checks them for duplicates (against the store and
+//! each other, so two racing requests with the same event id cannot both be stored), writes
+//! them as one `WriteBatch` with `sync = true`, and only then answers each caller. Under
+//! load one fsync covers hundreds of requests; when idle a lone accept is written at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,46 +30,33 @@ pub(super) struct Job {
     reply: oneshot::Sender<Result<Accepted, StoreError>>,
 }
 
-/// Commit threads.
-const LANES: usize = 2;
-
-/// Handle to the commit threads.
+/// Handle to the committer thread.
 pub(super) struct Committer {
-    /// One sender per lane; empty once stopped.
-    lanes: Mutex<Vec<mpsc::Sender<Job>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Committer {
-    /// Starts the threads.
+    /// Starts the thread.
     pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>) -> Committer {
-        let mut lanes = Vec::with_capacity(LANES);
-        let mut threads = Vec::with_capacity(LANES);
-        for lane in 0..LANES {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            let (db, due_floor) = (db.clone(), due_floor.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("courier-commit-{lane}"))
-                .spawn(move || run(&db, &due_floor, rx))
-                .expect("spawning a commit thread");
-            lanes.push(tx);
-            threads.push(thread);
-        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("courier-commit".into())
+            .spawn(move || run(&db, &due_floor, rx))
+            .expect("spawning the commit thread");
         Committer {
-            lanes: Mutex::new(lanes),
-            threads: Mutex::new(threads),
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
         }
     }
 
     /// Queues an accept and waits until it is durable (or refused).
     pub(super) async fn submit(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        let lane = lane_of(&msg.record.event_id, &msg.record.target);
         let tx = self
-            .lanes
+            .tx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(lane)
-            .cloned()
+            .clone()
             .ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -89,26 +71,11 @@ impl Committer {
 
     /// Stops taking accepts and waits until every queued one is answered.
     pub(super) fn stop(&self) {
-        self.lanes.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        let threads: Vec<_> = self
-            .threads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect();
-        for t in threads {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
     }
-}
-
-/// The lane of an accept: every accept of one (event id, target) goes to the same lane.
-fn lane_of(event_id: &str, target: &str) -> usize {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in event_id.bytes().chain([0]).chain(target.bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
-    }
-    (h % LANES as u64) as usize
 }
 
 fn run(db: &DB, due_floor: &DueFloor, mut rx: mpsc::Receiver<Job>) {
