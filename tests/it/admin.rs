@@ -19,22 +19,6 @@ pub async fn send(c: &Courier, target: &str, body: &str) -> String {
     a.json()["id"].as_str().unwrap().to_string()
 }
 
-/// `GET /deliveries/<id>` as JSON.
-pub async fn delivery(c: &Courier, id: &str) -> Value {
-    let a = get(&c.admin_url(&format!("/deliveries/{id}"))).await;
-    assert_eq!(a.status, 200, "{}", a.text());
-    a.json()
-}
-
-/// Polls the delivery until it is in `state`.
-pub async fn wait_state(c: &Courier, id: &str, state: &str) -> Value {
-    eventually(&format!("{id} to be {state}"), || async {
-        let d = delivery(c, id).await;
-        (d["state"] == state).then_some(d)
-    })
-    .await
-}
-
 /// `GET /endpoints` items, by key.
 pub async fn endpoint(c: &Courier, key: &str) -> Option<Value> {
     let a = get(&c.admin_url("/endpoints")).await;

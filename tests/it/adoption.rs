@@ -116,18 +116,6 @@ fn example_path(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(file)
 }
 
-async fn delivery(c: &Courier, id: &str) -> serde_json::Value {
-    get(&c.admin_url(&format!("/deliveries/{id}"))).await.json()
-}
-
-async fn wait_state(c: &Courier, id: &str, state: &str) -> serde_json::Value {
-    eventually(&format!("{id} to be {state}"), || async {
-        let d = delivery(c, id).await;
-        (d["state"] == state).then_some(d)
-    })
-    .await
-}
-
 /// Posts `BODY` by the URL-prefix form with extra control headers; returns (delivery id, event id).
 async fn accept(c: &Courier, target: &str, headers: &[(&str, &str)]) -> (String, String) {
     let mut all = vec![("content-type", "application/json")];

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::admin::{enc, send, wait_state};
+use crate::admin::{enc, send};
 use crate::support::*;
 
 const FAST: &str = "[retry]\nbase_delay = \"100ms\"\nmax_delay = \"400ms\"\njitter = \"none\"\n";

@@ -12,18 +12,6 @@ use crate::support::*;
 
 const FAST: &str = "[retry]\nbase_delay = \"100ms\"\nmax_delay = \"400ms\"\njitter = \"none\"\n";
 
-async fn delivery(c: &Courier, id: &str) -> serde_json::Value {
-    get(&c.admin_url(&format!("/deliveries/{id}"))).await.json()
-}
-
-async fn wait_state(c: &Courier, id: &str, state: &str) -> serde_json::Value {
-    eventually(&format!("{id} to be {state}"), || async {
-        let d = delivery(c, id).await;
-        (d["state"] == state).then_some(d)
-    })
-    .await
-}
-
 fn hmac256(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
     m.update(data);

@@ -552,6 +552,22 @@ pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `GET /deliveries/<id>` from courier's admin API (which must answer 200).
+pub async fn delivery(c: &Courier, id: &str) -> serde_json::Value {
+    let a = get(&c.admin_url(&format!("/deliveries/{id}"))).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    a.json()
+}
+
+/// Waits until a delivery reaches `state`; returns its JSON.
+pub async fn wait_state(c: &Courier, id: &str, state: &str) -> serde_json::Value {
+    eventually(&format!("{id} to be {state}"), || async {
+        let d = delivery(c, id).await;
+        (d["state"] == state).then_some(d)
+    })
+    .await
+}
+
 /// Polls `f` until it returns `Some`, up to [`WAIT`] (for state that has no event to wait
 /// on, like an admin API field; each check is a real request, not a sleep-and-hope).
 pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
