@@ -19,6 +19,8 @@ pub const DELIVERED_TOTAL: &str = "courier_delivered_total";
 pub const DEAD_LETTERS_TOTAL: &str = "courier_dead_letters_total";
 /// `courier_rate_limited_total`: times a due message waited for its endpoint's rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "courier_rate_limited_total";
+/// `courier_scheduler_passes_total`: walks of the due queue (each after a wake-up or a due time).
+pub const SCHEDULER_PASSES_TOTAL: &str = "courier_scheduler_passes_total";
 /// `courier_ingress_rejected_total{code}`: ingress requests refused, by error code.
 pub const INGRESS_REJECTED_TOTAL: &str = "courier_ingress_rejected_total";
 /// `courier_pending`: messages waiting for an attempt.
@@ -122,6 +124,20 @@ impl Histogram {
     }
 }
 
+/// Writes one counter family with a single label.
+fn labelled_counter<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, n) in samples {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+    }
+}
+
 /// Values read at scrape time.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gauges {
@@ -146,6 +162,7 @@ pub struct Metrics {
     delivered: AtomicU64,
     dead: [AtomicU64; 4],
     rate_limited: AtomicU64,
+    scheduler_passes: AtomicU64,
     rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     in_flight: AtomicI64,
     latency: Histogram,
@@ -161,6 +178,7 @@ impl Default for Metrics {
             delivered: AtomicU64::new(0),
             dead: Default::default(),
             rate_limited: AtomicU64::new(0),
+            scheduler_passes: AtomicU64::new(0),
             rejected: Default::default(),
             in_flight: AtomicI64::new(0),
             latency: Histogram::new(LATENCY_BOUNDS),
@@ -197,6 +215,16 @@ impl Metrics {
     /// A due message waited for its endpoint's rate limit.
     pub fn rate_limited(&self) {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The scheduler finished a walk of the due queue.
+    pub fn scheduler_pass(&self) {
+        self.scheduler_passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Walks of the due queue so far.
+    pub fn scheduler_passes(&self) -> u64 {
+        self.scheduler_passes.load(Ordering::Relaxed)
     }
 
     /// An attempt started.
@@ -259,38 +287,48 @@ impl Metrics {
             "Due messages held by an endpoint rate limit.",
             self.rate_limited.load(Ordering::Relaxed),
         );
+        counter(
+            SCHEDULER_PASSES_TOTAL,
+            "Walks of the due queue (no walks while nothing is due: no polling).",
+            self.scheduler_passes.load(Ordering::Relaxed),
+        );
 
-        let _ = writeln!(
-            out,
-            "# HELP {ATTEMPTS_TOTAL} Delivery attempts by outcome.\n# TYPE {ATTEMPTS_TOTAL} counter"
+        let attempts = AttemptOutcome::ALL
+            .iter()
+            .zip(&self.attempts)
+            .map(|(o, v)| (o.as_str(), v.load(Ordering::Relaxed)));
+        labelled_counter(
+            &mut out,
+            ATTEMPTS_TOTAL,
+            "Delivery attempts by outcome.",
+            "outcome",
+            attempts,
         );
-        for (o, v) in AttemptOutcome::ALL.iter().zip(&self.attempts) {
-            let _ = writeln!(
-                out,
-                "{ATTEMPTS_TOTAL}{{outcome=\"{}\"}} {}",
-                o.as_str(),
-                v.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {DEAD_LETTERS_TOTAL} Messages dead-lettered by reason.\n# TYPE {DEAD_LETTERS_TOTAL} counter"
+        let dead = DeadReason::ALL
+            .iter()
+            .zip(&self.dead)
+            .map(|(r, v)| (r.as_str(), v.load(Ordering::Relaxed)));
+        labelled_counter(
+            &mut out,
+            DEAD_LETTERS_TOTAL,
+            "Messages dead-lettered by reason.",
+            "reason",
+            dead,
         );
-        for (r, v) in DeadReason::ALL.iter().zip(&self.dead) {
-            let _ = writeln!(
-                out,
-                "{DEAD_LETTERS_TOTAL}{{reason=\"{}\"}} {}",
-                r.as_str(),
-                v.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {INGRESS_REJECTED_TOTAL} Ingress requests refused by error code.\n# TYPE {INGRESS_REJECTED_TOTAL} counter"
+        let rejected: Vec<(&str, u64)> = self
+            .rejected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(c, n)| (*c, *n))
+            .collect();
+        labelled_counter(
+            &mut out,
+            INGRESS_REJECTED_TOTAL,
+            "Ingress requests refused by error code.",
+            "code",
+            rejected,
         );
-        for (code, n) in self.rejected.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(out, "{INGRESS_REJECTED_TOTAL}{{code=\"{code}\"}} {n}");
-        }
 
         let mut gauge = |name: &str, help: &str, value: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");

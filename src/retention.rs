@@ -89,8 +89,8 @@ async fn run_reporting(
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::model::{DeadReason, State};
-    use crate::store::{AttemptRecord, DueEntry, MessageRecord, NewMessage, Payload, Routing, SigningChoice};
+    use crate::model::DeadReason;
+    use crate::store::{AttemptRecord, DueEntry, NewMessage, Routing};
     use crate::store::{StoreOptions, Transition};
     use rand::{RngCore, SeedableRng};
 
@@ -110,33 +110,9 @@ mod tests {
     }
 
     fn message(id: &str, at: u64, body: Vec<u8>) -> NewMessage {
-        NewMessage {
-            record: MessageRecord {
-                id: id.into(),
-                event_id: format!("evt_{id}"),
-                target: "https://r.example/h".into(),
-                endpoint: "https://r.example/h".into(),
-                host: "r.example:443".into(),
-                state: State::Pending,
-                attempts: 0,
-                history_len: 0,
-                max_attempts: 16,
-                accepted_at_ms: at,
-                next_attempt_at_ms: at,
-                give_up_at_ms: at + 1_000_000,
-                finished_at_ms: 0,
-                dead_reason: None,
-                last_status: None,
-                last_error: None,
-            },
-            payload: Payload {
-                method: "POST".into(),
-                headers: vec![],
-                body,
-                scheme: None,
-                signing: SigningChoice::Default,
-            },
-        }
+        let mut m = crate::store::tests::message(id, &format!("evt_{id}"), at);
+        m.payload.body = body;
+        m
     }
 
     /// Accepts a message at `at` and, unless `end` is `None`, finishes it at `at` that way.

@@ -96,6 +96,7 @@ impl Scheduler {
                 }
             };
             self.resume = resume;
+            self.d.metrics.scheduler_pass();
             scanned_since_wait += pass.scanned;
             let more_now = pass.cut && pass.dispatched + pass.parked > 0;
             let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
@@ -131,7 +132,9 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
     let mut pass = Pass::default();
     let mut full_hosts: HashSet<String> = HashSet::new();
     let mut limited: HashSet<String> = HashSet::new();
-    let mut ready: Vec<(DueEntry, OwnedSemaphorePermit)> = Vec::new();
+    // Claimable entries and their host permits, index for index.
+    let mut ready: Vec<DueEntry> = Vec::new();
+    let mut permits: Vec<OwnedSemaphorePermit> = Vec::new();
     let mut to_park: Vec<DueEntry> = Vec::new();
     // The earliest entry this pass leaves in the queue, and the last one it looked at:
     // together they say how far the due floor may rise.
@@ -151,14 +154,15 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
         let dispatchable = if d.endpoints.is_paused(endpoint) {
-            to_park.push(entry.clone());
+            to_park.push(entry);
             true // consumed: parked below
         } else if full_hosts.contains(host) || limited.contains(endpoint) {
             false
         } else if let Some(permit) = d.hosts.try_acquire(host) {
             match d.endpoints.try_rate(endpoint, now) {
                 Ok(()) => {
-                    ready.push((entry.clone(), permit));
+                    ready.push(entry);
+                    permits.push(permit);
                     true
                 }
                 Err(wait_ms) => {
@@ -196,10 +200,9 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
     }
     // Claim everything ready in one write, then dispatch with the permits in hand.
     if !ready.is_empty() {
-        let entries: Vec<DueEntry> = ready.iter().map(|(e, _)| e.clone()).collect();
-        match d.store.claim_many(&entries) {
+        match d.store.claim_many(&ready) {
             Ok(claims) => {
-                for ((_, permit), claimed) in ready.into_iter().zip(claims) {
+                for (permit, claimed) in permits.into_iter().zip(claims) {
                     if let Some(claimed) = claimed {
                         d.dispatch(claimed, permit);
                         pass.dispatched += 1;
@@ -209,7 +212,7 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
             Err(e) => {
                 // Courier's failure, not the receiver's: nothing is counted, and the
                 // messages stay due for the next pass.
-                tracing::error!(error = %e, count = entries.len(), "claiming due messages failed");
+                tracing::error!(error = %e, count = ready.len(), "claiming due messages failed");
                 pass.store_error = true;
             }
         }

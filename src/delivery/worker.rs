@@ -12,7 +12,7 @@ use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
 use crate::signing::{self, Secret};
-use crate::store::{AttemptRecord, Claimed, SigningChoice, StoreError, Transition};
+use crate::store::{AttemptRecord, Claimed, MessageRecord, Payload, SigningChoice, StoreError, Transition};
 use crate::transport::{OutboundRequest, TransportError};
 
 /// Logs an attempt's outcome with the fields that identify it.
@@ -56,9 +56,9 @@ fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, Bui
     })
 }
 
-fn build(d: &Deliverer, claimed: &Claimed, now_ms: u64) -> Result<OutboundRequest, BuildError> {
-    let rec = &claimed.record;
-    let payload = &claimed.payload;
+/// The request for one attempt. Takes the payload by value so the body moves into the
+/// request instead of being copied on every attempt.
+fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
     let secrets = secrets_for(d, &payload.signing)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
@@ -72,15 +72,16 @@ fn build(d: &Deliverer, claimed: &Claimed, now_ms: u64) -> Result<OutboundReques
         method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,
         url: url::Url::parse(&rec.target)?,
         headers,
-        body: Bytes::from(payload.body.clone()),
+        body: Bytes::from(payload.body),
     })
 }
 
 /// Runs one attempt of a claimed message.
 pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
-    let rec = &claimed.record;
+    let Claimed { record: rec, payload } = claimed;
+    let rec = &rec;
     let started_ms = d.clock.now_ms();
-    let req = match build(&d, &claimed, started_ms) {
+    let req = match build(&d, rec, payload, started_ms) {
         Ok(req) => req,
         Err(e) => {
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,

@@ -1101,4 +1101,4 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -18,7 +18,8 @@ fn open() -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
-fn message(id: &str, event: &str, due: u64) -> NewMessage {
+/// A pending message due at `due` (shared with other modules' store-backed tests).
+pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
     NewMessage {
         record: MessageRecord {
             id: id.into(),
