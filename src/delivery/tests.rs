@@ -163,6 +163,21 @@ impl Harness {
         id
     }
 
+    /// Wakes the scheduler and waits until a whole pass has run since: what it would do
+    /// with the current clock and permits has been done.
+    async fn settle(&self) {
+        let before = self.d.metrics.scheduler_passes();
+        tokio::time::timeout(WAIT, async {
+            // Two passes: the first may have started before the test changed anything.
+            while self.d.metrics.scheduler_passes() < before + 2 {
+                self.d.wake.notify_one();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the scheduler ran a pass");
+    }
+
     fn record(&self, id: &str) -> MessageRecord {
         self.d.store.message(id).unwrap().unwrap()
     }
@@ -236,7 +251,7 @@ async fn attempts_happen_exactly_at_the_backoff_offsets_with_fresh_timestamps() 
         assert_eq!(rec.next_attempt_at_ms, expected_at + gap, "retry after attempt {n}");
         // One millisecond early: nothing may happen.
         clock.set(expected_at + gap - 1);
-        tokio::task::yield_now().await;
+        h.settle().await;
         assert_eq!(t.calls().len(), n as usize, "attempt {} fired early", n + 1);
         expected_at += gap;
         clock.set(expected_at);
@@ -310,11 +325,8 @@ async fn the_host_permit_is_taken_before_a_message_is_claimed() {
         ids.push(h.accept(&format!("/p{i}"), vec![]).await);
     }
     t.wait_calls(2).await;
-    // Poke the scheduler: with both permits held, nothing more may be claimed.
-    for _ in 0..10 {
-        h.d.wake.notify_one();
-        tokio::task::yield_now().await;
-    }
+    // With both permits held, a pass may claim nothing more.
+    h.settle().await;
     let states: Vec<State> = ids.iter().map(|id| h.record(id).state).collect();
     assert_eq!(
         states.iter().filter(|s| **s == State::InFlight).count(),
@@ -341,10 +353,7 @@ async fn rate_limited_messages_wait_for_a_token_without_counting_an_attempt() {
     let a = h.accept("/same", vec![]).await;
     t.wait_calls(1).await;
     let b = h.accept("/same", vec![]).await;
-    for _ in 0..10 {
-        h.d.wake.notify_one();
-        tokio::task::yield_now().await;
-    }
+    h.settle().await;
     assert_eq!(t.calls().len(), 1, "the bucket of 1/s is empty");
     let rec = h.record(&b);
     assert_eq!((rec.state, rec.attempts), (State::Pending, 0));
