@@ -7,6 +7,7 @@
 pub mod alert;
 pub mod endpoints;
 pub mod host_limiter;
+mod results;
 mod worker;
 
 use std::collections::HashMap;
@@ -54,6 +55,7 @@ pub struct Deliverer {
     rng: Mutex<StdRng>,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
     idle: Notify,
+    results: results::ResultWriter,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -108,6 +110,7 @@ impl Deliverer {
             max_retry_after: cfg.retry.max_retry_after,
         };
         Ok(Arc::new(Deliverer {
+            results: results::ResultWriter::start(parts.store.clone()),
             store: parts.store,
             transport: parts.transport,
             clock: parts.clock,

@@ -12,7 +12,7 @@ use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
 use crate::signing::{self, Secret};
-use crate::store::{AttemptRecord, Claimed, MessageRecord, Payload, SigningChoice, StoreError, Transition};
+use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
 use crate::transport::{OutboundRequest, TransportError};
 
 /// Logs an attempt's outcome with the fields that identify it.
@@ -131,13 +131,16 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
     };
 
     // The result must reach the store: retry the write (the disk may be full for a while)
-    // rather than forget it. Until it lands the message stays in flight.
-    // On a blocking thread: the write waits behind the accepts' fsync, and many attempts
-    // finishing together then share one WAL write instead of holding the async workers.
+    // rather than forget it. Until it lands the message stays in flight. Written by the
+    // result writer, batched with every other attempt that ended meanwhile.
     loop {
-        let (store, id, attempt) = (d.store.clone(), rec.id.clone(), record.clone());
-        let written = tokio::task::spawn_blocking(move || store.finish_attempt(&id, &attempt, transition, now)).await;
-        match written.unwrap_or_else(|e| Err(StoreError::Panicked(e.to_string()))) {
+        let item = FinishedAttempt {
+            id: rec.id.clone(),
+            attempt: record.clone(),
+            transition,
+            now_ms: now,
+        };
+        match d.results.record(item).await {
             Ok(_) => break,
             Err(e) => {
                 tracing::error!(delivery_id = %rec.id, error = %e, "recording an attempt failed; retrying");

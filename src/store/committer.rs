@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::codec::{MessageRecord, Routing};
 use super::floor::DueFloor;
-use super::{keys, Accepted, NewMessage, StoreError};
+use super::{keys, Accepted, CounterDeltas, NewMessage, StoreError};
 use crate::model::State;
 
 /// The most accepts one batch carries; bounds the latency a batch adds to its last member.
@@ -96,7 +96,13 @@ fn run(db: &DB, due_floor: &DueFloor, mut rx: mpsc::Receiver<Job>) {
 
 fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) {
     let cf = |name| db.cf_handle(name).expect("column family opened at start");
-    let mut batch = WriteBatch::default();
+    // Sized for the records up front: growing the batch's buffer copies it each time.
+    let bytes: usize = jobs
+        .iter()
+        .map(|j| j.record_bytes.len() + j.payload_bytes.len() + 4 * j.record.id.len() + 256)
+        .sum();
+    let mut batch = WriteBatch::with_capacity_bytes(bytes);
+    let mut counters = CounterDeltas::default();
     let mut in_batch: HashMap<Vec<u8>, String> = HashMap::new();
     let mut stored = Vec::with_capacity(jobs.len());
     let mut min_due = u64::MAX;
@@ -134,18 +140,15 @@ fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) 
         );
         batch.put_cf(cf(keys::STATES), keys::state_key(State::Pending.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());
-        batch.merge_cf(cf(keys::META), keys::COUNT_OPEN, 1i64.to_le_bytes());
-        batch.merge_cf(
-            cf(keys::META),
-            keys::endpoint_open_key(&rec.endpoint),
-            1i64.to_le_bytes(),
-        );
+        counters.add(keys::COUNT_OPEN, 1);
+        counters.add(&keys::endpoint_open_key(&rec.endpoint), 1);
         in_batch.insert(event_key, rec.id.clone());
         stored.push(job.reply);
     }
     if stored.is_empty() {
         return;
     }
+    counters.write_into(&mut batch, cf(keys::META));
     match db.write_opt(batch, synced) {
         Ok(()) => {
             // Only now are the entries visible: report them to the scheduler's floor.

@@ -159,6 +159,45 @@ pub enum Transition {
     Dead(DeadReason),
 }
 
+/// One finished attempt to record with [`Store::finish_attempts`].
+#[derive(Debug, Clone)]
+pub struct FinishedAttempt {
+    /// The message.
+    pub id: String,
+    /// What happened (it becomes attempt number `attempts + 1` in the history).
+    pub attempt: AttemptRecord,
+    /// Where the message goes next.
+    pub transition: Transition,
+    /// When the attempt ended.
+    pub now_ms: u64,
+}
+
+/// Counter changes of one batch, summed per counter: a batch of many transitions then
+/// merges each counter once instead of once per message.
+#[derive(Debug, Default)]
+pub(crate) struct CounterDeltas(std::collections::HashMap<Vec<u8>, i64>);
+
+impl CounterDeltas {
+    /// Adds `delta` to the counter `key`.
+    pub(crate) fn add(&mut self, key: &[u8], delta: i64) {
+        match self.0.get_mut(key) {
+            Some(v) => *v += delta,
+            None => {
+                self.0.insert(key.to_vec(), delta);
+            }
+        }
+    }
+
+    /// Appends the merges to `b` (counters that summed to zero are left out).
+    pub(crate) fn write_into(self, b: &mut WriteBatch, meta: &ColumnFamily) {
+        for (key, delta) in self.0 {
+            if delta != 0 {
+                b.merge_cf(meta, key, delta.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// One due entry seen by [`Store::scan_due`].
 #[derive(Debug, Clone)]
 pub struct DueEntry {
@@ -345,10 +384,10 @@ impl Store {
         self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every stripe the entries need, taken in stripe order so that two callers locking
+    /// Every stripe the ids need, taken in stripe order so that two callers locking
     /// several never deadlock.
-    fn lock_many(&self, entries: &[DueEntry]) -> Vec<MutexGuard<'_, ()>> {
-        let mut stripes: Vec<usize> = entries.iter().map(|e| stripe_of(&e.id)).collect();
+    fn lock_many<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = ids.map(stripe_of).collect();
         stripes.sort_unstable();
         stripes.dedup();
         stripes
@@ -511,14 +550,7 @@ impl Store {
     /// Claims several due entries in one write (one wait for the WAL, however many):
     /// the answer has one slot per entry, `None` for a stale one.
     pub fn claim_many(&self, entries: &[DueEntry]) -> Result<Vec<Option<Claimed>>, StoreError> {
-        // Take every stripe involved, in stripe order, so two multi-claims cannot deadlock.
-        let mut stripes: Vec<usize> = entries.iter().map(|e| stripe_of(&e.id)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let _guards: Vec<MutexGuard<'_, ()>> = stripes
-            .iter()
-            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
-            .collect();
+        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -588,7 +620,64 @@ impl Store {
         transition: Transition,
         now_ms: u64,
     ) -> Result<Option<MessageRecord>, StoreError> {
-        let _g = self.lock(id);
+        let item = FinishedAttempt {
+            id: id.to_string(),
+            attempt: attempt.clone(),
+            transition,
+            now_ms,
+        };
+        self.finish_attempts(std::slice::from_ref(&item))
+            .pop()
+            .unwrap_or(Ok(None))
+    }
+
+    /// Records several finished attempts in one write (one trip through RocksDB's write
+    /// queue for however many attempts ended together). The ids must be distinct. One
+    /// answer per item, as [`Store::finish_attempt`] gives it; an item whose record cannot
+    /// be read fails alone, a failed write fails them all.
+    pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
+        let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
+        let mut b = WriteBatch::default();
+        let mut counters = CounterDeltas::default();
+        let mut out = Vec::with_capacity(items.len());
+        let mut min_retry = u64::MAX;
+        for item in items {
+            let staged = self.stage_finish(&mut b, &mut counters, item);
+            if let (Ok(Some(_)), Transition::RetryAt(at)) = (&staged, item.transition) {
+                min_retry = min_retry.min(at);
+            }
+            out.push(staged);
+        }
+        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) {
+            return out;
+        }
+        counters.write_into(&mut b, self.cf(keys::META));
+        if let Err(e) = self.db.write_opt(b, &self.plain) {
+            return out
+                .into_iter()
+                .map(|r| r.and(Err(StoreError::Rocks(e.clone()))))
+                .collect();
+        }
+        if min_retry != u64::MAX {
+            self.due_floor.wrote(min_retry);
+        }
+        out
+    }
+
+    /// Adds one finished attempt's writes to `b`; the caller holds the id's stripe.
+    fn stage_finish(
+        &self,
+        b: &mut WriteBatch,
+        counters: &mut CounterDeltas,
+        item: &FinishedAttempt,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let FinishedAttempt {
+            id,
+            attempt,
+            transition,
+            now_ms,
+        } = item;
+        let (id, now_ms) = (id.as_str(), *now_ms);
         let Some(mut rec) = self.message(id)? else {
             return Ok(None);
         };
@@ -600,21 +689,20 @@ impl Store {
         rec.history_len += 1;
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
-        let mut b = WriteBatch::default();
         b.put_cf(
             self.cf(keys::HISTORY),
             keys::history_key(id, rec.history_len),
             attempt.encode(),
         );
-        match transition {
+        match *transition {
             Transition::RetryAt(at) => {
                 rec.state = State::Pending;
                 rec.next_attempt_at_ms = at;
-                self.enqueue(&mut b, &rec);
-                self.move_state(&mut b, id, State::InFlight, State::Pending);
+                self.enqueue(b, &rec);
+                self.move_state(b, id, State::InFlight, State::Pending);
             }
             Transition::Delivered | Transition::Dead(_) => {
-                let (state, counter) = match transition {
+                let (state, counter) = match *transition {
                     Transition::Dead(reason) => {
                         rec.dead_reason = Some(reason);
                         (State::Dead, keys::COUNT_DEAD)
@@ -624,22 +712,18 @@ impl Store {
                 rec.state = state;
                 rec.next_attempt_at_ms = 0;
                 rec.finished_at_ms = now_ms;
-                self.move_state(&mut b, id, State::InFlight, state);
+                self.move_state(b, id, State::InFlight, state);
                 b.put_cf(
                     self.cf(keys::EXPIRY),
                     keys::time_key(now_ms.saturating_add(self.retention_of(state)), id),
                     [],
                 );
-                self.count(&mut b, keys::COUNT_OPEN, -1);
-                self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), -1);
-                self.count(&mut b, counter, 1);
+                counters.add(keys::COUNT_OPEN, -1);
+                counters.add(&keys::endpoint_open_key(&rec.endpoint), -1);
+                counters.add(counter, 1);
             }
         }
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-        self.write(b)?;
-        if let Transition::RetryAt(at) = transition {
-            self.due_floor.wrote(at);
-        }
         Ok(Some(rec))
     }
 
@@ -703,7 +787,7 @@ impl Store {
 
     /// [`Store::park`] for several entries, in one write.
     pub fn park_many(&self, entries: &[DueEntry]) -> Result<(), StoreError> {
-        let _guards = self.lock_many(entries);
+        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();
         for entry in entries {
             b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));

@@ -512,3 +512,50 @@ async fn a_scan_can_continue_after_an_entry() {
         .unwrap();
     assert_eq!(ids, vec!["dlv_2"]);
 }
+
+#[tokio::test]
+async fn attempts_finished_together_are_recorded_in_one_batch() {
+    let (_d, store) = open();
+    for (id, ev) in [("dlv_a", "e1"), ("dlv_b", "e2"), ("dlv_c", "e3"), ("dlv_d", "e4")] {
+        store.accept(message(id, ev, 100)).await.unwrap();
+    }
+    for id in ["dlv_a", "dlv_b", "dlv_c"] {
+        claim(&store, id);
+    }
+    let item = |id: &str, status, transition| FinishedAttempt {
+        id: id.into(),
+        attempt: attempt(status),
+        transition,
+        now_ms: 500,
+    };
+    let answers = store.finish_attempts(&[
+        item("dlv_a", 200, Transition::Delivered),
+        item("dlv_b", 410, Transition::Dead(DeadReason::PermanentStatus)),
+        item("dlv_c", 503, Transition::RetryAt(900)),
+        // Never claimed: a stale result, answered None and written nowhere.
+        item("dlv_d", 200, Transition::Delivered),
+    ]);
+    let states: Vec<Option<State>> = answers.into_iter().map(|a| a.unwrap().map(|r| r.state)).collect();
+    assert_eq!(
+        states,
+        vec![Some(State::Delivered), Some(State::Dead), Some(State::Pending), None]
+    );
+    // Each counter merged once with the sum of the batch's changes.
+    assert_eq!(
+        store.counts().unwrap(),
+        Counts {
+            open: 2,
+            delivered: 1,
+            dead: 1
+        }
+    );
+    assert_eq!(
+        store.open_per_endpoint().unwrap(),
+        vec![("https://r.example/h".to_string(), 2)]
+    );
+    assert_eq!(store.history("dlv_c").unwrap().len(), 1);
+    assert!(store.history("dlv_d").unwrap().is_empty());
+    assert_eq!(store.message("dlv_d").unwrap().unwrap().state, State::Pending);
+    assert_eq!(due_ids(&store, 899), vec!["dlv_d".to_string()]);
+    assert_eq!(due_ids(&store, 900), vec!["dlv_d".to_string(), "dlv_c".to_string()]);
+}

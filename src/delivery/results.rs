@@ -1,0 +1,177 @@
+//! Attempt results, written in batches. Attempts that end while the previous results are
+//! being written are recorded together in one `WriteBatch` by one thread, the way accepts
+//! are group-committed: under load, one trip through RocksDB's write queue (which may wait
+//! behind the accepts' fsync) serves many attempts, and no async worker ever waits on it.
+//! Idle, a lone result is written at once.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::{FinishedAttempt, MessageRecord, Store, StoreError};
+
+/// The most results one batch carries.
+const MAX_BATCH: usize = 1024;
+/// Results waiting for the writer; past this, attempts wait (never reached while the
+/// per-host caps bound the attempts in flight to fewer).
+const QUEUE: usize = 8192;
+
+type Answer = Result<Option<MessageRecord>, StoreError>;
+
+struct Job {
+    item: FinishedAttempt,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Handle to the result-writing thread. Dropping it stops the thread once the queued
+/// results are written.
+pub(super) struct ResultWriter {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ResultWriter {
+    /// Starts the thread.
+    pub(super) fn start(store: Arc<Store>) -> ResultWriter {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("courier-results".into())
+            .spawn(move || run(&store, rx))
+            .expect("spawning the result writer thread");
+        ResultWriter {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// Records one finished attempt; answers as [`Store::finish_attempt`] does, once the
+    /// batch holding it is written.
+    pub(super) async fn record(&self, item: FinishedAttempt) -> Answer {
+        let tx = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(Job { item, reply }).await.map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+impl Drop for ResultWriter {
+    fn drop(&mut self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(store: &Store, mut rx: mpsc::Receiver<Job>) {
+    // A second result for a message already in the batch waits for the next one: the
+    // batch reads each record before any of its writes land.
+    let mut carried: Vec<Job> = Vec::new();
+    loop {
+        let mut jobs = std::mem::take(&mut carried);
+        if jobs.is_empty() {
+            match rx.blocking_recv() {
+                Some(job) => jobs.push(job),
+                None => return,
+            }
+        }
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut seen = HashSet::with_capacity(jobs.len());
+        let (batch, later): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| seen.insert(j.item.id.clone()));
+        carried = later;
+        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) = batch.into_iter().map(|j| (j.item, j.reply)).unzip();
+        for (reply, answer) in replies.into_iter().zip(store.finish_attempts(&items)) {
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::message;
+    use crate::store::{AttemptRecord, Counts, DueEntry, Routing, StoreOptions, Transition};
+
+    async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        for i in 0..n {
+            let msg = message(&format!("dlv_{i:03}"), &format!("e{i}"), 100);
+            store.accept(msg).await.unwrap();
+            let entry = DueEntry {
+                due_ms: 100,
+                id: format!("dlv_{i:03}"),
+                routing: Routing {
+                    host: "r.example:443".into(),
+                    endpoint: "https://r.example/h".into(),
+                },
+            };
+            store.claim(&entry).unwrap().expect("claimable");
+        }
+        (dir, store)
+    }
+
+    fn delivered(id: &str) -> FinishedAttempt {
+        FinishedAttempt {
+            id: id.into(),
+            attempt: AttemptRecord {
+                at_ms: 200,
+                status: Some(200),
+                error: None,
+                duration_ms: 1,
+            },
+            transition: Transition::Delivered,
+            now_ms: 200,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_results_are_all_recorded() {
+        let (_d, store) = claimed_store(200).await;
+        let writer = Arc::new(ResultWriter::start(store.clone()));
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let w = writer.clone();
+                tokio::spawn(async move { w.record(delivered(&format!("dlv_{i:03}"))).await })
+            })
+            .collect();
+        for t in tasks {
+            let rec = t.await.unwrap().unwrap().expect("recorded");
+            assert_eq!(rec.state, crate::model::State::Delivered);
+        }
+        assert_eq!(
+            store.counts().unwrap(),
+            Counts {
+                open: 0,
+                delivered: 200,
+                dead: 0
+            }
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_result_for_one_message_is_stale_not_lost_or_doubled() {
+        let (_d, store) = claimed_store(1).await;
+        let writer = ResultWriter::start(store.clone());
+        let (a, b) = tokio::join!(writer.record(delivered("dlv_000")), writer.record(delivered("dlv_000")));
+        let recorded = [a.unwrap(), b.unwrap()].iter().filter(|r| r.is_some()).count();
+        assert_eq!(recorded, 1, "exactly one of the two results applies");
+        assert_eq!(store.history("dlv_000").unwrap().len(), 1);
+        assert_eq!(store.counts().unwrap().delivered, 1);
+        drop(writer);
+        // The thread is gone and held the store no longer.
+        assert_eq!(Arc::strong_count(&store), 1);
+    }
+}
