@@ -79,6 +79,10 @@ struct Args {
     /// Per-host in-flight cap given to courier.
     #[arg(long, default_value_t = 64)]
     max_in_flight: u32,
+    /// Only the ack-latency scenario, at this many requests per second (receiver up), with
+    /// baseline (a) at the same rate: for tuning the tail without the whole run.
+    #[arg(long)]
+    ack_only: Option<f64>,
     /// Internal: serve baseline (a) and print its port.
     #[arg(long, hide = true)]
     serve_baseline: bool,
@@ -1000,6 +1004,59 @@ async fn dead_port() -> Res<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
+/// The ack-latency scenario alone (see `--ack-only`).
+async fn ack_only(args: Args, rate: f64) -> Res<()> {
+    let plan = Plan::from(&args);
+    let bin = courier_bin(&args)?;
+    let tmp = tempfile::Builder::new()
+        .prefix("courier-bench-")
+        .tempdir_in(std::env::temp_dir())?;
+    let (body, seq) = (body_1k(), Arc::new(AtomicU64::new(0)));
+    let receiver = Receiver::start().await?;
+    let mut baseline = KillOnDrop(
+        Command::new(std::env::current_exe()?)
+            .arg("--serve-baseline")
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?,
+    );
+    let mut first = String::new();
+    BufReader::new(baseline.0.stdout.take().unwrap()).read_line(&mut first)?;
+    let base_addr: SocketAddr = first
+        .trim()
+        .parse()
+        .map_err(|_| err(format!("baseline server said {first:?}")))?;
+    let cfg = write_config(tmp.path(), "courier", args.max_in_flight)?;
+    let (up, _) = Courier::start(&bin, &cfg, &tmp.path().join("data"))?;
+    up.wait_ready().await?;
+    let path = format!("/http://{}/hook", receiver.addr);
+    for (name, addr) in [("baseline (a)", base_addr), ("courier", up.ingress)] {
+        let t = Target {
+            addr,
+            path: path.clone(),
+            body: body.clone(),
+            seq: seq.clone(),
+        };
+        let start = Instant::now() + Duration::from_millis(200);
+        let measure_from = start + plan.warmup;
+        let end = measure_from + plan.duration;
+        let r = open_loop(&t, 64, rate, start, measure_from, end).await?;
+        let l = Lat::of(r.lat_us.clone());
+        eprintln!(
+            "{name:>12} at {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms ({} answered, {} failed)",
+            per_s(rate),
+            l.p50,
+            l.p90,
+            l.p99,
+            l.p999,
+            l.max,
+            r.accepted,
+            r.failed
+        );
+    }
+    Ok(())
+}
+
 async fn run(args: Args) -> Res<()> {
     let plan = Plan::from(&args);
     let bin = courier_bin(&args)?;
@@ -1628,6 +1685,8 @@ fn main() -> std::process::ExitCode {
         .expect("tokio runtime");
     let result = if args.serve_baseline {
         rt.block_on(serve_baseline())
+    } else if let Some(rate) = args.ack_only {
+        rt.block_on(ack_only(args, rate))
     } else {
         rt.block_on(run(args))
     };
