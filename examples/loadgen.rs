@@ -86,6 +86,10 @@ struct Args {
     /// Internal: serve baseline (a) and print its port.
     #[arg(long, hide = true)]
     serve_baseline: bool,
+    /// Internal: serve baseline (d) (bodies group-committed to a file in this dir) and
+    /// print its port.
+    #[arg(long, hide = true)]
+    serve_durable_baseline: Option<PathBuf>,
 }
 
 /// Sizes and durations of one run.
@@ -1013,24 +1017,17 @@ async fn ack_only(args: Args, rate: f64) -> Res<()> {
         .tempdir_in(std::env::temp_dir())?;
     let (body, seq) = (body_1k(), Arc::new(AtomicU64::new(0)));
     let receiver = Receiver::start().await?;
-    let mut baseline = KillOnDrop(
-        Command::new(std::env::current_exe()?)
-            .arg("--serve-baseline")
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
-    let mut first = String::new();
-    BufReader::new(baseline.0.stdout.take().unwrap()).read_line(&mut first)?;
-    let base_addr: SocketAddr = first
-        .trim()
-        .parse()
-        .map_err(|_| err(format!("baseline server said {first:?}")))?;
+    let (_a, base_addr) = spawn_baseline(&["--serve-baseline".as_ref()])?;
+    let (_d, durable_addr) = spawn_baseline(&["--serve-durable-baseline".as_ref(), tmp.path().as_os_str()])?;
     let cfg = write_config(tmp.path(), "courier", args.max_in_flight)?;
     let (up, _) = Courier::start(&bin, &cfg, &tmp.path().join("data"))?;
     up.wait_ready().await?;
     let path = format!("/http://{}/hook", receiver.addr);
-    for (name, addr) in [("baseline (a)", base_addr), ("courier", up.ingress)] {
+    for (name, addr) in [
+        ("baseline (a)", base_addr),
+        ("baseline (d)", durable_addr),
+        ("courier", up.ingress),
+    ] {
         let t = Target {
             addr,
             path: path.clone(),
@@ -1100,20 +1097,7 @@ async fn run(args: Args) -> Res<()> {
 
     // (a) a hyper server answering 202, in a child process.
     eprintln!("baseline (a): hyper 202 server in a child process");
-    let exe = std::env::current_exe()?;
-    let mut baseline = KillOnDrop(
-        Command::new(&exe)
-            .arg("--serve-baseline")
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
-    let mut first = String::new();
-    BufReader::new(baseline.0.stdout.take().unwrap()).read_line(&mut first)?;
-    let base_addr: SocketAddr = first
-        .trim()
-        .parse()
-        .map_err(|_| err(format!("baseline server said {first:?}")))?;
+    let (baseline, base_addr) = spawn_baseline(&["--serve-baseline".as_ref()])?;
     let to_base = Target {
         addr: base_addr,
         path: format!("/http://{}/hook", receiver.addr),
@@ -1182,6 +1166,30 @@ async fn run(args: Args) -> Res<()> {
         );
     }
     rep.set("baseline_b_rocksdb_sync", Value::Object(base_b_json));
+
+    // (d) the bare server of (a) with a group-committed fdatasync of each body to a file.
+    eprintln!("baseline (d): hyper 202 after a group-committed fdatasync, in a child process");
+    let (durable, durable_addr) = spawn_baseline(&["--serve-durable-baseline".as_ref(), tmp.path().as_os_str()])?;
+    let to_durable = Target {
+        addr: durable_addr,
+        path: format!("/http://{}/hook", receiver.addr),
+        body: body.clone(),
+        seq: seq.clone(),
+    };
+    let mut base_d = HashMap::new();
+    let mut base_d_json = serde_json::Map::new();
+    for &n in &plan.conns {
+        let (s, e) = window(plan.warmup);
+        let r = closed_loop(&to_durable, n, s, e, None, false).await?;
+        let lat = Lat::of(r.lat_us.clone());
+        eprintln!("  (d) {n} conns: {}", per_s(r.rate()));
+        base_d.insert(n, r.rate());
+        base_d_json.insert(
+            n.to_string(),
+            json!({"rate": r.rate(), "failed": r.failed, "latency": lat.json()}),
+        );
+    }
+    rep.set("baseline_d_hyper_fdatasync", Value::Object(base_d_json));
     let vs_ab = |n: usize, rate: f64| {
         vec![
             (
@@ -1198,6 +1206,11 @@ async fn run(args: Args) -> Res<()> {
                 format!("(b) rocksdb batches of {n}"),
                 per_s(base_b_batch[&n]),
                 ratio(rate, base_b_batch[&n]),
+            ),
+            (
+                format!("(d) hyper + fdatasync, {n} conns"),
+                per_s(base_d[&n]),
+                ratio(rate, base_d[&n]),
             ),
         ]
     };
@@ -1448,7 +1461,12 @@ async fn run(args: Args) -> Res<()> {
     let measure_from = start + plan.warmup;
     let end = measure_from + plan.duration;
     let ack_base = open_loop(&to_base, ol_conns, rate, start, measure_from, end).await?;
+    let start = Instant::now() + Duration::from_millis(200);
+    let measure_from = start + plan.warmup;
+    let end = measure_from + plan.duration;
+    let ack_durable = open_loop(&to_durable, ol_conns, rate, start, measure_from, end).await?;
     let (ack_l, ack_bl) = (Lat::of(ack.lat_us.clone()), Lat::of(ack_base.lat_us.clone()));
+    let ack_dl = Lat::of(ack_durable.lat_us.clone());
     rep.row(
         format!("ack p50 at 25% load ({}, open loop)", per_s(rate)),
         ms(ack_l.p50),
@@ -1457,6 +1475,11 @@ async fn run(args: Args) -> Res<()> {
                 "(a) hyper 202, same rate, p50".into(),
                 ms(ack_bl.p50),
                 ratio(ack_l.p50, ack_bl.p50),
+            ),
+            (
+                "(d) hyper + fdatasync, same rate, p50".into(),
+                ms(ack_dl.p50),
+                ratio(ack_l.p50, ack_dl.p50),
             ),
             (
                 "(c) direct POST p50".into(),
@@ -1475,6 +1498,11 @@ async fn run(args: Args) -> Res<()> {
                 ratio(ack_l.p99, ack_bl.p99),
             ),
             (
+                "(d) hyper + fdatasync, same rate, p99".into(),
+                ms(ack_dl.p99),
+                ratio(ack_l.p99, ack_dl.p99),
+            ),
+            (
                 "(c) direct POST p99".into(),
                 ms(direct.p99),
                 ratio(ack_l.p99, direct.p99),
@@ -1484,9 +1512,10 @@ async fn run(args: Args) -> Res<()> {
     rep.set(
         "ack_latency_25pct",
         json!({"rate": rate, "max_ingest": max_ingest, "conns": ol_conns, "achieved": ack.rate(), "failed": ack.failed,
-               "latency": ack_l.json(), "baseline_a_latency": ack_bl.json()}),
+               "latency": ack_l.json(), "baseline_a_latency": ack_bl.json(), "baseline_d_latency": ack_dl.json()}),
     );
     drop(baseline);
+    drop(durable);
     drop(up);
 
     // Backlog: the endpoint paused (as an operator does while its receiver is down).
@@ -1677,6 +1706,85 @@ async fn serve_baseline() -> Res<()> {
     Ok(())
 }
 
+/// Baseline (d): the least a durable 202 can cost here. The bare hyper server of (a), but
+/// each request's body is handed to one thread that appends every body queued meanwhile
+/// to a plain file and `fdatasync`s it once, then answers them all (group commit, the
+/// shape of courier's accept path, without RocksDB, dedupe or scheduling).
+async fn serve_durable_baseline(dir: PathBuf) -> Res<()> {
+    use std::io::Write;
+    type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Job>(8192);
+    let mut file = std::fs::File::create(dir.join("baseline-d.log"))?;
+    std::thread::spawn(move || {
+        while let Some(first) = rx.blocking_recv() {
+            let mut jobs = vec![first];
+            while let Ok(job) = rx.try_recv() {
+                jobs.push(job);
+            }
+            for (body, _) in &jobs {
+                file.write_all(body).expect("baseline (d) write");
+            }
+            file.sync_data().expect("baseline (d) fdatasync");
+            for (_, reply) in jobs {
+                let _ = reply.send(());
+            }
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let tx = tx.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let tx = tx.clone();
+            async move {
+                let body = req
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let (reply, done) = tokio::sync::oneshot::channel();
+                let ok = tx.send((body, reply)).await.is_ok() && done.await.is_ok();
+                let mut resp = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *resp.status_mut() = if ok {
+                    StatusCode::ACCEPTED
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                };
+                Ok::<_, Infallible>(resp)
+            }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Starts a baseline server (this binary re-executed with `flag`), returning the child and
+/// the address it printed.
+fn spawn_baseline(args: &[&std::ffi::OsStr]) -> Res<(KillOnDrop, SocketAddr)> {
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?,
+    );
+    let mut first = String::new();
+    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut first)?;
+    let addr = first
+        .trim()
+        .parse()
+        .map_err(|_| err(format!("baseline server said {first:?}")))?;
+    Ok((child, addr))
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1685,6 +1793,8 @@ fn main() -> std::process::ExitCode {
         .expect("tokio runtime");
     let result = if args.serve_baseline {
         rt.block_on(serve_baseline())
+    } else if let Some(dir) = args.serve_durable_baseline.clone() {
+        rt.block_on(serve_durable_baseline(dir))
     } else if let Some(rate) = args.ack_only {
         rt.block_on(ack_only(args, rate))
     } else {
