@@ -90,6 +90,9 @@ struct Args {
     /// print its port.
     #[arg(long, hide = true)]
     serve_durable_baseline: Option<PathBuf>,
+    /// Internal: with `--serve-durable-baseline`, commit to RocksDB (baseline (e)).
+    #[arg(long, hide = true)]
+    rocksdb: bool,
 }
 
 /// Sizes and durations of one run.
@@ -1019,6 +1022,11 @@ async fn ack_only(args: Args, rate: f64) -> Res<()> {
     let receiver = Receiver::start().await?;
     let (_a, base_addr) = spawn_baseline(&["--serve-baseline".as_ref()])?;
     let (_d, durable_addr) = spawn_baseline(&["--serve-durable-baseline".as_ref(), tmp.path().as_os_str()])?;
+    let (_e, rocks_addr) = spawn_baseline(&[
+        "--serve-durable-baseline".as_ref(),
+        tmp.path().as_os_str(),
+        "--rocksdb".as_ref(),
+    ])?;
     let cfg = write_config(tmp.path(), "courier", args.max_in_flight)?;
     let (up, _) = Courier::start(&bin, &cfg, &tmp.path().join("data"))?;
     up.wait_ready().await?;
@@ -1026,6 +1034,7 @@ async fn ack_only(args: Args, rate: f64) -> Res<()> {
     for (name, addr) in [
         ("baseline (a)", base_addr),
         ("baseline (d)", durable_addr),
+        ("baseline (e)", rocks_addr),
         ("courier", up.ingress),
     ] {
         let t = Target {
@@ -1479,6 +1488,22 @@ async fn run(args: Args) -> Res<()> {
     let measure_from = start + plan.warmup;
     let end = measure_from + plan.duration;
     let ack_durable = open_loop(&to_durable, ol_conns, rate, start, measure_from, end).await?;
+    // (e): (d) with RocksDB as the durable write, for the latency scenario only.
+    let (rocks_base, rocks_addr) = spawn_baseline(&[
+        "--serve-durable-baseline".as_ref(),
+        tmp.path().as_os_str(),
+        "--rocksdb".as_ref(),
+    ])?;
+    let to_rocks = Target {
+        addr: rocks_addr,
+        ..to_durable.clone()
+    };
+    let start = Instant::now() + Duration::from_millis(200);
+    let measure_from = start + plan.warmup;
+    let end = measure_from + plan.duration;
+    let ack_rocks = open_loop(&to_rocks, ol_conns, rate, start, measure_from, end).await?;
+    drop(rocks_base);
+    let ack_el = Lat::of(ack_rocks.lat_us.clone());
     let (ack_l, ack_bl) = (Lat::of(ack.lat_us.clone()), Lat::of(ack_base.lat_us.clone()));
     let ack_dl = Lat::of(ack_durable.lat_us.clone());
     rep.row(
@@ -1494,6 +1519,11 @@ async fn run(args: Args) -> Res<()> {
                 "(d) hyper + fdatasync, same rate, p50".into(),
                 ms(ack_dl.p50),
                 ratio(ack_l.p50, ack_dl.p50),
+            ),
+            (
+                "(e) hyper + rocksdb sync, same rate, p50".into(),
+                ms(ack_el.p50),
+                ratio(ack_l.p50, ack_el.p50),
             ),
             (
                 "(c) direct POST p50".into(),
@@ -1517,6 +1547,11 @@ async fn run(args: Args) -> Res<()> {
                 ratio(ack_l.p99, ack_dl.p99),
             ),
             (
+                "(e) hyper + rocksdb sync, same rate, p99".into(),
+                ms(ack_el.p99),
+                ratio(ack_l.p99, ack_el.p99),
+            ),
+            (
                 "(c) direct POST p99".into(),
                 ms(direct.p99),
                 ratio(ack_l.p99, direct.p99),
@@ -1526,7 +1561,8 @@ async fn run(args: Args) -> Res<()> {
     rep.set(
         "ack_latency_25pct",
         json!({"rate": rate, "max_ingest": max_ingest, "conns": ol_conns, "achieved": ack.rate(), "failed": ack.failed,
-               "latency": ack_l.json(), "baseline_a_latency": ack_bl.json(), "baseline_d_latency": ack_dl.json()}),
+               "latency": ack_l.json(), "baseline_a_latency": ack_bl.json(), "baseline_d_latency": ack_dl.json(),
+               "baseline_e_latency": ack_el.json()}),
     );
     drop(baseline);
     drop(durable);
@@ -1723,21 +1759,41 @@ async fn serve_baseline() -> Res<()> {
 /// each request's body is handed to one thread that appends every body queued meanwhile
 /// to a plain file and `fdatasync`s it once, then answers them all (group commit, the
 /// shape of courier's accept path, without RocksDB, dedupe or scheduling).
-async fn serve_durable_baseline(dir: PathBuf) -> Res<()> {
+///
+/// Baseline (e), with `rocksdb`: the same, but the thread writes baseline (b)'s record set
+/// for each body into one RocksDB `WriteBatch` with `sync = true`: courier's accept path
+/// with nothing but its durable write.
+async fn serve_durable_baseline(dir: PathBuf, rocksdb: bool) -> Res<()> {
     use std::io::Write;
     type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Job>(8192);
-    let mut file = std::fs::File::create(dir.join("baseline-d.log"))?;
+    let (mut file, db) = if rocksdb {
+        (None, Some(rocks_open(&dir.join("baseline-e"))?))
+    } else {
+        (Some(std::fs::File::create(dir.join("baseline-d.log"))?), None)
+    };
     std::thread::spawn(move || {
+        let mut synced = rocksdb::WriteOptions::default();
+        synced.set_sync(true);
+        let mut n = 0u64;
         while let Some(first) = rx.blocking_recv() {
             let mut jobs = vec![first];
             while let Ok(job) = rx.try_recv() {
                 jobs.push(job);
             }
-            for (body, _) in &jobs {
-                file.write_all(body).expect("baseline (d) write");
+            if let Some(db) = &db {
+                let mut b = rocksdb::WriteBatch::default();
+                for (body, _) in &jobs {
+                    rocks_record(&mut b, &format!("{n:019}"), body);
+                    n += 1;
+                }
+                db.write_opt(b, &synced).expect("baseline (e) write");
+            } else if let Some(file) = file.as_mut() {
+                for (body, _) in &jobs {
+                    file.write_all(body).expect("baseline (d) write");
+                }
+                file.sync_data().expect("baseline (d) fdatasync");
             }
-            file.sync_data().expect("baseline (d) fdatasync");
             for (_, reply) in jobs {
                 let _ = reply.send(());
             }
@@ -1807,7 +1863,7 @@ fn main() -> std::process::ExitCode {
     let result = if args.serve_baseline {
         rt.block_on(serve_baseline())
     } else if let Some(dir) = args.serve_durable_baseline.clone() {
-        rt.block_on(serve_durable_baseline(dir))
+        rt.block_on(serve_durable_baseline(dir, args.rocksdb))
     } else if let Some(rate) = args.ack_only {
         rt.block_on(ack_only(args, rate))
     } else {
