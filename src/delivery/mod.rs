@@ -2,7 +2,8 @@
 //! attempt needs (store, transport, clock, policy, limits, endpoint state, metrics);
 //! [`Deliverer::dispatch`] runs one attempt on its own task, isolated so that a panic in
 //! it is courier's failure (the message goes back to the queue with no attempt counted),
-//! and tracked so shutdown can wait for it, then cut it off.
+//! and tracked so shutdown can wait for it, then cut it off. Results are recorded by one
+//! result-writer thread that puts every result finished meanwhile into one write.
 
 pub mod alert;
 pub mod endpoints;

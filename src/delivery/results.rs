@@ -4,7 +4,6 @@
 //! behind the accepts' fsync) serves many attempts, and no async worker ever waits on it.
 //! Idle, a lone result is written at once.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -70,29 +69,36 @@ impl Drop for ResultWriter {
     }
 }
 
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 fn run(store: &Store, mut rx: mpsc::Receiver<Job>) {
-    // A second result for a message already in the batch waits for the next one: the
-    // batch reads each record before any of its writes land.
-    let mut carried: Vec<Job> = Vec::new();
-    loop {
-        let mut jobs = std::mem::take(&mut carried);
-        if jobs.is_empty() {
-            match rx.blocking_recv() {
-                Some(job) => jobs.push(job),
-                None => return,
-            }
-        }
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        let mut seen = HashSet::with_capacity(jobs.len());
-        let (batch, later): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| seen.insert(j.item.id.clone()));
-        carried = later;
-        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) = batch.into_iter().map(|j| (j.item, j.reply)).unzip();
-        for (reply, answer) in replies.into_iter().zip(store.finish_attempts(&items)) {
+        // Two results for one message in a batch cannot both apply: the store answers the
+        // second as stale, as it would after the first was written.
+        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) = jobs.into_iter().map(|j| (j.item, j.reply)).unzip();
+        // A panic here must not end the thread (every later result would then wait for
+        // ever): it fails this batch, whose attempts retry their results as after a failed
+        // write, as they did when each result had a blocking task of its own.
+        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.finish_attempts(&items)))
+            .unwrap_or_else(|panic| {
+                let why = panic_text(panic.as_ref());
+                tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
+                items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
+            });
+        for (reply, answer) in replies.into_iter().zip(answers) {
             let _ = reply.send(answer);
         }
     }
@@ -162,16 +168,40 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_second_result_for_one_message_is_stale_not_lost_or_doubled() {
+    async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled() {
+        let (_d, store) = claimed_store(2).await;
+        // Both results for dlv_000 are queued before the writer runs, so they are drained
+        // into one batch: the second must be answered stale, not applied twice.
+        let (tx, rx) = mpsc::channel(8);
+        let mut answers = Vec::new();
+        for id in ["dlv_000", "dlv_001", "dlv_000"] {
+            let (reply, answer) = oneshot::channel();
+            tx.send(Job {
+                item: delivered(id),
+                reply,
+            })
+            .await
+            .unwrap();
+            answers.push(answer);
+        }
+        drop(tx);
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || run(&s, rx)).await.unwrap();
+        let mut applied = Vec::new();
+        for a in answers {
+            applied.push(a.await.unwrap().unwrap().is_some());
+        }
+        assert_eq!(applied, vec![true, true, false]);
+        assert_eq!(store.history("dlv_000").unwrap().len(), 1);
+        assert_eq!(store.counts().unwrap().delivered, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_the_writer_ends_its_thread_and_releases_the_store() {
         let (_d, store) = claimed_store(1).await;
         let writer = ResultWriter::start(store.clone());
-        let (a, b) = tokio::join!(writer.record(delivered("dlv_000")), writer.record(delivered("dlv_000")));
-        let recorded = [a.unwrap(), b.unwrap()].iter().filter(|r| r.is_some()).count();
-        assert_eq!(recorded, 1, "exactly one of the two results applies");
-        assert_eq!(store.history("dlv_000").unwrap().len(), 1);
-        assert_eq!(store.counts().unwrap().delivered, 1);
+        assert!(writer.record(delivered("dlv_000")).await.unwrap().is_some());
         drop(writer);
-        // The thread is gone and held the store no longer.
         assert_eq!(Arc::strong_count(&store), 1);
     }
 }

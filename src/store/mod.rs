@@ -632,16 +632,24 @@ impl Store {
     }
 
     /// Records several finished attempts in one write (one trip through RocksDB's write
-    /// queue for however many attempts ended together). The ids must be distinct. One
-    /// answer per item, as [`Store::finish_attempt`] gives it; an item whose record cannot
-    /// be read fails alone, a failed write fails them all.
+    /// queue for however many attempts ended together). One answer per item, as
+    /// [`Store::finish_attempt`] gives it; an item whose record cannot be read fails alone,
+    /// a failed write fails them all. A second item for an id already in the call is
+    /// answered `None` (stale), as it would be after the first was written.
     pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
         let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
         let mut b = WriteBatch::default();
         let mut counters = CounterDeltas::default();
         let mut out = Vec::with_capacity(items.len());
         let mut min_retry = u64::MAX;
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
         for item in items {
+            if !seen.insert(item.id.as_str()) {
+                // Every record is read before any write lands: applying it again would
+                // count the attempt twice.
+                out.push(Ok(None));
+                continue;
+            }
             let staged = self.stage_finish(&mut b, &mut counters, item);
             if let (Ok(Some(_)), Transition::RetryAt(at)) = (&staged, item.transition) {
                 min_retry = min_retry.min(at);

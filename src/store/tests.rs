@@ -516,12 +516,26 @@ async fn a_scan_can_continue_after_an_entry() {
 #[tokio::test]
 async fn attempts_finished_together_are_recorded_in_one_batch() {
     let (_d, store) = open();
-    for (id, ev) in [("dlv_a", "e1"), ("dlv_b", "e2"), ("dlv_c", "e3"), ("dlv_d", "e4")] {
-        store.accept(message(id, ev, 100)).await.unwrap();
+    for (id, ev) in [
+        ("dlv_a", "e1"),
+        ("dlv_b", "e2"),
+        ("dlv_c", "e3"),
+        ("dlv_d", "e4"),
+        ("dlv_e", "e5"),
+    ] {
+        let mut msg = message(id, ev, 100);
+        if id == "dlv_e" {
+            msg.record.endpoint = "https://other.example/h".into();
+        }
+        store.accept(msg).await.unwrap();
     }
-    for id in ["dlv_a", "dlv_b", "dlv_c"] {
+    for id in ["dlv_a", "dlv_b", "dlv_c", "dlv_e"] {
         claim(&store, id);
     }
+    // The scheduler has walked up to 100 (dlv_d, never claimed, is due there): a retry
+    // earlier than that must lower the floor again or the scheduler would never see it.
+    let (_, mark) = store.scan_due(100, 1000, None, |_| ScanStep::Continue).unwrap();
+    store.raise_due_floor(mark, 100);
     let item = |id: &str, status, transition| FinishedAttempt {
         id: id.into(),
         attempt: attempt(status),
@@ -531,31 +545,40 @@ async fn attempts_finished_together_are_recorded_in_one_batch() {
     let answers = store.finish_attempts(&[
         item("dlv_a", 200, Transition::Delivered),
         item("dlv_b", 410, Transition::Dead(DeadReason::PermanentStatus)),
-        item("dlv_c", 503, Transition::RetryAt(900)),
+        item("dlv_c", 503, Transition::RetryAt(60)),
         // Never claimed: a stale result, answered None and written nowhere.
         item("dlv_d", 200, Transition::Delivered),
+        item("dlv_e", 200, Transition::Delivered),
+        // A second result for a message already in this call: stale, not counted twice.
+        item("dlv_a", 200, Transition::Delivered),
     ]);
     let states: Vec<Option<State>> = answers.into_iter().map(|a| a.unwrap().map(|r| r.state)).collect();
     assert_eq!(
         states,
-        vec![Some(State::Delivered), Some(State::Dead), Some(State::Pending), None]
+        vec![
+            Some(State::Delivered),
+            Some(State::Dead),
+            Some(State::Pending),
+            None,
+            Some(State::Delivered),
+            None
+        ]
     );
-    // Each counter merged once with the sum of the batch's changes.
+    // Counters summed over the batch, per counter and per endpoint.
     assert_eq!(
         store.counts().unwrap(),
         Counts {
             open: 2,
-            delivered: 1,
+            delivered: 2,
             dead: 1
         }
     );
-    assert_eq!(
-        store.open_per_endpoint().unwrap(),
-        vec![("https://r.example/h".to_string(), 2)]
-    );
+    let per_ep: HashMap<_, _> = store.open_per_endpoint().unwrap().into_iter().collect();
+    assert_eq!(per_ep.get("https://r.example/h"), Some(&2));
+    assert_eq!(per_ep.get("https://other.example/h").copied().unwrap_or(0), 0);
+    assert_eq!(store.history("dlv_a").unwrap().len(), 1);
     assert_eq!(store.history("dlv_c").unwrap().len(), 1);
     assert!(store.history("dlv_d").unwrap().is_empty());
     assert_eq!(store.message("dlv_d").unwrap().unwrap().state, State::Pending);
-    assert_eq!(due_ids(&store, 899), vec!["dlv_d".to_string()]);
-    assert_eq!(due_ids(&store, 900), vec!["dlv_d".to_string(), "dlv_c".to_string()]);
+    assert_eq!(due_ids(&store, 100), vec!["dlv_c".to_string(), "dlv_d".to_string()]);
 }
