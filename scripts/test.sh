@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: unit, component and black-box integration tests (one debug build),
-# the examples' build, and the deployment files' validators.
+# the examples' build, the deployment files' validators and a smoke run of the benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -9,3 +9,6 @@ cd "$(dirname "$0")/.."
 cargo test --locked --all-targets
 # The debug binary just built, so check-config and the run checks use this tree's courier.
 COURIER_BIN="${CARGO_TARGET_DIR:-target}/debug/courier" bash deploy/validate.sh
+# The benchmark at tiny scale (debug binaries, a few seconds): it still runs every scenario
+# end to end and fails if one breaks; it asserts nothing about speed.
+cargo run --locked --example loadgen -- --smoke --json "${CARGO_TARGET_DIR:-target}/bench-smoke.json"
