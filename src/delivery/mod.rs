@@ -156,6 +156,9 @@ impl Deliverer {
                 } else {
                     now
                 };
+                // Cut off while its result waited to be written: let that write land first,
+                // so the release below finds the message no longer in flight and leaves it.
+                d.results.flush().await;
                 if let Err(e) = d.store.release(&id, due) {
                     tracing::error!(delivery_id = %id, error = %e, "requeueing an abandoned attempt failed; it is retried after restart");
                 }

@@ -19,8 +19,10 @@ const QUEUE: usize = 8192;
 
 type Answer = Result<Option<MessageRecord>, StoreError>;
 
+/// A result to record, or (`None`) a barrier answered once everything queued before it is
+/// written.
 struct Job {
-    item: FinishedAttempt,
+    item: Option<FinishedAttempt>,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -45,9 +47,7 @@ impl ResultWriter {
         }
     }
 
-    /// Records one finished attempt; answers as [`Store::finish_attempt`] does, once the
-    /// batch holding it is written.
-    pub(super) async fn record(&self, item: FinishedAttempt) -> Answer {
+    async fn send(&self, item: Option<FinishedAttempt>) -> Answer {
         let tx = self
             .tx
             .lock()
@@ -57,6 +57,20 @@ impl ResultWriter {
         let (reply, answer) = oneshot::channel();
         tx.send(Job { item, reply }).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Records one finished attempt; answers as [`Store::finish_attempt`] does, once the
+    /// batch holding it is written.
+    pub(super) async fn record(&self, item: FinishedAttempt) -> Answer {
+        self.send(Some(item)).await
+    }
+
+    /// Waits until every result queued before this call is written (or failed). An attempt
+    /// cut off while its result waited in the queue still has that result written; whoever
+    /// puts the message back in the queue waits for this first, so the write is not taken
+    /// for a stale one and the attempt is not forgotten.
+    pub(super) async fn flush(&self) {
+        let _ = self.send(None).await;
     }
 }
 
@@ -86,9 +100,11 @@ fn run(store: &Store, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        let (results, barriers): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.item.is_some());
         // Two results for one message in a batch cannot both apply: the store answers the
         // second as stale, as it would after the first was written.
-        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) = jobs.into_iter().map(|j| (j.item, j.reply)).unzip();
+        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) =
+            results.into_iter().filter_map(|j| Some((j.item?, j.reply))).unzip();
         // A panic here must not end the thread (every later result would then wait for
         // ever): it fails this batch, whose attempts retry their results as after a failed
         // write, as they did when each result had a blocking task of its own.
@@ -100,6 +116,10 @@ fn run(store: &Store, mut rx: mpsc::Receiver<Job>) {
             });
         for (reply, answer) in replies.into_iter().zip(answers) {
             let _ = reply.send(answer);
+        }
+        // Everything queued before a barrier was in this batch or an earlier one.
+        for barrier in barriers {
+            let _ = barrier.reply.send(Ok(None));
         }
     }
 }
@@ -177,7 +197,7 @@ mod tests {
         for id in ["dlv_000", "dlv_001", "dlv_000"] {
             let (reply, answer) = oneshot::channel();
             tx.send(Job {
-                item: delivered(id),
+                item: Some(delivered(id)),
                 reply,
             })
             .await
@@ -194,6 +214,28 @@ mod tests {
         assert_eq!(applied, vec![true, true, false]);
         assert_eq!(store.history("dlv_000").unwrap().len(), 1);
         assert_eq!(store.counts().unwrap().delivered, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
+        let (_d, store) = claimed_store(200).await;
+        // Results whose callers no longer wait (as an attempt cut off at shutdown), then a
+        // barrier, all queued before the writer runs: they land in one batch, and the
+        // barrier must not be answered before that batch is written.
+        let (tx, rx) = mpsc::channel(512);
+        for i in 0..200 {
+            let (reply, _gone) = oneshot::channel();
+            let item = Some(delivered(&format!("dlv_{i:03}")));
+            tx.send(Job { item, reply }).await.unwrap();
+        }
+        let (reply, flushed) = oneshot::channel();
+        tx.send(Job { item: None, reply }).await.unwrap();
+        drop(tx);
+        let s = store.clone();
+        let thread = std::thread::spawn(move || run(&s, rx));
+        flushed.await.unwrap().unwrap();
+        assert_eq!(store.counts().unwrap().delivered, 200);
+        thread.join().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
