@@ -585,6 +585,14 @@ fn pace(released: &tokio::sync::Semaphore, start: std::time::Instant, interval: 
     released.add_permits(conns);
 }
 
+/// An open-loop run at `rate` starting in 200 ms: `plan.warmup` of warm-up, then
+/// `plan.duration` measured.
+async fn paced(t: &Target, conns: usize, rate: f64, plan: &Plan) -> Res<LoadResult> {
+    let start = Instant::now() + Duration::from_millis(200);
+    let measure_from = start + plan.warmup;
+    open_loop(t, conns, rate, start, measure_from, measure_from + plan.duration).await
+}
+
 /// Sequential requests, one at a time on one connection: latency of each.
 async fn sequential(t: &Target, n: usize) -> Res<Vec<i64>> {
     let mut conn = Conn::open(t.addr).await?;
@@ -1043,10 +1051,7 @@ async fn ack_only(args: Args, rate: f64) -> Res<()> {
             body: body.clone(),
             seq: seq.clone(),
         };
-        let start = Instant::now() + Duration::from_millis(200);
-        let measure_from = start + plan.warmup;
-        let end = measure_from + plan.duration;
-        let r = open_loop(&t, 64, rate, start, measure_from, end).await?;
+        let r = paced(&t, 64, rate, &plan).await?;
         let l = Lat::of(r.lat_us.clone());
         eprintln!(
             "{name:>12} at {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms ({} answered, {} failed)",
@@ -1475,19 +1480,10 @@ async fn run(args: Args) -> Res<()> {
     };
     let rate = (max_ingest * 0.25).max(10.0);
     let ol_conns = 64.min(plan.conns.iter().copied().max().unwrap_or(64)).max(4);
-    let start = Instant::now() + Duration::from_millis(200);
-    let measure_from = start + plan.warmup;
-    let end = measure_from + plan.duration;
-    let ack = open_loop(&to_fresh, ol_conns, rate, start, measure_from, end).await?;
+    let ack = paced(&to_fresh, ol_conns, rate, &plan).await?;
     drop(fresh);
-    let start = Instant::now() + Duration::from_millis(200);
-    let measure_from = start + plan.warmup;
-    let end = measure_from + plan.duration;
-    let ack_base = open_loop(&to_base, ol_conns, rate, start, measure_from, end).await?;
-    let start = Instant::now() + Duration::from_millis(200);
-    let measure_from = start + plan.warmup;
-    let end = measure_from + plan.duration;
-    let ack_durable = open_loop(&to_durable, ol_conns, rate, start, measure_from, end).await?;
+    let ack_base = paced(&to_base, ol_conns, rate, &plan).await?;
+    let ack_durable = paced(&to_durable, ol_conns, rate, &plan).await?;
     // (e): (d) with RocksDB as the durable write, for the latency scenario only.
     let (rocks_base, rocks_addr) = spawn_baseline(&[
         "--serve-durable-baseline".as_ref(),
@@ -1498,66 +1494,40 @@ async fn run(args: Args) -> Res<()> {
         addr: rocks_addr,
         ..to_durable.clone()
     };
-    let start = Instant::now() + Duration::from_millis(200);
-    let measure_from = start + plan.warmup;
-    let end = measure_from + plan.duration;
-    let ack_rocks = open_loop(&to_rocks, ol_conns, rate, start, measure_from, end).await?;
+    let ack_rocks = paced(&to_rocks, ol_conns, rate, &plan).await?;
     drop(rocks_base);
     let ack_el = Lat::of(ack_rocks.lat_us.clone());
     let (ack_l, ack_bl) = (Lat::of(ack.lat_us.clone()), Lat::of(ack_base.lat_us.clone()));
     let ack_dl = Lat::of(ack_durable.lat_us.clone());
-    rep.row(
-        format!("ack p50 at 25% load ({}, open loop)", per_s(rate)),
-        ms(ack_l.p50),
-        vec![
-            (
-                "(a) hyper 202, same rate, p50".into(),
-                ms(ack_bl.p50),
-                ratio(ack_l.p50, ack_bl.p50),
-            ),
-            (
-                "(d) hyper + fdatasync, same rate, p50".into(),
-                ms(ack_dl.p50),
-                ratio(ack_l.p50, ack_dl.p50),
-            ),
-            (
-                "(e) hyper + rocksdb sync, same rate, p50".into(),
-                ms(ack_el.p50),
-                ratio(ack_l.p50, ack_el.p50),
-            ),
-            (
-                "(c) direct POST p50".into(),
-                ms(direct.p50),
-                ratio(ack_l.p50, direct.p50),
-            ),
-        ],
-    );
-    rep.row(
-        format!("ack p99 at 25% load ({}, open loop)", per_s(rate)),
-        ms(ack_l.p99),
-        vec![
-            (
-                "(a) hyper 202, same rate, p99".into(),
-                ms(ack_bl.p99),
-                ratio(ack_l.p99, ack_bl.p99),
-            ),
-            (
-                "(d) hyper + fdatasync, same rate, p99".into(),
-                ms(ack_dl.p99),
-                ratio(ack_l.p99, ack_dl.p99),
-            ),
-            (
-                "(e) hyper + rocksdb sync, same rate, p99".into(),
-                ms(ack_el.p99),
-                ratio(ack_l.p99, ack_el.p99),
-            ),
-            (
-                "(c) direct POST p99".into(),
-                ms(direct.p99),
-                ratio(ack_l.p99, direct.p99),
-            ),
-        ],
-    );
+    let baselines = [
+        ("(a) hyper 202", &ack_bl),
+        ("(d) hyper + fdatasync", &ack_dl),
+        ("(e) hyper + rocksdb sync", &ack_el),
+    ];
+    type Pick = fn(&Lat) -> f64;
+    let quantiles: [(&str, Pick); 2] = [("p50", |l| l.p50), ("p99", |l| l.p99)];
+    for (q, pick) in quantiles {
+        let mut vs: Vec<_> = baselines
+            .iter()
+            .map(|(name, b)| {
+                (
+                    format!("{name}, same rate, {q}"),
+                    ms(pick(b)),
+                    ratio(pick(&ack_l), pick(b)),
+                )
+            })
+            .collect();
+        vs.push((
+            format!("(c) direct POST {q}"),
+            ms(pick(&direct)),
+            ratio(pick(&ack_l), pick(&direct)),
+        ));
+        rep.row(
+            format!("ack {q} at 25% load ({}, open loop)", per_s(rate)),
+            ms(pick(&ack_l)),
+            vs,
+        );
+    }
     rep.set(
         "ack_latency_25pct",
         json!({"rate": rate, "max_ingest": max_ingest, "conns": ol_conns, "achieved": ack.rate(), "failed": ack.failed,

@@ -19,7 +19,7 @@
 //! 1. Pure, no I/O: [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
 //!    [`envelope`], [`timefmt`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`store`], [`client`], [`serve`].
+//! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`].
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`admin`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`].
 
@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod batcher;
 pub mod cli;
 pub mod client;
 pub mod clock;

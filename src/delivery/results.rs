@@ -4,11 +4,11 @@
 //! behind the accepts' fsync) serves many attempts, and no async worker ever waits on it.
 //! Idle, a lone result is written at once.
 
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
+use crate::batcher::Batcher;
 use crate::store::{FinishedAttempt, MessageRecord, Store, StoreError};
 
 /// The most results one batch carries.
@@ -29,33 +29,23 @@ struct Job {
 /// Handle to the result-writing thread. Dropping it stops the thread once the queued
 /// results are written.
 pub(super) struct ResultWriter {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    batcher: Batcher<Job>,
 }
 
 impl ResultWriter {
     /// Starts the thread.
     pub(super) fn start(store: Arc<Store>) -> ResultWriter {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("courier-results".into())
-            .spawn(move || run(&store, rx))
-            .expect("spawning the result writer thread");
-        ResultWriter {
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-        }
+        let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| {
+            write_batch(&store, jobs)
+        });
+        ResultWriter { batcher }
     }
 
     async fn send(&self, item: Option<FinishedAttempt>) -> Answer {
-        let tx = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
-        tx.send(Job { item, reply }).await.map_err(|_| StoreError::Closed)?;
+        if !self.batcher.send(Job { item, reply }).await {
+            return Err(StoreError::Closed);
+        }
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -74,15 +64,6 @@ impl ResultWriter {
     }
 }
 
-impl Drop for ResultWriter {
-    fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
@@ -91,36 +72,27 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-fn run(store: &Store, mut rx: mpsc::Receiver<Job>) {
-    while let Some(first) = rx.blocking_recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let (results, barriers): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.item.is_some());
-        // Two results for one message in a batch cannot both apply: the store answers the
-        // second as stale, as it would after the first was written.
-        let (items, replies): (Vec<FinishedAttempt>, Vec<_>) =
-            results.into_iter().filter_map(|j| Some((j.item?, j.reply))).unzip();
-        // A panic here must not end the thread (every later result would then wait for
-        // ever): it fails this batch, whose attempts retry their results as after a failed
-        // write, as they did when each result had a blocking task of its own.
-        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.finish_attempts(&items)))
-            .unwrap_or_else(|panic| {
-                let why = panic_text(panic.as_ref());
-                tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
-                items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
-            });
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            let _ = reply.send(answer);
-        }
-        // Everything queued before a barrier was in this batch or an earlier one.
-        for barrier in barriers {
-            let _ = barrier.reply.send(Ok(None));
-        }
+fn write_batch(store: &Store, jobs: Vec<Job>) {
+    let (results, barriers): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.item.is_some());
+    // Two results for one message in a batch cannot both apply: the store answers the
+    // second as stale, as it would after the first was written.
+    let (items, replies): (Vec<FinishedAttempt>, Vec<_>) =
+        results.into_iter().filter_map(|j| Some((j.item?, j.reply))).unzip();
+    // A panic here must not end the thread (every later result would then wait for
+    // ever): it fails this batch, whose attempts retry their results as after a failed
+    // write, as they did when each result had a blocking task of its own.
+    let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.finish_attempts(&items)))
+        .unwrap_or_else(|panic| {
+            let why = panic_text(panic.as_ref());
+            tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
+            items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
+        });
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer);
+    }
+    // Everything queued before a barrier was in this batch or an earlier one.
+    for barrier in barriers {
+        let _ = barrier.reply.send(Ok(None));
     }
 }
 
@@ -190,23 +162,19 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled() {
         let (_d, store) = claimed_store(2).await;
-        // Both results for dlv_000 are queued before the writer runs, so they are drained
-        // into one batch: the second must be answered stale, not applied twice.
-        let (tx, rx) = mpsc::channel(8);
+        // Two results for dlv_000 in one batch: the second must be answered stale, not
+        // applied twice.
+        let mut jobs = Vec::new();
         let mut answers = Vec::new();
         for id in ["dlv_000", "dlv_001", "dlv_000"] {
             let (reply, answer) = oneshot::channel();
-            tx.send(Job {
+            jobs.push(Job {
                 item: Some(delivered(id)),
                 reply,
-            })
-            .await
-            .unwrap();
+            });
             answers.push(answer);
         }
-        drop(tx);
-        let s = store.clone();
-        tokio::task::spawn_blocking(move || run(&s, rx)).await.unwrap();
+        write_batch(&store, jobs);
         let mut applied = Vec::new();
         for a in answers {
             applied.push(a.await.unwrap().unwrap().is_some());
@@ -220,19 +188,18 @@ mod tests {
     async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
         let (_d, store) = claimed_store(200).await;
         // Results whose callers no longer wait (as an attempt cut off at shutdown), then a
-        // barrier, all queued before the writer runs: they land in one batch, and the
-        // barrier must not be answered before that batch is written.
-        let (tx, rx) = mpsc::channel(512);
+        // barrier, in one batch: the barrier must not be answered before the batch is
+        // written (the batch runs on another thread while this one waits for the barrier).
+        let mut jobs = Vec::new();
         for i in 0..200 {
             let (reply, _gone) = oneshot::channel();
             let item = Some(delivered(&format!("dlv_{i:03}")));
-            tx.send(Job { item, reply }).await.unwrap();
+            jobs.push(Job { item, reply });
         }
         let (reply, flushed) = oneshot::channel();
-        tx.send(Job { item: None, reply }).await.unwrap();
-        drop(tx);
+        jobs.push(Job { item: None, reply });
         let s = store.clone();
-        let thread = std::thread::spawn(move || run(&s, rx));
+        let thread = std::thread::spawn(move || write_batch(&s, jobs));
         flushed.await.unwrap().unwrap();
         assert_eq!(store.counts().unwrap().delivered, 200);
         thread.join().unwrap();

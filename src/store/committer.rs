@@ -5,15 +5,15 @@
 //! load one fsync covers hundreds of requests; when idle a lone accept is written at once.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use rocksdb::{WriteBatch, WriteOptions, DB};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::codec::{MessageRecord, Routing};
 use super::floor::DueFloor;
 use super::{keys, Accepted, CounterDeltas, NewMessage, StoreError};
+use crate::batcher::Batcher;
 use crate::model::State;
 
 /// The most accepts one batch carries; bounds the latency a batch adds to its last member.
@@ -32,32 +32,22 @@ pub(super) struct Job {
 
 /// Handle to the committer thread.
 pub(super) struct Committer {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    batcher: Batcher<Job>,
 }
 
 impl Committer {
     /// Starts the thread.
     pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>) -> Committer {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("courier-commit".into())
-            .spawn(move || run(&db, &due_floor, rx))
-            .expect("spawning the commit thread");
-        Committer {
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-        }
+        let mut synced = WriteOptions::default();
+        synced.set_sync(true);
+        let batcher = Batcher::start("courier-commit", QUEUE, MAX_BATCH, move |jobs| {
+            commit(&db, &due_floor, &synced, jobs)
+        });
+        Committer { batcher }
     }
 
     /// Queues an accept and waits until it is durable (or refused).
     pub(super) async fn submit(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        let tx = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             record_bytes: msg.record.encode(),
@@ -65,32 +55,15 @@ impl Committer {
             record: msg.record,
             reply,
         };
-        tx.send(job).await.map_err(|_| StoreError::Closed)?;
+        if !self.batcher.send(job).await {
+            return Err(StoreError::Closed);
+        }
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Stops taking accepts and waits until every queued one is answered.
     pub(super) fn stop(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn run(db: &DB, due_floor: &DueFloor, mut rx: mpsc::Receiver<Job>) {
-    let mut synced = WriteOptions::default();
-    synced.set_sync(true);
-    while let Some(first) = rx.blocking_recv() {
-        let mut jobs = Vec::with_capacity(64);
-        jobs.push(first);
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        commit(db, due_floor, &synced, jobs);
+        self.batcher.stop();
     }
 }
 
