@@ -1028,13 +1028,9 @@ async fn ack_only(args: Args, rate: f64) -> Res<()> {
         .tempdir_in(std::env::temp_dir())?;
     let (body, seq) = (body_1k(), Arc::new(AtomicU64::new(0)));
     let receiver = Receiver::start().await?;
-    let (_a, base_addr) = spawn_baseline(&["--serve-baseline".as_ref()])?;
-    let (_d, durable_addr) = spawn_baseline(&["--serve-durable-baseline".as_ref(), tmp.path().as_os_str()])?;
-    let (_e, rocks_addr) = spawn_baseline(&[
-        "--serve-durable-baseline".as_ref(),
-        tmp.path().as_os_str(),
-        "--rocksdb".as_ref(),
-    ])?;
+    let (_a, base_addr) = spawn_baseline(Baseline::Bare)?;
+    let (_d, durable_addr) = spawn_baseline(Baseline::File(tmp.path()))?;
+    let (_e, rocks_addr) = spawn_baseline(Baseline::Rocks(tmp.path()))?;
     let cfg = write_config(tmp.path(), "courier", args.max_in_flight)?;
     let (up, _) = Courier::start(&bin, &cfg, &tmp.path().join("data"))?;
     up.wait_ready().await?;
@@ -1111,7 +1107,7 @@ async fn run(args: Args) -> Res<()> {
 
     // (a) a hyper server answering 202, in a child process.
     eprintln!("baseline (a): hyper 202 server in a child process");
-    let (baseline, base_addr) = spawn_baseline(&["--serve-baseline".as_ref()])?;
+    let (baseline, base_addr) = spawn_baseline(Baseline::Bare)?;
     let to_base = Target {
         addr: base_addr,
         path: format!("/http://{}/hook", receiver.addr),
@@ -1183,7 +1179,7 @@ async fn run(args: Args) -> Res<()> {
 
     // (d) the bare server of (a) with a group-committed fdatasync of each body to a file.
     eprintln!("baseline (d): hyper 202 after a group-committed fdatasync, in a child process");
-    let (durable, durable_addr) = spawn_baseline(&["--serve-durable-baseline".as_ref(), tmp.path().as_os_str()])?;
+    let (durable, durable_addr) = spawn_baseline(Baseline::File(tmp.path()))?;
     let to_durable = Target {
         addr: durable_addr,
         path: format!("/http://{}/hook", receiver.addr),
@@ -1485,11 +1481,7 @@ async fn run(args: Args) -> Res<()> {
     let ack_base = paced(&to_base, ol_conns, rate, &plan).await?;
     let ack_durable = paced(&to_durable, ol_conns, rate, &plan).await?;
     // (e): (d) with RocksDB as the durable write, for the latency scenario only.
-    let (rocks_base, rocks_addr) = spawn_baseline(&[
-        "--serve-durable-baseline".as_ref(),
-        tmp.path().as_os_str(),
-        "--rocksdb".as_ref(),
-    ])?;
+    let (rocks_base, rocks_addr) = spawn_baseline(Baseline::Rocks(tmp.path()))?;
     let to_rocks = Target {
         addr: rocks_addr,
         ..to_durable.clone()
@@ -1805,16 +1797,27 @@ async fn serve_durable_baseline(dir: PathBuf, rocksdb: bool) -> Res<()> {
     }
 }
 
-/// Starts a baseline server (this binary re-executed with `flag`), returning the child and
-/// the address it printed.
-fn spawn_baseline(args: &[&std::ffi::OsStr]) -> Res<(KillOnDrop, SocketAddr)> {
-    let mut child = KillOnDrop(
-        Command::new(std::env::current_exe()?)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
+/// A baseline server run in a child process.
+#[derive(Clone, Copy)]
+enum Baseline<'a> {
+    /// (a): answers 202, stores nothing.
+    Bare,
+    /// (d): answers after a group-committed `fdatasync` of a file in this dir.
+    File(&'a Path),
+    /// (e): answers after a synced RocksDB group commit in this dir.
+    Rocks(&'a Path),
+}
+
+/// Starts a baseline server (this binary re-executed with the flag that serves it),
+/// returning the child and the address it printed.
+fn spawn_baseline(which: Baseline) -> Res<(KillOnDrop, SocketAddr)> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    match which {
+        Baseline::Bare => cmd.arg("--serve-baseline"),
+        Baseline::File(dir) => cmd.arg("--serve-durable-baseline").arg(dir),
+        Baseline::Rocks(dir) => cmd.arg("--serve-durable-baseline").arg(dir).arg("--rocksdb"),
+    };
+    let mut child = KillOnDrop(cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn()?);
     let mut first = String::new();
     BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut first)?;
     let addr = first

@@ -15,6 +15,16 @@ pub struct Batcher<J> {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl<J> Batcher<J> {
+    /// Stops taking jobs and waits until every queued one is handled.
+    pub fn stop(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl<J: Send + 'static> Batcher<J> {
     /// Starts a thread named `name` that hands `handle` up to `max_batch` jobs at a time.
     /// Past `queue` waiting jobs, [`Batcher::send`] waits (backpressure).
@@ -50,22 +60,11 @@ impl<J: Send + 'static> Batcher<J> {
             None => false,
         }
     }
-
-    /// Stops taking jobs and waits until every queued one is handled.
-    pub fn stop(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
 }
 
 impl<J> Drop for Batcher<J> {
     fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
+        self.stop();
     }
 }
 

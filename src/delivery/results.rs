@@ -73,11 +73,18 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn write_batch(store: &Store, jobs: Vec<Job>) {
-    let (results, barriers): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.item.is_some());
+    let (mut items, mut replies, mut barriers) = (Vec::new(), Vec::new(), Vec::new());
+    for Job { item, reply } in jobs {
+        match item {
+            Some(item) => {
+                items.push(item);
+                replies.push(reply);
+            }
+            None => barriers.push(reply),
+        }
+    }
     // Two results for one message in a batch cannot both apply: the store answers the
     // second as stale, as it would after the first was written.
-    let (items, replies): (Vec<FinishedAttempt>, Vec<_>) =
-        results.into_iter().filter_map(|j| Some((j.item?, j.reply))).unzip();
     // A panic here must not end the thread (every later result would then wait for
     // ever): it fails this batch, whose attempts retry their results as after a failed
     // write, as they did when each result had a blocking task of its own.
@@ -92,31 +99,23 @@ fn write_batch(store: &Store, jobs: Vec<Job>) {
     }
     // Everything queued before a barrier was in this batch or an earlier one.
     for barrier in barriers {
-        let _ = barrier.reply.send(Ok(None));
+        let _ = barrier.send(Ok(None));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tests::message;
-    use crate::store::{AttemptRecord, Counts, DueEntry, Routing, StoreOptions, Transition};
+    use crate::store::tests::{claim, message};
+    use crate::store::{AttemptRecord, Counts, StoreOptions, Transition};
 
     async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
         for i in 0..n {
-            let msg = message(&format!("dlv_{i:03}"), &format!("e{i}"), 100);
-            store.accept(msg).await.unwrap();
-            let entry = DueEntry {
-                due_ms: 100,
-                id: format!("dlv_{i:03}"),
-                routing: Routing {
-                    host: "r.example:443".into(),
-                    endpoint: "https://r.example/h".into(),
-                },
-            };
-            store.claim(&entry).unwrap().expect("claimable");
+            let id = format!("dlv_{i:03}");
+            store.accept(message(&id, &format!("e{i}"), 100)).await.unwrap();
+            claim(&store, &id);
         }
         (dir, store)
     }

@@ -1145,13 +1145,6 @@ impl Store {
     }
 }
 
-impl Drop for Store {
-    fn drop(&mut self) {
-        // The commit thread holds the DB too: stop it so the DB (and its lock) is released.
-        self.committer.stop();
-    }
-}
-
 /// The lock stripe of an id (FNV-1a: cheap and good enough to spread ids).
 fn stripe_of(id: &str) -> usize {
     let mut h: u64 = 0xcbf29ce484222325;

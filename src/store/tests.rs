@@ -60,7 +60,8 @@ fn due_ids(store: &Store, now: u64) -> Vec<String> {
     ids
 }
 
-fn claim(store: &Store, id: &str) -> Claimed {
+/// Claims a pending message as the scheduler would (shared with other modules' tests).
+pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
     let rec = store.message(id).unwrap().unwrap();
     let entry = DueEntry {
         due_ms: rec.next_attempt_at_ms,
