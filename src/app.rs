@@ -1,7 +1,7 @@
 //! Wiring: the one place that builds every component, starts the tasks, and orders
 //! shutdown.
 //!
-//! Start: open the store → bind both listeners → requeue messages a crash left in flight →
+//! Start: open the store → bind the listeners (ingress, admin, and ops when set) → requeue messages a crash left in flight →
 //! start scheduler, retention, ingress and admin → log `listening`.
 //!
 //! Stop (SIGTERM/SIGINT, or [`Running::shutdown`]): ingress answers 503 and `/readyz` 503
@@ -26,11 +26,15 @@ use crate::delivery::{Deliverer, DelivererParts};
 use crate::egress::EgressPolicy;
 use crate::ingress::Ingress;
 use crate::metrics::Metrics;
+use crate::ops::Probes;
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::transport::Transport;
+
+/// After the drain, how long the listeners at least get to finish the answers in progress.
+const HTTP_DRAIN_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why courier could not start.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +84,8 @@ pub struct Running {
     pub ingress_addr: SocketAddr,
     /// Where admin listens.
     pub admin_addr: SocketAddr,
+    /// Where the read-only ops listener listens, when `ops_listen` is set.
+    pub ops_addr: Option<SocketAddr>,
     /// The delivery context (for in-process tests).
     pub deliverer: Arc<Deliverer>,
     trigger: Arc<Notify>,
@@ -127,6 +133,26 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
         addr: config.admin_listen,
         source,
     })?;
+    let ops_listener = match config.ops_listen {
+        Some(addr) => Some(bind("ops", addr).await?),
+        None => None,
+    };
+    let ops_addr = match (&ops_listener, config.ops_listen) {
+        (Some(l), Some(addr)) => Some(l.local_addr().map_err(|source| AppError::Bind {
+            what: "ops",
+            addr,
+            source,
+        })?),
+        _ => None,
+    };
+    // Validation refused this unless the operator said so on purpose: say it once, loudly.
+    for (key, addr) in config.unauthenticated_network_listeners() {
+        tracing::warn!(
+            listener = key,
+            addr = %addr,
+            "serving the network without a token (allow_unauthenticated_network = true): anyone who can reach it can use it"
+        );
+    }
 
     let clock = seams.clock;
     let recovered = store.recover_in_flight(clock.now_ms())?;
@@ -166,6 +192,15 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
         rng,
     })?;
 
+    // A crash in the middle of a resume leaves messages parked for an active endpoint.
+    let unparked = deliverer.recover_parked()?;
+    if unparked > 0 {
+        tracing::warn!(
+            count = unparked,
+            "requeued messages left parked for endpoints that are not paused"
+        );
+    }
+
     let draining = Arc::new(AtomicBool::new(false));
     let (stop_sched, sched_rx) = watch::channel(false);
     let (stop_http, http_rx) = watch::channel(false);
@@ -178,9 +213,14 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
         wake,
         draining.clone(),
     ));
-    let admin = Arc::new(Admin::new(deliverer.clone(), draining.clone()));
+    let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
+    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone()));
     let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
+    let ops_task = ops_listener.map(|listener| {
+        let handler: Handler = Arc::new(move |peer, req| Box::pin(probes.clone().handle(peer, req)));
+        tokio::spawn(serve::serve(listener, handler, ServeLimits::default(), http_rx.clone()))
+    });
     let ingress_task = tokio::spawn(serve::serve(
         ingress_listener,
         ingress_handler,
@@ -196,7 +236,12 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
     let retention_task = tokio::spawn(crate::retention::run(store.clone(), clock.clone(), sched_rx));
 
-    tracing::info!(ingress = %ingress_addr, admin = %admin_addr, data_dir = %config.data_dir.display(), "listening");
+    match ops_addr {
+        Some(ops) => tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = %ops,
+            data_dir = %config.data_dir.display(), "listening"),
+        None => tracing::info!(ingress = %ingress_addr, admin = %admin_addr,
+            data_dir = %config.data_dir.display(), "listening"),
+    }
 
     let trigger = Arc::new(Notify::new());
     let t = trigger.clone();
@@ -209,11 +254,16 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
             in_flight = d.in_flight_count(),
             "shutting down: draining"
         );
+        // The whole stop is bounded by shutdown_grace (plus the store's close): a stalled
+        // upload, a long retention sweep or a slow receiver cannot keep courier running.
+        let deadline = tokio::time::Instant::now() + grace;
         draining.store(true, Ordering::SeqCst);
         let _ = stop_sched.send(true);
         let _ = scheduler_task.await;
         let _ = retention_task.await;
-        let cut = d.drain(grace).await;
+        let cut = d
+            .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
         if cut > 0 {
             tracing::warn!(
                 count = cut,
@@ -221,8 +271,15 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
             );
         }
         let _ = stop_http.send(true);
-        let _ = ingress_task.await;
-        let _ = admin_task.await;
+        // The listeners let open requests finish until the deadline (at least a moment,
+        // so answers already being written get out), then close what is left.
+        let http_deadline = deadline.max(tokio::time::Instant::now() + HTTP_DRAIN_MIN);
+        for task in [Some(ingress_task), Some(admin_task), ops_task].into_iter().flatten() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(http_deadline, task).await.is_err() {
+                abort.abort();
+            }
+        }
         let s = store.clone();
         let _ = tokio::task::spawn_blocking(move || s.close()).await;
         tracing::info!("stopped");
@@ -230,6 +287,7 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     Ok(Running {
         ingress_addr,
         admin_addr,
+        ops_addr,
         deliverer,
         trigger,
         done,

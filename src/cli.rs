@@ -32,6 +32,9 @@ pub struct GlobalArgs {
     /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).
     #[arg(long, global = true, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// Read-only probes and metrics address, ip:port (also COURIER_OPS_LISTEN; off by default).
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub ops_listen: Option<String>,
     /// Data directory (also COURIER_DATA_DIR).
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -58,6 +61,7 @@ impl GlobalArgs {
             config: self.config.clone(),
             listen: self.listen.clone(),
             admin_listen: self.admin_listen.clone(),
+            ops_listen: self.ops_listen.clone(),
             data_dir: self.data_dir.clone(),
         }
     }

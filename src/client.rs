@@ -22,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::egress::{literal_ip, EgressDenied, EgressPolicy};
+use crate::egress::{is_loopback_name, literal_ip, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
 use crate::resolver::Resolve;
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
@@ -57,7 +57,14 @@ impl tower_service::Service<Name> for GuardedResolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let resolving = self.inner.resolve(name.as_str());
+        // RFC 6761: a loopback name is loopback without asking DNS (which may not even
+        // answer for `localhost.`); the policy below still decides whether it may be used.
+        let resolving: crate::resolver::ResolveFuture = if is_loopback_name(name.as_str()) {
+            let addrs = LOOPBACK_NAME_ADDRS.to_vec();
+            Box::pin(async move { Ok(addrs) })
+        } else {
+            self.inner.resolve(name.as_str())
+        };
         let policy = self.policy.clone();
         Box::pin(async move {
             let ips = resolving.await?;

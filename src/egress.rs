@@ -95,6 +95,60 @@ pub fn literal_ip(url: &url::Url) -> Option<IpAddr> {
     }
 }
 
+/// Whether `host` is a loopback name by definition (RFC 6761 §6.3): `localhost`, and every
+/// name under `.localhost`, with or without the trailing dot, in any case. Such a name never
+/// needs DNS: it is loopback wherever it is resolved.
+pub fn is_loopback_name(host: &str) -> bool {
+    let h = host.strip_suffix('.').unwrap_or(host);
+    h.eq_ignore_ascii_case("localhost")
+        || (h.len() > ".localhost".len() && h[h.len() - ".localhost".len()..].eq_ignore_ascii_case(".localhost"))
+}
+
+/// The addresses a loopback name stands for.
+pub const LOOPBACK_NAME_ADDRS: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
+
+/// What is known about a target's address without DNS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KnownHost {
+    /// An IP literal.
+    Ip(IpAddr),
+    /// A loopback name (`localhost`, `*.localhost`).
+    LoopbackName(String),
+}
+
+/// The target's address when it is known without a DNS lookup: an IP literal or a loopback
+/// name; `None` for any other name (checked after resolution, at delivery).
+pub fn known_without_dns(url: &url::Url) -> Option<KnownHost> {
+    match url.host()? {
+        url::Host::Domain(d) if is_loopback_name(d) => Some(KnownHost::LoopbackName(d.to_string())),
+        url::Host::Domain(_) => None,
+        _ => literal_ip(url).map(KnownHost::Ip),
+    }
+}
+
+/// A loopback name the policy refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the target host {host} is a loopback name; an operator can open it with egress.allow \
+     (127.0.0.1/32 or ::1/128) or egress.allow_private_targets"
+)]
+pub struct LoopbackNameDenied {
+    /// The name as written in the target.
+    pub host: String,
+}
+
+impl EgressPolicy {
+    /// Whether courier may deliver to a loopback name: when either loopback address it
+    /// stands for is allowed.
+    pub fn check_loopback_name(&self, host: &str) -> Result<(), LoopbackNameDenied> {
+        if LOOPBACK_NAME_ADDRS.iter().any(|ip| self.check(*ip).is_ok()) {
+            Ok(())
+        } else {
+            Err(LoopbackNameDenied { host: host.to_string() })
+        }
+    }
+}
+
 /// IPv4 special-purpose blocks (IANA registry), most specific first.
 const V4_BLOCKS: &[([u8; 4], u8, &str)] = &[
     ([255, 255, 255, 255], 32, "broadcast"),
@@ -392,6 +446,57 @@ mod tests {
             msg.contains("169.254.169.254") && msg.contains("metadata") && msg.contains("egress.allow"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn loopback_names_are_known_without_dns() {
+        let known = |u: &str| known_without_dns(&url::Url::parse(u).unwrap());
+        for name in [
+            "http://localhost/",
+            "http://localhost./",
+            "http://LOCALHOST:8080/",
+            "http://api.localhost/",
+            "http://a.b.localhost./x",
+            "http://Foo.LocalHost/",
+        ] {
+            assert!(matches!(known(name), Some(KnownHost::LoopbackName(_))), "{name}");
+        }
+        for name in [
+            "http://localhost.example/",
+            "http://notlocalhost/",
+            "http://localhostx/",
+            "http://example.com/",
+        ] {
+            assert_eq!(known(name), None, "{name}");
+        }
+        assert_eq!(
+            known("http://127.0.0.1/"),
+            Some(KnownHost::Ip("127.0.0.1".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn loopback_names_open_with_either_loopback_address() {
+        let closed = EgressPolicy::default();
+        let e = closed.check_loopback_name("localhost.").unwrap_err();
+        assert_eq!(
+            e.to_string().matches("egress.allow").count(),
+            2,
+            "the hint is said once: {e}"
+        );
+        assert!(EgressPolicy::new(true, vec![]).check_loopback_name("localhost").is_ok());
+        for net in ["127.0.0.0/8", "127.0.0.1/32", "::1/128"] {
+            let p = EgressPolicy::new(false, vec![net.parse().unwrap()]);
+            assert!(p.check_loopback_name("x.localhost").is_ok(), "{net}");
+        }
+        let other = EgressPolicy::new(false, vec!["10.0.0.0/8".parse().unwrap()]);
+        assert!(other.check_loopback_name("localhost").is_err());
+    }
+
+    #[test]
+    fn an_egress_refusal_says_its_hint_once() {
+        let e = EgressPolicy::default().check(ip("127.0.0.1")).unwrap_err().to_string();
+        assert_eq!(e.matches("egress.allow_private_targets").count(), 1, "{e}");
     }
 
     #[test]

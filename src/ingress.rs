@@ -15,19 +15,22 @@ use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
+use crate::access::{AccessPolicy, LocalAddr};
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::egress::{literal_ip, EgressPolicy};
+use crate::egress::{known_without_dns, EgressPolicy, KnownHost};
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::metrics::Metrics;
 use crate::serve::{self, Body};
-use crate::signing;
+use crate::signing::{self, scope};
 use crate::store::{Accepted, SigningChoice, Store};
 use crate::target::resolve_target;
 
 /// Longest event id accepted from `webhook-id` / `Idempotency-Key`.
 pub const MAX_EVENT_ID_LEN: usize = 256;
+/// Time allowed for a whole request body to arrive.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// What a 503 asks the app to wait, in seconds.
 const RETRY_AFTER_SECS: &str = "5";
 
@@ -39,6 +42,7 @@ pub struct Ingress {
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
     egress: EgressPolicy,
+    access: AccessPolicy,
     draining: Arc<AtomicBool>,
 }
 
@@ -63,7 +67,13 @@ impl Ingress {
         draining: Arc<AtomicBool>,
     ) -> Self {
         let egress = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
+        let access = AccessPolicy::new(
+            "ingress",
+            config.ingress.allowed_origins.clone(),
+            config.ingress.hosts.clone(),
+        );
         Ingress {
+            access,
             store,
             config,
             clock,
@@ -100,6 +110,11 @@ impl Ingress {
                 "courier is shutting down; retry shortly",
             ));
         }
+        // Browsers are not clients: a web page must not have courier sign for it.
+        let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
+        self.access
+            .check(req.uri(), req.headers(), local)
+            .map_err(|e| Refusal::new(e.status(), e.code(), e.to_string()))?;
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -114,20 +129,36 @@ impl Ingress {
         let config = &self.config;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
-        if let Some(ip) = literal_ip(&resolved.url) {
-            self.egress.check(ip).map_err(|e| {
-                Refusal::new(
-                    StatusCode::FORBIDDEN,
-                    e.code(),
-                    format!("{e}; allow it with egress.allow or egress.allow_private_targets"),
-                )
-            })?;
+        // Refused here when the answer is known without DNS (an IP literal or a loopback
+        // name); the error already says how an operator opens it, once.
+        let denied = match known_without_dns(&resolved.url) {
+            Some(KnownHost::Ip(ip)) => self.egress.check(ip).err().map(|e| e.to_string()),
+            Some(KnownHost::LoopbackName(host)) => self.egress.check_loopback_name(&host).err().map(|e| e.to_string()),
+            None => None,
+        };
+        if let Some(message) = denied {
+            return Err(Refusal::new(StatusCode::FORBIDDEN, "egress_denied", message));
         }
         let route = resolved
             .route
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
 
+        // A route bound to targets delivers (and signs) only inside them, whatever extra
+        // path the caller appended.
+        if let Some(r) = route {
+            if !scope::allowed(&r.targets, &resolved.url) {
+                return Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "signing_key_not_allowed",
+                    format!(
+                        "route {:?} may not sign for {}: it is bound to other targets",
+                        r.name,
+                        crate::redact::url_for_log(resolved.url.as_str())
+                    ),
+                ));
+            }
+        }
         // Signing: the message's own header wins, then the route's, then the defaults.
         let scheme = control.scheme.or(route.and_then(|r| r.scheme));
         let effective_scheme = scheme.unwrap_or(config.signing.scheme);
@@ -151,6 +182,18 @@ impl Ingress {
                     format!("no signing key named {name:?} in [signing.keys]"),
                 ));
             }
+            // A named key signs only for its targets: otherwise whoever reaches ingress
+            // could have any payload signed with a partner's key and replay it there.
+            if !scope::allowed(config.signing_key_targets(&name), &resolved.url) {
+                return Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "signing_key_not_allowed",
+                    format!(
+                        "signing key {name:?} may not sign for {}: it is bound to other targets in [signing.keys]",
+                        crate::redact::url_for_log(resolved.url.as_str())
+                    ),
+                ));
+            }
             SigningChoice::Key(name)
         } else {
             SigningChoice::Default
@@ -168,9 +211,21 @@ impl Ingress {
         }
         let method = req.method().as_str().to_string();
         let headers = forwardable_headers(req.headers());
-        let body = Limited::new(req.into_body(), config.max_body as usize)
-            .collect()
+        // A client that stops sending mid-body must not hold a connection (and shutdown)
+        // forever: the whole body has BODY_READ_TIMEOUT to arrive.
+        let reading = Limited::new(req.into_body(), config.max_body as usize).collect();
+        let body = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
             .await
+            .map_err(|_| {
+                Refusal::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_read_timeout",
+                    format!(
+                        "the request body did not arrive within {}s",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                )
+            })?
             .map_err(|e| {
                 if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
                     too_large(config.max_body)
@@ -210,8 +265,11 @@ impl Ingress {
             }
             Ok(Accepted::Duplicate { id: first }) => {
                 self.metrics.duplicate();
-                let status = match self.store.message(&first) {
-                    Ok(Some(rec)) => rec.state.as_str(),
+                // A point read, but still a store call: off the async workers.
+                let store = self.store.clone();
+                let looked_up = first.clone();
+                let status = match tokio::task::spawn_blocking(move || store.message(&looked_up)).await {
+                    Ok(Ok(Some(rec))) => rec.state.as_str(),
                     _ => "pending",
                 };
                 Ok(accepted(

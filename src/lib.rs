@@ -16,15 +16,16 @@
 //! ```
 //!
 //! Layers (a module uses only modules above it in this list):
-//! 1. Pure, no I/O: [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
-//!    [`envelope`], [`timefmt`], `store::keys`, `store::codec`, [`config::units`].
+//! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
+//!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
 //! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`].
-//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`admin`], [`retention`], [`metrics`].
+//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`].
 
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod admin;
 pub mod app;
 pub mod batcher;
@@ -40,7 +41,9 @@ pub mod ingress;
 pub mod metrics;
 pub mod model;
 pub mod operator;
+pub mod ops;
 pub mod policy;
+pub mod redact;
 pub mod resolver;
 pub mod retention;
 pub mod scheduler;

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::cli::GlobalArgs;
+use crate::redact::{escape, escape_json};
 
 /// Output choice shared by the operator commands.
 #[derive(Debug, Args, Clone, Copy, Default)]
@@ -237,7 +238,7 @@ pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("courier: {e}");
+            eprintln!("courier: {}", escape(&e.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -307,7 +308,7 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
                 Ok(if out.json {
                     pretty(&v)
                 } else {
-                    format!("{id} requeued (pending)")
+                    format!("{} requeued (pending)", escape(&id))
                 })
             }
         }
@@ -315,7 +316,7 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             client
                 .call(Method::DELETE, &format!("/deliveries/{}", enc(&id)))
                 .await?;
-            Ok(format!("{id} deleted"))
+            Ok(format!("{} deleted", escape(&id)))
         }
         Operation::Endpoints(EndpointsCommand::List { out }) => {
             let (_, v) = client.call(Method::GET, "/endpoints").await?;
@@ -325,25 +326,28 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             client
                 .call(Method::POST, &format!("/endpoints/{}/pause", enc(&key)))
                 .await?;
-            Ok(format!("{key} paused"))
+            Ok(format!("{} paused", escape(&key)))
         }
         Operation::Endpoints(EndpointsCommand::Resume { key }) => {
             client
                 .call(Method::POST, &format!("/endpoints/{}/resume", enc(&key)))
                 .await?;
-            Ok(format!("{key} resumed"))
+            Ok(format!("{} resumed", escape(&key)))
         }
     }
 }
 
+/// The API's JSON, with bidi and zero-width characters escaped so that a terminal shows them.
 fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default()
+    escape_json(&serde_json::to_string_pretty(v).unwrap_or_default())
 }
 
+/// One table cell: text from receivers and callers has its control, bidi and zero-width
+/// characters written as escapes, so a hostile `last_error` cannot rewrite the screen.
 fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => escape(s),
         other => other.to_string(),
     }
 }

@@ -3,6 +3,7 @@
 //! blocking thread in small batches so ingest and delivery never wait for it, and
 //! compacts afterwards when it removed a lot, so the disk space actually comes back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,18 +21,25 @@ const COMPACT_AFTER: usize = 10_000;
 
 /// Runs one sweep to completion; returns how many messages were removed.
 pub fn sweep(store: &Store, now_ms: u64) -> Result<usize, crate::store::StoreError> {
-    sweep_batched(store, now_ms, BATCH, COMPACT_AFTER)
+    sweep_batched(store, now_ms, BATCH, COMPACT_AFTER, &AtomicBool::new(false))
 }
 
-/// [`sweep`] with its batch size and compaction threshold as parameters (tests use small ones).
+/// [`sweep`] with its batch size and compaction threshold as parameters (tests use small
+/// ones). It stops between batches, and between the column families it compacts, once
+/// `halt` is set: shutdown never waits for a whole sweep (what is left is swept next time).
 fn sweep_batched(
     store: &Store,
     now_ms: u64,
     batch: usize,
     compact_after: usize,
+    halt: &AtomicBool,
 ) -> Result<usize, crate::store::StoreError> {
+    let halted = || halt.load(Ordering::SeqCst);
     let mut total = 0;
     loop {
+        if halted() {
+            return Ok(total);
+        }
         let n = store.sweep_expired(now_ms, batch)?;
         total += n;
         if n < batch {
@@ -39,7 +47,7 @@ fn sweep_batched(
         }
     }
     if total >= compact_after {
-        store.compact();
+        store.compact_until(&halted);
     }
     Ok(total)
 }
@@ -60,7 +68,19 @@ async fn run_reporting(
     loop {
         let now = clock.now_ms();
         let s = store.clone();
-        let removed = match tokio::task::spawn_blocking(move || sweep(&s, now)).await {
+        let halt = Arc::new(AtomicBool::new(false));
+        let h = halt.clone();
+        let mut sweeping = tokio::task::spawn_blocking(move || sweep_batched(&s, now, BATCH, COMPACT_AFTER, &h));
+        let done = tokio::select! {
+            done = &mut sweeping => done,
+            _ = stop.changed() => {
+                // Shutdown: the sweep stops at its next batch; wait only for that.
+                halt.store(true, Ordering::SeqCst);
+                let _ = sweeping.await;
+                return;
+            }
+        };
+        let removed = match done {
             Ok(Ok(n)) => {
                 if n > 0 {
                     tracing::info!(removed = n, "retention sweep");
@@ -174,12 +194,22 @@ mod tests {
 
         // One millisecond before the delivered ones' retention ends: nothing goes.
         assert_eq!(
-            sweep_batched(&store, 10_000 + RETENTION_MS - 1, 2, usize::MAX).unwrap(),
+            sweep_batched(
+                &store,
+                10_000 + RETENTION_MS - 1,
+                2,
+                usize::MAX,
+                &AtomicBool::new(false)
+            )
+            .unwrap(),
             0
         );
         assert!(present(&store, "dlv_ok0"));
         // At the end of the retention: exactly the delivered ones go.
-        assert_eq!(sweep_batched(&store, 10_000 + RETENTION_MS, 2, usize::MAX).unwrap(), 5);
+        assert_eq!(
+            sweep_batched(&store, 10_000 + RETENTION_MS, 2, usize::MAX, &AtomicBool::new(false)).unwrap(),
+            5
+        );
         assert!((0..5).all(|i| !present(&store, &format!("dlv_ok{i}"))));
         assert!((0..5).all(|i| present(&store, &format!("dlv_dead{i}"))));
         assert_eq!(sweep(&store, 10_000 + DEAD_RETENTION_MS - 1).unwrap(), 0);
@@ -217,6 +247,14 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_halted_sweep_stops_before_its_next_batch() {
+        let (_dir, store) = filled(40).await;
+        let halt = AtomicBool::new(true);
+        assert_eq!(sweep_batched(&store, 1_000 + RETENTION_MS, 7, 1, &halt).unwrap(), 0);
+        assert!(present(&store, "dlv_000"), "nothing removed once halted");
+    }
+
+    #[tokio::test]
     async fn a_large_sweep_compacts_so_the_disk_space_comes_back() {
         const N: usize = 40;
         let volume = (N * (16 << 10)) as u64;
@@ -224,13 +262,19 @@ mod tests {
         // Below the threshold: the records are gone but their bytes are still on disk.
         let (dir, store) = filled(N).await;
         assert!(sst_bytes(dir.path()) >= volume, "{} < {volume}", sst_bytes(dir.path()));
-        assert_eq!(sweep_batched(&store, 1_000 + RETENTION_MS, 7, N + 1).unwrap(), N);
+        assert_eq!(
+            sweep_batched(&store, 1_000 + RETENTION_MS, 7, N + 1, &AtomicBool::new(false)).unwrap(),
+            N
+        );
         assert!(!present(&store, "dlv_000"));
         assert!(sst_bytes(dir.path()) >= volume, "nothing compacted yet");
 
         // At the threshold: the sweep compacts and the space is given back.
         let (dir, store) = filled(N).await;
-        assert_eq!(sweep_batched(&store, 1_000 + RETENTION_MS, 7, N).unwrap(), N);
+        assert_eq!(
+            sweep_batched(&store, 1_000 + RETENTION_MS, 7, N, &AtomicBool::new(false)).unwrap(),
+            N
+        );
         let left = sst_bytes(dir.path());
         assert!(left < volume / 10, "{left} bytes left of {volume}");
     }

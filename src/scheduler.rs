@@ -47,7 +47,7 @@ pub struct Scheduler {
 
 /// What one pass found.
 #[derive(Debug, Default)]
-struct Pass {
+pub(crate) struct Pass {
     dispatched: usize,
     /// Messages moved aside for paused endpoints.
     parked: usize,
@@ -128,6 +128,16 @@ impl Scheduler {
 /// One walk over what is due now (from the due floor, or from where the last pass
 /// stopped); returns what it found and where the next pass should resume.
 fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u64, String)>) {
+    pass_with(d, resumed, &mut || {})
+}
+
+/// [`pass`] with `between` run after the scan decided and before its writes: the simulator
+/// puts operator actions there, the interleaving a real resume or delete can hit.
+pub(crate) fn pass_with(
+    d: &Arc<Deliverer>,
+    resumed: Option<(u64, String)>,
+    between: &mut dyn FnMut(),
+) -> (Pass, Option<(u64, String)>) {
     let now = d.clock.now_ms();
     let mut pass = Pass::default();
     let mut full_hosts: HashSet<String> = HashSet::new();
@@ -189,11 +199,20 @@ fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u6
         }
     });
 
+    between();
     if !to_park.is_empty() {
-        match d.store.park_many(&to_park) {
-            Ok(()) => pass.parked = to_park.len(),
+        let count = to_park.len();
+        match d.park_paused(to_park) {
+            Ok((n, left)) => {
+                pass.parked = n;
+                // Resumed meanwhile: left in the queue, so the floor must not pass it.
+                if let Some(due) = left {
+                    first_left = Some(first_left.map_or(due, |f| f.min(due)));
+                    pass.wake_no_later_than(now);
+                }
+            }
             Err(e) => {
-                tracing::error!(error = %e, count = to_park.len(), "parking messages of a paused endpoint failed");
+                tracing::error!(error = %e, count, "parking messages of a paused endpoint failed");
                 pass.store_error = true;
             }
         }

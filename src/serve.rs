@@ -19,6 +19,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
+use crate::access::LocalAddr;
+
 /// The body type of every answer.
 pub type Body = Full<Bytes>;
 /// A boxed handler future.
@@ -35,6 +37,9 @@ pub struct ServeLimits {
     pub max_header_bytes: usize,
     /// Connections served at once.
     pub max_connections: usize,
+    /// After stop, how long open connections may take to finish their request before they
+    /// are closed (a stalled client must not hold up shutdown).
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -43,6 +48,7 @@ impl Default for ServeLimits {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 << 10,
             max_connections: 4096,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -70,8 +76,14 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
             _ = stop.changed() => break,
         };
         let _ = stream.set_nodelay(true);
+        // The address the connection arrived on: the Host check accepts it as a name of
+        // this listener (a listener on 0.0.0.0 is reached at several addresses).
+        let local = stream.local_addr().ok().map(LocalAddr);
         let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req| {
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            if let Some(local) = local {
+                req.extensions_mut().insert(local);
+            }
             let handler = handler.clone();
             async move { Ok::<_, std::convert::Infallible>(handler(peer, req).await) }
         });
@@ -87,7 +99,12 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open at the end of the drain were closed");
+    }
 }
 
 /// A JSON answer.

@@ -23,12 +23,15 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> 
 /// itself never alerts about itself (that would loop).
 pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
     let Some(url) = d.config.alert_url.clone() else { return };
-    if crate::target::default_endpoint_key(&url) == endpoint {
+    // The alert's own endpoint key is the redacted form of alert_url, so neither
+    // `/endpoints` nor a log line shows its path (where chat-style URLs keep their credential).
+    let key = crate::redact::alert_key(&url);
+    if key == endpoint {
         return;
     }
     let env = Envelope {
         target: url,
-        endpoint: None,
+        endpoint: Some(key),
         event_id: None,
         method: "POST".into(),
         headers: vec![("content-type".into(), b"application/json".to_vec())],
@@ -45,6 +48,8 @@ pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord
             d.wake.notify_one();
         }
         Ok(Accepted::Duplicate { .. }) => {}
-        Err(e) => tracing::error!(endpoint, error = %e, "storing the pause alert failed"),
+        Err(e) => {
+            tracing::error!(endpoint = %crate::redact::url_for_log(endpoint), error = %e, "storing the pause alert failed")
+        }
     }
 }

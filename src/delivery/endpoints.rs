@@ -1,5 +1,14 @@
 //! Per-endpoint state in memory: pause flag and permanent-failure streak (persisted in
-//! the store whenever they change), the rate-limit token bucket, and the in-flight count.
+//! the store whenever they change), the rate-limit token bucket, the in-flight count, and
+//! when courier last saw the endpoint.
+//!
+//! "Seen" means any attempt, rate check, result, pause or resume. An endpoint seen within
+//! the listing window (the retention window of delivered messages) stays in
+//! [`EndpointTable::snapshot`], so an operator who just resumed an endpoint with nothing
+//! open still finds it listed. The table is bounded: once it holds more than
+//! [`PRUNE_ABOVE`] entries, entries with nothing to remember (no pause, no streak, nothing
+//! in flight) that were not seen within the window are forgotten, and if that is not
+//! enough, the longest-unseen of them go first.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -29,11 +38,30 @@ pub enum StreakEvent {
     Other,
 }
 
+/// Entries above which the table forgets endpoints with nothing to remember.
+pub const PRUNE_ABOVE: usize = 10_000;
+
 #[derive(Debug)]
 struct Entry {
     rec: EndpointRecord,
     bucket: TokenBucket,
     in_flight: u32,
+    last_seen_ms: u64,
+}
+
+impl Entry {
+    fn new(rec: EndpointRecord, bucket: TokenBucket, now_ms: u64) -> Self {
+        Entry {
+            rec,
+            bucket,
+            in_flight: 0,
+            last_seen_ms: now_ms,
+        }
+    }
+
+    fn worth_keeping(&self) -> bool {
+        self.rec != EndpointRecord::default() || self.in_flight > 0
+    }
 }
 
 /// A snapshot of one endpoint, for the admin API.
@@ -45,6 +73,8 @@ pub struct EndpointView {
     pub rec: EndpointRecord,
     /// Attempts in flight now.
     pub in_flight: u32,
+    /// When courier last saw the endpoint (unix millis).
+    pub last_seen_ms: u64,
 }
 
 /// Every endpoint courier has seen since start (and every one with persisted state).
@@ -53,16 +83,19 @@ pub struct EndpointTable {
     default_rate: u32,
     rates: HashMap<String, u32>,
     pause_after: u32,
+    listed_for_ms: u64,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 impl EndpointTable {
     /// A table with the default rate, per-endpoint rate overrides, the auto-pause
-    /// threshold and the persisted endpoint records.
+    /// threshold, how long an endpoint stays listed after it was last seen, and the
+    /// persisted endpoint records (seen, as far as the table knows, at `now_ms`).
     pub fn new(
         default_rate: u32,
         rates: HashMap<String, u32>,
         pause_after: u32,
+        listed_for_ms: u64,
         persisted: Vec<(String, EndpointRecord)>,
         now_ms: u64,
     ) -> Self {
@@ -70,23 +103,39 @@ impl EndpointTable {
             default_rate,
             rates,
             pause_after,
+            listed_for_ms,
             entries: Mutex::new(HashMap::new()),
         };
         {
             let mut entries = t.lock();
             for (key, rec) in persisted {
                 let bucket = TokenBucket::new(t.rate(&key), now_ms);
-                entries.insert(
-                    key,
-                    Entry {
-                        rec,
-                        bucket,
-                        in_flight: 0,
-                    },
-                );
+                entries.insert(key, Entry::new(rec, bucket, now_ms));
             }
         }
         t
+    }
+
+    fn recently_seen(&self, e: &Entry, now_ms: u64) -> bool {
+        e.last_seen_ms.saturating_add(self.listed_for_ms) >= now_ms
+    }
+
+    /// Forgets entries with nothing to remember: first those not seen within the window,
+    /// then, if the table is still over its bound, the longest-unseen.
+    fn prune(&self, entries: &mut HashMap<String, Entry>, now_ms: u64) {
+        entries.retain(|_, e| e.worth_keeping() || self.recently_seen(e, now_ms));
+        if entries.len() > PRUNE_ABOVE {
+            let mut idle: Vec<(u64, String)> = entries
+                .iter()
+                .filter(|(_, e)| !e.worth_keeping())
+                .map(|(k, e)| (e.last_seen_ms, k.clone()))
+                .collect();
+            idle.sort_unstable();
+            let excess = entries.len() - PRUNE_ABOVE / 2;
+            for (_, key) in idle.into_iter().take(excess) {
+                entries.remove(&key);
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -100,21 +149,15 @@ impl EndpointTable {
     fn with_entry<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry) -> T) -> T {
         let mut entries = self.lock();
         if !entries.contains_key(key) {
-            if entries.len() > 10_000 {
-                // Forget endpoints with nothing to remember so the table stays small.
-                entries.retain(|_, e| e.rec != EndpointRecord::default() || e.in_flight > 0);
+            if entries.len() > PRUNE_ABOVE {
+                self.prune(&mut entries, now_ms);
             }
             let bucket = TokenBucket::new(self.rate(key), now_ms);
-            entries.insert(
-                key.to_string(),
-                Entry {
-                    rec: EndpointRecord::default(),
-                    bucket,
-                    in_flight: 0,
-                },
-            );
+            entries.insert(key.to_string(), Entry::new(EndpointRecord::default(), bucket, now_ms));
         }
-        f(entries.get_mut(key).expect("inserted above"))
+        let e = entries.get_mut(key).expect("inserted above");
+        e.last_seen_ms = e.last_seen_ms.max(now_ms);
+        f(e)
     }
 
     /// Whether the endpoint is paused.
@@ -173,23 +216,17 @@ impl EndpointTable {
 
     /// The state of one endpoint, if courier knows it.
     pub fn get(&self, key: &str) -> Option<EndpointView> {
-        self.lock().get(key).map(|e| EndpointView {
-            key: key.to_string(),
-            rec: e.rec.clone(),
-            in_flight: e.in_flight,
-        })
+        self.lock().get(key).map(|e| view(key, e))
     }
 
-    /// Every known endpoint.
-    pub fn snapshot(&self) -> Vec<EndpointView> {
+    /// Every endpoint worth listing at `now_ms`: paused, with a streak or attempts in
+    /// flight, or seen within the listing window.
+    pub fn snapshot(&self, now_ms: u64) -> Vec<EndpointView> {
         let mut out: Vec<_> = self
             .lock()
             .iter()
-            .map(|(k, e)| EndpointView {
-                key: k.clone(),
-                rec: e.rec.clone(),
-                in_flight: e.in_flight,
-            })
+            .filter(|(_, e)| e.worth_keeping() || self.recently_seen(e, now_ms))
+            .map(|(k, e)| view(k, e))
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
@@ -201,13 +238,60 @@ impl EndpointTable {
     }
 }
 
+fn view(key: &str, e: &Entry) -> EndpointView {
+    EndpointView {
+        key: key.to_string(),
+        rec: e.rec.clone(),
+        in_flight: e.in_flight,
+        last_seen_ms: e.last_seen_ms,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const DAY: u64 = 86_400_000;
+
+    #[test]
+    fn a_resumed_endpoint_stays_listed_for_the_window_then_drops_off() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
+        t.set_paused("e", true, 1_000);
+        assert_eq!(t.snapshot(1_000).len(), 1);
+        t.set_paused("e", false, 2_000);
+        let listed = t.snapshot(2_000 + DAY);
+        assert_eq!(listed.len(), 1, "seen within the window: still listed");
+        assert!(!listed[0].rec.paused);
+        assert_eq!(listed[0].last_seen_ms, 2_000);
+        assert!(t.snapshot(2_001 + DAY).is_empty(), "past the window it drops off");
+        // A paused endpoint stays listed however long ago it was seen.
+        t.set_paused("p", true, 0);
+        assert_eq!(t.snapshot(10 * DAY).len(), 1);
+    }
+
+    #[test]
+    fn the_table_stays_bounded_and_keeps_what_matters() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
+        t.set_paused("paused", true, 0);
+        t.started("busy", 0);
+        for i in 0..(3 * PRUNE_ABOVE) {
+            // All seen recently: only the longest-unseen are forgotten.
+            t.try_rate(&format!("e{i}"), 1 + i as u64).ok();
+        }
+        let n = t.lock().len();
+        assert!(n <= PRUNE_ABOVE + 1, "bounded: {n}");
+        assert!(t.is_paused("paused"));
+        assert_eq!(t.get("busy").unwrap().in_flight, 1);
+        assert!(
+            t.get(&format!("e{}", 3 * PRUNE_ABOVE - 1)).is_some(),
+            "the newest stays"
+        );
+        assert!(t.get("e0").is_none(), "the oldest went first");
+    }
+
     #[test]
     fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
-        let t = EndpointTable::new(100, HashMap::new(), 3, vec![], 0);
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
         assert_eq!(
             t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
             EndpointChange::Changed(EndpointRecord {
@@ -252,6 +336,7 @@ mod tests {
             2,
             HashMap::from([("slow".to_string(), 1)]),
             100,
+            DAY,
             vec![("p".into(), rec)],
             0,
         );

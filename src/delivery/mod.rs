@@ -54,6 +54,15 @@ pub struct Deliverer {
     /// The retry policy.
     pub policy: RetryPolicy,
     rng: Mutex<StdRng>,
+    /// Held by a pause or resume across its whole change, and by the scheduler from its
+    /// last look at the pause flag to its park write: a resume can then never land between
+    /// the scheduler's decision to park and the park, which would strand messages in the
+    /// parked set of an active endpoint.
+    pause_gate: Mutex<()>,
+    /// Serialises endpoint-state writes, each of which writes the state current when it
+    /// runs: the last write is always the latest state, whatever order the changes'
+    /// writers reached the store in.
+    persist_lock: Mutex<()>,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
     idle: Notify,
     results: results::ResultWriter,
@@ -97,6 +106,8 @@ impl Deliverer {
             cfg.delivery.rate_per_second,
             rates,
             cfg.delivery.pause_after_permanent_failures,
+            // Listed as long as the messages delivered to them are kept.
+            cfg.retention.as_millis() as u64,
             parts.store.endpoints()?,
             now,
         );
@@ -122,6 +133,8 @@ impl Deliverer {
             wake: parts.wake,
             policy,
             rng: Mutex::new(parts.rng),
+            pause_gate: Mutex::new(()),
+            persist_lock: Mutex::new(()),
             in_flight: Mutex::new(HashMap::new()),
             idle: Notify::new(),
         }))
@@ -213,17 +226,66 @@ impl Deliverer {
     /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
     /// messages back in the queue at once and wakes the scheduler.
     pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), crate::store::StoreError> {
+        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
         let now = self.clock.now_ms();
-        let rec = self.endpoints.set_paused(endpoint, paused, now);
-        self.store.put_endpoint(endpoint, &rec)?;
+        self.endpoints.set_paused(endpoint, paused, now);
+        self.persist_endpoint(endpoint, true)?;
         if paused {
-            tracing::info!(endpoint, "endpoint paused");
+            tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "endpoint paused");
         } else {
             let n = self.store.unpark_endpoint(endpoint, now)?;
-            tracing::info!(endpoint, released = n, "endpoint resumed");
+            tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), released = n, "endpoint resumed");
             self.wake.notify_one();
         }
         Ok(())
+    }
+}
+
+impl Deliverer {
+    /// Parks the due entries of paused endpoints. Under the pause gate, each entry's
+    /// endpoint is checked again: an entry whose endpoint was resumed since the scheduler
+    /// looked stays in the queue for the next pass. Returns (parked, the due time of the
+    /// earliest entry left in the queue).
+    pub fn park_paused(
+        &self,
+        entries: Vec<crate::store::DueEntry>,
+    ) -> Result<(usize, Option<u64>), crate::store::StoreError> {
+        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
+        let (still, resumed): (Vec<_>, Vec<_>) = entries
+            .into_iter()
+            .partition(|e| self.endpoints.is_paused(&e.routing.endpoint));
+        if !still.is_empty() {
+            self.store.park_many(&still)?;
+        }
+        Ok((still.len(), resumed.iter().map(|e| e.due_ms).min()))
+    }
+
+    /// Writes the endpoint's current in-memory state to the store (synced when an operator
+    /// or an alert was told about it). A blocking call.
+    pub fn persist_endpoint(&self, endpoint: &str, synced: bool) -> Result<(), crate::store::StoreError> {
+        let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(view) = self.endpoints.get(endpoint) else {
+            return Ok(());
+        };
+        if synced {
+            self.store.put_endpoint_synced(endpoint, &view.rec)
+        } else {
+            self.store.put_endpoint(endpoint, &view.rec)
+        }
+    }
+
+    /// At startup: requeues the parked messages of every endpoint that is not paused (a
+    /// crash in the middle of a resume leaves some behind). Returns how many went back.
+    pub fn recover_parked(&self) -> Result<usize, crate::store::StoreError> {
+        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.clock.now_ms();
+        let mut moved = 0;
+        for endpoint in self.store.parked_endpoints()? {
+            if !self.endpoints.is_paused(&endpoint) {
+                moved += self.store.unpark_endpoint(&endpoint, now)?;
+            }
+        }
+        Ok(moved)
     }
 }
 

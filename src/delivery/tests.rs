@@ -117,26 +117,58 @@ struct Harness {
 
 impl Harness {
     fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
+        let h = Self::without_scheduler(config, transport, clock);
+        h.start_scheduler();
+        h
+    }
+
+    /// A harness whose scheduler the test starts itself (to act between a pass's steps).
+    fn without_scheduler(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
-        let d = Deliverer::new(DelivererParts {
-            store,
-            transport,
-            clock: clock.clone(),
-            config: Arc::new(config),
-            metrics: Arc::new(Metrics::default()),
-            wake: Arc::new(Notify::new()),
-            rng: rand::rngs::StdRng::seed_from_u64(42),
-        })
-        .unwrap();
-        let (stop, rx) = watch::channel(false);
-        tokio::spawn(Scheduler::new(d.clone()).run(rx));
+        let d = Self::deliverer(store, config, transport, clock.clone());
+        let (stop, _) = watch::channel(false);
         Harness {
             _dir: dir,
             clock,
             d,
             stop,
         }
+    }
+
+    fn deliverer(
+        store: Arc<Store>,
+        config: Config,
+        transport: Arc<dyn Transport>,
+        clock: Arc<ManualClock>,
+    ) -> Arc<Deliverer> {
+        Deliverer::new(DelivererParts {
+            store,
+            transport,
+            clock,
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::default()),
+            wake: Arc::new(Notify::new()),
+            rng: rand::rngs::StdRng::seed_from_u64(42),
+        })
+        .unwrap()
+    }
+
+    fn start_scheduler(&self) {
+        tokio::spawn(Scheduler::new(self.d.clone()).run(self.stop.subscribe()));
+    }
+
+    /// Every entry of the due queue that is due now.
+    fn due_now(&self) -> Vec<crate::store::DueEntry> {
+        let mut out = Vec::new();
+        self.d
+            .store
+            .scan_due(self.clock.now_ms(), 1000, None, |e| {
+                out.push(e);
+                crate::store::ScanStep::Continue
+            })
+            .unwrap();
+        out
     }
 
     async fn accept(&self, path: &str, headers: Vec<(String, Vec<u8>)>) -> String {
@@ -425,4 +457,92 @@ async fn another_host_is_served_behind_a_long_blocked_backlog() {
     assert_eq!(t.calls().len(), 2, "the blocked host still has one attempt in flight");
     t.gate.as_ref().unwrap().add_permits(n + 1);
     h.wait_record(&other, "delivery", |r| r.state == State::Delivered).await;
+}
+
+const HELD: &str = "https://r.example/held";
+
+/// Finding: the scheduler decided to park in a pass (the endpoint looked paused) but wrote
+/// the park after its scan; a resume landing in between ran its unpark first, and the park
+/// then left the message in the parked set of an active endpoint, forever.
+#[tokio::test]
+async fn a_resume_between_the_park_decision_and_the_park_write_strands_nothing() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_paused(HELD, true).unwrap();
+    let held = h.accept("/held", vec![]).await;
+    // The pass: it scans while the endpoint is paused and decides to park...
+    let decided = h.due_now();
+    assert_eq!(decided.len(), 1);
+    // ...the operator resumes before the park is written...
+    h.d.set_paused(HELD, false).unwrap();
+    // ...and the park write re-checks under the pause gate: nothing parked.
+    let (parked, left) = h.d.park_paused(decided).unwrap();
+    assert_eq!((parked, left), (0, Some(T0)));
+    assert!(h.d.store.parked_endpoints().unwrap().is_empty());
+    h.start_scheduler();
+    h.wait_record(&held, "delivery", |r| r.state == State::Delivered).await;
+}
+
+/// Finding: a crash in the middle of a resume (endpoint persisted active, messages still
+/// parked) left them parked forever; startup now requeues them.
+#[tokio::test]
+async fn messages_left_parked_for_an_active_endpoint_are_requeued_at_startup() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let mut h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_paused(HELD, true).unwrap();
+    let held = h.accept("/held", vec![]).await;
+    let (parked, _) = h.d.park_paused(h.due_now()).unwrap();
+    assert_eq!(parked, 1);
+    // The resume's first write lands, then courier dies before the unpark.
+    h.d.store
+        .put_endpoint(HELD, &crate::store::EndpointRecord::default())
+        .unwrap();
+    assert!(h.due_now().is_empty());
+    // Restart: a new delivery context over the same store.
+    let d = Harness::deliverer(h.d.store.clone(), config(Jitter::None), t.clone(), clock.clone());
+    assert!(!d.endpoints.is_paused(HELD));
+    assert_eq!(d.recover_parked().unwrap(), 1);
+    assert!(d.store.parked_endpoints().unwrap().is_empty());
+    h.d = d;
+    assert_eq!(h.due_now().len(), 1);
+    h.start_scheduler();
+    h.wait_record(&held, "delivery after restart", |r| r.state == State::Delivered)
+        .await;
+}
+
+#[tokio::test]
+async fn a_paused_endpoint_keeps_its_parked_messages_across_a_restart() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_paused(HELD, true).unwrap();
+    h.accept("/held", vec![]).await;
+    assert_eq!(h.d.park_paused(h.due_now()).unwrap().0, 1);
+    let d = Harness::deliverer(h.d.store.clone(), config(Jitter::None), t, clock);
+    assert_eq!(d.recover_parked().unwrap(), 0);
+    assert_eq!(d.store.parked_endpoints().unwrap(), vec![HELD.to_string()]);
+}
+
+/// Finding: an attempt's endpoint write carried the snapshot it computed; a resume landing
+/// between that computation and the write was undone by it (paused again after restart).
+#[tokio::test]
+async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.pause_after_permanent_failures = 1;
+    let h = Harness::without_scheduler(cfg.clone(), t.clone(), clock.clone());
+    // The attempt's result pauses the endpoint in memory...
+    let change =
+        h.d.endpoints
+            .record(HELD, super::StreakEvent::PermanentFailure, Some(410), T0);
+    assert!(matches!(change, super::EndpointChange::Paused(_)));
+    // ...the operator resumes (and that is written)...
+    h.d.set_paused(HELD, false).unwrap();
+    // ...then the attempt's write lands, late: it writes the state as it is now.
+    h.d.persist_endpoint(HELD, true).unwrap();
+    let restarted = Harness::deliverer(h.d.store.clone(), cfg, t, clock);
+    assert!(!restarted.endpoints.is_paused(HELD), "the resume survives a restart");
 }

@@ -11,6 +11,7 @@ use super::endpoints::{EndpointChange, StreakEvent};
 use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
+use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
 use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
 use crate::transport::{OutboundRequest, TransportError};
@@ -50,7 +51,7 @@ fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, Bui
             .signing
             .keys
             .get(name)
-            .cloned()
+            .map(|key| key.secrets.clone())
             .ok_or_else(|| BuildError::MissingKey(name.clone()))?,
         SigningChoice::Inline(secret) => vec![Secret::new(secret.clone())],
     })
@@ -112,6 +113,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
         Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
     };
+    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
+    let error = error.map(|e| crate::redact::clean(&e));
     let attempts_made = rec.attempts + 1;
     let limits = Limits {
         max_attempts: rec.max_attempts,
@@ -205,29 +208,34 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
     };
     match d.endpoints.record(&rec.endpoint, streak_event, status, now) {
         EndpointChange::None => {}
-        EndpointChange::Changed(ep) => {
-            if let Err(e) = d.store.put_endpoint(&rec.endpoint, &ep) {
-                tracing::error!(endpoint = %rec.endpoint, error = %e, "saving endpoint state failed");
-            }
-        }
+        EndpointChange::Changed(_) => persist_endpoint(&d, &rec.endpoint, false).await,
         EndpointChange::Paused(ep) => {
-            if let Err(e) = d.store.put_endpoint(&rec.endpoint, &ep) {
-                tracing::error!(endpoint = %rec.endpoint, error = %e, "saving endpoint state failed");
-            }
-            tracing::warn!(endpoint = %rec.endpoint, streak = ep.streak, last_status = ep.last_status,
+            persist_endpoint(&d, &rec.endpoint, true).await;
+            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
             super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
         }
     }
 }
 
+/// Persists the endpoint's state as it is now (never the snapshot this attempt saw, which a
+/// resume may have overtaken), on a blocking thread.
+async fn persist_endpoint(d: &Arc<Deliverer>, endpoint: &str, synced: bool) {
+    let (d, key) = (d.clone(), endpoint.to_string());
+    let done = tokio::task::spawn_blocking(move || {
+        let r = d.persist_endpoint(&key, synced);
+        (key, r)
+    })
+    .await;
+    if let Ok((key, Err(e))) = done {
+        tracing::error!(endpoint = %url_for_log(&key), error = %e, "saving endpoint state failed");
+    }
+}
+
 /// A short description of a non-2xx answer for `last_error`: the status and the start of
 /// the body, as text.
 fn response_error(status: u16, body: &[u8]) -> String {
-    let snippet: String = String::from_utf8_lossy(&body[..body.len().min(200)])
-        .chars()
-        .filter(|c| !c.is_control())
-        .collect();
+    let snippet = crate::redact::clean(&String::from_utf8_lossy(&body[..body.len().min(200)]));
     if snippet.is_empty() {
         format!("HTTP {status}")
     } else {

@@ -6,6 +6,7 @@
 //! prints its value, so a stray `{:?}` in a log line cannot leak one.
 
 pub mod github;
+pub mod scope;
 pub mod standard;
 pub mod stripe;
 

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::codec::{MessageRecord, Routing};
 use super::floor::DueFloor;
-use super::{keys, Accepted, CounterDeltas, NewMessage, StoreError};
+use super::{keys, Accepted, CounterDeltas, Faults, NewMessage, StoreError};
 use crate::batcher::Batcher;
 use crate::model::State;
 
@@ -37,11 +37,16 @@ pub(super) struct Committer {
 
 impl Committer {
     /// Starts the thread.
-    pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>) -> Committer {
+    pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>, faults: Arc<Faults>) -> Committer {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
         let batcher = Batcher::start("courier-commit", QUEUE, MAX_BATCH, move |jobs| {
-            commit(&db, &due_floor, &synced, jobs)
+            commit(&db, &due_floor, jobs, |batch| {
+                if faults.take(&faults.fail_accepts) {
+                    return Err(StoreError::Injected);
+                }
+                db.write_opt(batch, &synced).map_err(StoreError::Rocks)
+            })
         });
         Committer { batcher }
     }
@@ -67,7 +72,9 @@ impl Committer {
     }
 }
 
-fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) {
+/// Checks a batch of accepts for duplicates, writes the new ones with `write` (the synced
+/// write; a seam so tests can make it fail as a full disk does) and answers every caller.
+fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
     let cf = |name| db.cf_handle(name).expect("column family opened at start");
     // Sized for the records up front: growing the batch's buffer copies it each time.
     let bytes: usize = jobs
@@ -78,12 +85,16 @@ fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) 
     let mut counters = CounterDeltas::default();
     let mut in_batch: HashMap<Vec<u8>, String> = HashMap::new();
     let mut stored = Vec::with_capacity(jobs.len());
+    // A duplicate of a message in this very batch is answered with the batch's result:
+    // a 202 for it before the synced write would acknowledge what may never be stored
+    // (the write can fail, the process can die before the fsync).
+    let mut in_batch_duplicates = Vec::new();
     let mut min_due = u64::MAX;
     for job in jobs {
         let rec = &job.record;
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if let Some(id) = in_batch.get(&event_key) {
-            let _ = job.reply.send(Ok(Accepted::Duplicate { id: id.clone() }));
+            in_batch_duplicates.push((job.reply, id.clone()));
             continue;
         }
         match db.get_pinned_cf(cf(keys::EVENTS), &event_key) {
@@ -122,19 +133,94 @@ fn commit(db: &DB, due_floor: &DueFloor, synced: &WriteOptions, jobs: Vec<Job>) 
         return;
     }
     counters.write_into(&mut batch, cf(keys::META));
-    match db.write_opt(batch, synced) {
+    match write(batch) {
         Ok(()) => {
             // Only now are the entries visible: report them to the scheduler's floor.
             due_floor.wrote(min_due);
             for reply in stored {
                 let _ = reply.send(Ok(Accepted::New));
             }
+            for (reply, id) in in_batch_duplicates {
+                let _ = reply.send(Ok(Accepted::Duplicate { id }));
+            }
         }
         Err(e) => {
             tracing::error!(error = %e, batch = stored.len(), "synced write of accepted messages failed");
-            for reply in stored {
-                let _ = reply.send(Err(StoreError::Rocks(e.clone())));
+            let replies = stored
+                .into_iter()
+                .chain(in_batch_duplicates.into_iter().map(|(r, _)| r));
+            for reply in replies {
+                let _ = reply.send(Err(e.again()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::message;
+    use crate::store::{Store, StoreOptions};
+
+    fn job(msg: NewMessage) -> (Job, oneshot::Receiver<Result<Accepted, StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            record_bytes: msg.record.encode(),
+            payload_bytes: msg.payload.encode(),
+            record: msg.record,
+            reply,
+        };
+        (job, answer)
+    }
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap();
+        (dir, store)
+    }
+
+    /// Finding: a second accept of the same (event id, target) in one batch was answered
+    /// `Duplicate` (a 202) before the batch's synced write, so a failed write left the
+    /// duplicate sender with a 202 for a message that was never stored.
+    #[test]
+    fn a_duplicate_in_a_failed_batch_gets_the_failure_not_a_202() {
+        let (_dir, store) = open();
+        let (first, a1) = job(message("dlv_1", "evt", 10));
+        let (dup, a2) = job(message("dlv_2", "evt", 10));
+        commit(&store.db, &store.due_floor, vec![first, dup], |_| {
+            Err(StoreError::Panicked("disk full (test)".into()))
+        });
+        assert!(
+            a1.blocking_recv().unwrap().is_err(),
+            "the first sender gets the failure"
+        );
+        assert!(
+            a2.blocking_recv().unwrap().is_err(),
+            "the duplicate sender must not get a 202 for what was not stored"
+        );
+        assert!(store.message("dlv_1").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_duplicate_in_a_written_batch_is_answered_after_the_write() {
+        let (_dir, store) = open();
+        let (first, a1) = job(message("dlv_1", "evt", 10));
+        let (dup, a2) = job(message("dlv_2", "evt", 10));
+        let (other, a3) = job(message("dlv_3", "evt-other", 10));
+        let db = store.db.clone();
+        commit(&store.db, &store.due_floor, vec![first, dup, other], move |batch| {
+            db.write(batch).map_err(StoreError::Rocks)
+        });
+        assert_eq!(a1.blocking_recv().unwrap().unwrap(), Accepted::New);
+        assert_eq!(
+            a2.blocking_recv().unwrap().unwrap(),
+            Accepted::Duplicate { id: "dlv_1".into() }
+        );
+        assert_eq!(a3.blocking_recv().unwrap().unwrap(), Accepted::New);
+        assert!(store.message("dlv_1").unwrap().is_some());
+        assert!(
+            store.message("dlv_2").unwrap().is_none(),
+            "the duplicate stores nothing"
+        );
     }
 }

@@ -30,10 +30,13 @@
 //! striped over the id, so the store needs no global lock and the committer never waits for
 //! one (new ids cannot collide with existing ones).
 
+#[cfg(test)]
+mod audit;
 pub mod codec;
 mod committer;
 mod floor;
 pub mod keys;
+mod parking;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -79,6 +82,39 @@ pub enum StoreError {
     /// A store call on a blocking thread panicked.
     #[error("store call panicked: {0}")]
     Panicked(String),
+    /// A write a test made fail (as on a full disk); see [`Faults`].
+    #[error("storage error: injected write failure")]
+    Injected,
+}
+
+/// Writes to make fail, for tests and the simulator: each counter is how many of the next
+/// writes of its kind fail. Always zero in production.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Synced accept batches.
+    pub fail_accepts: std::sync::atomic::AtomicUsize,
+    /// Attempt-result batches.
+    pub fail_results: std::sync::atomic::AtomicUsize,
+}
+
+impl Faults {
+    /// Whether this write fails (and counts it).
+    pub(crate) fn take(&self, counter: &std::sync::atomic::AtomicUsize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
+impl StoreError {
+    /// The same error again, for answering several callers with one failure.
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::Rocks(e) => StoreError::Rocks(e.clone()),
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Injected => StoreError::Injected,
+            other => StoreError::Panicked(other.to_string()),
+        }
+    }
 }
 
 impl StoreError {
@@ -90,6 +126,7 @@ impl StoreError {
             StoreError::Codec { .. } => "corrupt_record",
             StoreError::Closed => "shutting_down",
             StoreError::Panicked(_) => "storage_error",
+            StoreError::Injected => "storage_error",
         }
     }
 }
@@ -282,6 +319,11 @@ pub struct Store {
     committer: committer::Committer,
     stripes: Vec<Mutex<()>>,
     plain: WriteOptions,
+    synced: WriteOptions,
+    /// Synced writes made outside the accept path (tests check that operator changes sync).
+    operator_syncs: std::sync::atomic::AtomicU64,
+    /// Writes a test has asked to fail.
+    faults: Arc<Faults>,
     options: StoreOptions,
     path: PathBuf,
 }
@@ -359,16 +401,29 @@ impl Store {
         })?;
         let db = Arc::new(db);
         let due_floor = Arc::new(floor::DueFloor::default());
-        let committer = committer::Committer::start(db.clone(), due_floor.clone());
+        let faults = Arc::new(Faults::default());
+        let committer = committer::Committer::start(db.clone(), due_floor.clone(), faults.clone());
         Ok(Store {
             db,
             due_floor,
             committer,
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             plain: WriteOptions::default(),
+            synced: {
+                let mut w = WriteOptions::default();
+                w.set_sync(true);
+                w
+            },
+            operator_syncs: std::sync::atomic::AtomicU64::new(0),
+            faults,
             options,
             path: dir.to_path_buf(),
         })
+    }
+
+    /// The fault switches of this store (tests only set them).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
     /// The data directory.
@@ -398,6 +453,19 @@ impl Store {
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
         self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
+    }
+
+    /// A write acknowledged to an operator (delete, replay, pause, resume): synced, so a
+    /// 204 for a delete is not undone by a power loss. These are rare; the sync is cheap.
+    fn write_synced(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.db.write_opt(batch, &self.synced)?;
+        self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many synced operator writes (delete, replay, pause, resume) were made.
+    pub fn operator_syncs(&self) -> u64 {
+        self.operator_syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
@@ -660,6 +728,9 @@ impl Store {
             return out;
         }
         counters.write_into(&mut b, self.cf(keys::META));
+        if self.faults.take(&self.faults.fail_results) {
+            return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
+        }
         if let Err(e) = self.db.write_opt(b, &self.plain) {
             return out
                 .into_iter()
@@ -787,82 +858,27 @@ impl Store {
         Ok(out)
     }
 
-    /// Moves a due message of a paused endpoint out of the queue into the endpoint's
-    /// parked set, so the scheduler does not see it again until the endpoint resumes.
-    pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
-        self.park_many(std::slice::from_ref(entry))
-    }
-
-    /// [`Store::park`] for several entries, in one write.
-    pub fn park_many(&self, entries: &[DueEntry]) -> Result<(), StoreError> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
-        let mut b = WriteBatch::default();
-        for entry in entries {
-            b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
-            if let Some(rec) = self.message(&entry.id)? {
-                if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
-                    b.put_cf(
-                        self.cf(keys::PARKED),
-                        keys::pair_key(&entry.routing.endpoint, &entry.id),
-                        [],
-                    );
-                }
-            }
-        }
-        self.write(b)
-    }
-
-    /// Puts every parked message of `endpoint` back in the queue, due at `now_ms`.
-    pub fn unpark_endpoint(&self, endpoint: &str, now_ms: u64) -> Result<usize, StoreError> {
-        let prefix = keys::pair_prefix(endpoint);
-        let mut moved = 0;
-        loop {
-            let mut ro = ReadOptions::default();
-            ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
-            let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
-            it.seek(&prefix);
-            let mut ids = Vec::new();
-            while let Some(k) = it.key() {
-                ids.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
-                if ids.len() >= 1000 {
-                    break;
-                }
-                it.next();
-            }
-            it.status()?;
-            drop(it);
-            if ids.is_empty() {
-                return Ok(moved);
-            }
-            for id in ids {
-                let _g = self.lock(&id);
-                let mut b = WriteBatch::default();
-                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, &id));
-                if let Some(mut rec) = self.message(&id)? {
-                    if rec.state == State::Pending {
-                        rec.next_attempt_at_ms = now_ms;
-                        self.enqueue(&mut b, &rec);
-                        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-                        moved += 1;
-                    }
-                }
-                self.write(b)?;
-                self.due_floor.wrote(now_ms);
-            }
-        }
-    }
-
     /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
     /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
     pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
         let _g = self.lock(id);
-        let Some(mut rec) = self.message(id)? else {
+        let Some(rec) = self.message(id)? else {
             return Ok(None);
         };
         if rec.state != State::Dead {
             return Ok(Some(false));
         }
         let mut b = WriteBatch::default();
+        self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
+        self.write_synced(b)?;
+        self.due_floor.wrote(now_ms);
+        Ok(Some(true))
+    }
+
+    /// Adds the replay of a dead `rec` to `b` (the caller holds its lock).
+    fn replay_into(&self, b: &mut WriteBatch, mut rec: MessageRecord, now_ms: u64, give_up_at_ms: u64) {
+        let id = rec.id.clone();
+        let id = id.as_str();
         b.delete_cf(
             self.cf(keys::EXPIRY),
             keys::time_key(rec.finished_at_ms.saturating_add(self.options.dead_retention_ms), id),
@@ -873,15 +889,12 @@ impl Store {
         rec.finished_at_ms = 0;
         rec.next_attempt_at_ms = now_ms;
         rec.give_up_at_ms = give_up_at_ms;
-        self.enqueue(&mut b, &rec);
-        self.move_state(&mut b, id, State::Dead, State::Pending);
-        self.count(&mut b, keys::COUNT_DEAD, -1);
-        self.count(&mut b, keys::COUNT_OPEN, 1);
-        self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), 1);
+        self.enqueue(b, &rec);
+        self.move_state(b, id, State::Dead, State::Pending);
+        self.count(b, keys::COUNT_DEAD, -1);
+        self.count(b, keys::COUNT_OPEN, 1);
+        self.count(b, &keys::endpoint_open_key(&rec.endpoint), 1);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-        self.write(b)?;
-        self.due_floor.wrote(now_ms);
-        Ok(Some(true))
     }
 
     /// Replays every dead message matching `filter` (its state is forced to dead).
@@ -893,12 +906,24 @@ impl Store {
         let mut cursor = None;
         let mut n = 0;
         loop {
+            // One synced write per page: a bulk replay of 100,000 messages is 200 writes.
             let page = self.list(&filter, 500, cursor.as_deref())?;
-            for rec in &page.items {
-                if self.replay(&rec.id, now_ms, give_up_at_ms)? == Some(true) {
-                    n += 1;
+            let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
+            let mut b = WriteBatch::default();
+            let mut in_page = 0;
+            for listed in &page.items {
+                // Re-read under the lock: it may have changed since the listing.
+                if let Some(rec) = self.message(&listed.id)?.filter(|r| r.state == State::Dead) {
+                    self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
+                    in_page += 1;
                 }
             }
+            if in_page > 0 {
+                self.write_synced(b)?;
+                self.due_floor.wrote(now_ms);
+                n += in_page;
+            }
+            drop(guards);
             match page.next_cursor {
                 Some(c) => cursor = Some(c),
                 None => return Ok(n),
@@ -912,7 +937,7 @@ impl Store {
         let Some(rec) = self.message(id)? else { return Ok(false) };
         let mut b = WriteBatch::default();
         self.remove(&mut b, &rec)?;
-        self.write(b)?;
+        self.write_synced(b)?;
         Ok(true)
     }
 
@@ -1018,11 +1043,19 @@ impl Store {
         Ok(out)
     }
 
-    /// Saves an endpoint's state.
+    /// Saves an endpoint's state (a streak change: not synced; losing one to a power
+    /// loss only shortens a streak).
     pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
         self.db
             .put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
         Ok(())
+    }
+
+    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
+    pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode());
+        self.write_synced(b)
     }
 
     /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
@@ -1118,7 +1151,16 @@ impl Store {
 
     /// Compacts every column family, so removed records give their disk space back.
     pub fn compact(&self) {
+        self.compact_until(&|| false);
+    }
+
+    /// [`Store::compact`], one column family at a time, stopping before the next one once
+    /// `stopped()` says so (shutdown must not wait for every family to compact).
+    pub fn compact_until(&self, stopped: &dyn Fn() -> bool) {
         for name in keys::CF_NAMES {
+            if stopped() {
+                return;
+            }
             self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
         }
     }

@@ -212,7 +212,13 @@ const HOSTILE: &[(Form, &str, Verdict)] = &[
     (Absolute, "http://[64:ff9b::a9fe:a9fe]/", Ingress(403, "egress_denied")),
     (Absolute, "http://10.1.2.3:8080/x?y=1", Ingress(403, "egress_denied")),
     // Names that resolve to non-global addresses: refused after DNS, at delivery.
-    (Header, "http://localhost/", Dead("127.0.0.1")),
+    // Loopback names by definition (RFC 6761): refused at ingress like 127.0.0.1, no DNS.
+    (Header, "http://localhost/", Ingress(403, "egress_denied")),
+    (Header, "http://localhost.:8080/", Ingress(403, "egress_denied")),
+    (Header, "http://LOCALHOST/x", Ingress(403, "egress_denied")),
+    (Header, "http://api.localhost/", Ingress(403, "egress_denied")),
+    (Path, "http://a.b.localhost./hook", Ingress(403, "egress_denied")),
+    (Absolute, "http://localhost.:9/", Ingress(403, "egress_denied")),
     (Header, "http://metadata.test/latest", Dead("169.254.169.254")),
     (Header, "http://private.test/", Dead("10.0.0.1")),
     (Header, "http://mapped.test/", Dead("::ffff:127.0.0.1")),
@@ -248,9 +254,9 @@ fn hostile_resolver() -> StaticResolver {
 /// Sends `target` in `form`; returns (status, parsed JSON body).
 fn send_hostile(ingress: SocketAddr, form: Form, target: &str) -> (u16, serde_json::Value) {
     let head = match form {
-        Header => format!("POST / HTTP/1.1\r\nHost: courier\r\nCourier-Target: {target}\r\n"),
-        Path => format!("POST /{target} HTTP/1.1\r\nHost: courier\r\n"),
-        Absolute => format!("POST {target} HTTP/1.1\r\nHost: courier\r\n"),
+        Header => format!("POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nCourier-Target: {target}\r\n"),
+        Path => format!("POST /{target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"),
+        Absolute => format!("POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"),
     };
     let req = format!("{head}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}");
     let answer = raw(ingress, req.as_bytes());
@@ -286,6 +292,11 @@ async fn hostile_targets_are_refused_with_the_right_code() {
                     failures.push(format!(
                         "{form:?} {target}: want {want_status} {want_code}, got {status} {body}"
                     ));
+                }
+                // The remedy is one sentence, said once.
+                let message = body["message"].as_str().unwrap_or("");
+                if want_code == "egress_denied" && message.matches("egress.allow_private_targets").count() != 1 {
+                    failures.push(format!("{form:?} {target}: the hint must appear once: {message:?}"));
                 }
             }
             Dead(ip) => match (status, body["id"].as_str()) {
@@ -352,6 +363,8 @@ async fn the_allow_list_opens_exactly_what_it_lists() {
         format!("http://127.0.0.1:{port}/literal"),
         format!("http://ok.test:{port}/name"),
         format!("http://half.test:{port}/half"),
+        // A loopback name opens with the loopback address it stands for, without DNS.
+        format!("http://localhost.:{port}/loopname"),
     ]
     .iter()
     .enumerate()
@@ -365,7 +378,7 @@ async fn the_allow_list_opens_exactly_what_it_lists() {
         c.wait_state(id, "delivered").await;
     }
     let paths: Vec<String> = rx.seen().iter().map(|s| s.path.clone()).collect();
-    assert_eq!(paths, ["/literal", "/name", "/half"]);
+    assert_eq!(paths, ["/literal", "/name", "/half", "/loopname"]);
 
     let a = post(
         &format!("http://{ingress}/"),
@@ -377,7 +390,7 @@ async fn the_allow_list_opens_exactly_what_it_lists() {
     let d = c.wait_state(&id, "dead").await;
     assert_eq!(d["dead_reason"], "egress_denied");
     assert!(d["last_error"].as_str().unwrap().contains("127.0.0.2"), "{d}");
-    assert_eq!(rx.seen().len(), 3, "nothing else reached the receiver");
+    assert_eq!(rx.seen().len(), 4, "nothing else reached the receiver");
     c.stop().await;
 }
 
@@ -457,6 +470,7 @@ fn small_limits() -> ServeLimits {
         header_read_timeout: Duration::from_millis(400),
         max_header_bytes: 16 << 10,
         max_connections: 64,
+        drain_timeout: Duration::from_secs(5),
     }
 }
 
@@ -467,7 +481,8 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
         // A partial head, then silence.
         let mut s = TcpStream::connect(addr).unwrap();
         let start = Instant::now();
-        s.write_all(b"POST /x HTTP/1.1\r\nHost: a\r\nX-Slow: 1").unwrap();
+        s.write_all(b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1")
+            .unwrap();
         let (_, closed) = read_until_closed(&mut s, Duration::from_secs(10)).expect("the server closed the connection");
         let took = closed - start;
         assert!(
@@ -489,7 +504,7 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
         // Trickling one byte at a time does not reset the clock.
         let mut s = TcpStream::connect(addr).unwrap();
         let start = Instant::now();
-        let head = b"POST /x HTTP/1.1\r\nHost: a\r\nX-Slow: 1234567890123456789012345678901234567890";
+        let head = b"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1234567890123456789012345678901234567890";
         let mut closed_early = false;
         for b in head.iter() {
             if s.write_all(&[*b]).is_err() {
@@ -509,7 +524,7 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
 
         // A kept-alive connection that starts a second request and stalls is cut too.
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        s.write_all(b"GET /a HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
         let mut first = [0u8; 17];
         s.read_exact(&mut first).unwrap();
         assert!(
@@ -538,7 +553,7 @@ async fn the_connection_cap_holds_and_stalled_connections_free_their_slots() {
         let _a = TcpStream::connect(addr).unwrap();
         let _b = TcpStream::connect(addr).unwrap();
         let mut c = TcpStream::connect(addr).unwrap();
-        c.write_all(b"GET /c HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        c.write_all(b"GET /c HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             .unwrap();
         let (answer, at) = read_until_closed(&mut c, Duration::from_secs(10)).expect("served once a slot freed");
         assert!(
@@ -563,18 +578,21 @@ async fn oversized_heads_are_refused() {
         for (what, head) in [
             (
                 "one huge header",
-                format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n", "a".repeat(64 << 10)),
+                format!(
+                    "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
+                    "a".repeat(64 << 10)
+                ),
             ),
             (
                 "many headers",
                 format!(
-                    "GET / HTTP/1.1\r\nHost: a\r\n{}\r\n",
+                    "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n{}\r\n",
                     "X-Many: 0123456789\r\n".repeat(2000)
                 ),
             ),
             (
                 "a huge request line",
-                format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "p".repeat(64 << 10)),
+                format!("GET /{} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "p".repeat(64 << 10)),
             ),
         ] {
             let mut s = TcpStream::connect(addr).unwrap();
@@ -604,7 +622,7 @@ async fn the_real_ingress_refuses_heads_over_64_kib() {
     let ingress = c.ingress;
     let send = move |kib: usize, chunk: usize| {
         let head = format!(
-            "POST /http://127.0.0.1:9/ HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\nContent-Length: 0\r\n\r\n",
+            "POST /http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\nContent-Length: 0\r\n\r\n",
             "b".repeat(kib << 10)
         );
         let mut s = TcpStream::connect(ingress).unwrap();
@@ -659,7 +677,7 @@ async fn header_values_with_cr_lf_or_nul_are_refused() {
     ];
     for (what, header) in cases {
         let req = format!(
-            "POST /{target} HTTP/1.1\r\nHost: courier\r\n{header}Content-Length: 1\r\nConnection: close\r\n\r\nx"
+            "POST /{target} HTTP/1.1\r\nHost: 127.0.0.1\r\n{header}Content-Length: 1\r\nConnection: close\r\n\r\nx"
         );
         let ingress = c.ingress;
         let answer = tokio::task::spawn_blocking(move || raw(ingress, req.as_bytes()))
@@ -688,7 +706,7 @@ async fn non_ascii_request_paths_get_an_answer() {
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), "");
     for path in ["/r/x\u{e9}", "/x%3\u{e9}", "/r/'\u{661}*", "/http\u{e9}://a/"] {
-        let req = format!("POST {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let req = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         let ingress = c.ingress;
         let answer = tokio::task::spawn_blocking(move || raw(ingress, req.as_bytes()))
             .await

@@ -165,3 +165,31 @@ async fn sigterm_drains_in_flight_attempts_and_refuses_new_ones() {
     assert_eq!(rec["state"], "delivered");
     assert_eq!(rx.seen().iter().filter(|s| s.path == "/slow").count(), 1);
 }
+
+/// Finding: the ingress body read had no timeout and the listeners' drain no bound, so one
+/// client that stopped mid-body kept courier from exiting on SIGTERM, forever.
+#[tokio::test]
+async fn a_stalled_upload_does_not_hold_up_shutdown() {
+    use std::io::Write;
+    let d = tempfile::tempdir().unwrap();
+    let mut c = Courier::start(d.path(), "shutdown_grace = \"1s\"\n");
+    let mut stalled = std::net::TcpStream::connect(c.ingress).unwrap();
+    stalled
+        .write_all(b"POST /http://127.0.0.1:9/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nhalf")
+        .unwrap();
+    // Let courier read the head and start waiting for the rest of the body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let status = tokio::task::spawn_blocking(move || c.signal_and_wait("TERM"))
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    // Bounded by shutdown_grace (1 s) plus the listeners' last second and the store's
+    // close; without the bound this never returns.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    drop(stalled);
+}

@@ -12,3 +12,5 @@ mod hardening;
 mod ingress;
 mod lifecycle;
 mod metrics;
+mod security;
+mod setup_script;

@@ -59,6 +59,8 @@ pub struct Courier {
     pub ingress: SocketAddr,
     /// Admin address.
     pub admin: SocketAddr,
+    /// The read-only ops listener, when started with `ops_listen`.
+    pub ops: Option<SocketAddr>,
     /// Data dir.
     pub data_dir: PathBuf,
     /// Config file.
@@ -158,10 +160,12 @@ impl Courier {
             rest[..end].parse().unwrap()
         };
         let (ingress, admin) = (addr("ingress"), addr("admin"));
+        let ops = line.contains(" ops=").then(|| addr("ops"));
         Courier {
             child: Some(child),
             ingress,
             admin,
+            ops,
             data_dir,
             config_path,
             log,
@@ -280,6 +284,8 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// Delay before answering.
     pub delay: Duration,
+    /// Response body.
+    pub body: Bytes,
 }
 
 impl Reply {
@@ -289,7 +295,14 @@ impl Reply {
             status,
             headers: vec![],
             delay: Duration::ZERO,
+            body: Bytes::new(),
         }
+    }
+
+    /// With a body.
+    pub fn body(mut self, body: impl Into<Bytes>) -> Reply {
+        self.body = body.into();
+        self
     }
 
     /// With a header.
@@ -455,7 +468,7 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
     for (k, v) in &reply.headers {
         resp = resp.header(k, v);
     }
-    resp.body(Full::new(Bytes::new())).unwrap()
+    resp.body(Full::new(reply.body.clone())).unwrap()
 }
 
 /// An HTTP answer.

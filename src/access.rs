@@ -1,0 +1,311 @@
+//! Who may talk to ingress and admin: server-side clients, never a web page.
+//!
+//! courier signs what reaches ingress with the operator's secrets, and the admin API
+//! replays, deletes and pauses. Both listen on loopback, which a browser on the same machine
+//! can reach too. Two browser-only paths are closed here:
+//!
+//! - **Cross-site requests.** A page can POST to `http://127.0.0.1:8787/…` (a "simple"
+//!   request needs no preflight). Browsers mark every such request with `Origin` and
+//!   `Sec-Fetch-Site`; server-side HTTP clients send neither. So a request with an `Origin`
+//!   not listed in `allowed_origins`, or with `Sec-Fetch-Site` other than `none` (a request
+//!   the user typed), is refused: 403 `cross_site_refused`.
+//! - **DNS rebinding.** A page on `evil.example` can re-point its own name at 127.0.0.1 and
+//!   then make same-origin requests (no `Origin` check helps there), but the `Host` header
+//!   still names `evil.example`. An origin-form request must therefore name a loopback
+//!   literal, a loopback name (`localhost`, `*.localhost`), the address the connection came
+//!   in on, or a name listed in `hosts`: otherwise 421 `misdirected_request`. Absolute-form
+//!   requests (`POST http://receiver/… HTTP/1.1`, as an app with `HTTP_PROXY` sends) carry
+//!   the target as their authority and cannot come from a browser, so they are not checked.
+//!
+//! Pure: the caller passes the request's parts and the connection's local address.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderMap, Uri};
+
+use crate::egress::is_loopback_name;
+
+/// The local address a connection arrived on, put into each request's extensions by the
+/// accept loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAddr(pub SocketAddr);
+
+/// The browser rules of one listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessPolicy {
+    /// Config section named in error messages (`ingress` or `admin`).
+    section: &'static str,
+    /// Origins allowed to send cross-site (ASCII serialisation, e.g. `https://app.example`).
+    allowed_origins: Vec<String>,
+    /// Extra `Host` names (lowercase, optionally `:port`).
+    hosts: Vec<String>,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessRefusal {
+    /// A browser's cross-site request.
+    #[error("{0}")]
+    CrossSite(String),
+    /// A `Host` that is not one of this listener's names.
+    #[error("{0}")]
+    Misdirected(String),
+}
+
+impl AccessRefusal {
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            AccessRefusal::CrossSite(_) => http::StatusCode::FORBIDDEN,
+            AccessRefusal::Misdirected(_) => http::StatusCode::MISDIRECTED_REQUEST,
+        }
+    }
+
+    /// The machine-readable code of the answer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AccessRefusal::CrossSite(_) => "cross_site_refused",
+            AccessRefusal::Misdirected(_) => "misdirected_request",
+        }
+    }
+}
+
+impl AccessPolicy {
+    /// The rules of the listener configured in `section` (`ingress` or `admin`).
+    pub fn new(section: &'static str, allowed_origins: Vec<String>, hosts: Vec<String>) -> Self {
+        AccessPolicy {
+            section,
+            allowed_origins: allowed_origins.into_iter().map(|o| o.to_ascii_lowercase()).collect(),
+            hosts: hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+        }
+    }
+
+    /// Checks one request. `local` is the address the connection arrived on, if known.
+    pub fn check(&self, uri: &Uri, headers: &HeaderMap, local: Option<SocketAddr>) -> Result<(), AccessRefusal> {
+        self.check_cross_site(headers)?;
+        if uri.authority().is_none() {
+            self.check_host(headers, local)?;
+        }
+        Ok(())
+    }
+
+    fn check_cross_site(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
+        let section = self.section;
+        if let Some(origin) = headers.get(http::header::ORIGIN) {
+            let origin = String::from_utf8_lossy(origin.as_bytes()).trim().to_ascii_lowercase();
+            if self.allowed_origins.contains(&origin) {
+                return Ok(());
+            }
+            return Err(AccessRefusal::CrossSite(format!(
+                "requests from web pages are refused (Origin {}); courier serves server-side \
+                 clients, and an operator can list an origin in {section}.allowed_origins",
+                crate::redact::escape(&origin)
+            )));
+        }
+        match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
+            None => Ok(()),
+            Some(v) if v.eq_ignore_ascii_case(b"none") => Ok(()),
+            Some(v) => Err(AccessRefusal::CrossSite(format!(
+                "requests from web pages are refused (Sec-Fetch-Site {}); courier serves \
+                 server-side clients",
+                crate::redact::escape(&String::from_utf8_lossy(v))
+            ))),
+        }
+    }
+
+    fn check_host(&self, headers: &HeaderMap, local: Option<SocketAddr>) -> Result<(), AccessRefusal> {
+        // HTTP/1.0 clients may send no Host; browsers always send one.
+        let Some(raw) = headers.get(http::header::HOST) else {
+            return Ok(());
+        };
+        let raw = String::from_utf8_lossy(raw.as_bytes()).trim().to_ascii_lowercase();
+        let (name, port) = split_host_port(&raw);
+        let name = name.strip_suffix('.').unwrap_or(name);
+        let ok = match name.parse::<IpAddr>() {
+            Ok(ip) => ip.is_loopback() || local.is_some_and(|l| l.ip() == ip) || is_mapped_loopback(ip),
+            Err(_) => is_loopback_name(name) || self.host_listed(name, port),
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(AccessRefusal::Misdirected(format!(
+            "Host {} is not a name of this listener (a loopback address, localhost, its own \
+             address, or one listed in {}.hosts); a DNS name pointed at courier is refused",
+            crate::redact::escape(&raw),
+            self.section
+        )))
+    }
+
+    fn host_listed(&self, name: &str, port: Option<&str>) -> bool {
+        self.hosts.iter().any(|h| match split_host_port(h) {
+            (n, None) => n.strip_suffix('.').unwrap_or(n) == name,
+            (n, Some(p)) => n.strip_suffix('.').unwrap_or(n) == name && Some(p) == port,
+        })
+    }
+}
+
+fn is_mapped_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V4(_) => false,
+    }
+}
+
+/// `name:port`, `[v6]:port`, `name` or `[v6]` → (name without brackets, port).
+fn split_host_port(text: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = text.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((ip, tail)) => (ip, tail.strip_prefix(':')),
+            None => (text, None),
+        };
+    }
+    match text.rsplit_once(':') {
+        // More than one colon without brackets: a bare IPv6 address, no port.
+        Some((name, port)) if !name.contains(':') => (name, Some(port)),
+        _ => (text, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    fn check(p: &AccessPolicy, uri: &str, pairs: &[(&str, &str)]) -> Result<(), &'static str> {
+        let local: SocketAddr = "10.1.2.3:8787".parse().unwrap();
+        p.check(&uri.parse().unwrap(), &headers(pairs), Some(local))
+            .map_err(|e| e.code())
+    }
+
+    #[test]
+    fn server_side_clients_pass() {
+        let p = AccessPolicy::new("ingress", vec![], vec![]);
+        for host in [
+            "127.0.0.1:8787",
+            "127.0.0.1",
+            "127.9.9.9:1",
+            "[::1]:8787",
+            "[::ffff:127.0.0.1]:8787",
+            "localhost:8787",
+            "LOCALHOST.",
+            "app.localhost:8787",
+            "10.1.2.3:8787",
+        ] {
+            assert_eq!(check(&p, "/https://r.example/x", &[("host", host)]), Ok(()), "{host}");
+        }
+        assert_eq!(check(&p, "/x", &[]), Ok(()), "HTTP/1.0 without Host");
+        assert_eq!(
+            check(&p, "/x", &[("host", "127.0.0.1"), ("sec-fetch-site", "none")]),
+            Ok(()),
+            "a request the user typed"
+        );
+    }
+
+    #[test]
+    fn browsers_cross_site_are_refused() {
+        let p = AccessPolicy::new("ingress", vec![], vec![]);
+        let h = ("host", "127.0.0.1:8787");
+        for extra in [
+            ("origin", "https://evil.example"),
+            ("origin", "null"),
+            ("origin", "http://127.0.0.1:8787"),
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-site", "same-site"),
+            ("sec-fetch-site", "same-origin"),
+        ] {
+            assert_eq!(
+                check(&p, "/https://evil.example/c", &[h, extra]),
+                Err("cross_site_refused"),
+                "{extra:?}"
+            );
+        }
+        // Absolute form does not skip the browser check.
+        assert_eq!(
+            check(&p, "http://r.example/x", &[("origin", "https://evil.example")]),
+            Err("cross_site_refused")
+        );
+    }
+
+    #[test]
+    fn listed_origins_may_send() {
+        let p = AccessPolicy::new("admin", vec!["https://Ops.example".into()], vec![]);
+        let h = ("host", "127.0.0.1");
+        assert_eq!(
+            check(
+                &p,
+                "/deliveries",
+                &[h, ("origin", "https://ops.example"), ("sec-fetch-site", "cross-site")]
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(&p, "/deliveries", &[h, ("origin", "https://ops.example:8443")]),
+            Err("cross_site_refused")
+        );
+    }
+
+    #[test]
+    fn rebound_names_are_misdirected_but_proxy_requests_pass() {
+        let p = AccessPolicy::new("admin", vec![], vec!["courier".into(), "sidecar.internal:8788".into()]);
+        for host in [
+            "evil.example:8788",
+            "evil.example",
+            "10.9.9.9:8788",
+            "localhost.evil.example",
+            "[2001:db8::1]:1",
+        ] {
+            assert_eq!(
+                check(&p, "/deliveries", &[("host", host)]),
+                Err("misdirected_request"),
+                "{host}"
+            );
+        }
+        for host in ["courier", "courier:8788", "COURIER.", "sidecar.internal:8788"] {
+            assert_eq!(check(&p, "/deliveries", &[("host", host)]), Ok(()), "{host}");
+        }
+        assert_eq!(
+            check(&p, "/x", &[("host", "sidecar.internal:9999")]),
+            Err("misdirected_request")
+        );
+        // Absolute form: the authority is the target, Host follows it.
+        assert_eq!(
+            check(&p, "http://receiver.example/hook", &[("host", "receiver.example")]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn refusals_have_status_code_and_name_the_setting() {
+        let p = AccessPolicy::new("ingress", vec![], vec![]);
+        let e = p
+            .check(&"/x".parse().unwrap(), &headers(&[("host", "evil.example")]), None)
+            .unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::MISDIRECTED_REQUEST);
+        assert!(e.to_string().contains("ingress.hosts"), "{e}");
+        let e = p
+            .check(
+                &"/x".parse().unwrap(),
+                &headers(&[("origin", "https://e.example")]),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::FORBIDDEN);
+        assert!(e.to_string().contains("ingress.allowed_origins"), "{e}");
+    }
+
+    #[test]
+    fn host_port_splitting() {
+        assert_eq!(split_host_port("a.example:80"), ("a.example", Some("80")));
+        assert_eq!(split_host_port("a.example"), ("a.example", None));
+        assert_eq!(split_host_port("[::1]:8787"), ("::1", Some("8787")));
+        assert_eq!(split_host_port("[::1]"), ("::1", None));
+        assert_eq!(split_host_port("::1"), ("::1", None));
+    }
+}

@@ -1,0 +1,192 @@
+//! Text-to-value conversions shared by the file, environment and flag layers. Each returns
+//! a problem sentence without the place; the caller adds the key, variable or flag.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use url::Url;
+
+use super::units::{parse_duration, parse_size};
+use crate::model::{Jitter, SignatureScheme};
+use crate::signing::scope::TargetPattern;
+
+/// `ip:port`, `[v6]:port`, or `localhost:port` (meaning 127.0.0.1).
+pub(super) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Some(port) = text.strip_prefix("localhost:") {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+        }
+    }
+    text.parse()
+        .map_err(|_| "expected ip:port, like 127.0.0.1:8787".to_string())
+}
+
+pub(super) fn parse_duration_text(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+pub(super) fn parse_size_text(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.to_string())
+}
+
+pub(super) fn parse_u32(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("expected a whole number from 0 to {}", u32::MAX))
+}
+
+pub(super) fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err("expected true, false, 1 or 0".to_string()),
+    }
+}
+
+/// The URL parser's message, without the URL (it may carry a credential).
+pub(super) fn parse_url(text: &str) -> Result<Url, String> {
+    Url::parse(text.trim()).map_err(|e| format!("not a valid URL ({e})"))
+}
+
+pub(super) fn parse_jitter(text: &str) -> Result<Jitter, String> {
+    text.trim()
+        .to_ascii_lowercase()
+        .parse()
+        .map_err(|e: crate::model::UnknownName| e.to_string())
+}
+
+pub(super) fn parse_scheme(text: &str) -> Result<SignatureScheme, String> {
+    text.parse().map_err(|e: crate::model::UnknownName| e.to_string())
+}
+
+/// A CIDR network, or a bare address meaning just that address (/32 or /128).
+pub(super) fn parse_net(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is not an address or CIDR network, like 10.1.0.0/16 or 127.0.0.1"))
+}
+
+/// Splits a comma-separated list; a blank value is the empty list, an empty item is an error
+/// (the index of the empty item).
+pub(super) fn split_list(text: &str) -> Result<Vec<&str>, usize> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .map(str::trim)
+        .enumerate()
+        .map(|(i, item)| if item.is_empty() { Err(i) } else { Ok(item) })
+        .collect()
+}
+
+/// Parses every item of a file list, naming a bad one as `key[i]`.
+pub(super) fn parse_each<T>(
+    key: &str,
+    items: &[String],
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| parse(item).map_err(|e| format!("{key}[{i}]: {e}")))
+        .collect()
+}
+
+/// A signing target pattern (see [`crate::signing::scope`]).
+pub(super) fn parse_target(text: &str) -> Result<TargetPattern, String> {
+    TargetPattern::parse(text.trim())
+}
+
+/// A browser origin (`https://app.example`, `http://localhost:3000`), returned as its ASCII
+/// serialization: what a browser sends in `Origin` (lowercase, IDNA, default port left out),
+/// so the runtime compares it byte for byte with the lowercased header.
+pub(super) fn parse_origin(text: &str) -> Result<String, String> {
+    const HINT: &str = "an origin is scheme://host[:port], like https://app.example or http://localhost:3000";
+    let text = text.trim();
+    if text.contains('*') {
+        return Err(format!(
+            "{text:?} is not an origin: wildcards are not supported ({HINT})"
+        ));
+    }
+    // The parser's message without the text: a mistyped entry may carry a credential.
+    let url = Url::parse(text).map_err(|e| format!("not an origin ({e}); {HINT}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!(
+            "is not an origin: it has a user or password (value not shown); {HINT}"
+        ));
+    }
+    let why = if !matches!(url.scheme(), "http" | "https") {
+        "the scheme must be http or https"
+    } else if url.host_str().is_none_or(str::is_empty) {
+        "it has no host"
+    } else if url.path() != "/" {
+        "it has a path"
+    } else if url.query().is_some() || url.fragment().is_some() {
+        "it has a query or fragment"
+    } else {
+        return Ok(url.origin().ascii_serialization());
+    };
+    Err(format!("{text:?} is not an origin: {why} ({HINT})"))
+}
+
+/// An extra `Host` name: a DNS name or IP address, optionally with `:port` (IPv6 in
+/// brackets when a port follows). Returned lowercased, without a trailing dot.
+pub(super) fn parse_host_entry(text: &str) -> Result<String, String> {
+    const HINT: &str = "write a name or address with an optional port, like app.example or 10.0.0.5:8787";
+    let bad = |why: &str| Err(format!("{text:?} is not a host: {why} ({HINT})"));
+    if text.is_empty() {
+        return Err(format!("an empty entry is not a host ({HINT})"));
+    }
+    if text.contains(['/', '@']) {
+        return bad("no scheme, path or user");
+    }
+    if text.contains(char::is_whitespace) {
+        return bad("no spaces");
+    }
+    if text.contains('*') {
+        return bad("wildcards are not supported");
+    }
+    let lower = text.to_ascii_lowercase();
+    let (name, port) = if let Some(rest) = lower.strip_prefix('[') {
+        let Some((v6, tail)) = rest.split_once(']') else {
+            return bad("unclosed [");
+        };
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("not an IPv6 address in the brackets");
+        }
+        match tail {
+            "" => (format!("[{v6}]"), None),
+            _ => match tail.strip_prefix(':') {
+                Some(port) => (format!("[{v6}]"), Some(port)),
+                None => return bad("unexpected text after ]"),
+            },
+        }
+    } else if lower.parse::<std::net::Ipv6Addr>().is_ok() {
+        (lower.clone(), None)
+    } else {
+        let (name, port) = match lower.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (lower.as_str(), None),
+        };
+        if name.contains(':') {
+            return bad("write an IPv6 address with a port in brackets, like [::1]:8787");
+        }
+        let name = name.strip_suffix('.').unwrap_or(name);
+        let label_ok =
+            |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !name.split('.').all(label_ok) {
+            return bad("a name is dot-separated labels of a-z 0-9 - _");
+        }
+        (name.to_string(), port)
+    };
+    match port {
+        None => Ok(name),
+        Some(port) => match port.parse::<u16>() {
+            Ok(p) if p != 0 => Ok(format!("{name}:{p}")),
+            _ => bad("the port must be a number from 1 to 65535"),
+        },
+    }
+}

@@ -1,0 +1,200 @@
+//! [`Config::summary`] (for `courier check-config`) and the redacting formatters it shares
+//! with the `Debug` impls: URLs without passwords, alert URLs as their origin only.
+
+use ipnet::IpNet;
+use url::Url;
+
+use super::units::format_duration;
+use super::{Config, ListenerAccess};
+use crate::model::Jitter;
+use crate::signing::scope::TargetPattern;
+use crate::signing::Secret;
+
+impl Config {
+    /// A few human lines describing the effective settings, for `courier check-config`.
+    /// Tokens and secrets are reported as set or counted, never shown.
+    pub fn summary(&self) -> String {
+        let set = |s: &Option<Secret>| if s.is_some() { "set" } else { "unset" };
+        let r = &self.retry;
+        let d = &self.delivery;
+        let mut lines = vec![
+            format!(
+                "listen {} (ingress), {} (admin){}; data_dir {}",
+                self.listen,
+                self.admin_listen,
+                self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default(),
+                self.data_dir.display()
+            ),
+            format!(
+                "max_body {}; ingress_token {}; admin_token {}; alert_url {}",
+                format_size(self.max_body),
+                set(&self.ingress_token),
+                set(&self.admin_token),
+                self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only)
+            ),
+            format!(
+                "shutdown_grace {}; retention {} (delivered), {} (dead)",
+                format_duration(self.shutdown_grace),
+                format_duration(self.retention),
+                format_duration(self.dead_retention)
+            ),
+            format!(
+                "ingress: {}; admin: {}; allow_unauthenticated_network {}",
+                access(&self.ingress),
+                access(&self.admin),
+                self.allow_unauthenticated_network
+            ),
+            format!(
+                concat!(
+                    "retry: base_delay {}, max_delay {}, jitter {}, max_attempts {}, max_attempts_404 {}, ",
+                    "give_up_after {}, max_retry_after {}"
+                ),
+                format_duration(r.base_delay),
+                format_duration(r.max_delay),
+                jitter_name(r.jitter),
+                r.max_attempts,
+                r.max_attempts_404,
+                format_duration(r.give_up_after),
+                format_duration(r.max_retry_after)
+            ),
+            format!(
+                concat!(
+                    "delivery: connect_timeout {}, request_timeout {}, max_in_flight_per_host {}, rate_per_second {}, ",
+                    "pause_after_permanent_failures {}, max_response_body {}"
+                ),
+                format_duration(d.connect_timeout),
+                format_duration(d.request_timeout),
+                d.max_in_flight_per_host,
+                d.rate_per_second,
+                d.pause_after_permanent_failures,
+                format_size(d.max_response_body)
+            ),
+        ];
+        let keys: Vec<String> = self
+            .signing
+            .keys
+            .iter()
+            .map(|(name, key)| {
+                format!(
+                    "{name} ({}{})",
+                    count(key.secrets.len(), "secret"),
+                    targets(&key.targets)
+                )
+            })
+            .collect();
+        lines.push(format!(
+            "signing: scheme {}, {} by default, keys: {}",
+            self.signing.scheme.as_str(),
+            count(self.signing.secrets.len(), "secret"),
+            if keys.is_empty() {
+                "none".to_string()
+            } else {
+                keys.join(", ")
+            }
+        ));
+        let allow: Vec<String> = self.egress.allow.iter().map(IpNet::to_string).collect();
+        lines.push(format!(
+            "egress: private targets {}, allow: {}",
+            if self.egress.allow_private_targets {
+                "allowed"
+            } else {
+                "refused"
+            },
+            if allow.is_empty() {
+                "none".to_string()
+            } else {
+                allow.join(", ")
+            }
+        ));
+        for route in &self.routes {
+            lines.push(format!(
+                "route {} -> {} (signing key {}, scheme {}{})",
+                route.name,
+                without_password(&route.url),
+                route.signing_key.as_deref().unwrap_or("default"),
+                route.scheme.unwrap_or(self.signing.scheme).as_str(),
+                targets(&route.targets)
+            ));
+        }
+        for host in &self.hosts {
+            lines.push(format!("host {}: max_in_flight {}", host.host, host.max_in_flight));
+        }
+        for endpoint in &self.endpoints {
+            lines.push(format!(
+                "endpoint {}: rate_per_second {}",
+                endpoint.key, endpoint.rate_per_second
+            ));
+        }
+        lines.join("\n")
+    }
+}
+
+pub(super) fn without_password(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Cannot fail: the URL already has a password, so it can have one.
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+/// `scheme://host[:port]`, plus `/…` when there is more: alert URLs often carry their
+/// credential in the path.
+pub(super) fn origin_only(url: &Url) -> String {
+    let origin = url.origin().ascii_serialization();
+    if url.as_str().trim_end_matches('/').len() > origin.len() {
+        format!("{origin}/…")
+    } else {
+        origin
+    }
+}
+
+fn jitter_name(jitter: Jitter) -> &'static str {
+    match jitter {
+        Jitter::Equal => "equal",
+        Jitter::Full => "full",
+        Jitter::None => "none",
+    }
+}
+
+fn format_size(bytes: u64) -> String {
+    for (unit, factor) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= factor && bytes.is_multiple_of(factor) {
+            return format!("{}{unit}", bytes / factor);
+        }
+    }
+    format!("{bytes}B")
+}
+
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// `, targets [a, b]`, or nothing when unscoped.
+fn targets(targets: &[TargetPattern]) -> String {
+    if targets.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<&str> = targets.iter().map(TargetPattern::as_str).collect();
+    format!(", targets [{}]", shown.join(", "))
+}
+
+/// `allowed_origins [..], hosts [..]` with `none` for an empty list.
+fn access(access: &ListenerAccess) -> String {
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "none".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    format!(
+        "allowed_origins {}, hosts {}",
+        list(&access.allowed_origins),
+        list(&access.hosts)
+    )
+}

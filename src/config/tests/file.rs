@@ -1,0 +1,170 @@
+//! The TOML layer: unknown keys, bad values, and what its errors may show.
+
+use super::*;
+use crate::config::file::redact_quoted_string;
+
+#[test]
+fn unknown_keys_are_rejected_at_every_level() {
+    let cases: &[(&str, &str)] = &[
+        ("lissten = \"x\"\n", "unknown key \"lissten\" (line 1)"),
+        (
+            "[retry]\nmax_atempts = 3\n",
+            "unknown key \"retry.max_atempts\" (line 2)",
+        ),
+        ("[delivery]\nrate = 3\n", "unknown key \"delivery.rate\" (line 2)"),
+        ("[signing]\nsecret = []\n", "unknown key \"signing.secret\" (line 2)"),
+        (
+            "[egress]\nallow_private = true\n",
+            "unknown key \"egress.allow_private\" (line 2)",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nkey = \"k\"\n",
+            "unknown key \"route.key\" (line 4)",
+        ),
+        (
+            "[[host]]\nhost = \"a:1\"\nmax_in_flight = 1\nrate = 1\n",
+            "unknown key \"host.rate\" (line 4)",
+        ),
+        (
+            "[[endpoint]]\nkey = \"k\"\nrate = 1\n",
+            "unknown key \"endpoint.rate\" (line 3)",
+        ),
+        ("[metrics]\nport = 1\n", "unknown key \"metrics\" (line 1)"),
+        ("[[routes]]\nname = \"a\"\n", "unknown key \"routes\" (line 1)"),
+    ];
+    for (text, want) in cases {
+        let msg = Config::from_toml_str(text, "/etc/courier.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(msg, format!("config /etc/courier.toml: {want}"), "{text:?}");
+    }
+}
+
+#[test]
+fn bad_file_values_name_the_key() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[retry]\nmax_attempts = \"x\"\n",
+            "retry.max_attempts: invalid type: a string, expected u32 (line 2)",
+        ),
+        (
+            "[retry]\nmax_attempts = -1\n",
+            "retry.max_attempts: invalid value: integer `-1`, expected u32 (line 2)",
+        ),
+        (
+            "max_body = 1048576\n",
+            "max_body: invalid type: integer `1048576`, expected a string (line 1)",
+        ),
+        (
+            "[retry]\nbase_delay = 60\n",
+            "retry.base_delay: invalid type: integer `60`",
+        ),
+        (
+            "[retry]\nbase_delay = \"5sec\"\n",
+            "retry.base_delay: invalid duration \"5sec\"",
+        ),
+        ("[retry]\njitter = \"half\"\n", "retry.jitter: unknown jitter \"half\""),
+        (
+            "[delivery]\nmax_response_body = \"1TB\"\n",
+            "delivery.max_response_body: invalid size",
+        ),
+        ("listen = \"localhost\"\n", "listen: expected ip:port"),
+        ("admin_listen = \"x:1\"\n", "admin_listen: expected ip:port"),
+        ("alert_url = \"::\"\n", "alert_url: not a valid URL"),
+        (
+            "[signing]\nscheme = \"hmac\"\n",
+            "signing.scheme: unknown signature scheme \"hmac\"",
+        ),
+        (
+            "[signing.keys]\nbilling = \"x\"\n",
+            "signing.keys.billing: invalid type: a string, expected a list of secrets or a table with secrets and targets (line 2)",
+        ),
+        (
+            "[egress]\nallow = [\"10.0.0.300\"]\n",
+            "egress.allow[0]: \"10.0.0.300\" is not",
+        ),
+        (
+            "[egress]\nallow_private_targets = \"yes\"\n",
+            "egress.allow_private_targets: invalid type: a string, expected a boolean",
+        ),
+        ("[[route]]\nname = \"a\"\n", "route[0]: missing key \"url\""),
+        (
+            "[[route]]\nurl = \"https://a.example\"\n",
+            "route[0]: missing key \"name\"",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"nope\"\n",
+            "route[0].url: not a valid URL",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"http:///\"\n",
+            "route[0].url: not a valid URL (empty host)",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nscheme = \"x\"\n",
+            "route[0].scheme: unknown signature scheme",
+        ),
+        ("[[host]]\nhost = \"a:1\"\n", "host[0]: missing key \"max_in_flight\""),
+        ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
+        (
+            "[[endpoint]]\nkey = \"k\"\n",
+            "endpoint[0]: missing key \"rate_per_second\"",
+        ),
+        (
+            "[[endpoint]]\nrate_per_second = 1\n",
+            "endpoint[0]: missing key \"key\"",
+        ),
+        ("retry = 3\n", "retry: invalid type: integer `3`"),
+        ("listen = \"x\nport = 1\n", "invalid basic string (line 1)"),
+        ("listen = \"a\"\nlisten = \"b\"\n", "duplicate key `listen`"),
+    ];
+    for (text, want) in cases {
+        let msg = Config::from_toml_str(text, "c.toml").unwrap_err().to_string();
+        let want = format!("config c.toml: {want}");
+        assert!(msg.starts_with(&want), "{text:?}: got {msg:?}, want {want:?}");
+        assert!(!msg.contains('\n'), "{msg}");
+    }
+}
+
+#[test]
+fn egress_accepts_the_top_level_spellings_of_section_6() {
+    let c = parse("allow_private_targets = true\negress_allow = [\"127.0.0.1/32\", \"10.1.0.0/16\"]\n");
+    assert!(c.egress.allow_private_targets);
+    assert_eq!(c.egress.allow.len(), 2);
+    let msg = Config::from_toml_str("egress_allow = []\n[egress]\nallow = []\n", "c.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("egress.allow") && msg.contains("egress_allow"), "{msg}");
+    let msg = Config::from_toml_str(
+        "allow_private_targets = true\n[egress]\nallow_private_targets = true\n",
+        "c.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("egress.allow_private_targets and the top-level allow_private_targets"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn quoted_strings_are_removed_from_serde_messages() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "invalid type: string \"whsec_x\", expected u32",
+            "invalid type: a string, expected u32",
+        ),
+        (
+            "invalid type: string \"a\\\"b\", expected a sequence",
+            "invalid type: a string, expected a sequence",
+        ),
+        ("invalid type: string \"unterminated", "invalid type: a string"),
+        (
+            "invalid value: integer `-1`, expected u32",
+            "invalid value: integer `-1`, expected u32",
+        ),
+    ];
+    for (message, want) in cases {
+        assert_eq!(redact_quoted_string(message), *want);
+    }
+}

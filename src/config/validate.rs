@@ -1,0 +1,331 @@
+//! [`Config::validate`]: the rules the types cannot express, checked once every layer is
+//! applied. The first broken rule is the error, naming its key.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use base64::Engine as _;
+use url::Url;
+
+use super::summary::without_password;
+use super::units::format_duration;
+use super::{Config, ConfigError, RouteConfig};
+use crate::model::SignatureScheme;
+use crate::signing::{scope, Secret};
+
+impl Config {
+    /// Checks the rules the types cannot express (distinct listeners, a token on every
+    /// listener off loopback, non-zero limits, unique names, known signing keys, routes
+    /// inside their targets, secret formats, ...). The first broken rule is the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_top()?;
+        self.validate_retry_and_delivery()?;
+        self.validate_routes()?;
+        self.validate_hosts_and_endpoints()?;
+        self.validate_secrets()
+    }
+
+    /// The listeners that serve the network without their token: `("listen", addr)` when
+    /// `listen` is not a loopback address and `ingress_token` is unset, likewise
+    /// `("admin_listen", addr)` with `admin_token`. [`Config::validate`] refuses any unless
+    /// `allow_unauthenticated_network` is set; then the caller should warn about each.
+    /// `ops_listen` is never listed: it serves only probes and metrics.
+    pub fn unauthenticated_network_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        [
+            ("listen", self.listen, self.ingress_token.is_some()),
+            ("admin_listen", self.admin_listen, self.admin_token.is_some()),
+        ]
+        .into_iter()
+        .filter(|&(_, addr, has_token)| !has_token && !is_loopback(addr.ip()))
+        .map(|(key, addr, _)| (key, addr))
+        .collect()
+    }
+
+    fn validate_top(&self) -> Result<(), ConfigError> {
+        let mut listeners = vec![("listen", self.listen), ("admin_listen", self.admin_listen)];
+        listeners.extend(self.ops_listen.map(|ops| ("ops_listen", ops)));
+        for (j, &(key_b, b)) in listeners.iter().enumerate() {
+            for &(key_a, a) in &listeners[..j] {
+                if collide(a, b) {
+                    return Err(ConfigError::invalid(
+                        key_b,
+                        format_args!("({b}) must differ from {key_a} ({a})"),
+                    ));
+                }
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("data_dir", "must not be empty"));
+        }
+        if self.max_body < 1 {
+            return Err(ConfigError::invalid("max_body", "must be at least 1 byte"));
+        }
+        for (key, token) in [
+            ("ingress_token", &self.ingress_token),
+            ("admin_token", &self.admin_token),
+        ] {
+            if token.as_ref().is_some_and(|t| t.expose().trim().is_empty()) {
+                return Err(ConfigError::invalid(
+                    key,
+                    "must not be empty (leave it unset to disable auth)",
+                ));
+            }
+        }
+        if let Some(url) = &self.alert_url {
+            check_http_url("alert_url", url)?;
+        }
+        if !self.allow_unauthenticated_network {
+            if let Some(&(key, addr)) = self.unauthenticated_network_listeners().first() {
+                let token = if key == "listen" {
+                    "ingress_token"
+                } else {
+                    "admin_token"
+                };
+                return Err(ConfigError::invalid(
+                    key,
+                    format_args!(
+                        "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
+                         or set allow_unauthenticated_network = true to serve the network without a token on purpose"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
+        let (r, d) = (&self.retry, &self.delivery);
+        let positive = [
+            ("retry.base_delay", r.base_delay),
+            ("retry.give_up_after", r.give_up_after),
+            ("delivery.connect_timeout", d.connect_timeout),
+            ("delivery.request_timeout", d.request_timeout),
+        ];
+        for (key, value) in positive {
+            if value.is_zero() {
+                return Err(ConfigError::invalid(key, "must be greater than 0"));
+            }
+        }
+        if r.max_delay < r.base_delay {
+            return Err(ConfigError::invalid(
+                "retry.max_delay",
+                format_args!(
+                    "({}) must be at least retry.base_delay ({})",
+                    format_duration(r.max_delay),
+                    format_duration(r.base_delay)
+                ),
+            ));
+        }
+        let at_least_one = [
+            ("retry.max_attempts", r.max_attempts),
+            ("retry.max_attempts_404", r.max_attempts_404),
+            ("delivery.max_in_flight_per_host", d.max_in_flight_per_host),
+            ("delivery.rate_per_second", d.rate_per_second),
+            (
+                "delivery.pause_after_permanent_failures",
+                d.pause_after_permanent_failures,
+            ),
+        ];
+        for (key, value) in at_least_one {
+            if value < 1 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_routes(&self) -> Result<(), ConfigError> {
+        let mut names = BTreeSet::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let key = |field: &str| format!("route[{i}].{field}");
+            let name = &route.name;
+            if name.is_empty() {
+                return Err(ConfigError::invalid(&key("name"), "must not be empty"));
+            }
+            if !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(ConfigError::invalid(
+                    &key("name"),
+                    format_args!("{name:?} may contain only A-Z a-z 0-9 _ -"),
+                ));
+            }
+            if !names.insert(name.as_str()) {
+                return Err(ConfigError::invalid(
+                    &key("name"),
+                    format_args!("{name:?} is used by an earlier route"),
+                ));
+            }
+            check_http_url(&key("url"), &route.url)?;
+            let shown = || without_password(&route.url);
+            if !scope::allowed(&route.targets, &route.url) {
+                return Err(ConfigError::invalid(
+                    &key("url"),
+                    format_args!("{:?} is outside route[{i}].targets", shown()),
+                ));
+            }
+            if let Some(signing_key) = &route.signing_key {
+                let Some(signing) = self.signing.keys.get(signing_key) else {
+                    return Err(ConfigError::invalid(
+                        &key("signing_key"),
+                        format_args!("{signing_key:?} is not a name in signing.keys"),
+                    ));
+                };
+                if !scope::allowed(&signing.targets, &route.url) {
+                    return Err(ConfigError::invalid(
+                        &key("url"),
+                        format_args!("{:?} is outside the targets of signing key {signing_key:?}", shown()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_hosts_and_endpoints(&self) -> Result<(), ConfigError> {
+        let mut hosts = BTreeSet::new();
+        for (i, host) in self.hosts.iter().enumerate() {
+            let key = format!("host[{i}].host");
+            if !is_host_port(&host.host) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format_args!("{:?} must be name:port, like api.example:443", host.host),
+                ));
+            }
+            if !hosts.insert(host.host.to_ascii_lowercase()) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format_args!("{:?} is listed twice", host.host),
+                ));
+            }
+            if host.max_in_flight < 1 {
+                return Err(ConfigError::invalid(
+                    &format!("host[{i}].max_in_flight"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            let key = format!("endpoint[{i}].key");
+            if endpoint.key.is_empty() {
+                return Err(ConfigError::invalid(&key, "must not be empty"));
+            }
+            if !keys.insert(endpoint.key.as_str()) {
+                return Err(ConfigError::invalid(
+                    &key,
+                    format_args!("{:?} is listed twice", endpoint.key),
+                ));
+            }
+            if endpoint.rate_per_second < 1 {
+                return Err(ConfigError::invalid(
+                    &format!("endpoint[{i}].rate_per_second"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_secrets(&self) -> Result<(), ConfigError> {
+        let signing = &self.signing;
+        let effective = |route: &RouteConfig| route.scheme.unwrap_or(signing.scheme);
+        // A secret needs the Standard Webhooks format only where it will sign with that scheme.
+        let defaults_standard = signing.scheme == SignatureScheme::Standard
+            || self
+                .routes
+                .iter()
+                .any(|r| r.signing_key.is_none() && effective(r) == SignatureScheme::Standard);
+        check_secrets("signing.secrets", &signing.secrets, defaults_standard)?;
+        for (name, signing_key) in &signing.keys {
+            let secrets = &signing_key.secrets;
+            let key = format!("signing.keys.{name}");
+            if name.is_empty() {
+                return Err(ConfigError::invalid("signing.keys", "has an entry with an empty name"));
+            }
+            if secrets.is_empty() {
+                return Err(ConfigError::invalid(&key, "must list at least one secret"));
+            }
+            let standard = self
+                .routes
+                .iter()
+                .any(|r| r.signing_key.as_deref() == Some(name.as_str()) && effective(r) == SignatureScheme::Standard);
+            check_secrets(&key, secrets, standard)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_http_url(key: &str, url: &Url) -> Result<(), ConfigError> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError::invalid(
+            key,
+            format_args!("must be an http or https URL (not {:?})", url.scheme()),
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(ConfigError::invalid(key, "must have a host"));
+    }
+    Ok(())
+}
+
+/// Whether two listeners would fight over a port. Port 0 asks the OS for a free port, so
+/// two such listeners never collide; an unspecified address collides with every address on
+/// the same port.
+fn collide(a: SocketAddr, b: SocketAddr) -> bool {
+    let overlap = a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified();
+    a.port() != 0 && a.port() == b.port() && overlap
+}
+
+/// 127.0.0.0/8 and ::1 (also as `::ffff:127.x.y.z`). The unspecified addresses (0.0.0.0,
+/// ::) are not loopback: they serve every interface.
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+/// `name:port` or `[v6]:port` with a non-zero port.
+pub(super) fn is_host_port(text: &str) -> bool {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(rest) => match rest.split_once("]:") {
+            Some((v6, port)) => (v6.parse::<std::net::Ipv6Addr>().is_ok().then_some(v6), port),
+            None => return false,
+        },
+        None => match text.rsplit_once(':') {
+            Some((host, port)) => (Some(host), port),
+            None => return false,
+        },
+    };
+    let host_ok = host.is_some_and(|h| {
+        !h.is_empty() && !h.contains(['/', ' ', '@', '?', '#']) && (text.starts_with('[') || !h.contains(':'))
+    });
+    host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
+}
+
+fn check_secrets(key: &str, secrets: &[Secret], standard: bool) -> Result<(), ConfigError> {
+    for (i, secret) in secrets.iter().enumerate() {
+        if secret.expose().is_empty() {
+            return Err(ConfigError::invalid(&format!("{key}[{i}]"), "must not be empty"));
+        }
+        if standard && !is_standard_secret(secret.expose()) {
+            return Err(ConfigError::invalid(
+                &format!("{key}[{i}]"),
+                "is used with the standard scheme and must be whsec_ followed by base64 (value not shown)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `whsec_<base64>` or bare base64 (as svix accepts), standard alphabet, padding optional,
+/// decoding to at least one byte: as lenient as the signer's decoder, so what passes here signs.
+pub(super) fn is_standard_secret(secret: &str) -> bool {
+    const ENGINE: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
+            .with_decode_allow_trailing_bits(true),
+    );
+    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+    ENGINE.decode(encoded).is_ok_and(|key| !key.is_empty())
+}

@@ -1,0 +1,117 @@
+//! A consistency audit of the whole store, for tests and the simulator: every record in
+//! exactly one state with the index entries that state needs, no index entry without its
+//! record, and counters equal to what they count. It reads everything: never in production.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rocksdb::IteratorMode;
+
+use super::{decode_message, keys, MessageRecord, State, Store, StoreError};
+
+impl Store {
+    /// Every inconsistency found (empty when the store is consistent). `quiescent` adds the
+    /// rules that hold only when nothing is running: no message in flight.
+    pub fn audit(&self, quiescent: bool) -> Result<Vec<String>, StoreError> {
+        let mut problems = Vec::new();
+        let mut records: BTreeMap<String, MessageRecord> = BTreeMap::new();
+        for item in self.db.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
+            let (k, v) = item?;
+            let id = String::from_utf8_lossy(&k).into_owned();
+            records.insert(id.clone(), decode_message(&id, &v)?);
+        }
+        let keys_of = |cf: &str| -> Result<Vec<Vec<u8>>, StoreError> {
+            let mut out = Vec::new();
+            for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
+                out.push(item?.0.to_vec());
+            }
+            Ok(out)
+        };
+        let payloads: BTreeSet<Vec<u8>> = keys_of(keys::PAYLOADS)?.into_iter().collect();
+        let mut states: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for k in keys_of(keys::STATES)? {
+            states
+                .entry(String::from_utf8_lossy(&k[1..]).into_owned())
+                .or_default()
+                .push(k[0]);
+        }
+        let mut due: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for k in keys_of(keys::DUE)? {
+            let (ms, id) = keys::split_time_key(&k).expect("due keys are time keys");
+            due.entry(id.to_string()).or_default().push(ms);
+        }
+        let mut parked: BTreeMap<String, String> = BTreeMap::new();
+        for k in keys_of(keys::PARKED)? {
+            let end = k.iter().position(|b| *b == 0).unwrap_or(k.len());
+            let endpoint = String::from_utf8_lossy(&k[..end]).into_owned();
+            let id = String::from_utf8_lossy(&k[(end + 1).min(k.len())..]).into_owned();
+            parked.insert(id, endpoint);
+        }
+
+        let mut open = 0u64;
+        let (mut delivered, mut dead) = (0u64, 0u64);
+        let mut open_per_endpoint: BTreeMap<String, u64> = BTreeMap::new();
+        for (id, rec) in &records {
+            let st = states.get(id).cloned().unwrap_or_default();
+            if st != vec![rec.state.to_byte()] {
+                problems.push(format!("{id}: state {:?} but state index {st:?}", rec.state));
+            }
+            if !payloads.contains(id.as_bytes()) {
+                problems.push(format!("{id}: no payload"));
+            }
+            let due_times = due.get(id).cloned().unwrap_or_default();
+            let is_parked = parked.get(id).is_some_and(|e| *e == rec.endpoint);
+            match rec.state {
+                State::Pending => {
+                    open += 1;
+                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
+                    let queued = due_times.contains(&rec.next_attempt_at_ms);
+                    if queued == is_parked {
+                        problems.push(format!(
+                            "{id}: pending but queued={queued} parked={is_parked} (due at {}, entries {due_times:?})",
+                            rec.next_attempt_at_ms
+                        ));
+                    }
+                }
+                State::InFlight => {
+                    open += 1;
+                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
+                    if quiescent {
+                        problems.push(format!("{id}: in flight with nothing running"));
+                    }
+                }
+                State::Delivered | State::Dead => {
+                    if rec.state == State::Dead {
+                        dead += 1;
+                        if rec.dead_reason.is_none() {
+                            problems.push(format!("{id}: dead without a reason"));
+                        }
+                    } else {
+                        delivered += 1;
+                    }
+                    if is_parked || !due_times.is_empty() {
+                        problems.push(format!("{id}: finished but still queued or parked"));
+                    }
+                }
+            }
+        }
+        for id in states.keys().chain(due.keys()).chain(parked.keys()) {
+            if !records.contains_key(id) {
+                problems.push(format!("{id}: an index entry without its record"));
+            }
+        }
+        let counts = self.counts()?;
+        if (counts.open, counts.delivered, counts.dead) != (open, delivered, dead) {
+            problems.push(format!(
+                "counters open/delivered/dead {}/{}/{} but records {open}/{delivered}/{dead}",
+                counts.open, counts.delivered, counts.dead
+            ));
+        }
+        let stored: BTreeMap<String, u64> = self.open_per_endpoint()?.into_iter().filter(|(_, n)| *n > 0).collect();
+        if stored != open_per_endpoint {
+            problems.push(format!(
+                "open per endpoint {stored:?} but records {open_per_endpoint:?}"
+            ));
+        }
+        Ok(problems)
+    }
+}

@@ -1,0 +1,107 @@
+//! Parking: the messages of a paused endpoint are moved out of the due queue into the
+//! `parked` set (endpoint ‖ 0 ‖ id), so the scheduler does not meet them on every pass;
+//! a resume puts them back, due at once.
+//!
+//! What keeps a parked message from being forgotten:
+//! - the caller decides to park and writes the park under the same gate as a resume
+//!   ([`crate::delivery::Deliverer::set_paused`]), so a resume cannot slip between the
+//!   decision and the write;
+//! - a resume first persists the endpoint as active, then moves its parked messages back in
+//!   batches; if courier dies in between, [`Store::parked_endpoints`] lets startup find the
+//!   endpoints whose messages are still parked and requeue those of active ones.
+
+use rocksdb::{ReadOptions, WriteBatch};
+
+use super::{keys, DueEntry, State, Store, StoreError};
+
+/// Messages moved per write when an endpoint resumes.
+const UNPARK_BATCH: usize = 1000;
+
+impl Store {
+    /// Moves a due message of a paused endpoint out of the queue into the endpoint's
+    /// parked set, so the scheduler does not see it again until the endpoint resumes.
+    pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
+        self.park_many(std::slice::from_ref(entry))
+    }
+
+    /// [`Store::park`] for several entries, in one write.
+    pub fn park_many(&self, entries: &[DueEntry]) -> Result<(), StoreError> {
+        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let mut b = WriteBatch::default();
+        for entry in entries {
+            b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
+            if let Some(rec) = self.message(&entry.id)? {
+                if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
+                    b.put_cf(
+                        self.cf(keys::PARKED),
+                        keys::pair_key(&entry.routing.endpoint, &entry.id),
+                        [],
+                    );
+                }
+            }
+        }
+        self.write(b)
+    }
+
+    /// Puts every parked message of `endpoint` back in the queue, due at `now_ms`, a batch
+    /// of [`UNPARK_BATCH`] per write. Returns how many went back.
+    pub fn unpark_endpoint(&self, endpoint: &str, now_ms: u64) -> Result<usize, StoreError> {
+        let prefix = keys::pair_prefix(endpoint);
+        let mut moved = 0;
+        loop {
+            let ids = self.parked_ids(&prefix)?;
+            if ids.is_empty() {
+                return Ok(moved);
+            }
+            let _guards = self.lock_many(ids.iter().map(String::as_str));
+            let mut b = WriteBatch::default();
+            for id in &ids {
+                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, id));
+                if let Some(mut rec) = self.message(id)? {
+                    if rec.state == State::Pending {
+                        rec.next_attempt_at_ms = now_ms;
+                        self.enqueue(&mut b, &rec);
+                        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+                        moved += 1;
+                    }
+                }
+            }
+            self.write(b)?;
+            self.due_floor.wrote(now_ms);
+        }
+    }
+
+    fn parked_ids(&self, prefix: &[u8]) -> Result<Vec<String>, StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
+        it.seek(prefix);
+        let mut ids = Vec::new();
+        while let Some(k) = it.key() {
+            ids.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+            if ids.len() >= UNPARK_BATCH {
+                break;
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(ids)
+    }
+
+    /// Every endpoint with at least one parked message (one seek per endpoint, not one
+    /// read per message).
+    pub fn parked_endpoints(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        let mut it = self.db.raw_iterator_cf(self.cf(keys::PARKED));
+        it.seek_to_first();
+        while let Some(k) = it.key() {
+            let end = k.iter().position(|b| *b == 0).unwrap_or(k.len());
+            let endpoint = String::from_utf8_lossy(&k[..end]).into_owned();
+            let next = keys::prefix_end(&keys::pair_prefix(&endpoint));
+            out.push(endpoint);
+            it.seek(&next);
+        }
+        it.status()?;
+        Ok(out)
+    }
+}
