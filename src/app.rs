@@ -36,6 +36,36 @@ use crate::transport::Transport;
 /// After the drain, how long the listeners at least get to finish the answers in progress.
 const HTTP_DRAIN_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The listeners' limits after [`fit_to_fd_limit`].
+struct ListenerLimits {
+    ingress: ServeLimits,
+    admin: ServeLimits,
+}
+
+/// Raises the descriptor limit and fits delivery's and the listeners' shares inside it,
+/// keeping the store's reserve (see [`crate::fds`]); says so when a setting is lowered.
+fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
+    let mut ingress = ServeLimits::default();
+    let mut admin = ServeLimits::default();
+    let Some(limit) = crate::fds::raise_limit() else {
+        return ListenerLimits { ingress, admin };
+    };
+    let budget = crate::fds::budget(limit);
+    let attempts = u64::from(config.delivery.max_in_flight);
+    if attempts > budget.attempts {
+        tracing::warn!(
+            fd_limit = limit,
+            configured = attempts,
+            effective = budget.attempts,
+            "delivery.max_in_flight lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
+        );
+        config.delivery.max_in_flight = budget.attempts as u32;
+    }
+    ingress.max_connections = ingress.max_connections.min(budget.ingress as usize);
+    admin.max_connections = admin.max_connections.min(budget.admin as usize);
+    ListenerLimits { ingress, admin }
+}
+
 /// Why courier could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -111,7 +141,8 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppEr
 }
 
 /// Starts courier: returns once both listeners are bound and the store is open.
-pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
+pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError> {
+    let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
     let store = Arc::new(Store::open(
         &config.data_dir,
@@ -155,13 +186,6 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     }
 
     let clock = seams.clock;
-    let recovered = store.recover_in_flight(clock.now_ms())?;
-    if recovered > 0 {
-        tracing::warn!(
-            count = recovered,
-            "requeued messages that were in flight when courier last stopped"
-        );
-    }
 
     let transport: Arc<dyn Transport> = match seams.transport {
         Some(t) => t,
@@ -192,8 +216,15 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
         rng,
     })?;
 
-    // A crash in the middle of a resume leaves messages parked for an active endpoint.
-    let unparked = deliverer.recover_parked()?;
+    // A crash leaves messages in flight, and (in the middle of a resume) parked for an
+    // endpoint that is active. The simulator runs this same recovery.
+    let (recovered, unparked) = deliverer.recover_at_start()?;
+    if recovered > 0 {
+        tracing::warn!(
+            count = recovered,
+            "requeued messages that were in flight when courier last stopped"
+        );
+    }
     if unparked > 0 {
         tracing::warn!(
             count = unparked,
@@ -219,18 +250,18 @@ pub async fn start(config: Config, seams: Seams) -> Result<Running, AppError> {
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
     let ops_task = ops_listener.map(|listener| {
         let handler: Handler = Arc::new(move |peer, req| Box::pin(probes.clone().handle(peer, req)));
-        tokio::spawn(serve::serve(listener, handler, ServeLimits::default(), http_rx.clone()))
+        tokio::spawn(serve::serve(listener, handler, limits.admin.clone(), http_rx.clone()))
     });
     let ingress_task = tokio::spawn(serve::serve(
         ingress_listener,
         ingress_handler,
-        ServeLimits::default(),
+        limits.ingress.clone(),
         http_rx.clone(),
     ));
     let admin_task = tokio::spawn(serve::serve(
         admin_listener,
         admin_handler,
-        ServeLimits::default(),
+        limits.admin.clone(),
         http_rx,
     ));
     let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));

@@ -36,6 +36,7 @@ pub mod config;
 pub mod delivery;
 pub mod egress;
 pub mod envelope;
+pub mod fds;
 pub mod headers;
 pub mod ingress;
 pub mod metrics;
@@ -49,6 +50,8 @@ pub mod retention;
 pub mod scheduler;
 pub mod serve;
 pub mod signing;
+#[cfg(test)]
+mod sim;
 pub mod store;
 pub mod target;
 pub mod timefmt;

@@ -24,9 +24,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 
-use crate::delivery::Deliverer;
+use crate::delivery::{AttemptPermit, Deliverer, PermitRefused};
 use crate::store::{DueEntry, ScanEnd, ScanStep};
 
 /// Most due entries one pass looks at.
@@ -58,6 +58,8 @@ pub(crate) struct Pass {
     wake_at: Option<u64>,
     cut: bool,
     store_error: bool,
+    /// Stopped because `delivery.max_in_flight` attempts were running.
+    global_full: bool,
 }
 
 impl Pass {
@@ -144,7 +146,7 @@ pub(crate) fn pass_with(
     let mut limited: HashSet<String> = HashSet::new();
     // Claimable entries and their host permits, index for index.
     let mut ready: Vec<DueEntry> = Vec::new();
-    let mut permits: Vec<OwnedSemaphorePermit> = Vec::new();
+    let mut permits: Vec<AttemptPermit> = Vec::new();
     let mut to_park: Vec<DueEntry> = Vec::new();
     // The earliest entry this pass leaves in the queue, and the last one it looked at:
     // together they say how far the due floor may rise.
@@ -168,23 +170,33 @@ pub(crate) fn pass_with(
             true // consumed: parked below
         } else if full_hosts.contains(host) || limited.contains(endpoint) {
             false
-        } else if let Some(permit) = d.hosts.try_acquire(host) {
-            match d.endpoints.try_rate(endpoint, now) {
-                Ok(()) => {
-                    ready.push(entry);
-                    permits.push(permit);
-                    true
-                }
-                Err(wait_ms) => {
-                    d.metrics.rate_limited();
-                    limited.insert(endpoint.clone());
-                    pass.wake_no_later_than(now + wait_ms);
+        } else {
+            // The global permit first (delivery.max_in_flight), then the host's.
+            match d.attempt_permit(host) {
+                Ok(permit) => match d.endpoints.try_rate(endpoint, now) {
+                    Ok(()) => {
+                        ready.push(entry);
+                        permits.push(permit);
+                        true
+                    }
+                    Err(wait_ms) => {
+                        d.metrics.rate_limited();
+                        limited.insert(endpoint.clone());
+                        pass.wake_no_later_than(now + wait_ms);
+                        false
+                    }
+                },
+                Err(PermitRefused::HostBusy) => {
+                    full_hosts.insert(host.clone());
                     false
                 }
+                Err(PermitRefused::AllBusy) => {
+                    // Nothing more can start this pass; a finishing attempt wakes us.
+                    pass.global_full = true;
+                    first_left.get_or_insert(due_ms);
+                    return ScanStep::Stop;
+                }
             }
-        } else {
-            full_hosts.insert(host.clone());
-            false
         };
         if dispatchable {
             skipped_in_a_row = 0;
@@ -250,7 +262,7 @@ pub(crate) fn pass_with(
             }
         }
         Ok((ScanEnd::Cut, floor)) => {
-            pass.cut = !pass.store_error && stopped_at.is_none();
+            pass.cut = !pass.store_error && stopped_at.is_none() && !pass.global_full;
             if !pass.store_error && resumed.is_none() {
                 if let Some(last) = last_seen {
                     d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));

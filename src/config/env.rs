@@ -12,7 +12,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 33] = [
+pub const ENV_VARS: [&str; 34] = [
     "COURIER_LISTEN",
     "COURIER_ADMIN_LISTEN",
     "COURIER_OPS_LISTEN",
@@ -38,6 +38,7 @@ pub const ENV_VARS: [&str; 33] = [
     "COURIER_RETRY_MAX_RETRY_AFTER",
     "COURIER_DELIVERY_CONNECT_TIMEOUT",
     "COURIER_DELIVERY_REQUEST_TIMEOUT",
+    "COURIER_DELIVERY_MAX_IN_FLIGHT",
     "COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST",
     "COURIER_DELIVERY_RATE_PER_SECOND",
     "COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES",
@@ -95,6 +96,7 @@ impl Config {
             "COURIER_RETRY_MAX_RETRY_AFTER" => r.max_retry_after = parse_duration_text(v)?,
             "COURIER_DELIVERY_CONNECT_TIMEOUT" => d.connect_timeout = parse_duration_text(v)?,
             "COURIER_DELIVERY_REQUEST_TIMEOUT" => d.request_timeout = parse_duration_text(v)?,
+            "COURIER_DELIVERY_MAX_IN_FLIGHT" => d.max_in_flight = parse_u32(v)?,
             "COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST" => d.max_in_flight_per_host = parse_u32(v)?,
             "COURIER_DELIVERY_RATE_PER_SECOND" => d.rate_per_second = parse_u32(v)?,
             "COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES" => d.pause_after_permanent_failures = parse_u32(v)?,

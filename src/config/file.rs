@@ -11,6 +11,7 @@ use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::parse::{
+    normalize_endpoint_key, normalize_host_key,
     parse_duration_text, parse_each, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
     parse_scheme, parse_size_text, parse_target, parse_url,
 };
@@ -109,6 +110,7 @@ impl Config {
                 delivery.request_timeout,
                 parse_duration_text,
             )?;
+            d.max_in_flight = delivery.max_in_flight.unwrap_or(d.max_in_flight);
             d.max_in_flight_per_host = delivery.max_in_flight_per_host.unwrap_or(d.max_in_flight_per_host);
             d.rate_per_second = delivery.rate_per_second.unwrap_or(d.rate_per_second);
             d.pause_after_permanent_failures = delivery
@@ -170,7 +172,7 @@ impl Config {
                 .enumerate()
                 .map(|(i, h)| {
                     Ok(HostConfig {
-                        host: h.host.ok_or_else(|| format!("host[{i}]: missing key \"host\""))?,
+                        host: normalize_host_key(&h.host.ok_or_else(|| format!("host[{i}]: missing key \"host\""))?),
                         max_in_flight: h
                             .max_in_flight
                             .ok_or_else(|| format!("host[{i}]: missing key \"max_in_flight\""))?,
@@ -184,7 +186,7 @@ impl Config {
                 .enumerate()
                 .map(|(i, e)| {
                     Ok(EndpointConfig {
-                        key: e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?,
+                        key: normalize_endpoint_key(&e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?),
                         rate_per_second: e
                             .rate_per_second
                             .ok_or_else(|| format!("endpoint[{i}]: missing key \"rate_per_second\""))?,
@@ -244,6 +246,7 @@ struct FileRetry {
 struct FileDelivery {
     connect_timeout: Option<String>,
     request_timeout: Option<String>,
+    max_in_flight: Option<u32>,
     max_in_flight_per_host: Option<u32>,
     rate_per_second: Option<u32>,
     pause_after_permanent_failures: Option<u32>,

@@ -115,6 +115,9 @@ pub struct DeliveryConfig {
     pub connect_timeout: Duration,
     /// Whole-attempt timeout.
     pub request_timeout: Duration,
+    /// Attempts in flight at once, all hosts together: bounds memory and sockets after an
+    /// outage, when every host's backlog comes due at once.
+    pub max_in_flight: u32,
     /// Attempts in flight to one `host:port`, unless a `[[host]]` overrides it.
     pub max_in_flight_per_host: u32,
     /// Attempts per second per endpoint, unless an `[[endpoint]]` overrides it.
@@ -130,6 +133,7 @@ impl Default for DeliveryConfig {
         DeliveryConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
+            max_in_flight: 1024,
             max_in_flight_per_host: 10,
             rate_per_second: 100,
             pause_after_permanent_failures: 100,
@@ -221,7 +225,8 @@ impl fmt::Debug for RouteConfig {
 /// A per-host override of the in-flight cap (`[[host]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostConfig {
-    /// `name:port` (e.g. `api.example:443`, `[::1]:8080`), compared case-insensitively.
+    /// `name:port` (e.g. `api.example:443`, `[::1]:8080`), normalised at load exactly as
+    /// live targets are (lowercase, IDNA to punycode), so the limiter's lookup is exact.
     pub host: String,
     /// Attempts in flight to this host at most.
     pub max_in_flight: u32,
@@ -230,7 +235,9 @@ pub struct HostConfig {
 /// A per-endpoint override of the rate limit (`[[endpoint]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointConfig {
-    /// The endpoint key (by default a target URL without its query).
+    /// The endpoint key (by default a target URL without its query). A key that is an
+    /// http(s) URL is normalised at load as live targets' default keys are (lowercase
+    /// host, punycode, default port dropped, `/` path), so the lookup is exact.
     pub key: String,
     /// Attempts per second to this endpoint at most.
     pub rate_per_second: u32,
@@ -367,24 +374,6 @@ impl Config {
     /// The URL of the named route.
     pub fn route_url(&self, name: &str) -> Option<Url> {
         self.routes.iter().find(|r| r.name == name).map(|r| r.url.clone())
-    }
-
-    /// The in-flight cap for a `host:port` key: its `[[host]]` override, else
-    /// `delivery.max_in_flight_per_host`.
-    pub fn host_max_in_flight(&self, host_key: &str) -> u32 {
-        self.hosts
-            .iter()
-            .find(|h| h.host.eq_ignore_ascii_case(host_key))
-            .map_or(self.delivery.max_in_flight_per_host, |h| h.max_in_flight)
-    }
-
-    /// The rate limit for an endpoint key: its `[[endpoint]]` override, else
-    /// `delivery.rate_per_second`.
-    pub fn endpoint_rate(&self, key: &str) -> u32 {
-        self.endpoints
-            .iter()
-            .find(|e| e.key == key)
-            .map_or(self.delivery.rate_per_second, |e| e.rate_per_second)
     }
 
     /// The secrets of a `[signing.keys]` entry.

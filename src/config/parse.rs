@@ -190,3 +190,34 @@ pub(super) fn parse_host_entry(text: &str) -> Result<String, String> {
         },
     }
 }
+
+/// A `[[host]]` key as `crate::target::host_key` spells a live target's: lowercase, IDNA
+/// to punycode, IPv6 in brackets. Text that is not `name:port` is kept for validation to
+/// refuse with its own message.
+pub(super) fn normalize_host_key(text: &str) -> String {
+    if !super::validate::is_host_port(text) {
+        return text.to_string();
+    }
+    let Some((_, port)) = text.rsplit_once(':') else {
+        return text.to_string();
+    };
+    match Url::parse(&format!("http://{text}/")) {
+        Ok(url) => match url.host_str() {
+            Some(host) => format!("{host}:{port}"),
+            None => text.to_string(),
+        },
+        Err(_) => text.to_string(),
+    }
+}
+
+/// An `[[endpoint]]` key: an http(s) URL becomes the default endpoint key of that target
+/// (`crate::target::default_endpoint_key`); any other key (set with `Courier-Endpoint`) is
+/// kept as written.
+pub(super) fn normalize_endpoint_key(text: &str) -> String {
+    match Url::parse(text) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {
+            crate::target::default_endpoint_key(&url)
+        }
+        _ => text.to_string(),
+    }
+}

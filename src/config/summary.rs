@@ -59,11 +59,13 @@ impl Config {
             ),
             format!(
                 concat!(
-                    "delivery: connect_timeout {}, request_timeout {}, max_in_flight_per_host {}, rate_per_second {}, ",
+                    "delivery: connect_timeout {}, request_timeout {}, max_in_flight {}, max_in_flight_per_host {}, ",
+                    "rate_per_second {}, ",
                     "pause_after_permanent_failures {}, max_response_body {}"
                 ),
                 format_duration(d.connect_timeout),
                 format_duration(d.request_timeout),
+                d.max_in_flight,
                 d.max_in_flight_per_host,
                 d.rate_per_second,
                 d.pause_after_permanent_failures,

@@ -119,6 +119,7 @@ impl Config {
         let at_least_one = [
             ("retry.max_attempts", r.max_attempts),
             ("retry.max_attempts_404", r.max_attempts_404),
+            ("delivery.max_in_flight", d.max_in_flight),
             ("delivery.max_in_flight_per_host", d.max_in_flight_per_host),
             ("delivery.rate_per_second", d.rate_per_second),
             (

@@ -29,6 +29,23 @@ use crate::transport::Transport;
 pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::HostLimiter;
 
+/// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits and one
+/// of its host's.
+#[derive(Debug)]
+pub struct AttemptPermit {
+    _all: OwnedSemaphorePermit,
+    _host: OwnedSemaphorePermit,
+}
+
+/// Why no attempt can start now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitRefused {
+    /// `delivery.max_in_flight` attempts are running.
+    AllBusy,
+    /// The host is at its cap.
+    HostBusy,
+}
+
 /// How long a message waits after courier itself failed on it (a panic, a signing key
 /// missing from the config) before it is tried again.
 pub const SELF_FAILURE_DELAY: Duration = Duration::from_secs(5);
@@ -59,10 +76,15 @@ pub struct Deliverer {
     /// the scheduler's decision to park and the park, which would strand messages in the
     /// parked set of an active endpoint.
     pause_gate: Mutex<()>,
+    /// `delivery.max_in_flight` permits: every attempt holds one with its host's.
+    all_attempts: Arc<tokio::sync::Semaphore>,
     /// Serialises endpoint-state writes, each of which writes the state current when it
     /// runs: the last write is always the latest state, whatever order the changes'
     /// writers reached the store in.
     persist_lock: Mutex<()>,
+    /// How long an attempt waits before writing its result again after the write failed
+    /// (the disk may be full for a while); the simulator shortens it.
+    result_retry_ms: std::sync::atomic::AtomicU64,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
     idle: Notify,
     results: results::ResultWriter,
@@ -111,6 +133,7 @@ impl Deliverer {
             parts.store.endpoints()?,
             now,
         );
+        let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
         let hosts = HostLimiter::new(cfg.delivery.max_in_flight_per_host, caps);
         let backoff = crate::policy::Backoff::new(cfg.retry.base_delay, cfg.retry.max_delay, cfg.retry.jitter)
@@ -134,7 +157,9 @@ impl Deliverer {
             policy,
             rng: Mutex::new(parts.rng),
             pause_gate: Mutex::new(()),
+            all_attempts,
             persist_lock: Mutex::new(()),
+            result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             in_flight: Mutex::new(HashMap::new()),
             idle: Notify::new(),
         }))
@@ -144,9 +169,21 @@ impl Deliverer {
         f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Runs one attempt for a claimed message on its own task, holding the host permit
-    /// until its result is recorded.
-    pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: OwnedSemaphorePermit) {
+    /// The permits for one attempt to `host`: the global one first, so that a host with
+    /// free slots cannot start attempts past `delivery.max_in_flight`.
+    pub fn attempt_permit(&self, host: &str) -> Result<AttemptPermit, PermitRefused> {
+        let all = self
+            .all_attempts
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| PermitRefused::AllBusy)?;
+        let host = self.hosts.try_acquire(host).ok_or(PermitRefused::HostBusy)?;
+        Ok(AttemptPermit { _all: all, _host: host })
+    }
+
+    /// Runs one attempt for a claimed message on its own task, holding its permits until
+    /// its result is recorded.
+    pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
         let endpoint = claimed.record.endpoint.clone();
         let d = self.clone();
@@ -272,6 +309,27 @@ impl Deliverer {
         } else {
             self.store.put_endpoint(endpoint, &view.rec)
         }
+    }
+
+    /// The wait before writing a result again after a failed write.
+    pub(crate) fn result_retry(&self) -> Duration {
+        Duration::from_millis(self.result_retry_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Shortens [`Deliverer::result_retry`] (the simulator does not wait real seconds).
+    #[cfg(test)]
+    pub(crate) fn set_result_retry(&self, wait: Duration) {
+        self.result_retry_ms
+            .store(wait.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What startup puts right before anything is scheduled: messages left in flight by
+    /// the last process go back to the queue with their attempt count (courier's failure,
+    /// not the receiver's), and parked messages of endpoints that are not paused are
+    /// requeued. Returns (requeued in-flight, requeued parked).
+    pub fn recover_at_start(&self) -> Result<(usize, usize), crate::store::StoreError> {
+        let in_flight = self.store.recover_in_flight(self.clock.now_ms())?;
+        Ok((in_flight, self.recover_parked()?))
     }
 
     /// At startup: requeues the parked messages of every endpoint that is not paused (a

@@ -147,7 +147,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
             Ok(_) => break,
             Err(e) => {
                 tracing::error!(delivery_id = %rec.id, error = %e, "recording an attempt failed; retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                tokio::time::sleep(d.result_retry()).await;
             }
         }
     }

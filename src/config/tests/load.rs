@@ -122,11 +122,8 @@ fn the_full_example_parses_every_key() {
         Some("http://partner.example:8080/in?a=1".to_string())
     );
     assert_eq!(c.route_url("missing"), None);
-    assert_eq!(c.host_max_in_flight("api.bigcustomer.example:443"), 50);
-    assert_eq!(c.host_max_in_flight("API.BigCustomer.example:443"), 50);
-    assert_eq!(c.host_max_in_flight("api.bigcustomer.example:8443"), 4);
-    assert_eq!(c.endpoint_rate("https://slow.example/hook"), 5);
-    assert_eq!(c.endpoint_rate("https://other.example/hook"), 20);
+    assert_eq!(c.hosts[0].host, "api.bigcustomer.example:443");
+    assert_eq!(c.endpoints[0].key, "https://slow.example/hook");
 }
 
 #[test]
@@ -225,4 +222,31 @@ fn the_file_is_validated_by_load() {
     };
     let msg = Config::load(&flags, &no_env).unwrap_err().to_string();
     assert!(msg.contains("retry.max_attempts"), "{msg}");
+}
+
+/// Finding: `[[host]]` and `[[endpoint]]` keys were compared with live targets as written,
+/// so `API.Big.example`, an internationalised host or `https://x.example` (no slash) never
+/// matched and the override was silently ignored. Keys are normalised once, at load.
+#[test]
+fn host_and_endpoint_keys_are_normalised_like_live_targets() {
+    let text = concat!(
+        "[[host]]\nhost = \"API.Big.example:443\"\nmax_in_flight = 2\n",
+        "[[host]]\nhost = \"bücher.example:8443\"\nmax_in_flight = 3\n",
+        "[[host]]\nhost = \"[::1]:8080\"\nmax_in_flight = 4\n",
+        "[[endpoint]]\nkey = \"https://X.example\"\nrate_per_second = 1\n",
+        "[[endpoint]]\nkey = \"https://x.example:443/hook?q=1\"\nrate_per_second = 2\n",
+        "[[endpoint]]\nkey = \"tenant-7\"\nrate_per_second = 3\n",
+    );
+    let c = Config::from_toml_str(text, "c.toml").unwrap();
+    c.validate().unwrap();
+    let live = |u: &str| crate::target::host_key(&url::Url::parse(u).unwrap());
+    let hosts: Vec<&str> = c.hosts.iter().map(|h| h.host.as_str()).collect();
+    assert_eq!(hosts, [live("https://api.big.example/x"), live("https://bücher.example:8443/"), live("http://[::1]:8080/")]);
+    let endpoint = |u: &str| crate::target::default_endpoint_key(&url::Url::parse(u).unwrap());
+    let keys: Vec<&str> = c.endpoints.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, [endpoint("https://x.example/"), endpoint("https://x.example/hook"), "tenant-7".to_string()]);
+    // Two spellings of one host are one key: listed twice.
+    let twice = "[[host]]\nhost = \"a.example:443\"\nmax_in_flight = 1\n[[host]]\nhost = \"A.EXAMPLE:443\"\nmax_in_flight = 2\n";
+    let e = Config::from_toml_str(twice, "c.toml").unwrap().validate().unwrap_err();
+    assert!(e.to_string().contains("listed twice"), "{e}");
 }

@@ -1,0 +1,76 @@
+//! File descriptors: who may use how many. RocksDB opens its WAL, SST files and MANIFEST
+//! as it goes; if delivery's sockets (an outage's backlog coming due over many hosts) or
+//! ingress connections took every descriptor, the store could not open a file and every
+//! accept would fail. So at start courier raises its soft limit to the hard one, keeps a
+//! reserve for the store, and gives delivery and the listeners bounded shares of the rest.
+
+/// Descriptors kept for the store, logs and everything that is not a connection.
+pub const RESERVED: u64 = 256;
+
+/// How many connections and attempts each user may hold at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Attempts in flight (each holds at most one socket while it runs).
+    pub attempts: u64,
+    /// Ingress connections served at once.
+    pub ingress: u64,
+    /// Admin (and ops) connections served at once, each listener.
+    pub admin: u64,
+}
+
+/// The shares of a process allowed `limit` descriptors: half of what is left after the
+/// reserve for attempts, a quarter for ingress, an eighth for each of admin and ops.
+pub fn budget(limit: u64) -> FdBudget {
+    let usable = limit.saturating_sub(RESERVED);
+    FdBudget {
+        attempts: (usable / 2).max(1),
+        ingress: (usable / 4).max(1),
+        admin: (usable / 8).max(1),
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in force after.
+pub fn raise_limit() -> Option<u64> {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        Some(lim.rlim_cur as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_leave_the_reserve_to_the_store() {
+        let b = budget(1024);
+        assert_eq!(b, FdBudget { attempts: 384, ingress: 192, admin: 96 });
+        assert!(b.attempts + b.ingress + 2 * b.admin + RESERVED <= 1024);
+        let big = budget(1 << 20);
+        assert!(big.attempts > 1024 && big.ingress > 4096, "defaults fit a large limit: {big:?}");
+        assert_eq!(budget(10), FdBudget { attempts: 1, ingress: 1, admin: 1 });
+    }
+
+    #[test]
+    fn the_soft_limit_is_raised_to_the_hard_one() {
+        let soft = raise_limit().expect("getrlimit works");
+        assert!(soft >= 64, "{soft}");
+        assert_eq!(raise_limit(), Some(soft), "idempotent");
+    }
+}

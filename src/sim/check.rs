@@ -1,0 +1,161 @@
+//! The invariants: what must hold after every step, and at quiescence.
+
+use super::receiver::{Answer, Seen};
+use super::world::World;
+use crate::model::State;
+use crate::store::MessageRecord;
+
+/// After every step: the store is consistent, and every acknowledged message exists (or
+/// was finished and may have been swept by retention, or was deleted by an operator).
+pub fn step(w: &World) -> Result<(), String> {
+    let store = w.store();
+    let problems = store.audit(false).map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!("store inconsistent: {}", problems.join("; ")));
+    }
+    // Between steps no pass is half done: a parked message belongs to a paused endpoint.
+    for endpoint in store.parked_endpoints().map_err(|e| e.to_string())? {
+        if !w.d().endpoints.is_paused(&endpoint) {
+            return Err(format!("messages parked for {endpoint}, which is not paused"));
+        }
+    }
+    for id in w.model.acked.keys() {
+        let rec = store.message(id).map_err(|e| e.to_string())?;
+        if rec.is_none() && !w.model.finished.contains(id) {
+            return Err(format!("acknowledged message {id} is gone"));
+        }
+    }
+    limits(w)
+}
+
+/// The caps: never more in flight to one host than its cap, nor in all than
+/// `delivery.max_in_flight`.
+fn limits(w: &World) -> Result<(), String> {
+    let cap = w.config().delivery.max_in_flight_per_host as usize;
+    let (per_host, total) = w.rx.max_in_flight();
+    let all = w.config().delivery.max_in_flight as usize;
+    if total > all {
+        return Err(format!("{total} attempts in flight at once, delivery.max_in_flight {all}"));
+    }
+    for (host, max) in per_host {
+        if max > cap {
+            return Err(format!("{max} attempts in flight to {host}, cap {cap}"));
+        }
+    }
+    Ok(())
+}
+
+/// At quiescence (receivers healthy, endpoints resumed, clock past every due time).
+pub fn quiescent(w: &World, disturbed: &[u64]) -> Result<(), String> {
+    let store = w.store();
+    let problems = store.audit(true).map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!("store inconsistent at quiescence: {}", problems.join("; ")));
+    }
+    let seen = w.rx.seen_per_event();
+    for (id, (event, target, body)) in &w.model.acked {
+        let rec = match store.message(id).map_err(|e| e.to_string())? {
+            Some(rec) => rec,
+            None if w.model.finished.contains(id) => continue,
+            None => return Err(format!("acknowledged message {id} lost")),
+        };
+        match rec.state {
+            State::Delivered => {}
+            State::Dead if rec.dead_reason.is_some() => {}
+            other => return Err(format!("{id} is {other:?} at quiescence ({:?})", rec.dead_reason)),
+        }
+        let attempts: Vec<&Seen> = seen.get(event).map(|v| v.iter().collect()).unwrap_or_default();
+        message(w, id, &rec, target, body, &attempts, disturbed)?;
+    }
+    limits(w)
+}
+
+fn is_2xx(a: &Option<Answer>) -> bool {
+    matches!(a, Some(Answer::Status(s, _)) if (200..300).contains(s))
+}
+
+/// One message against what its receiver saw.
+fn message(
+    w: &World,
+    id: &str,
+    rec: &MessageRecord,
+    target: &str,
+    body: &[u8],
+    seen: &[&Seen],
+    disturbed: &[u64],
+) -> Result<(), String> {
+    let cut = w.model.cut.get(&rec.event_id).copied().unwrap_or(0) as usize;
+    let recorded = rec.history_len as usize;
+    if seen.len() < recorded {
+        return Err(format!(
+            "{id}: {recorded} attempts recorded, the receiver saw {}",
+            seen.len()
+        ));
+    }
+    if seen.len() - recorded > cut {
+        return Err(format!(
+            "{id}: the receiver saw {} attempts, {recorded} recorded, only {cut} cut by a crash",
+            seen.len()
+        ));
+    }
+    let successes = seen.iter().filter(|s| is_2xx(&s.answer)).count();
+    if successes > 1 + cut {
+        return Err(format!("{id}: delivered {successes} times with {cut} attempts cut"));
+    }
+    if rec.state == State::Delivered && successes == 0 {
+        return Err(format!("{id}: delivered, but the receiver never answered 2xx"));
+    }
+    for s in seen {
+        if s.body != body || s.url != target {
+            return Err(format!("{id}: the receiver saw another body or target"));
+        }
+        if s.timestamp != (s.at_ms / 1000).to_string() {
+            return Err(format!("{id}: webhook-timestamp {} at {} ms", s.timestamp, s.at_ms));
+        }
+    }
+    gaps(w, id, seen, disturbed)
+}
+
+/// No attempt before its time: between two attempts with nothing in between that may move
+/// a message forward (a crash or restart, a resume, a replay), at least the smallest backoff
+/// the policy allows, and at least the receiver's capped `Retry-After`.
+fn gaps(w: &World, id: &str, seen: &[&Seen], disturbed: &[u64]) -> Result<(), String> {
+    let r = &w.config().retry;
+    let (base, max) = (r.base_delay.as_millis() as u64, r.max_delay.as_millis() as u64);
+    let max_retry_after = r.max_retry_after.as_millis() as u64;
+    let mut n = 0u32; // attempts since the last disturbance
+    for pair in seen.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        n += 1;
+        if disturbed.iter().any(|t| *t >= a.at_ms && *t <= b.at_ms) {
+            n = 0;
+            continue;
+        }
+        let backoff = base.saturating_mul(1 << (n - 1).min(30)).min(max);
+        let mut least = backoff / 2; // equal jitter: [base/2, base]
+        if let Some(Answer::Status(429 | 503, Some(after))) = &a.answer {
+            let wait = match after.parse::<u64>() {
+                Ok(secs) => secs * 1000,
+                Err(_) => httpdate::parse_http_date(after)
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| (d.as_millis() as u64).saturating_sub(a.at_ms)),
+            };
+            least = least.max(wait.min(max_retry_after));
+        }
+        if let Some(Answer::Status(s, _)) = &a.answer {
+            if matches!(s, 400 | 401 | 403 | 410 | 422) || (200..300).contains(s) {
+                return Err(format!("{id}: attempted again after a final answer {s}"));
+            }
+        }
+        if b.at_ms < a.at_ms + least {
+            return Err(format!(
+                "{id}: attempt {} came {} ms after the previous ({:?}), before the {least} ms it must wait",
+                n + 1,
+                b.at_ms - a.at_ms,
+                a.answer
+            ));
+        }
+    }
+    Ok(())
+}

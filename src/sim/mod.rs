@@ -1,0 +1,232 @@
+//! A deterministic simulation of courier's core, in the manner of FoundationDB's simulator
+//! and TigerBeetle's VOPR: one seed draws a workload and a fault schedule, the real
+//! components run it, and invariants are checked after every step and at quiescence.
+//!
+//! What a run does (all drawn from the seed): accepts from several senders, duplicates
+//! among them and within one commit batch; scheduler passes, some with an operator action
+//! (pause, resume, replay one, bulk replay, delete) between the pass's scan and its writes;
+//! every class of receiver answer, with `Retry-After` in seconds and as dates, timeouts,
+//! network errors and slow answers held across steps; the clock moved by milliseconds to
+//! hours; failed synced accept writes and failed result writes; crashes (everything dropped,
+//! the data dir reopened) and graceful restarts; retention sweeps. Then the receivers heal,
+//! every endpoint is resumed and the clock runs until nothing is open.
+//!
+//! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
+//! indexes and counters agree with its records, attempts counted equal attempts seen (less
+//! those a crash cut), no attempt comes before its backoff or `Retry-After`, the host caps
+//! hold, bodies and event ids arrive as accepted with a fresh timestamp per attempt, and a
+//! duplicate is acknowledged only when its original is stored.
+//!
+//! Limits, said plainly: the commit and result-writer threads are real threads, so the
+//! order in which one batch's members reach the commit thread can vary between runs of one
+//! seed (each step waits for its effects, so the steps themselves replay exactly); a crash
+//! keeps every completed write, as a killed process does — losing unsynced writes to a power
+//! cut would need RocksDB's fault-injection environment, which the Rust bindings do not expose.
+//!
+//! `cargo test --lib sim::` runs [`CI_SEEDS`] seeds. `COURIER_SIM_SEEDS=N` runs N seeds
+//! (with `COURIER_SIM_BUDGET=<seconds>` as a time bound), `COURIER_SIM_SEED=S` replays one;
+//! a failure prints its seed, the steps that led to it and the command that replays it.
+
+mod check;
+mod receiver;
+mod world;
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::clock::Clock;
+
+use world::{World, TARGETS};
+
+/// Seeds run by the ordinary test suite.
+pub const CI_SEEDS: u64 = 200;
+
+/// A failed run.
+#[derive(Debug)]
+pub struct Failure {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// What broke.
+    pub what: String,
+    /// The steps up to it.
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "simulation seed {} failed: {}", self.seed, self.what)?;
+        let from = self.trace.len().saturating_sub(40);
+        for line in &self.trace[from..] {
+            writeln!(f, "  {line}")?;
+        }
+        write!(
+            f,
+            "replay: COURIER_SIM_SEED={} cargo test --lib sim::tests::seeds -- --nocapture",
+            self.seed
+        )
+    }
+}
+
+/// Runs one seed to the end; `Err` on the first broken invariant.
+pub fn run(seed: u64) -> Result<usize, Failure> {
+    let mut w = World::new(seed);
+    let mut disturbed = Vec::new();
+    let result = steps(&mut w, &mut disturbed).and_then(|()| finish(&mut w, &mut disturbed));
+    let steps = w.trace.len();
+    result.map(|()| steps).map_err(|what| Failure {
+        seed,
+        what,
+        trace: std::mem::take(&mut w.trace),
+    })
+}
+
+fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
+    let count = w.rng.random_range(20..100);
+    for step in 0..count {
+        let now = w.clock.now_ms();
+        let what = match w.rng.random_range(0..100) {
+            0..=26 => {
+                let n = w.rng.random_range(1..6);
+                let fail = w.rng.random_bool(0.08);
+                w.accept(n, fail)?;
+                format!("accept {n}{}", if fail { " (write fails)" } else { "" })
+            }
+            27..=51 => {
+                let mid = w.rng.random_bool(0.25);
+                let note = w.pass(mid);
+                if note
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("resume") || n.contains("replay"))
+                {
+                    disturbed.push(now);
+                }
+                format!("pass{}", note.map(|n| format!(" with {n} inside")).unwrap_or_default())
+            }
+            52..=66 => {
+                let scale = [2_000, 60_000, 600_000, 7_200_000][w.rng.random_range(0..4)];
+                let by = w.rng.random_range(0..scale);
+                w.clock.advance(Duration::from_millis(by));
+                format!("clock +{by} ms")
+            }
+            67..=73 => {
+                w.rx.release_all();
+                "release held answers".into()
+            }
+            74..=81 => {
+                let note = w.operator();
+                if note.starts_with("resume") || note.contains("replay") {
+                    disturbed.push(now);
+                }
+                note
+            }
+            82..=85 => {
+                disturbed.push(now);
+                w.crash();
+                "crash".into()
+            }
+            86..=88 => {
+                disturbed.push(now);
+                w.graceful_restart();
+                "graceful restart".into()
+            }
+            89..=92 => format!("retention sweep: {} removed", w.sweep()),
+            93..=95 => {
+                w.store()
+                    .faults()
+                    .fail_results
+                    .store(1, std::sync::atomic::Ordering::SeqCst);
+                w.pass(false);
+                "pass with a failing result write".into()
+            }
+            _ => {
+                w.pass(false);
+                "pass".into()
+            }
+        };
+        w.trace.push(format!("{step}: t+{}ms {what}", now - world_start()));
+        w.settle()?;
+        check::step(w)?;
+    }
+    Ok(())
+}
+
+fn world_start() -> u64 {
+    1_750_000_000_000
+}
+
+/// Heals the receivers, resumes every endpoint and runs the clock until nothing is open.
+fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
+    w.rx.heal();
+    w.rx.release_all();
+    w.settle()?;
+    disturbed.push(w.clock.now_ms());
+    // As an operator would: resume what is paused (resuming an active endpoint would
+    // also release messages wrongly parked for it, and hide that bug).
+    for ep in TARGETS {
+        if w.d().endpoints.is_paused(ep) {
+            w.d().set_paused(ep, false).map_err(|e| e.to_string())?;
+        }
+    }
+    for round in 0..2_000 {
+        w.settle()?;
+        let open = w.store().counts().map_err(|e| e.to_string())?.open;
+        if open == 0 {
+            w.trace.push(format!("quiet after {round} rounds"));
+            w.note_finished();
+            return check::quiescent(w, disturbed);
+        }
+        w.pass(false);
+        w.settle()?;
+        if w.store().counts().map_err(|e| e.to_string())?.open > 0 {
+            w.clock.advance(Duration::from_secs(5));
+        }
+    }
+    let stuck = w.list(crate::model::State::Pending);
+    Err(format!("stuck: still open at quiescence: {stuck:?}"))
+}
+
+/// Runs `seeds` seeds from `first` within `budget`, on as many threads as the machine has
+/// cores (each run is independent: its own data dir, runtime and clock); returns how many
+/// ran, or the failure with the lowest seed among those that failed.
+pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let started = Instant::now();
+    let next = AtomicU64::new(first);
+    let ran = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                if stop.load(Ordering::SeqCst) || started.elapsed() > budget {
+                    return;
+                }
+                let seed = next.fetch_add(1, Ordering::SeqCst);
+                if seed >= first + seeds {
+                    return;
+                }
+                match run(seed) {
+                    Ok(_) => {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(f) => {
+                        stop.store(true, Ordering::SeqCst);
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+                    }
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    failures.sort_by_key(|f| f.seed);
+    match failures.into_iter().next() {
+        Some(f) => Err(f),
+        None => Ok(ran.into_inner()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,244 @@
+//! The simulated receivers: a [`Transport`] that answers every attempt from the run's seeded
+//! randomness — every class of answer the contract names, errors, and slow answers that
+//! stay in flight until the simulator releases them — and logs what each receiver saw.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use tokio::sync::oneshot;
+
+use crate::clock::{Clock, ManualClock};
+use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
+
+/// What one receiver saw of one attempt.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// `webhook-id`.
+    pub event_id: String,
+    /// The target.
+    pub url: String,
+    /// The body.
+    pub body: Vec<u8>,
+    /// When it arrived (the simulated clock).
+    pub at_ms: u64,
+    /// `webhook-timestamp`.
+    pub timestamp: String,
+    /// What the receiver answered (`None`: still held, or cut by a crash).
+    pub answer: Option<Answer>,
+}
+
+/// The answer to one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// An HTTP status, with a `Retry-After` value when one was sent.
+    Status(u16, Option<String>),
+    /// A timeout.
+    Timeout,
+    /// A network error.
+    Network,
+}
+
+struct Held {
+    index: usize,
+    answer: oneshot::Sender<Answer>,
+}
+
+struct State {
+    rng: StdRng,
+    log: Vec<Seen>,
+    held: Vec<Held>,
+    healthy: bool,
+    /// Attempts in flight per host now, the most ever, and the most in total.
+    in_flight: BTreeMap<String, usize>,
+    max_per_host: BTreeMap<String, usize>,
+    max_total: usize,
+}
+
+/// The receivers of a run.
+pub struct SimTransport {
+    clock: Arc<ManualClock>,
+    state: Mutex<State>,
+}
+
+impl SimTransport {
+    /// Receivers answering from `rng`.
+    pub fn new(clock: Arc<ManualClock>, rng: StdRng) -> Arc<Self> {
+        Arc::new(SimTransport {
+            clock,
+            state: Mutex::new(State {
+                rng,
+                log: Vec::new(),
+                held: Vec::new(),
+                healthy: false,
+                in_flight: BTreeMap::new(),
+                max_per_host: BTreeMap::new(),
+                max_total: 0,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on every attempt is answered 200 at once (the end of a run).
+    pub fn heal(&self) {
+        self.lock().healthy = true;
+    }
+
+    /// Attempts held open now.
+    pub fn held(&self) -> usize {
+        self.lock().held.len()
+    }
+
+    /// Answers every held attempt (200 or 500, from the run's randomness).
+    pub fn release_all(&self) {
+        let mut st = self.lock();
+        let held = std::mem::take(&mut st.held);
+        for h in held {
+            let answer = if st.healthy || st.rng.random_bool(0.5) {
+                Answer::Status(200, None)
+            } else {
+                Answer::Status(500, None)
+            };
+            st.log[h.index].answer = Some(answer.clone());
+            let _ = h.answer.send(answer);
+        }
+    }
+
+    /// Forgets held attempts without answering (their courier crashed): nothing is in
+    /// flight any more.
+    pub fn drop_held(&self) {
+        let mut st = self.lock();
+        st.held.clear();
+        st.in_flight.clear();
+    }
+
+    /// The most attempts ever in flight at once to one host, per host, and in total.
+    pub fn max_in_flight(&self) -> (BTreeMap<String, usize>, usize) {
+        let st = self.lock();
+        (st.max_per_host.clone(), st.max_total)
+    }
+
+    fn ended(&self, host: &str) {
+        let mut st = self.lock();
+        if let Some(n) = st.in_flight.get_mut(host) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Everything seen so far.
+    pub fn log(&self) -> Vec<Seen> {
+        self.lock().log.clone()
+    }
+
+    /// Attempts seen per event id.
+    pub fn seen_per_event(&self) -> BTreeMap<String, Vec<Seen>> {
+        let mut out: BTreeMap<String, Vec<Seen>> = BTreeMap::new();
+        for s in self.log() {
+            out.entry(s.event_id.clone()).or_default().push(s);
+        }
+        out
+    }
+
+    fn draw(&self, rng: &mut StdRng, now_ms: u64) -> Option<Answer> {
+        let roll = rng.random_range(0..100);
+        Some(match roll {
+            0..=34 => Answer::Status(if rng.random_bool(0.5) { 200 } else { 204 }, None),
+            35..=39 => Answer::Status([400, 401, 403, 410, 422][rng.random_range(0..5)], None),
+            40..=44 => Answer::Status(404, None),
+            45..=49 => Answer::Status(408, None),
+            50..=57 => {
+                let after = rng.random_bool(0.7).then(|| rng.random_range(0..120).to_string());
+                Answer::Status(429, after)
+            }
+            58..=65 => {
+                let at =
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms + rng.random_range(0..300_000));
+                let after = rng.random_bool(0.7).then(|| httpdate::fmt_http_date(at));
+                Answer::Status(503, after)
+            }
+            66..=73 => Answer::Status([500, 502, 504, 599][rng.random_range(0..4)], None),
+            74..=78 => Answer::Timeout,
+            79..=83 => Answer::Network,
+            84..=88 => Answer::Status([301, 302, 307][rng.random_range(0..3)], None),
+            _ => return None, // slow: held until released
+        })
+    }
+}
+
+fn header(req: &OutboundRequest, name: &str) -> String {
+    req.headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+fn respond(answer: Answer) -> Result<InboundResponse, TransportError> {
+    match answer {
+        Answer::Status(status, retry_after) => Ok(InboundResponse {
+            status,
+            retry_after,
+            body: Default::default(),
+        }),
+        Answer::Timeout => Err(TransportError::Timeout("simulated".into())),
+        Answer::Network => Err(TransportError::Network("simulated reset".into())),
+    }
+}
+
+impl Transport for SimTransport {
+    fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let answer = if st.healthy {
+            Some(Answer::Status(200, None))
+        } else {
+            let mut rng = std::mem::replace(&mut st.rng, rand::SeedableRng::seed_from_u64(0));
+            let a = self.draw(&mut rng, now);
+            st.rng = rng;
+            a
+        };
+        let host = crate::target::host_key(&req.url);
+        let now_host = {
+            let n = st.in_flight.entry(host.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let total: usize = st.in_flight.values().sum();
+        let max = st.max_per_host.entry(host.clone()).or_default();
+        *max = (*max).max(now_host);
+        st.max_total = st.max_total.max(total);
+        let index = st.log.len();
+        st.log.push(Seen {
+            event_id: header(&req, crate::signing::WEBHOOK_ID),
+            url: req.url.to_string(),
+            body: req.body.to_vec(),
+            at_ms: now,
+            timestamp: header(&req, crate::signing::WEBHOOK_TIMESTAMP),
+            answer: answer.clone(),
+        });
+        match answer {
+            Some(a) => Box::pin(async move {
+                self.ended(&host);
+                respond(a)
+            }),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                st.held.push(Held { index, answer: tx });
+                Box::pin(async move {
+                    match rx.await {
+                        Ok(a) => {
+                            self.ended(&host);
+                            respond(a)
+                        }
+                        // Dropped by a crash: this attempt never ends (its task is gone).
+                        Err(_) => std::future::pending().await,
+                    }
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The simulator's entry points: a few hundred seeds in CI, a soak or one seed on demand.
+
+use std::time::Duration;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn seeds() {
+    if let Some(seed) = env_u64("COURIER_SIM_SEED") {
+        match super::run(seed) {
+            Ok(steps) => println!("seed {seed}: {steps} steps, every invariant held"),
+            Err(f) => panic!("{f}"),
+        }
+        return;
+    }
+    let seeds = env_u64("COURIER_SIM_SEEDS").unwrap_or(super::CI_SEEDS);
+    let first = env_u64("COURIER_SIM_FIRST").unwrap_or(1);
+    let budget = Duration::from_secs(env_u64("COURIER_SIM_BUDGET").unwrap_or(3600 * 24));
+    let started = std::time::Instant::now();
+    match super::soak(first, seeds, budget) {
+        Ok(ran) => println!(
+            "{ran} seeds from {first} in {:.1}s, every invariant held",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(f) => panic!("{f}"),
+    }
+}

@@ -1,0 +1,467 @@
+//! One simulated run: the real store, committer, scheduler pass, delivery workers, result
+//! writer, endpoint table, operator actions and retention, on a [`ManualClock`] and the
+//! simulated receivers, driven step by step from one seeded RNG.
+//!
+//! Determinism: the simulator owns the order of everything that matters. It runs the
+//! scheduler's pass itself (no background scheduler), on its own thread, with operator
+//! actions injected between a pass's scan and its writes; attempts run on a current-thread
+//! runtime that only makes progress when the simulator waits for them; receivers answer from
+//! the seeded RNG. What stays on real threads (the commit and result-writer threads) is
+//! waited for at each step, so a step's effects are complete before the next step starts.
+//!
+//! A crash drops the runtime (every attempt task with it), the delivery context and the
+//! store without any shutdown code running, then reopens the same data dir and runs the
+//! same recovery as `app::start`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::receiver::SimTransport;
+use crate::clock::{Clock, ManualClock};
+use crate::config::Config;
+use crate::delivery::{Deliverer, DelivererParts};
+use crate::envelope::Envelope;
+use crate::metrics::Metrics;
+use crate::model::{Jitter, State};
+use crate::store::{Accepted, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
+
+fn store_has(store: &Store, id: &str) -> bool {
+    store.message(id).ok().flatten().is_some()
+}
+
+/// The endpoints of a run: two on one host (its cap is shared), one on another.
+pub const TARGETS: [&str; 3] = ["https://h1.sim/a", "https://h1.sim/b", "https://h2.sim/c"];
+const T0: u64 = 1_750_000_000_000;
+
+/// What the simulator knows must be true.
+#[derive(Debug, Default)]
+pub struct Model {
+    /// Every message acknowledged (202) and not deleted: id → (event id, target, body).
+    pub acked: BTreeMap<String, (String, String, Vec<u8>)>,
+    /// (event id, target) → id, for duplicates.
+    pub by_event: BTreeMap<(String, String), String>,
+    /// Ids an operator deleted.
+    pub deleted: BTreeSet<String>,
+    /// Ids seen finished (delivered or dead) in the store: retention may remove them.
+    pub finished: BTreeSet<String>,
+    /// Per event id: attempts cut by a crash or a shutdown (in flight then).
+    pub cut: BTreeMap<String, u32>,
+    next_event: u64,
+}
+
+struct Node {
+    rt: tokio::runtime::Runtime,
+    store: Arc<Store>,
+    d: Arc<Deliverer>,
+    resume: Option<(u64, String)>,
+}
+
+/// A simulated courier and its receivers.
+pub struct World {
+    /// The run's randomness (workload and faults).
+    pub rng: StdRng,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    /// The clock every component reads.
+    pub clock: Arc<ManualClock>,
+    /// The receivers.
+    pub rx: Arc<SimTransport>,
+    config: Arc<Config>,
+    node: Option<Node>,
+    /// What must be true.
+    pub model: Model,
+    /// What happened, one line per step (printed when an invariant breaks).
+    pub trace: Vec<String>,
+}
+
+/// The settings of every run: short delays so a run covers many retries, small caps so
+/// limits bind.
+pub fn sim_config() -> Config {
+    let mut c = Config::default();
+    c.retry.base_delay = Duration::from_secs(1);
+    c.retry.max_delay = Duration::from_secs(60);
+    c.retry.jitter = Jitter::Equal;
+    c.retry.max_attempts = 6;
+    c.retry.max_attempts_404 = 3;
+    c.retry.give_up_after = Duration::from_secs(3600);
+    c.retry.max_retry_after = Duration::from_secs(300);
+    c.delivery.max_in_flight_per_host = 3;
+    // Below the sum of the host caps (2 hosts × 3), so the global bound binds too.
+    c.delivery.max_in_flight = 4;
+    c.delivery.rate_per_second = 5;
+    c.delivery.pause_after_permanent_failures = 3;
+    c.retention = Duration::from_secs(2 * 3600);
+    c.dead_retention = Duration::from_secs(4 * 3600);
+    c.signing.secrets = vec![crate::signing::Secret::new("whsec_c2ltdWxhdGlvbi1zZWNyZXQ=".into())];
+    c
+}
+
+impl World {
+    /// A fresh world for `seed`.
+    pub fn new(seed: u64) -> World {
+        // In memory where the machine has it: the simulator asserts nothing about fsync
+        // (a crash here keeps completed writes), and thousands of seeds should not wait on
+        // a disk.
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        }
+        .expect("temp dir");
+        let data = dir.path().join("data");
+        let clock = ManualClock::new(T0);
+        let rx = SimTransport::new(clock.clone(), StdRng::seed_from_u64(seed ^ 0x005e_ed0f_7ece_1e7e));
+        let mut w = World {
+            rng: StdRng::seed_from_u64(seed),
+            _dir: dir,
+            data,
+            clock,
+            rx,
+            config: Arc::new(sim_config()),
+            node: None,
+            model: Model::default(),
+            trace: Vec::new(),
+        };
+        w.start_node();
+        w
+    }
+
+    fn node(&self) -> &Node {
+        self.node.as_ref().expect("a running node")
+    }
+
+    /// The running delivery context.
+    pub fn d(&self) -> Arc<Deliverer> {
+        self.node().d.clone()
+    }
+
+    /// The running store.
+    pub fn store(&self) -> Arc<Store> {
+        self.node().store.clone()
+    }
+
+    fn start_node(&mut self) {
+        // The last process may still be letting go of the directory's lock (a thread that
+        // held the store finishing): wait for it, as a restarted process would.
+        let mut tries = 0;
+        let store = loop {
+            match Store::open(
+                &self.data,
+                StoreOptions {
+                    retention_ms: self.config.retention.as_millis() as u64,
+                    dead_retention_ms: self.config.dead_retention.as_millis() as u64,
+                    ..StoreOptions::default()
+                },
+            ) {
+                Ok(s) => break Arc::new(s),
+                Err(StoreError::Locked(_)) if tries < 500 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("reopening the store: {e}"),
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let d = {
+            let _g = rt.enter();
+            Deliverer::new(DelivererParts {
+                store: store.clone(),
+                transport: self.rx.clone(),
+                clock: self.clock.clone(),
+                config: self.config.clone(),
+                metrics: Arc::new(Metrics::default()),
+                wake: Arc::new(tokio::sync::Notify::new()),
+                rng: StdRng::seed_from_u64(self.rng.random()),
+            })
+            .expect("delivery context")
+        };
+        d.set_result_retry(Duration::from_millis(1));
+        d.recover_at_start().expect("startup recovery");
+        self.node = Some(Node {
+            rt,
+            store,
+            d,
+            resume: None,
+        });
+    }
+
+    /// Ids in flight now (from the store's state index).
+    fn in_flight_ids(&self) -> Vec<(String, String)> {
+        let store = self.store();
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let filter = ListFilter {
+                state: Some(State::InFlight),
+                ..ListFilter::default()
+            };
+            let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
+            out.extend(page.items.into_iter().map(|r| (r.id, r.event_id)));
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return out,
+            }
+        }
+    }
+
+    /// Kill -9: nothing of the node runs again; reopen and recover.
+    pub fn crash(&mut self) {
+        for (_, event) in self.in_flight_ids() {
+            *self.model.cut.entry(event).or_default() += 1;
+        }
+        self.rx.drop_held();
+        let node = self.node.take().expect("running");
+        node.rt.shutdown_background();
+        drop(node.d);
+        drop(node.store);
+        self.start_node();
+    }
+
+    /// SIGTERM with no grace: running attempts are cut off and put back uncounted.
+    pub fn graceful_restart(&mut self) {
+        for (_, event) in self.in_flight_ids() {
+            *self.model.cut.entry(event).or_default() += 1;
+        }
+        let node = self.node.take().expect("running");
+        node.rt.block_on(node.d.drain(Duration::ZERO));
+        self.rx.drop_held();
+        node.rt.shutdown_background();
+        let store = node.store.clone();
+        drop(node.d);
+        store.close();
+        drop(store);
+        drop(node.store);
+        self.start_node();
+    }
+
+    /// Lets every attempt that can finish finish (held ones stay), and their results land.
+    pub fn settle(&mut self) -> Result<(), String> {
+        let node = self.node();
+        let (d, rx) = (node.d.clone(), self.rx.clone());
+        node.rt.block_on(async move {
+            let waited = tokio::time::timeout(Duration::from_secs(30), async {
+                while d.in_flight_count() > rx.held() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await;
+            waited.map_err(|_| format!("{} attempts never finished", d.in_flight_count()))
+        })
+    }
+
+    /// Accepts `n` messages concurrently (so some share a commit batch), some of them
+    /// duplicates of earlier or of each other. Checks that a duplicate is acknowledged only
+    /// when its original is.
+    pub fn accept(&mut self, n: usize, fail_write: bool) -> Result<(), String> {
+        let now = self.clock.now_ms();
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            // A duplicate of a message still stored (a deleted or swept one frees its event
+            // id, and a new message under it would blur what the receiver saw per event).
+            let dup_of_old = !self.model.by_event.is_empty() && self.rng.random_bool(0.15);
+            let dup_in_batch = !batch.is_empty() && self.rng.random_bool(0.15);
+            let old = if dup_of_old {
+                let i = self.rng.random_range(0..self.model.by_event.len());
+                let (key, id) = self.model.by_event.iter().nth(i).expect("index in range");
+                let stored = self.model.acked.contains_key(id) && store_has(&self.store(), id);
+                stored.then(|| key.clone())
+            } else {
+                None
+            };
+            let (event, target) = if let Some(key) = old {
+                key
+            } else if dup_in_batch {
+                let i = self.rng.random_range(0..batch.len());
+                let (e, t, _): &(String, String, Vec<u8>) = &batch[i];
+                (e.clone(), t.clone())
+            } else {
+                self.model.next_event += 1;
+                let t = TARGETS[self.rng.random_range(0..TARGETS.len())];
+                (format!("evt-{}", self.model.next_event), t.to_string())
+            };
+            let body = format!("{{\"event\":\"{event}\",\"n\":{}}}", self.rng.random::<u32>()).into_bytes();
+            batch.push((event, target, body));
+        }
+        if fail_write {
+            self.store()
+                .faults()
+                .fail_accepts
+                .store(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        let store = self.store();
+        let mut msgs = Vec::new();
+        for (event, target, body) in &batch {
+            let env = Envelope {
+                target: url::Url::parse(target).expect("sim targets are URLs"),
+                endpoint: None,
+                event_id: Some(event.clone()),
+                method: "POST".into(),
+                headers: vec![("content-type".into(), b"application/json".to_vec())],
+                body: body.clone(),
+                scheme: None,
+                signing: SigningChoice::Default,
+                max_attempts: self.config.retry.max_attempts,
+                give_up_after: self.config.retry.give_up_after,
+            };
+            msgs.push(env.into_message(now, &mut self.rng));
+        }
+        let ids: Vec<String> = msgs.iter().map(|m| m.record.id.clone()).collect();
+        let answers = self.node().rt.block_on(async move {
+            let tasks: Vec<_> = msgs
+                .into_iter()
+                .map(|m| {
+                    let s = store.clone();
+                    tokio::spawn(async move { s.accept(m).await })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("accept task"));
+            }
+            out
+        });
+        self.store()
+            .faults()
+            .fail_accepts
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        // New ones first: a duplicate in the same batch refers to one of them.
+        let mut duplicates = Vec::new();
+        for ((answer, id), (event, target, body)) in answers.into_iter().zip(ids).zip(batch) {
+            match answer {
+                Ok(Accepted::New) => {
+                    self.model.by_event.insert((event.clone(), target.clone()), id.clone());
+                    self.model.acked.insert(id, (event, target, body));
+                }
+                Ok(Accepted::Duplicate { id: first }) => duplicates.push((first, event, target)),
+                Err(_) => {}
+            }
+        }
+        for (first, event, target) in duplicates {
+            let durable = self.store().message(&first).ok().flatten().is_some()
+                || self.model.deleted.contains(&first)
+                || self.model.finished.contains(&first);
+            if !durable {
+                return Err(format!(
+                    "duplicate of ({event}, {target}) acknowledged as {first}, which is not stored"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One scheduler pass. With `mid_pass_operator`, an operator action runs after the
+    /// pass's scan decided and before its writes; returns what that action did.
+    pub fn pass(&mut self, mid_pass_operator: bool) -> Option<String> {
+        let node = self.node.as_mut().expect("running");
+        let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
+        let _g = handle.enter();
+        let mut note = None;
+        let (_, resume) = crate::scheduler::pass_with(&d, resume, &mut || {
+            if mid_pass_operator {
+                note = Some(self.operator());
+            }
+        });
+        self.node.as_mut().expect("running").resume = resume;
+        note
+    }
+
+    /// Endpoints, by index into [`TARGETS`] (their keys are the targets).
+    pub fn endpoint(&mut self) -> String {
+        TARGETS[self.rng.random_range(0..TARGETS.len())].to_string()
+    }
+
+    /// One operator action chosen at random, as the admin API runs it.
+    pub fn operator(&mut self) -> String {
+        let d = self.d();
+        let now = self.clock.now_ms();
+        let give_up = now + self.config.retry.give_up_after.as_millis() as u64;
+        match self.rng.random_range(0..6) {
+            0 => {
+                let ep = self.endpoint();
+                d.set_paused(&ep, true).expect("pause");
+                format!("pause {ep}")
+            }
+            1 | 2 => {
+                let ep = self.endpoint();
+                d.set_paused(&ep, false).expect("resume");
+                format!("resume {ep}")
+            }
+            3 => {
+                let dead = self.list(State::Dead);
+                match dead.get(self.rng.random_range(0..dead.len().max(1))) {
+                    Some(id) => {
+                        let r = d.store.replay(id, now, give_up).expect("replay");
+                        format!("replay {id}: {r:?}")
+                    }
+                    None => "replay: nothing dead".into(),
+                }
+            }
+            4 => {
+                let n = d
+                    .store
+                    .replay_dead(&ListFilter::default(), now, give_up)
+                    .expect("bulk replay");
+                format!("bulk replay: {n}")
+            }
+            _ => {
+                let ids: Vec<String> = self.model.acked.keys().cloned().collect();
+                match ids.get(self.rng.random_range(0..ids.len().max(1))) {
+                    Some(id) => {
+                        let gone = d.store.delete(id).expect("delete");
+                        self.model.acked.remove(id);
+                        self.model.deleted.insert(id.clone());
+                        format!("delete {id}: {gone}")
+                    }
+                    None => "delete: nothing".into(),
+                }
+            }
+        }
+    }
+
+    /// Ids in `state`.
+    pub fn list(&self, state: State) -> Vec<String> {
+        let filter = ListFilter {
+            state: Some(state),
+            ..ListFilter::default()
+        };
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = self.store().list(&filter, 1000, cursor.as_deref()).expect("list");
+            out.extend(page.items.into_iter().map(|r| r.id));
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return out,
+            }
+        }
+    }
+
+    /// Records which messages are finished (retention may remove them after this).
+    pub fn note_finished(&mut self) {
+        for state in [State::Delivered, State::Dead] {
+            for id in self.list(state) {
+                self.model.finished.insert(id);
+            }
+        }
+    }
+
+    /// A retention sweep now.
+    pub fn sweep(&mut self) -> usize {
+        self.note_finished();
+        crate::retention::sweep(&self.store(), self.clock.now_ms()).expect("sweep")
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}

@@ -1,0 +1,141 @@
+//! The scheduler's side of the due queue: walking it in due order from the due floor,
+//! moving the floor up after a pass, and claiming due entries for an attempt.
+//!
+//! A claim is the only way a message becomes `in_flight`; what happens after the attempt
+//! is in `finish`.
+
+use rocksdb::{ReadOptions, WriteBatch};
+
+use super::{keys, Claimed, CodecError, DueEntry, FloorMark, Routing, ScanEnd, ScanStep, State, Store, StoreError};
+
+impl Store {
+    /// The earliest due time in the queue, if any.
+    pub fn next_due_ms(&self) -> Result<Option<u64>, StoreError> {
+        let mut it = self.db.raw_iterator_cf(self.cf(keys::DUE));
+        it.seek_to_first();
+        match it.key() {
+            Some(k) => Ok(keys::split_time_key(k).map(|(ms, _)| ms)),
+            None => {
+                it.status()?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Walks the due queue in due order, handing each entry due at or before `now_ms` to
+    /// `step`, at most `budget` entries.
+    ///
+    /// The walk starts at the due floor (see `store::floor`), not at the first key: a queue
+    /// consumed from its head leaves a trail of deletion tombstones there, and seeking
+    /// through them on every pass would cost more the busier courier is. The returned mark
+    /// goes back to [`Store::raise_due_floor`] after the pass.
+    ///
+    /// `after` continues an earlier walk just past that entry instead of at the floor.
+    pub fn scan_due(
+        &self,
+        now_ms: u64,
+        budget: usize,
+        after: Option<(u64, &str)>,
+        mut step: impl FnMut(DueEntry) -> ScanStep,
+    ) -> Result<(ScanEnd, FloorMark), StoreError> {
+        let mark = self.due_floor.mark();
+        let floor = mark.floor;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
+        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
+        match after {
+            Some((due, id)) => {
+                let from = keys::time_key(due, id);
+                it.seek(&from);
+                if it.key() == Some(from.as_slice()) {
+                    it.next();
+                }
+            }
+            None => it.seek(keys::time_key(floor, "")),
+        }
+        let mut seen = 0;
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if seen >= budget {
+                return Ok((ScanEnd::Cut, mark));
+            }
+            seen += 1;
+            let Some((due_ms, id)) = keys::split_time_key(k) else {
+                it.next();
+                continue;
+            };
+            let routing = Routing::decode(v).map_err(|source| StoreError::Codec {
+                key: id.to_string(),
+                source,
+            })?;
+            if step(DueEntry {
+                due_ms,
+                id: id.to_string(),
+                routing,
+            }) == ScanStep::Stop
+            {
+                return Ok((ScanEnd::Cut, mark));
+            }
+            it.next();
+        }
+        it.status()?;
+        drop(it);
+        // Nothing more is due now: report when the next entry is.
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
+        it.seek(keys::time_key(now_ms.saturating_add(1), ""));
+        let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
+        it.status()?;
+        Ok((ScanEnd::Exhausted { next_due_ms }, mark))
+    }
+
+    /// The current due floor (see [`Store::scan_due`]).
+    pub fn due_floor(&self) -> u64 {
+        self.due_floor.peek()
+    }
+
+    /// Raises the due floor towards `to` after a pass that started at `mark`, but not above
+    /// a due entry written since (the pass may have missed it).
+    pub fn raise_due_floor(&self, mark: FloorMark, to: u64) {
+        self.due_floor.raise(mark, to);
+    }
+
+    /// Claims a due entry for an attempt: removes it from the queue and marks the message
+    /// `in_flight`. `None` when the entry is stale (the message moved on meanwhile).
+    pub fn claim(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
+        Ok(self.claim_many(std::slice::from_ref(entry))?.pop().flatten())
+    }
+
+    /// Claims several due entries in one write (one wait for the WAL, however many):
+    /// the answer has one slot per entry, `None` for a stale one.
+    pub fn claim_many(&self, entries: &[DueEntry]) -> Result<Vec<Option<Claimed>>, StoreError> {
+        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let mut b = WriteBatch::default();
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let due_key = keys::time_key(entry.due_ms, &entry.id);
+            b.delete_cf(self.cf(keys::DUE), &due_key);
+            let Some(mut rec) = self.message(&entry.id)? else {
+                out.push(None);
+                continue;
+            };
+            if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms {
+                out.push(None);
+                continue;
+            }
+            let Some(payload) = self.payload(&entry.id)? else {
+                return Err(StoreError::Codec {
+                    key: entry.id.clone(),
+                    source: CodecError::Corrupt("payload", "missing payload"),
+                });
+            };
+            rec.state = State::InFlight;
+            self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);
+            b.put_cf(self.cf(keys::MESSAGES), rec.id.as_bytes(), rec.encode());
+            out.push(Some(Claimed { record: rec, payload }));
+        }
+        self.write(b)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,105 @@
+//! The counters in the `meta` column family (open, delivered, dead, open per endpoint):
+//! their merge operator, how a batch sums its changes, and the gauges read from them.
+//!
+//! Counters are merged in the same batch as the transition they count, so a gauge is a
+//! point read, never a scan.
+
+use rocksdb::{ColumnFamily, MergeOperands, ReadOptions, WriteBatch};
+
+use super::{keys, Counts, State, Store, StoreError};
+
+/// Counter changes of one batch, summed per counter: a batch of many transitions then
+/// merges each counter once instead of once per message.
+#[derive(Debug, Default)]
+pub(crate) struct CounterDeltas(std::collections::HashMap<Vec<u8>, i64>);
+
+impl CounterDeltas {
+    /// Adds `delta` to the counter `key`.
+    pub(crate) fn add(&mut self, key: &[u8], delta: i64) {
+        match self.0.get_mut(key) {
+            Some(v) => *v += delta,
+            None => {
+                self.0.insert(key.to_vec(), delta);
+            }
+        }
+    }
+
+    /// Appends the merges to `b` (counters that summed to zero are left out).
+    pub(crate) fn write_into(self, b: &mut WriteBatch, meta: &ColumnFamily) {
+        for (key, delta) in self.0 {
+            if delta != 0 {
+                b.merge_cf(meta, key, delta.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The `meta` merge operator: counters are little-endian i64 sums.
+pub(super) fn add_counter(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut total = existing.map(decode_counter).unwrap_or(0);
+    for op in operands {
+        total = total.wrapping_add(decode_counter(op));
+    }
+    Some(total.to_le_bytes().to_vec())
+}
+
+fn decode_counter(v: &[u8]) -> i64 {
+    v.try_into().map(i64::from_le_bytes).unwrap_or(0)
+}
+
+impl Store {
+    /// Adds a counter change to `b` (for one-off transitions; batches use [`CounterDeltas`]).
+    pub(super) fn count(&self, b: &mut WriteBatch, key: &[u8], delta: i64) {
+        b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
+    }
+
+    /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
+    pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        let prefix = keys::COUNT_OPEN_ENDPOINT;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
+        it.seek(prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let n = decode_counter(v);
+            if n > 0 {
+                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), n as u64));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.cf(keys::META), key)?
+            .map(|v| decode_counter(&v).max(0) as u64)
+            .unwrap_or(0))
+    }
+
+    /// Message counts by state.
+    pub fn counts(&self) -> Result<Counts, StoreError> {
+        Ok(Counts {
+            open: self.counter(keys::COUNT_OPEN)?,
+            delivered: self.counter(keys::COUNT_DELIVERED)?,
+            dead: self.counter(keys::COUNT_DEAD)?,
+        })
+    }
+
+    /// Acceptance time of the oldest open message (from the first key of the pending and
+    /// in-flight indexes: ids sort by acceptance time).
+    pub fn oldest_open_ms(&self) -> Result<Option<u64>, StoreError> {
+        let mut oldest: Option<u64> = None;
+        for state in [State::Pending, State::InFlight] {
+            if let Some(id) = self.ids_in_state(state, 1)?.into_iter().next() {
+                if let Some(ms) = crate::model::delivery_id_millis(&id) {
+                    oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
+                }
+            }
+        }
+        Ok(oldest)
+    }
+}

@@ -1,0 +1,68 @@
+//! Retention: removing delivered and dead messages once their retention has passed, and
+//! compacting so the removed records give their disk space back.
+//!
+//! Named `expiry` (after the column family it walks) to keep it apart from
+//! `crate::retention`, the background task that calls it.
+
+use rocksdb::{ReadOptions, WriteBatch};
+
+use super::{keys, State, Store, StoreError};
+
+impl Store {
+    /// Removes delivered and dead messages whose retention ended at or before `now_ms`,
+    /// at most `limit` of them. Returns how many were removed.
+    pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::EXPIRY), ro);
+        it.seek_to_first();
+        let mut entries = Vec::new();
+        while let Some(k) = it.key() {
+            if entries.len() >= limit {
+                break;
+            }
+            if let Some((ms, id)) = keys::split_time_key(k) {
+                entries.push((ms, id.to_string()));
+            }
+            it.next();
+        }
+        it.status()?;
+        drop(it);
+        let mut removed = 0;
+        for (ms, id) in entries {
+            let _g = self.lock(&id);
+            let mut b = WriteBatch::default();
+            b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(ms, &id));
+            if let Some(rec) = self.message(&id)? {
+                if matches!(rec.state, State::Delivered | State::Dead) {
+                    let due = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
+                    if due <= now_ms {
+                        self.remove(&mut b, &rec)?;
+                        removed += 1;
+                    } else if due != ms {
+                        // Retention was lengthened since this entry was written.
+                        b.put_cf(self.cf(keys::EXPIRY), keys::time_key(due, &id), []);
+                    }
+                }
+            }
+            self.write(b)?;
+        }
+        Ok(removed)
+    }
+
+    /// Compacts every column family, so removed records give their disk space back.
+    pub fn compact(&self) {
+        self.compact_until(&|| false);
+    }
+
+    /// [`Store::compact`], one column family at a time, stopping before the next one once
+    /// `stopped()` says so (shutdown must not wait for every family to compact).
+    pub fn compact_until(&self, stopped: &dyn Fn() -> bool) {
+        for name in keys::CF_NAMES {
+            if stopped() {
+                return;
+            }
+            self.db.compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+        }
+    }
+}

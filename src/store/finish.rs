@@ -1,0 +1,173 @@
+//! The end of an attempt: recording its result and the transition it led to (retry,
+//! delivered, dead), and handing an in-flight message back without counting an attempt
+//! (release, and recovery of what a crash left in flight).
+//!
+//! Results are batched: the workers' results that end together are written in one batch,
+//! with their counter changes summed (see `counters`).
+
+use rocksdb::WriteBatch;
+
+use super::{keys, AttemptRecord, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+
+impl Store {
+    /// Records a finished attempt (attempt number `rec.attempts + 1`) and the transition it
+    /// led to. Returns the updated record, or `None` if the message was deleted meanwhile.
+    pub fn finish_attempt(
+        &self,
+        id: &str,
+        attempt: &AttemptRecord,
+        transition: Transition,
+        now_ms: u64,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let item = FinishedAttempt {
+            id: id.to_string(),
+            attempt: attempt.clone(),
+            transition,
+            now_ms,
+        };
+        self.finish_attempts(std::slice::from_ref(&item))
+            .pop()
+            .unwrap_or(Ok(None))
+    }
+
+    /// Records several finished attempts in one write (one trip through RocksDB's write
+    /// queue for however many attempts ended together). One answer per item, as
+    /// [`Store::finish_attempt`] gives it; an item whose record cannot be read fails alone,
+    /// a failed write fails them all. A second item for an id already in the call is
+    /// answered `None` (stale), as it would be after the first was written.
+    pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
+        let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
+        let mut b = WriteBatch::default();
+        let mut counters = CounterDeltas::default();
+        let mut out = Vec::with_capacity(items.len());
+        let mut min_retry = u64::MAX;
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        for item in items {
+            if !seen.insert(item.id.as_str()) {
+                // Every record is read before any write lands: applying it again would
+                // count the attempt twice.
+                out.push(Ok(None));
+                continue;
+            }
+            let staged = self.stage_finish(&mut b, &mut counters, item);
+            if let (Ok(Some(_)), Transition::RetryAt(at)) = (&staged, item.transition) {
+                min_retry = min_retry.min(at);
+            }
+            out.push(staged);
+        }
+        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) {
+            return out;
+        }
+        counters.write_into(&mut b, self.cf(keys::META));
+        if self.faults.take(&self.faults.fail_results) {
+            return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
+        }
+        if let Err(e) = self.db.write_opt(b, &self.plain) {
+            return out
+                .into_iter()
+                .map(|r| r.and(Err(StoreError::Rocks(e.clone()))))
+                .collect();
+        }
+        if min_retry != u64::MAX {
+            self.due_floor.wrote(min_retry);
+        }
+        out
+    }
+
+    /// Adds one finished attempt's writes to `b`; the caller holds the id's stripe.
+    fn stage_finish(
+        &self,
+        b: &mut WriteBatch,
+        counters: &mut CounterDeltas,
+        item: &FinishedAttempt,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        let FinishedAttempt {
+            id,
+            attempt,
+            transition,
+            now_ms,
+        } = item;
+        let (id, now_ms) = (id.as_str(), *now_ms);
+        let Some(mut rec) = self.message(id)? else {
+            return Ok(None);
+        };
+        if rec.state != State::InFlight {
+            // Deleted and re-created, or released by recovery: this attempt's result is stale.
+            return Ok(None);
+        }
+        rec.attempts += 1;
+        rec.history_len += 1;
+        rec.last_status = attempt.status;
+        rec.last_error = attempt.error.clone();
+        b.put_cf(
+            self.cf(keys::HISTORY),
+            keys::history_key(id, rec.history_len),
+            attempt.encode(),
+        );
+        match *transition {
+            Transition::RetryAt(at) => {
+                rec.state = State::Pending;
+                rec.next_attempt_at_ms = at;
+                self.enqueue(b, &rec);
+                self.move_state(b, id, State::InFlight, State::Pending);
+            }
+            Transition::Delivered | Transition::Dead(_) => {
+                let (state, counter) = match *transition {
+                    Transition::Dead(reason) => {
+                        rec.dead_reason = Some(reason);
+                        (State::Dead, keys::COUNT_DEAD)
+                    }
+                    _ => (State::Delivered, keys::COUNT_DELIVERED),
+                };
+                rec.state = state;
+                rec.next_attempt_at_ms = 0;
+                rec.finished_at_ms = now_ms;
+                self.move_state(b, id, State::InFlight, state);
+                b.put_cf(
+                    self.cf(keys::EXPIRY),
+                    keys::time_key(now_ms.saturating_add(self.retention_of(state)), id),
+                    [],
+                );
+                counters.add(keys::COUNT_OPEN, -1);
+                counters.add(&keys::endpoint_open_key(&rec.endpoint), -1);
+                counters.add(counter, 1);
+            }
+        }
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        Ok(Some(rec))
+    }
+
+    /// Puts an in-flight message back in the queue, due at `now_ms`, without counting an
+    /// attempt: for failures of courier itself, and for rate-limit or shutdown hand-backs.
+    pub fn release(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
+        let _g = self.lock(id);
+        let Some(mut rec) = self.message(id)? else {
+            return Ok(false);
+        };
+        if rec.state != State::InFlight {
+            return Ok(false);
+        }
+        rec.state = State::Pending;
+        rec.next_attempt_at_ms = due_ms;
+        let mut b = WriteBatch::default();
+        self.enqueue(&mut b, &rec);
+        self.move_state(&mut b, id, State::InFlight, State::Pending);
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        self.write(b)?;
+        self.due_floor.wrote(due_ms);
+        Ok(true)
+    }
+
+    /// At start: every message left `in_flight` by a crash goes back to due at `now_ms`
+    /// with its attempt count unchanged. Returns how many.
+    pub fn recover_in_flight(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let ids = self.ids_in_state(State::InFlight, usize::MAX)?;
+        let mut n = 0;
+        for id in ids {
+            if self.release(&id, now_ms)? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,135 @@
+//! Opening and closing the store: RocksDB tuning, the column families and their merge
+//! operator, the private data directory, the readiness probe and the flush at close.
+//!
+//! Kept apart from the operations because it is the one place that decides how RocksDB
+//! is configured; nothing here runs on the delivery path.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
+
+use super::counters::add_counter;
+use super::{committer, floor, keys, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        create_private_dir(dir)?;
+        let cache = Cache::new_lru_cache(options.block_cache_bytes);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+
+        let cf_opts = |name: &str| {
+            let mut o = Options::default();
+            o.set_block_based_table_factory(&table);
+            o.set_write_buffer_size(options.write_buffer_bytes);
+            o.set_max_write_buffer_number(3);
+            o.set_compression_type(if name == keys::PAYLOADS {
+                DBCompressionType::Lz4
+            } else {
+                DBCompressionType::None
+            });
+            o.set_level_compaction_dynamic_level_bytes(true);
+            if name == keys::META {
+                o.set_merge_operator_associative("courier_add_i64", add_counter);
+            }
+            o
+        };
+
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_max_total_wal_size(64 << 20);
+        db_opts.set_db_write_buffer_size(options.write_buffer_bytes * 8);
+        db_opts.set_keep_log_file_num(3);
+        db_opts.set_max_log_file_size(8 << 20);
+        db_opts.set_max_open_files(256);
+        db_opts.set_recycle_log_file_num(4);
+        // The unused `default` column family is opened with our small write buffer too:
+        // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
+        // writing after a disk-full error (it reserves the largest write buffer) would be
+        // 64 MiB, and on a small volume courier would never accept again by itself.
+        let descriptors = keys::CF_NAMES
+            .iter()
+            .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
+        let db = DB::open_cf_descriptors(&db_opts, dir, descriptors).map_err(|e| {
+            let text = e.to_string();
+            if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
+                StoreError::Locked(dir.to_path_buf())
+            } else {
+                StoreError::Rocks(e)
+            }
+        })?;
+        let db = Arc::new(db);
+        let due_floor = Arc::new(floor::DueFloor::default());
+        let faults = Arc::new(Faults::default());
+        let committer = committer::Committer::start(db.clone(), due_floor.clone(), faults.clone());
+        Ok(Store {
+            db,
+            due_floor,
+            committer,
+            stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            plain: WriteOptions::default(),
+            synced: {
+                let mut w = WriteOptions::default();
+                w.set_sync(true);
+                w
+            },
+            operator_syncs: std::sync::atomic::AtomicU64::new(0),
+            faults,
+            options,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// Whether the store can still write (a cheap synced probe write): readiness.
+    pub fn writable(&self) -> bool {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db.put_cf_opt(self.cf(keys::META), b"probe", b"", &wo).is_ok()
+    }
+
+    /// Stops accepting, waits for queued accepts to be answered, and flushes the WAL
+    /// and memtables so the next start has little to replay.
+    pub fn close(&self) {
+        self.committer.stop();
+        if let Err(e) = self.db.flush_wal(true) {
+            tracing::warn!(error = %e, "flushing the WAL at close failed");
+        }
+        for name in keys::CF_NAMES {
+            if let Err(e) = self.db.flush_cf(self.cf(name)) {
+                tracing::warn!(error = %e, cf = name, "flushing at close failed");
+            }
+        }
+    }
+}
+
+/// Creates `dir` (mode 0700) or tightens an existing one to 0700.
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+    }
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    if !meta.is_dir() {
+        return Err(err(std::io::Error::other("not a directory")));
+    }
+    // Per-message signing secrets are stored with their messages: keep the dir private.
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    }
+    Ok(())
+}

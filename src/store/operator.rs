@@ -1,0 +1,213 @@
+//! What the admin API does to messages and endpoints: replay of dead messages (one or in
+//! bulk), delete, listing, and persisting endpoint state.
+//!
+//! Every change an operator is told succeeded is written synced (`write_synced`): a 204 for
+//! a delete must survive a power loss. `remove` is shared with the retention sweep.
+
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
+
+use super::{decode_message, keys, EndpointRecord, ListFilter, MessageRecord, Page, State, Store, StoreError};
+
+impl Store {
+    /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
+    /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
+    pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
+        let _g = self.lock(id);
+        let Some(rec) = self.message(id)? else {
+            return Ok(None);
+        };
+        if rec.state != State::Dead {
+            return Ok(Some(false));
+        }
+        let mut b = WriteBatch::default();
+        self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
+        self.write_synced(b)?;
+        self.due_floor.wrote(now_ms);
+        Ok(Some(true))
+    }
+
+    /// Adds the replay of a dead `rec` to `b` (the caller holds its lock).
+    fn replay_into(&self, b: &mut WriteBatch, mut rec: MessageRecord, now_ms: u64, give_up_at_ms: u64) {
+        let id = rec.id.clone();
+        let id = id.as_str();
+        b.delete_cf(
+            self.cf(keys::EXPIRY),
+            keys::time_key(rec.finished_at_ms.saturating_add(self.options.dead_retention_ms), id),
+        );
+        rec.state = State::Pending;
+        rec.attempts = 0;
+        rec.dead_reason = None;
+        rec.finished_at_ms = 0;
+        rec.next_attempt_at_ms = now_ms;
+        rec.give_up_at_ms = give_up_at_ms;
+        self.enqueue(b, &rec);
+        self.move_state(b, id, State::Dead, State::Pending);
+        self.count(b, keys::COUNT_DEAD, -1);
+        self.count(b, keys::COUNT_OPEN, 1);
+        self.count(b, &keys::endpoint_open_key(&rec.endpoint), 1);
+        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+    }
+
+    /// Replays every dead message matching `filter` (its state is forced to dead).
+    pub fn replay_dead(&self, filter: &ListFilter, now_ms: u64, give_up_at_ms: u64) -> Result<usize, StoreError> {
+        let filter = ListFilter {
+            state: Some(State::Dead),
+            ..filter.clone()
+        };
+        let mut cursor = None;
+        let mut n = 0;
+        loop {
+            // One synced write per page: a bulk replay of 100,000 messages is 200 writes.
+            let page = self.list(&filter, 500, cursor.as_deref())?;
+            let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
+            let mut b = WriteBatch::default();
+            let mut in_page = 0;
+            for listed in &page.items {
+                // Re-read under the lock: it may have changed since the listing.
+                if let Some(rec) = self.message(&listed.id)?.filter(|r| r.state == State::Dead) {
+                    self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
+                    in_page += 1;
+                }
+            }
+            if in_page > 0 {
+                self.write_synced(b)?;
+                self.due_floor.wrote(now_ms);
+                n += in_page;
+            }
+            drop(guards);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return Ok(n),
+            }
+        }
+    }
+
+    /// Removes a message and everything indexed under it. `false` if there was none.
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let _g = self.lock(id);
+        let Some(rec) = self.message(id)? else { return Ok(false) };
+        let mut b = WriteBatch::default();
+        self.remove(&mut b, &rec)?;
+        self.write_synced(b)?;
+        Ok(true)
+    }
+
+    /// Adds the removal of `rec` and everything indexed under it to `b` (the caller holds
+    /// its lock). Shared by `delete` and the retention sweep (`expiry`).
+    pub(super) fn remove(&self, b: &mut WriteBatch, rec: &MessageRecord) -> Result<(), StoreError> {
+        let id = rec.id.as_str();
+        b.delete_cf(self.cf(keys::MESSAGES), id.as_bytes());
+        b.delete_cf(self.cf(keys::PAYLOADS), id.as_bytes());
+        b.delete_cf(self.cf(keys::STATES), keys::state_key(rec.state.to_byte(), id));
+        b.delete_range_cf(
+            self.cf(keys::HISTORY),
+            keys::history_key(id, 0),
+            keys::history_key(id, u32::MAX),
+        );
+        b.delete_cf(self.cf(keys::HISTORY), keys::history_key(id, u32::MAX));
+        let event_key = keys::pair_key(&rec.event_id, &rec.target);
+        if self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes()) {
+            b.delete_cf(self.cf(keys::EVENTS), &event_key);
+        }
+        match rec.state {
+            State::Pending | State::InFlight => {
+                b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
+                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(&rec.endpoint, id));
+                self.count(b, keys::COUNT_OPEN, -1);
+                self.count(b, &keys::endpoint_open_key(&rec.endpoint), -1);
+            }
+            State::Delivered | State::Dead => {
+                let expiry = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
+                b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(expiry, id));
+                let counter = if rec.state == State::Dead {
+                    keys::COUNT_DEAD
+                } else {
+                    keys::COUNT_DELIVERED
+                };
+                self.count(b, counter, -1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists messages in id (acceptance) order after `cursor`. With a state filter it walks
+    /// that state's index; the endpoint and time filters are applied while walking, with a
+    /// bound on how far one page looks, so a page may be short and still carry a cursor.
+    pub fn list(&self, filter: &ListFilter, limit: usize, cursor: Option<&str>) -> Result<Page, StoreError> {
+        let limit = limit.clamp(1, 1000);
+        let budget = limit * 20 + 1000;
+        let (cf, prefix): (&str, Vec<u8>) = match filter.state {
+            Some(s) => (keys::STATES, vec![s.to_byte()]),
+            None => (keys::MESSAGES, Vec::new()),
+        };
+        let mut ro = ReadOptions::default();
+        if !prefix.is_empty() {
+            ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
+        }
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), ro);
+        let mut start = prefix.clone();
+        if let Some(c) = cursor {
+            start.extend_from_slice(c.as_bytes());
+            start.push(0); // strictly after the cursor
+        }
+        it.seek(&start);
+        let mut page = Page::default();
+        let mut scanned = 0;
+        while let Some(k) = it.key() {
+            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            scanned += 1;
+            let rec = if filter.state.is_some() {
+                self.message(&id)?
+            } else {
+                Some(decode_message(&id, it.value().unwrap_or_default())?)
+            };
+            if let Some(rec) = rec.filter(|r| filter.matches(r)) {
+                page.items.push(rec);
+                if page.items.len() >= limit {
+                    it.next();
+                    if it.key().is_some() {
+                        page.next_cursor = Some(id);
+                    }
+                    break;
+                }
+            }
+            if scanned >= budget {
+                page.next_cursor = Some(id);
+                break;
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(page)
+    }
+
+    /// The persisted state of every endpoint that has one.
+    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
+            let (k, v) = item?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let rec = EndpointRecord::decode(&v).map_err(|source| StoreError::Codec {
+                key: key.clone(),
+                source,
+            })?;
+            out.push((key, rec));
+        }
+        Ok(out)
+    }
+
+    /// Saves an endpoint's state (a streak change: not synced; losing one to a power
+    /// loss only shortens a streak).
+    pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
+        self.db
+            .put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
+        Ok(())
+    }
+
+    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
+    pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode());
+        self.write_synced(b)
+    }
+}

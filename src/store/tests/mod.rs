@@ -1,0 +1,162 @@
+//! Store tests on a temporary RocksDB, one file per concern (as the store itself is split).
+//! Here: the shared helpers, accept and dedupe, opening the data dir, and the oldest-open
+//! gauge.
+//!
+//! `message` and `claim` are `pub(crate)`: other modules' store-backed tests use them.
+
+mod expiry;
+mod finish;
+mod operator;
+mod queue;
+
+use rand::SeedableRng;
+
+use super::*;
+use crate::model::SignatureScheme;
+
+fn open() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        &dir.path().join("data"),
+        StoreOptions {
+            retention_ms: 1_000,
+            dead_retention_ms: 5_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (dir, store)
+}
+
+/// A pending message due at `due` (shared with other modules' store-backed tests).
+pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
+    NewMessage {
+        record: MessageRecord {
+            id: id.into(),
+            event_id: event.into(),
+            target: "https://r.example/h".into(),
+            endpoint: "https://r.example/h".into(),
+            host: "r.example:443".into(),
+            state: State::Pending,
+            attempts: 0,
+            history_len: 0,
+            max_attempts: 16,
+            accepted_at_ms: due,
+            next_attempt_at_ms: due,
+            give_up_at_ms: due + 100_000,
+            finished_at_ms: 0,
+            dead_reason: None,
+            last_status: None,
+            last_error: None,
+        },
+        payload: Payload {
+            method: "POST".into(),
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: b"{}".to_vec(),
+            scheme: Some(SignatureScheme::Standard),
+            signing: SigningChoice::Default,
+        },
+    }
+}
+
+fn due_ids(store: &Store, now: u64) -> Vec<String> {
+    let mut ids = Vec::new();
+    store
+        .scan_due(now, 1000, None, |e| {
+            ids.push(e.id);
+            ScanStep::Continue
+        })
+        .unwrap();
+    ids
+}
+
+/// Claims a pending message as the scheduler would (shared with other modules' tests).
+pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
+    let rec = store.message(id).unwrap().unwrap();
+    let entry = DueEntry {
+        due_ms: rec.next_attempt_at_ms,
+        id: id.into(),
+        routing: Routing {
+            host: rec.host.clone(),
+            endpoint: rec.endpoint.clone(),
+        },
+    };
+    store.claim(&entry).unwrap().expect("claimable")
+}
+
+fn attempt(status: u16) -> AttemptRecord {
+    AttemptRecord {
+        at_ms: 1,
+        status: Some(status),
+        error: None,
+        duration_ms: 3,
+    }
+}
+
+#[tokio::test]
+async fn accept_stores_and_dedupes_on_event_and_target() {
+    let (_d, store) = open();
+    assert_eq!(
+        store.accept(message("dlv_a", "evt_1", 10)).await.unwrap(),
+        Accepted::New
+    );
+    assert_eq!(
+        store.accept(message("dlv_b", "evt_1", 11)).await.unwrap(),
+        Accepted::Duplicate { id: "dlv_a".into() }
+    );
+    let mut other_target = message("dlv_c", "evt_1", 12);
+    other_target.record.target = "https://other.example/h".into();
+    assert_eq!(store.accept(other_target).await.unwrap(), Accepted::New);
+    assert!(store.message("dlv_b").unwrap().is_none());
+    assert_eq!(store.payload("dlv_a").unwrap().unwrap().body, b"{}");
+    assert_eq!(store.counts().unwrap().open, 2);
+}
+
+#[tokio::test]
+async fn concurrent_duplicates_store_exactly_one() {
+    let (_d, store) = open();
+    let store = Arc::new(store);
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let s = store.clone();
+        tasks.push(tokio::spawn(async move {
+            s.accept(message(&format!("dlv_{i:03}"), "evt_same", 5)).await.unwrap()
+        }));
+    }
+    let mut new = 0;
+    for t in tasks {
+        if t.await.unwrap() == Accepted::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    assert_eq!(store.counts().unwrap().open, 1);
+}
+
+#[tokio::test]
+async fn a_second_open_of_the_same_dir_is_refused_as_locked() {
+    let (dir, _store) = open();
+    let err = Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err}");
+    assert_eq!(err.code(), "data_dir_locked");
+}
+
+#[tokio::test]
+async fn the_data_dir_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, _store) = open();
+    let mode = std::fs::metadata(dir.path().join("data")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
+
+#[tokio::test]
+async fn oldest_open_comes_from_the_first_id() {
+    let (_d, store) = open();
+    assert_eq!(store.oldest_open_ms().unwrap(), None);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let old = crate::model::new_delivery_id(1_000, &mut rng);
+    let new = crate::model::new_delivery_id(2_000, &mut rng);
+    store.accept(message(&new, "e1", 2_000)).await.unwrap();
+    store.accept(message(&old, "e2", 1_000)).await.unwrap();
+    assert_eq!(store.oldest_open_ms().unwrap(), Some(1_000));
+}
