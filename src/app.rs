@@ -265,7 +265,18 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         http_rx,
     ));
     let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
-    let retention_task = tokio::spawn(crate::retention::run(store.clone(), clock.clone(), sched_rx));
+    let d = deliverer.clone();
+    let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || match d.expire_endpoints() {
+        Ok(n) if n > 0 => tracing::info!(forgotten = n, "endpoints not seen within the retention window forgotten"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "forgetting idle endpoints failed; will try again"),
+    });
+    let retention_task = tokio::spawn(crate::retention::run(
+        store.clone(),
+        clock.clone(),
+        sched_rx,
+        forget_endpoints,
+    ));
 
     match ops_addr {
         Some(ops) => tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = %ops,

@@ -52,9 +52,14 @@ fn sweep_batched(
     Ok(total)
 }
 
-/// The retention task: a sweep at start, then every [`SWEEP_EVERY`], until `stop`.
-pub async fn run(store: Arc<Store>, clock: SharedClock, stop: watch::Receiver<bool>) {
-    run_reporting(store, clock, stop, |_, _| {}).await
+/// Work run on the sweep's thread after each sweep (forgetting endpoints not seen within
+/// the window, so per-endpoint state is bounded by the same retention).
+pub type AfterSweep = Arc<dyn Fn() + Send + Sync>;
+
+/// The retention task: a sweep at start, then every [`SWEEP_EVERY`], until `stop`; `after`
+/// runs after each completed sweep.
+pub async fn run(store: Arc<Store>, clock: SharedClock, stop: watch::Receiver<bool>, after: AfterSweep) {
+    run_reporting(store, clock, stop, after, |_, _| {}).await
 }
 
 /// The loop of [`run`]. `swept(at_ms, removed)` is called after each sweep, once the next
@@ -63,6 +68,7 @@ async fn run_reporting(
     store: Arc<Store>,
     clock: SharedClock,
     mut stop: watch::Receiver<bool>,
+    after: AfterSweep,
     swept: impl Fn(u64, usize) + Send,
 ) {
     loop {
@@ -70,7 +76,14 @@ async fn run_reporting(
         let s = store.clone();
         let halt = Arc::new(AtomicBool::new(false));
         let h = halt.clone();
-        let mut sweeping = tokio::task::spawn_blocking(move || sweep_batched(&s, now, BATCH, COMPACT_AFTER, &h));
+        let then = after.clone();
+        let mut sweeping = tokio::task::spawn_blocking(move || {
+            let swept = sweep_batched(&s, now, BATCH, COMPACT_AFTER, &h);
+            if !h.load(Ordering::SeqCst) {
+                then();
+            }
+            swept
+        });
         let done = tokio::select! {
             done = &mut sweeping => done,
             _ = stop.changed() => {
@@ -290,7 +303,7 @@ mod tests {
         let clock = ManualClock::new(start);
         let (tx, mut swept) = tokio::sync::mpsc::unbounded_channel();
         let (stop_tx, stop) = watch::channel(false);
-        let task = tokio::spawn(run_reporting(store.clone(), clock.clone(), stop, move |at, n| {
+        let task = tokio::spawn(run_reporting(store.clone(), clock.clone(), stop, Arc::new(|| {}), move |at, n| {
             let _ = tx.send((at, n));
         }));
         let wait = Duration::from_secs(10);

@@ -185,8 +185,11 @@ impl EndpointTable {
     pub fn record(&self, key: &str, event: StreakEvent, status: Option<u16>, now_ms: u64) -> EndpointChange {
         let pause_after = self.pause_after;
         self.with_entry(key, now_ms, |e| match event {
-            StreakEvent::Success if e.rec.streak > 0 => {
+            StreakEvent::Success if e.rec.streak > 0 || e.rec.last_status.is_some() => {
+                // Nothing left to remember of the failures: the record is the default again,
+                // so the endpoint can be forgotten like any other.
                 e.rec.streak = 0;
+                e.rec.last_status = None;
                 EndpointChange::Changed(e.rec.clone())
             }
             StreakEvent::PermanentFailure => {
@@ -230,6 +233,22 @@ impl EndpointTable {
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
+    }
+
+    /// Forgets endpoints that are not paused, have nothing in flight and were not seen
+    /// within the listing window, streak or not: an endpoint that stopped receiving has its
+    /// failures forgotten with its messages. Returns the keys forgotten.
+    pub fn expire(&self, now_ms: u64) -> Vec<String> {
+        let mut entries = self.lock();
+        let gone: Vec<String> = entries
+            .iter()
+            .filter(|(_, e)| !e.rec.paused && e.in_flight == 0 && !self.recently_seen(e, now_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &gone {
+            entries.remove(k);
+        }
+        gone
     }
 
     /// How many endpoints are paused.
@@ -302,7 +321,8 @@ mod tests {
         );
         assert_eq!(t.record("e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
         assert!(
-            matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r.streak == 0)
+            matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
+            "a success clears the streak and its last status"
         );
         for _ in 0..2 {
             assert!(matches!(

@@ -209,7 +209,9 @@ impl Deliverer {
                 // Cut off while its result waited to be written: let that write land first,
                 // so the release below finds the message no longer in flight and leaves it.
                 d.results.flush().await;
-                if let Err(e) = d.store.release(&id, due) {
+                let (store, released) = (d.store.clone(), id.clone());
+                let result = tokio::task::spawn_blocking(move || store.release(&released, due)).await;
+                if let Ok(Err(e)) = result {
                     tracing::error!(delivery_id = %id, error = %e, "requeueing an abandoned attempt failed; it is retried after restart");
                 }
             }
@@ -321,6 +323,19 @@ impl Deliverer {
     pub(crate) fn set_result_retry(&self, wait: Duration) {
         self.result_retry_ms
             .store(wait.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bounds per-endpoint state by the retention window: endpoints not seen within it (and
+    /// not paused) are forgotten in memory and on disk, and zero per-endpoint counters are
+    /// removed. A blocking call, run after each retention sweep. Returns endpoints forgotten.
+    pub fn expire_endpoints(&self) -> Result<usize, crate::store::StoreError> {
+        let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = self.endpoints.expire(self.clock.now_ms());
+        for key in &gone {
+            self.store.delete_endpoint(key)?;
+        }
+        self.store.drop_zero_counters()?;
+        Ok(gone.len())
     }
 
     /// What startup puts right before anything is scheduled: messages left in flight by

@@ -330,18 +330,33 @@ async fn retry_after_on_429_pushes_the_next_attempt_past_the_backoff() {
 
 #[tokio::test]
 async fn equal_jitter_stays_within_half_to_full_backoff() {
+    // Many samples: one sample cannot tell equal jitter from none (60s is in range too).
+    const N: usize = 24;
     let clock = ManualClock::new(T0);
-    let t = Scripted::new(clock.clone(), vec![status(503), status(200)]);
+    let t = Scripted::new(clock.clone(), (0..N).map(|_| status(503)).collect());
     let h = Harness::start(config(Jitter::Equal), t.clone(), clock.clone());
-    let id = h.accept("/j", vec![]).await;
-    t.wait_calls(1).await;
-    let rec = h
-        .wait_record(&id, "retry", |r| r.attempts == 1 && r.state == State::Pending)
-        .await;
-    let wait = rec.next_attempt_at_ms - T0;
+    let mut ids = Vec::new();
+    for n in 0..N {
+        ids.push(h.accept(&format!("/j{n}"), vec![]).await);
+    }
+    t.wait_calls(N).await;
+    let mut waits = Vec::new();
+    for id in &ids {
+        let rec = h
+            .wait_record(id, "retry", |r| r.attempts == 1 && r.state == State::Pending)
+            .await;
+        waits.push(rec.next_attempt_at_ms - T0);
+    }
+    for wait in &waits {
+        assert!(
+            (30_000..=60_000).contains(wait),
+            "equal jitter of a 1m base gave {wait}ms: {waits:?}"
+        );
+    }
+    // Spread over the range, not stuck at one end (24 uniform draws: each half is hit).
     assert!(
-        (30_000..=60_000).contains(&wait),
-        "equal jitter of a 1m base gave {wait}ms"
+        waits.iter().any(|w| *w < 45_000) && waits.iter().any(|w| *w > 45_000),
+        "not jittered over [30s, 60s]: {waits:?}"
     );
 }
 
@@ -545,4 +560,29 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     h.d.persist_endpoint(HELD, true).unwrap();
     let restarted = Harness::deliverer(h.d.store.clone(), cfg, t, clock);
     assert!(!restarted.endpoints.is_paused(HELD), "the resume survives a restart");
+}
+
+/// Finding: an endpoint that ever failed was never forgotten (its last status kept it
+/// "worth remembering" after a success), in memory or on disk.
+#[tokio::test]
+async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    let failing = "https://r.example/failing";
+    h.d.endpoints.record(failing, super::StreakEvent::PermanentFailure, Some(410), T0);
+    h.d.persist_endpoint(failing, false).unwrap();
+    h.d.set_paused(HELD, true).unwrap();
+    let healed = "https://r.example/healed";
+    h.d.endpoints.record(healed, super::StreakEvent::PermanentFailure, Some(410), T0);
+    h.d.endpoints.record(healed, super::StreakEvent::Success, Some(200), T0);
+    assert_eq!(h.d.store.endpoints().unwrap().len(), 2, "the failing and the paused one");
+    // Within the window nothing is forgotten.
+    clock.advance(h.d.config.retention);
+    assert_eq!(h.d.expire_endpoints().unwrap(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(h.d.expire_endpoints().unwrap(), 2, "the failing and the healed one");
+    assert!(h.d.endpoints.get(failing).is_none() && h.d.endpoints.get(healed).is_none());
+    let kept: Vec<String> = h.d.store.endpoints().unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kept, vec![HELD.to_string()], "a paused endpoint is kept however old");
 }

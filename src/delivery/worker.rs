@@ -87,9 +87,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         Err(e) => {
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
-            let _ = d
-                .store
-                .release(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64);
+            let (store, id) = (d.store.clone(), rec.id.clone());
+            let due = started_ms + SELF_FAILURE_DELAY.as_millis() as u64;
+            let _ = tokio::task::spawn_blocking(move || store.release(&id, due)).await;
             return;
         }
     };

@@ -24,7 +24,8 @@
 //! cut would need RocksDB's fault-injection environment, which the Rust bindings do not expose.
 //!
 //! `cargo test --lib sim::` runs [`CI_SEEDS`] seeds. `COURIER_SIM_SEEDS=N` runs N seeds
-//! (with `COURIER_SIM_BUDGET=<seconds>` as a time bound), `COURIER_SIM_SEED=S` replays one;
+//! (with `COURIER_SIM_BUDGET=<seconds>` as a time bound and `COURIER_SIM_THREADS` threads),
+//! `COURIER_SIM_SEED=S` replays one;
 //! a failure prints its seed, the steps that led to it and the command that replays it.
 
 mod check;
@@ -197,7 +198,11 @@ pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
     let ran = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    let threads = std::env::var("COURIER_SIM_THREADS")
+        .ok()
+        .and_then(|t| t.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .clamp(1, 8);
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| loop {

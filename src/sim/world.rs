@@ -457,7 +457,9 @@ impl World {
     /// A retention sweep now.
     pub fn sweep(&mut self) -> usize {
         self.note_finished();
-        crate::retention::sweep(&self.store(), self.clock.now_ms()).expect("sweep")
+        let removed = crate::retention::sweep(&self.store(), self.clock.now_ms()).expect("sweep");
+        self.d().expire_endpoints().expect("forgetting idle endpoints");
+        removed
     }
 
     /// The settings.

@@ -37,10 +37,16 @@ pub(super) struct Committer {
 
 impl Committer {
     /// Starts the thread.
-    pub(super) fn start(db: Arc<DB>, due_floor: Arc<DueFloor>, faults: Arc<Faults>) -> Committer {
+    pub(super) fn start(
+        db: Arc<DB>,
+        due_floor: Arc<DueFloor>,
+        faults: Arc<Faults>,
+        counter_gate: Arc<std::sync::RwLock<()>>,
+    ) -> Committer {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
         let batcher = Batcher::start("courier-commit", QUEUE, MAX_BATCH, move |jobs| {
+            let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
             commit(&db, &due_floor, jobs, |batch| {
                 if faults.take(&faults.fail_accepts) {
                     return Err(StoreError::Injected);

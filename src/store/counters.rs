@@ -53,6 +53,52 @@ impl Store {
         b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
     }
 
+    /// Removes per-endpoint open counters that are zero (an endpoint with nothing open),
+    /// so the `meta` family does not keep a key for every endpoint ever seen. Works in
+    /// chunks, each under the counter gate, so accepts wait for one chunk at most.
+    /// Returns how many were removed.
+    pub fn drop_zero_counters(&self) -> Result<usize, StoreError> {
+        const CHUNK: usize = 4096;
+        let prefix = keys::COUNT_OPEN_ENDPOINT;
+        let mut from = prefix.to_vec();
+        let mut removed = 0;
+        loop {
+            let _counters = self.counter_gate.write().unwrap_or_else(|p| p.into_inner());
+            let mut ro = ReadOptions::default();
+            ro.set_iterate_upper_bound(keys::prefix_end(prefix));
+            let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
+            it.seek(&from);
+            let mut b = WriteBatch::default();
+            let (mut looked, mut zero) = (0, 0);
+            let mut last = None;
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if decode_counter(v) == 0 {
+                    b.delete_cf(self.cf(keys::META), k);
+                    zero += 1;
+                }
+                last = Some(k.to_vec());
+                looked += 1;
+                if looked >= CHUNK {
+                    break;
+                }
+                it.next();
+            }
+            it.status()?;
+            drop(it);
+            if zero > 0 {
+                self.write(b)?;
+                removed += zero;
+            }
+            match last {
+                Some(mut k) if looked >= CHUNK => {
+                    k.push(0);
+                    from = k;
+                }
+                _ => return Ok(removed),
+            }
+        }
+    }
+
     /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
     pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut out = Vec::new();

@@ -68,7 +68,9 @@ impl Store {
         let db = Arc::new(db);
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
-        let committer = committer::Committer::start(db.clone(), due_floor.clone(), faults.clone());
+        let counter_gate = Arc::new(std::sync::RwLock::new(()));
+        let committer =
+            committer::Committer::start(db.clone(), due_floor.clone(), faults.clone(), counter_gate.clone());
         Ok(Store {
             db,
             due_floor,
@@ -82,6 +84,7 @@ impl Store {
             },
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
             faults,
+            counter_gate,
             options,
             path: dir.to_path_buf(),
         })

@@ -303,6 +303,10 @@ const LOCK_STRIPES: usize = 64;
 /// The store. Cheap to share behind an `Arc`; every method takes `now` from the caller.
 pub struct Store {
     db: Arc<DB>,
+    /// Held shared by every writer that can raise a per-endpoint open counter (the accept
+    /// committer, replays), and exclusively while zero counters are removed, so a removal
+    /// never loses an increment that raced it.
+    counter_gate: Arc<std::sync::RwLock<()>>,
     /// No due entry sorts before this time (see [`Store::scan_due`]).
     due_floor: Arc<floor::DueFloor>,
     committer: committer::Committer,

@@ -20,6 +20,7 @@ impl Store {
             return Ok(Some(false));
         }
         let mut b = WriteBatch::default();
+        let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
         self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
         self.write_synced(b)?;
         self.due_floor.wrote(now_ms);
@@ -70,6 +71,7 @@ impl Store {
                 }
             }
             if in_page > 0 {
+                let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
                 self.write_synced(b)?;
                 self.due_floor.wrote(now_ms);
                 n += in_page;
@@ -199,15 +201,30 @@ impl Store {
     /// Saves an endpoint's state (a streak change: not synced; losing one to a power
     /// loss only shortens a streak).
     pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
-        self.db
-            .put_cf_opt(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode(), &self.plain)?;
-        Ok(())
+        self.write(self.endpoint_write(key, rec))
     }
 
     /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
     pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
+        self.write_synced(self.endpoint_write(key, rec))
+    }
+
+    /// An endpoint with nothing to remember (active, no streak) has no record at all: the
+    /// column family holds paused and failing endpoints only, not every endpoint ever seen.
+    fn endpoint_write(&self, key: &str, rec: &EndpointRecord) -> WriteBatch {
         let mut b = WriteBatch::default();
-        b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode());
-        self.write_synced(b)
+        if *rec == EndpointRecord::default() {
+            b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
+        } else {
+            b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode());
+        }
+        b
+    }
+
+    /// Forgets an endpoint's persisted state.
+    pub fn delete_endpoint(&self, key: &str) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
+        self.write(b)
     }
 }

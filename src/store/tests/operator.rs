@@ -179,3 +179,52 @@ async fn operator_changes_are_synced_and_bulk_replay_writes_a_page_at_a_time() {
         "the delete and the pause are synced"
     );
 }
+
+/// Finding: per-endpoint state grew with every endpoint ever seen: the `endpoints` family
+/// was never deleted from, and a zero `open/<endpoint>` counter stayed forever.
+#[tokio::test]
+async fn endpoint_state_and_counters_shrink_back_to_nothing() {
+    let (_d, store) = open();
+    let failing = EndpointRecord {
+        paused: false,
+        streak: 2,
+        last_status: Some(410),
+    };
+    store.put_endpoint("https://a.example/h", &failing).unwrap();
+    store.put_endpoint_synced("https://b.example/h", &failing).unwrap();
+    assert_eq!(store.endpoints().unwrap().len(), 2);
+    // Back to nothing to remember: no record at all.
+    store.put_endpoint("https://a.example/h", &EndpointRecord::default()).unwrap();
+    store.put_endpoint_synced("https://b.example/h", &EndpointRecord::default()).unwrap();
+    assert!(store.endpoints().unwrap().is_empty());
+    store.put_endpoint("https://c.example/h", &failing).unwrap();
+    store.delete_endpoint("https://c.example/h").unwrap();
+    assert!(store.endpoints().unwrap().is_empty());
+
+    // A message's endpoint counter: 1 while open, 0 once finished, then removed.
+    store.accept(message("dlv_a", "e1", 100)).await.unwrap();
+    store.accept(message("dlv_b", "e2", 100)).await.unwrap();
+    claim(&store, "dlv_a");
+    store
+        .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 200)
+        .unwrap();
+    assert_eq!(store.drop_zero_counters().unwrap(), 0, "still one open");
+    claim(&store, "dlv_b");
+    store
+        .finish_attempt("dlv_b", &attempt(200), Transition::Delivered, 200)
+        .unwrap();
+    let meta_keys = |store: &Store| {
+        store
+            .db
+            .iterator_cf(store.cf(keys::META), rocksdb::IteratorMode::Start)
+            .filter(|kv| kv.as_ref().unwrap().0.starts_with(keys::COUNT_OPEN_ENDPOINT))
+            .count()
+    };
+    assert_eq!(meta_keys(&store), 1);
+    assert_eq!(store.drop_zero_counters().unwrap(), 1);
+    assert_eq!(meta_keys(&store), 0, "no key left for an endpoint with nothing open");
+    // The next message to it counts from nothing.
+    store.accept(message("dlv_c", "e3", 300)).await.unwrap();
+    let open: Vec<(String, u64)> = store.open_per_endpoint().unwrap();
+    assert_eq!(open, vec![("https://r.example/h".to_string(), 1)]);
+}
