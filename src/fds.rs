@@ -49,7 +49,7 @@ pub fn raise_limit() -> Option<u64> {
                 lim.rlim_cur = lim.rlim_max;
             }
         }
-        Some(lim.rlim_cur as u64)
+        Some(lim.rlim_cur)
     }
 }
 

@@ -22,7 +22,7 @@ macro_rules! attempt_event {
         tracing::$level!(
             delivery_id = %$rec.id,
             event_id = %$rec.event_id,
-            endpoint = %$rec.endpoint,
+            endpoint = %url_for_log(&$rec.endpoint),
             attempt = $attempt,
             $($rest)*
         )
