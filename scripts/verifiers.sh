@@ -1,8 +1,9 @@
 # Sourced by scripts/test.sh: installs the third-party signature verifiers that
 # tests/it/adoption.rs checks courier's outgoing signatures with, and exports where they are:
-#   COURIER_TEST_PYTHON          a python with standardwebhooks, stripe and (if installable) svix
+#   COURIER_TEST_PYTHON          a python with standardwebhooks, svix and stripe
 #   NODE_PATH                    a node_modules folder with @octokit/webhooks-methods
-#   COURIER_TEST_REQUIRE_VERIFIERS=1   so those tests fail instead of skipping when a tool is missing
+#   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
+#                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
 # missing, so a second run costs two import checks.
 # shellcheck shell=bash
@@ -11,20 +12,17 @@ verifiers_dir="${CARGO_TARGET_DIR:-$PWD/target}/verifiers"
 mkdir -p "$verifiers_dir"
 
 pyenv="$verifiers_dir/pyenv"
-if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe' 2>/dev/null; then
-  echo "verifiers: installing standardwebhooks and stripe into $pyenv" >&2
+if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe, svix' 2>/dev/null; then
+  echo "verifiers: installing standardwebhooks, svix and stripe into $pyenv" >&2
   # Debian's python3 needs python3-venv for `-m venv` (ensurepip).
   if ! python3 -m venv --clear "$pyenv" >/dev/null 2>&1; then
     apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
       { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
     python3 -m venv --clear "$pyenv"
   fi
-  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'stripe>=7'
-fi
-# svix is a second Standard Webhooks verifier; the tests use it only when it is there.
-if ! "$pyenv/bin/python" -c 'import svix' 2>/dev/null; then
-  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'svix>=1' ||
-    echo "verifiers: svix could not be installed; the tests check standardwebhooks only" >&2
+  # svix is the second Standard Webhooks verifier: required like the others (a failed
+  # install stops the run here, and the test fails without it under CI).
+  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'svix>=1' 'stripe>=7'
 fi
 
 node_dir="$verifiers_dir/node"

@@ -267,7 +267,10 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
     let d = deliverer.clone();
     let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || match d.expire_endpoints() {
-        Ok(n) if n > 0 => tracing::info!(forgotten = n, "endpoints not seen within the retention window forgotten"),
+        Ok(n) if n > 0 => tracing::info!(
+            forgotten = n,
+            "endpoints not seen within the retention window forgotten"
+        ),
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "forgetting idle endpoints failed; will try again"),
     });

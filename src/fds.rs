@@ -60,11 +60,28 @@ mod tests {
     #[test]
     fn shares_leave_the_reserve_to_the_store() {
         let b = budget(1024);
-        assert_eq!(b, FdBudget { attempts: 384, ingress: 192, admin: 96 });
+        assert_eq!(
+            b,
+            FdBudget {
+                attempts: 384,
+                ingress: 192,
+                admin: 96
+            }
+        );
         assert!(b.attempts + b.ingress + 2 * b.admin + RESERVED <= 1024);
         let big = budget(1 << 20);
-        assert!(big.attempts > 1024 && big.ingress > 4096, "defaults fit a large limit: {big:?}");
-        assert_eq!(budget(10), FdBudget { attempts: 1, ingress: 1, admin: 1 });
+        assert!(
+            big.attempts > 1024 && big.ingress > 4096,
+            "defaults fit a large limit: {big:?}"
+        );
+        assert_eq!(
+            budget(10),
+            FdBudget {
+                attempts: 1,
+                ingress: 1,
+                admin: 1
+            }
+        );
     }
 
     #[test]

@@ -303,9 +303,15 @@ mod tests {
         let clock = ManualClock::new(start);
         let (tx, mut swept) = tokio::sync::mpsc::unbounded_channel();
         let (stop_tx, stop) = watch::channel(false);
-        let task = tokio::spawn(run_reporting(store.clone(), clock.clone(), stop, Arc::new(|| {}), move |at, n| {
-            let _ = tx.send((at, n));
-        }));
+        let task = tokio::spawn(run_reporting(
+            store.clone(),
+            clock.clone(),
+            stop,
+            Arc::new(|| {}),
+            move |at, n| {
+                let _ = tx.send((at, n));
+            },
+        ));
         let wait = Duration::from_secs(10);
 
         // The sweep at start removes the expired delivered message only.

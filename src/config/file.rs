@@ -11,9 +11,8 @@ use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::parse::{
-    normalize_endpoint_key, normalize_host_key,
-    parse_duration_text, parse_each, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
-    parse_scheme, parse_size_text, parse_target, parse_url,
+    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_each, parse_host_entry, parse_jitter,
+    parse_listen, parse_net, parse_origin, parse_scheme, parse_size_text, parse_target, parse_url,
 };
 use super::{Config, ConfigError, EndpointConfig, HostConfig, ListenerAccess, RouteConfig, SigningKey};
 use crate::signing::Secret;
@@ -186,7 +185,9 @@ impl Config {
                 .enumerate()
                 .map(|(i, e)| {
                     Ok(EndpointConfig {
-                        key: normalize_endpoint_key(&e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?),
+                        key: normalize_endpoint_key(
+                            &e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?,
+                        ),
                         rate_per_second: e
                             .rate_per_second
                             .ok_or_else(|| format!("endpoint[{i}]: missing key \"rate_per_second\""))?,

@@ -570,13 +570,19 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let t = Scripted::new(clock.clone(), vec![]);
     let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
     let failing = "https://r.example/failing";
-    h.d.endpoints.record(failing, super::StreakEvent::PermanentFailure, Some(410), T0);
+    h.d.endpoints
+        .record(failing, super::StreakEvent::PermanentFailure, Some(410), T0);
     h.d.persist_endpoint(failing, false).unwrap();
     h.d.set_paused(HELD, true).unwrap();
     let healed = "https://r.example/healed";
-    h.d.endpoints.record(healed, super::StreakEvent::PermanentFailure, Some(410), T0);
+    h.d.endpoints
+        .record(healed, super::StreakEvent::PermanentFailure, Some(410), T0);
     h.d.endpoints.record(healed, super::StreakEvent::Success, Some(200), T0);
-    assert_eq!(h.d.store.endpoints().unwrap().len(), 2, "the failing and the paused one");
+    assert_eq!(
+        h.d.store.endpoints().unwrap().len(),
+        2,
+        "the failing and the paused one"
+    );
     // Within the window nothing is forgotten.
     clock.advance(h.d.config.retention);
     assert_eq!(h.d.expire_endpoints().unwrap(), 0);

@@ -35,7 +35,9 @@ fn limits(w: &World) -> Result<(), String> {
     let (per_host, total) = w.rx.max_in_flight();
     let all = w.config().delivery.max_in_flight as usize;
     if total > all {
-        return Err(format!("{total} attempts in flight at once, delivery.max_in_flight {all}"));
+        return Err(format!(
+            "{total} attempts in flight at once, delivery.max_in_flight {all}"
+        ));
     }
     for (host, max) in per_host {
         if max > cap {

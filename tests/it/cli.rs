@@ -157,11 +157,14 @@ async fn deliveries_commands_print_tables_and_the_apis_json() {
         .json();
     assert_eq!(json, get(&c.admin_url(&format!("/deliveries/{dead}"))).await.json());
 
-    // retry: the dead one is requeued (and now delivered); --json is the API's answer.
+    // retry: the dead one is requeued (and now delivered). What the CLI prints is built
+    // from its own argument, so the API is asked what happened.
     rx.set_script(|_, _| Reply::status(200));
     let out = cli(&["deliveries", "retry", &dead, "--admin-listen", &admin], &[]).await;
-    assert!(out.ok().contains(&dead), "{}", out.stdout);
-    wait_state(&c, &dead, "delivered").await;
+    assert_eq!(out.ok().trim_end(), format!("{dead} requeued (pending)"));
+    let v = wait_state(&c, &dead, "delivered").await;
+    assert_eq!(v["attempts"], 1, "replayed with attempts reset: {v}");
+    assert_eq!(rx.seen().iter().filter(|s| s.path == "/gone").count(), 2);
     // Not dead any more: the API's 409 becomes one error line.
     cli(&["deliveries", "retry", &dead, "--admin-listen", &admin], &[])
         .await
@@ -206,7 +209,10 @@ async fn endpoints_commands_list_pause_and_resume() {
     wait_state(&c, &id, "delivered").await;
 
     let out = cli(&["endpoints", "pause", &key, "--admin-listen", &admin], &[]).await;
-    assert!(out.ok().contains("paused"), "{}", out.stdout);
+    assert_eq!(out.ok().trim_end(), format!("{key} paused"));
+    // The CLI's word is built from its argument: the API must say the same.
+    let e = crate::admin::endpoint(&c, &key).await.unwrap();
+    assert_eq!(e["state"], "paused", "{e}");
     let held = send(&c, &key, "held").await;
 
     let out = cli(&["endpoints", "list", "--admin-listen", &admin], &[]).await;
@@ -229,7 +235,9 @@ async fn endpoints_commands_list_pause_and_resume() {
     assert_eq!(json, get(&c.admin_url("/endpoints")).await.json());
 
     let out = cli(&["endpoints", "resume", &key], &[("COURIER_ADMIN_LISTEN", &admin)]).await;
-    assert!(out.ok().contains("resumed"), "{}", out.stdout);
+    assert_eq!(out.ok().trim_end(), format!("{key} resumed"));
+    let e = crate::admin::endpoint(&c, &key).await.unwrap();
+    assert_eq!(e["state"], "active", "{e}");
     wait_state(&c, &held, "delivered").await;
 
     cli(
@@ -319,4 +327,78 @@ async fn the_admin_token_comes_from_the_config_file() {
     .await;
     out.failed_with(&["404"]);
     assert!(!out.stderr.contains("cli-t0ken"));
+}
+
+/// `deliveries delete` removes a message (a pending one is never sent), and
+/// `deliveries retry --all` requeues exactly the dead deliveries inside `--since`/`--until`.
+#[tokio::test]
+async fn delete_and_retry_all_within_a_time_window() {
+    let rx = Receiver::scripted(|_, s| Reply::status(if s.path == "/held" { 200 } else { 410 })).await;
+    let d = tempfile::tempdir().unwrap();
+    let held_key = rx.url("/held");
+    let c = Courier::start(
+        d.path(),
+        &format!("{FAST}[[endpoint]]\nkey = \"{held_key}\"\nrate_per_second = 100\n"),
+    );
+    let admin = c.admin.to_string();
+
+    // delete: a message held by a paused endpoint is removed, and not sent on resume.
+    let p = post(&c.admin_url(&format!("/endpoints/{}/pause", enc(&held_key))), &[], "").await;
+    assert_eq!(p.status, 204, "{}", p.text());
+    let doomed = send(&c, &held_key, "doomed").await;
+    let out = cli(&["deliveries", "delete", &doomed, "--admin-listen", &admin], &[]).await;
+    assert_eq!(out.ok().trim_end(), format!("{doomed} deleted"));
+    let gone = get(&c.admin_url(&format!("/deliveries/{doomed}"))).await;
+    assert_eq!(gone.status, 404, "deleted: {}", gone.text());
+    cli(&["deliveries", "delete", &doomed, "--admin-listen", &admin], &[])
+        .await
+        .failed_with(&["404", "not_found"]);
+    let r = post(&c.admin_url(&format!("/endpoints/{}/resume", enc(&held_key))), &[], "").await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let after = send(&c, &held_key, "after").await;
+    wait_state(&c, &after, "delivered").await;
+    let bodies: Vec<Vec<u8>> = rx.seen().iter().map(|s| s.body.clone()).collect();
+    assert_eq!(bodies, [b"after".to_vec()], "the deleted message was never sent");
+
+    // Three dead letters, all finished inside [since, until).
+    let since = courier::timefmt::rfc3339(now_ms() - 1_000);
+    let mut dead = Vec::new();
+    for i in 0..3 {
+        dead.push(send(&c, &rx.url(&format!("/d{i}")), "d").await);
+    }
+    for id in &dead {
+        wait_state(&c, id, "dead").await;
+    }
+    let until = courier::timefmt::rfc3339(now_ms() + 1_000);
+    let retry_all = |window: &[&str]| {
+        let mut args = vec!["deliveries", "retry", "--all", "--json", "--admin-listen", &admin];
+        args.extend_from_slice(window);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            cli(&args, &[]).await.json()["requeued"].as_u64().unwrap()
+        }
+    };
+    // A window that ends before they died, or starts after: nothing.
+    assert_eq!(retry_all(&["--until", &since]).await, 0, "--until {since}");
+    assert_eq!(retry_all(&["--since", &until]).await, 0, "--since {until}");
+    for id in &dead {
+        assert_eq!(delivery(&c, id).await["state"], "dead");
+    }
+    // The window around them: all three are replayed (and delivered now).
+    rx.set_script(|_, _| Reply::status(200));
+    assert_eq!(retry_all(&["--since", &since, "--until", &until]).await, 3);
+    for id in &dead {
+        let v = wait_state(&c, id, "delivered").await;
+        assert_eq!(v["attempts"], 1, "{v}");
+    }
+    let out = cli(&["deliveries", "retry", "--all", "--admin-listen", &admin], &[]).await;
+    assert_eq!(out.ok().trim_end(), "requeued 0 dead deliveries");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }

@@ -18,6 +18,19 @@ fn hmac256(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
+/// Posts `n` messages to `target` through courier concurrently; each must be accepted.
+async fn post_all(c: &Courier, target: &str, n: usize) {
+    let sends: Vec<_> = (0..n)
+        .map(|i| {
+            let url = c.prefixed(target);
+            tokio::spawn(async move { post(&url, &[], format!("m{i}")).await.status })
+        })
+        .collect();
+    for s in sends {
+        assert_eq!(s.await.unwrap(), 202);
+    }
+}
+
 #[tokio::test]
 async fn a_failed_attempt_is_retried_with_the_same_event_id_and_a_fresh_timestamp() {
     let rx = Receiver::scripted(|n, _| Reply::status(if n == 0 { 503 } else { 200 })).await;
@@ -29,9 +42,11 @@ async fn a_failed_attempt_is_retried_with_the_same_event_id_and_a_fresh_timestam
     assert_eq!(seen[0].header("webhook-id"), seen[1].header("webhook-id"));
     assert_eq!(seen[0].body, seen[1].body);
     let gap = seen[1].at - seen[0].at;
+    // jitter = "none": the backoff is exactly base_delay; bounded on both sides so a
+    // doubled (or otherwise wrong) backoff fails too.
     assert!(
-        gap >= Duration::from_millis(1100),
-        "retried after {gap:?}, before the backoff"
+        gap >= Duration::from_millis(1100) && gap < Duration::from_millis(1900),
+        "retried after {gap:?}, want the 1100ms backoff"
     );
     let t0: i64 = seen[0].header("webhook-timestamp").unwrap().parse().unwrap();
     let t1: i64 = seen[1].header("webhook-timestamp").unwrap().parse().unwrap();
@@ -92,8 +107,9 @@ async fn retry_after_is_honoured_over_a_shorter_backoff() {
     post(&c.prefixed(&rx.url("/ra")), &[], "x").await;
     let seen = rx.wait_for(2).await;
     let gap = seen[1].at - seen[0].at;
+    // max(100ms backoff, 2s Retry-After): 2s, not less and not much more.
     assert!(
-        gap >= Duration::from_millis(1900),
+        gap >= Duration::from_millis(1900) && gap < Duration::from_millis(2900),
         "Retry-After: 2 honoured, got {gap:?}"
     );
 }
@@ -150,13 +166,21 @@ async fn the_rate_limit_spaces_attempts_per_endpoint() {
     let rx = Receiver::start().await;
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), &format!("{FAST}[delivery]\nrate_per_second = 5\n"));
-    for _ in 0..15 {
-        assert_eq!(post(&c.prefixed(&rx.url("/rate")), &[], "x").await.status, 202);
-    }
+    // Sent at once, so the timing at the receiver is courier's (not the posting's).
+    post_all(&c, &rx.url("/rate"), 15).await;
     let seen = rx.wait_for(15).await;
-    // Burst of 5, then 5 per second: the 15th cannot come before ~2 s after the first.
+    // Burst of 5, then 5 per second: the 15th comes ~2 s after the first. Not sooner
+    // (the limit holds) and not much later (the limit is 5/s, not less).
     let span = seen[14].at - seen[0].at;
-    assert!(span >= Duration::from_millis(1800), "15 attempts in {span:?} at 5/s");
+    assert!(
+        span >= Duration::from_millis(1800) && span < Duration::from_millis(3000),
+        "15 attempts in {span:?} at 5/s (burst 5), want ~2s"
+    );
+    let burst = seen[4].at - seen[0].at;
+    assert!(
+        burst < Duration::from_millis(500),
+        "the first 5 (the burst) took {burst:?}"
+    );
     // The receiver sees the 15th request just before courier records it: wait for that.
     let m = eventually("15 deliveries recorded", || async {
         let m = get(&c.admin_url("/metrics")).await.text();
@@ -254,4 +278,65 @@ async fn stripe_and_github_signatures_per_message() {
     let n = by_path("/none");
     assert!(n.header("webhook-signature").is_none());
     assert!(n.header("webhook-id").is_some() && n.header("webhook-timestamp").is_some());
+}
+
+/// `[[host]]` through the config file: the host's own cap replaces the global one, for that
+/// host only.
+#[tokio::test]
+async fn a_host_override_from_the_config_caps_that_host() {
+    let slow = |_: usize, _: &Seen| Reply::status(200).after(Duration::from_millis(300));
+    let big = Receiver::scripted(slow).await;
+    let other = Receiver::scripted(slow).await;
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(
+        d.path(),
+        &format!(
+            "[delivery]\nmax_in_flight_per_host = 1\n[[host]]\nhost = \"{}\"\nmax_in_flight = 3\n",
+            big.addr
+        ),
+    );
+    let mut sends = Vec::new();
+    for i in 0..12 {
+        for rx in [&big, &other] {
+            let url = c.prefixed(&rx.url(&format!("/h/{i}")));
+            sends.push(tokio::spawn(async move { post(&url, &[], "x").await.status }));
+        }
+    }
+    for s in sends {
+        assert_eq!(s.await.unwrap(), 202);
+    }
+    big.wait_for(12).await;
+    other.wait_for(12).await;
+    assert_eq!(big.max_in_flight(), 3, "the [[host]] cap is reached and not exceeded");
+    assert_eq!(other.max_in_flight(), 1, "other hosts keep the global cap");
+}
+
+/// `[[endpoint]] rate_per_second` measured: that endpoint is held to its rate (both
+/// bounds), another endpoint on the same receiver is not.
+#[tokio::test]
+async fn an_endpoint_rate_from_the_config_is_the_rate_measured() {
+    let rx = Receiver::start().await;
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(
+        d.path(),
+        &format!(
+            "{FAST}[[endpoint]]\nkey = \"{}\"\nrate_per_second = 4\n",
+            rx.url("/slowed")
+        ),
+    );
+    post_all(&c, &rx.url("/fast"), 8).await;
+    post_all(&c, &rx.url("/slowed"), 12).await;
+    let seen = rx.wait_for(20).await;
+    let at = |path: &str| -> Vec<std::time::Instant> { seen.iter().filter(|s| s.path == path).map(|s| s.at).collect() };
+    let (fast, slowed) = (at("/fast"), at("/slowed"));
+    assert_eq!((fast.len(), slowed.len()), (8, 12));
+    // Burst of 4, then 4 per second: the 12th ~2s after the first.
+    let span = slowed[11] - slowed[0];
+    assert!(
+        span >= Duration::from_millis(1800) && span < Duration::from_millis(3000),
+        "12 attempts at 4/s (burst 4) took {span:?}, want ~2s"
+    );
+    // The global rate (100/s) for the other endpoint: no waiting.
+    let span = fast[7] - fast[0];
+    assert!(span < Duration::from_millis(1000), "8 attempts at 100/s took {span:?}");
 }

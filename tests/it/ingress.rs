@@ -1,5 +1,7 @@
 //! Ingress: the four target forms, control headers, event ids, dedupe, every error status.
 
+use std::time::Duration;
+
 use crate::support::*;
 
 fn dir() -> tempfile::TempDir {
@@ -149,13 +151,199 @@ async fn event_ids_come_from_webhook_id_then_idempotency_key_and_dedupe() {
     );
     let k = post(&url, &[("idempotency-key", "key-7")], "b").await;
     assert_eq!(k.json()["event_id"], "key-7");
-    rx.wait_for(3).await;
+
+    // Nothing was stored for the duplicate: three messages, three accepts, one duplicate.
+    let listed = get(&c.admin_url("/deliveries?limit=1000")).await.json();
+    let items = listed["items"].as_array().unwrap();
+    let mut stored: Vec<(String, String)> = items
+        .iter()
+        .map(|i| {
+            (
+                i["event_id"].as_str().unwrap().to_string(),
+                i["target"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    stored.sort();
+    assert_eq!(
+        stored,
+        [
+            ("evt_1".to_string(), rx.url("/e")),
+            ("evt_1".to_string(), rx.url("/other")),
+            ("key-7".to_string(), rx.url("/e")),
+        ],
+        "{listed}"
+    );
+    let m = get(&c.admin_url("/metrics")).await.text();
+    for line in ["courier_accepted_total 3", "courier_duplicates_total 1"] {
+        assert!(m.lines().any(|l| l == line), "{line} in\n{m}");
+    }
+    // Every stored message delivered; then a wrongly stored copy would have arrived too
+    // (first attempts go out within milliseconds): give it a moment more to show up.
+    for i in items {
+        wait_state(&c, i["id"].as_str().unwrap(), "delivered").await;
+    }
+    assert!(
+        rx.wait_for_within(4, std::time::Duration::from_millis(500))
+            .await
+            .is_none(),
+        "a fourth request arrived: {:?}",
+        rx.seen().iter().map(|s| s.header("webhook-id")).collect::<Vec<_>>()
+    );
     assert_eq!(
         rx.seen()
             .iter()
             .filter(|s| s.header("webhook-id").as_deref() == Some("evt_1"))
             .count(),
         2
+    );
+}
+
+/// `Courier-Endpoint` is the key for pausing, the rate limit and the stats: messages to
+/// different targets under one key are paused together, listed together and share one
+/// rate, while a message to one of those targets without the header is not held.
+#[tokio::test]
+async fn courier_endpoint_keys_pause_rate_limit_and_stats() {
+    let rx = Receiver::start().await;
+    let d = dir();
+    // Configured, so it can be paused before any traffic; 4 per second, burst 4.
+    let c = Courier::start(
+        d.path(),
+        "[retry]\nbase_delay = \"100ms\"\njitter = \"none\"\n[[endpoint]]\nkey = \"tenant-42\"\nrate_per_second = 4\n",
+    );
+    let p = post(&c.admin_url("/endpoints/tenant-42/pause"), &[], "").await;
+    assert_eq!(p.status, 204, "{}", p.text());
+    let mut held = Vec::new();
+    for n in 0..8 {
+        let a = post(
+            &c.prefixed(&rx.url(&format!("/t{n}"))),
+            &[("courier-endpoint", "tenant-42")],
+            format!("held{n}"),
+        )
+        .await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        held.push(a.json()["id"].as_str().unwrap().to_string());
+    }
+    // The same target as the first held message, without the header: its own endpoint.
+    let free = post(&c.prefixed(&rx.url("/t0")), &[], "free").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_state(&c, &free, "delivered").await;
+    assert_eq!(rx.seen().len(), 1, "only the message outside tenant-42 was sent");
+    for id in &held {
+        let v = delivery(&c, id).await;
+        assert_eq!(
+            (&v["endpoint"], &v["state"]),
+            (&"tenant-42".into(), &"pending".into()),
+            "{v}"
+        );
+    }
+
+    // Stats: the endpoint list and the listing filter count them under the key.
+    let e = crate::admin::endpoint(&c, "tenant-42").await.expect("tenant-42 listed");
+    assert_eq!((&e["state"], &e["pending"]), (&"paused".into(), &8.into()), "{e}");
+    let t0 = crate::admin::endpoint(&c, &rx.url("/t0")).await.expect("/t0 listed");
+    assert_eq!(t0["pending"], 0, "{t0}");
+    let listed = get(&c.admin_url("/deliveries?endpoint=tenant-42&limit=100"))
+        .await
+        .json();
+    let mut ids: Vec<String> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    let mut want = held.clone();
+    want.sort();
+    assert_eq!(ids, want);
+
+    // Resumed: the eight go out at tenant-42's rate, as one endpoint (eight targets
+    // keyed by URL would each have a bucket of their own and go out at once).
+    let r = post(&c.admin_url("/endpoints/tenant-42/resume"), &[], "").await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let seen = rx.wait_for(9).await;
+    let span = seen[8].at - seen[1].at;
+    assert!(
+        span >= Duration::from_millis(900) && span < Duration::from_millis(2500),
+        "8 attempts of one 4/s endpoint (burst 4) took {span:?}, want ~1s"
+    );
+    for id in &held {
+        wait_state(&c, id, "delivered").await;
+    }
+    let e = crate::admin::endpoint(&c, "tenant-42").await.unwrap();
+    assert_eq!((&e["state"], &e["pending"]), (&"active".into(), &0.into()), "{e}");
+}
+
+/// A route's `signing_key` and `scheme` sign what is sent through it; a route without
+/// them signs with the defaults. (The key is valid for every scheme, so a route whose
+/// scheme were ignored would still send, visibly signed the wrong way.)
+#[tokio::test]
+async fn a_routes_signing_key_and_scheme_are_applied() {
+    use hmac::{Hmac, Mac};
+    let hmac = |key: &[u8], data: &[u8]| {
+        let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+        m.update(data);
+        m.finalize().into_bytes().to_vec()
+    };
+    let rx = Receiver::start().await;
+    let d = dir();
+    let cfg = format!(
+        "[signing]\nsecrets = [\"whsec_ZGVmYXVsdC1rZXk=\"]\n[signing.keys]\nbilling = [\"whsec_YmlsbGluZw==\"]\n\
+         [[route]]\nname = \"gh\"\nurl = \"{}\"\nsigning_key = \"billing\"\nscheme = \"github\"\n\
+         [[route]]\nname = \"st\"\nurl = \"{}\"\nsigning_key = \"billing\"\nscheme = \"stripe\"\n\
+         [[route]]\nname = \"plain\"\nurl = \"{}\"\n",
+        rx.url("/gh"),
+        rx.url("/st"),
+        rx.url("/plain")
+    );
+    let c = Courier::start(d.path(), &cfg);
+    for route in ["gh", "st", "plain"] {
+        let a = post(&format!("http://{}/r/{route}", c.ingress), &[], format!("{route}-body")).await;
+        assert_eq!(a.status, 202, "{route}: {}", a.text());
+    }
+    let seen = rx.wait_for(3).await;
+    let by = |p: &str| seen.iter().find(|s| s.path == p).unwrap().clone();
+
+    let gh = by("/gh");
+    assert_eq!(
+        gh.header("x-hub-signature-256"),
+        Some(format!(
+            "sha256={}",
+            hex::encode(hmac(b"whsec_YmlsbGluZw==", b"gh-body"))
+        ))
+    );
+    assert!(gh.header("webhook-signature").is_none() && gh.header("stripe-signature").is_none());
+
+    let st = by("/st");
+    let header = st.header("stripe-signature").expect("stripe scheme from the route");
+    let ts = header
+        .split(',')
+        .next()
+        .unwrap()
+        .strip_prefix("t=")
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        header,
+        format!(
+            "t={ts},v1={}",
+            hex::encode(hmac(b"whsec_YmlsbGluZw==", format!("{ts}.st-body").as_bytes()))
+        )
+    );
+
+    let plain = by("/plain");
+    let id = plain.header("webhook-id").unwrap();
+    let ts = plain.header("webhook-timestamp").unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    assert_eq!(
+        plain.header("webhook-signature"),
+        Some(format!(
+            "v1,{}",
+            b64.encode(hmac(b"default-key", format!("{id}.{ts}.plain-body").as_bytes()))
+        ))
     );
 }
 

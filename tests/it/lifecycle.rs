@@ -193,3 +193,130 @@ async fn a_stalled_upload_does_not_hold_up_shutdown() {
     );
     drop(stalled);
 }
+
+/// SIGINT drains like SIGTERM; `/readyz` says 503 while draining; an attempt still running
+/// at the end of `shutdown_grace` is cut off and put back without counting an attempt, and
+/// delivered after the restart.
+#[tokio::test]
+async fn sigint_drains_and_an_attempt_cut_off_at_the_grace_is_delivered_after_restart_uncounted() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    // The first request is held until the test opens the gate (after the shutdown): the
+    // attempt is still running when the grace ends.
+    let rx = Receiver::scripted(move |n, _| {
+        let reply = Reply::status(200);
+        if n == 0 {
+            reply.until(&g)
+        } else {
+            reply
+        }
+    })
+    .await;
+    let d = tempfile::tempdir().unwrap();
+    let mut c = Courier::start(
+        d.path(),
+        "shutdown_grace = \"1500ms\"\n[delivery]\nrequest_timeout = \"30s\"\n",
+    );
+    let id = post(&c.prefixed(&rx.url("/held")), &[("webhook-id", "evt_cut")], "x")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    rx.wait_for(1).await;
+    assert_eq!(delivery(&c, &id).await["state"], "in_flight");
+    let signalled = std::time::Instant::now();
+    c.signal("INT");
+
+    // Draining: readiness says so (so a load balancer stops sending), ingress refuses.
+    let ready = eventually("/readyz to answer 503 while draining", || async {
+        match try_request("GET", &c.admin_url("/readyz"), &[], "").await {
+            Ok(a) => (a.status != 200).then_some(a),
+            Err(e) => panic!("/readyz answered 200 until the admin listener closed ({e})"),
+        }
+    })
+    .await;
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert_eq!(ready.json()["error"], "shutting_down");
+    let refused = post(&c.prefixed(&rx.url("/late")), &[], "late").await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+
+    let (status, mut c) = tokio::task::spawn_blocking(move || (c.wait_exit(), c)).await.unwrap();
+    let took = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "exit after SIGINT: {status}");
+    // The attempt had its whole grace, and no more (a 30s request_timeout was pending).
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(10),
+        "stopped {took:?} after SIGINT with a 1.5s grace"
+    );
+    c.log.wait_for("cut off", WAIT).expect("the cut-off is logged");
+    c.log.wait_for("stopped", WAIT).expect("clean stop logged");
+    gate.open();
+
+    c.restart();
+    let v = wait_state(&c, &id, "delivered").await;
+    assert_eq!(v["attempts"], 1, "the cut-off attempt is not counted: {v}");
+    assert_eq!(v["history"].as_array().unwrap().len(), 1, "{v}");
+    // It was put back at shutdown, not left in flight for crash recovery to find.
+    assert!(
+        !c.log.all().contains("requeued messages that were in flight"),
+        "{}",
+        c.log.all()
+    );
+    let seen = rx.seen();
+    let held: Vec<&Seen> = seen.iter().filter(|s| s.path == "/held").collect();
+    assert_eq!(held.len(), 2, "sent again after the restart");
+    assert_eq!(held[1].header("webhook-id").as_deref(), Some("evt_cut"));
+    assert!(
+        seen.iter().all(|s| s.path != "/late"),
+        "nothing was accepted while draining"
+    );
+}
+
+/// `courier` with no arguments is `courier serve` on the embedded defaults (only the
+/// addresses are moved to ephemeral ports, through the environment): it serves, delivers,
+/// keeps its data in `./courier-data` and stops cleanly on SIGTERM.
+#[tokio::test]
+async fn courier_with_no_arguments_serves() {
+    let rx = Receiver::start().await;
+    let d = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bin());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("COURIER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.current_dir(d.path())
+        .env("COURIER_LISTEN", "127.0.0.1:0")
+        .env("COURIER_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS", "true")
+        .env("COURIER_LOG", "info");
+    let data = d.path().join("courier-data");
+    let mut c = Courier::launch(cmd, d.path().join("unused.toml"), data.clone());
+    assert_eq!(get(&c.admin_url("/readyz")).await.status, 200);
+    let a = post(&c.prefixed(&rx.url("/default")), &[], "x").await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    wait_state(&c, a.json()["id"].as_str().unwrap(), "delivered").await;
+    assert!(data.join("CURRENT").exists(), "the store is in ./courier-data");
+    let status = tokio::task::spawn_blocking(move || c.signal_and_wait("TERM"))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// The container image and Kubernetes volumes hand courier an existing 0755 data dir:
+/// it is made private before anything is stored in it (per-message secrets live there).
+#[tokio::test]
+async fn an_existing_world_readable_data_dir_is_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("volume");
+    for mode in [0o755, 0o770, 0o701] {
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut c = Courier::start_with_data_dir(d.path(), &data, "", &[]);
+        let now = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+        assert_eq!(format!("{now:o}"), "700", "a {mode:o} data dir must be made private");
+        c.kill();
+    }
+}

@@ -428,9 +428,14 @@ async fn pending_gauges_describe_a_backlog() {
     let down = dead_addr();
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), "[retry]\nbase_delay = \"1h\"\n");
-    for _ in 0..3 {
+    // The first message 1s before the other two: the oldest is told apart from the newest.
+    let first_sent = std::time::Instant::now();
+    for n in 0..3 {
         let a = post(&c.prefixed(&format!("http://{down}/x")), &[], "m").await;
         assert_eq!(a.status, 202);
+        if n == 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
     }
     // The attempt counter moves just before the in-flight gauge drops: wait for both.
     let e = eventually("3 failed attempts, none in flight", || async {
@@ -444,11 +449,75 @@ async fn pending_gauges_describe_a_backlog() {
     assert_eq!(e.get("courier_in_flight", &[]), 0.0);
     assert_eq!(e.get("courier_delivered_total", &[]), 0.0);
     let oldest_then = e.get("courier_oldest_pending_seconds", &[]);
-    assert!(oldest_then >= 0.0);
+    // The age of the first message: at least the 1s it was sent before the others, at
+    // most the time since it was sent.
+    let age_bound = first_sent.elapsed().as_secs_f64();
+    assert!(
+        (0.95..=age_bound + 0.05).contains(&oldest_then),
+        "oldest pending {oldest_then}s, want the first message's age (1s..{age_bound}s)"
+    );
     let e = eventually("the oldest pending age to grow", || async {
         let e = scrape(&c).await;
         (e.get("courier_oldest_pending_seconds", &[]) > oldest_then + 0.5).then_some(e)
     })
     .await;
     assert!(e.get("courier_oldest_pending_seconds", &[]) < 60.0);
+}
+
+/// In flight, for real: attempts held open by a receiver that answers only when the test
+/// lets it. The gauge, the per-endpoint field, the delivery's state, and `courier_pending`
+/// counting the waiting messages but not the ones in flight.
+#[tokio::test]
+async fn in_flight_is_counted_while_attempts_are_held_open() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let rx = Receiver::scripted(move |_, _| Reply::status(200).until(&g)).await;
+    let down = dead_addr();
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "[retry]\nbase_delay = \"1h\"\n");
+    // Two messages that wait (their receiver is down, next attempt in an hour)...
+    for _ in 0..2 {
+        assert_eq!(
+            post(&c.prefixed(&format!("http://{down}/x")), &[], "w").await.status,
+            202
+        );
+    }
+    eventually("2 failed attempts", || async {
+        let e = scrape(&c).await;
+        (e.get("courier_attempts_total", &[("outcome", "retry")]) == 2.0 && e.get("courier_in_flight", &[]) == 0.0)
+            .then_some(())
+    })
+    .await;
+    // ...and three held open at the receiver.
+    let held_url = rx.url("/held");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let a = post(&c.prefixed(&held_url), &[], "h").await;
+        held.push(a.json()["id"].as_str().unwrap().to_string());
+    }
+    rx.wait_for(3).await;
+
+    let e = scrape(&c).await;
+    assert_eq!(e.get("courier_in_flight", &[]), 3.0);
+    assert_eq!(e.get("courier_pending", &[]), 2.0, "pending excludes the 3 in flight");
+    let ep = crate::admin::endpoint(&c, &held_url)
+        .await
+        .expect("the busy endpoint is listed");
+    assert_eq!((&ep["in_flight"], &ep["pending"]), (&3.into(), &0.into()), "{ep}");
+    for id in &held {
+        assert_eq!(delivery(&c, id).await["state"], "in_flight");
+    }
+
+    gate.open();
+    for id in &held {
+        wait_state(&c, id, "delivered").await;
+    }
+    let e = eventually("nothing in flight", || async {
+        let e = scrape(&c).await;
+        (e.get("courier_in_flight", &[]) == 0.0).then_some(e)
+    })
+    .await;
+    assert_eq!(e.get("courier_pending", &[]), 2.0);
+    let ep = crate::admin::endpoint(&c, &held_url).await.unwrap();
+    assert_eq!(ep["in_flight"], 0, "{ep}");
 }

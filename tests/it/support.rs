@@ -74,6 +74,23 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_courier")
 }
 
+/// Whether this run must not skip: `COURIER_TEST_REQUIRE_VERIFIERS=1`, which
+/// scripts/test.sh (and so CI) sets. A test whose tool or capability is missing then fails
+/// instead of passing without having run.
+pub fn required() -> bool {
+    std::env::var("COURIER_TEST_REQUIRE_VERIFIERS").is_ok_and(|v| v == "1")
+}
+
+/// Skips a test whose tool or capability is missing (it prints why and passes), or fails
+/// it when [`required`].
+pub fn skip(reason: &str) {
+    assert!(
+        !required(),
+        "{reason}, and COURIER_TEST_REQUIRE_VERIFIERS=1 (CI) does not allow skipping it"
+    );
+    eprintln!("skipped: {reason}");
+}
+
 /// A loopback address nothing listens on (connections are refused).
 pub fn dead_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -123,13 +140,18 @@ impl Courier {
             .arg("--admin-listen")
             .arg("127.0.0.1:0")
             .args(args)
-            .env("COURIER_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env("COURIER_LOG", "info");
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::launch(cmd, config_path, data_dir)
+    }
+
+    /// Starts `cmd` (a courier command line built by the test, e.g. with no arguments),
+    /// captures its stderr and waits for its `listening` line. `config_path` and `data_dir`
+    /// are what [`Courier::restart`] reuses.
+    pub fn launch(mut cmd: Command, config_path: PathBuf, data_dir: PathBuf) -> Courier {
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start courier");
         let log = Lines::default();
         let stderr = child.stderr.take().unwrap();
@@ -142,9 +164,16 @@ impl Courier {
                 }
             }
         });
-        let line = match log.wait_for("listening", WAIT) {
-            Some(line) => line,
-            None => {
+        // Waits for the line, failing at once if the process exits first.
+        let deadline = Instant::now() + WAIT;
+        let line = loop {
+            if let Some(line) = log.wait_for("listening", Duration::from_millis(50)) {
+                break line;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("courier exited ({status}) instead of starting; its log:\n{}", log.all());
+            }
+            if Instant::now() > deadline {
                 let _ = child.kill();
                 panic!("courier did not start; its log:\n{}", log.all());
             }
@@ -275,6 +304,34 @@ impl Seen {
     }
 }
 
+/// A latch a receiver's answers can wait on: closed until the test opens it, so a test
+/// holds attempts in flight exactly as long as it needs to look at them.
+#[derive(Debug, Clone, Default)]
+pub struct Gate(Arc<(std::sync::atomic::AtomicBool, tokio::sync::Notify)>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Gate {
+        Gate::default()
+    }
+
+    /// Opens it: every answer waiting on it goes out, and later ones do not wait.
+    pub fn open(&self) {
+        self.0 .0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0 .1.notify_waiters();
+    }
+
+    async fn passed(&self) {
+        loop {
+            let opened = self.0 .1.notified();
+            if self.0 .0.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            opened.await;
+        }
+    }
+}
+
 /// What the receiver answers.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -286,6 +343,8 @@ pub struct Reply {
     pub delay: Duration,
     /// Response body.
     pub body: Bytes,
+    /// Answer only once this gate is open.
+    pub gate: Option<Gate>,
 }
 
 impl Reply {
@@ -296,6 +355,7 @@ impl Reply {
             headers: vec![],
             delay: Duration::ZERO,
             body: Bytes::new(),
+            gate: None,
         }
     }
 
@@ -314,6 +374,12 @@ impl Reply {
     /// After a delay.
     pub fn after(mut self, d: Duration) -> Reply {
         self.delay = d;
+        self
+    }
+
+    /// Once `gate` is open.
+    pub fn until(mut self, gate: &Gate) -> Reply {
+        self.gate = Some(gate.clone());
         self
     }
 }
@@ -463,6 +529,9 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    if let Some(gate) = &reply.gate {
+        gate.passed().await;
+    }
     st.in_flight.fetch_sub(1, SeqCst);
     let mut resp = hyper::Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
@@ -497,6 +566,19 @@ impl Answer {
 
 /// Sends a request with the given headers and body.
 pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
+    try_request(method, url, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// Like [`request`], but a connection that fails (e.g. to a listener that has closed) is an
+/// `Err` instead of a panic.
+pub async fn try_request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Result<Answer, String> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut req = hyper::Request::builder().method(method).uri(url);
     for (k, v) in headers {
@@ -504,8 +586,8 @@ pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: im
     }
     let resp = tokio::time::timeout(WAIT, client.request(req.body(Full::new(body.into())).unwrap()))
         .await
-        .expect("answer in time")
-        .expect("request sent");
+        .map_err(|_| format!("no answer within {WAIT:?}"))?
+        .map_err(|e| format!("request not sent: {e:?}"))?;
     let status = resp.status().as_u16();
     let headers = resp
         .headers()
@@ -517,8 +599,14 @@ pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: im
             )
         })
         .collect();
-    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
-    Answer { status, headers, body }
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("answer cut short: {e}"))?
+        .to_bytes()
+        .to_vec();
+    Ok(Answer { status, headers, body })
 }
 
 /// POSTs a body.

@@ -73,7 +73,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_DELIVERY_REQUEST_TIMEOUT", "500ms", |c| {
         c.delivery.request_timeout == Duration::from_millis(500)
     }),
-    ("COURIER_DELIVERY_MAX_IN_FLIGHT", "77", |c| c.delivery.max_in_flight == 77),
+    ("COURIER_DELIVERY_MAX_IN_FLIGHT", "77", |c| {
+        c.delivery.max_in_flight == 77
+    }),
     ("COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST", "2", |c| {
         c.delivery.max_in_flight_per_host == 2
     }),

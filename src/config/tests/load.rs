@@ -241,10 +241,24 @@ fn host_and_endpoint_keys_are_normalised_like_live_targets() {
     c.validate().unwrap();
     let live = |u: &str| crate::target::host_key(&url::Url::parse(u).unwrap());
     let hosts: Vec<&str> = c.hosts.iter().map(|h| h.host.as_str()).collect();
-    assert_eq!(hosts, [live("https://api.big.example/x"), live("https://bücher.example:8443/"), live("http://[::1]:8080/")]);
+    assert_eq!(
+        hosts,
+        [
+            live("https://api.big.example/x"),
+            live("https://bücher.example:8443/"),
+            live("http://[::1]:8080/")
+        ]
+    );
     let endpoint = |u: &str| crate::target::default_endpoint_key(&url::Url::parse(u).unwrap());
     let keys: Vec<&str> = c.endpoints.iter().map(|e| e.key.as_str()).collect();
-    assert_eq!(keys, [endpoint("https://x.example/"), endpoint("https://x.example/hook"), "tenant-7".to_string()]);
+    assert_eq!(
+        keys,
+        [
+            endpoint("https://x.example/"),
+            endpoint("https://x.example/hook"),
+            "tenant-7".to_string()
+        ]
+    );
     // Two spellings of one host are one key: listed twice.
     let twice = "[[host]]\nhost = \"a.example:443\"\nmax_in_flight = 1\n[[host]]\nhost = \"A.EXAMPLE:443\"\nmax_in_flight = 2\n";
     let e = Config::from_toml_str(twice, "c.toml").unwrap().validate().unwrap_err();

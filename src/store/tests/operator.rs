@@ -194,8 +194,12 @@ async fn endpoint_state_and_counters_shrink_back_to_nothing() {
     store.put_endpoint_synced("https://b.example/h", &failing).unwrap();
     assert_eq!(store.endpoints().unwrap().len(), 2);
     // Back to nothing to remember: no record at all.
-    store.put_endpoint("https://a.example/h", &EndpointRecord::default()).unwrap();
-    store.put_endpoint_synced("https://b.example/h", &EndpointRecord::default()).unwrap();
+    store
+        .put_endpoint("https://a.example/h", &EndpointRecord::default())
+        .unwrap();
+    store
+        .put_endpoint_synced("https://b.example/h", &EndpointRecord::default())
+        .unwrap();
     assert!(store.endpoints().unwrap().is_empty());
     store.put_endpoint("https://c.example/h", &failing).unwrap();
     store.delete_endpoint("https://c.example/h").unwrap();
