@@ -8,33 +8,34 @@
 //!   request needs no preflight). Browsers mark every such request with `Origin` and
 //!   `Sec-Fetch-Site`; server-side HTTP clients send neither. So a request with an `Origin`
 //!   not listed in `allowed_origins`, or with `Sec-Fetch-Site` other than `none` (a request
-//!   the user typed), is refused: 403 `cross_site_refused`.
+//!   the user typed), is refused: 403 `cross_site_refused`. Ingress is stricter: it has no
+//!   browser use at all, and `none` is also what a link clicked in a mail or chat app sends,
+//!   so there any `Sec-Fetch-Site` is refused unless the origin is listed. (Not the other
+//!   `Sec-Fetch-*` headers: Node's built-in fetch sends `Sec-Fetch-Mode: cors`.)
 //! - **DNS rebinding.** A page on `evil.example` can re-point its own name at 127.0.0.1 and
 //!   then make same-origin requests (no `Origin` check helps there), but the `Host` header
-//!   still names `evil.example`. An origin-form request must therefore name a loopback
-//!   literal, a loopback name (`localhost`, `*.localhost`), the address the connection came
-//!   in on, or a name listed in `hosts`: otherwise 421 `misdirected_request`. Absolute-form
+//!   still names `evil.example`. An origin-form request must therefore name an IP literal
+//!   (rebinding needs a name; a literal also covers the listener's own address, behind NAT
+//!   or dual-stack too), a loopback name (`localhost`, `*.localhost`), or a name listed in
+//!   `hosts`: otherwise 421 `misdirected_request`. Absolute-form
 //!   requests (`POST http://receiver/… HTTP/1.1`, as an app with `HTTP_PROXY` sends) carry
 //!   the target as their authority and cannot come from a browser, so they are not checked.
 //!
-//! Pure: the caller passes the request's parts and the connection's local address.
+//! Pure: the caller passes the request's parts.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use http::{HeaderMap, Uri};
 
 use crate::egress::is_loopback_name;
-
-/// The local address a connection arrived on, put into each request's extensions by the
-/// accept loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalAddr(pub SocketAddr);
 
 /// The browser rules of one listener.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AccessPolicy {
     /// Config section named in error messages (`ingress` or `admin`).
     section: &'static str,
+    /// Refuse every request with Fetch Metadata, even `Sec-Fetch-Site: none` (ingress).
+    strict: bool,
     /// Origins allowed to send cross-site (ASCII serialisation, e.g. `https://app.example`).
     allowed_origins: Vec<String>,
     /// Extra `Host` names (lowercase, optionally `:port`).
@@ -71,20 +72,22 @@ impl AccessRefusal {
 }
 
 impl AccessPolicy {
-    /// The rules of the listener configured in `section` (`ingress` or `admin`).
+    /// The rules of the listener configured in `section` (`ingress` or `admin`); ingress is
+    /// strict about Fetch Metadata.
     pub fn new(section: &'static str, allowed_origins: Vec<String>, hosts: Vec<String>) -> Self {
         AccessPolicy {
             section,
+            strict: section == "ingress",
             allowed_origins: allowed_origins.into_iter().map(|o| o.to_ascii_lowercase()).collect(),
             hosts: hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
         }
     }
 
-    /// Checks one request. `local` is the address the connection arrived on, if known.
-    pub fn check(&self, uri: &Uri, headers: &HeaderMap, local: Option<SocketAddr>) -> Result<(), AccessRefusal> {
+    /// Checks one request.
+    pub fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), AccessRefusal> {
         self.check_cross_site(headers)?;
         if uri.authority().is_none() {
-            self.check_host(headers, local)?;
+            self.check_host(headers)?;
         }
         Ok(())
     }
@@ -102,6 +105,16 @@ impl AccessPolicy {
                 crate::redact::escape(&origin)
             )));
         }
+        if self.strict {
+            // Only browsers send Sec-Fetch-Site (Node's fetch sends Sec-Fetch-Mode, so that
+            // one cannot be the test); on ingress even `none` is a browser navigation.
+            if let Some(v) = headers.get("sec-fetch-site") {
+                return Err(AccessRefusal::CrossSite(format!(
+                    "requests from browsers are refused (Sec-Fetch-Site {}); ingress serves server-side clients",
+                    crate::redact::escape(&String::from_utf8_lossy(v.as_bytes()))
+                )));
+            }
+        }
         match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
             None => Ok(()),
             Some(v) if v.eq_ignore_ascii_case(b"none") => Ok(()),
@@ -113,7 +126,7 @@ impl AccessPolicy {
         }
     }
 
-    fn check_host(&self, headers: &HeaderMap, local: Option<SocketAddr>) -> Result<(), AccessRefusal> {
+    fn check_host(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
         // HTTP/1.0 clients may send no Host; browsers always send one.
         let Some(raw) = headers.get(http::header::HOST) else {
             return Ok(());
@@ -121,16 +134,15 @@ impl AccessPolicy {
         let raw = String::from_utf8_lossy(raw.as_bytes()).trim().to_ascii_lowercase();
         let (name, port) = split_host_port(&raw);
         let name = name.strip_suffix('.').unwrap_or(name);
-        let ok = match name.parse::<IpAddr>() {
-            Ok(ip) => ip.is_loopback() || local.is_some_and(|l| l.ip() == ip) || is_mapped_loopback(ip),
-            Err(_) => is_loopback_name(name) || self.host_listed(name, port),
-        };
+        // Any IP literal: DNS rebinding needs a name, and the listener may be reached at
+        // addresses it cannot know (NAT, a dual-stack socket's mapped form).
+        let ok = name.parse::<IpAddr>().is_ok() || is_loopback_name(name) || self.host_listed(name, port);
         if ok {
             return Ok(());
         }
         Err(AccessRefusal::Misdirected(format!(
-            "Host {} is not a name of this listener (a loopback address, localhost, its own \
-             address, or one listed in {}.hosts); a DNS name pointed at courier is refused",
+            "Host {} is not a name of this listener (an IP address, localhost, or one listed \
+             in {}.hosts); a DNS name pointed at courier is refused",
             crate::redact::escape(&raw),
             self.section
         )))
@@ -141,13 +153,6 @@ impl AccessPolicy {
             (n, None) => n.strip_suffix('.').unwrap_or(n) == name,
             (n, Some(p)) => n.strip_suffix('.').unwrap_or(n) == name && Some(p) == port,
         })
-    }
-}
-
-fn is_mapped_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-        IpAddr::V4(_) => false,
     }
 }
 
@@ -179,9 +184,7 @@ mod tests {
     }
 
     fn check(p: &AccessPolicy, uri: &str, pairs: &[(&str, &str)]) -> Result<(), &'static str> {
-        let local: SocketAddr = "10.1.2.3:8787".parse().unwrap();
-        p.check(&uri.parse().unwrap(), &headers(pairs), Some(local))
-            .map_err(|e| e.code())
+        p.check(&uri.parse().unwrap(), &headers(pairs)).map_err(|e| e.code())
     }
 
     #[test]
@@ -197,14 +200,31 @@ mod tests {
             "LOCALHOST.",
             "app.localhost:8787",
             "10.1.2.3:8787",
+            "[2001:db8::1]:1",
+            "192.0.2.7",
         ] {
             assert_eq!(check(&p, "/https://r.example/x", &[("host", host)]), Ok(()), "{host}");
         }
         assert_eq!(check(&p, "/x", &[]), Ok(()), "HTTP/1.0 without Host");
         assert_eq!(
             check(&p, "/x", &[("host", "127.0.0.1"), ("sec-fetch-site", "none")]),
+            Err("cross_site_refused"),
+            "ingress: even a navigation the user started (a link clicked in another app)"
+        );
+        let admin = AccessPolicy::new("admin", vec![], vec![]);
+        assert_eq!(
+            check(
+                &admin,
+                "/deliveries",
+                &[("host", "127.0.0.1"), ("sec-fetch-site", "none")]
+            ),
             Ok(()),
-            "a request the user typed"
+            "admin: a URL the operator typed"
+        );
+        // Node's fetch (undici) sends Sec-Fetch-Mode on every request: a server-side client.
+        assert_eq!(
+            check(&p, "/x", &[("host", "127.0.0.1"), ("sec-fetch-mode", "cors")]),
+            Ok(())
         );
     }
 
@@ -257,9 +277,8 @@ mod tests {
         for host in [
             "evil.example:8788",
             "evil.example",
-            "10.9.9.9:8788",
             "localhost.evil.example",
-            "[2001:db8::1]:1",
+            "a\u{e9}localhost",
         ] {
             assert_eq!(
                 check(&p, "/deliveries", &[("host", host)]),
@@ -285,16 +304,12 @@ mod tests {
     fn refusals_have_status_code_and_name_the_setting() {
         let p = AccessPolicy::new("ingress", vec![], vec![]);
         let e = p
-            .check(&"/x".parse().unwrap(), &headers(&[("host", "evil.example")]), None)
+            .check(&"/x".parse().unwrap(), &headers(&[("host", "evil.example")]))
             .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::MISDIRECTED_REQUEST);
         assert!(e.to_string().contains("ingress.hosts"), "{e}");
         let e = p
-            .check(
-                &"/x".parse().unwrap(),
-                &headers(&[("origin", "https://e.example")]),
-                None,
-            )
+            .check(&"/x".parse().unwrap(), &headers(&[("origin", "https://e.example")]))
             .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::FORBIDDEN);
         assert!(e.to_string().contains("ingress.allowed_origins"), "{e}");

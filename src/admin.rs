@@ -10,7 +10,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
-use crate::access::{AccessPolicy, LocalAddr};
+use crate::access::AccessPolicy;
 use crate::delivery::Deliverer;
 use crate::model::State;
 use crate::ops::Probes;
@@ -50,9 +50,15 @@ fn time_or_null(ms: u64) -> Value {
 
 /// The target as the admin API shows it: never userinfo, and `alert_url` only as its
 /// redacted key (its path may be the credential).
-pub fn shown_target(target: &str, alert_url: Option<&url::Url>) -> String {
+pub fn shown_target(target: &str, endpoint: &str, alert_url: Option<&url::Url>) -> String {
     match url::Url::parse(target) {
-        Ok(url) if alert_url.is_some_and(|a| a.as_str() == url.as_str()) => crate::redact::alert_key(&url),
+        // The current alert_url, or an alert stored under an earlier one (its endpoint key
+        // is the redacted form, so it is recognised after a rotation too).
+        Ok(url)
+            if alert_url.is_some_and(|a| a.as_str() == url.as_str()) || endpoint == crate::redact::alert_key(&url) =>
+        {
+            crate::redact::alert_key(&url)
+        }
         Ok(mut url) => {
             let _ = url.set_username("");
             let _ = url.set_password(None);
@@ -68,7 +74,7 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
     let mut v = json!({
         "id": rec.id,
         "event_id": rec.event_id,
-        "target": shown_target(&rec.target, alert_url),
+        "target": shown_target(&rec.target, &rec.endpoint, alert_url),
         "endpoint": rec.endpoint,
         "state": rec.state.as_str(),
         "attempts": rec.attempts,
@@ -130,8 +136,7 @@ impl Admin {
     pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
         // Browsers first, even for /healthz: a page must not learn that courier is here.
-        let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
-        if let Err(refused) = self.access.check(req.uri(), req.headers(), local) {
+        if let Err(refused) = self.access.check(req.uri(), req.headers()) {
             return serve::error(refused.status(), refused.code(), refused.to_string());
         }
         if path == "/healthz" {

@@ -305,7 +305,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         draining.store(true, Ordering::SeqCst);
         let _ = stop_sched.send(true);
         let _ = scheduler_task.await;
-        let _ = retention_task.await;
+        // A sweep stops at its next batch; one family's compaction cannot be cut short, so
+        // the wait for it is bounded by the grace too (RocksDB finishes or drops it at close).
+        let _ = tokio::time::timeout_at(deadline, retention_task).await;
         let cut = d
             .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
             .await;

@@ -99,9 +99,12 @@ pub fn literal_ip(url: &url::Url) -> Option<IpAddr> {
 /// name under `.localhost`, with or without the trailing dot, in any case. Such a name never
 /// needs DNS: it is loopback wherever it is resolved.
 pub fn is_loopback_name(host: &str) -> bool {
-    let h = host.strip_suffix('.').unwrap_or(host);
-    h.eq_ignore_ascii_case("localhost")
-        || (h.len() > ".localhost".len() && h[h.len() - ".localhost".len()..].eq_ignore_ascii_case(".localhost"))
+    // Bytes, not chars: a Host header may carry non-ASCII bytes, and slicing a str inside a
+    // multi-byte character would panic.
+    let h = host.strip_suffix('.').unwrap_or(host).as_bytes();
+    const SUFFIX: &[u8] = b".localhost";
+    h.eq_ignore_ascii_case(b"localhost")
+        || (h.len() > SUFFIX.len() && h[h.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX))
 }
 
 /// The addresses a loopback name stands for.
@@ -461,6 +464,12 @@ mod tests {
         ] {
             assert!(matches!(known(name), Some(KnownHost::LoopbackName(_))), "{name}");
         }
+        assert!(
+            !is_loopback_name("a\u{e9}localhost"),
+            "no panic inside a multi-byte character"
+        );
+        assert!(!is_loopback_name("\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}"));
+        assert!(is_loopback_name("\u{e9}.localhost"));
         for name in [
             "http://localhost.example/",
             "http://notlocalhost/",

@@ -4,8 +4,11 @@
 //! accept would fail. So at start courier raises its soft limit to the hard one, keeps a
 //! reserve for the store, and gives delivery and the listeners bounded shares of the rest.
 
-/// Descriptors kept for the store, logs and everything that is not a connection.
-pub const RESERVED: u64 = 256;
+/// Descriptors kept for the store (RocksDB's `max_open_files` of 256 for its tables, plus
+/// its WAL, MANIFEST, LOG and LOCK), logs, epoll and everything that is not a connection.
+/// Idle pooled connections are not counted in the shares below: bounding the pool as a
+/// whole is the job of `delivery.max_idle_connections` (many receivers).
+pub const RESERVED: u64 = 256 + 64;
 
 /// How many connections and attempts each user may hold at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +66,9 @@ mod tests {
         assert_eq!(
             b,
             FdBudget {
-                attempts: 384,
-                ingress: 192,
-                admin: 96
+                attempts: 352,
+                ingress: 176,
+                admin: 88
             }
         );
         assert!(b.attempts + b.ingress + 2 * b.admin + RESERVED <= 1024);

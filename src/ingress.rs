@@ -15,7 +15,7 @@ use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
-use crate::access::{AccessPolicy, LocalAddr};
+use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::egress::{known_without_dns, EgressPolicy, KnownHost};
@@ -111,9 +111,8 @@ impl Ingress {
             ));
         }
         // Browsers are not clients: a web page must not have courier sign for it.
-        let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
         self.access
-            .check(req.uri(), req.headers(), local)
+            .check(req.uri(), req.headers())
             .map_err(|e| Refusal::new(e.status(), e.code(), e.to_string()))?;
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(

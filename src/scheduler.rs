@@ -234,9 +234,15 @@ pub(crate) fn pass_with(
         match d.store.claim_many(&ready) {
             Ok(claims) => {
                 for (permit, claimed) in permits.into_iter().zip(claims) {
-                    if let Some(claimed) = claimed {
-                        d.dispatch(claimed, permit);
-                        pass.dispatched += 1;
+                    match claimed {
+                        Some(claimed) => {
+                            d.dispatch(claimed, permit);
+                            pass.dispatched += 1;
+                        }
+                        // Gone or changed since the scan (a delete, a replay): its permits go
+                        // back unused, and the entries this pass skipped for want of them
+                        // must not wait for the next accept to be looked at again.
+                        None => pass.wake_no_later_than(now),
                     }
                 }
             }

@@ -19,8 +19,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::access::LocalAddr;
-
 /// The body type of every answer.
 pub type Body = Full<Bytes>;
 /// A boxed handler future.
@@ -76,14 +74,8 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
             _ = stop.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        // The address the connection arrived on: the Host check accepts it as a name of
-        // this listener (a listener on 0.0.0.0 is reached at several addresses).
-        let local = stream.local_addr().ok().map(LocalAddr);
         let handler = handler.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-            if let Some(local) = local {
-                req.extensions_mut().insert(local);
-            }
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let handler = handler.clone();
             async move { Ok::<_, std::convert::Infallible>(handler(peer, req).await) }
         });

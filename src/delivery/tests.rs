@@ -592,3 +592,43 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let kept: Vec<String> = h.d.store.endpoints().unwrap().into_iter().map(|(k, _)| k).collect();
     assert_eq!(kept, vec![HELD.to_string()], "a paused endpoint is kept however old");
 }
+
+/// A named key's targets are checked again when signing: a message accepted before the
+/// key was bound (or its binding narrowed) is never signed for a target outside it.
+#[tokio::test]
+async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let mut cfg = config(Jitter::None);
+    cfg.signing.keys.insert(
+        "partner".into(),
+        crate::config::SigningKey {
+            secrets: vec![crate::signing::Secret::new("whsec_c2VjcmV0".into())],
+            targets: vec![crate::signing::scope::TargetPattern::parse("https://partner.example/*").unwrap()],
+        },
+    );
+    let h = Harness::start(cfg, t.clone(), clock.clone());
+    let env = Envelope {
+        target: url::Url::parse("https://r.example/elsewhere").unwrap(),
+        endpoint: None,
+        event_id: None,
+        method: "POST".into(),
+        headers: vec![],
+        body: b"{}".to_vec(),
+        scheme: None,
+        signing: SigningChoice::Key("partner".into()),
+        max_attempts: 16,
+        give_up_after: Duration::from_secs(3600),
+    };
+    let msg = env.into_message(T0, &mut rand::rng());
+    let id = msg.record.id.clone();
+    h.d.store.accept(msg).await.unwrap();
+    h.settle().await;
+    assert!(t.calls().is_empty(), "nothing was signed or sent");
+    let rec = h.record(&id);
+    assert_eq!(
+        (rec.state, rec.attempts),
+        (State::Pending, 0),
+        "courier's refusal, not an attempt"
+    );
+}

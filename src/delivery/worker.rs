@@ -35,6 +35,8 @@ macro_rules! attempt_event {
 enum BuildError {
     #[error("signing key {0:?} is not in the config")]
     MissingKey(String),
+    #[error("signing key {0:?} may not sign for this target (its targets in [signing.keys] exclude it)")]
+    KeyNotAllowed(String),
     #[error("{0}")]
     Signing(#[from] signing::SigningError),
     #[error("stored target is not a URL: {0}")]
@@ -43,16 +45,24 @@ enum BuildError {
     Method,
 }
 
-fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, BuildError> {
+/// The secrets a message signs with. A named key's targets are checked again here, at
+/// every attempt, not only at ingress: a message accepted before the key was bound (or
+/// before its binding was narrowed) must not be signed for a target now outside it.
+fn secrets_for(d: &Deliverer, choice: &SigningChoice, target: &url::Url) -> Result<Vec<Secret>, BuildError> {
     Ok(match choice {
         SigningChoice::Default => d.config.signing.secrets.clone(),
-        SigningChoice::Key(name) => d
-            .config
-            .signing
-            .keys
-            .get(name)
-            .map(|key| key.secrets.clone())
-            .ok_or_else(|| BuildError::MissingKey(name.clone()))?,
+        SigningChoice::Key(name) => {
+            let key = d
+                .config
+                .signing
+                .keys
+                .get(name)
+                .ok_or_else(|| BuildError::MissingKey(name.clone()))?;
+            if !crate::signing::scope::allowed(&key.targets, target) {
+                return Err(BuildError::KeyNotAllowed(name.clone()));
+            }
+            key.secrets.clone()
+        }
         SigningChoice::Inline(secret) => vec![Secret::new(secret.clone())],
     })
 }
@@ -61,7 +71,8 @@ fn secrets_for(d: &Deliverer, choice: &SigningChoice) -> Result<Vec<Secret>, Bui
 /// request instead of being copied on every attempt.
 fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
-    let secrets = secrets_for(d, &payload.signing)?;
+    let url = url::Url::parse(&rec.target)?;
+    let secrets = secrets_for(d, &payload.signing, &url)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
     headers.extend(
@@ -71,7 +82,7 @@ fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> R
     );
     Ok(OutboundRequest {
         method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,
-        url: url::Url::parse(&rec.target)?,
+        url,
         headers,
         body: Bytes::from(payload.body),
     })

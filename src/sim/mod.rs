@@ -147,6 +147,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         };
         w.trace.push(format!("{step}: t+{}ms {what}", now - world_start()));
         w.settle()?;
+        w.forget_unfinished();
         check::step(w)?;
     }
     Ok(())

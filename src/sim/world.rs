@@ -342,16 +342,32 @@ impl World {
                     self.model.acked.insert(id, (event, target, body));
                 }
                 Ok(Accepted::Duplicate { id: first }) => duplicates.push((first, event, target)),
+                // Only an injected fault may fail an accept.
+                Err(e) if !fail_write => return Err(format!("accept of {event} failed with no fault: {e}")),
                 Err(_) => {}
             }
         }
         for (first, event, target) in duplicates {
-            let durable = self.store().message(&first).ok().flatten().is_some()
-                || self.model.deleted.contains(&first)
-                || self.model.finished.contains(&first);
-            if !durable {
+            // The original must be stored, under the same event and target: a duplicate is
+            // acknowledged only when what it duplicates is durable.
+            let stored = self.store().message(&first).ok().flatten();
+            match stored {
+                Some(rec) if rec.event_id == event && rec.target == target => {}
+                Some(rec) => {
+                    return Err(format!(
+                        "duplicate of ({event}, {target}) answered with {first}, which is ({}, {})",
+                        rec.event_id, rec.target
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "duplicate of ({event}, {target}) acknowledged as {first}, which is not stored"
+                    ))
+                }
+            }
+            if !self.model.acked.contains_key(&first) {
                 return Err(format!(
-                    "duplicate of ({event}, {target}) acknowledged as {first}, which is not stored"
+                    "duplicate acknowledged as {first}, which was never acknowledged itself"
                 ));
             }
         }
@@ -445,8 +461,27 @@ impl World {
         }
     }
 
-    /// Records which messages are finished (retention may remove them after this).
+    /// Forgets "finished" for messages that are back in the store unfinished (replayed), so
+    /// that losing one of them is seen as the loss it is. Cheap: run after every step.
+    pub fn forget_unfinished(&mut self) {
+        let store = self.store();
+        self.model.finished.retain(|id| {
+            store
+                .message(id)
+                .ok()
+                .flatten()
+                .is_none_or(|r| matches!(r.state, State::Delivered | State::Dead))
+        });
+    }
+
+    /// Records which messages are finished (retention may remove them after this). A message
+    /// noted earlier that is back in the store unfinished (replayed) is no longer finished:
+    /// losing it now would be a real loss.
     pub fn note_finished(&mut self) {
+        let store = self.store();
+        self.model
+            .finished
+            .retain(|id| store.message(id).ok().flatten().is_none());
         for state in [State::Delivered, State::Dead] {
             for id in self.list(state) {
                 self.model.finished.insert(id);

@@ -106,7 +106,20 @@ impl Store {
                 counts.open, counts.delivered, counts.dead
             ));
         }
-        let stored: BTreeMap<String, u64> = self.open_per_endpoint()?.into_iter().filter(|(_, n)| *n > 0).collect();
+        // Raw values: a counter gone negative is a bug the clamped gauges would hide.
+        let mut stored: BTreeMap<String, u64> = BTreeMap::new();
+        for item in self.db.iterator_cf(self.cf(keys::META), IteratorMode::Start) {
+            let (k, v) = item?;
+            let value = super::counters::decode_counter(&v);
+            if value < 0 {
+                problems.push(format!("counter {} is {value}", String::from_utf8_lossy(&k)));
+            }
+            if let Some(endpoint) = k.strip_prefix(keys::COUNT_OPEN_ENDPOINT) {
+                if value > 0 {
+                    stored.insert(String::from_utf8_lossy(endpoint).into_owned(), value as u64);
+                }
+            }
+        }
         if stored != open_per_endpoint {
             problems.push(format!(
                 "open per endpoint {stored:?} but records {open_per_endpoint:?}"

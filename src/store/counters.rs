@@ -43,7 +43,7 @@ pub(super) fn add_counter(_key: &[u8], existing: Option<&[u8]>, operands: &Merge
     Some(total.to_le_bytes().to_vec())
 }
 
-fn decode_counter(v: &[u8]) -> i64 {
+pub(super) fn decode_counter(v: &[u8]) -> i64 {
     v.try_into().map(i64::from_le_bytes).unwrap_or(0)
 }
 

@@ -87,6 +87,8 @@ async fn web_pages_cannot_use_ingress_or_admin_and_nothing_is_stored() {
     // More browser shapes on ingress, each in every target form that is origin-form.
     for extra in [
         "Sec-Fetch-Site: same-site\r\n",
+        // A link clicked in a mail or chat app: still a browser.
+        "Sec-Fetch-Site: none\r\n",
         "Origin: null\r\n",
         "Origin: https://evil.example\r\n",
     ] {
