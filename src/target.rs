@@ -273,7 +273,16 @@ fn resolve_route(uri: &http::Uri, routes: &dyn Fn(&str) -> Option<Url>) -> Resul
         return Err(TargetError::UnknownRoute(shown));
     };
     let extra = extra.trim_start_matches('/');
-    if extra.split('/').any(is_dot_segment) {
+    // A backslash is a slash to the URL parser (`..\admin` would climb): refused. An
+    // encoded slash stays data (`a%2Fb`), but a receiver may decode it, so a dot segment
+    // between encoded separators is refused like a plain one.
+    if extra.contains('\\') {
+        return Err(TargetError::Invalid(
+            "the extra path after the route name contains a backslash",
+        ));
+    }
+    let decoded_separators = extra.to_ascii_lowercase().replace("%2f", "/").replace("%5c", "/");
+    if decoded_separators.split('/').any(is_dot_segment) {
         // `..` would let a caller step outside the path prefix the operator configured.
         return Err(TargetError::Invalid(
             "the extra path after the route name contains . or .. segments",
@@ -517,6 +526,8 @@ mod tests {
             (None, "/r/billing/../admin", "invalid_target"),
             (None, "/r/billing/a/%2E%2E/admin", "invalid_target"),
             (None, "/r/billing/./x", "invalid_target"),
+            (None, "/r/billing/..%5Cadmin", "invalid_target"),
+            (None, "/r/billing/a%2F..%2Fadmin", "invalid_target"),
             (None, "/r/%FF", "invalid_target"),
             (None, "http://user:pw@r.example/", "invalid_target"),
         ];

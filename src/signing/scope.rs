@@ -15,6 +15,8 @@
 //!   out, only the scheme's default port matches;
 //! - the path is a glob in which `*` matches any run of characters (slashes included);
 //!   a pattern without a path (`https://x.example`) means `/*`. The query is not matched.
+//!   A target whose path holds an encoded slash or backslash (`%2F`, `%5C`) matches no
+//!   pattern: the receiver may decode it into a path the glob never saw.
 //!
 //! Pure: no I/O.
 
@@ -98,7 +100,14 @@ impl TargetPattern {
         } else {
             host == self.host
         };
-        host_ok && target.port_or_known_default() == Some(self.port) && glob(&self.path, target.path())
+        // An encoded slash or backslash in the path could be decoded by the receiver into a
+        // path the glob never saw (`/hooks/..%2Fadmin`): such a target matches nothing.
+        let path = target.path();
+        let lower = path.to_ascii_lowercase();
+        if lower.contains("%2f") || lower.contains("%5c") {
+            return false;
+        }
+        host_ok && target.port_or_known_default() == Some(self.port) && glob(&self.path, path)
     }
 }
 
@@ -168,6 +177,8 @@ mod tests {
         assert!(bare.matches(&url("https://partner.example/anything/at/all")));
         assert!(bare.matches(&url("https://partner.example:443/x")));
         assert!(!bare.matches(&url("https://partner.example.evil/x")));
+        assert!(!p.matches(&url("https://partner.example:8443/hooks/..%2Fadmin")));
+        assert!(!p.matches(&url("https://partner.example:8443/hooks/a%5c..%5cadmin")));
         let exact = TargetPattern::parse("http://127.0.0.1:9000/hook").unwrap();
         assert!(exact.matches(&url("http://127.0.0.1:9000/hook")));
         assert!(!exact.matches(&url("http://127.0.0.1:9000/hook2")));
