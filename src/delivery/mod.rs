@@ -185,7 +185,6 @@ impl Deliverer {
     /// its result is recorded.
     pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
-        let endpoint = claimed.record.endpoint.clone();
         let d = self.clone();
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let inner = tokio::spawn(worker::attempt(d.clone(), claimed));
@@ -199,7 +198,6 @@ impl Deliverer {
                 // receiver's failure, so no attempt is counted.
                 d.metrics.attempt_abandoned();
                 let now = d.clock.now_ms();
-                d.endpoints.finished(&endpoint, now);
                 let due = if e.is_panic() {
                     tracing::error!(delivery_id = %id, "delivery worker panicked; message requeued without counting an attempt");
                     now + SELF_FAILURE_DELAY.as_millis() as u64

@@ -105,12 +105,14 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
         }
     };
     d.metrics.attempt_started();
-    d.endpoints.started(&rec.endpoint, started_ms);
+    // Counted in the endpoint's in-flight number exactly while the request is out: the
+    // guard's drop ends it once, whether the send returns, panics or is cut off.
+    let counted = InFlight::start(&d, &rec.endpoint, started_ms);
     let timer = Instant::now();
     let sent = d.transport.send(req).await;
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
-    d.endpoints.finished(&rec.endpoint, now);
+    drop(counted);
 
     let (result, status, error) = match &sent {
         Ok(resp) => (
@@ -226,6 +228,25 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
             super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
         }
+    }
+}
+
+/// One attempt counted as in flight to its endpoint until dropped.
+struct InFlight<'a> {
+    d: &'a Deliverer,
+    endpoint: &'a str,
+}
+
+impl<'a> InFlight<'a> {
+    fn start(d: &'a Deliverer, endpoint: &'a str, now_ms: u64) -> Self {
+        d.endpoints.started(endpoint, now_ms);
+        InFlight { d, endpoint }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.d.endpoints.finished(self.endpoint, self.d.clock.now_ms());
     }
 }
 
