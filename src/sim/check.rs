@@ -69,7 +69,37 @@ pub fn quiescent(w: &World, disturbed: &[u64]) -> Result<(), String> {
         let attempts: Vec<&Seen> = seen.get(event).map(|v| v.iter().collect()).unwrap_or_default();
         message(w, id, &rec, target, body, &attempts, disturbed)?;
     }
+    rates(w, disturbed)?;
     limits(w)
+}
+
+/// Per endpoint, never more attempts in any second than its token bucket allows: a full
+/// bucket (one second's worth) plus one second of refill. Windows holding a crash or
+/// restart are skipped (a new process starts with full buckets).
+fn rates(w: &World, disturbed: &[u64]) -> Result<(), String> {
+    let rate = u64::from(w.config().delivery.rate_per_second);
+    let mut per_endpoint: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for s in w.rx.log() {
+        per_endpoint.entry(s.url.clone()).or_default().push(s.at_ms);
+    }
+    for (endpoint, mut times) in per_endpoint {
+        times.sort_unstable();
+        let mut start = 0;
+        for end in 0..times.len() {
+            while times[end] - times[start] >= 1000 {
+                start += 1;
+            }
+            let in_window = (end - start + 1) as u64;
+            let quiet = !disturbed.iter().any(|t| *t >= times[start] && *t <= times[end]);
+            if in_window > 2 * rate && quiet {
+                return Err(format!(
+                    "{in_window} attempts to {endpoint} within one second (from {} ms), rate {rate}/s",
+                    times[start]
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn is_2xx(a: &Option<Answer>) -> bool {
