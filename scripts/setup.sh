@@ -11,20 +11,19 @@ set -euo pipefail
 # the C++ library (package libclang-cpp<N>), which bindgen rejects, and a machine can have
 # it without libclang itself.
 libclang_in() {
-  local dir="$1" f name
+  local dir="$1" f name ver
   [ -d "$dir" ] || return 1
-  for f in "$dir"/libclang*.so*; do
+  # Only the names bindgen loads; `libclang-cpp.so.14` matches the last glob, so the part
+  # after `libclang-` must be a version number (digits and dots), never `cpp`.
+  for f in "$dir"/libclang.so "$dir"/libclang.so.[0-9]* "$dir"/libclang-*.so "$dir"/libclang-*.so.[0-9]*; do
     [ -e "$f" ] || continue
     name="${f##*/}"
     case "$name" in
       libclang.so | libclang.so.[0-9]*) return 0 ;;
-      libclang-[0-9]*.so | libclang-[0-9]*.so.[0-9]*)
-        # libclang-<digits and dots>.so…: the version part must be numeric.
-        local ver="${name#libclang-}"
-        ver="${ver%%.so*}"
-        [[ "$ver" =~ ^[0-9][0-9.]*$ ]] && return 0
-        ;;
     esac
+    ver="${name#libclang-}"
+    ver="${ver%%.so*}"
+    [[ "$ver" =~ ^[0-9][0-9.]*$ ]] && return 0
   done
   return 1
 }
