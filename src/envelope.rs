@@ -32,9 +32,9 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// The new message, pending and due at once.
-    pub fn into_message(self, now_ms: u64, rng: &mut impl rand::RngCore) -> NewMessage {
-        let id = model::new_delivery_id(now_ms, rng);
+    /// The new message, pending and due at once, its id the next of `ids`.
+    pub fn into_message(self, now_ms: u64, rng: &mut impl rand::RngCore, ids: &model::IdSeq) -> NewMessage {
+        let id = ids.next_delivery_id(now_ms, rng);
         let event_id = self.event_id.unwrap_or_else(|| model::new_event_id(now_ms, rng));
         let endpoint = self
             .endpoint
@@ -89,7 +89,7 @@ mod tests {
             give_up_after: Duration::from_secs(10),
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        let m = env.into_message(5_000, &mut rng);
+        let m = env.into_message(5_000, &mut rng, &model::IdSeq::default());
         assert_eq!(m.record.state, State::Pending);
         assert_eq!(m.record.next_attempt_at_ms, 5_000);
         assert_eq!(m.record.give_up_at_ms, 15_000);

@@ -250,7 +250,7 @@ impl Ingress {
             give_up_after: control.give_up_after.unwrap_or(config.retry.give_up_after),
         };
         let now = self.clock.now_ms();
-        let msg = envelope.into_message(now, &mut rand::rng());
+        let msg = envelope.into_message(now, &mut rand::rng(), self.store.ids());
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
         match self.store.accept(msg).await {
             Ok(Accepted::New) => {

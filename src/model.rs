@@ -15,6 +15,27 @@ pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
     format!("{DELIVERY_ID_PREFIX}{}", ulid_at(now_ms, rng))
 }
 
+/// Hands out delivery ids that strictly increase for the life of one store, so messages
+/// accepted one after another list (and, for ordered endpoints, deliver) in that order
+/// even when they share a millisecond: two random ULIDs in one millisecond sort by their
+/// random bits, not by when they were made. Within a millisecond (or if the wall clock
+/// steps back) the next id is the last one plus one, as in the ULID spec's monotonic mode.
+#[derive(Debug, Default)]
+pub struct IdSeq {
+    last: std::sync::Mutex<u128>,
+}
+
+impl IdSeq {
+    /// The next delivery id: `dlv_<ULID>`, greater than every id this sequence gave before.
+    pub fn next_delivery_id(&self, now_ms: u64, rng: &mut impl rand::RngCore) -> String {
+        let fresh = u128::from(ulid_at(now_ms, rng));
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let id = if fresh > *last { fresh } else { last.saturating_add(1) };
+        *last = id;
+        format!("{DELIVERY_ID_PREFIX}{}", ulid::Ulid::from(id))
+    }
+}
+
 /// A new event id: `msg_<ULID>` (26 Crockford base32 characters after the prefix).
 pub fn new_event_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
     format!("{EVENT_ID_PREFIX}{}", ulid_at(now_ms, rng))
@@ -234,6 +255,20 @@ impl UnknownName {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn ids_from_one_sequence_increase_within_a_millisecond_and_across_a_clock_step_back() {
+        let seq = IdSeq::default();
+        let mut rng = rand::rng();
+        let mut prev = String::new();
+        for now in [5_000, 5_000, 5_000, 5_001, 4_000, 4_000, 6_000] {
+            let id = seq.next_delivery_id(now, &mut rng);
+            assert!(id > prev, "{id} after {prev}");
+            assert!(delivery_id_millis(&id).unwrap() >= 5_000.min(now));
+            prev = id;
+        }
+        assert_eq!(delivery_id_millis(&prev), Some(6_000));
+    }
 
     #[test]
     fn generated_ids_are_prefixed_ulids_carrying_their_time() {

@@ -41,7 +41,7 @@ pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord
         max_attempts: d.config.retry.max_attempts,
         give_up_after: d.config.retry.give_up_after,
     };
-    let msg = d.with_rng(|rng| env.into_message(now_ms, rng));
+    let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.store.ids()));
     match d.store.accept(msg).await {
         Ok(Accepted::New) => {
             d.metrics.accepted();

@@ -188,7 +188,7 @@ impl Harness {
             max_attempts: self.d.config.retry.max_attempts,
             give_up_after: self.d.config.retry.give_up_after,
         };
-        let msg = env.into_message(self.clock.now_ms(), &mut rand::rng());
+        let msg = env.into_message(self.clock.now_ms(), &mut rand::rng(), self.d.store.ids());
         let id = msg.record.id.clone();
         self.d.store.accept(msg).await.unwrap();
         self.d.wake.notify_one();
@@ -620,7 +620,7 @@ async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
         max_attempts: 16,
         give_up_after: Duration::from_secs(3600),
     };
-    let msg = env.into_message(T0, &mut rand::rng());
+    let msg = env.into_message(T0, &mut rand::rng(), h.d.store.ids());
     let id = msg.record.id.clone();
     h.d.store.accept(msg).await.unwrap();
     h.settle().await;

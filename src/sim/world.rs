@@ -312,7 +312,7 @@ impl World {
                 max_attempts: self.config.retry.max_attempts,
                 give_up_after: self.config.retry.give_up_after,
             };
-            msgs.push(env.into_message(now, &mut self.rng));
+            msgs.push(env.into_message(now, &mut self.rng, store.ids()));
         }
         let ids: Vec<String> = msgs.iter().map(|m| m.record.id.clone()).collect();
         let answers = self.node().rt.block_on(async move {

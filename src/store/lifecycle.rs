@@ -83,6 +83,7 @@ impl Store {
                 w
             },
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
+            ids: Default::default(),
             faults,
             counter_gate,
             options,

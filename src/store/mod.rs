@@ -315,6 +315,8 @@ pub struct Store {
     synced: WriteOptions,
     /// Synced writes made outside the accept path (tests check that operator changes sync).
     operator_syncs: std::sync::atomic::AtomicU64,
+    /// Delivery ids for everything accepted into this store, in acceptance order.
+    ids: crate::model::IdSeq,
     /// Writes a test has asked to fail.
     faults: Arc<Faults>,
     options: StoreOptions,
@@ -333,6 +335,11 @@ impl Store {
     /// The fault switches of this store (tests only set them).
     pub fn faults(&self) -> &Faults {
         &self.faults
+    }
+
+    /// Where ids for new messages come from: one increasing sequence per open store.
+    pub fn ids(&self) -> &crate::model::IdSeq {
+        &self.ids
     }
 
     /// The data directory.

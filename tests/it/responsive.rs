@@ -44,7 +44,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
                 max_attempts: 3,
                 give_up_after: Duration::from_secs(3 * 86_400),
             };
-            let mut msg = env.into_message(later, &mut rng);
+            let mut msg = env.into_message(later, &mut rng, store.ids());
             msg.record.next_attempt_at_ms = later;
             let s = store.clone();
             tasks.push(tokio::spawn(async move { s.accept(msg).await.unwrap() }));
