@@ -237,11 +237,10 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let (stop_http, http_rx) = watch::channel(false);
 
     let ingress = Arc::new(Ingress::new(
-        store.clone(),
+        deliverer.clone(),
         config.clone(),
         clock.clone(),
         metrics,
-        wake,
         draining.clone(),
     ));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));

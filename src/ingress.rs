@@ -13,18 +13,18 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
-use tokio::sync::Notify;
 
 use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
 use crate::config::Config;
+use crate::delivery::Deliverer;
 use crate::egress::{known_without_dns, EgressPolicy, KnownHost};
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::metrics::Metrics;
 use crate::serve::{self, Body};
 use crate::signing::{self, scope};
-use crate::store::{Accepted, SigningChoice, Store};
+use crate::store::{Accepted, SigningChoice};
 use crate::target::resolve_target;
 
 /// Longest event id accepted from `webhook-id` / `Idempotency-Key`.
@@ -36,11 +36,11 @@ const RETRY_AFTER_SECS: &str = "5";
 
 /// The ingress component.
 pub struct Ingress {
-    store: Arc<Store>,
+    /// Stores each message and starts its delivery.
+    deliverer: Arc<Deliverer>,
     config: Arc<Config>,
     clock: SharedClock,
     metrics: Arc<Metrics>,
-    wake: Arc<Notify>,
     egress: EgressPolicy,
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
@@ -59,11 +59,10 @@ impl Refusal {
 impl Ingress {
     /// Builds the component. `draining` turns true when shutdown starts.
     pub fn new(
-        store: Arc<Store>,
+        deliverer: Arc<Deliverer>,
         config: Arc<Config>,
         clock: SharedClock,
         metrics: Arc<Metrics>,
-        wake: Arc<Notify>,
         draining: Arc<AtomicBool>,
     ) -> Self {
         let egress = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
@@ -74,11 +73,10 @@ impl Ingress {
         );
         Ingress {
             access,
-            store,
+            deliverer,
             config,
             clock,
             metrics,
-            wake,
             egress,
             draining,
         }
@@ -250,12 +248,11 @@ impl Ingress {
             give_up_after: control.give_up_after.unwrap_or(config.retry.give_up_after),
         };
         let now = self.clock.now_ms();
-        let msg = envelope.into_message(now, &mut rand::rng(), self.store.ids());
+        let msg = envelope.into_message(now, &mut rand::rng(), self.deliverer.store.ids());
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        match self.store.accept(msg).await {
+        match self.deliverer.accept(msg).await {
             Ok(Accepted::New) => {
                 self.metrics.accepted();
-                self.wake.notify_one();
                 tracing::debug!(delivery_id = %id, event_id = %event_id, "accepted");
                 Ok(accepted(
                     &id,
@@ -265,7 +262,7 @@ impl Ingress {
             Ok(Accepted::Duplicate { id: first }) => {
                 self.metrics.duplicate();
                 // A point read, but still a store call: off the async workers.
-                let store = self.store.clone();
+                let store = self.deliverer.store.clone();
                 let looked_up = first.clone();
                 let status = match tokio::task::spawn_blocking(move || store.message(&looked_up)).await {
                     Ok(Ok(Some(rec))) => rec.state.as_str(),

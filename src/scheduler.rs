@@ -255,6 +255,12 @@ pub(crate) fn pass_with(
         }
     }
 
+    // Whether due messages were left waiting: until a pass leaves none, new messages
+    // queue behind them instead of starting at accept.
+    let exhausted = matches!(scanned, Ok((ScanEnd::Exhausted { .. }, _)));
+    let waiting = !exhausted || resumed.is_some() || first_left.is_some() || pass.global_full || pass.store_error;
+    d.set_queue_waiting(waiting);
+
     let mut resume = None;
     match scanned {
         Ok((ScanEnd::Exhausted { next_due_ms }, floor)) => {

@@ -21,7 +21,7 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> 
 
 /// Enqueues the alert for a paused endpoint, if `alert_url` is set. The alert endpoint
 /// itself never alerts about itself (that would loop).
-pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
+pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
     let Some(url) = d.config.alert_url.clone() else { return };
     // The alert's own endpoint key is the redacted form of alert_url, so neither
     // `/endpoints` nor a log line shows its path (where chat-style URLs keep their credential).
@@ -42,11 +42,8 @@ pub async fn endpoint_paused(d: &Deliverer, endpoint: &str, rec: &EndpointRecord
         give_up_after: d.config.retry.give_up_after,
     };
     let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.store.ids()));
-    match d.store.accept(msg).await {
-        Ok(Accepted::New) => {
-            d.metrics.accepted();
-            d.wake.notify_one();
-        }
+    match d.accept(msg).await {
+        Ok(Accepted::New) => d.metrics.accepted(),
         Ok(Accepted::Duplicate { .. }) => {}
         Err(e) => {
             tracing::error!(endpoint = %crate::redact::url_for_log(endpoint), error = %e, "storing the pause alert failed")

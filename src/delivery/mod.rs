@@ -5,6 +5,7 @@
 //! and tracked so shutdown can wait for it, then cut it off. Results are recorded by one
 //! result-writer thread that puts every result finished meanwhile into one write.
 
+mod accept;
 pub mod alert;
 pub mod endpoints;
 pub mod host_limiter;
@@ -86,6 +87,10 @@ pub struct Deliverer {
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
+    /// Set while due messages wait in the queue (the scheduler left some, or an accept
+    /// could not start at once): new messages then queue behind them rather than start at
+    /// accept, and a freed permit wakes the scheduler. See `accept`.
+    queue_first: std::sync::atomic::AtomicBool,
     idle: Notify,
     results: results::ResultWriter,
 }
@@ -161,6 +166,7 @@ impl Deliverer {
             persist_lock: Mutex::new(()),
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             in_flight: Mutex::new(HashMap::new()),
+            queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
         }))
     }
@@ -182,17 +188,19 @@ impl Deliverer {
     }
 
     /// Runs one attempt for a claimed message on its own task, holding its permits until
-    /// its result is recorded.
+    /// the receiver has answered.
     pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
         let d = self.clone();
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let inner = tokio::spawn(worker::attempt(d.clone(), claimed));
+        // The attempt gives its permits back as soon as the receiver has answered (the
+        // result write that follows does not occupy the receiver); cut off, it drops them
+        // with its future.
+        let inner = tokio::spawn(worker::attempt(d.clone(), claimed, permit));
         registry.insert(id.clone(), inner.abort_handle());
         drop(registry);
         tokio::spawn(async move {
             let outcome = inner.await;
-            drop(permit);
             if let Err(e) = outcome {
                 // The attempt did not finish (panic, or cut off at shutdown): not the
                 // receiver's failure, so no attempt is counted.
@@ -212,14 +220,14 @@ impl Deliverer {
                 if let Ok(Err(e)) = result {
                     tracing::error!(delivery_id = %id, error = %e, "requeueing an abandoned attempt failed; it is retried after restart");
                 }
+                // Back in the queue, maybe due before the scheduler's next wake-up.
+                d.wake.notify_one();
             }
             let mut registry = d.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             registry.remove(&id);
             if registry.is_empty() {
                 d.idle.notify_waiters();
             }
-            drop(registry);
-            d.wake.notify_one();
         });
     }
 

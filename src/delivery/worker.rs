@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::endpoints::{EndpointChange, StreakEvent};
-use super::{Deliverer, SELF_FAILURE_DELAY};
+use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
@@ -89,18 +89,24 @@ fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> R
 }
 
 /// Runs one attempt of a claimed message.
-pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
+///
+/// `permit` is given back the moment the receiver has answered (or the send failed): the
+/// host's cap limits requests at the receiver, and the result write that follows may wait
+/// behind other writes' fsync without holding a receiver slot.
+pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit) {
     let Claimed { record: rec, payload } = claimed;
     let rec = &rec;
     let started_ms = d.clock.now_ms();
     let req = match build(&d, rec, payload, started_ms) {
         Ok(req) => req,
         Err(e) => {
+            drop(permit);
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
             let (store, id) = (d.store.clone(), rec.id.clone());
             let due = started_ms + SELF_FAILURE_DELAY.as_millis() as u64;
             let _ = tokio::task::spawn_blocking(move || store.release(&id, due)).await;
+            d.wake.notify_one();
             return;
         }
     };
@@ -113,6 +119,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
     drop(counted);
+    d.permit_returned(permit);
 
     let (result, status, error) = match &sent {
         Ok(resp) => (
@@ -163,6 +170,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed) {
                 tokio::time::sleep(d.result_retry()).await;
             }
         }
+    }
+
+    if let Transition::RetryAt(_) = transition {
+        // A new due entry, maybe earlier than the scheduler's next wake-up.
+        d.wake.notify_one();
     }
 
     let outcome = match (&result, status.map(classify)) {

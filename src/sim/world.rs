@@ -315,12 +315,15 @@ impl World {
             msgs.push(env.into_message(now, &mut self.rng, store.ids()));
         }
         let ids: Vec<String> = msgs.iter().map(|m| m.record.id.clone()).collect();
+        let d = self.node().d.clone();
         let answers = self.node().rt.block_on(async move {
             let tasks: Vec<_> = msgs
                 .into_iter()
                 .map(|m| {
-                    let s = store.clone();
-                    tokio::spawn(async move { s.accept(m).await })
+                    // Through delivery's accept, as ingress does: a message may start at
+                    // accept, written already claimed.
+                    let d = d.clone();
+                    tokio::spawn(async move { d.accept(m).await })
                 })
                 .collect();
             let mut out = Vec::new();

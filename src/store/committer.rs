@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::codec::{MessageRecord, Routing};
 use super::floor::DueFloor;
-use super::{keys, Accepted, CounterDeltas, Faults, NewMessage, StoreError};
+use super::{keys, Accepted, CounterDeltas, Faults, StoreError};
 use crate::batcher::Batcher;
 use crate::model::State;
 
@@ -57,13 +57,14 @@ impl Committer {
         Committer { batcher }
     }
 
-    /// Queues an accept and waits until it is durable (or refused).
-    pub(super) async fn submit(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
+    /// Queues an accept (its record, and its payload already encoded) and waits until it
+    /// is durable (or refused).
+    pub(super) async fn submit(&self, record: MessageRecord, payload_bytes: Vec<u8>) -> Result<Accepted, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            record_bytes: msg.record.encode(),
-            payload_bytes: msg.payload.encode(),
-            record: msg.record,
+            record_bytes: record.encode(),
+            payload_bytes,
+            record,
             reply,
         };
         if !self.batcher.send(job).await {
@@ -116,19 +117,24 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
             }
         }
         let id = rec.id.as_str();
-        let routing = Routing {
-            host: rec.host.clone(),
-            endpoint: rec.endpoint.clone(),
-        };
         batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), &job.record_bytes);
         batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
-        min_due = min_due.min(rec.next_attempt_at_ms);
-        batch.put_cf(
-            cf(keys::DUE),
-            keys::time_key(rec.next_attempt_at_ms, id),
-            routing.encode(),
-        );
-        batch.put_cf(cf(keys::STATES), keys::state_key(State::Pending.to_byte(), id), []);
+        // A message claimed at accept (its first attempt starts once this write is durable)
+        // is stored in flight with no due entry, as a claim would leave it; a crash before
+        // its result puts it back in the queue like any other attempt in flight.
+        if rec.state == State::Pending {
+            let routing = Routing {
+                host: rec.host.clone(),
+                endpoint: rec.endpoint.clone(),
+            };
+            min_due = min_due.min(rec.next_attempt_at_ms);
+            batch.put_cf(
+                cf(keys::DUE),
+                keys::time_key(rec.next_attempt_at_ms, id),
+                routing.encode(),
+            );
+        }
+        batch.put_cf(cf(keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());
         counters.add(keys::COUNT_OPEN, 1);
         counters.add(&keys::endpoint_open_key(&rec.endpoint), 1);
@@ -142,7 +148,9 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
     match write(batch) {
         Ok(()) => {
             // Only now are the entries visible: report them to the scheduler's floor.
-            due_floor.wrote(min_due);
+            if min_due != u64::MAX {
+                due_floor.wrote(min_due);
+            }
             for reply in stored {
                 let _ = reply.send(Ok(Accepted::New));
             }
@@ -166,6 +174,7 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
 mod tests {
     use super::*;
     use crate::store::tests::message;
+    use crate::store::NewMessage;
     use crate::store::{Store, StoreOptions};
 
     fn job(msg: NewMessage) -> (Job, oneshot::Receiver<Result<Accepted, StoreError>>) {

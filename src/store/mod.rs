@@ -387,7 +387,23 @@ impl Store {
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
     /// accepts), unless one with the same event id and target exists.
     pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        self.committer.submit(msg).await
+        let payload = msg.payload.encode();
+        self.committer.submit(msg.record, payload).await
+    }
+
+    /// [`Store::accept`] for a message whose first attempt starts the moment it is durable:
+    /// it is written already claimed (in flight, no due entry), so no scan, claim read or
+    /// claim write stands between its 202 and its attempt. Answers the claimed message to
+    /// run when it was new; a duplicate stores nothing and claims nothing.
+    pub async fn accept_claimed(&self, mut msg: NewMessage) -> Result<(Accepted, Option<Claimed>), StoreError> {
+        msg.record.state = State::InFlight;
+        let encoded = msg.payload.encode();
+        let accepted = self.committer.submit(msg.record.clone(), encoded).await?;
+        let claimed = (accepted == Accepted::New).then_some(Claimed {
+            record: msg.record,
+            payload: msg.payload,
+        });
+        Ok((accepted, claimed))
     }
 
     /// Reads a message record.

@@ -1,0 +1,74 @@
+//! Accepting a message, and starting its first attempt at once when nothing stands in the
+//! way.
+//!
+//! The plain path to a first attempt is: the accept's synced write puts the message in the
+//! due queue; the scheduler, woken, walks the queue, reads the record and the payload back,
+//! and claims the message with a second write; then the attempt runs. When the message's
+//! endpoint is active with a token to spare, its host and courier have a free attempt
+//! permit, and no older message is waiting in the queue, every step of that is known to
+//! succeed before the accept is even written. So the permit is taken first, the message is
+//! written already claimed (in flight, no due entry) in the accept's own synced write, and
+//! the attempt starts from the record and payload still in memory. Nothing is acknowledged
+//! earlier than before (the 202 still waits for the same fsync), and a crash leaves the
+//! message in flight on disk, which startup puts back in the queue like any other attempt
+//! that was cut off.
+//!
+//! "No older message waiting" keeps the fast path from overtaking a backlog: once a message
+//! had to go to the queue (a busy host, an endpoint out of tokens, all permits taken), new
+//! messages follow it there until a scheduler pass finds nothing left waiting.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{AttemptPermit, Deliverer};
+use crate::store::{Accepted, MessageRecord, NewMessage, StoreError};
+
+impl Deliverer {
+    /// Stores a new message durably; when its first attempt can start now, it is written
+    /// claimed and that attempt is started. Answers as [`crate::store::Store::accept`].
+    pub async fn accept(self: &Arc<Self>, msg: NewMessage) -> Result<Accepted, StoreError> {
+        let Some(permit) = self.start_at_accept(&msg.record) else {
+            let accepted = self.store.accept(msg).await?;
+            if accepted == Accepted::New {
+                self.wake.notify_one();
+            }
+            return Ok(accepted);
+        };
+        let (accepted, claimed) = self.store.accept_claimed(msg).await?;
+        if let Some(claimed) = claimed {
+            self.dispatch(claimed, permit);
+        }
+        Ok(accepted)
+    }
+
+    /// The permits for a new message's first attempt, if it can start the moment it is
+    /// durable. `None` sends it through the due queue.
+    fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
+        if self.queue_first.load(Ordering::Acquire) || self.endpoints.is_paused(&rec.endpoint) {
+            return None;
+        }
+        let taken = self
+            .attempt_permit(&rec.host)
+            .ok()
+            .filter(|_| self.endpoints.try_rate(&rec.endpoint, self.clock.now_ms()).is_ok());
+        if taken.is_none() {
+            // This one waits in the queue: later ones must not overtake it.
+            self.queue_first.store(true, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Gives an attempt's permits back; the scheduler is woken only when messages wait
+    /// for them.
+    pub(super) fn permit_returned(&self, permit: AttemptPermit) {
+        drop(permit);
+        if self.queue_first.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Told by the scheduler after each pass whether due messages were left waiting.
+    pub(crate) fn set_queue_waiting(&self, waiting: bool) {
+        self.queue_first.store(waiting, Ordering::Release);
+    }
+}
