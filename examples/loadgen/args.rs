@@ -1,0 +1,113 @@
+//! Command-line flags and the sizes and durations they select.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Command-line flags.
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Benchmark courier against same-run baselines")]
+pub struct Args {
+    /// A shorter run: 3 s per point and a 20,000-message backlog.
+    #[arg(long)]
+    pub quick: bool,
+    /// A seconds-long run of every scenario at tiny scale; asserts nothing about speed.
+    #[arg(long, conflicts_with = "quick")]
+    pub smoke: bool,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "bench-results.json")]
+    pub json: PathBuf,
+    /// The courier binary (default: `courier` next to this executable).
+    #[arg(long)]
+    pub courier: Option<PathBuf>,
+    /// Messages accepted in the backlog scenario (default 1,000,000; 20,000 with --quick).
+    #[arg(long)]
+    pub backlog: Option<u64>,
+    /// Seconds measured per throughput point (default 10; 3 with --quick).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Connection counts for the ingest points.
+    #[arg(long, value_delimiter = ',')]
+    pub conns: Option<Vec<usize>>,
+    /// Per-host in-flight cap given to courier.
+    #[arg(long, default_value_t = 64)]
+    pub max_in_flight: u32,
+    /// Only the ack-latency scenario, at this many requests per second (receiver up), with
+    /// baseline (a) at the same rate: for tuning the tail without the whole run.
+    #[arg(long)]
+    pub ack_only: Option<f64>,
+    /// Only the sustainable-rate scenarios: courier, (f) and nginx searched, latency at 50%
+    /// and 90% of courier's rate, CPU per delivered message (for tuning delivery).
+    #[arg(long, conflicts_with = "ack_only")]
+    pub sustain_only: bool,
+    /// Internal: serve baseline (a) and print its port.
+    #[arg(long, hide = true)]
+    pub serve_baseline: bool,
+    /// Internal: serve baseline (d) (bodies group-committed to a file in this dir) and
+    /// print its port.
+    #[arg(long, hide = true)]
+    pub serve_durable_baseline: Option<PathBuf>,
+    /// Internal: with `--serve-durable-baseline`, commit to RocksDB (baseline (e)).
+    #[arg(long, hide = true)]
+    pub rocksdb: bool,
+    /// Internal: serve baseline (f), a forwarding proxy to this receiver, and print its port.
+    #[arg(long, hide = true)]
+    pub serve_forward_baseline: Option<SocketAddr>,
+}
+
+/// Sizes and durations of one run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub mode: &'static str,
+    pub conns: Vec<usize>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub idle_samples: usize,
+    pub backlog: u64,
+    pub cpu_window: Duration,
+    pub drain_timeout: Duration,
+    /// Sustainable-rate probes: the measured window of each (30 s full, 10 s quick, 0.5 s
+    /// smoke, which must keep the whole smoke run near 15 s) and the warm-up before it.
+    pub sustain_window: Duration,
+    pub sustain_warmup: Duration,
+    /// At most this many probes per searched server.
+    pub sustain_probes: usize,
+    /// The short closed loop whose deliveries/s are a search's first guess.
+    pub short_window: Duration,
+}
+
+impl Plan {
+    pub fn from(args: &Args) -> Plan {
+        let (mode, conns, warmup, duration, idle, backlog, cpu) = if args.smoke {
+            ("smoke", vec![4], 0.1, 0.3, 5, 200, 0.5)
+        } else if args.quick {
+            ("quick", vec![16, 64, 256], 1.0, 3.0, 100, 20_000, 5.0)
+        } else {
+            ("full", vec![16, 64, 256], 2.0, 10.0, 300, 1_000_000, 5.0)
+        };
+        // (window, warm-up, probes, short window) of the sustainable-rate search.
+        let (sw, swarm, probes, short) = if args.smoke {
+            (0.5, 0.0, 2, 0.3)
+        } else if args.quick {
+            (10.0, 0.2, 6, 1.0)
+        } else {
+            (30.0, 2.0, 8, 2.0)
+        };
+        Plan {
+            mode,
+            conns: args.conns.clone().unwrap_or(conns),
+            warmup: Duration::from_secs_f64(warmup),
+            duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+            idle_samples: idle,
+            backlog: args.backlog.unwrap_or(backlog),
+            cpu_window: Duration::from_secs_f64(cpu),
+            drain_timeout: Duration::from_secs(if args.smoke { 30 } else { 3600 }),
+            sustain_window: Duration::from_secs_f64(sw),
+            sustain_warmup: Duration::from_secs_f64(swarm),
+            sustain_probes: probes,
+            short_window: Duration::from_secs_f64(short),
+        }
+    }
+}

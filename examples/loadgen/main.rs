@@ -1,0 +1,126 @@
+//! A reproducible benchmark of courier against baselines measured in the same run.
+//!
+//! ```text
+//! cargo build --release --bin courier
+//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only] [--json out.json] [--backlog N]
+//! ```
+//!
+//! It starts the release `courier` binary (found next to this executable, or `--courier PATH`)
+//! on temporary data dirs with loopback delivery allowed, a fast receiver (hyper, answers 200)
+//! inside this process, and measures:
+//!
+//! - baselines: (a) a minimal hyper server answering 202 with no persistence, in a child
+//!   process (this binary re-executed with `--serve-baseline`) — the network and HTTP limit;
+//!   (b) RocksDB's own `sync = true` write rate for courier's per-message record set, with N
+//!   threads each writing single records (RocksDB's group commit) and with one thread writing
+//!   batches of N; (c) a direct POST to the receiver with no proxy in between; (d) and (e)
+//!   durable 202s (group-committed fdatasync, RocksDB); (f) a non-durable forwarding proxy
+//!   that answers 202 once the receiver answered; and nginx as a peer proxy when installed;
+//! - ingest (202/s, closed loop, N keep-alive connections each sending back-to-back 1 KiB
+//!   JSON POSTs) with the receiver down (a dead port) and up;
+//! - ack latency at 25% of the measured maximum (open loop: sends are scheduled at fixed
+//!   intervals and latency counts from the scheduled time, so a stall is not hidden by the
+//!   sender waiting for it — no coordinated omission);
+//! - end to end: 202 → receiver latency idle (one message at a time) and under load, and
+//!   deliveries/s;
+//! - sustainable rate: the highest open-loop rate whose scheduled-send → receiver p99 stays
+//!   within 100 ms with under one second of backlog, for courier, (f) and nginx; latency at
+//!   50% and 90% of it; courier's CPU per delivered message;
+//! - backlog: N messages accepted for a paused endpoint, then RSS, data-dir size, CPU while
+//!   nothing is due, restart-to-ready after kill -9, and the drain rate once resumed.
+//!
+//! It prints one table (each figure with its ratio to a baseline of the same run) and writes
+//! the numbers as JSON (`--json`, default `bench-results.json`). `--smoke` runs every scenario
+//! at a tiny scale in seconds and asserts only that each one worked (for CI).
+//!
+//! Modules: [`args`] (flags and run sizes), [`load`] (closed and open loops, pacing),
+//! [`receiver`], [`courier`] (the courier process and `/proc` readings), [`baselines`] and
+//! [`nginx`] (the servers compared with), [`report`], and one module per group of scenarios:
+//! [`run`], [`e2e`], [`sustain`] (with [`probe`]) and [`backlog`].
+
+mod args;
+mod backlog;
+mod baselines;
+mod courier;
+mod e2e;
+mod load;
+mod nginx;
+mod probe;
+mod receiver;
+mod report;
+mod run;
+mod sustain;
+
+use bytes::Bytes;
+use clap::Parser;
+
+use crate::args::Args;
+
+/// A failure of the benchmark itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Msg(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("http: {0}")]
+    Hyper(#[from] hyper::Error),
+    #[error("http: {0}")]
+    Http(#[from] http::Error),
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+}
+
+/// A benchmark failure with a message.
+pub fn err(s: impl Into<String>) -> Error {
+    Error::Msg(s.into())
+}
+
+/// The benchmark's result type.
+pub type Res<T> = Result<T, Error>;
+
+/// Awaits a spawned task, turning a panic or cancellation into an [`Error`].
+pub async fn joined<T>(h: tokio::task::JoinHandle<T>) -> Res<T> {
+    h.await.map_err(|e| err(e.to_string()))
+}
+
+/// The 1 KiB JSON body every POST carries.
+pub fn body_1k() -> Bytes {
+    let head = r#"{"type":"invoice.paid","data":{"customer":"cus_0001","amount":4200,"currency":"eur"},"pad":""#;
+    let tail = r#""}"#;
+    let pad = 1024 - head.len() - tail.len();
+    let mut s = String::with_capacity(1024);
+    s.push_str(head);
+    s.extend(std::iter::repeat_n('x', pad));
+    s.push_str(tail);
+    assert_eq!(s.len(), 1024);
+    Bytes::from(s)
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = if args.serve_baseline {
+        rt.block_on(baselines::serve_baseline())
+    } else if let Some(dir) = args.serve_durable_baseline.clone() {
+        rt.block_on(baselines::serve_durable_baseline(dir, args.rocksdb))
+    } else if let Some(receiver) = args.serve_forward_baseline {
+        rt.block_on(baselines::serve_forward_baseline(receiver))
+    } else if let Some(rate) = args.ack_only {
+        rt.block_on(e2e::ack_only(args, rate))
+    } else if args.sustain_only {
+        rt.block_on(run::sustain_only(args))
+    } else {
+        rt.block_on(run::run(args))
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
