@@ -79,6 +79,7 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The sizes of `--smoke`, `--quick` or a full run, with the flags' overrides.
     pub fn from(args: &Args) -> Plan {
         let (mode, conns, warmup, duration, idle, backlog, cpu) = if args.smoke {
             ("smoke", vec![4], 0.1, 0.3, 5, 200, 0.5)

@@ -160,6 +160,7 @@ impl Courier {
         Ok((c, took))
     }
 
+    /// The process id (for `/proc` readings).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -180,11 +181,13 @@ impl Courier {
         }
     }
 
+    /// Kills it with SIGKILL (as `kill -9`) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
+    /// The first few WARN or ERROR lines of its log.
     pub fn warnings(&self) -> Vec<String> {
         let l = self.log.lock().unwrap();
         l.iter()

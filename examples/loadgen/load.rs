@@ -31,6 +31,7 @@ pub struct Lat {
 }
 
 impl Lat {
+    /// The percentiles of `us` (microseconds); all zero when empty.
     pub fn of(mut us: Vec<i64>) -> Lat {
         if us.is_empty() {
             return Lat::default();
@@ -47,6 +48,7 @@ impl Lat {
         }
     }
 
+    /// As JSON, in milliseconds.
     pub fn json(&self) -> Value {
         json!({"n": self.n, "p50_ms": self.p50, "p90_ms": self.p90, "p99_ms": self.p99,
                "p999_ms": self.p999, "max_ms": self.max})
@@ -59,6 +61,7 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Connects (`TCP_NODELAY`) and completes the HTTP/1.1 handshake.
     pub async fn open(addr: SocketAddr) -> Res<Conn> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
@@ -91,6 +94,7 @@ pub struct Target {
 }
 
 impl Target {
+    /// The next request, with a fresh event id; returns the id's number with it.
     pub fn request(&self) -> Res<(u64, Request<Full<Bytes>>)> {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let req = Request::builder()
@@ -120,10 +124,12 @@ pub struct LoadResult {
 }
 
 impl LoadResult {
+    /// 2xx answers per second in the window.
     pub fn rate(&self) -> f64 {
         self.accepted as f64 / self.secs.max(1e-9)
     }
 
+    /// Adds one connection's counts and samples to the total.
     fn merge(&mut self, o: LoadResult) {
         self.accepted += o.accepted;
         self.failed += o.failed;
@@ -237,6 +243,7 @@ impl Schedule {
         }
     }
 
+    /// Time between two scheduled sends.
     pub fn interval(&self) -> Duration {
         Duration::from_secs_f64(1.0 / self.rate.max(1.0))
     }

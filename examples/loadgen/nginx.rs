@@ -20,6 +20,7 @@ pub struct Nginx {
 }
 
 impl Nginx {
+    /// The process id (the only nginx process: no master).
     pub fn pid(&self) -> u32 {
         self.child.0.id()
     }

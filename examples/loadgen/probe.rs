@@ -83,6 +83,7 @@ impl Probe {
         }
     }
 
+    /// As JSON (latencies in milliseconds).
     pub fn json(&self) -> Value {
         json!({"rate": self.rate, "ok": self.ok, "aborted": self.aborted, "sent": self.sent, "lost": self.lost,
                "failed": self.failed, "backlog": self.backlog, "delivered_in_window": self.delivered,

@@ -70,6 +70,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// An empty tracker for messages late after `bound`.
     pub fn new(bound: Duration) -> Arc<Tracker> {
         Arc::new(Tracker {
             due: Mutex::new(HashMap::new()),
@@ -105,6 +106,7 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// Listens on a free loopback port and serves in the background.
     pub async fn start() -> Res<Arc<Receiver>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let r = Arc::new(Receiver {

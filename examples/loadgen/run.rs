@@ -43,6 +43,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// Sizes the run, finds courier, makes the temp dir and starts the receiver.
     pub async fn new(args: Args) -> Res<Ctx> {
         let plan = Plan::from(&args);
         let bin = courier_bin(&args)?;

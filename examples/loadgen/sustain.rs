@@ -56,6 +56,7 @@ impl Drop for Live {
 }
 
 impl Subject {
+    /// Ready for a probe: a courier is started on data dir `data-sustain-<tag>`.
     async fn up(&self, cx: &Ctx, tag: &str) -> Res<Live> {
         match self {
             Subject::Fixed { addr, pid } => Ok(Live {
@@ -89,6 +90,7 @@ struct Search {
 }
 
 impl Search {
+    /// The rate for the table, marked `>=` or `<` when the search did not bracket it.
     fn show(&self) -> String {
         match (self.rate > 0.0, self.unbounded) {
             (true, false) => per_s(self.rate),
@@ -100,6 +102,7 @@ impl Search {
         }
     }
 
+    /// As JSON, every probe included.
     fn json(&self) -> Value {
         json!({"rate": self.rate, "lower_bound_only": self.unbounded, "guess": self.guess,
                "probes": self.probes.iter().map(Probe::json).collect::<Vec<_>>()})
