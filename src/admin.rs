@@ -191,7 +191,8 @@ impl Admin {
     }
 
     fn show(&self, id: &str) -> Response<Body> {
-        match (self.d.store.message(id), self.d.store.history(id)) {
+        let shown = self.d.store.message(id).map(|r| r.map(|r| self.d.store.shown(r)));
+        match (shown, self.d.store.history(id)) {
             (Ok(Some(rec)), Ok(history)) => serve::json(
                 StatusCode::OK,
                 &delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref()),

@@ -27,6 +27,7 @@ use crate::egress::EgressPolicy;
 use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
+use crate::priority::DeliveryRuntime;
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, ServeLimits};
@@ -82,6 +83,9 @@ pub enum AppError {
         /// Why.
         source: std::io::Error,
     },
+    /// Delivery's runtime could not be started.
+    #[error("cannot start the delivery runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -206,6 +210,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     };
     let metrics = Arc::new(Metrics::default());
     let wake = Arc::new(Notify::new());
+    let delivery_rt = DeliveryRuntime::start().map_err(AppError::Runtime)?;
     let deliverer = Deliverer::new(DelivererParts {
         store: store.clone(),
         transport,
@@ -214,6 +219,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         metrics: metrics.clone(),
         wake: wake.clone(),
         rng,
+        runtime: delivery_rt.handle(),
     })?;
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an
@@ -263,7 +269,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         limits.admin.clone(),
         http_rx,
     ));
-    let scheduler_task = tokio::spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
+    let scheduler_task = delivery_rt
+        .handle()
+        .spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
     let d = deliverer.clone();
     let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || match d.expire_endpoints() {
         Ok(n) if n > 0 => tracing::info!(
@@ -328,6 +336,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         }
         let s = store.clone();
         let _ = tokio::task::spawn_blocking(move || s.close()).await;
+        drop(delivery_rt);
         tracing::info!("stopped");
     });
     Ok(Running {

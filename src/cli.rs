@@ -119,7 +119,13 @@ fn serve(global: &GlobalArgs) -> ExitCode {
         }
     };
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The main runtime serves ingress (and admin): below delivery's priority, which runs
+    // on a runtime of its own (see `priority`).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_start(crate::priority::lower_current_thread)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("courier: cannot start the runtime: {e}");

@@ -44,6 +44,7 @@ pub mod model;
 pub mod operator;
 pub mod ops;
 pub mod policy;
+pub mod priority;
 pub mod redact;
 pub mod resolver;
 pub mod retention;

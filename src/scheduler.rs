@@ -2,19 +2,19 @@
 //!
 //! It walks the store's due index from the due floor (never the whole queue: the walk stops
 //! at the first entry that is not yet due, or after a budget), and for each due message
-//! checks, in order: is its endpoint paused (then park it), is its host at its in-flight cap
-//! (skip the host for this pass), is there a rate-limit token for its endpoint (else skip the
-//! endpoint until the next token; no attempt is counted). Messages that pass all three are
-//! claimed together in one store write, each with its host permit already in hand, and
-//! dispatched.
+//! checks, in order: is it leased (its attempt is running: pass over it), is its endpoint
+//! paused (then park it), is its host at its in-flight cap (skip the host for this pass), is
+//! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
+//! attempt is counted). Messages that pass all of them are leased together (reads only, no
+//! write: see `store::lease`), each with its host permit already in hand, and dispatched.
 //!
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
 //! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
 //! next pass continues from there, so other hosts' messages behind a blocked backlog are
 //! reached, and no wake-up pays for re-reading the whole blocked run.
 //!
-//! A pass runs on a blocking thread: its store writes wait behind the accepts' fsync, which
-//! must not hold up the async workers that serve ingress.
+//! A pass runs on a blocking thread: it reads the store, and its park writes wait behind the
+//! accepts' fsync, neither of which may hold up the async workers that serve ingress.
 //!
 //! Between passes it sleeps until the earliest of: the next due time, the next rate-limit
 //! token it waited for, or a wake-up (an accept, a finished attempt freeing a permit, a
@@ -31,7 +31,7 @@ use crate::store::{DueEntry, ScanEnd, ScanStep};
 
 /// Most due entries one pass looks at.
 pub const SCAN_BUDGET: usize = 4096;
-/// Most messages one pass claims (in one store write).
+/// Most messages one pass leases.
 pub const CLAIM_BATCH: usize = 256;
 /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
 pub const SKIP_RUN: usize = 256;
@@ -165,7 +165,9 @@ pub(crate) fn pass_with(
             return ScanStep::Stop;
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
-        let dispatchable = if d.endpoints.is_paused(endpoint) {
+        let dispatchable = if d.store.is_leased(&entry.id) {
+            true // its attempt is running: consumed, and nothing to do
+        } else if d.endpoints.is_paused(endpoint) {
             to_park.push(entry);
             true // consumed: parked below
         } else if full_hosts.contains(host) || limited.contains(endpoint) {
@@ -229,9 +231,9 @@ pub(crate) fn pass_with(
             }
         }
     }
-    // Claim everything ready in one write, then dispatch with the permits in hand.
+    // Lease everything ready (reads, no write), then dispatch with the permits in hand.
     if !ready.is_empty() {
-        match d.store.claim_many(&ready) {
+        match d.store.lease_many(&ready) {
             Ok(claims) => {
                 for (permit, claimed) in permits.into_iter().zip(claims) {
                     match claimed {

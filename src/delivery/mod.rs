@@ -87,6 +87,8 @@ pub struct Deliverer {
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
+    /// Where attempts are spawned, whichever runtime their message was accepted on.
+    runtime: tokio::runtime::Handle,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -117,6 +119,9 @@ pub struct DelivererParts {
     pub wake: Arc<Notify>,
     /// Randomness for jitter (seeded in tests).
     pub rng: StdRng,
+    /// Where attempts run: courier gives delivery a runtime of its own (see `priority`);
+    /// tests pass the one they run on.
+    pub runtime: tokio::runtime::Handle,
 }
 
 impl Deliverer {
@@ -166,6 +171,7 @@ impl Deliverer {
             persist_lock: Mutex::new(()),
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             in_flight: Mutex::new(HashMap::new()),
+            runtime: parts.runtime,
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
         }))
@@ -196,10 +202,10 @@ impl Deliverer {
         // The attempt gives its permits back as soon as the receiver has answered (the
         // result write that follows does not occupy the receiver); cut off, it drops them
         // with its future.
-        let inner = tokio::spawn(worker::attempt(d.clone(), claimed, permit));
+        let inner = self.runtime.spawn(worker::attempt(d.clone(), claimed, permit));
         registry.insert(id.clone(), inner.abort_handle());
         drop(registry);
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let outcome = inner.await;
             if let Err(e) = outcome {
                 // The attempt did not finish (panic, or cut off at shutdown): not the

@@ -150,6 +150,7 @@ impl Harness {
             metrics: Arc::new(Metrics::default()),
             wake: Arc::new(Notify::new()),
             rng: rand::rngs::StdRng::seed_from_u64(42),
+            runtime: tokio::runtime::Handle::current(),
         })
         .unwrap()
     }
@@ -210,8 +211,10 @@ impl Harness {
         .expect("the scheduler ran a pass");
     }
 
+    /// The record as readers see it (a leased message is in flight).
     fn record(&self, id: &str) -> MessageRecord {
-        self.d.store.message(id).unwrap().unwrap()
+        let store = &self.d.store;
+        store.shown(store.message(id).unwrap().unwrap())
     }
 
     /// Waits until the message's stored record satisfies `pred` (the worker records

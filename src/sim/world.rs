@@ -181,6 +181,7 @@ impl World {
                 metrics: Arc::new(Metrics::default()),
                 wake: Arc::new(tokio::sync::Notify::new()),
                 rng: StdRng::seed_from_u64(self.rng.random()),
+                runtime: rt.handle().clone(),
             })
             .expect("delivery context")
         };

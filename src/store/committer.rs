@@ -45,7 +45,9 @@ impl Committer {
     ) -> Committer {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
-        let batcher = Batcher::start("courier-commit", QUEUE, MAX_BATCH, move |jobs| {
+        // The commit thread works for ingest: it runs at ingest's priority (see `priority`).
+        let lower = crate::priority::lower_current_thread;
+        let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
             let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
             commit(&db, &due_floor, jobs, |batch| {
                 if faults.take(&faults.fail_accepts) {

@@ -56,6 +56,7 @@ impl Store {
             out.push(staged);
         }
         if !out.iter().any(|r| matches!(r, Ok(Some(_)))) {
+            self.end_leases(items);
             return out;
         }
         counters.write_into(&mut b, self.cf(keys::META));
@@ -71,7 +72,16 @@ impl Store {
         if min_retry != u64::MAX {
             self.due_floor.wrote(min_retry);
         }
+        // Only now, with the stripes still held: the scheduler must not lease a message
+        // again before its result is visible.
+        self.end_leases(items);
         out
+    }
+
+    fn end_leases(&self, items: &[FinishedAttempt]) {
+        for item in items {
+            self.leases.remove(&item.id);
+        }
     }
 
     /// Adds one finished attempt's writes to `b`; the caller holds the id's stripe.
@@ -91,10 +101,17 @@ impl Store {
         let Some(mut rec) = self.message(id)? else {
             return Ok(None);
         };
-        if rec.state != State::InFlight {
+        // In flight on disk (claimed at accept), or pending on disk and leased (claimed by
+        // the scheduler): its due entry goes with this write.
+        let from = match rec.state {
+            State::InFlight => State::InFlight,
+            State::Pending if self.leases.contains(id) => {
+                b.delete_cf(self.cf(keys::DUE), Store::leased_due_key(&rec));
+                State::Pending
+            }
             // Deleted and re-created, or released by recovery: this attempt's result is stale.
-            return Ok(None);
-        }
+            _ => return Ok(None),
+        };
         rec.attempts += 1;
         rec.history_len += 1;
         rec.last_status = attempt.status;
@@ -109,7 +126,9 @@ impl Store {
                 rec.state = State::Pending;
                 rec.next_attempt_at_ms = at;
                 self.enqueue(b, &rec);
-                self.move_state(b, id, State::InFlight, State::Pending);
+                if from != State::Pending {
+                    self.move_state(b, id, from, State::Pending);
+                }
             }
             Transition::Delivered | Transition::Dead(_) => {
                 let (state, counter) = match *transition {
@@ -122,7 +141,7 @@ impl Store {
                 rec.state = state;
                 rec.next_attempt_at_ms = 0;
                 rec.finished_at_ms = now_ms;
-                self.move_state(b, id, State::InFlight, state);
+                self.move_state(b, id, from, state);
                 b.put_cf(
                     self.cf(keys::EXPIRY),
                     keys::time_key(now_ms.saturating_add(self.retention_of(state)), id),
@@ -141,19 +160,35 @@ impl Store {
     /// attempt: for failures of courier itself, and for rate-limit or shutdown hand-backs.
     pub fn release(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
         let _g = self.lock(id);
+        let leased = self.leases.contains(id);
         let Some(mut rec) = self.message(id)? else {
+            self.leases.remove(id);
             return Ok(false);
         };
-        if rec.state != State::InFlight {
-            return Ok(false);
+        let mut b = WriteBatch::default();
+        match rec.state {
+            State::InFlight => self.move_state(&mut b, id, State::InFlight, State::Pending),
+            State::Pending if leased => {
+                if rec.next_attempt_at_ms == due_ms {
+                    // Still in the queue where it was: ending the lease is the release. The
+                    // scheduler's floor may have passed the entry while it was leased.
+                    self.leases.remove(id);
+                    self.due_floor.wrote(due_ms);
+                    return Ok(true);
+                }
+                b.delete_cf(self.cf(keys::DUE), Store::leased_due_key(&rec));
+            }
+            _ => {
+                self.leases.remove(id);
+                return Ok(false);
+            }
         }
         rec.state = State::Pending;
         rec.next_attempt_at_ms = due_ms;
-        let mut b = WriteBatch::default();
         self.enqueue(&mut b, &rec);
-        self.move_state(&mut b, id, State::InFlight, State::Pending);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         self.write(b)?;
+        self.leases.remove(id);
         self.due_floor.wrote(due_ms);
         Ok(true)
     }

@@ -84,6 +84,7 @@ impl Store {
             },
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
             ids: Default::default(),
+            leases: Default::default(),
             faults,
             counter_gate,
             options,

@@ -51,6 +51,7 @@ mod expiry;
 mod finish;
 mod floor;
 pub mod keys;
+mod lease;
 mod lifecycle;
 mod operator;
 mod parking;
@@ -317,6 +318,8 @@ pub struct Store {
     operator_syncs: std::sync::atomic::AtomicU64,
     /// Delivery ids for everything accepted into this store, in acceptance order.
     ids: crate::model::IdSeq,
+    /// Messages the scheduler took for an attempt (see `lease`).
+    leases: lease::Leases,
     /// Writes a test has asked to fail.
     faults: Arc<Faults>,
     options: StoreOptions,

@@ -137,6 +137,9 @@ impl Store {
     /// bound on how far one page looks, so a page may be short and still carry a cursor.
     pub fn list(&self, filter: &ListFilter, limit: usize, cursor: Option<&str>) -> Result<Page, StoreError> {
         let limit = limit.clamp(1, 1000);
+        if filter.state == Some(State::InFlight) {
+            return self.list_in_flight(filter, limit, cursor);
+        }
         let budget = limit * 20 + 1000;
         let (cf, prefix): (&str, Vec<u8>) = match filter.state {
             Some(s) => (keys::STATES, vec![s.to_byte()]),
@@ -163,7 +166,8 @@ impl Store {
             } else {
                 Some(decode_message(&id, it.value().unwrap_or_default())?)
             };
-            if let Some(rec) = rec.filter(|r| filter.matches(r)) {
+            // Shown as readers see it: a leased message is in flight, not pending.
+            if let Some(rec) = rec.map(|r| self.shown(r)).filter(|r| filter.matches(r)) {
                 page.items.push(rec);
                 if page.items.len() >= limit {
                     it.next();

@@ -1,0 +1,86 @@
+//! Delivery's share of the CPU: ingress runs at a lower OS priority than delivery.
+//!
+//! Ingest and delivery compete for the same cores. Left to themselves, ingest wins under
+//! overload: hundreds of connections' worth of ready tasks against a few dozen attempts, so
+//! the harder an app pushes the less courier delivers, and the backlog and the latency
+//! grow without bound while the receiver is fast and idle. Delivery therefore runs on a
+//! runtime of its own (see `app`), and the threads that serve ingest (the main runtime and
+//! the accept committer) lower their own priority by [`INGRESS_NICE`]. When the CPU is
+//! free this changes nothing; when it is contended, the kernel gives delivery threads about
+//! three times the share of ingest threads, so delivery keeps pace and the app's 202s slow
+//! instead (backpressure), which is the only stable answer to sustained overload. A slow or
+//! failing receiver costs delivery little CPU, so it never slows ingest this way.
+//!
+//! Raising one's own nice value needs no privilege; a failure is logged and ignored.
+
+/// How much lower ingress threads run (the Linux nice scale: each step is about 1.25×
+/// less weight, so 5 steps is about 3×).
+pub const INGRESS_NICE: i32 = 5;
+
+/// Lowers the calling thread's priority to ingress level. Linux applies the nice value
+/// per thread (to the calling thread's id), not to the whole process.
+pub fn lower_current_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take no pointers and only affect this thread.
+        let failed = unsafe {
+            let tid = libc::gettid();
+            let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            now < INGRESS_NICE && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, INGRESS_NICE) != 0
+        };
+        if failed {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower an ingress thread's priority");
+        }
+    }
+}
+
+/// The runtime delivery runs on (the scheduler, every attempt and its HTTP connections), at
+/// normal priority. Dropping it shuts it down without waiting (allowed inside an async
+/// context, where courier drops it after the drain).
+pub struct DeliveryRuntime(Option<tokio::runtime::Runtime>);
+
+impl DeliveryRuntime {
+    /// One worker thread per core, named `courier-delivery`.
+    pub fn start() -> std::io::Result<DeliveryRuntime> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("courier-delivery")
+            .enable_all()
+            .build()?;
+        Ok(DeliveryRuntime(Some(rt)))
+    }
+
+    /// A handle to spawn on it.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.0.as_ref().expect("running until dropped").handle().clone()
+    }
+}
+
+impl Drop for DeliveryRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_ingress_thread_runs_at_ingress_nice_and_others_do_not() {
+        let (lowered, other) = std::thread::scope(|s| {
+            let lowered = s.spawn(|| {
+                super::lower_current_thread();
+                unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+            });
+            let other = s.spawn(|| unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) });
+            (lowered.join().unwrap(), other.join().unwrap())
+        });
+        assert!(lowered >= super::INGRESS_NICE, "lowered to {lowered}");
+        assert!(
+            other < lowered,
+            "a thread that did not ask keeps its priority ({other})"
+        );
+    }
+}
