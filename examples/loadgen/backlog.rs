@@ -109,13 +109,15 @@ pub async fn backlog(cx: &mut Ctx, base: &Base) -> Res<()> {
     let drain_rate = delivered as f64 / drain_s;
     drop(bl2);
 
+    // Compared with the baselines at the measured connection count nearest the fill's.
+    let near = plan.conns.iter().copied().min_by_key(|c| c.abs_diff(64)).unwrap_or(64);
     cx.rep.row(
         format!(
             "backlog fill: {accepted} accepted, {} conns",
             64.min(*plan.conns.iter().max().unwrap_or(&64))
         ),
         per_s(fill_rate),
-        base.vs_ab(64.min(*plan.conns.iter().max().unwrap_or(&64)), fill_rate),
+        base.vs_ab(near, fill_rate),
     );
     cx.rep.row(
         "CPU per 202, backlog fill (accept and park)",

@@ -20,6 +20,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use super::{AttemptPermit, Deliverer};
 use crate::store::{Accepted, MessageRecord, NewMessage, StoreError};
 
@@ -58,10 +60,16 @@ impl Deliverer {
         taken
     }
 
-    /// Gives an attempt's permits back; the scheduler is woken only when messages wait
-    /// for them.
-    pub(super) fn permit_returned(&self, permit: AttemptPermit) {
-        drop(permit);
+    /// Gives an attempt's host permit back once the receiver has answered, keeping the
+    /// global one (see [`AttemptPermit`]); the scheduler is woken only when messages wait.
+    pub(super) fn host_permit_returned(&self, permit: AttemptPermit) -> OwnedSemaphorePermit {
+        let global = permit.into_global();
+        self.wake_if_waiting();
+        global
+    }
+
+    /// Wakes the scheduler when messages wait for a permit that was just freed.
+    pub(super) fn wake_if_waiting(&self) {
         if self.queue_first.load(Ordering::Acquire) {
             self.wake.notify_one();
         }

@@ -31,11 +31,20 @@ pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::HostLimiter;
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits and one
-/// of its host's.
+/// of its host's. The host's goes back when the receiver has answered (the cap limits
+/// requests at the receiver); the global one when the result is written, so attempts whose
+/// results cannot be written yet (a full disk) are bounded too.
 #[derive(Debug)]
 pub struct AttemptPermit {
-    _all: OwnedSemaphorePermit,
+    all: OwnedSemaphorePermit,
     _host: OwnedSemaphorePermit,
+}
+
+impl AttemptPermit {
+    /// Gives the host's permit back and keeps the global one.
+    fn into_global(self) -> OwnedSemaphorePermit {
+        self.all
+    }
 }
 
 /// Why no attempt can start now.
@@ -190,17 +199,17 @@ impl Deliverer {
             .try_acquire_owned()
             .map_err(|_| PermitRefused::AllBusy)?;
         let host = self.hosts.try_acquire(host).ok_or(PermitRefused::HostBusy)?;
-        Ok(AttemptPermit { _all: all, _host: host })
+        Ok(AttemptPermit { all, _host: host })
     }
 
-    /// Runs one attempt for a claimed message on its own task, holding its permits until
-    /// the receiver has answered.
+    /// Runs one attempt for a claimed message on its own task, holding its permits as
+    /// [`AttemptPermit`] says.
     pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
         let d = self.clone();
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        // The attempt gives its permits back as soon as the receiver has answered (the
-        // result write that follows does not occupy the receiver); cut off, it drops them
+        // The attempt gives its host permit back as soon as the receiver has answered (the
+        // result write that follows does not occupy the receiver); cut off, it drops both
         // with its future.
         let inner = self.runtime.spawn(worker::attempt(d.clone(), claimed, permit));
         registry.insert(id.clone(), inner.abort_handle());

@@ -90,9 +90,10 @@ fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> R
 
 /// Runs one attempt of a claimed message.
 ///
-/// `permit` is given back the moment the receiver has answered (or the send failed): the
-/// host's cap limits requests at the receiver, and the result write that follows may wait
-/// behind other writes' fsync without holding a receiver slot.
+/// The host part of `permit` is given back the moment the receiver has answered (or the
+/// send failed): the host's cap limits requests at the receiver, and the result write that
+/// follows may wait behind other writes' fsync without holding a receiver slot. The global
+/// part is held until the result is written.
 pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit) {
     let Claimed { record: rec, payload } = claimed;
     let rec = &rec;
@@ -119,7 +120,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
     drop(counted);
-    d.permit_returned(permit);
+    let global = d.host_permit_returned(permit);
 
     let (result, status, error) = match &sent {
         Ok(resp) => (
@@ -172,9 +173,12 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         }
     }
 
+    drop(global);
     if let Transition::RetryAt(_) = transition {
         // A new due entry, maybe earlier than the scheduler's next wake-up.
         d.wake.notify_one();
+    } else {
+        d.wake_if_waiting();
     }
 
     let outcome = match (&result, status.map(classify)) {

@@ -6,6 +6,7 @@
 
 mod expiry;
 mod finish;
+mod lease;
 mod operator;
 mod queue;
 
