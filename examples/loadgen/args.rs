@@ -42,6 +42,13 @@ pub struct Args {
     /// and 90% of courier's rate, CPU per delivered message (for tuning delivery).
     #[arg(long, conflicts_with = "ack_only")]
     pub sustain_only: bool,
+    /// Only the many-endpoints scenario (for tuning courier with thousands of receivers).
+    #[arg(long, conflicts_with_all = ["ack_only", "sustain_only"])]
+    pub many_only: bool,
+    /// Endpoint counts of the many-endpoints scenario (default 10000,100000,1000000;
+    /// 10000 with --quick; 200 with --smoke).
+    #[arg(long, value_delimiter = ',')]
+    pub endpoints: Option<Vec<u64>>,
     /// Internal: serve baseline (a) and print its port.
     #[arg(long, hide = true)]
     pub serve_baseline: bool,
@@ -76,6 +83,14 @@ pub struct Plan {
     pub sustain_probes: usize,
     /// The short closed loop whose deliveries/s are a search's first guess.
     pub short_window: Duration,
+    /// Many endpoints: the endpoint counts run, spread over at most `many_hosts` hosts.
+    pub many_sizes: Vec<u64>,
+    pub many_hosts: usize,
+    /// Wait after the last message finished before RSS and sockets are read as settled.
+    pub many_settle: Duration,
+    /// `GET /endpoints?limit=100` requests timed, and the most time they may take in all.
+    pub many_admin_requests: usize,
+    pub many_admin_budget: Duration,
 }
 
 impl Plan {
@@ -96,6 +111,15 @@ impl Plan {
         } else {
             (30.0, 2.0, 8, 2.0)
         };
+        // (sizes, hosts, settle, admin requests, admin budget) of the many-endpoints
+        // scenario; `--smoke` keeps it near 2 s.
+        let (many, hosts, settle, admin_n, admin_s) = if args.smoke {
+            (vec![200], 20, 0.3, 20, 2.0)
+        } else if args.quick {
+            (vec![10_000], 1000, 3.0, 200, 20.0)
+        } else {
+            (vec![10_000, 100_000, 1_000_000], 1000, 3.0, 200, 30.0)
+        };
         Plan {
             mode,
             conns: args.conns.clone().unwrap_or(conns),
@@ -109,6 +133,11 @@ impl Plan {
             sustain_warmup: Duration::from_secs_f64(swarm),
             sustain_probes: probes,
             short_window: Duration::from_secs_f64(short),
+            many_sizes: args.endpoints.clone().unwrap_or(many),
+            many_hosts: hosts,
+            many_settle: Duration::from_secs_f64(settle),
+            many_admin_requests: admin_n,
+            many_admin_budget: Duration::from_secs_f64(admin_s),
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo build --release --bin courier
-//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only] [--json out.json] [--backlog N]
+//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only | --many-only] [--json out.json] [--backlog N]
 //! ```
 //!
 //! It starts the release `courier` binary (found next to this executable, or `--courier PATH`)
@@ -27,7 +27,11 @@
 //!   within 100 ms with under one second of backlog, for courier, (f) and nginx; latency at
 //!   50% and 90% of it; courier's CPU per delivered message;
 //! - backlog: N messages accepted for a paused endpoint, then RSS, data-dir size, CPU while
-//!   nothing is due, restart-to-ready after kill -9, and the drain rate once resumed.
+//!   nothing is due, restart-to-ready after kill -9, and the drain rate once resumed;
+//! - many endpoints: N messages to N distinct endpoints over up to 1,000 loopback hosts
+//!   (`127.0.x.y`; one in ten answers 410) against N messages to one endpoint: finished/s,
+//!   courier's RSS and open sockets (peak and settled), and `GET /endpoints?limit=100`
+//!   latency at that scale.
 //!
 //! It prints one table (each figure with its ratio to a baseline of the same run) and writes
 //! the numbers as JSON (`--json`, default `bench-results.json`). `--smoke` runs every scenario
@@ -36,14 +40,18 @@
 //! Modules: [`args`] (flags and run sizes), [`load`] (closed and open loops, pacing),
 //! [`receiver`], [`courier`] (the courier process and `/proc` readings), [`baselines`] and
 //! [`nginx`] (the servers compared with), [`report`], and one module per group of scenarios:
-//! [`run`], [`e2e`], [`sustain`] (with [`probe`]) and [`backlog`].
+//! [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`] and [`many`] (with [`hosts`]
+//! and [`fanout`]).
 
 mod args;
 mod backlog;
 mod baselines;
 mod courier;
 mod e2e;
+mod fanout;
+mod hosts;
 mod load;
+mod many;
 mod nginx;
 mod probe;
 mod receiver;
@@ -113,6 +121,8 @@ fn main() -> std::process::ExitCode {
         rt.block_on(e2e::ack_only(args, rate))
     } else if args.sustain_only {
         rt.block_on(run::sustain_only(args))
+    } else if args.many_only {
+        rt.block_on(many::many_only(args))
     } else {
         rt.block_on(run::run(args))
     };

@@ -63,6 +63,7 @@ impl Ctx {
             json!({"mode": plan.mode, "conns": plan.conns, "duration_s": plan.duration.as_secs_f64(),
                    "warmup_s": plan.warmup.as_secs_f64(), "backlog": plan.backlog, "body_bytes": body.len(),
                    "sustain_window_s": plan.sustain_window.as_secs_f64(), "sustain_only": args.sustain_only,
+                   "many_only": args.many_only, "many_endpoints": plan.many_sizes,
                    "max_in_flight_per_host": args.max_in_flight, "nproc": std::thread::available_parallelism().map_or(0, |n| n.get())}),
         );
         Ok(Ctx {
@@ -201,6 +202,7 @@ pub async fn run(args: Args) -> Res<()> {
     let sustainable = crate::sustain::scenario(&mut cx, base.cpu_ref()).await?;
     crate::sustain::overload_row(&mut cx, &deliveries, sustainable);
     crate::backlog::backlog(&mut cx, &base).await?;
+    crate::many::scenario(&mut cx).await;
     cx.finish()
 }
 
