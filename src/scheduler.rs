@@ -35,6 +35,8 @@ pub const SCAN_BUDGET: usize = 4096;
 pub const CLAIM_BATCH: usize = 256;
 /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
 pub const SKIP_RUN: usize = 256;
+/// How often a pass that made progress may walk past a blocked run (see [`Scheduler::run`]).
+const DEEPER_EVERY_MS: u64 = 50;
 /// How long to wait before trying again after the store failed to read or claim.
 const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -43,6 +45,10 @@ pub struct Scheduler {
     d: Arc<Deliverer>,
     /// Where the last pass stopped on a long blocked run.
     resume: Option<(u64, String)>,
+    /// A walk past a blocked run is under way (it may span wake-ups).
+    walking_deeper: bool,
+    /// A pass that made progress starts a walk past a blocked run no earlier than this.
+    next_deeper_at: u64,
 }
 
 /// What one pass found.
@@ -71,7 +77,12 @@ impl Pass {
 impl Scheduler {
     /// A scheduler over a delivery context.
     pub fn new(d: Arc<Deliverer>) -> Self {
-        Scheduler { d, resume: None }
+        Scheduler {
+            d,
+            resume: None,
+            walking_deeper: false,
+            next_deeper_at: 0,
+        }
     }
 
     /// Runs until `stop` turns true.
@@ -100,14 +111,40 @@ impl Scheduler {
             self.resume = resume;
             self.d.metrics.scheduler_pass();
             scanned_since_wait += pass.scanned;
-            let more_now = pass.cut && pass.dispatched + pass.parked > 0;
-            let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
-            if more_now || go_deeper {
+            let now = self.d.clock.now_ms();
+            let progressed = pass.dispatched + pass.parked > 0;
+            let more_now = pass.cut && progressed;
+            // Past a blocked run (a host at its cap, an endpoint out of tokens) other hosts'
+            // messages may wait: a pass that could start nothing there looks at once. One
+            // that did start something (a freed permit served the head of the queue) looks
+            // at most every DEEPER_EVERY_MS: while one host's large backlog drains, a permit
+            // comes back with every answer, and re-walking the blocked run after each would
+            // cost more than the deliveries.
+            let wants_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
+            let mut deferred_deeper = None;
+            if wants_deeper {
+                if self.walking_deeper || !progressed || now >= self.next_deeper_at {
+                    if !self.walking_deeper {
+                        self.next_deeper_at = now + DEEPER_EVERY_MS;
+                    }
+                    self.walking_deeper = true;
+                    continue;
+                }
+                // The next wake-up serves the head of the queue first.
+                self.resume = None;
+                deferred_deeper = Some(self.next_deeper_at);
+            }
+            if more_now {
                 continue;
             }
+            // A walk ends where a pass did not stop on a blocked run; one cut short by the
+            // budget continues from its resume point at the next wake-up.
+            self.walking_deeper = self.resume.is_some();
             scanned_since_wait = 0;
-            let now = self.d.clock.now_ms();
             let mut wake_at = pass.wake_at;
+            if let Some(at) = deferred_deeper {
+                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+            }
             if pass.store_error {
                 let retry = now + STORE_ERROR_BACKOFF.as_millis() as u64;
                 wake_at = Some(wake_at.map_or(retry, |w| w.min(retry)));
@@ -150,18 +187,23 @@ pub(crate) fn pass_with(
     let mut to_park: Vec<DueEntry> = Vec::new();
     // The earliest entry this pass leaves in the queue, and the last one it looked at:
     // together they say how far the due floor may rise.
-    let mut first_left: Option<u64> = None;
+    // Keys (due time, id): the floor can rise within a millisecond, which matters when a
+    // resume made a whole backlog due in one.
+    let mut first_left: Option<(u64, String)> = None;
     let mut last_seen: Option<u64> = None;
+    let mut last_id = String::new();
     let mut skipped_in_a_row = 0;
     let mut stopped_at: Option<(u64, String)> = None;
     let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
     let scanned = d.store.scan_due(now, SCAN_BUDGET, after, |entry| {
         let due_ms = entry.due_ms;
         last_seen = Some(due_ms);
+        last_id.clear();
+        last_id.push_str(&entry.id);
         pass.scanned += 1;
         if skipped_in_a_row >= SKIP_RUN {
             stopped_at = Some((due_ms, entry.id.clone()));
-            first_left.get_or_insert(due_ms);
+            first_left.get_or_insert_with(|| (due_ms, entry.id.clone()));
             return ScanStep::Stop;
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
@@ -195,7 +237,7 @@ pub(crate) fn pass_with(
                 Err(PermitRefused::AllBusy) => {
                     // Nothing more can start this pass; a finishing attempt wakes us.
                     pass.global_full = true;
-                    first_left.get_or_insert(due_ms);
+                    first_left.get_or_insert_with(|| (due_ms, entry.id.clone()));
                     return ScanStep::Stop;
                 }
             }
@@ -204,7 +246,7 @@ pub(crate) fn pass_with(
             skipped_in_a_row = 0;
         } else {
             skipped_in_a_row += 1;
-            first_left.get_or_insert(due_ms);
+            first_left.get_or_insert_with(|| (due_ms, last_id.clone()));
         }
         if ready.len() + to_park.len() >= CLAIM_BATCH {
             ScanStep::Stop
@@ -221,7 +263,8 @@ pub(crate) fn pass_with(
                 pass.parked = n;
                 // Resumed meanwhile: left in the queue, so the floor must not pass it.
                 if let Some(due) = left {
-                    first_left = Some(first_left.map_or(due, |f| f.min(due)));
+                    let key = (due, String::new());
+                    first_left = Some(first_left.map_or(key.clone(), |f| f.min(key)));
                     pass.wake_no_later_than(now);
                 }
             }
@@ -271,15 +314,18 @@ pub(crate) fn pass_with(
             }
             // Everything due by `now` was seen; what is left starts at `first_left`.
             if resumed.is_none() && !pass.store_error {
-                let to = first_left.unwrap_or(now.saturating_add(1)).min(now.saturating_add(1));
-                d.store.raise_due_floor(floor, to);
+                let end = (now.saturating_add(1), String::new());
+                let (to, id) = first_left.unwrap_or(end.clone()).min(end);
+                d.store.raise_due_floor_to_key(floor, to, &id);
             }
         }
         Ok((ScanEnd::Cut, floor)) => {
             pass.cut = !pass.store_error && stopped_at.is_none() && !pass.global_full;
             if !pass.store_error && resumed.is_none() {
                 if let Some(last) = last_seen {
-                    d.store.raise_due_floor(floor, first_left.map_or(last, |f| f.min(last)));
+                    let last = (last, last_id.clone());
+                    let (to, id) = first_left.clone().map_or(last.clone(), |f| f.min(last));
+                    d.store.raise_due_floor_to_key(floor, to, &id);
                 }
             }
             pass.stopped_on_run = stopped_at.is_some();

@@ -293,7 +293,11 @@ impl Deliverer {
         if paused {
             tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "endpoint paused");
         } else {
-            let n = self.store.unpark_endpoint(endpoint, now)?;
+            // A resume can release a whole outage's backlog: that is delivery's work, so it
+            // runs on delivery's threads, at delivery's priority (see `priority`), not on the
+            // admin request's.
+            let (store, key) = (self.store.clone(), endpoint.to_string());
+            let n = self.on_delivery_threads(move || store.unpark_endpoint(&key, now))?;
             tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), released = n, "endpoint resumed");
             self.wake.notify_one();
         }
@@ -302,6 +306,19 @@ impl Deliverer {
 }
 
 impl Deliverer {
+    /// Runs a blocking store call on delivery's runtime's blocking threads and waits for
+    /// it (from a blocking thread).
+    fn on_delivery_threads<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, crate::store::StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn_blocking(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv().unwrap_or(Err(crate::store::StoreError::Closed))
+    }
+
     /// Parks the due entries of paused endpoints. Under the pause gate, each entry's
     /// endpoint is checked again: an entry whose endpoint was resumed since the scheduler
     /// looked stays in the queue for the next pass. Returns (parked, the due time of the

@@ -39,9 +39,9 @@ impl Store {
         mut step: impl FnMut(DueEntry) -> ScanStep,
     ) -> Result<(ScanEnd, FloorMark), StoreError> {
         let mark = self.due_floor.mark();
-        let floor = mark.floor;
+        let (floor, floor_id) = (mark.floor, mark.id.clone());
         let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
+        ro.set_iterate_lower_bound(keys::time_key(floor, &floor_id));
         ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
         match after {
@@ -52,7 +52,7 @@ impl Store {
                     it.next();
                 }
             }
-            None => it.seek(keys::time_key(floor, "")),
+            None => it.seek(keys::time_key(floor, &floor_id)),
         }
         let mut seen = 0;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -82,7 +82,7 @@ impl Store {
         drop(it);
         // Nothing more is due now: report when the next entry is.
         let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(keys::time_key(floor, ""));
+        ro.set_iterate_lower_bound(keys::time_key(floor, &floor_id));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
         it.seek(keys::time_key(now_ms.saturating_add(1), ""));
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
@@ -99,6 +99,12 @@ impl Store {
     /// a due entry written since (the pass may have missed it).
     pub fn raise_due_floor(&self, mark: FloorMark, to: u64) {
         self.due_floor.raise(mark, to);
+    }
+
+    /// [`Store::raise_due_floor`] to a key within a millisecond: nothing live is left below
+    /// (`to`, `id`).
+    pub fn raise_due_floor_to_key(&self, mark: FloorMark, to: u64, id: &str) {
+        self.due_floor.raise_to_key(mark, to, id);
     }
 
     /// Claims a due entry for an attempt: removes it from the queue and marks the message

@@ -9,19 +9,29 @@
 //! iterator was created (which the pass may not have seen) is never left below the floor:
 //! either it was reported before the raise (and caps it), or after (and lowers the floor).
 //! Only the scheduler marks and raises; writers may be many.
+//!
+//! The floor is a key of the due index, a time and an id, not only a time: a resume puts a
+//! whole outage's backlog due in one millisecond, and a floor that could only name that
+//! millisecond would make every pass step again over the deletion tombstones of every
+//! message already delivered from it (a quadratic drain). A write always lowers the floor
+//! to the start of its millisecond, so an entry re-queued with an old (smaller) id is never
+//! hidden.
 
 use std::sync::Mutex;
 
 /// What a scan started from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FloorMark {
-    /// The floor value.
+    /// The floor's time.
     pub floor: u64,
+    /// The floor's id within that time ("" for the whole millisecond).
+    pub id: String,
 }
 
 #[derive(Debug)]
 struct Inner {
     floor: u64,
+    floor_id: String,
     written_since_mark: u64,
 }
 
@@ -36,6 +46,7 @@ impl Default for DueFloor {
         DueFloor {
             inner: Mutex::new(Inner {
                 floor: 0,
+                floor_id: String::new(),
                 written_since_mark: u64::MAX,
             }),
         }
@@ -51,7 +62,10 @@ impl DueFloor {
     pub fn mark(&self) -> FloorMark {
         let mut g = self.lock();
         g.written_since_mark = u64::MAX;
-        FloorMark { floor: g.floor }
+        FloorMark {
+            floor: g.floor,
+            id: g.floor_id.clone(),
+        }
     }
 
     /// The floor now, without starting a new record.
@@ -62,18 +76,39 @@ impl DueFloor {
     /// A due entry at `due_ms` was written (and is visible).
     pub fn wrote(&self, due_ms: u64) {
         let mut g = self.lock();
-        g.floor = g.floor.min(due_ms);
+        if (due_ms, "") < (g.floor, g.floor_id.as_str()) {
+            g.floor = due_ms;
+            g.floor_id.clear();
+        }
         g.written_since_mark = g.written_since_mark.min(due_ms);
     }
 
     /// Raises the floor towards `to` (what the pass proved empty below), but never above an
     /// entry written since the mark.
-    pub fn raise(&self, _mark: FloorMark, to: u64) {
+    pub fn raise(&self, mark: FloorMark, to: u64) {
+        self.raise_to_key(mark, to, "");
+    }
+
+    /// [`DueFloor::raise`] to a key: nothing live sorts below (`to`, `id`). A write since the
+    /// mark in `to`'s millisecond or earlier caps it at the start of that millisecond.
+    pub fn raise_to_key(&self, _mark: FloorMark, to: u64, id: &str) {
         let mut g = self.lock();
-        let to = to.min(g.written_since_mark);
-        if to > g.floor {
+        let (to, id) = if to >= g.written_since_mark {
+            (g.written_since_mark, "")
+        } else {
+            (to, id)
+        };
+        if (to, id) > (g.floor, g.floor_id.as_str()) {
             g.floor = to;
+            g.floor_id = id.to_string();
         }
+    }
+
+    /// The floor as a key: (time, id).
+    #[cfg(test)]
+    pub fn peek_key(&self) -> (u64, String) {
+        let g = self.lock();
+        (g.floor, g.floor_id.clone())
     }
 }
 
@@ -96,5 +131,34 @@ mod tests {
         assert_eq!(f.peek(), 300, "a new mark forgets writes the previous pass covered");
         f.wrote(120); // written after the raise: the floor comes back down
         assert_eq!(f.peek(), 120);
+    }
+
+    #[test]
+    fn a_key_floor_skips_within_a_millisecond_and_a_write_there_resets_it() {
+        let f = DueFloor::default();
+        let m = f.mark();
+        f.raise_to_key(m, 100, "dlv_5");
+        assert_eq!(f.peek_key(), (100, "dlv_5".to_string()));
+        let m = f.mark();
+        f.raise_to_key(m, 100, "dlv_9");
+        assert_eq!(
+            f.peek_key(),
+            (100, "dlv_9".to_string()),
+            "further into the same millisecond"
+        );
+        f.wrote(100); // an old id re-queued at 100 may sort before dlv_9
+        assert_eq!(f.peek_key(), (100, String::new()));
+        let m = f.mark();
+        f.wrote(100);
+        f.raise_to_key(m, 100, "dlv_9");
+        assert_eq!(
+            f.peek_key(),
+            (100, String::new()),
+            "a write since the mark caps the raise"
+        );
+        let m = f.mark();
+        f.wrote(150);
+        f.raise_to_key(m, 200, "dlv_1");
+        assert_eq!(f.peek_key(), (150, String::new()));
     }
 }

@@ -20,7 +20,17 @@ impl Store {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         table.set_bloom_filter(10.0, false);
+        // Index and filter blocks live in the bounded block cache, not in memory per table
+        // (they grow with the data: a retention window of delivered messages). They are
+        // partitioned, with only their small top level pinned: a point read then loads one
+        // index partition of a few KiB. Unpartitioned, a large table's index block (MiBs) was
+        // evicted by data blocks and read and checksummed again for every lookup, which made
+        // resuming a large backlog cost more than delivering it.
         table.set_cache_index_and_filter_blocks(true);
+        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
 
         let cf_opts = |name: &str| {
             let mut o = Options::default();

@@ -48,11 +48,16 @@ impl Store {
     pub fn unpark_endpoint(&self, endpoint: &str, now_ms: u64) -> Result<usize, StoreError> {
         let prefix = keys::pair_prefix(endpoint);
         let mut moved = 0;
+        let mut after: Option<String> = None;
         loop {
-            let ids = self.parked_ids(&prefix)?;
-            if ids.is_empty() {
+            // Each batch continues after the last one: seeking from the prefix again would
+            // step over every parked key already moved (now deletion tombstones), which made
+            // resuming a large backlog quadratic.
+            let ids = self.parked_ids(&prefix, after.as_deref())?;
+            let Some(last) = ids.last() else {
                 return Ok(moved);
-            }
+            };
+            after = Some(last.clone());
             let _guards = self.lock_many(ids.iter().map(String::as_str));
             let mut b = WriteBatch::default();
             for id in &ids {
@@ -71,11 +76,18 @@ impl Store {
         }
     }
 
-    fn parked_ids(&self, prefix: &[u8]) -> Result<Vec<String>, StoreError> {
+    /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given.
+    fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<String>, StoreError> {
         let mut ro = ReadOptions::default();
+        let mut start = prefix.to_vec();
+        if let Some(id) = after {
+            start.extend_from_slice(id.as_bytes());
+            start.push(0); // strictly after it
+        }
+        ro.set_iterate_lower_bound(start.clone());
         ro.set_iterate_upper_bound(keys::prefix_end(prefix));
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
-        it.seek(prefix);
+        it.seek(&start);
         let mut ids = Vec::new();
         while let Some(k) = it.key() {
             ids.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
