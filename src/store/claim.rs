@@ -107,6 +107,24 @@ impl Store {
         self.due_floor.raise_to_key(mark, to, id);
     }
 
+    /// The message a due entry points at, with its payload, if the entry is current (the
+    /// message is pending and due at the entry's time); `None` for a stale entry.
+    pub(super) fn due_message(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
+        let Some(record) = self.message(&entry.id)? else {
+            return Ok(None);
+        };
+        if record.state != State::Pending || record.next_attempt_at_ms != entry.due_ms {
+            return Ok(None);
+        }
+        let Some(payload) = self.payload(&entry.id)? else {
+            return Err(StoreError::Codec {
+                key: entry.id.clone(),
+                source: CodecError::Corrupt("payload", "missing payload"),
+            });
+        };
+        Ok(Some(Claimed { record, payload }))
+    }
+
     /// Claims a due entry for an attempt: removes it from the queue and marks the message
     /// `in_flight`. `None` when the entry is stale (the message moved on meanwhile).
     pub fn claim(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
@@ -122,19 +140,13 @@ impl Store {
         for entry in entries {
             let due_key = keys::time_key(entry.due_ms, &entry.id);
             b.delete_cf(self.cf(keys::DUE), &due_key);
-            let Some(mut rec) = self.message(&entry.id)? else {
+            let Some(Claimed {
+                record: mut rec,
+                payload,
+            }) = self.due_message(entry)?
+            else {
                 out.push(None);
                 continue;
-            };
-            if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms {
-                out.push(None);
-                continue;
-            }
-            let Some(payload) = self.payload(&entry.id)? else {
-                return Err(StoreError::Codec {
-                    key: entry.id.clone(),
-                    source: CodecError::Corrupt("payload", "missing payload"),
-                });
             };
             rec.state = State::InFlight;
             self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);

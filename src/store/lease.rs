@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use super::{keys, Claimed, CodecError, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{keys, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// Ids of messages leased for an attempt.
 #[derive(Debug, Default)]
@@ -63,19 +63,17 @@ impl Store {
         let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
-            let Some(mut rec) = self.message(&entry.id)? else {
-                out.push(None);
-                continue;
-            };
-            if rec.state != State::Pending || rec.next_attempt_at_ms != entry.due_ms || self.leases.contains(&rec.id) {
+            if self.leases.contains(&entry.id) {
                 out.push(None);
                 continue;
             }
-            let Some(payload) = self.payload(&entry.id)? else {
-                return Err(StoreError::Codec {
-                    key: entry.id.clone(),
-                    source: CodecError::Corrupt("payload", "missing payload"),
-                });
+            let Some(Claimed {
+                record: mut rec,
+                payload,
+            }) = self.due_message(entry)?
+            else {
+                out.push(None);
+                continue;
             };
             self.leases.insert(&rec.id);
             rec.state = State::InFlight;
