@@ -1,7 +1,7 @@
 //! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints.
 //! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use subtle::ConstantTimeEq;
 
 use crate::access::AccessPolicy;
 use crate::delivery::Deliverer;
+use crate::endpoint_page::EndpointQuery;
 use crate::model::State;
 use crate::ops::Probes;
 use crate::serve::{self, Body};
@@ -175,7 +176,7 @@ impl Admin {
             (&Method::GET, ["deliveries", id]) => self.show(&decode_segment(id)),
             (&Method::DELETE, ["deliveries", id]) => self.delete(&decode_segment(id)),
             (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
-            (&Method::GET, ["endpoints"]) => self.endpoints(),
+            (&Method::GET, ["endpoints"]) => self.endpoints(query),
             (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
                 let pause = path.ends_with("/pause");
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
@@ -309,60 +310,40 @@ impl Admin {
         }
     }
 
-    /// Every endpoint courier knows: with state, or with open messages, or configured.
-    fn endpoint_table(&self) -> Result<BTreeMap<String, Value>, StoreError> {
-        let open: HashMap<String, u64> = self.d.store.open_per_endpoint()?.into_iter().collect();
-        let mut out = BTreeMap::new();
-        let add = |out: &mut BTreeMap<String, Value>, key: &str, paused: bool, streak: u32, in_flight: u32| {
-            let pending = open.get(key).copied().unwrap_or(0).saturating_sub(u64::from(in_flight));
-            out.insert(
-                key.to_string(),
-                json!({
-                    "key": key,
-                    "state": if paused { "paused" } else { "active" },
-                    "permanent_failure_streak": streak,
-                    "in_flight": in_flight,
-                    "pending": pending,
-                }),
-            );
+    /// A page of the endpoints courier knows (see `endpoint_page`): `limit` (1–1000,
+    /// default 100), `cursor`, `state` (`active` or `paused`), `prefix`.
+    fn endpoints(&self, q: &HashMap<String, String>) -> Response<Body> {
+        let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+            None => DEFAULT_PAGE,
+            Some(Ok(n)) if (1..=1000).contains(&n) => n,
+            Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
         };
-        // Paused, failing, busy, or seen within the retention window (so a resumed
-        // endpoint with nothing open is still there for the operator who resumed it).
-        let views = self.d.endpoints.snapshot(self.d.clock.now_ms());
-        for v in &views {
-            add(&mut out, &v.key, v.rec.paused, v.rec.streak, v.in_flight);
-        }
-        // Endpoints with open messages that the table does not list (one pass, not a
-        // search of the views per counter).
-        for key in open.keys() {
-            if !out.contains_key(key) {
-                add(&mut out, key, false, 0, 0);
-            }
-        }
-        for e in &self.d.config.endpoints {
-            if !out.contains_key(&e.key) {
-                add(&mut out, &e.key, false, 0, 0);
-            }
-        }
-        Ok(out)
-    }
-
-    fn endpoints(&self) -> Response<Body> {
-        match self.endpoint_table() {
-            Ok(table) => serve::json(
+        let paused = match q.get("state").map(String::as_str) {
+            None | Some("") => None,
+            Some("active") => Some(false),
+            Some("paused") => Some(true),
+            Some(_) => return bad_request("state must be active or paused"),
+        };
+        let query = EndpointQuery {
+            cursor: q.get("cursor").filter(|c| !c.is_empty()).cloned(),
+            prefix: q.get("prefix").cloned().unwrap_or_default(),
+            paused,
+            limit,
+        };
+        match crate::endpoint_page::page(&self.d, &query) {
+            Ok(page) => serve::json(
                 StatusCode::OK,
-                &json!({ "items": table.into_values().collect::<Vec<_>>() }),
+                &json!({ "items": page.items, "next_cursor": page.next_cursor }),
             ),
             Err(e) => store_failed(&e),
         }
     }
 
     fn set_paused(&self, key: &str, paused: bool) -> Response<Body> {
-        let known = self.d.endpoints.get(key).is_some()
-            || match self.endpoint_table() {
-                Ok(t) => t.contains_key(key),
-                Err(e) => return store_failed(&e),
-            };
+        let known = match crate::endpoint_page::is_known(&self.d, key) {
+            Ok(known) => known,
+            Err(e) => return store_failed(&e),
+        };
         if !known {
             return not_found(&format!("endpoint {key:?}"));
         }

@@ -35,6 +35,7 @@ pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod egress;
+pub mod endpoint_page;
 pub mod envelope;
 pub mod fds;
 pub mod headers;

@@ -319,7 +319,22 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             Ok(format!("{} deleted", escape(&id)))
         }
         Operation::Endpoints(EndpointsCommand::List { out }) => {
-            let (_, v) = client.call(Method::GET, "/endpoints").await?;
+            // Every page, in key order (the API answers at most 1,000 a page).
+            let mut items = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let path = match &cursor {
+                    Some(c) => format!("/endpoints?limit=1000&cursor={}", enc(c)),
+                    None => "/endpoints?limit=1000".to_string(),
+                };
+                let (_, v) = client.call(Method::GET, &path).await?;
+                items.extend(v["items"].as_array().cloned().unwrap_or_default());
+                match v["next_cursor"].as_str() {
+                    Some(c) if cursor.as_deref() != Some(c) => cursor = Some(c.to_string()),
+                    _ => break,
+                }
+            }
+            let v = serde_json::json!({ "items": items, "next_cursor": null });
             Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
         }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {

@@ -251,6 +251,37 @@ impl EndpointTable {
         gone
     }
 
+    /// One page of [`EndpointTable::snapshot`]: the listable endpoints with keys after
+    /// `after` that start with `prefix` (and are paused, or not, when `paused` says), the
+    /// first `limit` of them in key order. Linear in the table (which is bounded), not
+    /// sorted whole.
+    pub fn page(
+        &self,
+        now_ms: u64,
+        after: Option<&str>,
+        prefix: &str,
+        paused: Option<bool>,
+        limit: usize,
+    ) -> Vec<EndpointView> {
+        let mut out: Vec<EndpointView> = self
+            .lock()
+            .iter()
+            .filter(|(k, e)| {
+                after.is_none_or(|a| k.as_str() > a)
+                    && k.starts_with(prefix)
+                    && paused.is_none_or(|p| e.rec.paused == p)
+                    && (e.worth_keeping() || self.recently_seen(e, now_ms))
+            })
+            .map(|(k, e)| view(k, e))
+            .collect();
+        if out.len() > limit {
+            out.select_nth_unstable_by(limit, |a, b| a.key.cmp(&b.key));
+            out.truncate(limit);
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
     /// How many endpoints are paused.
     pub fn paused_count(&self) -> u64 {
         self.lock().values().filter(|e| e.rec.paused).count() as u64
@@ -271,6 +302,25 @@ mod tests {
     use super::*;
 
     const DAY: u64 = 86_400_000;
+
+    #[test]
+    fn a_page_is_the_first_keys_after_the_cursor_with_the_prefix_and_state() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
+        for k in ["b/2", "a/1", "b/1", "c/1", "b/3", "a/2"] {
+            t.try_rate(k, 10).unwrap();
+        }
+        t.set_paused("b/3", true, 10);
+        let keys = |v: Vec<EndpointView>| v.into_iter().map(|e| e.key).collect::<Vec<_>>();
+        assert_eq!(keys(t.page(20, None, "", None, 4)), ["a/1", "a/2", "b/1", "b/2"]);
+        assert_eq!(keys(t.page(20, Some("b/1"), "", None, 10)), ["b/2", "b/3", "c/1"]);
+        assert_eq!(keys(t.page(20, None, "b/", None, 10)), ["b/1", "b/2", "b/3"]);
+        assert_eq!(keys(t.page(20, None, "", Some(true), 10)), ["b/3"]);
+        assert_eq!(keys(t.page(20, Some("a/1"), "b/", Some(false), 1)), ["b/1"]);
+        assert!(
+            t.page(DAY + 20, None, "", Some(false), 10).is_empty(),
+            "not seen within the window"
+        );
+    }
 
     #[test]
     fn a_resumed_endpoint_stays_listed_for_the_window_then_drops_off() {

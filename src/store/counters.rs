@@ -99,6 +99,48 @@ impl Store {
         }
     }
 
+    /// Open messages of one endpoint.
+    pub fn open_of_endpoint(&self, endpoint: &str) -> Result<u64, StoreError> {
+        self.counter(&keys::endpoint_open_key(endpoint))
+    }
+
+    /// Endpoints with open messages, keys after `after` starting with `prefix`, in key
+    /// order: at most `limit`, looking at no more than a bounded number of counters (zero
+    /// ones are skipped until the next sweep removes them). The flag says whether the walk
+    /// stopped before the end (more may follow).
+    pub fn open_endpoints_page(
+        &self,
+        after: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<(String, u64)>, bool), StoreError> {
+        let base = keys::COUNT_OPEN_ENDPOINT;
+        let mut start = keys::endpoint_open_key(prefix);
+        if let Some(a) = after.filter(|a| *a >= prefix) {
+            start = keys::endpoint_open_key(a);
+            start.push(0); // strictly after it
+        }
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(&keys::endpoint_open_key(prefix)));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
+        it.seek(&start);
+        let (mut out, mut looked) = (Vec::new(), 0);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            looked += 1;
+            let n = decode_counter(v);
+            if n > 0 {
+                out.push((String::from_utf8_lossy(&k[base.len()..]).into_owned(), n as u64));
+            }
+            it.next();
+            if out.len() >= limit || looked >= limit * 20 + 1000 {
+                break;
+            }
+        }
+        it.status()?;
+        let more = it.key().is_some();
+        Ok((out, more))
+    }
+
     /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
     pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut out = Vec::new();

@@ -726,3 +726,75 @@ async fn listing_filters_by_state_and_endpoint() {
     );
     assert!(ids(get(&c.admin_url("/deliveries?state=pending")).await.json()).is_empty());
 }
+
+#[tokio::test]
+async fn endpoints_page_in_key_order_and_filter_by_state_and_prefix() {
+    // Every attempt fails and waits an hour: each endpoint keeps one open message.
+    let rx = Receiver::scripted(|_, _| Reply::status(503)).await;
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "[retry]\nbase_delay = \"1h\"\n");
+    let mut keys = Vec::new();
+    for i in 0..25 {
+        let url = rx.url(&format!("/e{i:02}"));
+        send(&c, &url, "x").await;
+        keys.push(url);
+    }
+    for key in &keys[..3] {
+        let p = post(&c.admin_url(&format!("/endpoints/{}/pause", enc(key))), &[], "").await;
+        assert_eq!(p.status, 204, "{}", p.text());
+    }
+
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = "/endpoints?limit=10".to_string();
+        if let Some(cur) = &cursor {
+            url.push_str(&format!("&cursor={}", enc(cur)));
+        }
+        let v = get(&c.admin_url(&url)).await.json();
+        let items = v["items"].as_array().unwrap();
+        assert!(items.len() <= 10, "a page holds at most limit items");
+        for e in items {
+            assert_eq!(e["pending"], 1, "{e}");
+            seen.push(e["key"].as_str().unwrap().to_string());
+        }
+        pages += 1;
+        match v["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+        assert!(pages < 10, "paging does not end");
+    }
+    assert_eq!(seen, keys, "every endpoint once, in key order");
+    assert_eq!(pages, 3, "25 endpoints in pages of 10");
+
+    let keys_of = |v: Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let paused = get(&c.admin_url("/endpoints?state=paused")).await.json();
+    assert!(paused["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["state"] == "paused"));
+    assert_eq!(keys_of(paused), keys[..3].to_vec());
+    let prefix = enc(&rx.url("/e1"));
+    let tens = get(&c.admin_url(&format!("/endpoints?state=active&prefix={prefix}")))
+        .await
+        .json();
+    assert_eq!(keys_of(tens), keys[10..20].to_vec(), "a key prefix");
+    let active = get(&c.admin_url("/endpoints?state=active&limit=1000")).await.json();
+    assert_eq!(keys_of(active), keys[3..].to_vec());
+
+    for bad in ["/endpoints?limit=0", "/endpoints?limit=1001", "/endpoints?state=gone"] {
+        let a = get(&c.admin_url(bad)).await;
+        assert_eq!(a.status, 400, "{bad}");
+        assert_eq!(a.json()["error"], "invalid_request", "{bad}");
+    }
+}

@@ -232,3 +232,32 @@ async fn endpoint_state_and_counters_shrink_back_to_nothing() {
     let open: Vec<(String, u64)> = store.open_per_endpoint().unwrap();
     assert_eq!(open, vec![("https://r.example/h".to_string(), 1)]);
 }
+
+#[tokio::test]
+async fn open_endpoints_page_after_a_cursor_with_a_prefix() {
+    let (_d, store) = open();
+    for (i, ep) in [
+        "https://a.example/1",
+        "https://b.example/1",
+        "https://b.example/2",
+        "https://c.example/1",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut m = message(&format!("dlv_{i}"), &format!("e{i}"), 100);
+        m.record.endpoint = ep.to_string();
+        store.accept(m).await.unwrap();
+    }
+    let keys = |v: Vec<(String, u64)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    let (page, more) = store.open_endpoints_page(None, "", 2).unwrap();
+    assert_eq!(keys(page), ["https://a.example/1", "https://b.example/1"]);
+    assert!(more);
+    let (page, more) = store.open_endpoints_page(Some("https://b.example/1"), "", 10).unwrap();
+    assert_eq!(keys(page), ["https://b.example/2", "https://c.example/1"]);
+    assert!(!more);
+    let (page, _) = store.open_endpoints_page(None, "https://b.", 10).unwrap();
+    assert_eq!(keys(page), ["https://b.example/1", "https://b.example/2"]);
+    assert_eq!(store.open_of_endpoint("https://c.example/1").unwrap(), 1);
+    assert_eq!(store.open_of_endpoint("https://nowhere.example/").unwrap(), 0);
+}

@@ -1,0 +1,115 @@
+//! One page of `GET /endpoints`: every endpoint courier knows, in key order, after a
+//! cursor, filtered by state and key prefix.
+//!
+//! Endpoints are known from three places, each read in key order and only as far as one
+//! page needs, so a page costs the same with ten endpoints known or a million:
+//! - the in-memory table (paused, failing, busy, or seen within the retention window; it
+//!   is bounded, and every paused endpoint is in it);
+//! - the store's per-endpoint open counters (every endpoint with pending or in-flight
+//!   messages), walked from the cursor;
+//! - the endpoints configured under `[[endpoint]]`.
+//!
+//! Each source gives its first `limit` keys past the cursor; the first `limit` keys of
+//! their union are the page.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::delivery::{Deliverer, EndpointView};
+use crate::store::StoreError;
+
+/// What a page asks for.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointQuery {
+    /// Keys strictly after this one.
+    pub cursor: Option<String>,
+    /// Keys that start with this.
+    pub prefix: String,
+    /// `Some(true)`: paused only; `Some(false)`: active only.
+    pub paused: Option<bool>,
+    /// Most items.
+    pub limit: usize,
+}
+
+/// One page: items as the admin API shows them, and where the next page starts.
+#[derive(Debug)]
+pub struct EndpointPage {
+    /// `key`, `state`, `permanent_failure_streak`, `in_flight`, `pending`.
+    pub items: Vec<Value>,
+    /// The last key of this page, when more may follow.
+    pub next_cursor: Option<String>,
+}
+
+/// What one source knows of an endpoint.
+#[derive(Default)]
+struct Known {
+    view: Option<EndpointView>,
+    open: Option<u64>,
+}
+
+/// Reads one page (blocking: it reads the store).
+pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError> {
+    let after = q.cursor.as_deref();
+    let want = q.limit + 1;
+    let mut known: BTreeMap<String, Known> = BTreeMap::new();
+    let mut cut = false;
+    let views = d.endpoints.page(d.clock.now_ms(), after, &q.prefix, q.paused, want);
+    cut |= views.len() >= want;
+    for v in views {
+        let key = v.key.clone();
+        known.entry(key).or_default().view = Some(v);
+    }
+    // A paused endpoint is always in the table: only the active ones need the others.
+    if q.paused != Some(true) {
+        let (open, more) = d.store.open_endpoints_page(after, &q.prefix, want)?;
+        cut |= more || open.len() >= want;
+        for (key, n) in open {
+            known.entry(key).or_default().open = Some(n);
+        }
+        for e in &d.config.endpoints {
+            if after.is_none_or(|a| e.key.as_str() > a) && e.key.starts_with(&q.prefix) {
+                known.entry(e.key.clone()).or_default();
+            }
+        }
+    }
+    let mut items = Vec::new();
+    let mut last = None;
+    for (key, k) in known {
+        if items.len() >= q.limit {
+            cut = true;
+            break;
+        }
+        let view = k.view.or_else(|| d.endpoints.get(&key));
+        let paused = view.as_ref().is_some_and(|v| v.rec.paused);
+        // The cursor may pass a key the filter leaves out.
+        last = Some(key.clone());
+        if q.paused.is_some_and(|p| p != paused) {
+            continue;
+        }
+        let open = match k.open {
+            Some(n) => n,
+            None => d.store.open_of_endpoint(&key)?,
+        };
+        let (streak, in_flight) = view.as_ref().map_or((0, 0), |v| (v.rec.streak, v.in_flight));
+        items.push(json!({
+            "key": key,
+            "state": if paused { "paused" } else { "active" },
+            "permanent_failure_streak": streak,
+            "in_flight": in_flight,
+            "pending": open.saturating_sub(u64::from(in_flight)),
+        }));
+    }
+    Ok(EndpointPage {
+        items,
+        next_cursor: if cut { last } else { None },
+    })
+}
+
+/// Whether courier knows the endpoint (for pause and resume): in the table, with open
+/// messages, or configured.
+pub fn is_known(d: &Deliverer, key: &str) -> Result<bool, StoreError> {
+    Ok(d.endpoints.get(key).is_some()
+        || d.config.endpoints.iter().any(|e| e.key == key)
+        || d.store.open_of_endpoint(key)? > 0)
+}
