@@ -17,16 +17,22 @@
 /// less weight, so 5 steps is about 3×).
 pub const INGRESS_NICE: i32 = 5;
 
-/// Lowers the calling thread's priority to ingress level. Linux applies the nice value
-/// per thread (to the calling thread's id), not to the whole process.
+/// Lowers the calling thread's priority to [`INGRESS_NICE`] steps below the process's own
+/// (the main thread's: a unit started with `Nice=` keeps the same gap between ingress and
+/// delivery). A thread already that low (one started by an ingress thread inherits its
+/// value) is left alone. Linux applies the nice value per thread (to the calling thread's
+/// id), not to the whole process.
 pub fn lower_current_thread() {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: gettid and setpriority take no pointers and only affect this thread.
+        // SAFETY: getpid, gettid, getpriority and setpriority take no pointers and only
+        // read nice values or change this thread's.
         let failed = unsafe {
-            let tid = libc::gettid();
-            let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-            now < INGRESS_NICE && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, INGRESS_NICE) != 0
+            let base = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
+            let tid = libc::gettid() as libc::id_t;
+            let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+            let lower = (base + INGRESS_NICE).min(19);
+            lower > now && libc::setpriority(libc::PRIO_PROCESS, tid, lower) != 0
         };
         if failed {
             tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower an ingress thread's priority");
@@ -68,6 +74,30 @@ impl Drop for DeliveryRuntime {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn lowering_twice_or_from_a_lowered_thread_stays_at_ingress_nice() {
+        let (once, twice, child) = std::thread::scope(|s| {
+            s.spawn(|| {
+                let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+                super::lower_current_thread();
+                let once = nice();
+                super::lower_current_thread();
+                let twice = nice();
+                // A thread started by a lowered one inherits its value and asks again.
+                let child = std::thread::spawn(move || {
+                    super::lower_current_thread();
+                    nice()
+                })
+                .join()
+                .unwrap();
+                (once, twice, child)
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!((twice, child), (once, once), "not lowered again");
+    }
+
+    #[test]
     fn an_ingress_thread_runs_at_ingress_nice_and_others_do_not() {
         let (lowered, other) = std::thread::scope(|s| {
             let lowered = s.spawn(|| {
@@ -77,7 +107,10 @@ mod tests {
             let other = s.spawn(|| unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) });
             (lowered.join().unwrap(), other.join().unwrap())
         });
-        assert!(lowered >= super::INGRESS_NICE, "lowered to {lowered}");
+        assert!(
+            lowered >= (other + super::INGRESS_NICE).min(19),
+            "lowered to {lowered} from {other}"
+        );
         assert!(
             other < lowered,
             "a thread that did not ask keeps its priority ({other})"
