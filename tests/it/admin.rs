@@ -221,30 +221,14 @@ async fn dead_letters_page_through_with_every_id_exactly_once() {
     .await;
 
     let endpoint = enc(&rx.url("/gone"));
+    let (items, pages) = page_through(&c, &format!("/deliveries?state=dead&endpoint={endpoint}&limit=10"), 10).await;
     let mut seen = Vec::new();
-    let mut cursor: Option<String> = None;
-    let mut pages = 0;
-    loop {
-        let mut url = format!("/deliveries?state=dead&endpoint={endpoint}&limit=10");
-        if let Some(cur) = &cursor {
-            url.push_str(&format!("&cursor={}", enc(cur)));
-        }
-        let v = get(&c.admin_url(&url)).await.json();
-        let items = v["items"].as_array().unwrap();
-        assert!(items.len() <= 10, "a page holds at most limit items");
-        for it in items {
-            assert_eq!(it["state"], "dead");
-            assert_eq!(it["endpoint"], rx.url("/gone"));
-            assert_eq!(it["dead_reason"], "permanent_status");
-            assert!(it.get("history").is_none(), "a listing carries no history");
-            seen.push(it["id"].as_str().unwrap().to_string());
-        }
-        pages += 1;
-        match v["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
-            None => break,
-        }
-        assert!(pages < 10, "paging does not end");
+    for it in items {
+        assert_eq!(it["state"], "dead");
+        assert_eq!(it["endpoint"], rx.url("/gone"));
+        assert_eq!(it["dead_reason"], "permanent_status");
+        assert!(it.get("history").is_none(), "a listing carries no history");
+        seen.push(it["id"].as_str().unwrap().to_string());
     }
     assert_eq!(pages, 3, "25 items in pages of 10");
     assert_eq!(seen, sent, "every id once, in acceptance order");
@@ -744,27 +728,11 @@ async fn endpoints_page_in_key_order_and_filter_by_state_and_prefix() {
         assert_eq!(p.status, 204, "{}", p.text());
     }
 
+    let (items, pages) = page_through(&c, "/endpoints?limit=10", 10).await;
     let mut seen = Vec::new();
-    let mut cursor: Option<String> = None;
-    let mut pages = 0;
-    loop {
-        let mut url = "/endpoints?limit=10".to_string();
-        if let Some(cur) = &cursor {
-            url.push_str(&format!("&cursor={}", enc(cur)));
-        }
-        let v = get(&c.admin_url(&url)).await.json();
-        let items = v["items"].as_array().unwrap();
-        assert!(items.len() <= 10, "a page holds at most limit items");
-        for e in items {
-            assert_eq!(e["pending"], 1, "{e}");
-            seen.push(e["key"].as_str().unwrap().to_string());
-        }
-        pages += 1;
-        match v["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
-            None => break,
-        }
-        assert!(pages < 10, "paging does not end");
+    for e in items {
+        assert_eq!(e["pending"], 1, "{e}");
+        seen.push(e["key"].as_str().unwrap().to_string());
     }
     assert_eq!(seen, keys, "every endpoint once, in key order");
     assert_eq!(pages, 3, "25 endpoints in pages of 10");
@@ -796,5 +764,29 @@ async fn endpoints_page_in_key_order_and_filter_by_state_and_prefix() {
         let a = get(&c.admin_url(bad)).await;
         assert_eq!(a.status, 400, "{bad}");
         assert_eq!(a.json()["error"], "invalid_request", "{bad}");
+    }
+}
+
+/// Every item of a paged listing (`path` already carries its query and `limit`), following
+/// `next_cursor`; with the number of pages read.
+async fn page_through(c: &Courier, path: &str, limit: usize) -> (Vec<Value>, usize) {
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = path.to_string();
+        if let Some(cur) = &cursor {
+            url.push_str(&format!("&cursor={}", enc(cur)));
+        }
+        let v = get(&c.admin_url(&url)).await.json();
+        let items = v["items"].as_array().unwrap();
+        assert!(items.len() <= limit, "a page holds at most limit items");
+        all.extend(items.iter().cloned());
+        pages += 1;
+        match v["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => return (all, pages),
+        }
+        assert!(pages < 10, "paging does not end");
     }
 }
