@@ -192,7 +192,7 @@ impl Admin {
     }
 
     fn show(&self, id: &str) -> Response<Body> {
-        let shown = self.d.store.message(id).map(|r| r.map(|r| self.d.store.shown(r)));
+        let shown = self.d.store.message_shown(id);
         match (shown, self.d.store.history(id)) {
             (Ok(Some(rec)), Ok(history)) => serve::json(
                 StatusCode::OK,

@@ -37,6 +37,8 @@ pub struct ClientSettings {
     pub max_response_body: usize,
     /// Idle connections kept per host.
     pub pool_max_idle_per_host: usize,
+    /// How long a pooled connection may sit idle before it is closed.
+    pub idle_timeout: Duration,
 }
 
 /// A resolver service for hyper-util's connector that applies the egress policy to
@@ -123,8 +125,12 @@ impl HttpTransport {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        // With a timer the pool closes idle connections when their time is up; without one
+        // it only noticed at the next checkout for the same host, so a sweep over many
+        // hosts left a socket open to each of them for good.
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .pool_idle_timeout(settings.idle_timeout)
             .pool_max_idle_per_host(settings.pool_max_idle_per_host)
             .build(https);
         HttpTransport {

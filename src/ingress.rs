@@ -264,7 +264,7 @@ impl Ingress {
                 // A point read, but still a store call: off the async workers.
                 let store = self.deliverer.store.clone();
                 let looked_up = first.clone();
-                let read = move || store.message(&looked_up).map(|r| r.map(|r| store.shown(r)));
+                let read = move || store.message_shown(&looked_up);
                 let status = match tokio::task::spawn_blocking(read).await {
                     Ok(Ok(Some(rec))) => rec.state.as_str(),
                     _ => "pending",

@@ -121,6 +121,12 @@ impl Config {
                 delivery.max_response_body,
                 parse_size_text,
             )?;
+            set(
+                &mut d.idle_connection_timeout,
+                "delivery.idle_connection_timeout",
+                delivery.idle_connection_timeout,
+                parse_duration_text,
+            )?;
         }
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
@@ -252,6 +258,7 @@ struct FileDelivery {
     rate_per_second: Option<u32>,
     pause_after_permanent_failures: Option<u32>,
     max_response_body: Option<String>,
+    idle_connection_timeout: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -126,6 +126,8 @@ pub struct DeliveryConfig {
     pub pause_after_permanent_failures: u32,
     /// Bytes of a response body kept.
     pub max_response_body: u64,
+    /// How long a pooled connection may sit idle before it is closed.
+    pub idle_connection_timeout: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -138,6 +140,7 @@ impl Default for DeliveryConfig {
             rate_per_second: 100,
             pause_after_permanent_failures: 100,
             max_response_body: 64 << 10,
+            idle_connection_timeout: Duration::from_secs(90),
         }
     }
 }

@@ -100,6 +100,7 @@ impl Config {
             ("retry.give_up_after", r.give_up_after),
             ("delivery.connect_timeout", d.connect_timeout),
             ("delivery.request_timeout", d.request_timeout),
+            ("delivery.idle_connection_timeout", d.idle_connection_timeout),
         ];
         for (key, value) in positive {
             if value.is_zero() {

@@ -213,8 +213,7 @@ impl Harness {
 
     /// The record as readers see it (a leased message is in flight).
     fn record(&self, id: &str) -> MessageRecord {
-        let store = &self.d.store;
-        store.shown(store.message(id).unwrap().unwrap())
+        self.d.store.message_shown(id).unwrap().unwrap()
     }
 
     /// Waits until the message's stored record satisfies `pred` (the worker records

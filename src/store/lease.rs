@@ -82,7 +82,21 @@ impl Store {
         Ok(out)
     }
 
-    /// A record as readers see it: `in_flight` while leased.
+    /// A message as readers see it: `in_flight` while leased. The lease is looked at before
+    /// the record is read: a result or release writes the record first and ends the lease
+    /// after, so this never shows the record from before such a write as no longer leased.
+    pub fn message_shown(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+        let leased = self.leases.contains(id);
+        Ok(self.message(id)?.map(|mut rec| {
+            if leased && rec.state == State::Pending {
+                rec.state = State::InFlight;
+            }
+            rec
+        }))
+    }
+
+    /// A record as readers see it: `in_flight` while leased (for records already read, as
+    /// a listing reads them).
     pub fn shown(&self, mut rec: MessageRecord) -> MessageRecord {
         if rec.state == State::Pending && self.leases.contains(&rec.id) {
             rec.state = State::InFlight;
@@ -108,7 +122,7 @@ impl Store {
         }
         let mut page = Page::default();
         for (i, id) in ids.iter().enumerate() {
-            let Some(rec) = self.message(id)?.map(|r| self.shown(r)) else {
+            let Some(rec) = self.message_shown(id)? else {
                 continue;
             };
             if !filter.matches(&rec) {

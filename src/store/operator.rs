@@ -161,13 +161,13 @@ impl Store {
         while let Some(k) = it.key() {
             let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             scanned += 1;
-            let rec = if filter.state.is_some() {
-                self.message(&id)?
-            } else {
-                Some(decode_message(&id, it.value().unwrap_or_default())?)
-            };
             // Shown as readers see it: a leased message is in flight, not pending.
-            if let Some(rec) = rec.map(|r| self.shown(r)).filter(|r| filter.matches(r)) {
+            let rec = if filter.state.is_some() {
+                self.message_shown(&id)?
+            } else {
+                Some(self.shown(decode_message(&id, it.value().unwrap_or_default())?))
+            };
+            if let Some(rec) = rec.filter(|r| filter.matches(r)) {
                 page.items.push(rec);
                 if page.items.len() >= limit {
                     it.next();

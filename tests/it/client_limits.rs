@@ -4,7 +4,8 @@
 //! body (`max_response_body`), and one that redirects (never followed). Each attempt is
 //! classified as the contract says, its host slot is released (a second message to the
 //! same host gets through with `max_in_flight_per_host = 1`), and `last_error` is capped
-//! and cleaned. Every socket is on 127.0.0.1.
+//! and cleaned; a pooled connection left idle is closed after `idle_connection_timeout`.
+//! Every socket is on 127.0.0.1.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,8 @@ struct RawReceiver {
     closed_after: Arc<Mutex<Vec<(String, Duration)>>>,
     /// Body bytes `/huge` managed to write before courier closed the connection.
     huge_written: Arc<AtomicU64>,
+    /// Connections courier holds open to it now.
+    open: Arc<AtomicU64>,
     changed: Arc<tokio::sync::Notify>,
 }
 
@@ -45,12 +48,19 @@ impl RawReceiver {
             paths: Default::default(),
             closed_after: Default::default(),
             huge_written: Default::default(),
+            open: Default::default(),
             changed: Default::default(),
         };
         let r = rx.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(r.clone().serve(stream));
+                let r = r.clone();
+                r.open.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let open = r.open.clone();
+                    r.serve(stream).await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
             }
         });
         rx
@@ -387,4 +397,22 @@ async fn redirects_are_failed_attempts_and_never_followed() {
         "a redirect was followed: {:?}",
         elsewhere.seen().iter().map(|s| &s.path).collect::<Vec<_>>()
     );
+}
+
+#[tokio::test]
+async fn an_idle_pooled_connection_is_closed_after_the_idle_timeout() {
+    let rx = RawReceiver::start().await;
+    let d = tempfile::tempdir().unwrap();
+    let c = Courier::start(d.path(), "[delivery]\nidle_connection_timeout = \"1s\"\n");
+    let id = send(&c, &rx.url("/ok"), "one").await;
+    wait_state(&c, &id, "delivered").await;
+    assert_eq!(rx.open.load(Ordering::SeqCst), 1, "kept for reuse after the answer");
+    // No further request to this host: only the pool's own timer can close it.
+    eventually("the idle connection closed by courier", || async {
+        (rx.open.load(Ordering::SeqCst) == 0).then_some(())
+    })
+    .await;
+    // And a later message opens a new one.
+    let again = send(&c, &rx.url("/ok"), "two").await;
+    wait_state(&c, &again, "delivered").await;
 }

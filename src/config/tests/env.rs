@@ -88,6 +88,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_DELIVERY_MAX_RESPONSE_BODY", "1KiB", |c| {
         c.delivery.max_response_body == 1024
     }),
+    ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT", "15s", |c| {
+        c.delivery.idle_connection_timeout == Duration::from_secs(15)
+    }),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),

@@ -106,6 +106,7 @@ max_in_flight_per_host = 4
 rate_per_second = 20
 pause_after_permanent_failures = 7
 max_response_body = "1KiB"
+idle_connection_timeout = "45s"
 
 [signing]
 scheme = "standard"

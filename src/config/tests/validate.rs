@@ -15,6 +15,10 @@ const INVALID: &[(&str, &str)] = &[
     ("[retry]\nmax_attempts_404 = 0", "retry.max_attempts_404 must be at least 1"),
     ("[retry]\ngive_up_after = \"0\"", "retry.give_up_after must be greater than 0"),
     ("[delivery]\nrequest_timeout = \"0ms\"", "delivery.request_timeout must be greater than 0"),
+    (
+        "[delivery]\nidle_connection_timeout = \"0s\"",
+        "delivery.idle_connection_timeout must be greater than 0",
+    ),
     ("[delivery]\nconnect_timeout = \"0s\"", "delivery.connect_timeout must be greater than 0"),
     ("[delivery]\nmax_in_flight = 0", "delivery.max_in_flight must be at least 1"),
     ("[delivery]\nmax_in_flight_per_host = 0", "delivery.max_in_flight_per_host must be at least 1"),
