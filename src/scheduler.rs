@@ -35,8 +35,6 @@ pub const SCAN_BUDGET: usize = 4096;
 pub const CLAIM_BATCH: usize = 256;
 /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
 pub const SKIP_RUN: usize = 256;
-/// How often a pass that made progress may walk past a blocked run (see [`Scheduler::run`]).
-const DEEPER_EVERY_MS: u64 = 50;
 /// How long to wait before trying again after the store failed to read or claim.
 const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -45,10 +43,6 @@ pub struct Scheduler {
     d: Arc<Deliverer>,
     /// Where the last pass stopped on a long blocked run.
     resume: Option<(u64, String)>,
-    /// A walk past a blocked run is under way (it may span wake-ups).
-    walking_deeper: bool,
-    /// A pass that made progress starts a walk past a blocked run no earlier than this.
-    next_deeper_at: u64,
 }
 
 /// What one pass found.
@@ -77,12 +71,7 @@ impl Pass {
 impl Scheduler {
     /// A scheduler over a delivery context.
     pub fn new(d: Arc<Deliverer>) -> Self {
-        Scheduler {
-            d,
-            resume: None,
-            walking_deeper: false,
-            next_deeper_at: 0,
-        }
+        Scheduler { d, resume: None }
     }
 
     /// Runs until `stop` turns true.
@@ -111,40 +100,14 @@ impl Scheduler {
             self.resume = resume;
             self.d.metrics.scheduler_pass();
             scanned_since_wait += pass.scanned;
-            let now = self.d.clock.now_ms();
-            let progressed = pass.dispatched + pass.parked > 0;
-            let more_now = pass.cut && progressed;
-            // Past a blocked run (a host at its cap, an endpoint out of tokens) other hosts'
-            // messages may wait: a pass that could start nothing there looks at once. One
-            // that did start something (a freed permit served the head of the queue) looks
-            // at most every DEEPER_EVERY_MS: while one host's large backlog drains, a permit
-            // comes back with every answer, and re-walking the blocked run after each would
-            // cost more than the deliveries.
-            let wants_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
-            let mut deferred_deeper = None;
-            if wants_deeper {
-                if self.walking_deeper || !progressed || now >= self.next_deeper_at {
-                    if !self.walking_deeper {
-                        self.next_deeper_at = now + DEEPER_EVERY_MS;
-                    }
-                    self.walking_deeper = true;
-                    continue;
-                }
-                // The next wake-up serves the head of the queue first.
-                self.resume = None;
-                deferred_deeper = Some(self.next_deeper_at);
-            }
-            if more_now {
+            let more_now = pass.cut && pass.dispatched + pass.parked > 0;
+            let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
+            if more_now || go_deeper {
                 continue;
             }
-            // A walk ends where a pass did not stop on a blocked run; one cut short by the
-            // budget continues from its resume point at the next wake-up.
-            self.walking_deeper = self.resume.is_some();
             scanned_since_wait = 0;
+            let now = self.d.clock.now_ms();
             let mut wake_at = pass.wake_at;
-            if let Some(at) = deferred_deeper {
-                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
-            }
             if pass.store_error {
                 let retry = now + STORE_ERROR_BACKOFF.as_millis() as u64;
                 wake_at = Some(wake_at.map_or(retry, |w| w.min(retry)));
