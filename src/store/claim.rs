@@ -1,8 +1,11 @@
 //! The scheduler's side of the due queue: walking it in due order from the due floor,
-//! moving the floor up after a pass, and claiming due entries for an attempt.
+//! moving the floor up after a pass, and reading what a due entry points at.
 //!
-//! A claim is the only way a message becomes `in_flight`; what happens after the attempt
-//! is in `finish`.
+//! Courier takes a due message for an attempt with an in-memory lease (`lease`), or writes
+//! it in flight at accept (`Store::accept_claimed`); what happens after the attempt is in
+//! `finish`. The write-claim here ([`Store::claim_many`]) is not on courier's own path; tests
+//! use it to put a message in the state claim-at-accept and a crash leave it in (in flight
+//! on disk, no due entry), so the result and recovery paths are tested from there.
 
 use rocksdb::{ReadOptions, WriteBatch};
 
