@@ -200,6 +200,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
                 max_response_body: config.delivery.max_response_body as usize,
                 pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
                 idle_timeout: config.delivery.idle_connection_timeout,
+                max_idle_connections: config.delivery.max_idle_connections as usize,
             },
             EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
             seams.resolver,

@@ -6,6 +6,9 @@
 //! to exactly an address that was checked, on every attempt (a later DNS answer pointing
 //! at a private address is refused too). IP-literal targets never reach a resolver, so
 //! [`HttpTransport::send`] checks them itself before sending.
+//!
+//! Idle pooled connections are bounded per host by hyper-util's pool and, all hosts
+//! together, by [`crate::conn_cap`] (`delivery.max_idle_connections`).
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -22,6 +25,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::conn_cap::{CappedConnector, ConnCap};
 use crate::egress::{is_loopback_name, literal_ip, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
 use crate::resolver::Resolve;
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
@@ -39,6 +43,8 @@ pub struct ClientSettings {
     pub pool_max_idle_per_host: usize,
     /// How long a pooled connection may sit idle before it is closed.
     pub idle_timeout: Duration,
+    /// Idle connections kept, all hosts together (see [`crate::conn_cap`]).
+    pub max_idle_connections: usize,
 }
 
 /// A resolver service for hyper-util's connector that applies the egress policy to
@@ -91,13 +97,14 @@ impl tower_service::Service<Name> for GuardedResolver {
     }
 }
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+type HttpsClient = Client<hyper_rustls::HttpsConnector<CappedConnector<HttpConnector<GuardedResolver>>>, Full<Bytes>>;
 
 /// The production [`Transport`].
 pub struct HttpTransport {
     client: HttpsClient,
     policy: Arc<EgressPolicy>,
     settings: ClientSettings,
+    cap: Arc<ConnCap>,
 }
 
 impl HttpTransport {
@@ -111,6 +118,9 @@ impl HttpTransport {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.connect_timeout));
+        // Under TLS, so the cap counts and closes the TCP connection itself.
+        let cap = ConnCap::new(settings.max_idle_connections);
+        let http = CappedConnector::new(http, cap.clone());
         let roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };
@@ -137,6 +147,7 @@ impl HttpTransport {
             client,
             policy,
             settings,
+            cap,
         }
     }
 
@@ -153,6 +164,9 @@ impl HttpTransport {
         let request = builder
             .body(Full::new(req.body))
             .map_err(|e| TransportError::Network(e.to_string()))?;
+        // Held until the body is read: while any request to a host runs, the cap leaves the
+        // host's connections alone; its end is when an idle one may be closed.
+        let _busy = self.cap.begin(request.uri());
         let response = self.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
         let retry_after = response
@@ -175,6 +189,9 @@ impl HttpTransport {
                 Some(Err(_)) | None => break,
             }
         }
+        // The body goes first (its connection back to the pool, or closed when cut short),
+        // then the guard: the request is over when the cap looks at the idle total.
+        drop(body);
         Ok(InboundResponse {
             status,
             retry_after,

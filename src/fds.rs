@@ -6,8 +6,9 @@
 
 /// Descriptors kept for the store (RocksDB's `max_open_files` of 256 for its tables, plus
 /// its WAL, MANIFEST, LOG and LOCK), logs, epoll and everything that is not a connection.
-/// Idle pooled connections are not counted in the shares below: bounding the pool as a
-/// whole is the job of `delivery.max_idle_connections` (many receivers).
+/// Idle pooled connections are not counted in the shares below: the pool as a whole is
+/// bounded by `delivery.max_idle_connections` (default 256, [`crate::conn_cap`]): once a
+/// host's attempts end, its idle connections count against that cap.
 pub const RESERVED: u64 = 256 + 64;
 
 /// How many connections and attempts each user may hold at once.

@@ -33,6 +33,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod conn_cap;
 pub mod delivery;
 pub mod egress;
 pub mod endpoint_page;

@@ -127,6 +127,7 @@ impl Config {
                 delivery.idle_connection_timeout,
                 parse_duration_text,
             )?;
+            d.max_idle_connections = delivery.max_idle_connections.unwrap_or(d.max_idle_connections);
         }
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
@@ -259,6 +260,7 @@ struct FileDelivery {
     pause_after_permanent_failures: Option<u32>,
     max_response_body: Option<String>,
     idle_connection_timeout: Option<String>,
+    max_idle_connections: Option<u32>,
 }
 
 #[derive(Deserialize)]

@@ -128,6 +128,10 @@ pub struct DeliveryConfig {
     pub max_response_body: u64,
     /// How long a pooled connection may sit idle before it is closed.
     pub idle_connection_timeout: Duration,
+    /// Idle pooled connections kept open, all hosts together: past it, those of the hosts
+    /// used least recently are closed, so a sweep over many receivers does not leave a
+    /// socket open to each of them until `idle_connection_timeout`.
+    pub max_idle_connections: u32,
 }
 
 impl Default for DeliveryConfig {
@@ -141,6 +145,11 @@ impl Default for DeliveryConfig {
             pause_after_permanent_failures: 100,
             max_response_body: 64 << 10,
             idle_connection_timeout: Duration::from_secs(90),
+            // Enough for the busiest hosts' connections to stay warm (25 hosts at the default
+            // 10 per host, or 256 hosts at one), while what idle sockets cost stays small: a
+            // descriptor each (as many as the store's own reserve) and some tens of KiB of
+            // TLS and hyper buffers, so a few MiB in all.
+            max_idle_connections: 256,
         }
     }
 }

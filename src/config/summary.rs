@@ -61,7 +61,8 @@ impl Config {
                 concat!(
                     "delivery: connect_timeout {}, request_timeout {}, max_in_flight {}, max_in_flight_per_host {}, ",
                     "rate_per_second {}, ",
-                    "pause_after_permanent_failures {}, max_response_body {}, idle_connection_timeout {}"
+                    "pause_after_permanent_failures {}, max_response_body {}, idle_connection_timeout {}, ",
+                    "max_idle_connections {}"
                 ),
                 format_duration(d.connect_timeout),
                 format_duration(d.request_timeout),
@@ -70,7 +71,8 @@ impl Config {
                 d.rate_per_second,
                 d.pause_after_permanent_failures,
                 format_size(d.max_response_body),
-                format_duration(d.idle_connection_timeout)
+                format_duration(d.idle_connection_timeout),
+                d.max_idle_connections
             ),
         ];
         let keys: Vec<String> = self

@@ -122,6 +122,7 @@ impl Config {
             ("retry.max_attempts_404", r.max_attempts_404),
             ("delivery.max_in_flight", d.max_in_flight),
             ("delivery.max_in_flight_per_host", d.max_in_flight_per_host),
+            ("delivery.max_idle_connections", d.max_idle_connections),
             ("delivery.rate_per_second", d.rate_per_second),
             (
                 "delivery.pause_after_permanent_failures",

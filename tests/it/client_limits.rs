@@ -4,8 +4,9 @@
 //! body (`max_response_body`), and one that redirects (never followed). Each attempt is
 //! classified as the contract says, its host slot is released (a second message to the
 //! same host gets through with `max_in_flight_per_host = 1`), and `last_error` is capped
-//! and cleaned; a pooled connection left idle is closed after `idle_connection_timeout`.
-//! Every socket is on 127.0.0.1.
+//! and cleaned; a pooled connection left idle is closed after `idle_connection_timeout`,
+//! and idle connections over all hosts are capped at `max_idle_connections`. Every socket
+//! is on loopback (127.0.0.1, and 127.0.0.2 onwards for distinct hosts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,24 +38,33 @@ struct RawReceiver {
     huge_written: Arc<AtomicU64>,
     /// Connections courier holds open to it now.
     open: Arc<AtomicU64>,
+    /// Connections courier opened to it, ever.
+    accepted: Arc<AtomicU64>,
     changed: Arc<tokio::sync::Notify>,
 }
 
 impl RawReceiver {
     async fn start() -> RawReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on("127.0.0.1").await
+    }
+
+    /// A receiver on `ip` (any loopback address: all of 127.0.0.0/8 is loopback on Linux).
+    async fn start_on(ip: &str) -> RawReceiver {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
         let rx = RawReceiver {
             addr: listener.local_addr().unwrap(),
             paths: Default::default(),
             closed_after: Default::default(),
             huge_written: Default::default(),
             open: Default::default(),
+            accepted: Default::default(),
             changed: Default::default(),
         };
         let r = rx.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let r = r.clone();
+                r.accepted.fetch_add(1, Ordering::SeqCst);
                 r.open.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let open = r.open.clone();
@@ -415,4 +425,93 @@ async fn an_idle_pooled_connection_is_closed_after_the_idle_timeout() {
     // And a later message opens a new one.
     let again = send(&c, &rx.url("/ok"), "two").await;
     wait_state(&c, &again, "delivered").await;
+}
+
+/// Courier's established TCP connections to any of `to`, read from `/proc/<pid>/net/tcp`
+/// (its network namespace's IPv4 sockets; courier's ends are those whose remote address is
+/// a receiver's). `None` where `/proc` cannot be read.
+fn established_to(pid: u32, to: &[std::net::SocketAddr]) -> Option<usize> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    // `AABBCCDD:PPPP`: the address as the kernel's in-memory u32 printed in hex (so in
+    // host byte order), the port in hex.
+    let parse = |field: &str| -> Option<std::net::SocketAddr> {
+        let (ip, port) = field.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?.to_ne_bytes();
+        Some((std::net::Ipv4Addr::from(ip), u16::from_str_radix(port, 16).ok()?).into())
+    };
+    let count = table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // cols[2] is the remote address, cols[3] the state: 01 is ESTABLISHED.
+            cols.len() > 3 && cols[3] == "01" && parse(cols[2]).is_some_and(|remote| to.contains(&remote))
+        })
+        .count();
+    Some(count)
+}
+
+#[tokio::test]
+async fn idle_connections_over_all_hosts_are_capped_and_a_host_under_the_cap_reuses_its_own() {
+    const CAP: u64 = 4;
+    const HOSTS: usize = 16;
+    // Distinct hosts: 127.0.0.2 to 127.0.0.17, each its own `host:port`.
+    let mut hosts = Vec::new();
+    for i in 0..HOSTS {
+        hosts.push(RawReceiver::start_on(&format!("127.0.0.{}", i + 2)).await);
+    }
+    let addrs: Vec<_> = hosts.iter().map(|h| h.addr).collect();
+    let d = tempfile::tempdir().unwrap();
+    // An idle timeout far beyond the test: only the cap can close these connections.
+    let c = Courier::start(
+        d.path(),
+        &format!("[delivery]\nmax_idle_connections = {CAP}\nidle_connection_timeout = \"10m\"\n"),
+    );
+
+    // Under the cap, a host's connection is kept and reused: two messages, one after the
+    // other, one connection.
+    for body in ["one", "two"] {
+        let id = send(&c, &hosts[0].url("/ok"), body).await;
+        wait_state(&c, &id, "delivered").await;
+    }
+    assert_eq!(hosts[0].paths(), ["/ok", "/ok"]);
+    assert_eq!(
+        (
+            hosts[0].accepted.load(Ordering::SeqCst),
+            hosts[0].open.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "the second message reused the first's connection"
+    );
+
+    // A sweep: one message to each host, all due at once.
+    let mut ids = Vec::new();
+    for h in &hosts {
+        ids.push(send(&c, &h.url("/ok"), "sweep").await);
+    }
+    for id in &ids {
+        wait_state(&c, id, "delivered").await;
+    }
+    let accepted: u64 = hosts.iter().map(|h| h.accepted.load(Ordering::SeqCst)).sum();
+    assert!(accepted >= HOSTS as u64, "each host was connected to: {accepted}");
+
+    // Once every attempt has ended, courier holds at most the cap, seen from both ends.
+    // Without the cap all 16 would stay open for the 10 minute idle timeout.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let open: u64 = hosts.iter().map(|h| h.open.load(Ordering::SeqCst)).sum();
+        let courier_side = established_to(c.pid(), &addrs);
+        if open <= CAP && courier_side.is_none_or(|n| n as u64 <= CAP) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "courier holds {open} connections open to the receivers ({courier_side:?} established on its side), \
+             over max_idle_connections = {CAP}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The cap keeps what it may: the hosts used last are not closed down to nothing.
+    let open: u64 = hosts.iter().map(|h| h.open.load(Ordering::SeqCst)).sum();
+    assert!(open >= 1, "every connection was closed: {open}");
 }

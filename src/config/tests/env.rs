@@ -91,6 +91,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT", "15s", |c| {
         c.delivery.idle_connection_timeout == Duration::from_secs(15)
     }),
+    ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS", "8", |c| {
+        c.delivery.max_idle_connections == 8
+    }),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),

@@ -41,6 +41,7 @@ fn defaults_are_exactly_the_contract() {
         (10, 100, 100)
     );
     assert_eq!(dl.max_response_body, 65_536);
+    assert_eq!(dl.max_idle_connections, 256);
     assert_eq!(d.signing.scheme, SignatureScheme::Standard);
     assert!(d.signing.secrets.is_empty() && d.signing.keys.is_empty());
     assert!(!d.egress.allow_private_targets && d.egress.allow.is_empty());
@@ -98,6 +99,7 @@ fn the_full_example_parses_every_key() {
         (4, 20, 7)
     );
     assert_eq!(d.max_response_body, 1024);
+    assert_eq!((d.idle_connection_timeout, d.max_idle_connections), (secs(45), 32));
     let secrets: Vec<&str> = c.signing.secrets.iter().map(Secret::expose).collect();
     assert_eq!(secrets, [STD_SECRET, STD_SECRET_2]);
     assert_eq!(c.signing_key("billing").map(|s| s.len()), Some(2));

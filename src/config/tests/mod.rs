@@ -107,6 +107,7 @@ rate_per_second = 20
 pause_after_permanent_failures = 7
 max_response_body = "1KiB"
 idle_connection_timeout = "45s"
+max_idle_connections = 32
 
 [signing]
 scheme = "standard"

@@ -22,6 +22,7 @@ const INVALID: &[(&str, &str)] = &[
     ("[delivery]\nconnect_timeout = \"0s\"", "delivery.connect_timeout must be greater than 0"),
     ("[delivery]\nmax_in_flight = 0", "delivery.max_in_flight must be at least 1"),
     ("[delivery]\nmax_in_flight_per_host = 0", "delivery.max_in_flight_per_host must be at least 1"),
+    ("[delivery]\nmax_idle_connections = 0", "delivery.max_idle_connections must be at least 1"),
     ("[delivery]\nrate_per_second = 0", "delivery.rate_per_second must be at least 1"),
     ("[delivery]\npause_after_permanent_failures = 0", "delivery.pause_after_permanent_failures must be at least 1"),
     ("ingress_token = \"\"", "ingress_token must not be empty"),
