@@ -275,13 +275,16 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         .handle()
         .spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
     let d = deliverer.clone();
-    let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || match d.expire_endpoints() {
-        Ok(n) if n > 0 => tracing::info!(
-            forgotten = n,
-            "endpoints not seen within the retention window forgotten"
+    let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || {
+        match d.expire_endpoints() {
+        Ok((forgotten, deleted)) if forgotten + deleted > 0 => tracing::info!(
+            forgotten,
+            deleted,
+            "endpoints not seen within the retention window forgotten (in memory), and records not written within it deleted"
         ),
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "forgetting idle endpoints failed; will try again"),
+    }
     });
     let retention_task = tokio::spawn(crate::retention::run(
         store.clone(),

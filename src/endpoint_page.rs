@@ -1,10 +1,12 @@
 //! One page of `GET /endpoints`: every endpoint courier knows, in key order, after a
 //! cursor, filtered by state and key prefix.
 //!
-//! Endpoints are known from three places, each read in key order and only as far as one
+//! Endpoints are known from four places, each read in key order and only as far as one
 //! page needs, so a page costs the same with ten endpoints known or a million:
-//! - the in-memory table (paused, failing, busy, or seen within the retention window; it
-//!   is bounded, and every paused endpoint is in it);
+//! - the in-memory table (paused, busy, or seen lately; it is bounded, and every paused
+//!   endpoint is in it);
+//! - the store's endpoint records (every endpoint with a permanent-failure streak that was
+//!   written within the retention window, whether memory still holds it or not);
 //! - the store's per-endpoint open counters (every endpoint with pending or in-flight
 //!   messages), walked from the cursor;
 //! - the endpoints configured under `[[endpoint]]`.
@@ -17,7 +19,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use crate::delivery::{Deliverer, EndpointView};
-use crate::store::StoreError;
+use crate::store::{EndpointRecord, StoreError};
 
 /// What a page asks for.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +47,7 @@ pub struct EndpointPage {
 #[derive(Default)]
 struct Known {
     view: Option<EndpointView>,
+    stored: Option<EndpointRecord>,
     open: Option<u64>,
 }
 
@@ -62,6 +65,11 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     }
     // A paused endpoint is always in the table: only the active ones need the others.
     if q.paused != Some(true) {
+        let (stored, more) = d.store.endpoint_records_page(after, &q.prefix, want)?;
+        cut |= more || stored.len() >= want;
+        for (key, rec) in stored {
+            known.entry(key).or_default().stored = Some(rec);
+        }
         let (open, more) = d.store.open_endpoints_page(after, &q.prefix, want)?;
         cut |= more || open.len() >= want;
         for (key, n) in open {
@@ -91,7 +99,13 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
             Some(n) => n,
             None => d.store.open_of_endpoint(&key)?,
         };
-        let (streak, in_flight) = view.as_ref().map_or((0, 0), |v| (v.rec.streak, v.in_flight));
+        // Memory's record is the whole state once loaded; before that, the store's is.
+        let streak = match (&view, k.stored) {
+            (Some(v), _) if v.loaded => v.rec.streak,
+            (_, Some(rec)) => rec.streak,
+            _ => d.store.endpoint(&key)?.map_or(0, |r| r.streak),
+        };
+        let in_flight = view.as_ref().map_or(0, |v| v.in_flight);
         items.push(json!({
             "key": key,
             "state": if paused { "paused" } else { "active" },
@@ -107,9 +121,10 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
 }
 
 /// Whether courier knows the endpoint (for pause and resume): in the table, with open
-/// messages, or configured.
+/// messages, with a stored record, or configured.
 pub fn is_known(d: &Deliverer, key: &str) -> Result<bool, StoreError> {
     Ok(d.endpoints.get(key).is_some()
         || d.config.endpoints.iter().any(|e| e.key == key)
-        || d.store.open_of_endpoint(key)? > 0)
+        || d.store.open_of_endpoint(key)? > 0
+        || d.store.endpoint(key)?.is_some())
 }

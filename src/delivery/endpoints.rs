@@ -2,13 +2,22 @@
 //! the store whenever they change), the rate-limit token bucket, the in-flight count, and
 //! when courier last saw the endpoint.
 //!
-//! "Seen" means any attempt, rate check, result, pause or resume. An endpoint seen within
-//! the listing window (the retention window of delivered messages) stays in
-//! [`EndpointTable::snapshot`], so an operator who just resumed an endpoint with nothing
-//! open still finds it listed. The table is bounded: once it holds more than
-//! [`PRUNE_ABOVE`] entries, entries with nothing to remember (no pause, no streak, nothing
-//! in flight) that were not seen within the window are forgotten, and if that is not
-//! enough, the longest-unseen of them go first.
+//! "Seen" means any attempt, rate check, result, pause or resume. Memory holds what is
+//! active, not every endpoint ever seen:
+//! - a paused endpoint always stays (the scheduler asks about every due message);
+//! - so does one with attempts in flight;
+//! - any other entry can be forgotten, because what it has worth keeping (a streak) is in
+//!   the store already: an entry made by a rate check or an attempt is *not loaded*, and
+//!   the first result that needs its streak reads the record back (on the result
+//!   writer's thread, never an async worker's).
+//!
+//! Once the table holds more than [`PRUNE_ABOVE`] entries, the forgettable ones not seen
+//! within the listing window go first, then the longest-unseen, down to half the bound.
+//! An entry seen within the last second is never forgotten: its token bucket may be short
+//! of tokens, and a new one would start full. So the table holds at most the bound, or the
+//! endpoints seen in the last second plus the paused and busy ones if that is more; and a
+//! prune that cannot get below the bound waits until the table has doubled, so a table
+//! full of paused endpoints does not pay a prune per new endpoint.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -41,26 +50,37 @@ pub enum StreakEvent {
 /// Entries above which the table forgets endpoints with nothing to remember.
 pub const PRUNE_ABOVE: usize = 10_000;
 
+/// A token bucket holds one second of tokens: an entry unseen this long has a full one.
+const BUCKET_FULL_MS: u64 = 1_000;
+
 #[derive(Debug)]
 struct Entry {
     rec: EndpointRecord,
+    /// Whether `rec` is the endpoint's whole state (else the store may hold a streak).
+    loaded: bool,
     bucket: TokenBucket,
     in_flight: u32,
     last_seen_ms: u64,
 }
 
 impl Entry {
-    fn new(rec: EndpointRecord, bucket: TokenBucket, now_ms: u64) -> Self {
+    fn new(rec: EndpointRecord, loaded: bool, bucket: TokenBucket, now_ms: u64) -> Self {
         Entry {
             rec,
+            loaded,
             bucket,
             in_flight: 0,
             last_seen_ms: now_ms,
         }
     }
 
-    fn worth_keeping(&self) -> bool {
-        self.rec != EndpointRecord::default() || self.in_flight > 0
+    /// Paused or busy: memory is the only place that knows it.
+    fn must_stay(&self) -> bool {
+        self.rec.paused || self.in_flight > 0
+    }
+
+    fn worth_listing(&self) -> bool {
+        self.must_stay() || self.rec != EndpointRecord::default()
     }
 }
 
@@ -69,28 +89,38 @@ impl Entry {
 pub struct EndpointView {
     /// Endpoint key.
     pub key: String,
-    /// Persistent state.
+    /// Persistent state (the default when not `loaded`).
     pub rec: EndpointRecord,
+    /// Whether `rec` is known to match the store (else read the store's record).
+    pub loaded: bool,
     /// Attempts in flight now.
     pub in_flight: u32,
     /// When courier last saw the endpoint (unix millis).
     pub last_seen_ms: u64,
 }
 
-/// Every endpoint courier has seen since start (and every one with persisted state).
+#[derive(Debug)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    /// The size at which the next prune runs.
+    prune_at: usize,
+}
+
+/// The endpoints courier is working with now (see the module doc for what stays).
 #[derive(Debug)]
 pub struct EndpointTable {
     default_rate: u32,
     rates: HashMap<String, u32>,
     pause_after: u32,
     listed_for_ms: u64,
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<Entries>,
 }
 
 impl EndpointTable {
     /// A table with the default rate, per-endpoint rate overrides, the auto-pause
     /// threshold, how long an endpoint stays listed after it was last seen, and the
-    /// persisted endpoint records (seen, as far as the table knows, at `now_ms`).
+    /// persisted records of the paused endpoints (seen, as far as the table knows, at
+    /// `now_ms`). Other persisted records are read when their endpoint is next seen.
     pub fn new(
         default_rate: u32,
         rates: HashMap<String, u32>,
@@ -104,41 +134,56 @@ impl EndpointTable {
             rates,
             pause_after,
             listed_for_ms,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries {
+                map: HashMap::new(),
+                prune_at: PRUNE_ABOVE,
+            }),
         };
         {
             let mut entries = t.lock();
             for (key, rec) in persisted {
                 let bucket = TokenBucket::new(t.rate(&key), now_ms);
-                entries.insert(key, Entry::new(rec, bucket, now_ms));
+                entries.map.insert(key, Entry::new(rec, true, bucket, now_ms));
             }
         }
         t
+    }
+
+    /// How long an endpoint stays listed after it was last seen (the retention window).
+    pub fn listed_for_ms(&self) -> u64 {
+        self.listed_for_ms
     }
 
     fn recently_seen(&self, e: &Entry, now_ms: u64) -> bool {
         e.last_seen_ms.saturating_add(self.listed_for_ms) >= now_ms
     }
 
-    /// Forgets entries with nothing to remember: first those not seen within the window,
-    /// then, if the table is still over its bound, the longest-unseen.
-    fn prune(&self, entries: &mut HashMap<String, Entry>, now_ms: u64) {
-        entries.retain(|_, e| e.worth_keeping() || self.recently_seen(e, now_ms));
-        if entries.len() > PRUNE_ABOVE {
-            let mut idle: Vec<(u64, String)> = entries
+    fn listable(&self, e: &Entry, now_ms: u64) -> bool {
+        e.worth_listing() || self.recently_seen(e, now_ms)
+    }
+
+    /// Forgets entries that need not stay: first those not seen within the window, then,
+    /// if the table is still over its bound, the longest-unseen, down to half the bound.
+    fn prune(&self, entries: &mut Entries, now_ms: u64) {
+        let map = &mut entries.map;
+        map.retain(|_, e| e.must_stay() || self.recently_seen(e, now_ms));
+        if map.len() >= PRUNE_ABOVE {
+            let full_since = now_ms.saturating_sub(BUCKET_FULL_MS);
+            let mut idle: Vec<(u64, String)> = map
                 .iter()
-                .filter(|(_, e)| !e.worth_keeping())
+                .filter(|(_, e)| !e.must_stay() && e.last_seen_ms <= full_since)
                 .map(|(k, e)| (e.last_seen_ms, k.clone()))
                 .collect();
             idle.sort_unstable();
-            let excess = entries.len() - PRUNE_ABOVE / 2;
+            let excess = map.len() - PRUNE_ABOVE / 2;
             for (_, key) in idle.into_iter().take(excess) {
-                entries.remove(&key);
+                map.remove(&key);
             }
         }
+        entries.prune_at = PRUNE_ABOVE.max(2 * map.len());
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -148,21 +193,22 @@ impl EndpointTable {
 
     fn with_entry<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry) -> T) -> T {
         let mut entries = self.lock();
-        if !entries.contains_key(key) {
-            if entries.len() > PRUNE_ABOVE {
+        if !entries.map.contains_key(key) {
+            if entries.map.len() >= entries.prune_at {
                 self.prune(&mut entries, now_ms);
             }
             let bucket = TokenBucket::new(self.rate(key), now_ms);
-            entries.insert(key.to_string(), Entry::new(EndpointRecord::default(), bucket, now_ms));
+            let e = Entry::new(EndpointRecord::default(), false, bucket, now_ms);
+            entries.map.insert(key.to_string(), e);
         }
-        let e = entries.get_mut(key).expect("inserted above");
+        let e = entries.map.get_mut(key).expect("inserted above");
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
         f(e)
     }
 
     /// Whether the endpoint is paused.
     pub fn is_paused(&self, key: &str) -> bool {
-        self.lock().get(key).is_some_and(|e| e.rec.paused)
+        self.lock().map.get(key).is_some_and(|e| e.rec.paused)
     }
 
     /// Takes a rate-limit token, or says how many millis until one is free.
@@ -181,13 +227,35 @@ impl EndpointTable {
     }
 
     /// Applies an attempt's result to the streak; pauses the endpoint when the streak
-    /// reaches the threshold.
-    pub fn record(&self, key: &str, event: StreakEvent, status: Option<u16>, now_ms: u64) -> EndpointChange {
+    /// reaches the threshold. When the entry is not loaded, `stored` reads the endpoint's
+    /// persisted record first (a blocking store read, made without the table's lock).
+    pub fn record<E>(
+        &self,
+        key: &str,
+        event: StreakEvent,
+        status: Option<u16>,
+        now_ms: u64,
+        stored: impl FnOnce() -> Result<Option<EndpointRecord>, E>,
+    ) -> Result<EndpointChange, E> {
+        if event == StreakEvent::Other {
+            self.with_entry(key, now_ms, |_| ());
+            return Ok(EndpointChange::None);
+        }
+        if !self.with_entry(key, now_ms, |e| e.loaded) {
+            let rec = stored()?.unwrap_or_default();
+            self.with_entry(key, now_ms, |e| {
+                // A pause or resume meanwhile set the whole state; it wins.
+                if !e.loaded {
+                    e.rec = rec;
+                    e.loaded = true;
+                }
+            });
+        }
         let pause_after = self.pause_after;
-        self.with_entry(key, now_ms, |e| match event {
+        Ok(self.with_entry(key, now_ms, |e| match event {
             StreakEvent::Success if e.rec.streak > 0 || e.rec.last_status.is_some() => {
-                // Nothing left to remember of the failures: the record is the default again,
-                // so the endpoint can be forgotten like any other.
+                // Nothing left to remember of the failures: the record is the default again
+                // (the store deletes it).
                 e.rec.streak = 0;
                 e.rec.last_status = None;
                 EndpointChange::Changed(e.rec.clone())
@@ -203,7 +271,7 @@ impl EndpointTable {
                 }
             }
             _ => EndpointChange::None,
-        })
+        }))
     }
 
     /// Pauses or resumes an endpoint; a resume also clears the streak. Returns the new record.
@@ -213,48 +281,52 @@ impl EndpointTable {
             if !paused {
                 e.rec.streak = 0;
             }
+            e.loaded = true;
             e.rec.clone()
         })
     }
 
-    /// The state of one endpoint, if courier knows it.
+    /// The state of one endpoint, if the table holds it.
     pub fn get(&self, key: &str) -> Option<EndpointView> {
-        self.lock().get(key).map(|e| view(key, e))
+        self.lock().map.get(key).map(|e| view(key, e))
+    }
+
+    /// The loaded record of an endpoint the table holds (what the store should have).
+    pub fn loaded_record(&self, key: &str) -> Option<EndpointRecord> {
+        self.lock().map.get(key).filter(|e| e.loaded).map(|e| e.rec.clone())
     }
 
     /// Every endpoint worth listing at `now_ms`: paused, with a streak or attempts in
     /// flight, or seen within the listing window.
     pub fn snapshot(&self, now_ms: u64) -> Vec<EndpointView> {
-        let mut out: Vec<_> = self
-            .lock()
-            .iter()
-            .filter(|(_, e)| e.worth_keeping() || self.recently_seen(e, now_ms))
-            .map(|(k, e)| view(k, e))
-            .collect();
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        out
+        self.page(now_ms, None, "", None, usize::MAX)
     }
 
     /// Forgets endpoints that are not paused, have nothing in flight and were not seen
-    /// within the listing window, streak or not: an endpoint that stopped receiving has its
-    /// failures forgotten with its messages. Returns the keys forgotten.
-    pub fn expire(&self, now_ms: u64) -> Vec<String> {
+    /// within the listing window (a streak they had expires in the store on its own).
+    /// Returns how many were forgotten.
+    pub fn expire(&self, now_ms: u64) -> usize {
         let mut entries = self.lock();
-        let gone: Vec<String> = entries
-            .iter()
-            .filter(|(_, e)| !e.rec.paused && e.in_flight == 0 && !self.recently_seen(e, now_ms))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &gone {
-            entries.remove(k);
-        }
-        gone
+        let before = entries.map.len();
+        entries
+            .map
+            .retain(|_, e| e.must_stay() || self.recently_seen(e, now_ms));
+        before - entries.map.len()
     }
 
-    /// One page of [`EndpointTable::snapshot`]: the listable endpoints with keys after
-    /// `after` that start with `prefix` (and are paused, or not, when `paused` says), the
-    /// first `limit` of them in key order. Linear in the table (which is bounded), not
-    /// sorted whole.
+    /// Entries held now (for tests and the bound's checks).
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Whether the table holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One page of the listable endpoints: keys after `after` that start with `prefix`
+    /// (and are paused, or not, when `paused` says), the first `limit` of them in key
+    /// order. Linear in the table (which is bounded), not sorted whole.
     pub fn page(
         &self,
         now_ms: u64,
@@ -265,12 +337,13 @@ impl EndpointTable {
     ) -> Vec<EndpointView> {
         let mut out: Vec<EndpointView> = self
             .lock()
+            .map
             .iter()
             .filter(|(k, e)| {
                 after.is_none_or(|a| k.as_str() > a)
                     && k.starts_with(prefix)
                     && paused.is_none_or(|p| e.rec.paused == p)
-                    && (e.worth_keeping() || self.recently_seen(e, now_ms))
+                    && self.listable(e, now_ms)
             })
             .map(|(k, e)| view(k, e))
             .collect();
@@ -284,7 +357,7 @@ impl EndpointTable {
 
     /// How many endpoints are paused.
     pub fn paused_count(&self) -> u64 {
-        self.lock().values().filter(|e| e.rec.paused).count() as u64
+        self.lock().map.values().filter(|e| e.rec.paused).count() as u64
     }
 }
 
@@ -292,6 +365,7 @@ fn view(key: &str, e: &Entry) -> EndpointView {
     EndpointView {
         key: key.to_string(),
         rec: e.rec.clone(),
+        loaded: e.loaded,
         in_flight: e.in_flight,
         last_seen_ms: e.last_seen_ms,
     }
@@ -302,6 +376,11 @@ mod tests {
     use super::*;
 
     const DAY: u64 = 86_400_000;
+
+    /// A result for an endpoint whose store holds nothing.
+    fn record(t: &EndpointTable, key: &str, event: StreakEvent, status: Option<u16>, now: u64) -> EndpointChange {
+        t.record(key, event, status, now, || Ok::<_, ()>(None)).unwrap()
+    }
 
     #[test]
     fn a_page_is_the_first_keys_after_the_cursor_with_the_prefix_and_state() {
@@ -347,7 +426,7 @@ mod tests {
             // All seen recently: only the longest-unseen are forgotten.
             t.try_rate(&format!("e{i}"), 1 + i as u64).ok();
         }
-        let n = t.lock().len();
+        let n = t.len();
         assert!(n <= PRUNE_ABOVE + 1, "bounded: {n}");
         assert!(t.is_paused("paused"));
         assert_eq!(t.get("busy").unwrap().in_flight, 1);
@@ -362,33 +441,33 @@ mod tests {
     fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
         let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
         assert_eq!(
-            t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+            record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
             EndpointChange::Changed(EndpointRecord {
                 paused: false,
                 streak: 1,
                 last_status: Some(410)
             })
         );
-        assert_eq!(t.record("e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
+        assert_eq!(record(&t, "e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
         assert!(
-            matches!(t.record("e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
+            matches!(record(&t, "e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
             "a success clears the streak and its last status"
         );
         for _ in 0..2 {
             assert!(matches!(
-                t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+                record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
                 EndpointChange::Changed(_)
             ));
         }
         assert!(!t.is_paused("e"));
         assert!(
-            matches!(t.record("e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
+            matches!(record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
         );
         assert!(t.is_paused("e"));
         assert_eq!(t.paused_count(), 1);
         // Already paused: later failures do not pause (or alert) again.
         assert!(matches!(
-            t.record("e", StreakEvent::PermanentFailure, Some(410), 0),
+            record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
             EndpointChange::Changed(_)
         ));
         let r = t.set_paused("e", false, 0);
@@ -420,5 +499,49 @@ mod tests {
         assert_eq!(t.get("fast").unwrap().in_flight, 1);
         t.finished("fast", 0);
         assert_eq!(t.get("fast").unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn a_forgotten_streak_is_read_back_once_and_a_recent_bucket_is_never_forgotten() {
+        let t = EndpointTable::new(1, HashMap::new(), 3, DAY, vec![], 0);
+        // The store has a streak of two for "far"; memory does not know it yet.
+        let stored = EndpointRecord {
+            paused: false,
+            streak: 2,
+            last_status: Some(410),
+        };
+        let reads = std::cell::Cell::new(0);
+        let read = || {
+            reads.set(reads.get() + 1);
+            Ok::<_, ()>(Some(stored.clone()))
+        };
+        t.try_rate("far", 0).unwrap();
+        assert_eq!(t.get("far").map(|v| v.loaded), Some(false));
+        let change = t
+            .record("far", StreakEvent::PermanentFailure, Some(410), 0, read)
+            .unwrap();
+        assert!(
+            matches!(change, EndpointChange::Paused(r) if r.streak == 3),
+            "counted on from the store"
+        );
+        assert_eq!(reads.get(), 1);
+        // Loaded now: no more reads, and the pause keeps it in memory.
+        t.record(
+            "far",
+            StreakEvent::PermanentFailure,
+            Some(410),
+            0,
+            || -> Result<_, ()> { panic!("no read once loaded") },
+        )
+        .unwrap();
+        // "recent" used its one token just now: a flood of new endpoints must not make the
+        // table forget it (a new entry would start with a full bucket).
+        assert!(t.try_rate("recent", 5_000).is_ok());
+        for i in 0..(2 * PRUNE_ABOVE) {
+            t.try_rate(&format!("e{i}"), 5_000 + (i / 100) as u64).ok();
+        }
+        assert!(t.len() > 2 * PRUNE_ABOVE, "all seen within the second: all kept");
+        assert!(t.try_rate("recent", 5_500).is_err(), "still rate limited");
+        assert!(t.is_paused("far"));
     }
 }

@@ -7,12 +7,23 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Hosts held before idle ones are forgotten.
+const PRUNE_ABOVE: usize = 10_000;
+
 /// Semaphores per host.
 #[derive(Debug)]
 pub struct HostLimiter {
     default_cap: u32,
     overrides: HashMap<String, u32>,
-    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    hosts: Mutex<Hosts>,
+}
+
+#[derive(Debug)]
+struct Hosts {
+    map: HashMap<String, Arc<Semaphore>>,
+    /// The size at which idle hosts are next forgotten: at least twice what the last prune
+    /// kept, so a prune that frees little (every host busy) is not paid again per attempt.
+    prune_at: usize,
 }
 
 impl HostLimiter {
@@ -21,7 +32,10 @@ impl HostLimiter {
         HostLimiter {
             default_cap,
             overrides,
-            hosts: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(Hosts {
+                map: HashMap::new(),
+                prune_at: PRUNE_ABOVE,
+            }),
         }
     }
 
@@ -34,11 +48,14 @@ impl HostLimiter {
     pub fn try_acquire(&self, host: &str) -> Option<OwnedSemaphorePermit> {
         let sem = {
             let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-            if hosts.len() > 10_000 {
-                // Forget idle hosts so the map does not grow with every host ever seen.
-                hosts.retain(|h, s| s.available_permits() < self.cap(h) as usize);
+            if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
+                // Forget idle hosts so the map does not grow with every host ever seen (a
+                // host with nothing in flight has nothing to remember).
+                hosts.map.retain(|h, s| s.available_permits() < self.cap(h) as usize);
+                hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
             }
             hosts
+                .map
                 .entry(host.to_string())
                 .or_insert_with(|| Arc::new(Semaphore::new(self.cap(host) as usize)))
                 .clone()
@@ -46,10 +63,17 @@ impl HostLimiter {
         sem.try_acquire_owned().ok()
     }
 
+    /// Hosts held now.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.hosts.lock().unwrap_or_else(|p| p.into_inner()).map.len()
+    }
+
     /// Attempts in flight to `host` now.
     pub fn in_flight(&self, host: &str) -> u32 {
         let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
         hosts
+            .map
             .get(host)
             .map_or(0, |s| self.cap(host) - s.available_permits() as u32)
     }
@@ -72,5 +96,20 @@ mod tests {
         let held: Vec<_> = (0..3).map(|_| limiter.try_acquire("big:443").unwrap()).collect();
         assert!(limiter.try_acquire("big:443").is_none());
         assert_eq!(held.len(), 3);
+    }
+
+    #[test]
+    fn idle_hosts_are_forgotten_and_busy_ones_kept() {
+        let limiter = HostLimiter::new(1, HashMap::new());
+        let busy = limiter.try_acquire("busy:443").unwrap();
+        for i in 0..(3 * PRUNE_ABOVE) {
+            drop(limiter.try_acquire(&format!("h{i}:443")));
+            let held = limiter.hosts.lock().unwrap().map.len();
+            assert!(held <= PRUNE_ABOVE, "bounded: {held}");
+        }
+        assert_eq!(limiter.in_flight("busy:443"), 1, "a busy host is remembered");
+        assert!(limiter.try_acquire("busy:443").is_none());
+        drop(busy);
+        assert!(limiter.try_acquire("busy:443").is_some());
     }
 }

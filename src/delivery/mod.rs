@@ -73,7 +73,7 @@ pub struct Deliverer {
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Per-endpoint state.
-    pub endpoints: EndpointTable,
+    pub endpoints: Arc<EndpointTable>,
     /// Per-host caps.
     pub hosts: HostLimiter,
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
@@ -91,7 +91,7 @@ pub struct Deliverer {
     /// Serialises endpoint-state writes, each of which writes the state current when it
     /// runs: the last write is always the latest state, whatever order the changes'
     /// writers reached the store in.
-    persist_lock: Mutex<()>,
+    persist_lock: Arc<Mutex<()>>,
     /// How long an attempt waits before writing its result again after the write failed
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
@@ -149,9 +149,11 @@ impl Deliverer {
             cfg.delivery.pause_after_permanent_failures,
             // Listed as long as the messages delivered to them are kept.
             cfg.retention.as_millis() as u64,
-            parts.store.endpoints()?,
+            parts.store.paused_endpoints()?,
             now,
         );
+        let endpoints = Arc::new(endpoints);
+        let persist_lock = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
         let hosts = HostLimiter::new(cfg.delivery.max_in_flight_per_host, caps);
@@ -164,7 +166,7 @@ impl Deliverer {
             max_retry_after: cfg.retry.max_retry_after,
         };
         Ok(Arc::new(Deliverer {
-            results: results::ResultWriter::start(parts.store.clone()),
+            results: results::ResultWriter::start(parts.store.clone(), endpoints.clone(), persist_lock.clone()),
             store: parts.store,
             transport: parts.transport,
             clock: parts.clock,
@@ -177,7 +179,7 @@ impl Deliverer {
             rng: Mutex::new(parts.rng),
             pause_gate: Mutex::new(()),
             all_attempts,
-            persist_lock: Mutex::new(()),
+            persist_lock,
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             in_flight: Mutex::new(HashMap::new()),
             runtime: parts.runtime,
@@ -344,10 +346,11 @@ impl Deliverer {
         let Some(view) = self.endpoints.get(endpoint) else {
             return Ok(());
         };
+        let now = self.clock.now_ms();
         if synced {
-            self.store.put_endpoint_synced(endpoint, &view.rec)
+            self.store.put_endpoint_synced(endpoint, &view.rec, now)
         } else {
-            self.store.put_endpoint(endpoint, &view.rec)
+            self.store.put_endpoint(endpoint, &view.rec, now)
         }
     }
 
@@ -364,16 +367,27 @@ impl Deliverer {
     }
 
     /// Bounds per-endpoint state by the retention window: endpoints not seen within it (and
-    /// not paused) are forgotten in memory and on disk, and zero per-endpoint counters are
-    /// removed. A blocking call, run after each retention sweep. Returns endpoints forgotten.
-    pub fn expire_endpoints(&self) -> Result<usize, crate::store::StoreError> {
-        let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = self.endpoints.expire(self.clock.now_ms());
-        for key in &gone {
-            self.store.delete_endpoint(key)?;
+    /// not paused) are forgotten in memory, records not written within it (and not paused)
+    /// are deleted from the store, and zero per-endpoint counters are removed. A blocking
+    /// call, run after each retention sweep. Returns (forgotten in memory, deleted).
+    pub fn expire_endpoints(&self) -> Result<(usize, usize), crate::store::StoreError> {
+        let now = self.clock.now_ms();
+        let forgotten = self.endpoints.expire(now);
+        let before = now.saturating_sub(self.endpoints.listed_for_ms());
+        let (mut deleted, mut from) = (0, None);
+        loop {
+            // No endpoint write may land between a record's read and its delete; a chunk at
+            // a time, so the result writer's endpoint writes wait for one chunk at most.
+            let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let (n, next) = self.store.expire_endpoints_chunk(from.as_deref(), before)?;
+            deleted += n;
+            match next {
+                Some(k) => from = Some(k),
+                None => break,
+            }
         }
         self.store.drop_zero_counters()?;
-        Ok(gone.len())
+        Ok((forgotten, deleted))
     }
 
     /// What startup puts right before anything is scheduled: messages left in flight by
@@ -402,3 +416,5 @@ impl Deliverer {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_many;

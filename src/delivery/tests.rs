@@ -20,7 +20,7 @@ use crate::scheduler::Scheduler;
 use crate::store::{MessageRecord, SigningChoice, Store, StoreOptions};
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
-const T0: u64 = 1_700_000_000_000;
+pub(super) const T0: u64 = 1_700_000_000_000;
 const WAIT: Duration = Duration::from_secs(10);
 
 type Step = Result<InboundResponse, TransportError>;
@@ -108,15 +108,15 @@ impl Transport for Scripted {
     }
 }
 
-struct Harness {
+pub(super) struct Harness {
     _dir: tempfile::TempDir,
-    clock: Arc<ManualClock>,
-    d: Arc<Deliverer>,
+    pub(super) clock: Arc<ManualClock>,
+    pub(super) d: Arc<Deliverer>,
     stop: watch::Sender<bool>,
 }
 
 impl Harness {
-    fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
+    pub(super) fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
         let h = Self::without_scheduler(config, transport, clock);
         h.start_scheduler();
         h
@@ -176,7 +176,7 @@ impl Harness {
         self.accept_url(&format!("https://r.example{path}"), headers).await
     }
 
-    async fn accept_url(&self, url: &str, headers: Vec<(String, Vec<u8>)>) -> String {
+    pub(super) async fn accept_url(&self, url: &str, headers: Vec<(String, Vec<u8>)>) -> String {
         let env = Envelope {
             target: url::Url::parse(url).unwrap(),
             endpoint: None,
@@ -240,7 +240,7 @@ impl Drop for Harness {
     }
 }
 
-fn config(jitter: Jitter) -> Config {
+pub(super) fn config(jitter: Jitter) -> Config {
     let mut c = Config::default();
     c.retry.base_delay = Duration::from_secs(60);
     c.retry.max_delay = Duration::from_secs(3600);
@@ -514,7 +514,7 @@ async fn messages_left_parked_for_an_active_endpoint_are_requeued_at_startup() {
     assert_eq!(parked, 1);
     // The resume's first write lands, then courier dies before the unpark.
     h.d.store
-        .put_endpoint(HELD, &crate::store::EndpointRecord::default())
+        .put_endpoint(HELD, &crate::store::EndpointRecord::default(), T0)
         .unwrap();
     assert!(h.due_now().is_empty());
     // Restart: a new delivery context over the same store.
@@ -554,7 +554,10 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     // The attempt's result pauses the endpoint in memory...
     let change =
         h.d.endpoints
-            .record(HELD, super::StreakEvent::PermanentFailure, Some(410), T0);
+            .record(HELD, super::StreakEvent::PermanentFailure, Some(410), T0, || {
+                h.d.store.endpoint(HELD)
+            })
+            .unwrap();
     assert!(matches!(change, super::EndpointChange::Paused(_)));
     // ...the operator resumes (and that is written)...
     h.d.set_paused(HELD, false).unwrap();
@@ -573,13 +576,23 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
     let failing = "https://r.example/failing";
     h.d.endpoints
-        .record(failing, super::StreakEvent::PermanentFailure, Some(410), T0);
+        .record(failing, super::StreakEvent::PermanentFailure, Some(410), T0, || {
+            h.d.store.endpoint(failing)
+        })
+        .unwrap();
     h.d.persist_endpoint(failing, false).unwrap();
     h.d.set_paused(HELD, true).unwrap();
     let healed = "https://r.example/healed";
     h.d.endpoints
-        .record(healed, super::StreakEvent::PermanentFailure, Some(410), T0);
-    h.d.endpoints.record(healed, super::StreakEvent::Success, Some(200), T0);
+        .record(healed, super::StreakEvent::PermanentFailure, Some(410), T0, || {
+            h.d.store.endpoint(healed)
+        })
+        .unwrap();
+    h.d.endpoints
+        .record(healed, super::StreakEvent::Success, Some(200), T0, || {
+            h.d.store.endpoint(healed)
+        })
+        .unwrap();
     assert_eq!(
         h.d.store.endpoints().unwrap().len(),
         2,
@@ -587,9 +600,13 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     );
     // Within the window nothing is forgotten.
     clock.advance(h.d.config.retention);
-    assert_eq!(h.d.expire_endpoints().unwrap(), 0);
+    assert_eq!(h.d.expire_endpoints().unwrap(), (0, 0));
     clock.advance(Duration::from_millis(1));
-    assert_eq!(h.d.expire_endpoints().unwrap(), 2, "the failing and the healed one");
+    assert_eq!(
+        h.d.expire_endpoints().unwrap(),
+        (2, 1),
+        "the failing and the healed one in memory; the failing one's record on disk"
+    );
     assert!(h.d.endpoints.get(failing).is_none() && h.d.endpoints.get(healed).is_none());
     let kept: Vec<String> = h.d.store.endpoints().unwrap().into_iter().map(|(k, _)| k).collect();
     assert_eq!(kept, vec![HELD.to_string()], "a paused endpoint is kept however old");

@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::endpoints::{EndpointChange, StreakEvent};
+use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
@@ -154,24 +155,47 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         duration_ms: duration.as_millis().min(u32::MAX as u128) as u32,
     };
 
+    let outcome = match (&result, status.map(classify)) {
+        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
+        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
+        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
+        _ => AttemptOutcome::Retry,
+    };
+    let streak = StreakNote {
+        endpoint: rec.endpoint.clone(),
+        event: match outcome {
+            AttemptOutcome::Delivered => StreakEvent::Success,
+            AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
+            _ => StreakEvent::Other,
+        },
+        status,
+    };
     // The result must reach the store: retry the write (the disk may be full for a while)
     // rather than forget it. Until it lands the message stays in flight. Written by the
-    // result writer, batched with every other attempt that ended meanwhile.
-    loop {
+    // result writer, batched with every other attempt that ended meanwhile, which also
+    // applies it to the endpoint's streak once it is written.
+    let endpoint_change = loop {
         let item = FinishedAttempt {
             id: rec.id.clone(),
             attempt: record.clone(),
             transition,
             now_ms: now,
         };
-        match d.results.record(item).await {
-            Ok(_) => break,
+        match d.results.record(item, streak.clone()).await {
+            Ok(recorded) => {
+                if recorded.message.is_none() {
+                    // Someone else moved the message on first (a delete, or a replay of a
+                    // message this attempt had already finished): this result is not kept.
+                    tracing::debug!(delivery_id = %rec.id, "attempt result was stale; not recorded");
+                }
+                break recorded.endpoint;
+            }
             Err(e) => {
                 tracing::error!(delivery_id = %rec.id, error = %e, "recording an attempt failed; retrying");
                 tokio::time::sleep(d.result_retry()).await;
             }
         }
-    }
+    };
 
     drop(global);
     if let Transition::RetryAt(_) = transition {
@@ -181,12 +205,6 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         d.wake_if_waiting();
     }
 
-    let outcome = match (&result, status.map(classify)) {
-        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
-        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
-        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
-        _ => AttemptOutcome::Retry,
-    };
     d.metrics.attempt_finished(outcome, duration.as_micros() as u64);
     // One line per outcome. Successes and retries are debug: at thousands of messages a
     // second an info line each would cost more than the delivery (metrics count them);
@@ -230,20 +248,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         }
     }
 
-    let streak_event = match outcome {
-        AttemptOutcome::Delivered => StreakEvent::Success,
-        AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
-        _ => StreakEvent::Other,
-    };
-    match d.endpoints.record(&rec.endpoint, streak_event, status, now) {
-        EndpointChange::None => {}
-        EndpointChange::Changed(_) => persist_endpoint(&d, &rec.endpoint, false).await,
-        EndpointChange::Paused(ep) => {
-            persist_endpoint(&d, &rec.endpoint, true).await;
-            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
-                "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
-            super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
-        }
+    // The streak was written with the result; a pause is worth a warning and an alert.
+    if let EndpointChange::Paused(ep) = endpoint_change {
+        tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
+            "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
+        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
     }
 }
 
@@ -263,20 +272,6 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.d.endpoints.finished(self.endpoint, self.d.clock.now_ms());
-    }
-}
-
-/// Persists the endpoint's state as it is now (never the snapshot this attempt saw, which a
-/// resume may have overtaken), on a blocking thread.
-async fn persist_endpoint(d: &Arc<Deliverer>, endpoint: &str, synced: bool) {
-    let (d, key) = (d.clone(), endpoint.to_string());
-    let done = tokio::task::spawn_blocking(move || {
-        let r = d.persist_endpoint(&key, synced);
-        (key, r)
-    })
-    .await;
-    if let Ok((key, Err(e))) = done {
-        tracing::error!(endpoint = %url_for_log(&key), error = %e, "saving endpoint state failed");
     }
 }
 

@@ -27,6 +27,7 @@ const MESSAGE_V1: [u8; 2] = [b'M', 1];
 const PAYLOAD_V1: [u8; 2] = [b'P', 1];
 const ATTEMPT_V1: [u8; 2] = [b'A', 1];
 const ENDPOINT_V1: [u8; 2] = [b'E', 1];
+const ENDPOINT_V2: [u8; 2] = [b'E', 2];
 const ROUTING_V1: [u8; 2] = [b'R', 1];
 
 /// The mutable part of a message: what the scheduler, the worker and the admin API read.
@@ -426,25 +427,36 @@ impl AttemptRecord {
 }
 
 impl EndpointRecord {
-    /// Encodes the endpoint state.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(ENDPOINT_V1, 16);
+    /// Encodes the endpoint state with when it was written (unix millis): the store
+    /// forgets a record not written within the retention window unless it is paused.
+    pub fn encode_at(&self, written_ms: u64) -> Vec<u8> {
+        let mut w = Writer::new(ENDPOINT_V2, 24);
         w.u8(u8::from(self.paused));
         w.u32(self.streak);
         w.opt_u16(self.last_status);
+        w.u64(written_ms);
         w.0
     }
 
-    /// Decodes an endpoint state written by [`EndpointRecord::encode`].
+    /// Decodes an endpoint state written by [`EndpointRecord::encode_at`].
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Reader::new("endpoint", ENDPOINT_V1, buf)?;
+        Ok(Self::decode_stamped(buf)?.0)
+    }
+
+    /// Decodes an endpoint state and when it was written. A version-1 record (written
+    /// before records carried the time) reads as written at 0: the next retention sweep
+    /// forgets it unless it is paused, which only forgets a streak.
+    pub fn decode_stamped(buf: &[u8]) -> Result<(Self, u64), CodecError> {
+        let v1 = buf.get(..2) == Some(&ENDPOINT_V1[..]);
+        let mut r = Reader::new("endpoint", if v1 { ENDPOINT_V1 } else { ENDPOINT_V2 }, buf)?;
         let rec = EndpointRecord {
             paused: r.flag()?,
             streak: r.u32()?,
             last_status: r.opt_u16()?,
         };
+        let written_ms = if v1 { 0 } else { r.u64()? };
         r.end()?;
-        Ok(rec)
+        Ok((rec, written_ms))
     }
 }
 
@@ -536,7 +548,12 @@ mod tests {
             streak: 100,
             last_status: Some(410),
         };
-        assert_eq!(EndpointRecord::decode(&e.encode()), Ok(e));
+        assert_eq!(EndpointRecord::decode_stamped(&e.encode_at(77)), Ok((e.clone(), 77)));
+        // A version-1 record (no time) still reads, as written at 0.
+        let mut v1 = vec![b'E', 1, 1];
+        v1.extend_from_slice(&100u32.to_le_bytes());
+        v1.extend_from_slice(&e.encode_at(0)[7..10]);
+        assert_eq!(EndpointRecord::decode_stamped(&v1), Ok((e, 0)));
         let r = Routing {
             host: "h:443".into(),
             endpoint: "https://h/x".into(),

@@ -12,7 +12,8 @@
 //! - `parked`: endpoint ‖ 0 ‖ id → (). Messages that came due while their endpoint was paused.
 //! - `events`: event id ‖ 0 ‖ target → id. Ingest dedupe.
 //! - `history`: id ‖ be32(n) → [`AttemptRecord`].
-//! - `endpoints`: endpoint → [`EndpointRecord`] (pause, permanent-failure streak).
+//! - `endpoints`: endpoint → [`EndpointRecord`] (pause, permanent-failure streak, when
+//!   written); see `endpoints`.
 //! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
 //! - `meta`: counters (open, delivered, dead, open per endpoint), merged in the same batch
 //!   as the transition they count, so gauges are point reads, never scans.
@@ -36,7 +37,8 @@
 // - `claim`: the due queue walk, the due floor, claims;
 // - `finish`: attempt results, release, recovery of in-flight messages;
 // - `parking`: messages of paused endpoints;
-// - `operator`: replay, delete, listing, endpoint state;
+// - `operator`: replay, delete, listing (`filter` has its types);
+// - `endpoints`: endpoint state (pause, streak) and its expiry;
 // - `counters`: counter merges and the gauges read from them;
 // - `expiry`: the retention sweep and compaction.
 // Accepts go through `committer`; `floor` is the due floor; `keys` and `codec` are the
@@ -47,7 +49,9 @@ mod claim;
 pub mod codec;
 mod committer;
 mod counters;
+mod endpoints;
 mod expiry;
+mod filter;
 mod finish;
 mod floor;
 pub mod keys;
@@ -63,6 +67,7 @@ use rocksdb::{ColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, Wr
 
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
+pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 
 use crate::model::{DeadReason, State};
@@ -266,37 +271,6 @@ pub struct Counts {
     pub delivered: u64,
     /// Dead and still retained.
     pub dead: u64,
-}
-
-/// A page of messages.
-#[derive(Debug, Clone, Default)]
-pub struct Page {
-    /// The messages, in id order.
-    pub items: Vec<MessageRecord>,
-    /// Where the next page starts, if there may be one.
-    pub next_cursor: Option<String>,
-}
-
-/// Filter for [`Store::list`] and [`Store::replay_dead`].
-#[derive(Debug, Clone, Default)]
-pub struct ListFilter {
-    /// Only this state.
-    pub state: Option<State>,
-    /// Only this endpoint.
-    pub endpoint: Option<String>,
-    /// Only messages finished at or after this time (millis).
-    pub finished_since_ms: Option<u64>,
-    /// Only messages finished before this time (millis).
-    pub finished_until_ms: Option<u64>,
-}
-
-impl ListFilter {
-    fn matches(&self, rec: &MessageRecord) -> bool {
-        self.state.is_none_or(|s| s == rec.state)
-            && self.endpoint.as_deref().is_none_or(|e| e == rec.endpoint)
-            && self.finished_since_ms.is_none_or(|t| rec.finished_at_ms >= t)
-            && self.finished_until_ms.is_none_or(|t| rec.finished_at_ms < t)
-    }
 }
 
 const LOCK_STRIPES: usize = 64;

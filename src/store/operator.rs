@@ -1,12 +1,12 @@
-//! What the admin API does to messages and endpoints: replay of dead messages (one or in
-//! bulk), delete, listing, and persisting endpoint state.
+//! What the admin API does to messages: replay of dead messages (one or in
+//! bulk), delete and listing (endpoint state is in `endpoints`).
 //!
 //! Every change an operator is told succeeded is written synced (`write_synced`): a 204 for
 //! a delete must survive a power loss. `remove` is shared with the retention sweep.
 
-use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
+use rocksdb::{ReadOptions, WriteBatch};
 
-use super::{decode_message, keys, EndpointRecord, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 impl Store {
     /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
@@ -185,50 +185,5 @@ impl Store {
         }
         it.status()?;
         Ok(page)
-    }
-
-    /// The persisted state of every endpoint that has one.
-    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
-            let (k, v) = item?;
-            let key = String::from_utf8_lossy(&k).into_owned();
-            let rec = EndpointRecord::decode(&v).map_err(|source| StoreError::Codec {
-                key: key.clone(),
-                source,
-            })?;
-            out.push((key, rec));
-        }
-        Ok(out)
-    }
-
-    /// Saves an endpoint's state (a streak change: not synced; losing one to a power
-    /// loss only shortens a streak).
-    pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
-        self.write(self.endpoint_write(key, rec))
-    }
-
-    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
-    pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord) -> Result<(), StoreError> {
-        self.write_synced(self.endpoint_write(key, rec))
-    }
-
-    /// An endpoint with nothing to remember (active, no streak) has no record at all: the
-    /// column family holds paused and failing endpoints only, not every endpoint ever seen.
-    fn endpoint_write(&self, key: &str, rec: &EndpointRecord) -> WriteBatch {
-        let mut b = WriteBatch::default();
-        if *rec == EndpointRecord::default() {
-            b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
-        } else {
-            b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode());
-        }
-        b
-    }
-
-    /// Forgets an endpoint's persisted state.
-    pub fn delete_endpoint(&self, key: &str) -> Result<(), StoreError> {
-        let mut b = WriteBatch::default();
-        b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
-        self.write(b)
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! `message` and `claim` are `pub(crate)`: other modules' store-backed tests use them.
 
+mod endpoints;
 mod expiry;
 mod finish;
 mod lease;

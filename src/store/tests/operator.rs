@@ -128,6 +128,7 @@ async fn endpoint_state_persists() {
                     streak: 3,
                     last_status: Some(410),
                 },
+                5,
             )
             .unwrap();
         store.close();
@@ -171,7 +172,7 @@ async fn operator_changes_are_synced_and_bulk_replay_writes_a_page_at_a_time() {
     assert_eq!(store.replay("dlv_0000", 1_000, 9_000).unwrap(), Some(false));
     assert!(store.delete("dlv_0001").unwrap());
     store
-        .put_endpoint_synced("https://r.example/h", &EndpointRecord::default())
+        .put_endpoint_synced("https://r.example/h", &EndpointRecord::default(), 5)
         .unwrap();
     assert_eq!(
         store.operator_syncs() - before,
@@ -190,18 +191,18 @@ async fn endpoint_state_and_counters_shrink_back_to_nothing() {
         streak: 2,
         last_status: Some(410),
     };
-    store.put_endpoint("https://a.example/h", &failing).unwrap();
-    store.put_endpoint_synced("https://b.example/h", &failing).unwrap();
+    store.put_endpoint("https://a.example/h", &failing, 5).unwrap();
+    store.put_endpoint_synced("https://b.example/h", &failing, 5).unwrap();
     assert_eq!(store.endpoints().unwrap().len(), 2);
     // Back to nothing to remember: no record at all.
     store
-        .put_endpoint("https://a.example/h", &EndpointRecord::default())
+        .put_endpoint("https://a.example/h", &EndpointRecord::default(), 5)
         .unwrap();
     store
-        .put_endpoint_synced("https://b.example/h", &EndpointRecord::default())
+        .put_endpoint_synced("https://b.example/h", &EndpointRecord::default(), 5)
         .unwrap();
     assert!(store.endpoints().unwrap().is_empty());
-    store.put_endpoint("https://c.example/h", &failing).unwrap();
+    store.put_endpoint("https://c.example/h", &failing, 5).unwrap();
     store.delete_endpoint("https://c.example/h").unwrap();
     assert!(store.endpoints().unwrap().is_empty());
 

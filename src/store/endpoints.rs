@@ -1,0 +1,173 @@
+//! Endpoint state on disk: the `endpoints` column family holds a record for each paused or
+//! failing endpoint (an endpoint with nothing to remember has none), stamped with when it
+//! was written.
+//!
+//! The store, not memory, is what outlives a quiet endpoint: delivery keeps only active
+//! endpoints in memory and reads a record back when one returns. Records expire on their
+//! own stamp, so the family does not keep every endpoint that ever failed: a record not
+//! written within the retention window is deleted unless its endpoint is paused (a pause
+//! lasts until an operator resumes it).
+
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
+
+use super::{keys, EndpointRecord, Store, StoreError};
+
+/// Records looked at per expiry batch: each batch is one short write.
+const EXPIRE_CHUNK: usize = 4096;
+
+impl Store {
+    /// The persisted state of every endpoint that has one.
+    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
+            let (k, v) = item?;
+            out.push(decode_entry(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// The paused endpoints (what delivery must know from the start: every other record is
+    /// read back when its endpoint is next seen).
+    pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
+        Ok(self.endpoints()?.into_iter().filter(|(_, r)| r.paused).collect())
+    }
+
+    /// One endpoint's persisted state, if it has one.
+    pub fn endpoint(&self, key: &str) -> Result<Option<EndpointRecord>, StoreError> {
+        match self.db.get_pinned_cf(self.cf(keys::ENDPOINTS), key.as_bytes())? {
+            Some(v) => Ok(Some(decode_entry(key.as_bytes(), &v)?.1)),
+            None => Ok(None),
+        }
+    }
+
+    /// Saves endpoint states in one write. Streak changes need no sync (losing one to a
+    /// power loss only shortens a streak); a pause about to be alerted does.
+    pub fn put_endpoints(
+        &self,
+        recs: &[(String, EndpointRecord)],
+        now_ms: u64,
+        synced: bool,
+    ) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        for (key, rec) in recs {
+            self.endpoint_write(&mut b, key, rec, now_ms);
+        }
+        if synced {
+            self.write_synced(b)
+        } else {
+            self.write(b)
+        }
+    }
+
+    /// Saves one endpoint's state, not synced.
+    pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        self.endpoint_write(&mut b, key, rec, now_ms);
+        self.write(b)
+    }
+
+    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
+    pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        self.endpoint_write(&mut b, key, rec, now_ms);
+        self.write_synced(b)
+    }
+
+    /// An endpoint with nothing to remember (active, no streak) has no record at all: the
+    /// column family holds paused and failing endpoints only, not every endpoint ever seen.
+    fn endpoint_write(&self, b: &mut WriteBatch, key: &str, rec: &EndpointRecord, now_ms: u64) {
+        if *rec == EndpointRecord::default() {
+            b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
+        } else {
+            b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode_at(now_ms));
+        }
+    }
+
+    /// Forgets an endpoint's persisted state.
+    pub fn delete_endpoint(&self, key: &str) -> Result<(), StoreError> {
+        let mut b = WriteBatch::default();
+        b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
+        self.write(b)
+    }
+
+    /// Deletes the records of endpoints that are not paused and were not written since
+    /// `before_ms`, looking at one chunk of records from `from` (the start when `None`).
+    /// The caller keeps endpoint writes out meanwhile (a record written between this read
+    /// and its delete would be lost), a chunk at a time so they never wait long. Returns
+    /// how many it deleted and where the next chunk starts, if there is one.
+    pub fn expire_endpoints_chunk(
+        &self,
+        from: Option<&[u8]>,
+        before_ms: u64,
+    ) -> Result<(usize, Option<Vec<u8>>), StoreError> {
+        let cf = self.cf(keys::ENDPOINTS);
+        let mut it = self.db.raw_iterator_cf(cf);
+        match from {
+            Some(k) => it.seek(k),
+            None => it.seek_to_first(),
+        }
+        let mut b = WriteBatch::default();
+        let (mut looked, mut removed) = (0, 0);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if looked >= EXPIRE_CHUNK {
+                break;
+            }
+            let (rec, written_ms) = decode_stamped(k, v)?;
+            if !rec.paused && written_ms < before_ms {
+                b.delete_cf(cf, k);
+                removed += 1;
+            }
+            it.next();
+            looked += 1;
+        }
+        it.status()?;
+        let next = it.key().map(<[u8]>::to_vec);
+        if !b.is_empty() {
+            self.write(b)?;
+        }
+        Ok((removed, next))
+    }
+
+    /// Up to `limit` persisted endpoint records with keys after `after` that start with
+    /// `prefix`, in key order, and whether more follow.
+    #[allow(clippy::type_complexity)]
+    pub fn endpoint_records_page(
+        &self,
+        after: Option<&str>,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<(String, EndpointRecord)>, bool), StoreError> {
+        let mut start = prefix.as_bytes().to_vec();
+        if let Some(a) = after.filter(|a| *a >= prefix) {
+            start = a.as_bytes().to_vec();
+            start.push(0); // strictly after it
+        }
+        let mut ro = ReadOptions::default();
+        if !prefix.is_empty() {
+            ro.set_iterate_upper_bound(keys::prefix_end(prefix.as_bytes()));
+        }
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::ENDPOINTS), ro);
+        it.seek(&start);
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if out.len() >= limit {
+                break;
+            }
+            out.push(decode_entry(k, v)?);
+            it.next();
+        }
+        it.status()?;
+        Ok((out, it.key().is_some()))
+    }
+}
+
+fn decode_stamped(k: &[u8], v: &[u8]) -> Result<(EndpointRecord, u64), StoreError> {
+    EndpointRecord::decode_stamped(v).map_err(|source| StoreError::Codec {
+        key: String::from_utf8_lossy(k).into_owned(),
+        source,
+    })
+}
+
+fn decode_entry(k: &[u8], v: &[u8]) -> Result<(String, EndpointRecord), StoreError> {
+    Ok((String::from_utf8_lossy(k).into_owned(), decode_stamped(k, v)?.0))
+}
