@@ -177,12 +177,13 @@ impl Admin {
             (&Method::DELETE, ["deliveries", id]) => self.delete(&decode_segment(id)),
             (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
             (&Method::GET, ["endpoints"]) => self.endpoints(query),
+            (&Method::GET, ["hosts"]) => self.hosts(query),
             (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
                 let pause = path.ends_with("/pause");
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
                 self.set_paused(&decode_segment(&raw), pause)
             }
-            (_, ["readyz" | "metrics" | "deliveries" | "endpoints", ..]) => serve::error(
+            (_, ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..]) => serve::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 format!("{method} is not allowed on {path}"),
@@ -337,6 +338,34 @@ impl Admin {
             ),
             Err(e) => store_failed(&e),
         }
+    }
+
+    /// The hosts courier holds (busy, with a breaker not closed, or seen lately): each
+    /// `host`, `circuit` (`closed`, `open`, `probing`, `ramping`), `in_flight`, `cap`,
+    /// `consecutive_failures`, `next_probe_at`; `state=open` for breakers not closed.
+    fn hosts(&self, q: &HashMap<String, String>) -> Response<Body> {
+        let open_only = match q.get("state").map(String::as_str) {
+            None | Some("") => false,
+            Some("open") => true,
+            Some(_) => return bad_request("state must be open"),
+        };
+        let items: Vec<Value> = self
+            .d
+            .hosts
+            .snapshot(open_only)
+            .into_iter()
+            .map(|h| {
+                json!({
+                    "host": h.host,
+                    "circuit": h.state.as_str(),
+                    "in_flight": h.in_flight,
+                    "cap": h.cap,
+                    "consecutive_failures": h.failures,
+                    "next_probe_at": h.next_probe_ms.map(crate::timefmt::rfc3339),
+                })
+            })
+            .collect();
+        serve::json(StatusCode::OK, &json!({ "items": items }))
     }
 
     fn set_paused(&self, key: &str, paused: bool) -> Response<Body> {

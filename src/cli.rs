@@ -53,6 +53,9 @@ pub enum Command {
     /// Inspect, pause and resume endpoints through the admin API.
     #[command(subcommand)]
     Endpoints(crate::operator::EndpointsCommand),
+    /// Inspect hosts: circuit breakers, attempts in flight, caps.
+    #[command(subcommand)]
+    Hosts(crate::operator::HostsCommand),
 }
 
 impl GlobalArgs {
@@ -107,6 +110,7 @@ pub fn main() -> ExitCode {
             crate::operator::run(&cli.global, crate::operator::Operation::Deliveries(cmd))
         }
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
+        Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
     }
 }
 

@@ -19,6 +19,11 @@ pub const DELIVERED_TOTAL: &str = "courier_delivered_total";
 pub const DEAD_LETTERS_TOTAL: &str = "courier_dead_letters_total";
 /// `courier_rate_limited_total`: times a due message waited for its endpoint's rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "courier_rate_limited_total";
+/// `courier_circuit_opened_total`: times a host's circuit breaker opened (or opened again
+/// after a failed probe).
+pub const CIRCUIT_OPENED_TOTAL: &str = "courier_circuit_opened_total";
+/// `courier_host_circuit_open{host}`: 1 for each host whose breaker is open or probing.
+pub const HOST_CIRCUIT_OPEN: &str = "courier_host_circuit_open";
 /// `courier_scheduler_passes_total`: walks of the due queue (each after a wake-up or a due time).
 pub const SCHEDULER_PASSES_TOTAL: &str = "courier_scheduler_passes_total";
 /// `courier_ingress_rejected_total{code}`: ingress requests refused, by error code.
@@ -139,7 +144,7 @@ fn labelled_counter<'a>(
 }
 
 /// Values read at scrape time.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Gauges {
     /// Open messages not in flight.
     pub pending: u64,
@@ -151,6 +156,8 @@ pub struct Gauges {
     pub dead_stored: u64,
     /// Paused endpoints.
     pub endpoints_paused: u64,
+    /// Hosts whose circuit breaker is open or probing (`host:port`).
+    pub circuit_open_hosts: Vec<String>,
 }
 
 /// Every counter and histogram of the process.
@@ -162,6 +169,7 @@ pub struct Metrics {
     delivered: AtomicU64,
     dead: [AtomicU64; 4],
     rate_limited: AtomicU64,
+    circuit_opened: AtomicU64,
     scheduler_passes: AtomicU64,
     rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     in_flight: AtomicI64,
@@ -178,6 +186,7 @@ impl Default for Metrics {
             delivered: AtomicU64::new(0),
             dead: Default::default(),
             rate_limited: AtomicU64::new(0),
+            circuit_opened: AtomicU64::new(0),
             scheduler_passes: AtomicU64::new(0),
             rejected: Default::default(),
             in_flight: AtomicI64::new(0),
@@ -215,6 +224,11 @@ impl Metrics {
     /// A due message waited for its endpoint's rate limit.
     pub fn rate_limited(&self) {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A host's circuit breaker opened.
+    pub fn circuit_opened(&self) {
+        self.circuit_opened.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The scheduler finished a walk of the due queue.
@@ -288,6 +302,11 @@ impl Metrics {
             self.rate_limited.load(Ordering::Relaxed),
         );
         counter(
+            CIRCUIT_OPENED_TOTAL,
+            "Times a host's circuit breaker opened.",
+            self.circuit_opened.load(Ordering::Relaxed),
+        );
+        counter(
             SCHEDULER_PASSES_TOTAL,
             "Walks of the due queue (no walks while nothing is due: no polling).",
             self.scheduler_passes.load(Ordering::Relaxed),
@@ -350,6 +369,13 @@ impl Metrics {
             "Endpoints currently paused.",
             g.endpoints_paused.to_string(),
         );
+        let _ = writeln!(
+            out,
+            "# HELP {HOST_CIRCUIT_OPEN} Hosts whose circuit breaker is open or probing (1 each).\n# TYPE {HOST_CIRCUIT_OPEN} gauge"
+        );
+        for host in &g.circuit_open_hosts {
+            let _ = writeln!(out, "{HOST_CIRCUIT_OPEN}{{host=\"{}\"}} 1", label_value(host));
+        }
 
         let _ = writeln!(
             out,
@@ -363,6 +389,11 @@ impl Metrics {
         self.attempt_duration.render(&mut out, ATTEMPT_DURATION_SECONDS);
         out
     }
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -380,6 +411,7 @@ mod tests {
         m.rejected("invalid_target");
         let text = m.render(&Gauges {
             pending: 3,
+            circuit_open_hosts: vec!["down.example:443".into()],
             ..Default::default()
         });
         for name in [
@@ -391,6 +423,8 @@ mod tests {
             IN_FLIGHT,
             OLDEST_PENDING_SECONDS,
             ENDPOINTS_PAUSED,
+            HOST_CIRCUIT_OPEN,
+            CIRCUIT_OPENED_TOTAL,
             DELIVERY_LATENCY_SECONDS,
             ATTEMPT_DURATION_SECONDS,
         ] {
@@ -400,6 +434,7 @@ mod tests {
         assert!(text.contains("courier_attempts_total{outcome=\"retry\"} 1\n"));
         assert!(text.contains("courier_dead_letters_total{reason=\"expired\"} 1\n"));
         assert!(text.contains("courier_pending 3\n"));
+        assert!(text.contains("courier_host_circuit_open{host=\"down.example:443\"} 1\n"));
         assert!(text.contains("courier_delivery_latency_seconds_bucket{le=\"5\"} 1\n"));
         assert!(text.contains("courier_delivery_latency_seconds_bucket{le=\"1\"} 0\n"));
         assert!(text.contains("courier_attempt_duration_seconds_count 1\n"));

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::delivery::Deliverer;
 use crate::metrics::Gauges;
+use crate::policy::circuit::CircuitState;
 use crate::serve::{self, Body};
 
 /// Health, readiness and metrics.
@@ -67,6 +68,13 @@ impl Probes {
             oldest_pending_seconds: oldest,
             dead_stored: counts.dead,
             endpoints_paused: d.endpoints.paused_count(),
+            circuit_open_hosts: d
+                .hosts
+                .snapshot(true)
+                .into_iter()
+                .filter(|h| matches!(h.state, CircuitState::Open | CircuitState::Probing))
+                .map(|h| h.host)
+                .collect(),
         };
         serve::text(
             StatusCode::OK,

@@ -3,7 +3,8 @@
 //! It walks the store's due index from the due floor (never the whole queue: the walk stops
 //! at the first entry that is not yet due, or after a budget), and for each due message
 //! checks, in order: is it leased (its attempt is running: pass over it), is its endpoint
-//! paused (then park it), is its host at its in-flight cap (skip the host for this pass), is
+//! paused (then park it), is its host at its in-flight cap or its circuit breaker open (skip
+//! the host for this pass; an open breaker's probe time is a wake-up), is
 //! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
 //! attempt is counted). Messages that pass all of them are leased together (reads only, no
 //! write: see `store::lease`), each with its host permit already in hand, and dispatched.
@@ -195,6 +196,12 @@ pub(crate) fn pass_with(
                 },
                 Err(PermitRefused::HostBusy) => {
                     full_hosts.insert(host.clone());
+                    false
+                }
+                Err(PermitRefused::CircuitOpen(probe_at)) => {
+                    // Its messages wait, no attempt counted, until the probe may go.
+                    full_hosts.insert(host.clone());
+                    pass.wake_no_later_than(probe_at);
                     false
                 }
                 Err(PermitRefused::AllBusy) => {

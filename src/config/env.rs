@@ -12,7 +12,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 36] = [
+pub const ENV_VARS: [&str; 39] = [
     "COURIER_LISTEN",
     "COURIER_ADMIN_LISTEN",
     "COURIER_OPS_LISTEN",
@@ -45,6 +45,9 @@ pub const ENV_VARS: [&str; 36] = [
     "COURIER_DELIVERY_MAX_RESPONSE_BODY",
     "COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT",
     "COURIER_DELIVERY_MAX_IDLE_CONNECTIONS",
+    "COURIER_CIRCUIT_FAILURES",
+    "COURIER_CIRCUIT_PROBE_DELAY",
+    "COURIER_CIRCUIT_PROBE_MAX_DELAY",
     "COURIER_SIGNING_SCHEME",
     "COURIER_SIGNING_SECRETS",
     "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",
@@ -105,6 +108,9 @@ impl Config {
             "COURIER_DELIVERY_MAX_RESPONSE_BODY" => d.max_response_body = parse_size_text(v)?,
             "COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT" => d.idle_connection_timeout = parse_duration_text(v)?,
             "COURIER_DELIVERY_MAX_IDLE_CONNECTIONS" => d.max_idle_connections = parse_u32(v)?,
+            "COURIER_CIRCUIT_FAILURES" => self.circuit.failures = parse_u32(v)?,
+            "COURIER_CIRCUIT_PROBE_DELAY" => self.circuit.probe_delay = parse_duration_text(v)?,
+            "COURIER_CIRCUIT_PROBE_MAX_DELAY" => self.circuit.probe_max_delay = parse_duration_text(v)?,
             "COURIER_SIGNING_SCHEME" => self.signing.scheme = parse_scheme(v)?,
             "COURIER_SIGNING_SECRETS" => {
                 // The message must not say which secret is empty by quoting it, only where.

@@ -129,6 +129,9 @@ impl Config {
             )?;
             d.max_idle_connections = delivery.max_idle_connections.unwrap_or(d.max_idle_connections);
         }
+        if let Some(circuit) = file.circuit {
+            circuit.apply(&mut self.circuit)?;
+        }
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
             if let Some(secrets) = signing.secrets {
@@ -230,6 +233,7 @@ struct FileConfig {
     egress_allow: Option<Vec<String>>,
     retry: Option<FileRetry>,
     delivery: Option<FileDelivery>,
+    circuit: Option<super::circuit::FileCircuit>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
     route: Option<Vec<FileRoute>>,

@@ -29,6 +29,7 @@
 //! - `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`;
 //! - [`units`]: durations and sizes.
 
+mod circuit;
 mod env;
 mod error;
 mod file;
@@ -53,6 +54,7 @@ use crate::model::{Jitter, SignatureScheme};
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
+pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 use summary::{origin_only, without_password};
@@ -290,6 +292,8 @@ pub struct Config {
     pub retry: RetryConfig,
     /// `[delivery]`.
     pub delivery: DeliveryConfig,
+    /// `[circuit]`: the per-host circuit breaker.
+    pub circuit: CircuitConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -321,6 +325,7 @@ impl Default for Config {
             admin: ListenerAccess::default(),
             retry: RetryConfig::default(),
             delivery: DeliveryConfig::default(),
+            circuit: CircuitConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             routes: Vec::new(),

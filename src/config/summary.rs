@@ -74,6 +74,17 @@ impl Config {
                 format_duration(d.idle_connection_timeout),
                 d.max_idle_connections
             ),
+            if self.circuit.failures == 0 {
+                "circuit: off (failures 0)".to_string()
+            } else {
+                format!(
+                    "circuit: failures {}, probe_delay {}, probe_max_delay {}, statuses {:?}",
+                    self.circuit.failures,
+                    format_duration(self.circuit.probe_delay),
+                    format_duration(self.circuit.probe_max_delay),
+                    self.circuit.statuses
+                )
+            },
         ];
         let keys: Vec<String> = self
             .signing

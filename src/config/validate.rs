@@ -20,6 +20,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_top()?;
         self.validate_retry_and_delivery()?;
+        self.circuit.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
         self.validate_secrets()

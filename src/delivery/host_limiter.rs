@@ -1,37 +1,75 @@
-//! The per-host in-flight cap: one semaphore per `host:port`, shared by every endpoint on
-//! that host. The scheduler takes a permit *before* claiming a message, so a message is
-//! never marked in flight while it waits for its host.
+//! The per-host in-flight cap and circuit breaker: one semaphore and one
+//! [`Circuit`] per `host:port`, shared by every endpoint on that host. The scheduler takes
+//! a permit *before* claiming a message, so a message is never marked in flight while it
+//! waits for its host, or for its host's breaker to let an attempt through.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::policy::circuit::{Admit, Circuit, CircuitChange, CircuitSettings, CircuitState, HostOutcome};
+
 /// Hosts held before idle ones are forgotten.
 const PRUNE_ABOVE: usize = 10_000;
 
-/// Semaphores per host.
+/// Why a host has no permit now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostRefusal {
+    /// At its in-flight cap (or its ramp's limit): a finishing attempt frees one.
+    Busy,
+    /// Its breaker is open until this time (a probe may go then).
+    Open(u64),
+}
+
+/// Semaphores and breakers per host.
 #[derive(Debug)]
 pub struct HostLimiter {
     default_cap: u32,
     overrides: HashMap<String, u32>,
+    circuit: CircuitSettings,
     hosts: Mutex<Hosts>,
 }
 
 #[derive(Debug)]
+struct Host {
+    sem: Arc<Semaphore>,
+    circuit: Circuit,
+}
+
+#[derive(Debug)]
 struct Hosts {
-    map: HashMap<String, Arc<Semaphore>>,
+    map: HashMap<String, Host>,
     /// The size at which idle hosts are next forgotten: at least twice what the last prune
     /// kept, so a prune that frees little (every host busy) is not paid again per attempt.
     prune_at: usize,
 }
 
+/// One host as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostView {
+    /// `host:port`.
+    pub host: String,
+    /// The breaker's state.
+    pub state: CircuitState,
+    /// Attempts in flight.
+    pub in_flight: u32,
+    /// The in-flight cap.
+    pub cap: u32,
+    /// Consecutive counted failures (while closed).
+    pub failures: u32,
+    /// When the next probe may go (open or probing).
+    pub next_probe_ms: Option<u64>,
+}
+
 impl HostLimiter {
-    /// A limiter with `default_cap` permits per host and per-host overrides.
-    pub fn new(default_cap: u32, overrides: HashMap<String, u32>) -> Self {
+    /// A limiter with `default_cap` permits per host, per-host overrides, and the breaker's
+    /// settings.
+    pub fn new(default_cap: u32, overrides: HashMap<String, u32>, circuit: CircuitSettings) -> Self {
         HostLimiter {
             default_cap,
             overrides,
+            circuit,
             hosts: Mutex::new(Hosts {
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
@@ -39,43 +77,83 @@ impl HostLimiter {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hosts> {
+        self.hosts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The cap for `host`.
     pub fn cap(&self, host: &str) -> u32 {
         self.overrides.get(host).copied().unwrap_or(self.default_cap)
     }
 
-    /// A permit for one attempt to `host`, if one is free now.
-    pub fn try_acquire(&self, host: &str) -> Option<OwnedSemaphorePermit> {
-        let sem = {
-            let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-            if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
-                // Forget idle hosts so the map does not grow with every host ever seen (a
-                // host with nothing in flight has nothing to remember).
-                hosts.map.retain(|h, s| s.available_permits() < self.cap(h) as usize);
-                hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
-            }
+    fn in_flight_of(&self, host: &str, h: &Host) -> u32 {
+        self.cap(host).saturating_sub(h.sem.available_permits() as u32)
+    }
+
+    /// A permit for one attempt to `host`, if its cap and its breaker allow one now.
+    pub fn try_acquire(&self, host: &str, now_ms: u64) -> Result<OwnedSemaphorePermit, HostRefusal> {
+        let mut hosts = self.lock();
+        if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
+            // Forget idle hosts so the map does not grow with every host ever seen: a host
+            // with nothing in flight and a closed breaker has nothing to remember.
             hosts
                 .map
-                .entry(host.to_string())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.cap(host) as usize)))
-                .clone()
-        };
-        sem.try_acquire_owned().ok()
+                .retain(|name, h| h.sem.available_permits() < self.cap(name) as usize || !h.circuit.is_idle());
+            hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
+        }
+        let cap = self.cap(host);
+        let h = hosts.map.entry(host.to_string()).or_insert_with(|| Host {
+            sem: Arc::new(Semaphore::new(cap as usize)),
+            circuit: Circuit::default(),
+        });
+        let permit = h.sem.clone().try_acquire_owned().map_err(|_| HostRefusal::Busy)?;
+        // Attempts running besides this one: the breaker's ramp counts them.
+        let running = cap.saturating_sub(h.sem.available_permits() as u32 + 1);
+        match h.circuit.admit(&self.circuit, running, now_ms) {
+            Admit::Yes => Ok(permit),
+            Admit::Wait(Some(at)) => Err(HostRefusal::Open(at)),
+            Admit::Wait(None) => Err(HostRefusal::Busy),
+        }
+    }
+
+    /// Applies an attempt's outcome to its host's breaker; returns the change, if any.
+    pub fn record(&self, host: &str, outcome: HostOutcome, now_ms: u64) -> Option<CircuitChange> {
+        let cap = self.cap(host);
+        let mut hosts = self.lock();
+        let h = hosts.map.get_mut(host)?;
+        h.circuit.record(&self.circuit, outcome, cap, now_ms)
     }
 
     /// Hosts held now.
     #[cfg(test)]
     pub fn held(&self) -> usize {
-        self.hosts.lock().unwrap_or_else(|p| p.into_inner()).map.len()
+        self.lock().map.len()
     }
 
     /// Attempts in flight to `host` now.
     pub fn in_flight(&self, host: &str) -> u32 {
-        let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        hosts
+        self.lock().map.get(host).map_or(0, |h| self.in_flight_of(host, h))
+    }
+
+    /// Every host held (busy, with a breaker not closed, or seen lately), in name order,
+    /// `open_only` for those whose breaker is not closed.
+    pub fn snapshot(&self, open_only: bool) -> Vec<HostView> {
+        let hosts = self.lock();
+        let mut out: Vec<HostView> = hosts
             .map
-            .get(host)
-            .map_or(0, |s| self.cap(host) - s.available_permits() as u32)
+            .iter()
+            .filter(|(_, h)| !open_only || h.circuit.state() != CircuitState::Closed)
+            .map(|(name, h)| HostView {
+                host: name.clone(),
+                state: h.circuit.state(),
+                in_flight: self.in_flight_of(name, h),
+                cap: self.cap(name),
+                failures: h.circuit.failures(),
+                next_probe_ms: h.circuit.next_probe_ms(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.host.cmp(&b.host));
+        out
     }
 }
 
@@ -83,33 +161,80 @@ impl HostLimiter {
 mod tests {
     use super::*;
 
+    const OFF: CircuitSettings = CircuitSettings {
+        failures: 0,
+        probe_delay_ms: 1_000,
+        probe_max_delay_ms: 10_000,
+        probe_timeout_ms: 30_000,
+    };
+
     #[test]
     fn permits_are_capped_per_host_and_come_back_when_dropped() {
-        let limiter = HostLimiter::new(2, HashMap::from([("big:443".to_string(), 3)]));
-        let a = limiter.try_acquire("h:443").unwrap();
-        let _b = limiter.try_acquire("h:443").unwrap();
-        assert!(limiter.try_acquire("h:443").is_none());
+        let limiter = HostLimiter::new(2, HashMap::from([("big:443".to_string(), 3)]), OFF);
+        let a = limiter.try_acquire("h:443", 0).unwrap();
+        let _b = limiter.try_acquire("h:443", 0).unwrap();
+        assert!(limiter.try_acquire("h:443", 0).is_err());
         assert_eq!(limiter.in_flight("h:443"), 2);
-        assert!(limiter.try_acquire("other:443").is_some(), "hosts are independent");
+        assert!(limiter.try_acquire("other:443", 0).is_ok(), "hosts are independent");
         drop(a);
-        assert!(limiter.try_acquire("h:443").is_some());
-        let held: Vec<_> = (0..3).map(|_| limiter.try_acquire("big:443").unwrap()).collect();
-        assert!(limiter.try_acquire("big:443").is_none());
+        assert!(limiter.try_acquire("h:443", 0).is_ok());
+        let held: Vec<_> = (0..3).map(|_| limiter.try_acquire("big:443", 0).unwrap()).collect();
+        assert!(limiter.try_acquire("big:443", 0).is_err());
         assert_eq!(held.len(), 3);
     }
 
     #[test]
     fn idle_hosts_are_forgotten_and_busy_ones_kept() {
-        let limiter = HostLimiter::new(1, HashMap::new());
-        let busy = limiter.try_acquire("busy:443").unwrap();
+        let limiter = HostLimiter::new(1, HashMap::new(), OFF);
+        let busy = limiter.try_acquire("busy:443", 0).unwrap();
         for i in 0..(3 * PRUNE_ABOVE) {
-            drop(limiter.try_acquire(&format!("h{i}:443")));
+            drop(limiter.try_acquire(&format!("h{i}:443"), 0));
             let held = limiter.hosts.lock().unwrap().map.len();
             assert!(held <= PRUNE_ABOVE, "bounded: {held}");
         }
         assert_eq!(limiter.in_flight("busy:443"), 1, "a busy host is remembered");
-        assert!(limiter.try_acquire("busy:443").is_none());
+        assert!(limiter.try_acquire("busy:443", 0).is_err());
         drop(busy);
-        assert!(limiter.try_acquire("busy:443").is_some());
+        assert!(limiter.try_acquire("busy:443", 0).is_ok());
+    }
+
+    #[test]
+    fn an_open_breaker_refuses_until_its_probe_and_keeps_the_host_remembered() {
+        let s = CircuitSettings { failures: 2, ..OFF };
+        let limiter = HostLimiter::new(4, HashMap::new(), s);
+        for _ in 0..2 {
+            drop(limiter.try_acquire("down:443", 0).unwrap());
+            limiter.record("down:443", HostOutcome::Failed, 0);
+        }
+        assert_eq!(
+            limiter.try_acquire("down:443", 500).unwrap_err(),
+            HostRefusal::Open(1_000)
+        );
+        let probe = limiter.try_acquire("down:443", 1_000).unwrap();
+        assert_eq!(
+            limiter.try_acquire("down:443", 1_000).unwrap_err(),
+            HostRefusal::Open(31_000)
+        );
+        let views = limiter.snapshot(true);
+        assert_eq!(views.len(), 1);
+        assert_eq!((views[0].state, views[0].in_flight), (CircuitState::Probing, 1));
+        // Many other hosts come and go: the open one is not forgotten.
+        for i in 0..(2 * PRUNE_ABOVE) {
+            drop(limiter.try_acquire(&format!("h{i}:443"), 0));
+        }
+        drop(probe);
+        assert_eq!(
+            limiter.record("down:443", HostOutcome::Answered, 1_100),
+            Some(CircuitChange::Recovering)
+        );
+        let a = limiter.try_acquire("down:443", 1_100).unwrap();
+        let _b = limiter.try_acquire("down:443", 1_100).unwrap();
+        assert_eq!(
+            limiter.try_acquire("down:443", 1_100).unwrap_err(),
+            HostRefusal::Busy,
+            "ramping: two at first"
+        );
+        drop(a);
+        assert!(limiter.try_acquire("down:443", 1_100).is_ok());
     }
 }

@@ -28,7 +28,7 @@ use crate::store::{Claimed, Store};
 use crate::transport::Transport;
 
 pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
-pub use host_limiter::HostLimiter;
+pub use host_limiter::{HostLimiter, HostRefusal, HostView};
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits and one
 /// of its host's. The host's goes back when the receiver has answered (the cap limits
@@ -52,8 +52,10 @@ impl AttemptPermit {
 pub enum PermitRefused {
     /// `delivery.max_in_flight` attempts are running.
     AllBusy,
-    /// The host is at its cap.
+    /// The host is at its cap (or its recovering breaker's limit).
     HostBusy,
+    /// The host's circuit breaker is open until this time (unix millis).
+    CircuitOpen(u64),
 }
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
@@ -156,7 +158,11 @@ impl Deliverer {
         let persist_lock = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
-        let hosts = HostLimiter::new(cfg.delivery.max_in_flight_per_host, caps);
+        let hosts = HostLimiter::new(
+            cfg.delivery.max_in_flight_per_host,
+            caps,
+            cfg.circuit.settings(cfg.delivery.request_timeout),
+        );
         let backoff = crate::policy::Backoff::new(cfg.retry.base_delay, cfg.retry.max_delay, cfg.retry.jitter)
             .expect("config validation guarantees a valid backoff");
         let policy = RetryPolicy {
@@ -200,7 +206,13 @@ impl Deliverer {
             .clone()
             .try_acquire_owned()
             .map_err(|_| PermitRefused::AllBusy)?;
-        let host = self.hosts.try_acquire(host).ok_or(PermitRefused::HostBusy)?;
+        let host = self
+            .hosts
+            .try_acquire(host, self.clock.now_ms())
+            .map_err(|refused| match refused {
+                HostRefusal::Busy => PermitRefused::HostBusy,
+                HostRefusal::Open(at) => PermitRefused::CircuitOpen(at),
+            })?;
         Ok(AttemptPermit { all, _host: host })
     }
 

@@ -11,6 +11,7 @@ use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
+use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
@@ -121,6 +122,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
     drop(counted);
+    host_outcome(&d, &rec.host, &sent, now);
     let global = d.host_permit_returned(permit);
 
     let (result, status, error) = match &sent {
@@ -272,6 +274,35 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.d.endpoints.finished(self.endpoint, self.d.clock.now_ms());
+    }
+}
+
+/// Tells the host's circuit breaker how the attempt went; logs and counts a change.
+fn host_outcome(d: &Deliverer, host: &str, sent: &Result<crate::transport::InboundResponse, TransportError>, now: u64) {
+    let outcome = match sent {
+        Ok(resp) if resp.retry_after.is_none() && d.config.circuit.counts(resp.status) => HostOutcome::Failed,
+        Ok(_) => HostOutcome::Answered,
+        Err(TransportError::EgressDenied(_)) => HostOutcome::Neutral,
+        Err(_) => HostOutcome::Failed,
+    };
+    match d.hosts.record(host, outcome, now) {
+        None => {}
+        Some(CircuitChange::Opened { probe_at_ms }) => {
+            d.metrics.circuit_opened();
+            tracing::warn!(
+                host,
+                probe_in_ms = probe_at_ms.saturating_sub(now),
+                "host circuit open: its messages wait (no attempts counted) until a probe gets an answer"
+            );
+        }
+        Some(CircuitChange::Recovering) => {
+            tracing::info!(host, "host answered the probe; circuit ramping up to its cap");
+            d.wake.notify_one();
+        }
+        Some(CircuitChange::Closed) => {
+            tracing::info!(host, "host circuit closed");
+            d.wake.notify_one();
+        }
     }
 }
 

@@ -7,9 +7,11 @@
 //! - [`backoff`] computes the exponential delay with jitter before the next attempt.
 //! - [`retry_after`] parses a receiver's `Retry-After` header (seconds or HTTP-date).
 //! - [`rate`] is the per-endpoint token bucket.
+//! - [`circuit`] is the per-host circuit breaker.
 //! - [`decide`] combines them with the give-up limits into one [`Decision`].
 
 pub mod backoff;
+pub mod circuit;
 pub mod classify;
 pub mod decide;
 pub mod rate;

@@ -7,6 +7,7 @@ mod admin;
 mod adoption;
 mod chaos;
 mod cli;
+mod circuit;
 mod client_limits;
 mod delivery;
 mod hardening;

@@ -94,6 +94,13 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS", "8", |c| {
         c.delivery.max_idle_connections == 8
     }),
+    ("COURIER_CIRCUIT_FAILURES", "9", |c| c.circuit.failures == 9),
+    ("COURIER_CIRCUIT_PROBE_DELAY", "2s", |c| {
+        c.circuit.probe_delay == Duration::from_secs(2)
+    }),
+    ("COURIER_CIRCUIT_PROBE_MAX_DELAY", "10m", |c| {
+        c.circuit.probe_max_delay == Duration::from_secs(600)
+    }),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),

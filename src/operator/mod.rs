@@ -1,4 +1,4 @@
-//! The operator commands: `courier deliveries …` and `courier endpoints …`. They find the
+//! The operator commands: `courier deliveries …`, `courier endpoints …` and `courier hosts …`. They find the
 //! admin API from the same settings as `serve` (config file, `COURIER_*`, flags; the token
 //! from `admin_token`), call it, and print a readable table, or the API's JSON with `--json`.
 
@@ -14,7 +14,10 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::cli::GlobalArgs;
-use crate::redact::{escape, escape_json};
+
+mod tables;
+use crate::redact::escape;
+use tables::{deliveries_table, delivery_detail, endpoints_table, hosts_table, pretty};
 
 /// Output choice shared by the operator commands.
 #[derive(Debug, Args, Clone, Copy, Default)]
@@ -101,6 +104,21 @@ pub enum EndpointsCommand {
     },
 }
 
+/// `courier hosts …`
+#[derive(Debug, Subcommand)]
+pub enum HostsCommand {
+    /// List the hosts courier is working with: circuit breaker state, attempts in flight,
+    /// cap, consecutive failures, next probe.
+    List {
+        /// Only hosts whose circuit breaker is not closed.
+        #[arg(long)]
+        open: bool,
+        /// Output format.
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+}
+
 /// One operator command.
 #[derive(Debug)]
 pub enum Operation {
@@ -108,6 +126,8 @@ pub enum Operation {
     Deliveries(DeliveriesCommand),
     /// An endpoints command.
     Endpoints(EndpointsCommand),
+    /// A hosts command.
+    Hosts(HostsCommand),
 }
 
 /// What went wrong talking to the admin API.
@@ -337,6 +357,11 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let v = serde_json::json!({ "items": items, "next_cursor": null });
             Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
         }
+        Operation::Hosts(HostsCommand::List { open, out }) => {
+            let path = if open { "/hosts?state=open" } else { "/hosts" };
+            let (_, v) = client.call(Method::GET, path).await?;
+            Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
+        }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {
             client
                 .call(Method::POST, &format!("/endpoints/{}/pause", enc(&key)))
@@ -352,140 +377,9 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
     }
 }
 
-/// The API's JSON, with bidi and zero-width characters escaped so that a terminal shows them.
-fn pretty(v: &Value) -> String {
-    escape_json(&serde_json::to_string_pretty(v).unwrap_or_default())
-}
-
-/// One table cell: text from receivers and callers has its control, bidi and zero-width
-/// characters written as escapes, so a hostile `last_error` cannot rewrite the screen.
-fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => escape(s),
-        other => other.to_string(),
-    }
-}
-
-/// Renders rows as an aligned table with a header.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        parts.join("  ").trim_end().to_string()
-    };
-    let mut out = vec![line(headers.iter().map(|h| h.to_string()).collect())];
-    out.extend(rows.iter().map(|r| line(r.clone())));
-    out.join("\n")
-}
-
-fn deliveries_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|d| {
-                    vec![
-                        cell(&d["id"]),
-                        cell(&d["state"]),
-                        cell(&d["attempts"]),
-                        cell(&d["last_status"]),
-                        match d["state"].as_str() {
-                            Some("dead") => cell(&d["dead_reason"]),
-                            Some("pending") => cell(&d["next_attempt_at"]),
-                            _ => "-".into(),
-                        },
-                        cell(&d["endpoint"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut out = table(&["ID", "STATE", "ATTEMPTS", "LAST", "NEXT/REASON", "ENDPOINT"], &rows);
-    if let Some(c) = v["next_cursor"].as_str() {
-        out.push_str(&format!("\n(more: --cursor {c})"));
-    }
-    out
-}
-
-fn delivery_detail(d: &Value) -> String {
-    let fields = [
-        "id",
-        "event_id",
-        "state",
-        "target",
-        "endpoint",
-        "attempts",
-        "accepted_at",
-        "next_attempt_at",
-        "give_up_at",
-        "finished_at",
-        "dead_reason",
-        "last_status",
-        "last_error",
-    ];
-    let mut out: Vec<String> = fields.iter().map(|f| format!("{f:<16}{}", cell(&d[*f]))).collect();
-    let rows: Vec<Vec<String>> = d["history"]
-        .as_array()
-        .map(|h| {
-            h.iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    vec![
-                        (i + 1).to_string(),
-                        cell(&a["at"]),
-                        cell(&a["status"]),
-                        cell(&a["duration_ms"]),
-                        cell(&a["error"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    out.push(String::new());
-    out.push(table(&["#", "AT", "STATUS", "MS", "ERROR"], &rows));
-    out.join("\n")
-}
-
-fn endpoints_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|e| {
-                    vec![
-                        cell(&e["key"]),
-                        cell(&e["state"]),
-                        cell(&e["permanent_failure_streak"]),
-                        cell(&e["in_flight"]),
-                        cell(&e["pending"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    table(&["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"], &rows)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tables_align_columns() {
-        let t = table(
-            &["A", "LONG"],
-            &[vec!["xxxx".into(), "1".into()], vec!["y".into(), "22".into()]],
-        );
-        assert_eq!(t, "A     LONG\nxxxx  1\ny     22");
-    }
 
     #[test]
     fn wildcard_admin_addresses_are_reached_over_loopback() {

@@ -1,0 +1,171 @@
+//! How the operator commands print what the admin API answered: aligned tables, one
+//! per listing, and the detail of one delivery.
+
+use serde_json::Value;
+
+use crate::redact::{escape, escape_json};
+
+/// The API's JSON, with bidi and zero-width characters escaped so that a terminal shows them.
+pub(super) fn pretty(v: &Value) -> String {
+    escape_json(&serde_json::to_string_pretty(v).unwrap_or_default())
+}
+
+/// One table cell: text from receivers and callers has its control, bidi and zero-width
+/// characters written as escapes, so a hostile `last_error` cannot rewrite the screen.
+pub(super) fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => escape(s),
+        other => other.to_string(),
+    }
+}
+
+/// Renders rows as an aligned table with a header.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        parts.join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(headers.iter().map(|h| h.to_string()).collect())];
+    out.extend(rows.iter().map(|r| line(r.clone())));
+    out.join("\n")
+}
+
+/// `courier deliveries list`: one row per delivery.
+pub(super) fn deliveries_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|d| {
+                    vec![
+                        cell(&d["id"]),
+                        cell(&d["state"]),
+                        cell(&d["attempts"]),
+                        cell(&d["last_status"]),
+                        match d["state"].as_str() {
+                            Some("dead") => cell(&d["dead_reason"]),
+                            Some("pending") => cell(&d["next_attempt_at"]),
+                            _ => "-".into(),
+                        },
+                        cell(&d["endpoint"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(&["ID", "STATE", "ATTEMPTS", "LAST", "NEXT/REASON", "ENDPOINT"], &rows);
+    if let Some(c) = v["next_cursor"].as_str() {
+        out.push_str(&format!("\n(more: --cursor {c})"));
+    }
+    out
+}
+
+/// `courier deliveries show`: the delivery, then its attempts.
+pub(super) fn delivery_detail(d: &Value) -> String {
+    let fields = [
+        "id",
+        "event_id",
+        "state",
+        "target",
+        "endpoint",
+        "attempts",
+        "accepted_at",
+        "next_attempt_at",
+        "give_up_at",
+        "finished_at",
+        "dead_reason",
+        "last_status",
+        "last_error",
+    ];
+    let mut out: Vec<String> = fields.iter().map(|f| format!("{f:<16}{}", cell(&d[*f]))).collect();
+    let rows: Vec<Vec<String>> = d["history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    vec![
+                        (i + 1).to_string(),
+                        cell(&a["at"]),
+                        cell(&a["status"]),
+                        cell(&a["duration_ms"]),
+                        cell(&a["error"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push(String::new());
+    out.push(table(&["#", "AT", "STATUS", "MS", "ERROR"], &rows));
+    out.join("\n")
+}
+
+/// `courier endpoints list`: one row per endpoint.
+pub(super) fn endpoints_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|e| {
+                    vec![
+                        cell(&e["key"]),
+                        cell(&e["state"]),
+                        cell(&e["permanent_failure_streak"]),
+                        cell(&e["in_flight"]),
+                        cell(&e["pending"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(&["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"], &rows)
+}
+
+/// `courier hosts list`: one row per host.
+pub(super) fn hosts_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|h| {
+                    vec![
+                        cell(&h["host"]),
+                        cell(&h["circuit"]),
+                        cell(&h["in_flight"]),
+                        cell(&h["cap"]),
+                        cell(&h["consecutive_failures"]),
+                        cell(&h["next_probe_at"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &["HOST", "CIRCUIT", "IN_FLIGHT", "CAP", "FAILURES", "NEXT_PROBE"],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(
+            &["A", "LONG"],
+            &[vec!["xxxx".into(), "1".into()], vec!["y".into(), "22".into()]],
+        );
+        assert_eq!(t, "A     LONG\nxxxx  1\ny     22");
+    }
+}
