@@ -59,3 +59,4 @@ pub mod store;
 pub mod target;
 pub mod timefmt;
 pub mod transport;
+pub mod trim;

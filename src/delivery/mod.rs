@@ -106,6 +106,7 @@ pub struct Deliverer {
     queue_first: std::sync::atomic::AtomicBool,
     idle: Notify,
     results: results::ResultWriter,
+    trimmer: crate::trim::Trimmer,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -191,6 +192,7 @@ impl Deliverer {
             runtime: parts.runtime,
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
+            trimmer: Default::default(),
         }))
     }
 
@@ -256,6 +258,11 @@ impl Deliverer {
             registry.remove(&id);
             if registry.is_empty() {
                 d.idle.notify_waiters();
+                // A burst is over: give its freed heap back (see `trim`).
+                if d.trimmer.due(d.clock.now_ms()) {
+                    drop(registry);
+                    d.runtime.spawn_blocking(crate::trim::trim);
+                }
             }
         });
     }
