@@ -1,5 +1,6 @@
 //! A webhook receiver to try courier against: it checks Standard Webhooks, Stripe and
-//! GitHub signatures on its own (plain `hmac`/`sha2`, no courier code, so it is an
+//! GitHub signatures on its own (plain `hmac`/`sha2`, and `ed25519-dalek` for the Standard
+//! Webhooks `v1a` entries that a `whpk_` public key verifies; no courier code, so it is an
 //! independent check of what courier sends), rejects signed timestamps more than five
 //! minutes off, prints one line per request, and can fail the first N requests to show
 //! courier's retries.
@@ -7,6 +8,7 @@
 //! ```text
 //! cargo run --example receiver -- --listen 127.0.0.1:9000 --secret whsec_vdZJW4oIWKVzs3WHZOD0X4LX0tJMBVyo
 //! cargo run --example receiver -- --fail-first 2 --fail-status 503 --retry-after 5
+//! cargo run --example receiver -- --secret "$(courier keys public < key.txt)"   # Ed25519
 //! ```
 //!
 //! courier refuses loopback targets by default: to deliver here, give courier
@@ -69,8 +71,9 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
     /// Secret to verify with, exactly as configured in courier (`whsec_...` for the
-    /// standard scheme; for stripe and github the string itself is the key). Repeat it,
-    /// or separate with commas, to accept several during a rotation.
+    /// standard scheme; for stripe and github the string itself is the key), or for
+    /// courier's `whsk_` keys the `whpk_...` public key that `courier keys public` prints.
+    /// Repeat it, or separate with commas, to accept several during a rotation.
     #[arg(long = "secret", env = "RECEIVER_SECRETS", value_delimiter = ',')]
     secrets: Vec<String>,
     /// Answer the first N requests with --fail-status, to watch courier retry.
@@ -171,8 +174,10 @@ fn hmac_matches(key: &[u8], parts: &[&[u8]], expected: &[u8]) -> bool {
     mac.verify_slice(expected).is_ok()
 }
 
-/// Standard Webhooks: `webhook-signature: v1,<base64> [v1,<base64> ...]` over
-/// `<webhook-id>.<webhook-timestamp>.<body>`, keyed with the base64 part of `whsec_...`.
+/// Standard Webhooks: `webhook-signature: v1,<base64> [v1a,<base64> ...]` over
+/// `<webhook-id>.<webhook-timestamp>.<body>`: `v1` entries are HMAC-SHA256 keyed with the
+/// base64 part of `whsec_...`, `v1a` entries Ed25519 signatures checked with a `whpk_...`
+/// public key. Any one entry matching any one key is enough (rotation).
 fn verify_standard(
     headers: &HeaderMap,
     body: &[u8],
@@ -183,19 +188,36 @@ fn verify_standard(
     let id = header(headers, "webhook-id")?;
     let ts = header(headers, "webhook-timestamp")?;
     check_timestamp(ts, now, tolerance)?;
-    let signatures: Vec<Vec<u8>> = header(headers, "webhook-signature")?
-        .split_whitespace()
-        .filter_map(|s| s.strip_prefix("v1,"))
-        .filter_map(|s| BASE64.decode(s).ok())
-        .collect();
-    let keys: Vec<Vec<u8>> = secrets
+    let value = header(headers, "webhook-signature")?;
+    let entries = |version: &str| -> Vec<Vec<u8>> {
+        value
+            .split_whitespace()
+            .filter_map(|entry| entry.split_once(','))
+            .filter(|(v, _)| *v == version)
+            .filter_map(|(_, sig)| BASE64.decode(sig).ok())
+            .collect()
+    };
+    let (public, hmac): (Vec<&String>, Vec<&String>) = secrets.iter().partition(|s| s.starts_with("whpk_"));
+    let keys: Vec<Vec<u8>> = hmac
         .iter()
         .filter_map(|s| BASE64.decode(s.strip_prefix("whsec_").unwrap_or(s)).ok())
         .collect();
+    let public_keys: Vec<ed25519_dalek::VerifyingKey> = public
+        .iter()
+        .filter_map(|s| <[u8; 32]>::try_from(BASE64.decode(&s["whpk_".len()..]).ok()?).ok())
+        .filter_map(|bytes| ed25519_dalek::VerifyingKey::from_bytes(&bytes).ok())
+        .collect();
     let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts.as_bytes(), b".", body];
-    let ok = keys
+    let signatures = entries("v1");
+    let hmac_ok = keys
         .iter()
         .any(|key| signatures.iter().any(|sig| hmac_matches(key, &parts, sig)));
+    let content = parts.concat();
+    let ed25519_ok = entries("v1a").iter().any(|sig| {
+        ed25519_dalek::Signature::from_slice(sig)
+            .is_ok_and(|sig| public_keys.iter().any(|key| key.verify_strict(&content, &sig).is_ok()))
+    });
+    let ok = hmac_ok || ed25519_ok;
     if ok {
         Ok(())
     } else {

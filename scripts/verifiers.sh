@@ -1,11 +1,14 @@
 # Sourced by scripts/test.sh: installs the third-party signature verifiers that
-# tests/it/adoption.rs checks courier's outgoing signatures with, and exports where they are:
+# tests/it/adoption.rs and tests/it/signing_ed25519.rs check courier's outgoing signatures
+# with, and exports where they are:
 #   COURIER_TEST_PYTHON          a python with standardwebhooks, svix and stripe
 #   NODE_PATH                    a node_modules folder with @octokit/webhooks-methods
+#   COURIER_TEST_ED25519_PYTHON  a python with Debian's python3-cryptography, which
+#                                tests/it/signing_ed25519.rs verifies v1a signatures with
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
-# missing, so a second run costs two import checks.
+# missing, so a second run costs a few import checks.
 # shellcheck shell=bash
 
 verifiers_dir="${CARGO_TARGET_DIR:-$PWD/target}/verifiers"
@@ -25,6 +28,17 @@ if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe, svix' 2>/dev/null;
   "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'svix>=1' 'stripe>=7'
 fi
 
+# Ed25519 (v1a): `cryptography` from Debian's package, run by Debian's own interpreter (a
+# python3 earlier on PATH, such as pyenv's, does not see Debian's packages).
+ed25519_python=/usr/bin/python3
+ed25519_import='from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey'
+if ! "$ed25519_python" -c "$ed25519_import" 2>/dev/null; then
+  echo "verifiers: installing python3-cryptography" >&2
+  apt-get install -y -qq python3-cryptography >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-cryptography >/dev/null; }
+  "$ed25519_python" -c "$ed25519_import"
+fi
+
 node_dir="$verifiers_dir/node"
 if ! command -v node >/dev/null; then
   apt-get install -y -qq nodejs npm >/dev/null 2>&1 ||
@@ -36,5 +50,6 @@ if [[ ! -f "$node_dir/node_modules/@octokit/webhooks-methods/package.json" ]]; t
 fi
 
 export COURIER_TEST_PYTHON="$pyenv/bin/python"
+export COURIER_TEST_ED25519_PYTHON="$ed25519_python"
 export NODE_PATH="$node_dir/node_modules${NODE_PATH:+:$NODE_PATH}"
 export COURIER_TEST_REQUIRE_VERIFIERS=1

@@ -1,4 +1,5 @@
-//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints.
+//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, and
+//! the public keys of the Ed25519 signing keys (never a secret).
 //! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
 
 use std::collections::HashMap;
@@ -178,18 +179,35 @@ impl Admin {
             (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
             (&Method::GET, ["endpoints"]) => self.endpoints(query),
             (&Method::GET, ["hosts"]) => self.hosts(query),
+            (&Method::GET, ["signing", "public-keys"]) => self.public_keys(),
             (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
                 let pause = path.ends_with("/pause");
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
                 self.set_paused(&decode_segment(&raw), pause)
             }
-            (_, ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..]) => serve::error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("{method} is not allowed on {path}"),
-            ),
+            (_, ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..] | ["signing", "public-keys"]) => {
+                serve::error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    format!("{method} is not allowed on {path}"),
+                )
+            }
             _ => serve::error(StatusCode::NOT_FOUND, "not_found", format!("no admin route {path}")),
         }
+    }
+
+    /// `GET /signing/public-keys`: the `whpk_` key of every `whsk_` key this running
+    /// courier signs with, for receivers to verify `v1a` signatures (the file on disk may
+    /// have changed since start; this is what signs now).
+    fn public_keys(&self) -> Response<Body> {
+        let items: Vec<Value> = self
+            .d
+            .config
+            .ed25519_public_keys()
+            .into_iter()
+            .map(|e| json!({ "source": e.source, "key": e.key, "public_key": e.public_key }))
+            .collect();
+        serve::json(StatusCode::OK, &json!({ "items": items }))
     }
 
     fn show(&self, id: &str) -> Response<Body> {

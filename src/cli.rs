@@ -1,5 +1,6 @@
-//! The command line: `courier [serve]`, `courier check-config`, and the operator commands
-//! (`deliveries`, `endpoints`) that talk to a running courier's admin API.
+//! The command line: `courier [serve]`, `courier check-config`, the operator commands
+//! (`deliveries`, `endpoints`) that talk to a running courier's admin API, and `keys`, which
+//! makes Ed25519 signing keys offline.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +57,9 @@ pub enum Command {
     /// Inspect hosts: circuit breakers, attempts in flight, caps.
     #[command(subcommand)]
     Hosts(crate::operator::HostsCommand),
+    /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
+    #[command(subcommand)]
+    Keys(crate::keys::KeysCommand),
 }
 
 impl GlobalArgs {
@@ -111,6 +115,7 @@ pub fn main() -> ExitCode {
         }
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
+        Some(Command::Keys(cmd)) => crate::keys::run(cmd),
     }
 }
 

@@ -195,6 +195,20 @@ impl Ingress {
         } else {
             SigningChoice::Default
         };
+        // A configured list holding an Ed25519 key cannot sign with an HMAC-only scheme the
+        // message picked: refuse now rather than store a message no attempt could sign.
+        let listed = match &signing {
+            SigningChoice::Key(name) => config.signing_key(name).unwrap_or_default(),
+            SigningChoice::Default => config.signing.secrets.as_slice(),
+            SigningChoice::Inline(_) => &[],
+        };
+        signing::check_scheme(effective_scheme, listed).map_err(|e| {
+            let source = match &signing {
+                SigningChoice::Key(name) => format!("signing key {name:?}"),
+                _ => "signing.secrets".to_string(),
+            };
+            Refusal::new(StatusCode::BAD_REQUEST, e.code(), format!("{source}: {e}"))
+        })?;
 
         let event_id = event_id(req.headers())?;
         if let Some(len) = req

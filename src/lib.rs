@@ -21,7 +21,7 @@
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
 //! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`].
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`retention`], [`metrics`].
-//! 5. Wiring: [`app`], [`cli`], [`operator`].
+//! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
 #![warn(missing_docs)]
 
@@ -41,6 +41,7 @@ pub mod envelope;
 pub mod fds;
 pub mod headers;
 pub mod ingress;
+pub mod keys;
 pub mod metrics;
 pub mod model;
 pub mod operator;

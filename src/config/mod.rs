@@ -57,6 +57,7 @@ use crate::signing::Secret;
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
 
 /// The environment variable naming the TOML file (used when `--config` is not given).

@@ -1,5 +1,7 @@
 //! [`Config::summary`] (for `courier check-config`) and the redacting formatters it shares
-//! with the `Debug` impls: URLs without passwords, alert URLs as their origin only.
+//! with the `Debug` impls: URLs without passwords, alert URLs as their origin only. Also
+//! [`Config::ed25519_public_keys`], the public half of every `whsk_` key, which is not a
+//! secret and is shown by `check-config` and the admin API.
 
 use ipnet::IpNet;
 use url::Url;
@@ -10,7 +12,46 @@ use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
+/// The public key of one configured Ed25519 (`whsk_`) key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicKeyEntry {
+    /// Where the key is listed: `signing.secrets[0]`, `signing.keys.billing[1]`.
+    pub source: String,
+    /// The `[signing.keys]` name, or `None` for the default secrets.
+    pub key: Option<String>,
+    /// `whpk_<base64>`.
+    pub public_key: String,
+}
+
 impl Config {
+    /// The public keys of the Ed25519 keys among the default secrets and `[signing.keys]`,
+    /// in config order. Lets an operator publish exactly the keys courier signs with.
+    pub fn ed25519_public_keys(&self) -> Vec<PublicKeyEntry> {
+        let lists = std::iter::once((None, &self.signing.secrets)).chain(
+            self.signing
+                .keys
+                .iter()
+                .map(|(name, key)| (Some(name.clone()), &key.secrets)),
+        );
+        let mut out = Vec::new();
+        for (key, secrets) in lists {
+            for (i, secret) in secrets.iter().enumerate() {
+                if let Some(public_key) = crate::signing::ed25519::public_key(secret.expose()) {
+                    let source = match &key {
+                        Some(name) => format!("signing.keys.{name}[{i}]"),
+                        None => format!("signing.secrets[{i}]"),
+                    };
+                    out.push(PublicKeyEntry {
+                        source,
+                        key: key.clone(),
+                        public_key,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// A few human lines describing the effective settings, for `courier check-config`.
     /// Tokens and secrets are reported as set or counted, never shown.
     pub fn summary(&self) -> String {
@@ -108,6 +149,13 @@ impl Config {
                 keys.join(", ")
             }
         ));
+        // Public keys are not secrets (the whsk_ values themselves are never shown).
+        for entry in self.ed25519_public_keys() {
+            lines.push(format!(
+                "signing: {} is Ed25519, public key {}",
+                entry.source, entry.public_key
+            ));
+        }
         let allow: Vec<String> = self.egress.allow.iter().map(IpNet::to_string).collect();
         lines.push(format!(
             "egress: private targets {}, allow: {}",

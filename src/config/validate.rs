@@ -11,7 +11,7 @@ use super::summary::without_password;
 use super::units::format_duration;
 use super::{Config, ConfigError, RouteConfig};
 use crate::model::SignatureScheme;
-use crate::signing::{scope, Secret};
+use crate::signing::{ed25519, scope, Secret};
 
 impl Config {
     /// Checks the rules the types cannot express (distinct listeners, a token on every
@@ -235,13 +235,21 @@ impl Config {
     fn validate_secrets(&self) -> Result<(), ConfigError> {
         let signing = &self.signing;
         let effective = |route: &RouteConfig| route.scheme.unwrap_or(signing.scheme);
-        // A secret needs the Standard Webhooks format only where it will sign with that scheme.
-        let defaults_standard = signing.scheme == SignatureScheme::Standard
-            || self
-                .routes
+        // Who signs with each secret list, and with which scheme: the defaults sign with
+        // signing.scheme and for every route without a key of its own; a named key for the
+        // routes naming it. A secret needs the Standard Webhooks format only where it will
+        // sign with that scheme, and a whsk_ key must never meet an HMAC-only scheme.
+        let route_users = |key: Option<&str>| -> Vec<SchemeUser> {
+            self.routes
                 .iter()
-                .any(|r| r.signing_key.is_none() && effective(r) == SignatureScheme::Standard);
-        check_secrets("signing.secrets", &signing.secrets, defaults_standard)?;
+                .enumerate()
+                .filter(|(_, r)| r.signing_key.as_deref() == key)
+                .map(|(i, r)| (effective(r), format!("route[{i}] ({:?})", r.name)))
+                .collect()
+        };
+        let mut default_users = vec![(signing.scheme, "signing.scheme".to_string())];
+        default_users.extend(route_users(None));
+        check_secrets("signing.secrets", &signing.secrets, &default_users)?;
         for (name, signing_key) in &signing.keys {
             let secrets = &signing_key.secrets;
             let key = format!("signing.keys.{name}");
@@ -251,11 +259,7 @@ impl Config {
             if secrets.is_empty() {
                 return Err(ConfigError::invalid(&key, "must list at least one secret"));
             }
-            let standard = self
-                .routes
-                .iter()
-                .any(|r| r.signing_key.as_deref() == Some(name.as_str()) && effective(r) == SignatureScheme::Standard);
-            check_secrets(&key, secrets, standard)?;
+            check_secrets(&key, secrets, &route_users(Some(name)))?;
         }
         Ok(())
     }
@@ -306,15 +310,45 @@ pub(super) fn is_host_port(text: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
 }
 
-fn check_secrets(key: &str, secrets: &[Secret], standard: bool) -> Result<(), ConfigError> {
+/// A scheme a secret list signs with, and the setting that makes it (`signing.scheme`,
+/// `route[0] ("billing")`), for the error message.
+type SchemeUser = (SignatureScheme, String);
+
+fn check_secrets(key: &str, secrets: &[Secret], users: &[SchemeUser]) -> Result<(), ConfigError> {
+    let standard = users.iter().any(|(scheme, _)| *scheme == SignatureScheme::Standard);
+    let hmac_only = users
+        .iter()
+        .find(|(scheme, _)| matches!(scheme, SignatureScheme::Stripe | SignatureScheme::Github));
     for (i, secret) in secrets.iter().enumerate() {
         if secret.expose().is_empty() {
             return Err(ConfigError::invalid(&format!("{key}[{i}]"), "must not be empty"));
         }
+        // A whsk_ key is only ever an Ed25519 key, so it is checked wherever it is listed:
+        // a message may still pick it with Courier-Signing-Key.
+        if ed25519::is_secret(secret.expose()) {
+            if ed25519::decode_secret(secret.expose()).is_none() {
+                return Err(ConfigError::invalid(
+                    &format!("{key}[{i}]"),
+                    "is not an Ed25519 secret key: expected whsk_ followed by the base64 of a 32-byte seed, \
+                     as `courier keys generate` prints (value not shown)",
+                ));
+            }
+            if let Some((scheme, who)) = hmac_only {
+                return Err(ConfigError::invalid(
+                    &format!("{key}[{i}]"),
+                    format_args!(
+                        "is an Ed25519 key (whsk_), which signs only with the standard scheme, but {who} \
+                         signs with it using the {} scheme (HMAC only); use a separate [signing.keys] entry",
+                        scheme.as_str()
+                    ),
+                ));
+            }
+            continue;
+        }
         if standard && !is_standard_secret(secret.expose()) {
             return Err(ConfigError::invalid(
                 &format!("{key}[{i}]"),
-                "is used with the standard scheme and must be whsec_ followed by base64 (value not shown)",
+                "is used with the standard scheme and must be whsec_ followed by base64, or an Ed25519 whsk_ key (value not shown)",
             ));
         }
     }

@@ -2,9 +2,14 @@
 //!
 //! [`sign`] turns a scheme, the message's secrets, its event id, the attempt's timestamp and
 //! the body into the headers to add; the per-scheme algorithms live in [`standard`],
-//! [`stripe`] and [`github`] as pure functions. Secrets travel as [`Secret`], which never
-//! prints its value, so a stray `{:?}` in a log line cannot leak one.
+//! [`ed25519`], [`stripe`] and [`github`] as pure functions. Secrets travel as [`Secret`],
+//! which never prints its value, so a stray `{:?}` in a log line cannot leak one.
+//!
+//! The standard scheme picks the algorithm per secret from its prefix: a `whsec_` (or bare
+//! base64) secret gives an HMAC `v1,` entry, a `whsk_` key an Ed25519 `v1a,` entry, so one
+//! rotation list may mix them and a receiver migrating to public keys sees both.
 
+pub mod ed25519;
 pub mod github;
 pub mod scope;
 pub mod standard;
@@ -73,6 +78,15 @@ pub enum SigningError {
         /// What the scheme expects instead.
         expected: &'static str,
     },
+    /// An Ed25519 (`whsk_`) key chosen with a scheme that has only HMAC signatures.
+    #[error(
+        "an Ed25519 (whsk_) key cannot sign with scheme {scheme}: only the standard scheme has \
+         asymmetric (v1a) signatures"
+    )]
+    SchemeMismatch {
+        /// The HMAC-only scheme's name (`stripe`, `github`).
+        scheme: &'static str,
+    },
 }
 
 impl SigningError {
@@ -80,13 +94,16 @@ impl SigningError {
     pub fn code(&self) -> &'static str {
         match self {
             SigningError::InvalidSecret { .. } => "invalid_signing_secret",
+            SigningError::SchemeMismatch { .. } => "signing_scheme_mismatch",
         }
     }
 }
 
 /// Checks that `secret` can sign with `scheme`: `standard` needs `whsec_` followed by standard
-/// base64 (padding optional; the prefix may be omitted, as svix allows) of a non-empty key;
-/// `stripe` and `github` need a non-empty string; `none` accepts anything.
+/// base64 (padding optional; the prefix may be omitted, as svix allows) of a non-empty key,
+/// or an Ed25519 key `whsk_` followed by the base64 of its 32-byte seed; `stripe` and
+/// `github` need a non-empty string that is not a `whsk_` key (they are HMAC only); `none`
+/// accepts anything.
 pub fn validate_secret(scheme: SignatureScheme, secret: &str) -> Result<(), SigningError> {
     let invalid = |expected| {
         Err(SigningError::InvalidSecret {
@@ -94,15 +111,36 @@ pub fn validate_secret(scheme: SignatureScheme, secret: &str) -> Result<(), Sign
             expected,
         })
     };
+    let asymmetric = ed25519::is_secret(secret);
     match scheme {
-        SignatureScheme::Standard if standard::decode_secret(secret).is_none() => {
+        SignatureScheme::Standard if asymmetric && ed25519::decode_secret(secret).is_none() => {
+            invalid("expected whsk_ followed by the base64 of a 32-byte Ed25519 seed")
+        }
+        SignatureScheme::Standard if !asymmetric && standard::decode_secret(secret).is_none() => {
             invalid("expected whsec_ followed by the base64 of a non-empty key")
         }
+        SignatureScheme::Stripe | SignatureScheme::Github if asymmetric => Err(SigningError::SchemeMismatch {
+            scheme: scheme.as_str(),
+        }),
         SignatureScheme::Stripe | SignatureScheme::Github if secret.is_empty() => {
             invalid("expected a non-empty secret")
         }
         _ => Ok(()),
     }
+}
+
+/// Checks that no secret of a configured list (the defaults or a named key) is an Ed25519
+/// key when `scheme` is HMAC only. Ingress calls this for the scheme a message chose: the
+/// config check cannot know that a caller will pick `stripe` with `Courier-Signature-Scheme`,
+/// and without it such a message would be stored and then fail to sign on every attempt.
+pub fn check_scheme(scheme: SignatureScheme, secrets: &[Secret]) -> Result<(), SigningError> {
+    let hmac_only = matches!(scheme, SignatureScheme::Stripe | SignatureScheme::Github);
+    if hmac_only && secrets.iter().any(|s| ed25519::is_secret(s.expose())) {
+        return Err(SigningError::SchemeMismatch {
+            scheme: scheme.as_str(),
+        });
+    }
+    Ok(())
 }
 
 /// The headers `scheme` writes (lowercase names), so the outbound filter can drop stale copies
@@ -118,8 +156,9 @@ pub fn signature_headers(scheme: SignatureScheme) -> &'static [&'static str] {
 
 /// The headers to add to one attempt (lowercase names): always `webhook-id` and
 /// `webhook-timestamp` (unix seconds), plus the scheme's signature header when there is at
-/// least one secret. Every secret signs (rotation), except with `github`, whose header
-/// carries one signature: the first secret signs.
+/// least one secret. Every secret signs (rotation), in the order given, except with `github`,
+/// whose header carries one signature: the first secret signs. With `standard`, `whsk_`
+/// keys give `v1a,` entries and the others `v1,` entries in the same header.
 pub fn sign(
     scheme: SignatureScheme,
     secrets: &[Secret],
@@ -140,14 +179,19 @@ pub fn sign(
     match scheme {
         SignatureScheme::None => {}
         SignatureScheme::Standard => {
-            let signatures = secrets
-                .iter()
-                .map(|secret| {
-                    // Validated above, so decoding succeeds; stay total anyway.
+            // Ed25519 signs one contiguous buffer: build it once, and only if a key needs it.
+            let mut content = None;
+            let mut signatures = Vec::with_capacity(secrets.len());
+            for secret in secrets {
+                // Validated above, so decoding succeeds; stay total anyway.
+                if let Some(key) = ed25519::decode_secret(secret.expose()) {
+                    let content = content.get_or_insert_with(|| standard::signed_content(event_id, timestamp, body));
+                    signatures.push(ed25519::sign(&key, content));
+                } else {
                     let key = standard::decode_secret(secret.expose()).unwrap_or_default();
-                    standard::sign(&key, event_id, timestamp, body)
-                })
-                .collect::<Vec<_>>();
+                    signatures.push(standard::sign(&key, event_id, timestamp, body));
+                }
+            }
             headers.push((WEBHOOK_SIGNATURE, signatures.join(" ")));
         }
         SignatureScheme::Stripe => {
@@ -192,6 +236,9 @@ mod tests {
     const STRIPE_1: &str = "ca4324d716bb4ca8881350fc81a5633bbb86273b725c4b84e7f98cfb1aa1d195";
     const STRIPE_2: &str = "c05113adc438d64a05f448c6ddcf5553a0b7ea1644b744601c1d1a3f03ca9e85";
     const GITHUB: &str = "d677c39b83f630c79be91ee9ff92052eab168d765a46c797926d285a3376c937";
+    // An Ed25519 key and its known answer over the same fixtures (see `ed25519`'s tests).
+    const ED_SECRET: &str = "whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=";
+    const ED_1: &str = "v1a,vVm8+H7U4ZjdVnMvoC1yYTc/nE0YVvexEaRJ5/FIVIu64OWwqadELvgUStuPdCdSQF+eJW4p37crCZqp8gqCCQ==";
 
     fn secrets(values: &[&str]) -> Vec<Secret> {
         values.iter().map(|v| Secret::new(v.to_string())).collect()
@@ -216,10 +263,21 @@ mod tests {
         let stripe_2 = format!("t={TS},v1={STRIPE_1},v1={STRIPE_2}");
         let github = format!("sha256={GITHUB}");
         let std_2 = format!("{STD_1} {STD_2}");
+        // A mixed rotation list: one header, one entry per secret, in the configured order.
+        let mixed = format!("{ED_1} {STD_1}");
+        let mixed_2 = format!("{STD_1} {ED_1} {STD_2}");
         let table: Vec<(S, Vec<&str>, Headers)> = vec![
             (S::Standard, vec![SECRET], with((WEBHOOK_SIGNATURE, STD_1))),
             (S::Standard, vec![SECRET, SECRET_2], with((WEBHOOK_SIGNATURE, &std_2))),
             (S::Standard, vec![], ids()),
+            (S::Standard, vec![ED_SECRET], with((WEBHOOK_SIGNATURE, ED_1))),
+            (S::Standard, vec![ED_SECRET, SECRET], with((WEBHOOK_SIGNATURE, &mixed))),
+            (
+                S::Standard,
+                vec![SECRET, ED_SECRET, SECRET_2],
+                with((WEBHOOK_SIGNATURE, &mixed_2)),
+            ),
+            (S::None, vec![ED_SECRET], ids()),
             (
                 S::Stripe,
                 vec!["sk_test_stripe_secret_\u{e9}"],
@@ -265,6 +323,8 @@ mod tests {
             (S::Standard, "whsec_not*base64*secret"),
             (S::Standard, "whsec_"),
             (S::Standard, ""),
+            (S::Standard, "whsk_not*base64*secret"),
+            (S::Standard, "whsk_c2hvcnQ="),
             (S::Stripe, ""),
             (S::Github, ""),
         ];
@@ -292,6 +352,14 @@ mod tests {
             (S::Standard, "whsec_????", false),
             (S::Standard, "plain text secret", false),
             (S::Standard, "", false),
+            (S::Standard, ED_SECRET, true),
+            (S::Standard, "whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk", true),
+            (S::Standard, "whsk_c2hvcnQ=", false),
+            (S::Standard, "whsk_", false),
+            (S::Stripe, ED_SECRET, false),
+            (S::Github, ED_SECRET, false),
+            (S::Github, "whsk_anything", false),
+            (S::None, ED_SECRET, true),
             (S::Stripe, "whsec_anything", true),
             (S::Stripe, "x", true),
             (S::Stripe, "", false),
@@ -302,6 +370,22 @@ mod tests {
         ];
         for (scheme, secret, ok) in table {
             assert_eq!(validate_secret(scheme, secret).is_ok(), ok, "{scheme:?} {secret:?}");
+        }
+    }
+
+    #[test]
+    fn ed25519_keys_are_refused_by_hmac_only_schemes() {
+        use SignatureScheme as S;
+        for scheme in [S::Stripe, S::Github] {
+            let err = sign(scheme, &secrets(&["hmac", ED_SECRET]), EVENT_ID, TS, BODY).unwrap_err();
+            assert_eq!(err.code(), "signing_scheme_mismatch");
+            assert!(err.to_string().contains(scheme.as_str()), "{err}");
+            assert!(!err.to_string().contains(&ED_SECRET[5..]), "{err}");
+            assert_eq!(check_scheme(scheme, &secrets(&["hmac", ED_SECRET])), Err(err));
+            assert_eq!(check_scheme(scheme, &secrets(&["hmac", SECRET])), Ok(()));
+        }
+        for scheme in [S::Standard, S::None] {
+            assert_eq!(check_scheme(scheme, &secrets(&[ED_SECRET, SECRET])), Ok(()));
         }
     }
 

@@ -1,5 +1,6 @@
 //! Standard Webhooks signatures (<https://www.standardwebhooks.com/>), as verified by the
 //! `standardwebhooks` and `svix` libraries: `v1,<base64(HMAC-SHA256(key, "<id>.<ts>.<body>"))>`.
+//! The asymmetric `v1a` entries over the same content live in [`super::ed25519`].
 
 use base64::alphabet::STANDARD;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
@@ -10,7 +11,8 @@ use base64::Engine;
 pub const SECRET_PREFIX: &str = "whsec_";
 
 /// Standard base64 that accepts secrets with or without `=` padding, as users paste both.
-const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
+/// Shared with [`super::ed25519`] so `whsk_`/`whpk_` keys are read as leniently.
+pub(super) const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
     &STANDARD,
     GeneralPurposeConfig::new()
         .with_decode_padding_mode(DecodePaddingMode::Indifferent)
@@ -22,6 +24,18 @@ const LENIENT_BASE64: GeneralPurpose = GeneralPurpose::new(
 pub fn decode_secret(secret: &str) -> Option<Vec<u8>> {
     let encoded = secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret);
     LENIENT_BASE64.decode(encoded).ok().filter(|key| !key.is_empty())
+}
+
+/// The content every Standard Webhooks signature covers: `<id>.<timestamp>.<body>`.
+pub fn signed_content(event_id: &str, timestamp: i64, body: &[u8]) -> Vec<u8> {
+    let timestamp = timestamp.to_string();
+    let mut content = Vec::with_capacity(event_id.len() + timestamp.len() + 2 + body.len());
+    content.extend_from_slice(event_id.as_bytes());
+    content.push(b'.');
+    content.extend_from_slice(timestamp.as_bytes());
+    content.push(b'.');
+    content.extend_from_slice(body);
+    content
 }
 
 /// One signature entry, `v1,<base64>`, for the decoded `key`.
@@ -66,6 +80,12 @@ mod tests {
             sign(&key2, EVENT_ID, TS, BODY),
             "v1,MPSYyoqNhweNGwbAolWKB2GsXaDpZLBRO274N5w1hfU="
         );
+    }
+
+    #[test]
+    fn signed_content_is_id_timestamp_body() {
+        assert_eq!(signed_content("msg_1", 1_700_000_000, b"{}"), b"msg_1.1700000000.{}");
+        assert_eq!(signed_content("e", -5, b""), b"e.-5.");
     }
 
     #[test]

@@ -287,9 +287,21 @@ impl Drop for Spawned {
 /// `scheme` and `secret` at it, and checks the receiver verifies the real message — and
 /// that it refuses one signed with another secret (so its "verified" means something).
 async fn receiver_example_verifies(scheme: &str, secret: &str, wrong_secret: &str) {
+    receiver_example_verifies_with(scheme, secret, secret, wrong_secret).await;
+}
+
+/// The same, with the receiver given `receiver_secret` (a `whpk_` public key for courier's
+/// `whsk_` secret).
+async fn receiver_example_verifies_with(scheme: &str, secret: &str, receiver_secret: &str, wrong_secret: &str) {
     let mut cmd = Command::new(example_binary("receiver"));
-    cmd.args(["--listen", "127.0.0.1:0", "--secret", secret, "--reject-unverified"])
-        .env_remove("RECEIVER_SECRETS");
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--secret",
+        receiver_secret,
+        "--reject-unverified",
+    ])
+    .env_remove("RECEIVER_SECRETS");
     let receiver = Spawned::start(cmd);
     let line = receiver.wait_for("receiver listening on http://").await;
     let addr: SocketAddr = line.rsplit("http://").next().unwrap().trim().parse().unwrap();
@@ -320,6 +332,18 @@ async fn receiver_example_verifies(scheme: &str, secret: &str, wrong_secret: &st
 #[tokio::test]
 async fn receiver_example_verifies_standard_signatures() {
     receiver_example_verifies("standard", STANDARD_SECRET, STANDARD_OLD_SECRET).await;
+}
+
+#[tokio::test]
+async fn receiver_example_verifies_ed25519_signatures_with_a_public_key() {
+    // courier's known-answer key pair (src/signing/ed25519.rs); the wrong key is another one.
+    receiver_example_verifies_with(
+        "standard",
+        "whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=",
+        "whpk_SgxHe1+cbw9OFG7edwgundcRpId0LhJMbVzadLmMNiU=",
+        "whsk_VEVTVFNJR05JTkdLRVlET05PVFVTRVRISVNGT1JBTlk=",
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -17,3 +17,4 @@ mod metrics;
 mod responsive;
 mod security;
 mod setup_script;
+mod signing_ed25519;

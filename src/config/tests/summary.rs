@@ -70,3 +70,24 @@ fn error_accessors() {
     assert_eq!(e.problem(), "unknown key \"x\" (line 1)");
     assert_eq!(ConfigError::new("a\nb", "c\r\nd").to_string(), "a b: c d");
 }
+
+#[test]
+fn summary_lists_ed25519_public_keys_never_their_secrets() {
+    let secret = "whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=";
+    let text =
+        format!("[signing]\nsecrets = [\"whsec_c2VjcmV0\", \"{secret}\"]\n[signing.keys]\nbilling = [\"{secret}\"]\n");
+    let summary = parse(&text).summary();
+    let public = "whpk_SgxHe1+cbw9OFG7edwgundcRpId0LhJMbVzadLmMNiU=";
+    assert!(
+        summary.contains(&format!("signing: signing.secrets[1] is Ed25519, public key {public}")),
+        "{summary}"
+    );
+    assert!(
+        summary.contains(&format!(
+            "signing: signing.keys.billing[0] is Ed25519, public key {public}"
+        )),
+        "{summary}"
+    );
+    assert!(!summary.contains("signing.secrets[0] is Ed25519"), "{summary}");
+    assert!(!summary.contains(&secret[5..]), "{summary}");
+}

@@ -51,6 +51,12 @@ const INVALID: &[(&str, &str)] = &[
     ("[signing.keys]\nk = [\"\"]", "signing.keys.k[0] must not be empty"),
     ("[signing.keys]\nk = []", "signing.keys.k must list at least one secret"),
     ("[signing.keys]\n\"\" = [\"x\"]", "signing.keys has an entry with an empty name"),
+    ("[signing]\nsecrets = [\"whsk_c2hvcnQ=\"]", "signing.secrets[0] is not an Ed25519 secret key"),
+    ("[signing]\nscheme = \"none\"\nsecrets = [\"whsk_\"]", "signing.secrets[0] is not an Ed25519 secret key"),
+    ("[signing.keys]\nunused = [\"whsk_not*base64\"]", "signing.keys.unused[0] is not an Ed25519 secret key"),
+    ("[signing]\nscheme = \"stripe\"\nsecrets = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=\"]", "signing.secrets[0] is an Ed25519 key (whsk_), which signs only with the standard scheme, but signing.scheme signs with it using the stripe scheme"),
+    ("[signing]\nsecrets = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=\"]\n[[route]]\nname = \"gh\"\nurl = \"https://a.example\"\nscheme = \"github\"", "signing.secrets[0] is an Ed25519 key (whsk_), which signs only with the standard scheme, but route[0] (\"gh\") signs with it using the github scheme"),
+    ("[signing.keys]\nk = [\"whsec_c2VjcmV0\", \"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=\"]\n[[route]]\nname = \"r\"\nurl = \"https://a.example\"\nsigning_key = \"k\"\nscheme = \"stripe\"", "signing.keys.k[1] is an Ed25519 key (whsk_)"),
 ];
 
 #[test]
@@ -78,6 +84,12 @@ fn valid_edge_cases_pass_validation() {
         "[signing]\nscheme = \"stripe\"\nsecrets = [\"sk_test_hunter2\"]",
         "[signing.keys]\ngh = [\"plain text\"]\n[[route]]\nname = \"gh\"\nurl = \"https://gh.example\"\nsigning_key = \"gh\"\nscheme = \"github\"",
         "[signing.keys]\nunused = [\"plain text\"]",
+        // Ed25519 keys, alone or mixed with HMAC secrets in one rotation list (also as the
+        // 64-byte seed-and-public-key form, and unpadded), wherever the standard scheme signs.
+        "[signing]\nsecrets = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=\", \"whsec_c2VjcmV0\"]",
+        "[signing]\nsecrets = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXlKDEd7X5xvD04Ubt53CC6d1xGkh3QuEkxtXNp0uYw2JQ==\"]",
+        "[signing]\nscheme = \"none\"\nsecrets = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk=\"]",
+        "[signing]\nscheme = \"stripe\"\nsecrets = [\"sk_x\"]\n[signing.keys]\ned = [\"whsk_Y291cmllciBlZDI1NTE5IGtub3duLWFuc3dlciBrZXk\"]\n[[route]]\nname = \"r\"\nurl = \"https://a.example\"\nsigning_key = \"ed\"\nscheme = \"standard\"",
         // svix also accepts bare base64, and padding is optional.
         "[signing]\nsecrets = [\"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\", \"whsec_c2VjcmV0\", \"whsec_YQ\", \"whsec_YQ==\"]",
         "[[host]]\nhost = \"[::1]:8080\"\nmax_in_flight = 1\n[[host]]\nhost = \"10.0.0.1:80\"\nmax_in_flight = 1",
