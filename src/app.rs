@@ -62,6 +62,16 @@ fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
         );
         config.delivery.max_in_flight = budget.attempts as u32;
     }
+    let idle = u64::from(config.delivery.max_idle_connections);
+    if idle > budget.idle {
+        tracing::warn!(
+            fd_limit = limit,
+            configured = idle,
+            effective = budget.idle,
+            "delivery.max_idle_connections lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
+        );
+        config.delivery.max_idle_connections = budget.idle as u32;
+    }
     ingress.max_connections = ingress.max_connections.min(budget.ingress as usize);
     admin.max_connections = admin.max_connections.min(budget.admin as usize);
     ListenerLimits { ingress, admin }

@@ -6,9 +6,8 @@
 
 /// Descriptors kept for the store (RocksDB's `max_open_files` of 256 for its tables, plus
 /// its WAL, MANIFEST, LOG and LOCK), logs, epoll and everything that is not a connection.
-/// Idle pooled connections are not counted in the shares below: the pool as a whole is
-/// bounded by `delivery.max_idle_connections` (default 256, [`crate::conn_cap`]): once a
-/// host's attempts end, its idle connections count against that cap.
+/// Idle pooled connections have a share of their own below: the pool as a whole is bounded
+/// by `delivery.max_idle_connections` ([`crate::conn_cap`]), lowered to fit that share.
 pub const RESERVED: u64 = 256 + 64;
 
 /// How many connections and attempts each user may hold at once.
@@ -16,18 +15,22 @@ pub const RESERVED: u64 = 256 + 64;
 pub struct FdBudget {
     /// Attempts in flight (each holds at most one socket while it runs).
     pub attempts: u64,
+    /// Idle pooled connections kept between attempts.
+    pub idle: u64,
     /// Ingress connections served at once.
     pub ingress: u64,
     /// Admin (and ops) connections served at once, each listener.
     pub admin: u64,
 }
 
-/// The shares of a process allowed `limit` descriptors: half of what is left after the
-/// reserve for attempts, a quarter for ingress, an eighth for each of admin and ops.
+/// The shares of a process allowed `limit` descriptors, of what is left after the reserve:
+/// three eighths for attempts, an eighth for idle pooled connections, a quarter for ingress,
+/// an eighth for each of admin and ops.
 pub fn budget(limit: u64) -> FdBudget {
     let usable = limit.saturating_sub(RESERVED);
     FdBudget {
-        attempts: (usable / 2).max(1),
+        attempts: (usable * 3 / 8).max(1),
+        idle: (usable / 8).max(1),
         ingress: (usable / 4).max(1),
         admin: (usable / 8).max(1),
     }
@@ -67,21 +70,23 @@ mod tests {
         assert_eq!(
             b,
             FdBudget {
-                attempts: 352,
+                attempts: 264,
+                idle: 88,
                 ingress: 176,
                 admin: 88
             }
         );
-        assert!(b.attempts + b.ingress + 2 * b.admin + RESERVED <= 1024);
+        assert!(b.attempts + b.idle + b.ingress + 2 * b.admin + RESERVED <= 1024);
         let big = budget(1 << 20);
         assert!(
-            big.attempts > 1024 && big.ingress > 4096,
+            big.attempts > 1024 && big.idle > 1024 && big.ingress > 4096,
             "defaults fit a large limit: {big:?}"
         );
         assert_eq!(
             budget(10),
             FdBudget {
                 attempts: 1,
+                idle: 1,
                 ingress: 1,
                 admin: 1
             }

@@ -41,7 +41,7 @@ fn defaults_are_exactly_the_contract() {
         (10, 100, 100)
     );
     assert_eq!(dl.max_response_body, 65_536);
-    assert_eq!(dl.max_idle_connections, 256);
+    assert_eq!(dl.max_idle_connections, 1024);
     assert_eq!(d.signing.scheme, SignatureScheme::Standard);
     assert!(d.signing.secrets.is_empty() && d.signing.keys.is_empty());
     assert!(!d.egress.allow_private_targets && d.egress.allow.is_empty());
