@@ -49,6 +49,10 @@ pub struct Args {
     /// 10000 with --quick; 200 with --smoke).
     #[arg(long, value_delimiter = ',')]
     pub endpoints: Option<Vec<u64>>,
+    /// In the many-endpoints scenario, one message in this many goes to a path answered
+    /// 410 (dead-lettered at once); 1: every message (what a permanent failure costs).
+    #[arg(long, default_value_t = 10)]
+    pub gone_every: u64,
     /// Internal: serve baseline (a) and print its port.
     #[arg(long, hide = true)]
     pub serve_baseline: bool,

@@ -27,8 +27,9 @@ pub enum Layout {
     /// Every message to `/e/0` on host 0 (answered 200).
     One,
     /// Message i to its own endpoint on host `i % hosts`: `/gone/<i>` (answered 410, so
-    /// dead-lettered at once) for one in ten, `/e/<i>` (answered 200) for the rest.
-    Many { hosts: usize },
+    /// dead-lettered at once) for one in `gone_every` (10 by default; 1: every one),
+    /// `/e/<i>` (answered 200) for the rest.
+    Many { hosts: usize, gone_every: u64 },
 }
 
 impl Layout {
@@ -36,8 +37,8 @@ impl Layout {
     pub fn path(self, rx: &Hosts, i: u64) -> String {
         match self {
             Layout::One => format!("/http://{}/e/0", rx.addr(0)),
-            Layout::Many { hosts } => {
-                let kind = if i % 10 == 9 { "gone" } else { "e" };
+            Layout::Many { hosts, gone_every } => {
+                let kind = if i % gone_every == gone_every - 1 { "gone" } else { "e" };
                 format!("/http://{}/{kind}/{i}", rx.addr((i % hosts as u64) as usize))
             }
         }

@@ -126,7 +126,8 @@ async fn sizes(cx: &mut Ctx) -> Res<()> {
     for &n in &plan.many_sizes {
         let hosts = hosts_for(cx, n);
         let (one, _) = run(cx, &rx, Layout::One, n).await?;
-        let (many, up) = run(cx, &rx, Layout::Many { hosts }, n).await?;
+        let gone_every = cx.args.gone_every.max(1);
+        let (many, up) = run(cx, &rx, Layout::Many { hosts, gone_every }, n).await?;
         let admin = admin_timing(cx, up.courier.admin).await?;
         drop(up);
         rows(cx, n, hosts, &one, &many, &admin);
@@ -134,7 +135,7 @@ async fn sizes(cx: &mut Ctx) -> Res<()> {
         let rss_ratio = ratio(many.rss_after as f64, one.rss_after as f64);
         out.insert(
             n.to_string(),
-            json!({"endpoints": n, "hosts": hosts, "senders": SENDERS, "gone_every": 10,
+            json!({"endpoints": n, "hosts": hosts, "senders": SENDERS, "gone_every": gone_every,
                    "one_endpoint": one.json(), "many_endpoints": many.json(), "admin_endpoints_limit_100": admin.json(),
                    "finished_rate_ratio": rate_ratio, "rss_settled_ratio": rss_ratio,
                    "rss_peak_ratio": ratio(many.rss_peak as f64, one.rss_peak as f64),
@@ -228,7 +229,8 @@ fn short(n: u64) -> String {
 async fn run(cx: &Ctx, rx: &Arc<Hosts>, layout: Layout, n: u64) -> Res<(Outcome, Up)> {
     let name = match layout {
         Layout::One => "one endpoint".to_string(),
-        Layout::Many { hosts } => format!("{n} endpoints over {hosts} hosts"),
+        Layout::Many { hosts, gone_every: 1 } => format!("{n} endpoints over {hosts} hosts, every one 410"),
+        Layout::Many { hosts, .. } => format!("{n} endpoints over {hosts} hosts"),
     };
     let tag = match layout {
         Layout::One => "one",
