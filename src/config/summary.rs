@@ -8,7 +8,6 @@ use url::Url;
 
 use super::units::format_duration;
 use super::{Config, ListenerAccess};
-use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
@@ -88,15 +87,22 @@ impl Config {
             format!(
                 concat!(
                     "retry: base_delay {}, max_delay {}, jitter {}, max_attempts {}, max_attempts_404 {}, ",
-                    "give_up_after {}, max_retry_after {}"
+                    "give_up_after {}, max_retry_after {}{}"
                 ),
                 format_duration(r.base_delay),
                 format_duration(r.max_delay),
-                jitter_name(r.jitter),
+                r.jitter.as_str(),
                 r.max_attempts,
                 r.max_attempts_404,
                 format_duration(r.give_up_after),
-                format_duration(r.max_retry_after)
+                format_duration(r.max_retry_after),
+                match &r.schedule {
+                    Some(steps) => format!(
+                        ", schedule [{}]",
+                        steps.iter().map(|d| format_duration(*d)).collect::<Vec<_>>().join(", ")
+                    ),
+                    None => String::new(),
+                }
             ),
             format!(
                 concat!(
@@ -184,11 +190,14 @@ impl Config {
             lines.push(format!("host {}: max_in_flight {}", host.host, host.max_in_flight));
         }
         for endpoint in &self.endpoints {
-            lines.push(format!(
-                "endpoint {}: rate_per_second {}",
-                endpoint.key, endpoint.rate_per_second
-            ));
+            let rate = match endpoint.rate_per_second {
+                Some(rate) => rate.to_string(),
+                None => format!("{} (delivery's)", d.rate_per_second),
+            };
+            lines.push(format!("endpoint {}: rate_per_second {rate}", endpoint.key));
         }
+        // The policy each section ends up with, every inherited value filled in.
+        lines.extend(self.policy_lines());
         lines.join("\n")
     }
 }
@@ -210,14 +219,6 @@ pub(super) fn origin_only(url: &Url) -> String {
         format!("{origin}/…")
     } else {
         origin
-    }
-}
-
-fn jitter_name(jitter: Jitter) -> &'static str {
-    match jitter {
-        Jitter::Equal => "equal",
-        Jitter::Full => "full",
-        Jitter::None => "none",
     }
 }
 

@@ -23,6 +23,7 @@ impl Config {
         self.circuit.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
+        self.validate_policies()?;
         self.validate_secrets()
     }
 
@@ -222,7 +223,7 @@ impl Config {
                     format_args!("{:?} is listed twice", endpoint.key),
                 ));
             }
-            if endpoint.rate_per_second < 1 {
+            if endpoint.rate_per_second == Some(0) {
                 return Err(ConfigError::invalid(
                     &format!("endpoint[{i}].rate_per_second"),
                     "must be at least 1",

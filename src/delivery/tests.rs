@@ -180,6 +180,7 @@ impl Harness {
         let env = Envelope {
             target: url::Url::parse(url).unwrap(),
             endpoint: None,
+            route: None,
             event_id: None,
             method: "POST".into(),
             headers,
@@ -632,6 +633,7 @@ async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
     let env = Envelope {
         target: url::Url::parse("https://r.example/elsewhere").unwrap(),
         endpoint: None,
+        route: None,
         event_id: None,
         method: "POST".into(),
         headers: vec![],

@@ -1,13 +1,14 @@
 //! The whole decision after one attempt (CONTRACT §3): delivered, retry at a given time, or
-//! dead-letter with a reason. Combines [`classify`], [`Backoff`], [`parse_retry_after`] and the
-//! message's give-up limits; pure, so tests assert exact retry times.
+//! dead-letter with a reason. Combines the status rules ([`Statuses`]), the [`Backoff`] with
+//! its jitter, [`parse_retry_after`] and the message's give-up limits; pure, so tests assert
+//! exact retry times.
 
 use std::time::Duration;
 
 use super::backoff::Backoff;
-use super::classify::{classify, Class};
+use super::classify::{Class, Statuses};
 use super::retry_after::parse_retry_after;
-use crate::model::DeadReason;
+use crate::model::{DeadReason, Jitter};
 
 /// What one attempt produced, as far as the policy cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,17 +26,21 @@ pub enum AttemptResult {
     EgressDenied,
 }
 
-/// The configured retry policy shared by all messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Delay before the next attempt.
-    pub backoff: Backoff,
-    /// Default attempt cap, used to build [`Limits`] when a message has no override.
-    pub max_attempts: u32,
-    /// Attempt cap for messages whose receiver keeps answering 404.
+/// The settings one attempt's decision is made under: what the config says now for the
+/// message's endpoint and route (see [`super::book`]). Borrowed from the policy book and
+/// `Copy`, so looking it up per attempt allocates nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy<'a> {
+    /// The shape of the wait before the next attempt.
+    pub backoff: &'a Backoff,
+    /// How that wait is randomised.
+    pub jitter: Jitter,
+    /// Attempt cap for messages whose receiver keeps answering a `retry_limited` status (404).
     pub max_attempts_404: u32,
     /// The longest wait a `Retry-After` header can impose.
     pub max_retry_after: Duration,
+    /// What each status means.
+    pub statuses: Statuses<'a>,
 }
 
 /// The give-up limits of one message, with per-message overrides already applied.
@@ -63,29 +68,31 @@ pub enum Decision {
 
 /// Decides what happens after an attempt. `attempts_made` includes the attempt just made.
 ///
-/// 2xx → delivered; 400/401/403/410/422 → dead (`permanent_status`); egress refusal → dead
-/// (`egress_denied`); 404 → dead (`max_attempts`) once `min(max_attempts_404, max_attempts)`
-/// attempts were made; any retry → dead (`max_attempts`) once `max_attempts` were made, else
-/// wait the jittered backoff, stretched (never shortened) by a `Retry-After` on 429/503 capped
-/// at `max_retry_after`; if that lands after the give-up time → dead (`expired`).
+/// By the status's class (the seed's table unless the policy's rules say otherwise):
+/// success → delivered; permanent → dead (`permanent_status`); egress refusal → dead
+/// (`egress_denied`); retry_limited (404) → dead (`max_attempts`) once
+/// `min(max_attempts_404, max_attempts)` attempts were made; any retry → dead
+/// (`max_attempts`) once `max_attempts` were made, else wait the jittered backoff (or
+/// schedule step), stretched (never shortened) by a `Retry-After` on 429/503 capped at
+/// `max_retry_after`; if that lands after the give-up time → dead (`expired`).
 pub fn decide(
     result: &AttemptResult,
     attempts_made: u32,
     limits: &Limits,
-    policy: &RetryPolicy,
+    policy: &RetryPolicy<'_>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Decision {
     let retry_after = match result {
         AttemptResult::EgressDenied => return Decision::Dead(DeadReason::EgressDenied),
         AttemptResult::NetworkError => None,
-        AttemptResult::Status { code, retry_after } => match classify(*code) {
+        AttemptResult::Status { code, retry_after } => match policy.statuses.classify(*code) {
             Class::Delivered => return Decision::Delivered,
             Class::Permanent => return Decision::Dead(DeadReason::PermanentStatus),
-            Class::NotFound if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
+            Class::RetryLimited if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
                 return Decision::Dead(DeadReason::MaxAttempts)
             }
-            Class::NotFound | Class::Retry => match (code, retry_after) {
+            Class::RetryLimited | Class::Retry => match (code, retry_after) {
                 // Only these two statuses carry a meaningful Retry-After (RFC 9110 §10.2.3, RFC 6585).
                 (429 | 503, Some(value)) => parse_retry_after(value, now_ms),
                 _ => None,
@@ -95,7 +102,7 @@ pub fn decide(
     if attempts_made >= limits.max_attempts {
         return Decision::Dead(DeadReason::MaxAttempts);
     }
-    let mut delay = policy.backoff.delay(attempts_made, rng);
+    let mut delay = policy.backoff.delay(attempts_made, policy.jitter, rng);
     if let Some(asked) = retry_after {
         delay = delay.max(asked.min(policy.max_retry_after));
     }
@@ -122,12 +129,18 @@ mod tests {
     /// `NOW` as an HTTP-date (2023-11-14T22:13:20Z).
     const NOW_DATE: &str = "Tue, 14 Nov 2023 22:13:20 GMT";
 
-    fn policy(jitter: Jitter) -> RetryPolicy {
+    static EXPONENTIAL: Backoff = Backoff::Exponential {
+        base_ms: MIN,
+        max_ms: HOUR,
+    };
+
+    fn policy(jitter: Jitter) -> RetryPolicy<'static> {
         RetryPolicy {
-            backoff: Backoff::new(Duration::from_millis(MIN), Duration::from_millis(HOUR), jitter).unwrap(),
-            max_attempts: 16,
+            backoff: &EXPONENTIAL,
+            jitter,
             max_attempts_404: 5,
             max_retry_after: Duration::from_millis(24 * HOUR),
+            statuses: Statuses::seed(),
         }
     }
 
@@ -399,6 +412,137 @@ mod tests {
         assert_eq!(
             decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)),
             Decision::RetryAt { at_ms: u64::MAX }
+        );
+    }
+
+    /// Svix's default schedule, in millis: 5s, 5m, 30m, 2h, 5h, 10h, 10h.
+    fn svix() -> Backoff {
+        Backoff::schedule(&[5, 300, 1800, 7200, 18_000, 36_000, 36_000].map(Duration::from_secs)).unwrap()
+    }
+
+    #[test]
+    fn a_schedule_gives_each_retry_its_listed_delay() {
+        let schedule = svix();
+        let p = RetryPolicy {
+            backoff: &schedule,
+            ..policy(Jitter::None)
+        };
+        let l = Limits {
+            max_attempts: 8,
+            give_up_at_ms: u64::MAX,
+        };
+        let want = [5 * SEC, 5 * MIN, 30 * MIN, 2 * HOUR, 5 * HOUR, 10 * HOUR, 10 * HOUR];
+        for (n, ms) in (1..=7).zip(want) {
+            assert_eq!(run(&status(503), n, &l, &p), retry_in(ms), "after {n} attempts");
+        }
+        assert_eq!(run(&status(503), 8, &l, &p), DEAD_MAX, "8 attempts: the list is spent");
+        // With more attempts allowed, the last delay repeats.
+        let more = Limits {
+            max_attempts: 12,
+            give_up_at_ms: u64::MAX,
+        };
+        assert_eq!(run(&status(500), 8, &more, &p), retry_in(10 * HOUR));
+        assert_eq!(run(&status(500), 11, &more, &p), retry_in(10 * HOUR));
+        assert_eq!(run(&status(500), 12, &more, &p), DEAD_MAX);
+        // And the give-up time still ends it first when it comes first.
+        let short = Limits {
+            max_attempts: 8,
+            give_up_at_ms: NOW + 3 * HOUR,
+        };
+        assert_eq!(run(&status(500), 4, &short, &p), retry_in(2 * HOUR));
+        assert_eq!(run(&status(500), 5, &short, &p), DEAD_EXPIRED);
+    }
+
+    #[test]
+    fn retry_after_still_wins_over_a_schedule_capped_by_max_retry_after() {
+        let schedule = svix();
+        let mut p = RetryPolicy {
+            backoff: &schedule,
+            ..policy(Jitter::None)
+        };
+        let l = Limits {
+            max_attempts: 8,
+            give_up_at_ms: u64::MAX,
+        };
+        assert_eq!(run(&status_ra(429, "60"), 1, &l, &p), retry_in(MIN), "60s over 5s");
+        assert_eq!(run(&status_ra(503, "60"), 2, &l, &p), retry_in(5 * MIN), "5m over 60s");
+        p.max_retry_after = Duration::from_millis(20 * MIN);
+        assert_eq!(run(&status_ra(503, "7200"), 1, &l, &p), retry_in(20 * MIN), "capped");
+        assert_eq!(
+            run(&status_ra(500, "7200"), 1, &l, &p),
+            retry_in(5 * SEC),
+            "only 429 and 503"
+        );
+    }
+
+    #[test]
+    fn jitter_applies_to_a_schedule() {
+        let schedule = svix();
+        let l = limits();
+        for jitter in [Jitter::Equal, Jitter::Full] {
+            let p = RetryPolicy {
+                backoff: &schedule,
+                ..policy(jitter)
+            };
+            let mut rng = StdRng::seed_from_u64(11);
+            for n in 1..=7 {
+                let Decision::RetryAt { at_ms } = decide(&status(500), n, &l, &p, NOW, &mut rng) else {
+                    panic!("retry expected")
+                };
+                let base = schedule.base(n).as_millis() as u64;
+                let lower = if jitter == Jitter::Equal { base - base / 2 } else { 0 };
+                assert!(
+                    (NOW + lower..=NOW + base).contains(&at_ms),
+                    "{jitter:?} n = {n}: {} not in [{lower}, {base}]",
+                    at_ms - NOW
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn status_rules_change_the_decision() {
+        use crate::policy::classify::{StatusMatch, StatusRules};
+        let endpoint = StatusRules::new([
+            (StatusMatch::Code(404), Class::Permanent),
+            (StatusMatch::Code(409), Class::Delivered),
+            (StatusMatch::Code(410), Class::Retry),
+            (StatusMatch::Code(500), Class::RetryLimited),
+        ])
+        .unwrap();
+        let p = RetryPolicy {
+            statuses: Statuses::layered([Some(&endpoint), None, None]),
+            ..policy(Jitter::None)
+        };
+        let l = limits();
+        let table = [
+            (status(404), 1, DEAD_PERMANENT),
+            (status(409), 1, Decision::Delivered),
+            (status(410), 1, retry_in(MIN)),
+            (status(410), 16, DEAD_MAX),
+            (status(500), 4, retry_in(8 * MIN)),
+            (status(500), 5, DEAD_MAX),
+            (status(503), 5, retry_in(16 * MIN)),
+            (status(400), 1, DEAD_PERMANENT),
+            (status(200), 1, Decision::Delivered),
+            // Retry-After still applies to a 429/503 the rules leave retried.
+            (status_ra(429, "600"), 1, retry_in(10 * MIN)),
+        ];
+        for (result, attempts, want) in table {
+            assert_eq!(run(&result, attempts, &l, &p), want, "{result:?} after {attempts}");
+        }
+        // A 429 ruled permanent is dead at once, Retry-After or not.
+        let strict = StatusRules::new([(StatusMatch::Hundred(4), Class::Permanent)]).unwrap();
+        let p = RetryPolicy {
+            statuses: Statuses::layered([None, Some(&strict), None]),
+            ..policy(Jitter::None)
+        };
+        assert_eq!(run(&status_ra(429, "5"), 1, &l, &p), DEAD_PERMANENT);
+        assert_eq!(run(&status(404), 1, &l, &p), DEAD_PERMANENT);
+        assert_eq!(run(&AttemptResult::NetworkError, 1, &l, &p), retry_in(MIN));
+        assert_eq!(
+            run(&AttemptResult::EgressDenied, 1, &l, &p),
+            Decision::Dead(DeadReason::EgressDenied)
         );
     }
 }

@@ -309,6 +309,7 @@ impl World {
             let env = Envelope {
                 target: url::Url::parse(target).expect("sim targets are URLs"),
                 endpoint: None,
+                route: None,
                 event_id: Some(event.clone()),
                 method: "POST".into(),
                 headers: vec![("content-type".into(), b"application/json".to_vec())],
@@ -424,7 +425,7 @@ impl World {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
-                        let r = d.store.replay(id, now, give_up).expect("replay");
+                        let r = d.store.replay(id, now, |_| give_up).expect("replay");
                         format!("replay {id}: {r:?}")
                     }
                     None => "replay: nothing dead".into(),
@@ -433,7 +434,7 @@ impl World {
             4 => {
                 let n = d
                     .store
-                    .replay_dead(&ListFilter::default(), now, give_up)
+                    .replay_dead(&ListFilter::default(), now, |_| give_up)
                     .expect("bulk replay");
                 format!("bulk replay: {n}")
             }

@@ -9,9 +9,15 @@ use rocksdb::{ReadOptions, WriteBatch};
 use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 impl Store {
-    /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
-    /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
-    pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
+    /// Replays a dead message: pending again, attempts reset, a new give-up time (what
+    /// `give_up_at` says for it: its policy's window may depend on its endpoint and route),
+    /// due now. `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
+    pub fn replay(
+        &self,
+        id: &str,
+        now_ms: u64,
+        give_up_at: impl Fn(&MessageRecord) -> u64,
+    ) -> Result<Option<bool>, StoreError> {
         let _g = self.lock(id);
         let Some(rec) = self.message(id)? else {
             return Ok(None);
@@ -21,6 +27,7 @@ impl Store {
         }
         let mut b = WriteBatch::default();
         let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
+        let give_up_at_ms = give_up_at(&rec);
         self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
         self.write_synced(b)?;
         self.due_floor.wrote(now_ms);
@@ -49,8 +56,14 @@ impl Store {
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
     }
 
-    /// Replays every dead message matching `filter` (its state is forced to dead).
-    pub fn replay_dead(&self, filter: &ListFilter, now_ms: u64, give_up_at_ms: u64) -> Result<usize, StoreError> {
+    /// Replays every dead message matching `filter` (its state is forced to dead), each with
+    /// the give-up time `give_up_at` says for it.
+    pub fn replay_dead(
+        &self,
+        filter: &ListFilter,
+        now_ms: u64,
+        give_up_at: impl Fn(&MessageRecord) -> u64,
+    ) -> Result<usize, StoreError> {
         let filter = ListFilter {
             state: Some(State::Dead),
             ..filter.clone()
@@ -66,6 +79,7 @@ impl Store {
             for listed in &page.items {
                 // Re-read under the lock: it may have changed since the listing.
                 if let Some(rec) = self.message(&listed.id)?.filter(|r| r.state == State::Dead) {
+                    let give_up_at_ms = give_up_at(&rec);
                     self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
                     in_page += 1;
                 }

@@ -107,10 +107,6 @@ fn bad_file_values_name_the_key() {
         ("[[host]]\nhost = \"a:1\"\n", "host[0]: missing key \"max_in_flight\""),
         ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
         (
-            "[[endpoint]]\nkey = \"k\"\n",
-            "endpoint[0]: missing key \"rate_per_second\"",
-        ),
-        (
             "[[endpoint]]\nrate_per_second = 1\n",
             "endpoint[0]: missing key \"key\"",
         ),
