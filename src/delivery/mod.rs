@@ -451,3 +451,5 @@ impl Deliverer {
 mod tests;
 #[cfg(test)]
 mod tests_many;
+#[cfg(test)]
+mod tests_policy;

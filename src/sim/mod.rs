@@ -14,7 +14,7 @@
 //! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
 //! indexes and counters agree with its records, attempts counted equal attempts seen (less
 //! those a crash cut), no attempt comes before its backoff or `Retry-After`, the host caps,
-//! `max_in_flight` and each endpoint's rate hold, bodies and event ids arrive as accepted with a fresh timestamp per attempt, and a
+//! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and event ids arrive as accepted with a fresh timestamp per attempt, and a
 //! duplicate is acknowledged only when its original is stored.
 //!
 //! Limits, said plainly: the commit and result-writer threads are real threads, so the

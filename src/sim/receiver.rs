@@ -54,6 +54,9 @@ struct State {
     in_flight: BTreeMap<String, usize>,
     max_per_host: BTreeMap<String, usize>,
     max_total: usize,
+    /// Attempts in flight per endpoint (the URL: the targets have no query) now, and the most.
+    in_flight_endpoint: BTreeMap<String, usize>,
+    max_per_endpoint: BTreeMap<String, usize>,
 }
 
 /// The receivers of a run.
@@ -75,6 +78,8 @@ impl SimTransport {
                 in_flight: BTreeMap::new(),
                 max_per_host: BTreeMap::new(),
                 max_total: 0,
+                in_flight_endpoint: BTreeMap::new(),
+                max_per_endpoint: BTreeMap::new(),
             }),
         })
     }
@@ -114,6 +119,7 @@ impl SimTransport {
         let mut st = self.lock();
         st.held.clear();
         st.in_flight.clear();
+        st.in_flight_endpoint.clear();
     }
 
     /// The most attempts ever in flight at once to one host, per host, and in total.
@@ -122,9 +128,17 @@ impl SimTransport {
         (st.max_per_host.clone(), st.max_total)
     }
 
-    fn ended(&self, host: &str) {
+    /// The most attempts ever in flight at once to one endpoint, per endpoint.
+    pub fn max_in_flight_per_endpoint(&self) -> BTreeMap<String, usize> {
+        self.lock().max_per_endpoint.clone()
+    }
+
+    fn ended(&self, host: &str, endpoint: &str) {
         let mut st = self.lock();
         if let Some(n) = st.in_flight.get_mut(host) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = st.in_flight_endpoint.get_mut(endpoint) {
             *n = n.saturating_sub(1);
         }
     }
@@ -211,6 +225,14 @@ impl Transport for SimTransport {
         let max = st.max_per_host.entry(host.clone()).or_default();
         *max = (*max).max(now_host);
         st.max_total = st.max_total.max(total);
+        let endpoint = req.url.to_string();
+        let now_endpoint = {
+            let n = st.in_flight_endpoint.entry(endpoint.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let max = st.max_per_endpoint.entry(endpoint.clone()).or_default();
+        *max = (*max).max(now_endpoint);
         let index = st.log.len();
         st.log.push(Seen {
             event_id: header(&req, crate::signing::WEBHOOK_ID),
@@ -222,7 +244,7 @@ impl Transport for SimTransport {
         });
         match answer {
             Some(a) => Box::pin(async move {
-                self.ended(&host);
+                self.ended(&host, &endpoint);
                 respond(a)
             }),
             None => {
@@ -231,7 +253,7 @@ impl Transport for SimTransport {
                 Box::pin(async move {
                     match rx.await {
                         Ok(a) => {
-                            self.ended(&host);
+                            self.ended(&host, &endpoint);
                             respond(a)
                         }
                         // Dropped by a crash: this attempt never ends (its task is gone).

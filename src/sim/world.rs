@@ -100,6 +100,16 @@ pub fn sim_config() -> Config {
     c.circuit.failures = 3;
     c.circuit.probe_delay = Duration::from_secs(2);
     c.circuit.probe_max_delay = Duration::from_secs(30);
+    // One endpoint capped below its host's cap, so the endpoint cap binds too (no other
+    // policy key: the gap check assumes the global backoff).
+    c.endpoints = vec![crate::config::EndpointConfig {
+        key: TARGETS[0].to_string(),
+        rate_per_second: None,
+        policy: crate::config::PolicyOverrides {
+            max_in_flight: Some(1),
+            ..Default::default()
+        },
+    }];
     c.retention = Duration::from_secs(2 * 3600);
     c.dead_retention = Duration::from_secs(4 * 3600);
     c.signing.secrets = vec![crate::signing::Secret::new("whsec_c2ltdWxhdGlvbi1zZWNyZXQ=".into())];
