@@ -57,9 +57,7 @@ async fn a_route_schedule_times_the_retries_and_ends_them_with_its_last_delay() 
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{shown}");
     assert!(
-        shown.contains(&format!(
-            "policy          schedule [300ms, 900ms], jitter none, max_attempts 3,"
-        )),
+        shown.contains("policy          schedule [300ms, 900ms], jitter none, max_attempts 3,"),
         "{shown}"
     );
     assert!(shown.contains(&format!("revision {revision}")), "{shown}");
