@@ -134,14 +134,27 @@ statuses = { success = [409], permanent = [404] }
         timeouts,
         [Duration::from_secs(3), Duration::from_secs(3), Duration::from_secs(30)]
     );
-    let metrics = h.d.metrics.render(&Default::default());
-    for want in [
+    // A worker counts its outcome just after its result is written: wait for the counts.
+    let wants = [
         "courier_attempts_total{outcome=\"delivered\"} 1\n",
         "courier_attempts_total{outcome=\"permanent\"} 1\n",
         "courier_attempts_total{outcome=\"retry\"} 1\n",
-    ] {
-        assert!(metrics.contains(want), "{want} in\n{metrics}");
-    }
+    ];
+    let counted = tokio::time::timeout(WAIT, async {
+        loop {
+            let metrics = h.d.metrics.render(&Default::default());
+            if wants.iter().all(|w| metrics.contains(w)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "{wants:?} in\n{}",
+        h.d.metrics.render(&Default::default())
+    );
 }
 
 /// Holds every call until the test releases it, and records how many calls to each path

@@ -109,16 +109,19 @@ async fn an_endpoint_s_status_rules_make_409_success_and_404_permanent() {
     let v = wait_state(&c, &gone, "dead").await;
     assert_eq!(v["dead_reason"], "permanent_status");
     assert_eq!(v["attempts"], 1, "404 ruled permanent: not retried");
-    let metrics = get(&c.admin_url("/metrics")).await.text();
-    assert!(
-        metrics.contains("courier_attempts_total{outcome=\"delivered\"} 1\n"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("courier_attempts_total{outcome=\"permanent\"} 1\n"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("courier_dead_letters_total{reason=\"permanent_status\"} 1\n"));
+    // Counted just after the result is written: wait for the counts.
+    eventually("the outcomes counted", || async {
+        let metrics = get(&c.admin_url("/metrics")).await.text();
+        [
+            "courier_attempts_total{outcome=\"delivered\"} 1\n",
+            "courier_attempts_total{outcome=\"permanent\"} 1\n",
+            "courier_dead_letters_total{reason=\"permanent_status\"} 1\n",
+        ]
+        .iter()
+        .all(|w| metrics.contains(w))
+        .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
