@@ -168,12 +168,14 @@ impl Deliverer {
         let persist_lock = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
+        let policies = cfg.policy_book();
+        // A probe is taken for lost after twice the longest an attempt may take, which a
+        // route or endpoint may set above delivery.request_timeout.
         let hosts = HostLimiter::new(
             cfg.delivery.max_in_flight_per_host,
             caps,
-            cfg.circuit.settings(cfg.delivery.request_timeout),
+            cfg.circuit.settings(policies.longest_request_timeout()),
         );
-        let policies = cfg.policy_book();
         let endpoint_caps = EndpointCaps::new(policies.endpoint_caps());
         Ok(Arc::new(Deliverer {
             results: results::ResultWriter::start(parts.store.clone(), endpoints.clone(), persist_lock.clone()),

@@ -117,6 +117,16 @@ impl PolicyBook {
         }
     }
 
+    /// The longest `request_timeout` any message can get: what an attempt may take at most
+    /// (the circuit breaker's probe timeout is derived from it).
+    pub fn longest_request_timeout(&self) -> Duration {
+        self.routes
+            .values()
+            .chain(self.endpoints.values())
+            .filter_map(|o| o.request_timeout)
+            .fold(self.base.request_timeout, Duration::max)
+    }
+
     /// Endpoints with a `max_in_flight` cap, and the cap.
     pub fn endpoint_caps(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
         self.endpoints
@@ -366,6 +376,13 @@ mod tests {
         assert_eq!(endpoint_only.backoff(), &b.base().backoff);
         assert_eq!(endpoint_only.max_attempts(), 16);
         assert_eq!(b.endpoint_caps().collect::<Vec<_>>(), [("https://e.example/hook", 2)]);
+        assert_eq!(b.longest_request_timeout(), 30 * SEC, "the route's 5s is shorter");
+        let long = Overrides {
+            request_timeout: Some(90 * SEC),
+            ..Overrides::default()
+        };
+        let b = PolicyBook::new(base(), [], [("k".to_string(), long)]);
+        assert_eq!(b.longest_request_timeout(), 90 * SEC);
     }
 
     #[test]
