@@ -50,6 +50,7 @@ pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
             dead_reason: None,
             last_status: None,
             last_error: None,
+            fifo: None,
         },
         payload: Payload {
             method: "POST".into(),
