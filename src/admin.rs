@@ -319,7 +319,7 @@ impl Admin {
     }
 
     fn delete(&self, id: &str) -> Response<Body> {
-        match self.d.store.delete(id) {
+        match self.d.store.delete(id, self.d.clock.now_ms()) {
             Ok(true) => {
                 tracing::info!(delivery_id = id, "delivery deleted");
                 serve::empty(StatusCode::NO_CONTENT)

@@ -144,7 +144,7 @@ impl Deliverer {
         let rates = cfg
             .endpoints
             .iter()
-            .map(|e| (e.key.clone(), e.rate_per_second))
+            .filter_map(|e| Some((e.key.clone(), e.rate_per_second?)))
             .collect();
         let endpoints = EndpointTable::new(
             cfg.delivery.rate_per_second,

@@ -441,7 +441,7 @@ impl World {
                 let ids: Vec<String> = self.model.acked.keys().cloned().collect();
                 match ids.get(self.rng.random_range(0..ids.len().max(1))) {
                     Some(id) => {
-                        let gone = d.store.delete(id).expect("delete");
+                        let gone = d.store.delete(id, now).expect("delete");
                         self.model.acked.remove(id);
                         self.model.deleted.insert(id.clone());
                         format!("delete {id}: {gone}")
