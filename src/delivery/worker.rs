@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
+use super::alert::PauseReason;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::circuit::{CircuitChange, HostOutcome};
@@ -252,10 +253,22 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
 
     // The streak was written with the result; a pause is worth a warning and an alert.
     if let EndpointChange::Paused(ep) = endpoint_change {
-        tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
-            "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
-        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
+        let reason = if blocks_its_line(rec, transition) {
+            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), delivery_id = %rec.id,
+                "endpoint paused: the head of its ordered line is dead (on_dead = block); resume it with `courier endpoints resume` or replay the message");
+            PauseReason::OrderedHeadDead
+        } else {
+            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
+                "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
+            PauseReason::PermanentFailures
+        };
+        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, reason, now).await;
     }
+}
+
+/// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
+pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {
+    matches!(transition, Transition::Dead(_)) && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block)
 }
 
 /// One attempt counted as in flight to its endpoint until dropped.

@@ -8,6 +8,7 @@ mod endpoints;
 mod expiry;
 mod finish;
 mod lease;
+mod lines;
 mod operator;
 mod queue;
 
