@@ -88,6 +88,8 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
         "dead_reason": rec.dead_reason.map(|r| r.as_str()),
         "last_status": rec.last_status,
         "last_error": rec.last_error,
+        "ordering": if rec.fifo.is_some() { "fifo" } else { "none" },
+        "on_dead": rec.fifo.map(|f| f.on_dead.as_str()),
     });
     if let Some(history) = history {
         v["history"] = history
@@ -213,13 +215,30 @@ impl Admin {
     fn show(&self, id: &str) -> Response<Body> {
         let shown = self.d.store.message_shown(id);
         match (shown, self.d.store.history(id)) {
-            (Ok(Some(rec)), Ok(history)) => serve::json(
-                StatusCode::OK,
-                &delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref()),
-            ),
+            (Ok(Some(rec)), Ok(history)) => {
+                let mut v = delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref());
+                if let Err(e) = self.line_fields(&rec, &mut v) {
+                    return store_failed(&e);
+                }
+                serve::json(StatusCode::OK, &v)
+            }
             (Ok(None), _) => not_found(&format!("delivery {id:?}")),
             (Err(e), _) | (_, Err(e)) => store_failed(&e),
         }
+    }
+
+    /// An open ordered message's place: `line_position` (messages ahead of it, 0 for the
+    /// head) and `line_head` (the message it waits behind; itself when it is the head);
+    /// both null otherwise.
+    fn line_fields(&self, rec: &MessageRecord, v: &mut Value) -> Result<(), StoreError> {
+        let position = self.d.store.line_position(rec)?;
+        let head = match position {
+            Some(_) => self.d.store.line(&rec.endpoint)?.map(|l| l.head),
+            None => None,
+        };
+        v["line_position"] = json!(position);
+        v["line_head"] = json!(head);
+        Ok(())
     }
 
     /// The filter of a listing or replay query; `Err` is the message of a 400.

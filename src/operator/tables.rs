@@ -86,6 +86,12 @@ pub(super) fn delivery_detail(d: &Value) -> String {
         "last_error",
     ];
     let mut out: Vec<String> = fields.iter().map(|f| format!("{f:<16}{}", cell(&d[*f]))).collect();
+    // An ordered message's line, shown only for those (unordered output stays as it was).
+    if d["ordering"] == "fifo" {
+        for f in ["ordering", "on_dead", "line_position", "line_head"] {
+            out.push(format!("{f:<16}{}", cell(&d[f])));
+        }
+    }
     let rows: Vec<Vec<String>> = d["history"]
         .as_array()
         .map(|h| {
@@ -122,12 +128,28 @@ pub(super) fn endpoints_table(v: &Value) -> String {
                         cell(&e["permanent_failure_streak"]),
                         cell(&e["in_flight"]),
                         cell(&e["pending"]),
+                        cell(&e["ordering"]),
+                        cell(&e["line_waiting"]),
+                        line_head(e),
                     ]
                 })
                 .collect()
         })
         .unwrap_or_default();
-    table(&["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"], &rows)
+    table(
+        &["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING", "ORDERING", "WAITING", "HEAD"],
+        &rows,
+    )
+}
+
+/// An ordered endpoint's head, `blocked:<id>` when its line is blocked behind it.
+fn line_head(e: &Value) -> String {
+    let head = cell(&e["line_head"]);
+    if e["line_blocked"] == true {
+        format!("blocked:{head}")
+    } else {
+        head
+    }
 }
 
 /// `courier hosts list`: one row per host.

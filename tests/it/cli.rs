@@ -219,7 +219,7 @@ async fn endpoints_commands_list_pause_and_resume() {
     let table = out.ok();
     assert_eq!(
         header_row(table),
-        ["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"],
+        ["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING", "ORDERING", "WAITING", "HEAD"],
         "{table}"
     );
     let row: Vec<&str> = table
@@ -228,7 +228,7 @@ async fn endpoints_commands_list_pause_and_resume() {
         .unwrap_or_else(|| panic!("{key} in {table}"))
         .split_whitespace()
         .collect();
-    assert_eq!(row, [key.as_str(), "paused", "0", "0", "1"]);
+    assert_eq!(row, [key.as_str(), "paused", "0", "0", "1", "none", "0", "-"]);
     let json = cli(&["endpoints", "list", "--json"], &[("COURIER_ADMIN_LISTEN", &admin)])
         .await
         .json();
