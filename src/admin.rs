@@ -340,6 +340,8 @@ impl Admin {
     fn delete(&self, id: &str) -> Response<Body> {
         match self.d.store.delete(id, self.d.clock.now_ms()) {
             Ok(true) => {
+                // A deleted head of an ordered line hands over to the next, due now.
+                self.d.wake.notify_one();
                 tracing::info!(delivery_id = id, "delivery deleted");
                 serve::empty(StatusCode::NO_CONTENT)
             }

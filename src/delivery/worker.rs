@@ -204,6 +204,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     if let Transition::RetryAt(_) = transition {
         // A new due entry, maybe earlier than the scheduler's next wake-up.
         d.wake.notify_one();
+    } else if rec.fifo.is_some() {
+        // The next of its line was promoted with this result, due now.
+        d.wake.notify_one();
     } else {
         d.wake_if_waiting();
     }

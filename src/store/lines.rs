@@ -141,6 +141,7 @@ impl LineLocks {
         self.ghosts().get(id).cloned()
     }
 
+    #[cfg(test)]
     pub(super) fn is_ghost(&self, id: &str) -> bool {
         self.ghosts().contains_key(id)
     }
@@ -537,6 +538,7 @@ impl Store {
     }
 
     /// Whether `id` is a head deleted while its attempt was in flight (audit).
+    #[cfg(test)]
     pub(super) fn is_ghost_head(&self, id: &str) -> bool {
         self.lines.is_ghost(id)
     }

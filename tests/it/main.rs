@@ -14,6 +14,7 @@ mod hardening;
 mod ingress;
 mod lifecycle;
 mod metrics;
+mod ordering;
 mod responsive;
 mod security;
 mod setup_script;
