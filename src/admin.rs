@@ -82,7 +82,8 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
         "attempts": rec.attempts,
         "max_attempts": rec.max_attempts,
         "accepted_at": time_or_null(rec.accepted_at_ms),
-        "next_attempt_at": if rec.state == State::Pending { time_or_null(rec.next_attempt_at_ms) } else { Value::Null },
+        // A message waiting in an ordered line has no due time until it heads its line.
+        "next_attempt_at": if rec.state == State::Pending && rec.fifo.is_none_or(|f| f.pos == 0) { time_or_null(rec.next_attempt_at_ms) } else { Value::Null },
         "give_up_at": time_or_null(rec.give_up_at_ms),
         "finished_at": time_or_null(rec.finished_at_ms),
         "dead_reason": rec.dead_reason.map(|r| r.as_str()),

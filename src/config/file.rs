@@ -429,9 +429,7 @@ fn parse_fifo(ordering: Option<String>, on_dead: Option<String>, place: &str) ->
         .map_err(|e| format!("{place}.on_dead: {e}"))?;
     match ordering {
         Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
-        Ordering::None if on_dead.is_some() => Err(format!(
-            "{place}.on_dead: applies only with ordering = \"fifo\""
-        )),
+        Ordering::None if on_dead.is_some() => Err(format!("{place}.on_dead: applies only with ordering = \"fifo\"")),
         Ordering::None => Ok(None),
     }
 }

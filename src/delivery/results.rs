@@ -189,7 +189,10 @@ impl Writer {
                     // streak (written with this batch's endpoint writes, and alerted).
                     let dead = rec.state == crate::model::State::Dead;
                     let blocks = dead && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block);
-                    if blocks && !matches!(change, EndpointChange::Paused(_)) && !self.endpoints.is_paused(&note.endpoint) {
+                    if blocks
+                        && !matches!(change, EndpointChange::Paused(_))
+                        && !self.endpoints.is_paused(&note.endpoint)
+                    {
                         EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
                     } else {
                         change

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::alert::PauseReason;
 use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
-use super::alert::PauseReason;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::circuit::{CircuitChange, HostOutcome};

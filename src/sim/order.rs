@@ -115,7 +115,9 @@ impl OrderBook {
     pub fn before_replay(&self, store: &crate::store::Store, ids: &[String]) -> Vec<(String, bool)> {
         let mut out = Vec::new();
         for id in ids {
-            let Some(rec) = store.message(id).ok().flatten() else { continue };
+            let Some(rec) = store.message(id).ok().flatten() else {
+                continue;
+            };
             if rec.state != State::Dead || !self.is_ordered(&rec.endpoint) {
                 continue;
             }
@@ -146,13 +148,13 @@ impl OrderBook {
             let v = format!("{event}: attempt to ordered {endpoint} at {at_ms} ms while {busy} other is in flight");
             g.violations.push(v);
         }
-        let Some(me) = g.entries.get(event).cloned() else { return };
+        let Some(me) = g.entries.get(event).cloned() else {
+            return;
+        };
         let ahead: Vec<String> = g
             .entries
             .iter()
-            .filter(|(ev, e)| {
-                *ev != event && e.open && e.endpoint == me.endpoint && e.generation < me.generation
-            })
+            .filter(|(ev, e)| *ev != event && e.open && e.endpoint == me.endpoint && e.generation < me.generation)
             .map(|(ev, e)| format!("{ev} ({})", e.id))
             .collect();
         if !ahead.is_empty() {

@@ -170,11 +170,7 @@ impl Store {
             }
         }
         for (endpoint, line) in &heads {
-            let waiting: Vec<u64> = members
-                .keys()
-                .filter(|(e, _)| e == endpoint)
-                .map(|(_, p)| *p)
-                .collect();
+            let waiting: Vec<u64> = members.keys().filter(|(e, _)| e == endpoint).map(|(_, p)| *p).collect();
             if line.waiting != waiting.len() as u64 {
                 problems.push(format!(
                     "line {endpoint}: waiting {} but {} members",
@@ -195,11 +191,12 @@ impl Store {
                     "line {endpoint}: blocked behind {} which is {:?}",
                     line.head, h.state
                 )),
-                Some(h) if !line.blocked && !matches!(h.state, State::Pending | State::InFlight) => problems
-                    .push(format!(
+                Some(h) if !line.blocked && !matches!(h.state, State::Pending | State::InFlight) => {
+                    problems.push(format!(
                         "line {endpoint}: head {} is {:?} and the line goes on",
                         line.head, h.state
-                    )),
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -208,26 +205,34 @@ impl Store {
                 problems.push(format!("line {endpoint}: member {id} without a line record"));
             }
             match records.get(id) {
-                Some(r) if r.state == State::Pending && r.endpoint == *endpoint && r.fifo.is_some_and(|f| f.pos == *pos) => {}
-                Some(r) => problems.push(format!("line {endpoint}: member {id} at {pos} is {:?} {:?}", r.state, r.fifo)),
+                Some(r)
+                    if r.state == State::Pending
+                        && r.endpoint == *endpoint
+                        && r.fifo.is_some_and(|f| f.pos == *pos) => {}
+                Some(r) => problems.push(format!(
+                    "line {endpoint}: member {id} at {pos} is {:?} {:?}",
+                    r.state, r.fifo
+                )),
                 None => problems.push(format!("line {endpoint}: member {id} does not exist")),
             }
         }
         for (id, rec) in records {
             let Some(fifo) = rec.fifo else { continue };
-            match rec.state {
-                State::Pending | State::InFlight if fifo.pos == 0 => {
-                    if heads.get(&rec.endpoint).is_none_or(|l| l.head != *id || l.blocked) {
-                        problems.push(format!("{id}: ordered and queued but not its line's head"));
-                    }
-                }
-                State::Pending => {
-                    if members.get(&(rec.endpoint.clone(), fifo.pos)) != Some(id) {
-                        problems.push(format!("{id}: waits at {} but its line does not hold it", fifo.pos));
-                    }
-                }
-                _ => {}
-            }
+            let open = matches!(rec.state, State::Pending | State::InFlight);
+            let problem = if !open {
+                None
+            } else if fifo.pos == 0 {
+                let head = heads.get(&rec.endpoint).is_some_and(|l| l.head == *id && !l.blocked);
+                (!head).then(|| format!("{id}: ordered and queued but not its line's head"))
+            } else if rec.state == State::InFlight || members.get(&(rec.endpoint.clone(), fifo.pos)) != Some(id) {
+                Some(format!(
+                    "{id}: {:?} at {} but its line does not hold it",
+                    rec.state, fifo.pos
+                ))
+            } else {
+                None
+            };
+            problems.extend(problem);
         }
         Ok(members.len() as u64)
     }

@@ -261,9 +261,13 @@ mod tests {
         let (dup, a2) = job(message("dlv_2", "evt", 10));
         let (other, a3) = job(message("dlv_3", "evt-other", 10));
         let db = store.db.clone();
-        commit(&store.db, &store.due_floor, &store.lines, vec![first, dup, other], move |batch| {
-            db.write(batch).map_err(StoreError::Rocks)
-        });
+        commit(
+            &store.db,
+            &store.due_floor,
+            &store.lines,
+            vec![first, dup, other],
+            move |batch| db.write(batch).map_err(StoreError::Rocks),
+        );
         assert_eq!(a1.blocking_recv().unwrap().unwrap(), Accepted::New);
         assert_eq!(
             a2.blocking_recv().unwrap().unwrap(),

@@ -368,7 +368,13 @@ impl Store {
     }
 
     /// A finished attempt of a head deleted while it was in flight: the next goes now.
-    pub(super) fn settle_ghost(&self, b: &mut WriteBatch, tx: &mut LineTx, id: &str, now_ms: u64) -> Result<(), StoreError> {
+    pub(super) fn settle_ghost(
+        &self,
+        b: &mut WriteBatch,
+        tx: &mut LineTx,
+        id: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
         if let Some(endpoint) = self.lines.ghost_of(id) {
             tx.advance(&self.db, b, &endpoint, id, now_ms)?;
             tx.settled.push(id.to_string());
@@ -413,7 +419,10 @@ impl Store {
     /// How many messages are ahead of an open ordered message in its line: 0 for the head,
     /// n for the n-th waiting behind it. Counts the members ahead (admin only).
     pub fn line_position(&self, rec: &MessageRecord) -> Result<Option<u64>, StoreError> {
-        let Some(fifo) = rec.fifo.filter(|_| matches!(rec.state, State::Pending | State::InFlight)) else {
+        let Some(fifo) = rec
+            .fifo
+            .filter(|_| matches!(rec.state, State::Pending | State::InFlight))
+        else {
             return Ok(None);
         };
         if fifo.pos == 0 {
@@ -533,7 +542,12 @@ impl Store {
 
     /// An ordered message re-enters its line (replay; the caller holds the line stripe).
     /// `true`: it is the head, queue it.
-    pub(super) fn line_join(&self, b: &mut WriteBatch, tx: &mut LineTx, rec: &mut MessageRecord) -> Result<bool, StoreError> {
+    pub(super) fn line_join(
+        &self,
+        b: &mut WriteBatch,
+        tx: &mut LineTx,
+        rec: &mut MessageRecord,
+    ) -> Result<bool, StoreError> {
         tx.join(&self.db, b, rec)
     }
 

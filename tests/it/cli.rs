@@ -219,7 +219,16 @@ async fn endpoints_commands_list_pause_and_resume() {
     let table = out.ok();
     assert_eq!(
         header_row(table),
-        ["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING", "ORDERING", "WAITING", "HEAD"],
+        [
+            "ENDPOINT",
+            "STATE",
+            "STREAK",
+            "IN_FLIGHT",
+            "PENDING",
+            "ORDERING",
+            "WAITING",
+            "HEAD"
+        ],
         "{table}"
     );
     let row: Vec<&str> = table

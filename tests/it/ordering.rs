@@ -37,7 +37,11 @@ async fn send_in_order(c: &Courier, target: &str, bodies: &[String]) -> Vec<Stri
 fn assert_in_order(path: &str, seen: &[String], prefix: &str, n: usize) {
     let idx: Vec<usize> = seen
         .iter()
-        .map(|b| b.strip_prefix(prefix).and_then(|i| i.parse().ok()).unwrap_or_else(|| panic!("{b}")))
+        .map(|b| {
+            b.strip_prefix(prefix)
+                .and_then(|i| i.parse().ok())
+                .unwrap_or_else(|| panic!("{b}"))
+        })
         .collect();
     assert!(idx.windows(2).all(|w| w[0] <= w[1]), "{path}: out of order: {idx:?}");
     let mut distinct = idx.clone();
@@ -57,7 +61,8 @@ async fn endpoint(c: &Courier, key: &str) -> Value {
 }
 
 #[tokio::test]
-async fn many_ordered_endpoints_on_one_host_deliver_in_order_behind_a_failing_head_and_unordered_traffic_is_not_slowed() {
+async fn many_ordered_endpoints_on_one_host_deliver_in_order_behind_a_failing_head_and_unordered_traffic_is_not_slowed()
+{
     // /o0's first message fails three times (503, Retry-After 1 s); every ordered answer takes
     // 15 ms, so overlapping attempts would show; everything else answers at once.
     let rx = Receiver::start().await;
@@ -136,7 +141,11 @@ async fn many_ordered_endpoints_on_one_host_deliver_in_order_behind_a_failing_he
         assert_eq!(rx.max_in_flight_on(&path), 1, "{path}: two attempts at once");
     }
     let o0 = bodies_on(&rx, "/o0");
-    assert_eq!(&o0[..4], ["o0-0", "o0-0", "o0-0", "o0-0"], "three 503s then delivered: {o0:?}");
+    assert_eq!(
+        &o0[..4],
+        ["o0-0", "o0-0", "o0-0", "o0-0"],
+        "three 503s then delivered: {o0:?}"
+    );
     // The receiver's log of the endpoint behind the failing head, for the record.
     let t0 = rx.seen()[0].at;
     for s in rx.seen().iter().filter(|s| s.path == "/o0") {
@@ -212,7 +221,11 @@ async fn on_dead_block_pauses_the_endpoint_and_a_replayed_head_goes_first_after_
     assert_eq!(r.status, 204);
     wait_state(&c, &ids[1], "delivered").await;
     assert_eq!(bodies_on(&rx, "/b"), ["b-0", "b-0", "b-1", "b-2", "b-3", "b-4"]);
-    assert_eq!(delivery(&c, &ids[0]).await["state"], "dead", "skipped by the resume, still dead");
+    assert_eq!(
+        delivery(&c, &ids[0]).await["state"],
+        "dead",
+        "skipped by the resume, still dead"
+    );
     assert_eq!(rx.max_in_flight_on("/b"), 1);
 }
 

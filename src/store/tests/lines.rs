@@ -111,10 +111,18 @@ async fn block_holds_the_line_and_a_replay_of_its_head_goes_first() {
     // A message accepted meanwhile waits too.
     store.accept(ordered("dlv_3", OnDead::Block)).await.unwrap();
     assert!(due_ids(&store, 10_000).is_empty());
-    assert_eq!(store.recover_lines(300).unwrap(), vec![EP.to_string()], "startup pauses it");
+    assert_eq!(
+        store.recover_lines(300).unwrap(),
+        vec![EP.to_string()],
+        "startup pauses it"
+    );
 
     assert_eq!(store.replay("dlv_1", 400, 90_000).unwrap(), Some(true));
-    assert_eq!(due_ids(&store, 10_000), vec!["dlv_1"], "the replayed head is first again");
+    assert_eq!(
+        due_ids(&store, 10_000),
+        vec!["dlv_1"],
+        "the replayed head is first again"
+    );
     assert_eq!(head(&store), Some(("dlv_1".into(), false, 2)));
     clean(&store);
 
@@ -206,7 +214,10 @@ async fn startup_moves_a_line_on_past_a_head_deleted_in_flight_before_a_crash() 
         // The crash: the attempt never reports.
     }
     let store = Store::open(&path, StoreOptions::default()).unwrap();
-    assert!(!store.audit(true).unwrap().is_empty(), "a gone head with nothing running");
+    assert!(
+        !store.audit(true).unwrap().is_empty(),
+        "a gone head with nothing running"
+    );
     store.recover_in_flight(500).unwrap();
     assert!(store.recover_lines(500).unwrap().is_empty());
     assert_eq!(due_ids(&store, 10_000), vec!["dlv_2"]);
