@@ -398,16 +398,6 @@ impl Config {
         Ok(config)
     }
 
-    /// Whether a message to `endpoint`, sent through `route` (if any), is ordered, and what
-    /// its death does: the `[[endpoint]]` entry's setting if it orders, else the route's.
-    pub fn fifo_for(&self, endpoint: &str, route: Option<&RouteConfig>) -> Option<OnDead> {
-        self.endpoints
-            .iter()
-            .find(|e| e.key == endpoint)
-            .and_then(|e| e.fifo)
-            .or_else(|| route.and_then(|r| r.fifo))
-    }
-
     /// The URL of the named route.
     pub fn route_url(&self, name: &str) -> Option<Url> {
         self.routes.iter().find(|r| r.name == name).map(|r| r.url.clone())
