@@ -89,9 +89,12 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
         "dead_reason": rec.dead_reason.map(|r| r.as_str()),
         "last_status": rec.last_status,
         "last_error": rec.last_error,
-        "ordering": if rec.fifo.is_some() { "fifo" } else { "none" },
-        "on_dead": rec.fifo.map(|f| f.on_dead.as_str()),
     });
+    // Added for ordered messages only: an unordered one's JSON is exactly as before.
+    if let Some(fifo) = rec.fifo {
+        v["ordering"] = json!("fifo");
+        v["on_dead"] = json!(fifo.on_dead.as_str());
+    }
     if let Some(history) = history {
         v["history"] = history
             .iter()
@@ -228,10 +231,13 @@ impl Admin {
         }
     }
 
-    /// An open ordered message's place: `line_position` (messages ahead of it, 0 for the
-    /// head) and `line_head` (the message it waits behind; itself when it is the head);
-    /// both null otherwise.
+    /// An ordered message's place: `line_position` (messages ahead of it, 0 for the head)
+    /// and `line_head` (the message it waits behind; itself when it is the head); both null
+    /// once it is finished. Nothing for an unordered message.
     fn line_fields(&self, rec: &MessageRecord, v: &mut Value) -> Result<(), StoreError> {
+        if rec.fifo.is_none() {
+            return Ok(());
+        }
         let position = self.d.store.line_position(rec)?;
         let head = match position {
             Some(_) => self.d.store.line(&rec.endpoint)?.map(|l| l.head),

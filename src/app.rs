@@ -244,8 +244,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         let (d, now) = (deliverer.clone(), clock.now_ms());
         delivery_rt.handle().spawn(async move {
             let rec = d.endpoints.get(&endpoint).map(|v| v.rec).unwrap_or_default();
-            let reason = crate::delivery::alert::PauseReason::OrderedHeadDead;
-            crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, reason, now).await;
+            crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, now).await;
         });
     }
     if recovered > 0 {

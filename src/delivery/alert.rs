@@ -5,27 +5,10 @@ use super::Deliverer;
 use crate::envelope::Envelope;
 use crate::store::{Accepted, EndpointRecord, SigningChoice};
 
-/// Why courier paused an endpoint by itself, as the alert's `reason` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseReason {
-    /// `pause_after_permanent_failures` permanent failures in a row.
-    PermanentFailures,
-    /// The head of its ordered line died and `on_dead = "block"`.
-    OrderedHeadDead,
-}
-
-impl PauseReason {
-    /// The alert's `reason` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PauseReason::PermanentFailures => "permanent_failures",
-            PauseReason::OrderedHeadDead => "ordered_head_dead",
-        }
-    }
-}
-
-/// The alert body (CONTRACT §5, plus `reason`).
-pub fn alert_body(endpoint: &str, rec: &EndpointRecord, reason: PauseReason, now_ms: u64) -> Vec<u8> {
+/// The alert body (CONTRACT §5), the same whichever way the endpoint paused itself (a
+/// streak of permanent failures, or an ordered line blocked behind a dead head: the log
+/// line says which).
+pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> {
     let at = crate::timefmt::rfc3339(now_ms);
     serde_json::json!({
         "type": "endpoint.paused",
@@ -33,7 +16,6 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, reason: PauseReason, now
         "streak": rec.streak,
         "last_status": rec.last_status,
         "at": at,
-        "reason": reason.as_str(),
     })
     .to_string()
     .into_bytes()
@@ -41,13 +23,7 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, reason: PauseReason, now
 
 /// Enqueues the alert for a paused endpoint, if `alert_url` is set. The alert endpoint
 /// itself never alerts about itself (that would loop).
-pub async fn endpoint_paused(
-    d: &std::sync::Arc<Deliverer>,
-    endpoint: &str,
-    rec: &EndpointRecord,
-    reason: PauseReason,
-    now_ms: u64,
-) {
+pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
     let Some(url) = d.config.alert_url.clone() else { return };
     // The alert's own endpoint key is the redacted form of alert_url, so neither
     // `/endpoints` nor a log line shows its path (where chat-style URLs keep their credential).
@@ -61,7 +37,7 @@ pub async fn endpoint_paused(
         event_id: None,
         method: "POST".into(),
         headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: alert_body(endpoint, rec, reason, now_ms),
+        body: alert_body(endpoint, rec, now_ms),
         scheme: None,
         signing: SigningChoice::Default,
         max_attempts: d.config.retry.max_attempts,

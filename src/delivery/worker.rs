@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::alert::PauseReason;
 use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
@@ -256,16 +255,14 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
 
     // The streak was written with the result; a pause is worth a warning and an alert.
     if let EndpointChange::Paused(ep) = endpoint_change {
-        let reason = if blocks_its_line(rec, transition) {
+        if blocks_its_line(rec, transition) {
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), delivery_id = %rec.id,
                 "endpoint paused: the head of its ordered line is dead (on_dead = block); resume it with `courier endpoints resume` or replay the message");
-            PauseReason::OrderedHeadDead
         } else {
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
-            PauseReason::PermanentFailures
-        };
-        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, reason, now).await;
+        }
+        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
     }
 }
 

@@ -196,8 +196,10 @@ async fn on_dead_block_pauses_the_endpoint_and_a_replayed_head_goes_first_after_
     })
     .await;
     let alert: Value = serde_json::from_slice(&alert.body).unwrap();
-    assert_eq!(alert["reason"], "ordered_head_dead", "{alert}");
+    assert_eq!(alert["type"], "endpoint.paused", "{alert}");
     assert_eq!(alert["endpoint"], key.as_str());
+    assert_eq!(alert["last_status"], 410);
+    assert!(c.log.wait_for("head of its ordered line is dead", WAIT).is_some());
 
     // The fix: replay the dead head (first in line again), then resume.
     let r = post(&c.admin_url(&format!("/deliveries/{}/retry", ids[0])), &[], "").await;
