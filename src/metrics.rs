@@ -373,6 +373,11 @@ impl Metrics {
             "Endpoints currently paused.",
             g.endpoints_paused.to_string(),
         );
+        gauge(
+            LINE_WAITING,
+            "Ordered messages waiting behind the head of their endpoint's line.",
+            g.line_waiting.to_string(),
+        );
         let _ = writeln!(
             out,
             "# HELP {HOST_CIRCUIT_OPEN} Hosts whose circuit breaker is open or probing (1 each).\n# TYPE {HOST_CIRCUIT_OPEN} gauge"
@@ -380,11 +385,6 @@ impl Metrics {
         for host in &g.circuit_open_hosts {
             let _ = writeln!(out, "{HOST_CIRCUIT_OPEN}{{host=\"{}\"}} 1", label_value(host));
         }
-        gauge(
-            LINE_WAITING,
-            "Ordered messages waiting behind the head of their endpoint's line.",
-            g.line_waiting.to_string(),
-        );
 
         let _ = writeln!(
             out,
