@@ -13,7 +13,10 @@ use crate::store::{keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
     /// The line stripes of the ordered messages among `endpoints` (taken after id stripes).
-    pub(in crate::store) fn lock_lines<'a>(&'a self, endpoints: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'a, ()>> {
+    pub(in crate::store) fn lock_lines<'a>(
+        &'a self,
+        endpoints: impl Iterator<Item = &'a str>,
+    ) -> Vec<MutexGuard<'a, ()>> {
         self.lines.lock(endpoints)
     }
 
@@ -61,7 +64,12 @@ impl Store {
 
     /// Writes `b` with the line changes of `tx` (plainly, or synced for an operator) and
     /// reports its due entries; the caller holds the line stripes.
-    pub(in crate::store) fn write_with_lines(&self, mut b: WriteBatch, tx: LineTx, synced: bool) -> Result<(), StoreError> {
+    pub(in crate::store) fn write_with_lines(
+        &self,
+        mut b: WriteBatch,
+        tx: LineTx,
+        synced: bool,
+    ) -> Result<(), StoreError> {
         let min_due = tx.min_due;
         let settled = tx.write_into(&self.db, &mut b);
         if synced {
