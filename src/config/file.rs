@@ -15,6 +15,7 @@ use super::parse::{
     parse_listen, parse_net, parse_origin, parse_scheme, parse_size_text, parse_target, parse_url,
 };
 use super::{Config, ConfigError, EndpointConfig, HostConfig, ListenerAccess, RouteConfig, SigningKey};
+use crate::model::{OnDead, Ordering};
 use crate::signing::Secret;
 
 impl Config {
@@ -194,13 +195,16 @@ impl Config {
                 .into_iter()
                 .enumerate()
                 .map(|(i, e)| {
+                    let key = e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?;
+                    if e.rate_per_second.is_none() && e.ordering.is_none() {
+                        return Err(format!(
+                            "endpoint[{i}]: sets nothing (give rate_per_second or ordering)"
+                        ));
+                    }
                     Ok(EndpointConfig {
-                        key: normalize_endpoint_key(
-                            &e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?,
-                        ),
-                        rate_per_second: e
-                            .rate_per_second
-                            .ok_or_else(|| format!("endpoint[{i}]: missing key \"rate_per_second\""))?,
+                        key: normalize_endpoint_key(&key),
+                        rate_per_second: e.rate_per_second,
+                        fifo: parse_fifo(e.ordering, e.on_dead, &format!("endpoint[{i}]"))?,
                     })
                 })
                 .collect::<Result<_, String>>()?;
@@ -365,6 +369,8 @@ struct FileRoute {
     signing_key: Option<String>,
     scheme: Option<String>,
     targets: Option<Vec<String>>,
+    ordering: Option<String>,
+    on_dead: Option<String>,
 }
 
 impl FileRoute {
@@ -385,6 +391,7 @@ impl FileRoute {
                 &self.targets.unwrap_or_default(),
                 parse_target,
             )?,
+            fifo: parse_fifo(self.ordering, self.on_dead, &format!("route[{i}]"))?,
         })
     }
 }
@@ -401,6 +408,30 @@ struct FileHost {
 struct FileEndpoint {
     key: Option<String>,
     rate_per_second: Option<u32>,
+    ordering: Option<String>,
+    on_dead: Option<String>,
+}
+
+/// `ordering` and `on_dead` of an `[[endpoint]]` or `[[route]]` (`place`): `Some` when the
+/// messages are ordered. `on_dead` without `ordering = "fifo"` is an error: it would do
+/// nothing, and a typo'd ordering must not pass silently.
+fn parse_fifo(ordering: Option<String>, on_dead: Option<String>, place: &str) -> Result<Option<OnDead>, String> {
+    let ordering = match ordering {
+        Some(o) => o
+            .trim()
+            .parse::<Ordering>()
+            .map_err(|e| format!("{place}.ordering: {e}"))?,
+        None => Ordering::None,
+    };
+    let on_dead = on_dead
+        .map(|d| d.trim().parse::<OnDead>())
+        .transpose()
+        .map_err(|e| format!("{place}.on_dead: {e}"))?;
+    match ordering {
+        Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
+        Ordering::None if on_dead.is_some() => Err(format!("{place}.on_dead: applies only with ordering = \"fifo\"")),
+        Ordering::None => Ok(None),
+    }
 }
 
 /// Turns toml's multi-line error (which quotes the offending source line, possibly a

@@ -50,7 +50,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use url::Url;
 
-use crate::model::{Jitter, SignatureScheme};
+use crate::model::{Jitter, OnDead, SignatureScheme};
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
@@ -225,6 +225,9 @@ pub struct RouteConfig {
     pub scheme: Option<SignatureScheme>,
     /// Where this route may deliver (its URL plus the appended path); empty: anywhere.
     pub targets: Vec<TargetPattern>,
+    /// `ordering = "fifo"`: messages sent through this route are ordered, with what a dead
+    /// head does (`on_dead`); `None`: `ordering = "none"` (the default).
+    pub fifo: Option<OnDead>,
 }
 
 impl fmt::Debug for RouteConfig {
@@ -235,6 +238,7 @@ impl fmt::Debug for RouteConfig {
             .field("signing_key", &self.signing_key)
             .field("scheme", &self.scheme)
             .field("targets", &patterns(&self.targets))
+            .field("fifo", &self.fifo)
             .finish()
     }
 }
@@ -249,15 +253,18 @@ pub struct HostConfig {
     pub max_in_flight: u32,
 }
 
-/// A per-endpoint override of the rate limit (`[[endpoint]]`).
+/// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointConfig {
     /// The endpoint key (by default a target URL without its query). A key that is an
     /// http(s) URL is normalised at load as live targets' default keys are (lowercase
     /// host, punycode, default port dropped, `/` path), so the lookup is exact.
     pub key: String,
-    /// Attempts per second to this endpoint at most.
-    pub rate_per_second: u32,
+    /// Attempts per second to this endpoint at most; `None`: `delivery.rate_per_second`.
+    pub rate_per_second: Option<u32>,
+    /// `ordering = "fifo"`: every message to this endpoint is ordered, with what a dead head
+    /// does (`on_dead`); `None`: `ordering = "none"` (the default).
+    pub fifo: Option<OnDead>,
 }
 
 /// The whole configuration: values only; the modules that use them own their meaning.

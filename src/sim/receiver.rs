@@ -60,6 +60,8 @@ struct State {
 pub struct SimTransport {
     clock: Arc<ManualClock>,
     state: Mutex<State>,
+    /// The ordering invariant, checked as each attempt arrives.
+    pub order: super::order::OrderBook,
 }
 
 impl SimTransport {
@@ -76,6 +78,7 @@ impl SimTransport {
                 max_per_host: BTreeMap::new(),
                 max_total: 0,
             }),
+            order: Default::default(),
         })
     }
 
@@ -114,6 +117,7 @@ impl SimTransport {
         let mut st = self.lock();
         st.held.clear();
         st.in_flight.clear();
+        self.order.reset_in_flight();
     }
 
     /// The most attempts ever in flight at once to one host, per host, and in total.
@@ -122,7 +126,8 @@ impl SimTransport {
         (st.max_per_host.clone(), st.max_total)
     }
 
-    fn ended(&self, host: &str) {
+    fn ended(&self, host: &str, url: &str) {
+        self.order.ended(url);
         let mut st = self.lock();
         if let Some(n) = st.in_flight.get_mut(host) {
             *n = n.saturating_sub(1);
@@ -212,6 +217,9 @@ impl Transport for SimTransport {
         *max = (*max).max(now_host);
         st.max_total = st.max_total.max(total);
         let index = st.log.len();
+        let url = req.url.to_string();
+        let event = header(&req, crate::signing::WEBHOOK_ID);
+        self.order.started(&url, &event, now);
         st.log.push(Seen {
             event_id: header(&req, crate::signing::WEBHOOK_ID),
             url: req.url.to_string(),
@@ -222,7 +230,7 @@ impl Transport for SimTransport {
         });
         match answer {
             Some(a) => Box::pin(async move {
-                self.ended(&host);
+                self.ended(&host, &url);
                 respond(a)
             }),
             None => {
@@ -231,7 +239,7 @@ impl Transport for SimTransport {
                 Box::pin(async move {
                     match rx.await {
                         Ok(a) => {
-                            self.ended(&host);
+                            self.ended(&host, &url);
                             respond(a)
                         }
                         // Dropped by a crash: this attempt never ends (its task is gone).

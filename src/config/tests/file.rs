@@ -108,7 +108,19 @@ fn bad_file_values_name_the_key() {
         ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
         (
             "[[endpoint]]\nkey = \"k\"\n",
-            "endpoint[0]: missing key \"rate_per_second\"",
+            "endpoint[0]: sets nothing (give rate_per_second or ordering)",
+        ),
+        (
+            "[[endpoint]]\nkey = \"k\"\nordering = \"lifo\"\n",
+            "endpoint[0].ordering: unknown ordering \"lifo\"",
+        ),
+        (
+            "[[endpoint]]\nkey = \"k\"\nrate_per_second = 1\non_dead = \"block\"\n",
+            "endpoint[0].on_dead: applies only with ordering = \"fifo\"",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nordering = \"fifo\"\non_dead = \"stop\"\n",
+            "route[0].on_dead: unknown on_dead \"stop\"",
         ),
         (
             "[[endpoint]]\nrate_per_second = 1\n",
