@@ -235,7 +235,17 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an
     // endpoint that is active. The simulator runs this same recovery.
-    let (recovered, unparked) = deliverer.recover_at_start()?;
+    let (recovered, unparked, blocked) = deliverer.recover_at_start()?;
+    for endpoint in blocked {
+        // The pause of a line blocked just before the last stop: said now, and alerted.
+        tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint),
+            "endpoint paused: its ordered line is blocked behind a dead message; resume it with `courier endpoints resume`");
+        let (d, now) = (deliverer.clone(), clock.now_ms());
+        delivery_rt.handle().spawn(async move {
+            let rec = d.endpoints.get(&endpoint).map(|v| v.rec).unwrap_or_default();
+            crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, now).await;
+        });
+    }
     if recovered > 0 {
         tracing::warn!(
             count = recovered,

@@ -37,7 +37,8 @@ pub struct EndpointQuery {
 /// One page: items as the admin API shows them, and where the next page starts.
 #[derive(Debug)]
 pub struct EndpointPage {
-    /// `key`, `state`, `permanent_failure_streak`, `in_flight`, `pending`.
+    /// `key`, `state`, `permanent_failure_streak`, `in_flight`, `pending`; for an ordered
+    /// endpoint also `ordering`, `line_head`, `line_blocked`, `line_waiting`.
     pub items: Vec<Value>,
     /// The last key of this page, when more may follow.
     pub next_cursor: Option<String>,
@@ -106,13 +107,24 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
             _ => d.store.endpoint(&key)?.map_or(0, |r| r.streak),
         };
         let in_flight = view.as_ref().map_or(0, |v| v.in_flight);
-        items.push(json!({
+        let mut item = json!({
             "key": key,
             "state": if paused { "paused" } else { "active" },
             "permanent_failure_streak": streak,
             "in_flight": in_flight,
             "pending": open.saturating_sub(u64::from(in_flight)),
-        }));
+        });
+        // An ordered endpoint (configured so, or with a line: a route's ordered messages,
+        // or ones from before the config changed) adds its line; an unordered one's item is
+        // exactly as before. One point read per item.
+        let line = d.store.line(&key)?;
+        if line.is_some() || d.config.endpoints.iter().any(|e| e.key == key && e.fifo.is_some()) {
+            item["ordering"] = json!("fifo");
+            item["line_head"] = json!(line.as_ref().map(|l| l.head.clone()));
+            item["line_blocked"] = json!(line.as_ref().is_some_and(|l| l.blocked));
+            item["line_waiting"] = json!(line.as_ref().map_or(0, |l| l.waiting));
+        }
+        items.push(item);
     }
     Ok(EndpointPage {
         items,

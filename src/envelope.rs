@@ -60,6 +60,7 @@ impl Envelope {
             dead_reason: None,
             last_status: None,
             last_error: None,
+            fifo: None,
         };
         let payload = Payload {
             method: self.method,

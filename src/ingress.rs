@@ -140,6 +140,7 @@ impl Ingress {
             .route
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
+        let route_fifo = route.and_then(|r| r.fifo);
 
         // A route bound to targets delivers (and signs) only inside them, whatever extra
         // path the caller appended.
@@ -270,7 +271,9 @@ impl Ingress {
             signing,
         };
         let now = self.clock.now_ms();
-        let msg = envelope.into_message(now, &mut rand::rng(), self.deliverer.store.ids());
+        let mut msg = envelope.into_message(now, &mut rand::rng(), self.deliverer.store.ids());
+        // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
+        msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
         match self.deliverer.accept(msg).await {
             Ok(Accepted::New) => {

@@ -41,6 +41,8 @@ pub const OLDEST_PENDING_SECONDS: &str = "courier_oldest_pending_seconds";
 pub const DEAD_STORED: &str = "courier_dead_letters";
 /// `courier_endpoints_paused`: endpoints currently paused.
 pub const ENDPOINTS_PAUSED: &str = "courier_endpoints_paused";
+/// `courier_line_waiting`: ordered messages waiting behind the head of their endpoint's line.
+pub const LINE_WAITING: &str = "courier_line_waiting";
 /// `courier_delivery_latency_seconds`: acceptance to delivery.
 pub const DELIVERY_LATENCY_SECONDS: &str = "courier_delivery_latency_seconds";
 /// `courier_attempt_duration_seconds`: one attempt, start to answer.
@@ -161,6 +163,8 @@ pub struct Gauges {
     pub endpoints_paused: u64,
     /// Hosts whose circuit breaker is open or probing (`host:port`).
     pub circuit_open_hosts: Vec<String>,
+    /// Ordered messages waiting behind their line's head.
+    pub line_waiting: u64,
 }
 
 /// Every counter and histogram of the process.
@@ -389,6 +393,11 @@ impl Metrics {
             "Endpoints currently paused.",
             g.endpoints_paused.to_string(),
         );
+        gauge(
+            LINE_WAITING,
+            "Ordered messages waiting behind the head of their endpoint's line.",
+            g.line_waiting.to_string(),
+        );
         let _ = writeln!(
             out,
             "# HELP {HOST_CIRCUIT_OPEN} Hosts whose circuit breaker is open or probing (1 each).\n# TYPE {HOST_CIRCUIT_OPEN} gauge"
@@ -446,6 +455,7 @@ mod tests {
             ENDPOINTS_PAUSED,
             HOST_CIRCUIT_OPEN,
             CIRCUIT_OPENED_TOTAL,
+            LINE_WAITING,
             DELIVERY_LATENCY_SECONDS,
             ATTEMPT_DURATION_SECONDS,
         ] {

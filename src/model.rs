@@ -243,6 +243,60 @@ impl FromStr for Jitter {
     }
 }
 
+/// Whether an endpoint's (or a route's) messages keep their order (`ordering`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Ordering {
+    /// Attempts run in parallel, each message on its own schedule (the default).
+    #[default]
+    None,
+    /// One message at a time, in acceptance order (see `store::lines`).
+    Fifo,
+}
+
+impl FromStr for Ordering {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "none" => Ordering::None,
+            "fifo" => Ordering::Fifo,
+            _ => return Err(UnknownName::new("ordering", s, "none, fifo")),
+        })
+    }
+}
+
+/// What an ordered endpoint does when the message at the head of its line dies
+/// (`on_dead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnDead {
+    /// The next message goes (the default): a dead letter does not hold the line.
+    #[default]
+    Skip,
+    /// The line stays behind the dead head and the endpoint pauses (with an alert), until
+    /// an operator resumes it (the next goes) or replays the head (it is tried again first).
+    Block,
+}
+
+impl OnDead {
+    /// The name used in the config, the admin API and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDead::Skip => "skip",
+            OnDead::Block => "block",
+        }
+    }
+}
+
+impl FromStr for OnDead {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "skip" => OnDead::Skip,
+            "block" => OnDead::Block,
+            _ => return Err(UnknownName::new("on_dead", s, "skip, block")),
+        })
+    }
+}
+
 /// A name that is not one of an enum's spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} {given:?} (expected one of: {expected})")]

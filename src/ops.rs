@@ -75,6 +75,7 @@ impl Probes {
                 .filter(|h| matches!(h.state, CircuitState::Open | CircuitState::Probing))
                 .map(|h| h.host)
                 .collect(),
+            line_waiting: d.store.lined().unwrap_or_default(),
         };
         serve::text(
             StatusCode::OK,

@@ -55,7 +55,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use url::Url;
 
-use crate::model::{Jitter, SignatureScheme};
+use crate::model::{Jitter, OnDead, SignatureScheme};
 use crate::policy::StatusRules;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
@@ -240,6 +240,9 @@ pub struct RouteConfig {
     pub scheme: Option<SignatureScheme>,
     /// Where this route may deliver (its URL plus the appended path); empty: anywhere.
     pub targets: Vec<TargetPattern>,
+    /// `ordering = "fifo"`: messages sent through this route are ordered, with what a dead
+    /// head does (`on_dead`); `None`: `ordering = "none"` (the default).
+    pub fifo: Option<OnDead>,
     /// Retry settings for the messages accepted through this route.
     pub policy: PolicyOverrides,
 }
@@ -252,6 +255,7 @@ impl fmt::Debug for RouteConfig {
             .field("signing_key", &self.signing_key)
             .field("scheme", &self.scheme)
             .field("targets", &patterns(&self.targets))
+            .field("fifo", &self.fifo)
             .field("policy", &self.policy)
             .finish()
     }
@@ -267,15 +271,18 @@ pub struct HostConfig {
     pub max_in_flight: u32,
 }
 
-/// Per-endpoint overrides (`[[endpoint]]`): the rate limit and the retry policy.
+/// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering, its retry policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointConfig {
     /// The endpoint key (by default a target URL without its query). A key that is an
     /// http(s) URL is normalised at load as live targets' default keys are (lowercase
     /// host, punycode, default port dropped, `/` path), so the lookup is exact.
     pub key: String,
-    /// Attempts per second to this endpoint at most (unset: `delivery.rate_per_second`).
+    /// Attempts per second to this endpoint at most; `None`: `delivery.rate_per_second`.
     pub rate_per_second: Option<u32>,
+    /// `ordering = "fifo"`: every message to this endpoint is ordered, with what a dead head
+    /// does (`on_dead`); `None`: `ordering = "none"` (the default).
+    pub fifo: Option<OnDead>,
     /// Retry settings (and the in-flight cap) for this endpoint's messages.
     pub policy: PolicyOverrides,
 }

@@ -252,7 +252,7 @@ impl Config {
     }
 
     /// The policy rules no type expresses: every section's backoff builds, its limits are
-    /// non-zero, an `[[endpoint]]` sets something.
+    /// non-zero.
     pub(super) fn validate_policies(&self) -> Result<(), ConfigError> {
         if let Err(e) = self.global_backoff() {
             return Err(ConfigError::invalid_problem(backoff_problem("retry.schedule", &e)));
@@ -261,18 +261,7 @@ impl Config {
             self.check_section(&format!("route[{i}]"), &route.policy)?;
         }
         for (i, endpoint) in self.endpoints.iter().enumerate() {
-            let section = format!("endpoint[{i}]");
-            if endpoint.rate_per_second.is_none() && endpoint.policy.is_empty() {
-                return Err(ConfigError::invalid_coded(
-                    "empty_section",
-                    &section,
-                    format_args!(
-                        "({:?}) sets nothing: give it rate_per_second or a retry setting",
-                        endpoint.key
-                    ),
-                ));
-            }
-            self.check_section(&section, &endpoint.policy)?;
+            self.check_section(&format!("endpoint[{i}]"), &endpoint.policy)?;
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ use super::error::Problem;
 use super::parse::{normalize_endpoint_key, normalize_host_key, parse_each, parse_scheme, parse_target, parse_url};
 use super::policy::{FilePolicy, FileStatuses};
 use super::{EndpointConfig, HostConfig, RouteConfig};
+use crate::model::{OnDead, Ordering};
 
 /// Declares a section struct with the retry-policy keys after its own, and `take_policy`
 /// to move them out. serde cannot combine `flatten` with `deny_unknown_fields`, so the keys
@@ -59,6 +60,8 @@ with_policy_keys! {
         signing_key: Option<String>,
         scheme: Option<String>,
         targets: Option<Vec<String>>,
+        ordering: Option<String>,
+        on_dead: Option<String>,
     }
 }
 
@@ -93,6 +96,7 @@ impl FileRoute {
                 &self.targets.unwrap_or_default(),
                 parse_target,
             )?,
+            fifo: parse_fifo(self.ordering, self.on_dead, &format!("route[{i}]"))?,
             policy: policy.into_overrides(&format!("route[{i}]"))?,
         })
     }
@@ -122,16 +126,49 @@ with_policy_keys! {
     struct FileEndpoint {
         key: Option<String>,
         rate_per_second: Option<u32>,
+        ordering: Option<String>,
+        on_dead: Option<String>,
     }
 }
 
 impl FileEndpoint {
     pub(super) fn into_endpoint(mut self, i: usize) -> Result<EndpointConfig, Problem> {
         let policy = self.take_policy();
+        let key = self.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?;
+        let policy = policy.into_overrides(&format!("endpoint[{i}]"))?;
+        if self.rate_per_second.is_none() && self.ordering.is_none() && policy.is_empty() {
+            return Err(Problem::coded(
+                "empty_section",
+                format!("endpoint[{i}]: sets nothing (give rate_per_second, ordering or a retry setting)"),
+            ));
+        }
         Ok(EndpointConfig {
-            key: normalize_endpoint_key(&self.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?),
+            key: normalize_endpoint_key(&key),
             rate_per_second: self.rate_per_second,
-            policy: policy.into_overrides(&format!("endpoint[{i}]"))?,
+            fifo: parse_fifo(self.ordering, self.on_dead, &format!("endpoint[{i}]"))?,
+            policy,
         })
+    }
+}
+
+/// `ordering` and `on_dead` of an `[[endpoint]]` or `[[route]]` (`place`): `Some` when the
+/// messages are ordered. `on_dead` without `ordering = "fifo"` is an error: it would do
+/// nothing, and a typo'd ordering must not pass silently.
+fn parse_fifo(ordering: Option<String>, on_dead: Option<String>, place: &str) -> Result<Option<OnDead>, String> {
+    let ordering = match ordering {
+        Some(o) => o
+            .trim()
+            .parse::<Ordering>()
+            .map_err(|e| format!("{place}.ordering: {e}"))?,
+        None => Ordering::None,
+    };
+    let on_dead = on_dead
+        .map(|d| d.trim().parse::<OnDead>())
+        .transpose()
+        .map_err(|e| format!("{place}.on_dead: {e}"))?;
+    match ordering {
+        Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
+        Ordering::None if on_dead.is_some() => Err(format!("{place}.on_dead: applies only with ordering = \"fifo\"")),
+        Ordering::None => Ok(None),
     }
 }

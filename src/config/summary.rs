@@ -178,23 +178,25 @@ impl Config {
         ));
         for route in &self.routes {
             lines.push(format!(
-                "route {} -> {} (signing key {}, scheme {}{})",
+                "route {} -> {} (signing key {}, scheme {}{}{})",
                 route.name,
                 without_password(&route.url),
                 route.signing_key.as_deref().unwrap_or("default"),
                 route.scheme.unwrap_or(self.signing.scheme).as_str(),
-                targets(&route.targets)
+                targets(&route.targets),
+                fifo(route.fifo)
             ));
         }
         for host in &self.hosts {
             lines.push(format!("host {}: max_in_flight {}", host.host, host.max_in_flight));
         }
         for endpoint in &self.endpoints {
-            let rate = match endpoint.rate_per_second {
-                Some(rate) => rate.to_string(),
-                None => format!("{} (delivery's)", d.rate_per_second),
-            };
-            lines.push(format!("endpoint {}: rate_per_second {rate}", endpoint.key));
+            let rate = endpoint.rate_per_second.unwrap_or(self.delivery.rate_per_second);
+            lines.push(format!(
+                "endpoint {}: rate_per_second {rate}{}",
+                endpoint.key,
+                fifo(endpoint.fifo)
+            ));
         }
         // The policy each section ends up with, every inherited value filled in.
         lines.extend(self.policy_lines());
@@ -262,4 +264,9 @@ fn access(access: &ListenerAccess) -> String {
         list(&access.allowed_origins),
         list(&access.hosts)
     )
+}
+
+/// `, ordering fifo (on_dead skip)` for an ordered endpoint or route, else nothing.
+fn fifo(on_dead: Option<crate::model::OnDead>) -> String {
+    on_dead.map_or(String::new(), |d| format!(", ordering fifo (on_dead {})", d.as_str()))
 }

@@ -223,7 +223,7 @@ impl Config {
                     format_args!("{:?} is listed twice", endpoint.key),
                 ));
             }
-            if endpoint.rate_per_second == Some(0) {
+            if endpoint.rate_per_second.is_some_and(|r| r < 1) {
                 return Err(ConfigError::invalid(
                     &format!("endpoint[{i}].rate_per_second"),
                     "must be at least 1",

@@ -14,6 +14,9 @@
 //! message in flight on disk, which startup puts back in the queue like any other attempt
 //! that was cut off.
 //!
+//! An ordered message never takes this path: only the head of its line may start, and
+//! which message is the head is decided by the commit thread (see `store::lines`).
+//!
 //! "No older message waiting" keeps the fast path from overtaking a backlog: once a message
 //! had to go to the queue (a busy host, an endpoint out of tokens, all permits taken), new
 //! messages follow it there until a scheduler pass finds nothing left waiting.
@@ -29,7 +32,8 @@ use crate::store::{Accepted, MessageRecord, NewMessage, StoreError};
 impl Deliverer {
     /// Stores a new message durably; when its first attempt can start now, it is written
     /// claimed and that attempt is started. Answers as [`crate::store::Store::accept`].
-    pub async fn accept(self: &Arc<Self>, msg: NewMessage) -> Result<Accepted, StoreError> {
+    pub async fn accept(self: &Arc<Self>, mut msg: NewMessage) -> Result<Accepted, StoreError> {
+        self.order(&mut msg.record);
         let Some(permit) = self.start_at_accept(&msg.record) else {
             let accepted = self.store.accept(msg).await?;
             if accepted == Accepted::New {
@@ -47,7 +51,10 @@ impl Deliverer {
     /// The permits for a new message's first attempt, if it can start the moment it is
     /// durable. `None` sends it through the due queue.
     fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
-        if self.queue_first.load(Ordering::Acquire) || self.endpoints.is_paused(&rec.endpoint) {
+        // An ordered message starts only as the head of its line, which the commit thread
+        // decides: it goes through the queue (and leaves `queue_first` alone, as its wait
+        // is its line's, not the host's).
+        if rec.fifo.is_some() || self.queue_first.load(Ordering::Acquire) || self.endpoints.is_paused(&rec.endpoint) {
             return None;
         }
         let taken = self

@@ -5,7 +5,9 @@ use super::Deliverer;
 use crate::envelope::Envelope;
 use crate::store::{Accepted, EndpointRecord, SigningChoice};
 
-/// The alert body (CONTRACT §5).
+/// The alert body (CONTRACT §5), the same whichever way the endpoint paused itself (a
+/// streak of permanent failures, or an ordered line blocked behind a dead head: the log
+/// line says which).
 pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> {
     let at = crate::timefmt::rfc3339(now_ms);
     serde_json::json!({

@@ -116,6 +116,9 @@ pub struct Deliverer {
     idle: Notify,
     results: results::ResultWriter,
     trimmer: crate::trim::Trimmer,
+    /// `[[endpoint]]` keys with `ordering = "fifo"`, and what their dead heads do: looked up
+    /// once per accept (a route's ordering comes with the message from ingress).
+    fifo: HashMap<String, crate::model::OnDead>,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -165,6 +168,11 @@ impl Deliverer {
             now,
         );
         let endpoints = Arc::new(endpoints);
+        let fifo = cfg
+            .endpoints
+            .iter()
+            .filter_map(|e| Some((e.key.clone(), e.fifo?)))
+            .collect();
         let persist_lock = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
@@ -199,6 +207,7 @@ impl Deliverer {
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
             trimmer: Default::default(),
+            fifo,
         }))
     }
 
@@ -321,10 +330,20 @@ impl Deliverer {
     }
 
     /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
-    /// messages back in the queue at once and wakes the scheduler.
+    /// messages back in the queue at once and wakes the scheduler. A resume of an ordered
+    /// endpoint blocked behind a dead head lets the next message go.
     pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), crate::store::StoreError> {
         let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
         let now = self.clock.now_ms();
+        if !paused {
+            // Before the endpoint is active again (and durably so): a crash in between
+            // leaves it paused with its line moved on, never active with its line blocked,
+            // which startup would take for a block whose pause was lost.
+            let (store, key) = (self.store.clone(), endpoint.to_string());
+            if self.on_delivery_threads(move || store.unblock_line(&key, now))? {
+                tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "ordered line unblocked: the next message goes");
+            }
+        }
         self.endpoints.set_paused(endpoint, paused, now);
         self.persist_endpoint(endpoint, true)?;
         if paused {
@@ -427,11 +446,33 @@ impl Deliverer {
 
     /// What startup puts right before anything is scheduled: messages left in flight by
     /// the last process go back to the queue with their attempt count (courier's failure,
-    /// not the receiver's), and parked messages of endpoints that are not paused are
-    /// requeued. Returns (requeued in-flight, requeued parked).
-    pub fn recover_at_start(&self) -> Result<(usize, usize), crate::store::StoreError> {
-        let in_flight = self.store.recover_in_flight(self.clock.now_ms())?;
-        Ok((in_flight, self.recover_parked()?))
+    /// not the receiver's), ordered lines are repaired (see `Store::recover_lines`), an
+    /// endpoint whose line is blocked behind a dead head is paused (a crash can fall between
+    /// the block and its pause), and parked messages of endpoints that are not paused are
+    /// requeued. Returns (requeued in-flight, requeued parked, endpoints paused here).
+    pub fn recover_at_start(&self) -> Result<(usize, usize, Vec<String>), crate::store::StoreError> {
+        let now = self.clock.now_ms();
+        let in_flight = self.store.recover_in_flight(now)?;
+        let mut paused = Vec::new();
+        for endpoint in self.store.recover_lines(now)? {
+            if !self.endpoints.is_paused(&endpoint) {
+                self.endpoints.set_paused(&endpoint, true, now);
+                self.persist_endpoint(&endpoint, true)?;
+                paused.push(endpoint);
+            }
+        }
+        Ok((in_flight, self.recover_parked()?, paused))
+    }
+
+    /// Marks an accepted message ordered when its endpoint is configured `fifo` (that wins
+    /// over the route's ordering, which ingress set).
+    fn order(&self, rec: &mut crate::store::MessageRecord) {
+        if let Some(on_dead) = self.fifo.get(&rec.endpoint) {
+            rec.fifo = Some(crate::store::Fifo {
+                on_dead: *on_dead,
+                pos: 0,
+            });
+        }
     }
 
     /// At startup: requeues the parked messages of every endpoint that is not paused (a

@@ -173,16 +173,31 @@ impl Writer {
         let mut synced = false;
         for (note, answer) in notes.iter().zip(answers) {
             let change = match answer {
-                Ok(Some(_)) => self
-                    .endpoints
-                    .record(&note.endpoint, note.event, note.status, now_ms, || {
-                        self.store.endpoint(&note.endpoint)
-                    })
-                    .unwrap_or_else(|e| {
-                        tracing::error!(endpoint = %crate::redact::url_for_log(&note.endpoint), error = %e,
-                            "reading endpoint state failed; its streak starts again");
-                        EndpointChange::None
-                    }),
+                Ok(Some(rec)) => {
+                    let change = self
+                        .endpoints
+                        .record(&note.endpoint, note.event, note.status, now_ms, || {
+                            self.store.endpoint(&note.endpoint)
+                        })
+                        .unwrap_or_else(|e| {
+                            tracing::error!(endpoint = %crate::redact::url_for_log(&note.endpoint), error = %e,
+                                "reading endpoint state failed; its streak starts again");
+                            EndpointChange::None
+                        });
+                    // The head of an ordered line died with `on_dead = "block"`: the line was
+                    // blocked in the result's own batch; the endpoint pauses, as after a
+                    // streak (written with this batch's endpoint writes, and alerted).
+                    let dead = rec.state == crate::model::State::Dead;
+                    let blocks = dead && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block);
+                    if blocks
+                        && !matches!(change, EndpointChange::Paused(_))
+                        && !self.endpoints.is_paused(&note.endpoint)
+                    {
+                        EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
+                    } else {
+                        change
+                    }
+                }
                 _ => EndpointChange::None,
             };
             if let EndpointChange::Changed(rec) | EndpointChange::Paused(rec) = &change {

@@ -217,6 +217,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     if let Transition::RetryAt(_) = transition {
         // A new due entry, maybe earlier than the scheduler's next wake-up.
         d.wake.notify_one();
+    } else if rec.fifo.is_some() {
+        // The next of its line was promoted with this result, due now.
+        d.wake.notify_one();
     } else {
         d.wake_if_waiting();
     }
@@ -266,10 +269,20 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
 
     // The streak was written with the result; a pause is worth a warning and an alert.
     if let EndpointChange::Paused(ep) = endpoint_change {
-        tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
-            "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
+        if blocks_its_line(rec, transition) {
+            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), delivery_id = %rec.id,
+                "endpoint paused: the head of its ordered line is dead (on_dead = block); resume it with `courier endpoints resume` or replay the message");
+        } else {
+            tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
+                "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
+        }
         super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
     }
+}
+
+/// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
+pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {
+    matches!(transition, Transition::Dead(_)) && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block)
 }
 
 /// One attempt counted as in flight to its endpoint until dropped.

@@ -88,6 +88,12 @@ pub(super) fn delivery_detail(d: &Value) -> String {
         "last_error",
     ];
     let mut out: Vec<String> = fields.iter().map(|f| format!("{f:<16}{}", cell(&d[*f]))).collect();
+    // An ordered message's line, shown only for those (unordered output stays as it was).
+    if d["ordering"] == "fifo" {
+        for f in ["ordering", "on_dead", "line_position", "line_head"] {
+            out.push(format!("{f:<16}{}", cell(&d[f])));
+        }
+    }
     // The policy the next attempt is made under (the config's now), with its revision: an
     // attempt below made under another revision ran under settings since changed.
     out.push(format!("{:<16}{}", "policy", cell(&d["policy"]["summary"])));
@@ -116,24 +122,44 @@ pub(super) fn delivery_detail(d: &Value) -> String {
 
 /// `courier endpoints list`: one row per endpoint.
 pub(super) fn endpoints_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|e| {
-                    vec![
-                        cell(&e["key"]),
-                        cell(&e["state"]),
-                        cell(&e["permanent_failure_streak"]),
-                        cell(&e["in_flight"]),
-                        cell(&e["pending"]),
-                    ]
-                })
-                .collect()
+    let items = v["items"].as_array().map(Vec::as_slice).unwrap_or_default();
+    // The line columns appear when some endpoint listed is ordered: the table of a courier
+    // without ordered endpoints is as it always was.
+    let ordered = items.iter().any(|e| e["ordering"] == "fifo");
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|e| {
+            let mut row = vec![
+                cell(&e["key"]),
+                cell(&e["state"]),
+                cell(&e["permanent_failure_streak"]),
+                cell(&e["in_flight"]),
+                cell(&e["pending"]),
+            ];
+            if ordered {
+                let fifo = e["ordering"] == "fifo";
+                row.push(if fifo { "fifo".into() } else { "none".into() });
+                row.push(if fifo { cell(&e["line_waiting"]) } else { "-".into() });
+                row.push(line_head(e));
+            }
+            row
         })
-        .unwrap_or_default();
-    table(&["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"], &rows)
+        .collect();
+    let mut headers = vec!["ENDPOINT", "STATE", "STREAK", "IN_FLIGHT", "PENDING"];
+    if ordered {
+        headers.extend(["ORDERING", "WAITING", "HEAD"]);
+    }
+    table(&headers, &rows)
+}
+
+/// An ordered endpoint's head, `blocked:<id>` when its line is blocked behind it.
+fn line_head(e: &Value) -> String {
+    let head = cell(&e["line_head"]);
+    if e["line_blocked"] == true {
+        format!("blocked:{head}")
+    } else {
+        head
+    }
 }
 
 /// `courier hosts list`: one row per host.

@@ -29,8 +29,12 @@ pub fn step(w: &World) -> Result<(), String> {
 }
 
 /// The caps: never more in flight to one host than its cap, to one endpoint than its
-/// `max_in_flight`, nor in all than `delivery.max_in_flight`.
+/// `max_in_flight`, nor in all than `delivery.max_in_flight`; and ordered endpoints'
+/// attempts in order, one at a time.
 fn limits(w: &World) -> Result<(), String> {
+    if let Some(v) = w.rx.order.violations().first() {
+        return Err(format!("ordering broken: {v}"));
+    }
     let cap = w.config().delivery.max_in_flight_per_host as usize;
     let (per_host, total) = w.rx.max_in_flight();
     let all = w.config().delivery.max_in_flight as usize;

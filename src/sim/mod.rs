@@ -14,8 +14,11 @@
 //! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
 //! indexes and counters agree with its records, attempts counted equal attempts seen (less
 //! those a crash cut), no attempt comes before its backoff or `Retry-After`, the host caps,
-//! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and event ids arrive as accepted with a fresh timestamp per attempt, and a
-//! duplicate is acknowledged only when its original is stored.
+//! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and
+//! event ids arrive as accepted with a fresh timestamp per attempt, a
+//! duplicate is acknowledged only when its original is stored, and for the ordered endpoints
+//! (one `on_dead = "skip"`, one `"block"`) attempts start in acceptance order and never
+//! overlap ([`order`]).
 //!
 //! Limits, said plainly: the commit and result-writer threads are real threads, so the
 //! order in which one batch's members reach the commit thread can vary between runs of one
@@ -29,6 +32,7 @@
 //! a failure prints its seed, the steps that led to it and the command that replays it.
 
 mod check;
+mod order;
 mod receiver;
 mod world;
 

@@ -63,6 +63,8 @@ struct State {
 pub struct SimTransport {
     clock: Arc<ManualClock>,
     state: Mutex<State>,
+    /// The ordering invariant, checked as each attempt arrives.
+    pub order: super::order::OrderBook,
 }
 
 impl SimTransport {
@@ -81,6 +83,7 @@ impl SimTransport {
                 in_flight_endpoint: BTreeMap::new(),
                 max_per_endpoint: BTreeMap::new(),
             }),
+            order: Default::default(),
         })
     }
 
@@ -120,6 +123,7 @@ impl SimTransport {
         st.held.clear();
         st.in_flight.clear();
         st.in_flight_endpoint.clear();
+        self.order.reset_in_flight();
     }
 
     /// The most attempts ever in flight at once to one host, per host, and in total.
@@ -133,12 +137,13 @@ impl SimTransport {
         self.lock().max_per_endpoint.clone()
     }
 
-    fn ended(&self, host: &str, endpoint: &str) {
+    fn ended(&self, host: &str, url: &str) {
+        self.order.ended(url);
         let mut st = self.lock();
         if let Some(n) = st.in_flight.get_mut(host) {
             *n = n.saturating_sub(1);
         }
-        if let Some(n) = st.in_flight_endpoint.get_mut(endpoint) {
+        if let Some(n) = st.in_flight_endpoint.get_mut(url) {
             *n = n.saturating_sub(1);
         }
     }
@@ -225,15 +230,17 @@ impl Transport for SimTransport {
         let max = st.max_per_host.entry(host.clone()).or_default();
         *max = (*max).max(now_host);
         st.max_total = st.max_total.max(total);
-        let endpoint = req.url.to_string();
+        let url = req.url.to_string();
         let now_endpoint = {
-            let n = st.in_flight_endpoint.entry(endpoint.clone()).or_default();
+            let n = st.in_flight_endpoint.entry(url.clone()).or_default();
             *n += 1;
             *n
         };
-        let max = st.max_per_endpoint.entry(endpoint.clone()).or_default();
+        let max = st.max_per_endpoint.entry(url.clone()).or_default();
         *max = (*max).max(now_endpoint);
         let index = st.log.len();
+        let event = header(&req, crate::signing::WEBHOOK_ID);
+        self.order.started(&url, &event, now);
         st.log.push(Seen {
             event_id: header(&req, crate::signing::WEBHOOK_ID),
             url: req.url.to_string(),
@@ -244,7 +251,7 @@ impl Transport for SimTransport {
         });
         match answer {
             Some(a) => Box::pin(async move {
-                self.ended(&host, &endpoint);
+                self.ended(&host, &url);
                 respond(a)
             }),
             None => {
@@ -253,7 +260,7 @@ impl Transport for SimTransport {
                 Box::pin(async move {
                     match rx.await {
                         Ok(a) => {
-                            self.ended(&host, &endpoint);
+                            self.ended(&host, &url);
                             respond(a)
                         }
                         // Dropped by a crash: this attempt never ends (its task is gone).

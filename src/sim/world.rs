@@ -34,8 +34,20 @@ fn store_has(store: &Store, id: &str) -> bool {
     store.message(id).ok().flatten().is_some()
 }
 
-/// The endpoints of a run: two on one host (its cap is shared), one on another.
-pub const TARGETS: [&str; 3] = ["https://h1.sim/a", "https://h1.sim/b", "https://h2.sim/c"];
+/// The endpoints of a run: two on one host (its cap is shared), one on another, and one
+/// ordered endpoint on each host (`on_dead = "skip"` on h1, `"block"` on h2).
+pub const TARGETS: [&str; 5] = [
+    "https://h1.sim/a",
+    "https://h1.sim/b",
+    "https://h2.sim/c",
+    "https://h1.sim/fifo",
+    "https://h2.sim/fifo-block",
+];
+/// The ordered endpoints among [`TARGETS`], with what their dead heads do.
+pub const ORDERED: [(&str, crate::model::OnDead); 2] = [
+    ("https://h1.sim/fifo", crate::model::OnDead::Skip),
+    ("https://h2.sim/fifo-block", crate::model::OnDead::Block),
+];
 const T0: u64 = 1_750_000_000_000;
 
 /// What the simulator knows must be true.
@@ -100,19 +112,29 @@ pub fn sim_config() -> Config {
     c.circuit.failures = 3;
     c.circuit.probe_delay = Duration::from_secs(2);
     c.circuit.probe_max_delay = Duration::from_secs(30);
+    c.retention = Duration::from_secs(2 * 3600);
+    c.dead_retention = Duration::from_secs(4 * 3600);
+    c.signing.secrets = vec![crate::signing::Secret::new("whsec_c2ltdWxhdGlvbi1zZWNyZXQ=".into())];
+    c.endpoints = ORDERED
+        .iter()
+        .map(|(key, on_dead)| crate::config::EndpointConfig {
+            key: key.to_string(),
+            rate_per_second: None,
+            fifo: Some(*on_dead),
+            policy: Default::default(),
+        })
+        .collect();
     // One endpoint capped below its host's cap, so the endpoint cap binds too (no other
     // policy key: the gap check assumes the global backoff).
-    c.endpoints = vec![crate::config::EndpointConfig {
+    c.endpoints.push(crate::config::EndpointConfig {
         key: TARGETS[0].to_string(),
         rate_per_second: None,
+        fifo: None,
         policy: crate::config::PolicyOverrides {
             max_in_flight: Some(1),
             ..Default::default()
         },
-    }];
-    c.retention = Duration::from_secs(2 * 3600);
-    c.dead_retention = Duration::from_secs(4 * 3600);
-    c.signing.secrets = vec![crate::signing::Secret::new("whsec_c2ltdWxhdGlvbi1zZWNyZXQ=".into())];
+    });
     c
 }
 
@@ -132,6 +154,7 @@ impl World {
         let data = dir.path().join("data");
         let clock = ManualClock::new(T0);
         let rx = SimTransport::new(clock.clone(), StdRng::seed_from_u64(seed ^ 0x005e_ed0f_7ece_1e7e));
+        rx.order.set_ordered(ORDERED.iter().map(|(e, _)| e.to_string()));
         let mut w = World {
             rng: StdRng::seed_from_u64(seed),
             _dir: dir,
@@ -353,11 +376,16 @@ impl World {
             .faults()
             .fail_accepts
             .store(0, std::sync::atomic::Ordering::SeqCst);
-        // New ones first: a duplicate in the same batch refers to one of them.
+        // New ones first: a duplicate in the same batch refers to one of them. Sent together,
+        // they share one generation of the ordering model.
+        let generation = self.rx.order.next_generation();
         let mut duplicates = Vec::new();
         for ((answer, id), (event, target, body)) in answers.into_iter().zip(ids).zip(batch) {
             match answer {
                 Ok(Accepted::New) => {
+                    if self.rx.order.is_ordered(&target) {
+                        self.rx.order.accepted(&event, &id, &target, generation);
+                    }
                     self.model.by_event.insert((event.clone(), target.clone()), id.clone());
                     self.model.acked.insert(id, (event, target, body));
                 }
@@ -399,6 +427,8 @@ impl World {
     pub fn pass(&mut self, mid_pass_operator: bool) -> Option<String> {
         let node = self.node.as_mut().expect("running");
         let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
+        // Attempts start only in passes: what is open now is what they must not overtake.
+        self.rx.order.refresh_from(&d.store);
         let _g = handle.enter();
         let mut note = None;
         let (_, resume) = crate::scheduler::pass_with(&d, resume, &mut || {
@@ -435,25 +465,31 @@ impl World {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
+                        let ordered = self.rx.order.before_replay(&d.store, std::slice::from_ref(id));
                         let r = d.store.replay(id, now, |_| give_up).expect("replay");
+                        self.rx.order.after_replay(ordered);
                         format!("replay {id}: {r:?}")
                     }
                     None => "replay: nothing dead".into(),
                 }
             }
             4 => {
+                let ordered = self.rx.order.before_replay(&d.store, &self.list(State::Dead));
                 let n = d
                     .store
                     .replay_dead(&ListFilter::default(), now, |_| give_up)
                     .expect("bulk replay");
+                self.rx.order.after_replay(ordered);
                 format!("bulk replay: {n}")
             }
             _ => {
                 let ids: Vec<String> = self.model.acked.keys().cloned().collect();
                 match ids.get(self.rng.random_range(0..ids.len().max(1))) {
                     Some(id) => {
-                        let gone = d.store.delete(id).expect("delete");
-                        self.model.acked.remove(id);
+                        let gone = d.store.delete(id, now).expect("delete");
+                        if let Some((event, _, _)) = self.model.acked.remove(id) {
+                            self.rx.order.deleted(&event);
+                        }
                         self.model.deleted.insert(id.clone());
                         format!("delete {id}: {gone}")
                     }

@@ -1,6 +1,7 @@
 //! A consistency audit of the whole store, for tests and the simulator: every record in
 //! exactly one state with the index entries that state needs, no index entry without its
-//! record, and counters equal to what they count. It reads everything: never in production.
+//! record, counters equal to what they count, and every ordered endpoint's line whole (one
+//! head, the rest waiting with no due entry). It reads everything: never in production.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,6 +48,8 @@ impl Store {
             parked.insert(id, endpoint);
         }
 
+        let lines = self.audit_lines(&records, quiescent, &mut problems)?;
+
         let mut open = 0u64;
         let (mut delivered, mut dead) = (0u64, 0u64);
         let mut open_per_endpoint: BTreeMap<String, u64> = BTreeMap::new();
@@ -61,6 +64,15 @@ impl Store {
             let due_times = due.get(id).cloned().unwrap_or_default();
             let is_parked = parked.get(id).is_some_and(|e| *e == rec.endpoint);
             match rec.state {
+                State::Pending if rec.fifo.is_some_and(|f| f.pos > 0) => {
+                    // Waiting in its line: no due entry, not parked (`audit_lines` checks the
+                    // line holds it).
+                    open += 1;
+                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
+                    if !due_times.is_empty() || is_parked {
+                        problems.push(format!("{id}: waiting in its line but queued or parked"));
+                    }
+                }
                 State::Pending => {
                     open += 1;
                     *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
@@ -99,6 +111,10 @@ impl Store {
                 problems.push(format!("{id}: an index entry without its record"));
             }
         }
+        let lined = self.lined()?;
+        if lined != lines {
+            problems.push(format!("lined counter {lined} but {lines} members in lines"));
+        }
         let counts = self.counts()?;
         if (counts.open, counts.delivered, counts.dead) != (open, delivered, dead) {
             problems.push(format!(
@@ -126,5 +142,98 @@ impl Store {
             ));
         }
         Ok(problems)
+    }
+
+    /// The `lines` family against the records: every line record's head is its endpoint's
+    /// open head (or the dead head it is blocked behind, or a head deleted in flight), every
+    /// member is a pending ordered message waiting at its place, and every open ordered
+    /// message is in its line. Returns the number of members.
+    fn audit_lines(
+        &self,
+        records: &BTreeMap<String, MessageRecord>,
+        quiescent: bool,
+        problems: &mut Vec<String>,
+    ) -> Result<u64, StoreError> {
+        let mut heads: BTreeMap<String, super::LineRecord> = BTreeMap::new();
+        let mut members: BTreeMap<(String, u64), String> = BTreeMap::new();
+        for item in self.db.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
+            let (k, v) = item?;
+            match keys::split_line_key(&k) {
+                Some((endpoint, None)) => {
+                    let line = self.line(endpoint)?.expect("just listed");
+                    heads.insert(endpoint.to_string(), line);
+                }
+                Some((endpoint, Some(pos))) => {
+                    members.insert((endpoint.to_string(), pos), String::from_utf8_lossy(&v).into_owned());
+                }
+                None => problems.push(format!("lines: a key without an endpoint: {k:?}")),
+            }
+        }
+        for (endpoint, line) in &heads {
+            let waiting: Vec<u64> = members.keys().filter(|(e, _)| e == endpoint).map(|(_, p)| *p).collect();
+            if line.waiting != waiting.len() as u64 {
+                problems.push(format!(
+                    "line {endpoint}: waiting {} but {} members",
+                    line.waiting,
+                    waiting.len()
+                ));
+            }
+            if waiting.iter().any(|p| *p > line.tail) {
+                problems.push(format!("line {endpoint}: a member past the tail {}", line.tail));
+            }
+            match records.get(&line.head) {
+                None if !quiescent && self.is_ghost_head(&line.head) => {}
+                None => problems.push(format!("line {endpoint}: head {} does not exist", line.head)),
+                Some(h) if h.endpoint != *endpoint || h.fifo.is_none_or(|f| f.pos != 0) => {
+                    problems.push(format!("line {endpoint}: head {} is not this line's head", line.head))
+                }
+                Some(h) if line.blocked && h.state != State::Dead => problems.push(format!(
+                    "line {endpoint}: blocked behind {} which is {:?}",
+                    line.head, h.state
+                )),
+                Some(h) if !line.blocked && !matches!(h.state, State::Pending | State::InFlight) => {
+                    problems.push(format!(
+                        "line {endpoint}: head {} is {:?} and the line goes on",
+                        line.head, h.state
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        for ((endpoint, pos), id) in &members {
+            if !heads.contains_key(endpoint) {
+                problems.push(format!("line {endpoint}: member {id} without a line record"));
+            }
+            match records.get(id) {
+                Some(r)
+                    if r.state == State::Pending
+                        && r.endpoint == *endpoint
+                        && r.fifo.is_some_and(|f| f.pos == *pos) => {}
+                Some(r) => problems.push(format!(
+                    "line {endpoint}: member {id} at {pos} is {:?} {:?}",
+                    r.state, r.fifo
+                )),
+                None => problems.push(format!("line {endpoint}: member {id} does not exist")),
+            }
+        }
+        for (id, rec) in records {
+            let Some(fifo) = rec.fifo else { continue };
+            let open = matches!(rec.state, State::Pending | State::InFlight);
+            let problem = if !open {
+                None
+            } else if fifo.pos == 0 {
+                let head = heads.get(&rec.endpoint).is_some_and(|l| l.head == *id && !l.blocked);
+                (!head).then(|| format!("{id}: ordered and queued but not its line's head"))
+            } else if rec.state == State::InFlight || members.get(&(rec.endpoint.clone(), fifo.pos)) != Some(id) {
+                Some(format!(
+                    "{id}: {:?} at {} but its line does not hold it",
+                    rec.state, fifo.pos
+                ))
+            } else {
+                None
+            };
+            problems.extend(problem);
+        }
+        Ok(members.len() as u64)
     }
 }

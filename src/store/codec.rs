@@ -2,7 +2,7 @@
 //! and a version byte; a record of an unknown version is an error ([`CodecError`]),
 //! never skipped, so an old binary cannot silently drop what a newer one wrote.
 
-use crate::model::{DeadReason, SignatureScheme, State};
+use crate::model::{DeadReason, OnDead, SignatureScheme, State};
 
 /// A stored record that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,8 +24,12 @@ pub enum CodecError {
 }
 
 const MESSAGE_V1: [u8; 2] = [b'M', 1];
-/// Version 2 adds the route a message was accepted through.
+/// A message of an ordered endpoint: version 1 plus its [`Fifo`] place. Unordered messages
+/// are still written as version 1, so a courier from before ordering reads them.
 const MESSAGE_V2: [u8; 2] = [b'M', 2];
+/// Version 1 plus an optional [`Fifo`] place and the route the message was accepted
+/// through; written only for messages that came through a route.
+const MESSAGE_V3: [u8; 2] = [b'M', 3];
 const PAYLOAD_V1: [u8; 2] = [b'P', 1];
 const ATTEMPT_V1: [u8; 2] = [b'A', 1];
 /// Version 2 adds the revision of the policy the attempt was made under.
@@ -72,6 +76,19 @@ pub struct MessageRecord {
     pub last_status: Option<u16>,
     /// The error of the last attempt, if any.
     pub last_error: Option<String>,
+    /// Set when the message is ordered (`ordering = "fifo"` on its endpoint or route at
+    /// acceptance): it is attempted only as the head of its endpoint's line.
+    pub fifo: Option<Fifo>,
+}
+
+/// An ordered message's part in its endpoint's line (see `store::lines`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fifo {
+    /// What its death does to the line, fixed at acceptance.
+    pub on_dead: OnDead,
+    /// Its place in the line while it waits behind the head (1, 2, ...: the line's own
+    /// counter); 0 while it is the head, and once it has left the line.
+    pub pos: u64,
 }
 
 /// How a message's attempts are signed, fixed at acceptance. Secrets named by key are
@@ -147,34 +164,35 @@ pub struct Routing {
     pub endpoint: String,
 }
 
-struct Writer(Vec<u8>);
+/// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).
+pub(super) struct Writer(pub(super) Vec<u8>);
 
 impl Writer {
-    fn new(tag: [u8; 2], capacity: usize) -> Self {
+    pub(super) fn new(tag: [u8; 2], capacity: usize) -> Self {
         let mut v = Vec::with_capacity(capacity + 2);
         v.extend_from_slice(&tag);
         Writer(v)
     }
-    fn u8(&mut self, v: u8) {
+    pub(super) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u16(&mut self, v: u16) {
+    pub(super) fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn u32(&mut self, v: u32) {
+    pub(super) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn u64(&mut self, v: u64) {
+    pub(super) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn bytes(&mut self, v: &[u8]) {
+    pub(super) fn bytes(&mut self, v: &[u8]) {
         self.u32(v.len() as u32);
         self.0.extend_from_slice(v);
     }
-    fn str(&mut self, v: &str) {
+    pub(super) fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
-    fn opt_u16(&mut self, v: Option<u16>) {
+    pub(super) fn opt_u16(&mut self, v: Option<u16>) {
         match v {
             Some(s) => {
                 self.u8(1);
@@ -183,7 +201,7 @@ impl Writer {
             None => self.u8(0),
         }
     }
-    fn opt_str(&mut self, v: Option<&str>) {
+    pub(super) fn opt_str(&mut self, v: Option<&str>) {
         match v {
             Some(s) => {
                 self.u8(1);
@@ -194,13 +212,14 @@ impl Writer {
     }
 }
 
-struct Reader<'a> {
+/// Reads a record built by [`Writer`] (shared with `lines`).
+pub(super) struct Reader<'a> {
     kind: &'static str,
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn new(kind: &'static str, tag: [u8; 2], buf: &'a [u8]) -> Result<Self, CodecError> {
+    pub(super) fn new(kind: &'static str, tag: [u8; 2], buf: &'a [u8]) -> Result<Self, CodecError> {
         match buf {
             [k, v, rest @ ..] if *k == tag[0] => {
                 if *v != tag[1] {
@@ -212,7 +231,7 @@ impl<'a> Reader<'a> {
             _ => Err(CodecError::Truncated(kind)),
         }
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         if self.buf.len() < n {
             return Err(CodecError::Truncated(self.kind));
         }
@@ -220,40 +239,40 @@ impl<'a> Reader<'a> {
         self.buf = rest;
         Ok(head)
     }
-    fn u8(&mut self) -> Result<u8, CodecError> {
+    pub(super) fn u8(&mut self) -> Result<u8, CodecError> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, CodecError> {
+    pub(super) fn u16(&mut self) -> Result<u16, CodecError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
-    fn u32(&mut self) -> Result<u32, CodecError> {
+    pub(super) fn u32(&mut self) -> Result<u32, CodecError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
-    fn u64(&mut self) -> Result<u64, CodecError> {
+    pub(super) fn u64(&mut self) -> Result<u64, CodecError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
-    fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
+    pub(super) fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
         let n = self.u32()? as usize;
         self.take(n)
     }
-    fn string(&mut self) -> Result<String, CodecError> {
+    pub(super) fn string(&mut self) -> Result<String, CodecError> {
         let b = self.bytes()?;
         String::from_utf8(b.to_vec()).map_err(|_| CodecError::Corrupt(self.kind, "text is not UTF-8"))
     }
-    fn flag(&mut self) -> Result<bool, CodecError> {
+    pub(super) fn flag(&mut self) -> Result<bool, CodecError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
             _ => Err(CodecError::Corrupt(self.kind, "bad flag byte")),
         }
     }
-    fn opt_u16(&mut self) -> Result<Option<u16>, CodecError> {
+    pub(super) fn opt_u16(&mut self) -> Result<Option<u16>, CodecError> {
         Ok(if self.flag()? { Some(self.u16()?) } else { None })
     }
-    fn opt_string(&mut self) -> Result<Option<String>, CodecError> {
+    pub(super) fn opt_string(&mut self) -> Result<Option<String>, CodecError> {
         Ok(if self.flag()? { Some(self.string()?) } else { None })
     }
-    fn end(self) -> Result<(), CodecError> {
+    pub(super) fn end(self) -> Result<(), CodecError> {
         if self.buf.is_empty() {
             Ok(())
         } else {
@@ -307,7 +326,13 @@ fn scheme_from(b: u8) -> Result<Option<SignatureScheme>, CodecError> {
 impl MessageRecord {
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(MESSAGE_V2, 128 + self.target.len() * 2);
+        // The oldest version that carries the record, so older couriers read what they can.
+        let tag = match (&self.route, self.fifo) {
+            (Some(_), _) => MESSAGE_V3,
+            (None, Some(_)) => MESSAGE_V2,
+            (None, None) => MESSAGE_V1,
+        };
+        let mut w = Writer::new(tag, 128 + self.target.len() * 2);
         w.str(&self.id);
         w.str(&self.event_id);
         w.str(&self.target);
@@ -324,16 +349,38 @@ impl MessageRecord {
         w.u8(reason_byte(self.dead_reason));
         w.opt_u16(self.last_status);
         w.opt_str(self.last_error.as_deref());
-        w.opt_str(self.route.as_deref());
+        let fifo = |w: &mut Writer, fifo: Fifo| {
+            w.u8(match fifo.on_dead {
+                OnDead::Skip => 0,
+                OnDead::Block => 1,
+            });
+            w.u64(fifo.pos);
+        };
+        match (&self.route, self.fifo) {
+            (Some(route), f) => {
+                w.u8(u8::from(f.is_some()));
+                if let Some(f) = f {
+                    fifo(&mut w, f);
+                }
+                w.str(route);
+            }
+            (None, Some(f)) => fifo(&mut w, f),
+            (None, None) => {}
+        }
         w.0
     }
 
-    /// Decodes a record written by [`MessageRecord::encode`], or by a courier that wrote
-    /// version 1 (no route: it reads as `None`).
+    /// Decodes a record of any version [`MessageRecord::encode`] writes: 1 (no fifo place,
+    /// no route), 2 (a fifo place) or 3 (maybe a fifo place, and a route).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let v1 = buf.get(..2) == Some(&MESSAGE_V1[..]);
-        let mut r = Reader::new("message", if v1 { MESSAGE_V1 } else { MESSAGE_V2 }, buf)?;
-        let rec = MessageRecord {
+        let version = buf.get(..2).filter(|t| t[0] == b'M').map_or(1, |t| t[1]);
+        let tag = match version {
+            2 => MESSAGE_V2,
+            3 => MESSAGE_V3,
+            _ => MESSAGE_V1,
+        };
+        let mut r = Reader::new("message", tag, buf)?;
+        let mut rec = MessageRecord {
             id: r.string()?,
             event_id: r.string()?,
             target: r.string()?,
@@ -351,11 +398,25 @@ impl MessageRecord {
             dead_reason: reason_from(r.u8()?)?,
             last_status: r.opt_u16()?,
             last_error: r.opt_string()?,
+            fifo: None,
         };
-        let rec = MessageRecord {
-            route: if v1 { None } else { r.opt_string()? },
-            ..rec
+        // Version 2: the fifo place; version 3: a flag and maybe the fifo place, then the route.
+        let has_fifo = match version {
+            2 => true,
+            3 => r.flag()?,
+            _ => false,
         };
+        if has_fifo {
+            let on_dead = match r.u8()? {
+                0 => OnDead::Skip,
+                1 => OnDead::Block,
+                _ => return Err(CodecError::Corrupt("message", "unknown on_dead")),
+            };
+            rec.fifo = Some(Fifo { on_dead, pos: r.u64()? });
+        }
+        if version == 3 {
+            rec.route = Some(r.string()?);
+        }
         r.end()?;
         Ok(rec)
     }

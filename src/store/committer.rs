@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::codec::{MessageRecord, Routing};
 use super::floor::DueFloor;
+use super::lines::{LineLocks, LineTx};
 use super::{keys, Accepted, CounterDeltas, Faults, StoreError};
 use crate::batcher::Batcher;
 use crate::model::State;
@@ -42,6 +43,7 @@ impl Committer {
         due_floor: Arc<DueFloor>,
         faults: Arc<Faults>,
         counter_gate: Arc<std::sync::RwLock<()>>,
+        lines: Arc<LineLocks>,
     ) -> Committer {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
@@ -49,7 +51,7 @@ impl Committer {
         let lower = crate::priority::lower_current_thread;
         let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
             let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
-            commit(&db, &due_floor, jobs, |batch| {
+            commit(&db, &due_floor, &lines, jobs, |batch| {
                 if faults.take(&faults.fail_accepts) {
                     return Err(StoreError::Injected);
                 }
@@ -83,8 +85,23 @@ impl Committer {
 
 /// Checks a batch of accepts for duplicates, writes the new ones with `write` (the synced
 /// write; a seam so tests can make it fail as a full disk does) and answers every caller.
-fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
+fn commit(
+    db: &DB,
+    due_floor: &DueFloor,
+    lines: &LineLocks,
+    jobs: Vec<Job>,
+    write: impl FnOnce(WriteBatch) -> Result<(), StoreError>,
+) {
     let cf = |name| db.cf_handle(name).expect("column family opened at start");
+    // Ordered messages: their lines are locked from the head-or-member decision until the
+    // batch is on disk, so no promotion reads a line this batch is changing (see `lines`).
+    let ordered: Vec<String> = jobs
+        .iter()
+        .filter(|j| j.record.fifo.is_some())
+        .map(|j| j.record.endpoint.clone())
+        .collect();
+    let _lines = lines.lock(ordered.iter().map(String::as_str));
+    let mut line_tx = LineTx::default();
     // Sized for the records up front: growing the batch's buffer copies it each time.
     let bytes: usize = jobs
         .iter()
@@ -99,9 +116,8 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
     // (the write can fail, the process can die before the fsync).
     let mut in_batch_duplicates = Vec::new();
     let mut min_due = u64::MAX;
-    for job in jobs {
-        let rec = &job.record;
-        let event_key = keys::pair_key(&rec.event_id, &rec.target);
+    for mut job in jobs {
+        let event_key = keys::pair_key(&job.record.event_id, &job.record.target);
         if let Some(id) = in_batch.get(&event_key) {
             in_batch_duplicates.push((job.reply, id.clone()));
             continue;
@@ -118,13 +134,31 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
                 continue;
             }
         }
+        // An ordered message is queued only as the head of its line; otherwise it waits in
+        // the line with no due entry (and its record carries its place).
+        let queued = if job.record.fifo.is_some() {
+            job.record.state = State::Pending;
+            match line_tx.join(db, &mut batch, &mut job.record) {
+                Ok(head) => {
+                    job.record_bytes = job.record.encode();
+                    head
+                }
+                Err(e) => {
+                    let _ = job.reply.send(Err(e));
+                    continue;
+                }
+            }
+        } else {
+            job.record.state == State::Pending
+        };
+        let rec = &job.record;
         let id = rec.id.as_str();
         batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), &job.record_bytes);
         batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
         // A message claimed at accept (its first attempt starts once this write is durable)
         // is stored in flight with no due entry, as a claim would leave it; a crash before
         // its result puts it back in the queue like any other attempt in flight.
-        if rec.state == State::Pending {
+        if queued {
             let routing = Routing {
                 host: rec.host.clone(),
                 endpoint: rec.endpoint.clone(),
@@ -147,6 +181,8 @@ fn commit(db: &DB, due_floor: &DueFloor, jobs: Vec<Job>, write: impl FnOnce(Writ
         return;
     }
     counters.write_into(&mut batch, cf(keys::META));
+    // Nothing to settle: accepts only join lines.
+    let _ = line_tx.write_into(db, &mut batch);
     match write(batch) {
         Ok(()) => {
             // Only now are the entries visible: report them to the scheduler's floor.
@@ -204,7 +240,7 @@ mod tests {
         let (_dir, store) = open();
         let (first, a1) = job(message("dlv_1", "evt", 10));
         let (dup, a2) = job(message("dlv_2", "evt", 10));
-        commit(&store.db, &store.due_floor, vec![first, dup], |_| {
+        commit(&store.db, &store.due_floor, &store.lines, vec![first, dup], |_| {
             Err(StoreError::Panicked("disk full (test)".into()))
         });
         assert!(
@@ -225,9 +261,13 @@ mod tests {
         let (dup, a2) = job(message("dlv_2", "evt", 10));
         let (other, a3) = job(message("dlv_3", "evt-other", 10));
         let db = store.db.clone();
-        commit(&store.db, &store.due_floor, vec![first, dup, other], move |batch| {
-            db.write(batch).map_err(StoreError::Rocks)
-        });
+        commit(
+            &store.db,
+            &store.due_floor,
+            &store.lines,
+            vec![first, dup, other],
+            move |batch| db.write(batch).map_err(StoreError::Rocks),
+        );
         assert_eq!(a1.blocking_recv().unwrap().unwrap(), Accepted::New);
         assert_eq!(
             a2.blocking_recv().unwrap().unwrap(),

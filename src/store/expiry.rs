@@ -6,6 +6,7 @@
 
 use rocksdb::{ReadOptions, WriteBatch};
 
+use super::lines::LineTx;
 use super::{keys, State, Store, StoreError};
 
 impl Store {
@@ -33,11 +34,16 @@ impl Store {
             let _g = self.lock(&id);
             let mut b = WriteBatch::default();
             b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(ms, &id));
-            if let Some(rec) = self.message(&id)? {
+            let rec = self.message(&id)?;
+            // A dead head its line is blocked behind hands over to the next when it goes.
+            let ordered = rec.as_ref().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
+            let _line = self.lock_lines(ordered.into_iter());
+            let mut tx = LineTx::default();
+            if let Some(rec) = &rec {
                 if matches!(rec.state, State::Delivered | State::Dead) {
                     let due = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
                     if due <= now_ms {
-                        self.remove(&mut b, &rec)?;
+                        self.remove(&mut b, &mut tx, rec, now_ms)?;
                         removed += 1;
                     } else if due != ms {
                         // Retention was lengthened since this entry was written.
@@ -45,7 +51,7 @@ impl Store {
                     }
                 }
             }
-            self.write(b)?;
+            self.write_with_lines(b, tx, false)?;
         }
         Ok(removed)
     }

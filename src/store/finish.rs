@@ -7,6 +7,7 @@
 
 use rocksdb::WriteBatch;
 
+use super::lines::LineTx;
 use super::{keys, AttemptRecord, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
@@ -37,25 +38,42 @@ impl Store {
     /// answered `None` (stale), as it would be after the first was written.
     pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
         let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
+        // Each record is read once, here: the ordered ones say which lines to lock (after
+        // the id stripes, as every line change does), before anything is staged.
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        let records: Vec<Option<Result<Option<MessageRecord>, StoreError>>> = items
+            .iter()
+            .map(|item| seen.insert(item.id.as_str()).then(|| self.message(&item.id)))
+            .collect();
+        let mut line_endpoints: Vec<String> = Vec::new();
+        for (item, rec) in items.iter().zip(&records) {
+            match rec {
+                Some(Ok(Some(rec))) if rec.fifo.is_some() => line_endpoints.push(rec.endpoint.clone()),
+                Some(Ok(None)) => line_endpoints.extend(self.lines.ghost_of(&item.id)),
+                _ => {}
+            }
+        }
+        let _lines = self.lock_lines(line_endpoints.iter().map(String::as_str));
+        let mut tx = LineTx::default();
         let mut b = WriteBatch::default();
         let mut counters = CounterDeltas::default();
         let mut out = Vec::with_capacity(items.len());
         let mut min_retry = u64::MAX;
-        let mut seen = std::collections::HashSet::with_capacity(items.len());
-        for item in items {
-            if !seen.insert(item.id.as_str()) {
-                // Every record is read before any write lands: applying it again would
-                // count the attempt twice.
+        for (item, rec) in items.iter().zip(records) {
+            // A second item for an id already in the call: every record is read before any
+            // write lands, so applying it again would count the attempt twice.
+            let Some(rec) = rec else {
                 out.push(Ok(None));
                 continue;
-            }
-            let staged = self.stage_finish(&mut b, &mut counters, item);
+            };
+            let staged = rec.and_then(|rec| self.stage_finish(&mut b, &mut counters, &mut tx, item, rec));
             if let (Ok(Some(_)), Transition::RetryAt(at)) = (&staged, item.transition) {
                 min_retry = min_retry.min(at);
             }
             out.push(staged);
         }
-        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) {
+        // A stale result of a head deleted in flight still moves its line on.
+        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) && tx.is_empty() {
             self.end_leases(items);
             return out;
         }
@@ -63,14 +81,20 @@ impl Store {
         if self.faults.take(&self.faults.fail_results) {
             return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
         }
+        let line_due = tx.min_due;
+        let settled = tx.write_into(&self.db, &mut b);
         if let Err(e) = self.db.write_opt(b, &self.plain) {
             return out
                 .into_iter()
                 .map(|r| r.and(Err(StoreError::Rocks(e.clone()))))
                 .collect();
         }
+        self.forget_ghosts(&settled);
         if min_retry != u64::MAX {
             self.due_floor.wrote(min_retry);
+        }
+        if let Some(due) = line_due {
+            self.due_floor.wrote(due);
         }
         // Only now, with the stripes still held: the scheduler must not lease a message
         // again before its result is visible.
@@ -84,12 +108,15 @@ impl Store {
         }
     }
 
-    /// Adds one finished attempt's writes to `b`; the caller holds the id's stripe.
+    /// Adds one finished attempt's writes to `b` (and its line's to `tx`); the caller holds
+    /// the id's stripe and, for an ordered message, its line's.
     fn stage_finish(
         &self,
         b: &mut WriteBatch,
         counters: &mut CounterDeltas,
+        tx: &mut LineTx,
         item: &FinishedAttempt,
+        rec: Option<MessageRecord>,
     ) -> Result<Option<MessageRecord>, StoreError> {
         let FinishedAttempt {
             id,
@@ -98,7 +125,9 @@ impl Store {
             now_ms,
         } = item;
         let (id, now_ms) = (id.as_str(), *now_ms);
-        let Some(mut rec) = self.message(id)? else {
+        let Some(mut rec) = rec else {
+            // Deleted while in flight: if it headed a line, the next goes now.
+            self.settle_ghost(b, tx, id, now_ms)?;
             return Ok(None);
         };
         // In flight on disk (claimed at accept), or pending on disk and leased (claimed by
@@ -152,6 +181,7 @@ impl Store {
                 counters.add(counter, 1);
             }
         }
+        self.line_after_attempt(b, tx, &rec, now_ms)?;
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         Ok(Some(rec))
     }
@@ -163,6 +193,13 @@ impl Store {
         let leased = self.leases.contains(id);
         let Some(mut rec) = self.message(id)? else {
             self.leases.remove(id);
+            // Deleted while in flight: if it headed a line, the next goes now.
+            if let Some(endpoint) = self.lines.ghost_of(id) {
+                let _line = self.lock_lines(std::iter::once(endpoint.as_str()));
+                let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+                self.settle_ghost(&mut b, &mut tx, id, due_ms)?;
+                self.write_with_lines(b, tx, false)?;
+            }
             return Ok(false);
         };
         let mut b = WriteBatch::default();

@@ -3,8 +3,8 @@
 //! iterating `expiry` yields them in expiry order.
 
 /// Column family names, in the order they are opened.
-pub const CF_NAMES: [&str; 10] = [
-    MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META,
+pub const CF_NAMES: [&str; 11] = [
+    MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META, LINES,
 ];
 /// id → mutable message record (state, attempts, times, last result).
 pub const MESSAGES: &str = "messages";
@@ -25,6 +25,9 @@ pub const ENDPOINTS: &str = "endpoints";
 /// counter name → i64 (little-endian), updated with a merge operator in the same
 /// batch as the transition it counts.
 pub const META: &str = "meta";
+/// Ordered endpoints' lines: endpoint ‖ 0 → line record (head, blocked, counters), and
+/// endpoint ‖ 0 ‖ be64(position) → id for each message waiting behind the head.
+pub const LINES: &str = "lines";
 /// be64(remove-at millis) ‖ id → empty: retention of delivered and dead messages.
 pub const EXPIRY: &str = "expiry";
 
@@ -69,6 +72,29 @@ pub fn pair_prefix(a: &str) -> Vec<u8> {
     pair_key(a, "")
 }
 
+/// `endpoint ‖ 0`: the key of an ordered endpoint's line record. It sorts before every
+/// waiting member of that line, so one seek finds the record and then the first member.
+pub fn line_key(endpoint: &str) -> Vec<u8> {
+    pair_prefix(endpoint)
+}
+
+/// `endpoint ‖ 0 ‖ be64(pos)`: a message waiting in an ordered endpoint's line.
+pub fn line_member_key(endpoint: &str, pos: u64) -> Vec<u8> {
+    let mut k = pair_prefix(endpoint);
+    k.extend_from_slice(&pos.to_be_bytes());
+    k
+}
+
+/// Splits a `lines` key into its endpoint and, for a member, its position.
+pub fn split_line_key(key: &[u8]) -> Option<(&str, Option<u64>)> {
+    let end = key.iter().position(|b| *b == 0)?;
+    let endpoint = std::str::from_utf8(&key[..end]).ok()?;
+    match &key[end + 1..] {
+        [] => Some((endpoint, None)),
+        pos => Some((endpoint, Some(u64::from_be_bytes(pos.try_into().ok()?)))),
+    }
+}
+
 /// `id ‖ be32(attempt)`.
 pub fn history_key(id: &str, attempt: u32) -> Vec<u8> {
     let mut k = Vec::with_capacity(id.len() + 4);
@@ -96,6 +122,8 @@ pub const COUNT_OPEN: &[u8] = b"count/open";
 pub const COUNT_DELIVERED: &[u8] = b"count/delivered";
 /// Counter of dead messages still retained.
 pub const COUNT_DEAD: &[u8] = b"count/dead";
+/// Counter of messages waiting in ordered endpoints' lines (behind their head).
+pub const COUNT_LINED: &[u8] = b"count/lined";
 /// Prefix of the per-endpoint open counters.
 pub const COUNT_OPEN_ENDPOINT: &[u8] = b"open/";
 
@@ -137,6 +165,17 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
         assert_eq!(prefix_end(&[1, 0xff]), vec![2]);
         assert_eq!(prefix_end(&[0xff, 0xff]), vec![0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn a_line_record_sorts_before_its_members_and_members_by_position() {
+        let e = "https://a.example/x";
+        assert!(line_key(e) < line_member_key(e, 0));
+        assert!(line_member_key(e, 255) < line_member_key(e, 256));
+        assert!(line_member_key(e, u64::MAX) < prefix_end(&line_key(e)));
+        assert_eq!(split_line_key(&line_key(e)), Some((e, None)));
+        assert_eq!(split_line_key(&line_member_key(e, 300)), Some((e, Some(300))));
+        assert_eq!(split_line_key(b"no-separator"), None);
     }
 
     #[test]

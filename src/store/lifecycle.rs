@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use super::counters::add_counter;
-use super::{committer, floor, keys, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
+use super::{committer, floor, keys, lines, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
@@ -79,8 +79,14 @@ impl Store {
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
         let counter_gate = Arc::new(std::sync::RwLock::new(()));
-        let committer =
-            committer::Committer::start(db.clone(), due_floor.clone(), faults.clone(), counter_gate.clone());
+        let lines = Arc::new(lines::LineLocks::default());
+        let committer = committer::Committer::start(
+            db.clone(),
+            due_floor.clone(),
+            faults.clone(),
+            counter_gate.clone(),
+            lines.clone(),
+        );
         Ok(Store {
             db,
             due_floor,
@@ -95,6 +101,7 @@ impl Store {
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
             ids: Default::default(),
             leases: Default::default(),
+            lines,
             faults,
             counter_gate,
             options,

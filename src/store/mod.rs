@@ -14,6 +14,8 @@
 //! - `history`: id ‖ be32(n) → [`AttemptRecord`].
 //! - `endpoints`: endpoint → [`EndpointRecord`] (pause, permanent-failure streak, when
 //!   written); see `endpoints`.
+//! - `lines`: endpoint ‖ 0 → [`LineRecord`], endpoint ‖ 0 ‖ be64(pos) → id. Ordered endpoints:
+//!   only a line's head has a due entry, the rest wait here in acceptance order; see `lines`.
 //! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
 //! - `meta`: counters (open, delivered, dead, open per endpoint), merged in the same batch
 //!   as the transition they count, so gauges are point reads, never scans.
@@ -40,7 +42,8 @@
 // - `operator`: replay, delete, listing (`filter` has its types);
 // - `endpoints`: endpoint state (pause, streak) and its expiry;
 // - `counters`: counter merges and the gauges read from them;
-// - `expiry`: the retention sweep and compaction.
+// - `expiry`: the retention sweep and compaction;
+// - `lines`: ordered endpoints' lines (head, waiting members, blocking).
 // Accepts go through `committer`; `floor` is the due floor; `keys` and `codec` are the
 // on-disk format.
 #[cfg(test)]
@@ -57,6 +60,7 @@ mod floor;
 pub mod keys;
 mod lease;
 mod lifecycle;
+mod lines;
 mod operator;
 mod parking;
 
@@ -65,10 +69,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rocksdb::{ColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
-pub use codec::{AttemptRecord, CodecError, EndpointRecord, MessageRecord, Payload, Routing, SigningChoice};
+pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
+pub use lines::LineRecord;
 
 use crate::model::{DeadReason, State};
 
@@ -294,6 +299,8 @@ pub struct Store {
     ids: crate::model::IdSeq,
     /// Messages the scheduler took for an attempt (see `lease`).
     leases: lease::Leases,
+    /// Ordered endpoints' line stripes (shared with the committer) and deleted heads.
+    lines: Arc<lines::LineLocks>,
     /// Writes a test has asked to fail.
     faults: Arc<Faults>,
     options: StoreOptions,
@@ -373,6 +380,10 @@ impl Store {
     /// claim write stands between its 202 and its attempt. Answers the claimed message to
     /// run when it was new; a duplicate stores nothing and claims nothing.
     pub async fn accept_claimed(&self, mut msg: NewMessage) -> Result<(Accepted, Option<Claimed>), StoreError> {
+        if msg.record.fifo.is_some() {
+            // Only the head of its line may start: the committer decides that.
+            return Ok((self.accept(msg).await?, None));
+        }
         msg.record.state = State::InFlight;
         let encoded = msg.payload.encode();
         let accepted = self.committer.submit(msg.record.clone(), encoded).await?;

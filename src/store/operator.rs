@@ -3,9 +3,14 @@
 //!
 //! Every change an operator is told succeeded is written synced (`write_synced`): a 204 for
 //! a delete must survive a power loss. `remove` is shared with the retention sweep.
+//!
+//! Ordered messages: a replay re-enters the line (at the end, or first again when it is
+//! the dead head its line is blocked behind), a delete leaves it; both in the same batch as
+//! the change itself (see `lines`).
 
 use rocksdb::{ReadOptions, WriteBatch};
 
+use super::lines::LineTx;
 use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 impl Store {
@@ -27,15 +32,25 @@ impl Store {
         }
         let mut b = WriteBatch::default();
         let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
+        let _line = self.lock_lines(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
+        let mut tx = LineTx::default();
         let give_up_at_ms = give_up_at(&rec);
-        self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
-        self.write_synced(b)?;
+        self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
+        self.write_with_lines(b, tx, true)?;
         self.due_floor.wrote(now_ms);
         Ok(Some(true))
     }
 
-    /// Adds the replay of a dead `rec` to `b` (the caller holds its lock).
-    fn replay_into(&self, b: &mut WriteBatch, mut rec: MessageRecord, now_ms: u64, give_up_at_ms: u64) {
+    /// Adds the replay of a dead `rec` to `b` (the caller holds its lock, and its line's
+    /// when it is ordered).
+    fn replay_into(
+        &self,
+        b: &mut WriteBatch,
+        tx: &mut LineTx,
+        mut rec: MessageRecord,
+        now_ms: u64,
+        give_up_at_ms: u64,
+    ) -> Result<(), StoreError> {
         let id = rec.id.clone();
         let id = id.as_str();
         b.delete_cf(
@@ -48,12 +63,17 @@ impl Store {
         rec.finished_at_ms = 0;
         rec.next_attempt_at_ms = now_ms;
         rec.give_up_at_ms = give_up_at_ms;
-        self.enqueue(b, &rec);
+        // An ordered message is queued only when it heads its line again.
+        let queued = rec.fifo.is_none() || self.line_join(b, tx, &mut rec)?;
+        if queued {
+            self.enqueue(b, &rec);
+        }
         self.move_state(b, id, State::Dead, State::Pending);
         self.count(b, keys::COUNT_DEAD, -1);
         self.count(b, keys::COUNT_OPEN, 1);
         self.count(b, &keys::endpoint_open_key(&rec.endpoint), 1);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        Ok(())
     }
 
     /// Replays every dead message matching `filter` (its state is forced to dead), each with
@@ -74,21 +94,26 @@ impl Store {
             // One synced write per page: a bulk replay of 100,000 messages is 200 writes.
             let page = self.list(&filter, 500, cursor.as_deref())?;
             let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
-            let mut b = WriteBatch::default();
-            let mut in_page = 0;
+            // Re-read under the lock: it may have changed since the listing.
+            let mut dead = Vec::new();
             for listed in &page.items {
-                // Re-read under the lock: it may have changed since the listing.
                 if let Some(rec) = self.message(&listed.id)?.filter(|r| r.state == State::Dead) {
-                    let give_up_at_ms = give_up_at(&rec);
-                    self.replay_into(&mut b, rec, now_ms, give_up_at_ms);
-                    in_page += 1;
+                    dead.push(rec);
                 }
             }
-            if in_page > 0 {
+            if !dead.is_empty() {
                 let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
-                self.write_synced(b)?;
+                let ordered = dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
+                let _lines = self.lock_lines(ordered);
+                let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+                // In id (acceptance) order: replayed together, they join their lines so.
+                for rec in &dead {
+                    let give_up_at_ms = give_up_at(rec);
+                    self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
+                }
+                self.write_with_lines(b, tx, true)?;
                 self.due_floor.wrote(now_ms);
-                n += in_page;
+                n += dead.len();
             }
             drop(guards);
             match page.next_cursor {
@@ -98,19 +123,31 @@ impl Store {
         }
     }
 
-    /// Removes a message and everything indexed under it. `false` if there was none.
-    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+    /// Removes a message and everything indexed under it. `false` if there was none. An
+    /// ordered message leaves its line; the next of a deleted head is due at `now_ms`.
+    pub fn delete(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
         let _g = self.lock(id);
         let Some(rec) = self.message(id)? else { return Ok(false) };
-        let mut b = WriteBatch::default();
-        self.remove(&mut b, &rec)?;
-        self.write_synced(b)?;
+        let _line = self.lock_lines(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
+        // Read again under the line's stripe: a promotion may have moved it meanwhile.
+        let Some(rec) = self.message(id)? else { return Ok(false) };
+        let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+        self.remove(&mut b, &mut tx, &rec, now_ms)?;
+        self.write_with_lines(b, tx, true)?;
         Ok(true)
     }
 
     /// Adds the removal of `rec` and everything indexed under it to `b` (the caller holds
-    /// its lock). Shared by `delete` and the retention sweep (`expiry`).
-    pub(super) fn remove(&self, b: &mut WriteBatch, rec: &MessageRecord) -> Result<(), StoreError> {
+    /// its lock, and its line's when it is ordered). Shared by `delete` and the retention
+    /// sweep (`expiry`).
+    pub(super) fn remove(
+        &self,
+        b: &mut WriteBatch,
+        tx: &mut LineTx,
+        rec: &MessageRecord,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.unline(b, tx, rec, now_ms)?;
         let id = rec.id.as_str();
         b.delete_cf(self.cf(keys::MESSAGES), id.as_bytes());
         b.delete_cf(self.cf(keys::PAYLOADS), id.as_bytes());

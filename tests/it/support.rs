@@ -391,6 +391,8 @@ struct ReceiverState {
     changed: tokio::sync::Notify,
     in_flight: std::sync::atomic::AtomicUsize,
     max_in_flight: std::sync::atomic::AtomicUsize,
+    /// Per path: requests being answered now, and the most ever at once.
+    per_path: Mutex<HashMap<String, (usize, usize)>>,
     script: Mutex<Script>,
 }
 
@@ -427,6 +429,7 @@ impl Receiver {
             changed: tokio::sync::Notify::new(),
             in_flight: Default::default(),
             max_in_flight: Default::default(),
+            per_path: Default::default(),
             script: Mutex::new(script),
         });
         let stop = Arc::new(tokio::sync::Notify::new());
@@ -495,6 +498,16 @@ impl Receiver {
         self.state.max_in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Requests being answered now on `path` (path and query).
+    pub fn in_flight_on(&self, path: &str) -> usize {
+        self.state.per_path.lock().unwrap().get(path).map_or(0, |p| p.0)
+    }
+
+    /// Most requests ever being answered at once on `path` (path and query).
+    pub fn max_in_flight_on(&self, path: &str) -> usize {
+        self.state.per_path.lock().unwrap().get(path).map_or(0, |p| p.1)
+    }
+
     /// Stops accepting new connections.
     pub fn stop(&self) {
         self.stop.notify_waiters();
@@ -518,6 +531,24 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
         body,
         at: Instant::now(),
     };
+    let path = seen.path.clone();
+    {
+        let mut per_path = st.per_path.lock().unwrap();
+        let p = per_path.entry(path.clone()).or_default();
+        p.0 += 1;
+        p.1 = p.1.max(p.0);
+    }
+    // Ends the request's count on the path however the handler ends: answered, or dropped
+    // because the client went away (a killed courier).
+    struct OnPath(Arc<ReceiverState>, String);
+    impl Drop for OnPath {
+        fn drop(&mut self) {
+            if let Some(p) = self.0.per_path.lock().unwrap().get_mut(&self.1) {
+                p.0 -= 1;
+            }
+        }
+    }
+    let on_path = OnPath(st.clone(), path);
     let n = {
         let mut all = st.seen.lock().unwrap();
         all.push(seen.clone());
@@ -533,6 +564,7 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
         gate.passed().await;
     }
     st.in_flight.fetch_sub(1, SeqCst);
+    drop(on_path);
     let mut resp = hyper::Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
         resp = resp.header(k, v);

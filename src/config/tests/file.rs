@@ -107,6 +107,22 @@ fn bad_file_values_name_the_key() {
         ("[[host]]\nhost = \"a:1\"\n", "host[0]: missing key \"max_in_flight\""),
         ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
         (
+            "[[endpoint]]\nkey = \"k\"\n",
+            "endpoint[0]: sets nothing (give rate_per_second, ordering or a retry setting)",
+        ),
+        (
+            "[[endpoint]]\nkey = \"k\"\nordering = \"lifo\"\n",
+            "endpoint[0].ordering: unknown ordering \"lifo\"",
+        ),
+        (
+            "[[endpoint]]\nkey = \"k\"\nrate_per_second = 1\non_dead = \"block\"\n",
+            "endpoint[0].on_dead: applies only with ordering = \"fifo\"",
+        ),
+        (
+            "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nordering = \"fifo\"\non_dead = \"stop\"\n",
+            "route[0].on_dead: unknown on_dead \"stop\"",
+        ),
+        (
             "[[endpoint]]\nrate_per_second = 1\n",
             "endpoint[0]: missing key \"key\"",
         ),

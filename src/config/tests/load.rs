@@ -266,3 +266,24 @@ fn host_and_endpoint_keys_are_normalised_like_live_targets() {
     let e = Config::from_toml_str(twice, "c.toml").unwrap().validate().unwrap_err();
     assert!(e.to_string().contains("listed twice"), "{e}");
 }
+
+#[test]
+fn ordering_and_on_dead_are_read_from_endpoints_and_routes() {
+    use crate::model::OnDead;
+    let text = concat!(
+        "[[endpoint]]\nkey = \"https://shop.example/hooks\"\nordering = \"fifo\"\non_dead = \"block\"\n",
+        "[[endpoint]]\nkey = \"tenant-7\"\nrate_per_second = 3\n",
+        "[[route]]\nname = \"orders\"\nurl = \"https://erp.example/in\"\nordering = \"fifo\"\n",
+        "[[route]]\nname = \"plain\"\nurl = \"https://erp.example/other\"\nordering = \"none\"\n",
+    );
+    let c = Config::from_toml_str(text, "c.toml").unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.endpoints[0].fifo, Some(OnDead::Block));
+    assert_eq!(c.endpoints[0].rate_per_second, None, "the default rate applies");
+    assert_eq!(c.endpoints[1].fifo, None);
+    assert_eq!(c.routes[0].fifo, Some(OnDead::Skip), "skip is the default");
+    assert_eq!(c.routes[1].fifo, None);
+    assert!(c
+        .summary()
+        .contains("endpoint https://shop.example/hooks: rate_per_second 100, ordering fifo (on_dead block)"));
+}

@@ -169,7 +169,7 @@ const CODED: &[(&str, &str, &str)] = &[
         "per_endpoint_setting",
         "route[0].max_in_flight: the in-flight cap is per endpoint; set it in an [[endpoint]] with key = \"https://r.example/in\"",
     ),
-    ("[[endpoint]]\nkey = \"k\"", "empty_section", "endpoint[0] (\"k\") sets nothing"),
+    ("[[endpoint]]\nkey = \"k\"", "empty_section", "endpoint[0]: sets nothing (give rate_per_second, ordering or a retry setting)"),
     ("[[endpoint]]\nkey = \"k\"\nmax_attempts = 0", "invalid_policy_value", "endpoint[0].max_attempts must be at least 1"),
     ("[[endpoint]]\nkey = \"k\"\nmax_in_flight = 0", "invalid_policy_value", "endpoint[0].max_in_flight must be at least 1"),
     (
@@ -265,7 +265,7 @@ fn check_config_prints_each_sections_effective_policy() {
         ),
         "policy route bulk: exponential 10s..1h, jitter equal, max_attempts 30,",
         "policy endpoint https://slow.example/hook: schedule [5s, 5m, 30m, 2h, 5h, 10h, 10h], jitter equal, max_attempts 8",
-        "endpoint https://billing.example/hooks: rate_per_second 100 (delivery's)",
+        "endpoint https://billing.example/hooks: rate_per_second 100",
         "endpoint https://slow.example/hook: rate_per_second 5",
     ] {
         assert!(summary.contains(want), "missing {want:?} in:\n{summary}");

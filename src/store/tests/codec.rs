@@ -11,6 +11,7 @@ fn message() -> MessageRecord {
         endpoint: "https://r.example/h".into(),
         host: "r.example:443".into(),
         route: Some("billing".into()),
+        fifo: None,
         state: State::Dead,
         attempts: 3,
         history_len: 5,
@@ -35,9 +36,33 @@ fn every_record_round_trips() {
         last_status: None,
         last_error: None,
         route: None,
-        ..m
+        ..m.clone()
     };
-    assert_eq!(MessageRecord::decode(&open.encode()), Ok(open));
+    assert_eq!(MessageRecord::decode(&open.encode()), Ok(open.clone()));
+    assert_eq!(open.encode()[..2], [b'M', 1], "unordered, no route: still version 1");
+    // Each combination of a fifo place and a route, in the oldest version that holds it.
+    let place = Fifo {
+        on_dead: OnDead::Block,
+        pos: 7,
+    };
+    for (fifo, route, version) in [
+        (Some(place), None, 2),
+        (None, Some("billing"), 3),
+        (Some(place), Some("billing"), 3),
+        (Some(Fifo { pos: 0, ..place }), Some(""), 3),
+    ] {
+        let rec = MessageRecord {
+            fifo,
+            route: route.map(str::to_string),
+            ..open.clone()
+        };
+        let buf = rec.encode();
+        assert_eq!(buf[..2], [b'M', version], "{fifo:?} {route:?}");
+        assert_eq!(MessageRecord::decode(&buf), Ok(rec), "{fifo:?} {route:?}");
+        for cut in 0..buf.len() {
+            assert!(MessageRecord::decode(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+    }
 
     for signing in [
         SigningChoice::Default,
@@ -150,7 +175,11 @@ fn version_1_records_still_read() {
     let v1 = message_v1(&m);
     assert_eq!(&v1[..2], &[b'M', 1]);
     assert_eq!(MessageRecord::decode(&v1), Ok(m.clone()));
-    assert_eq!(&m.encode()[..2], &[b'M', 2], "new records are version 2");
+    assert_eq!(
+        &message().encode()[..2],
+        &[b'M', 3],
+        "a record with a route is version 3"
+    );
     for cut in 0..v1.len() {
         assert!(MessageRecord::decode(&v1[..cut]).is_err(), "cut at {cut}");
     }

@@ -8,6 +8,7 @@ mod endpoints;
 mod expiry;
 mod finish;
 mod lease;
+mod lines;
 mod operator;
 mod queue;
 
@@ -51,6 +52,7 @@ pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
             dead_reason: None,
             last_status: None,
             last_error: None,
+            fifo: None,
         },
         payload: Payload {
             method: "POST".into(),

@@ -106,8 +106,8 @@ async fn listing_pages_by_state_and_endpoint() {
 async fn delete_removes_everything_and_frees_the_event_id() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
-    assert!(store.delete("dlv_a").unwrap());
-    assert!(!store.delete("dlv_a").unwrap());
+    assert!(store.delete("dlv_a", 100).unwrap());
+    assert!(!store.delete("dlv_a", 100).unwrap());
     assert!(store.message("dlv_a").unwrap().is_none());
     assert!(due_ids(&store, 1_000).is_empty());
     assert_eq!(store.counts().unwrap().open, 0);
@@ -173,7 +173,7 @@ async fn operator_changes_are_synced_and_bulk_replay_writes_a_page_at_a_time() {
 
     let before = store.operator_syncs();
     assert_eq!(store.replay("dlv_0000", 1_000, |_| 9_000).unwrap(), Some(false));
-    assert!(store.delete("dlv_0001").unwrap());
+    assert!(store.delete("dlv_0001", 1_000).unwrap());
     store
         .put_endpoint_synced("https://r.example/h", &EndpointRecord::default(), 5)
         .unwrap();

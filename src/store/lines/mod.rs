@@ -1,0 +1,337 @@
+//! Ordered endpoints: one line per endpoint, the head attempted, the rest waiting.
+//!
+//! A message accepted for an ordered endpoint (`ordering = "fifo"` on its `[[endpoint]]`
+//! or on the `[[route]]` it came through) carries a [`Fifo`] part in its record. Of an
+//! endpoint's open ordered messages only one, the *head*, is in the due queue; the others
+//! wait in the `lines` column family with no due entry at all, so the scheduler, the
+//! accept fast path and every other reader of the queue never see them, and at most one
+//! attempt per ordered endpoint can be in flight without any check on the hot path:
+//!
+//! - `endpoint ‖ 0` → [`LineRecord`]: the head's id, whether the line is blocked behind a
+//!   dead head (`on_dead = "block"`), the last position given out and how many wait. It sorts
+//!   before its members, so one seek reads the record and then the next member.
+//! - `endpoint ‖ 0 ‖ be64(pos)` → id: the waiting members, in position order. Positions
+//!   come from the line record's own counter, taken by the commit thread in the order it
+//!   writes accepts, so a line's order is the order of the 202s (ids alone would not be: an
+//!   id is drawn before its accept reaches the commit thread, and a clock stepped back
+//!   across a restart would sort new ids before old ones).
+//!
+//! Every change to a line is written in the same `WriteBatch` as the message transition
+//! that causes it, so a kill -9 between any two writes leaves a line that is whole:
+//! - accept: no line record → the message is the head (due entry as usual); else it is
+//!   appended (the batch's own earlier accepts of the endpoint count, see [`LineTx`]);
+//! - the head delivered, or dead with `on_dead = "skip"`, or deleted, or removed by
+//!   retention: the next member is promoted (its member key goes, its due entry is written,
+//!   due at once) or, with none left, the line record goes;
+//! - the head dead with `on_dead = "block"`: the record is marked blocked and nothing is
+//!   promoted; delivery then pauses the endpoint (with its alert). A resume unblocks the
+//!   line (the next goes) before it activates the endpoint; a replay of the blocked head
+//!   makes it the head again, first in line;
+//! - a replay of any other dead message appends it at the end: a replay is a new
+//!   acceptance as far as order goes (the simplest rule that is crash-safe: its old place
+//!   is gone once later messages were delivered);
+//! - delete of a waiting member takes it out of the line. Delete of a head whose attempt is
+//!   in flight leaves the line record pointing at the deleted id until that attempt ends
+//!   (its result or release promotes the next; a crash leaves it for startup), so the next
+//!   message's attempt never overlaps it at the receiver.
+//!
+//! Startup ([`Store::recover_lines`]) repairs what a crash can leave: a head deleted while
+//! in flight, and a blocked line whose endpoint was not yet paused.
+//!
+//! Concurrency: line changes are serialised per endpoint by a lock striped over the
+//! endpoint key. Order: id stripes, then the counter gate, then line stripes, several at
+//! once only in stripe order; nobody takes an id stripe or the gate while holding a line
+//! stripe. The commit thread holds its batch's line stripes across the synced write (a
+//! decision head-or-member must not be overtaken by a promotion that read the line before
+//! it). A promoted member's record is written under its line's stripe only: every writer of
+//! a waiting member's record (delete is the only one: it has no due entry, is never leased,
+//! parked or replayed) takes that stripe before reading it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+
+use rocksdb::{ReadOptions, WriteBatch, DB};
+
+use super::codec::{Reader, Writer};
+use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, Routing, State, StoreError};
+
+// What the store's operations do with lines (delete, retention, resume, startup, admin).
+mod ops;
+
+const LINE_V1: [u8; 2] = [b'L', 1];
+const LINE_STRIPES: usize = 64;
+
+/// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineRecord {
+    /// The head: the message attempted now (open), the dead one the line is blocked behind,
+    /// or one deleted while its attempt was in flight (until that attempt ends).
+    pub head: String,
+    /// Blocked behind a dead head (`on_dead = "block"`) until a resume or a replay.
+    pub blocked: bool,
+    /// The last position given to a waiting member.
+    pub tail: u64,
+    /// Members waiting behind the head.
+    pub waiting: u64,
+}
+
+impl LineRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(LINE_V1, 32 + self.head.len());
+        w.str(&self.head);
+        w.u8(u8::from(self.blocked));
+        w.u64(self.tail);
+        w.u64(self.waiting);
+        w.0
+    }
+
+    fn decode(buf: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new("line", LINE_V1, buf)?;
+        let rec = LineRecord {
+            head: r.string()?,
+            blocked: r.flag()?,
+            tail: r.u64()?,
+            waiting: r.u64()?,
+        };
+        r.end()?;
+        Ok(rec)
+    }
+}
+
+fn decode_line(endpoint: &str, v: &[u8]) -> Result<LineRecord, StoreError> {
+    LineRecord::decode(v).map_err(|source| StoreError::Codec {
+        key: format!("line {endpoint}"),
+        source,
+    })
+}
+
+/// The line stripes, and the heads deleted while their attempt was in flight.
+#[derive(Debug)]
+pub(super) struct LineLocks {
+    stripes: Vec<Mutex<()>>,
+    /// Deleted head id → its endpoint, until its attempt's result or release promotes the
+    /// next. Bounded by the attempts in flight; lost in a crash, when startup takes over.
+    ghosts: Mutex<HashMap<String, String>>,
+}
+
+impl Default for LineLocks {
+    fn default() -> Self {
+        LineLocks {
+            stripes: (0..LINE_STRIPES).map(|_| Mutex::new(())).collect(),
+            ghosts: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl LineLocks {
+    /// The stripes of `endpoints`, taken in stripe order.
+    pub(super) fn lock<'a>(&'a self, endpoints: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'a, ()>> {
+        let mut stripes: Vec<usize> = endpoints.map(|e| super::stripe_of(e) % LINE_STRIPES).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .iter()
+            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
+    fn ghosts(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.ghosts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn ghost_of(&self, id: &str) -> Option<String> {
+        self.ghosts().get(id).cloned()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_ghost(&self, id: &str) -> bool {
+        self.ghosts().contains_key(id)
+    }
+}
+
+/// The line changes of one write batch: line records read once and changed in memory (so
+/// several accepts of one endpoint in one batch see each other), member moves, counter
+/// changes, and the earliest due entry written. [`LineTx::write_into`] adds them to the batch.
+#[derive(Debug, Default)]
+pub(super) struct LineTx {
+    records: HashMap<String, Option<LineRecord>>,
+    dirty: HashSet<String>,
+    /// Per endpoint, the last member position promoted in this batch.
+    taken: HashMap<String, u64>,
+    counters: CounterDeltas,
+    /// Ghosts this batch settles (forgotten once it is written).
+    settled: Vec<String>,
+    /// The earliest due entry this batch writes, for the due floor.
+    pub(super) min_due: Option<u64>,
+}
+
+fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    db.cf_handle(name).expect("column family opened at start")
+}
+
+impl LineTx {
+    fn record(&mut self, db: &DB, endpoint: &str) -> Result<&mut Option<LineRecord>, StoreError> {
+        if !self.records.contains_key(endpoint) {
+            let stored = match db.get_pinned_cf(cf(db, keys::LINES), keys::line_key(endpoint))? {
+                Some(v) => Some(decode_line(endpoint, &v)?),
+                None => None,
+            };
+            self.records.insert(endpoint.to_string(), stored);
+        }
+        Ok(self.records.get_mut(endpoint).expect("inserted above"))
+    }
+
+    /// An ordered message enters its line (accepted, or replayed): it becomes the head when
+    /// the line has none, or is the blocked head itself (`true`: queue it), else it waits at
+    /// the end (its member key is added here and `rec.fifo.pos` set).
+    pub(super) fn join(&mut self, db: &DB, b: &mut WriteBatch, rec: &mut MessageRecord) -> Result<bool, StoreError> {
+        let endpoint = rec.endpoint.clone();
+        let fifo = rec.fifo.as_mut().expect("only ordered messages join a line");
+        let line = self.record(db, &endpoint)?;
+        let head = match line {
+            None => {
+                *line = Some(LineRecord {
+                    head: rec.id.clone(),
+                    ..LineRecord::default()
+                });
+                fifo.pos = 0;
+                true
+            }
+            // The dead head the line is blocked behind, replayed: first again.
+            Some(l) if l.head == rec.id => {
+                l.blocked = false;
+                fifo.pos = 0;
+                true
+            }
+            Some(l) => {
+                l.tail += 1;
+                l.waiting += 1;
+                fifo.pos = l.tail;
+                b.put_cf(
+                    cf(db, keys::LINES),
+                    keys::line_member_key(&endpoint, l.tail),
+                    rec.id.as_bytes(),
+                );
+                self.counters.add(keys::COUNT_LINED, 1);
+                false
+            }
+        };
+        self.dirty.insert(endpoint);
+        Ok(head)
+    }
+
+    /// The head `id` of `endpoint`'s line left it: the next member is promoted, due at
+    /// `now_ms`, or the line ends. Nothing happens when `id` is not the head.
+    pub(super) fn advance(
+        &mut self,
+        db: &DB,
+        b: &mut WriteBatch,
+        endpoint: &str,
+        id: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let after = self.taken.get(endpoint).copied();
+        let Some(line) = self.record(db, endpoint)?.clone() else {
+            return Ok(());
+        };
+        if line.head != id {
+            return Ok(());
+        }
+        let prefix = keys::line_key(endpoint);
+        let start = match after {
+            Some(pos) => keys::line_member_key(endpoint, pos.saturating_add(1)),
+            None => keys::line_member_key(endpoint, 0),
+        };
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
+        let mut it = db.raw_iterator_cf_opt(cf(db, keys::LINES), ro);
+        it.seek(&start);
+        let mut line = line;
+        let mut promoted = None;
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            let Some((_, Some(pos))) = keys::split_line_key(k) else {
+                it.next();
+                continue;
+            };
+            b.delete_cf(cf(db, keys::LINES), k);
+            line.waiting = line.waiting.saturating_sub(1);
+            self.counters.add(keys::COUNT_LINED, -1);
+            self.taken.insert(endpoint.to_string(), pos);
+            let next = String::from_utf8_lossy(v).into_owned();
+            if let Some(mut rec) = read_message(db, &next)? {
+                if rec.state == State::Pending && rec.fifo.is_some_and(|f| f.pos == pos) {
+                    rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
+                    rec.next_attempt_at_ms = now_ms;
+                    let routing = Routing {
+                        host: rec.host.clone(),
+                        endpoint: rec.endpoint.clone(),
+                    };
+                    b.put_cf(cf(db, keys::DUE), keys::time_key(now_ms, &next), routing.encode());
+                    b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
+                    self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
+                    promoted = Some(next);
+                    break;
+                }
+            }
+            // A member whose record moved on (never written so, but never worth stopping
+            // a line for): dropped, and the next one looked at.
+            it.next();
+        }
+        it.status()?;
+        *self.record(db, endpoint)? = promoted.map(|head| LineRecord {
+            head,
+            blocked: false,
+            ..line
+        });
+        self.dirty.insert(endpoint.to_string());
+        Ok(())
+    }
+
+    /// The head `id` died with `on_dead = "block"`: the line stays behind it.
+    pub(super) fn block(&mut self, db: &DB, endpoint: &str, id: &str) -> Result<(), StoreError> {
+        if let Some(line) = self.record(db, endpoint)? {
+            if line.head == id {
+                line.blocked = true;
+                self.dirty.insert(endpoint.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// A waiting member leaves its line (deleted).
+    fn leave(&mut self, db: &DB, b: &mut WriteBatch, endpoint: &str, pos: u64) -> Result<(), StoreError> {
+        b.delete_cf(cf(db, keys::LINES), keys::line_member_key(endpoint, pos));
+        self.counters.add(keys::COUNT_LINED, -1);
+        if let Some(line) = self.record(db, endpoint)? {
+            line.waiting = line.waiting.saturating_sub(1);
+            self.dirty.insert(endpoint.to_string());
+        }
+        Ok(())
+    }
+
+    /// Whether this batch changes no line.
+    pub(super) fn is_empty(&self) -> bool {
+        self.dirty.is_empty() && self.settled.is_empty()
+    }
+
+    /// Adds the changed line records and the counter changes to `b`; answers the deleted
+    /// heads it settled (to forget once `b` is written).
+    pub(super) fn write_into(mut self, db: &DB, b: &mut WriteBatch) -> Vec<String> {
+        for endpoint in &self.dirty {
+            let key = keys::line_key(endpoint);
+            match self.records.get(endpoint).and_then(Option::as_ref) {
+                Some(line) => b.put_cf(cf(db, keys::LINES), key, line.encode()),
+                None => b.delete_cf(cf(db, keys::LINES), key),
+            }
+        }
+        std::mem::take(&mut self.counters).write_into(b, cf(db, keys::META));
+        self.settled
+    }
+}
+
+fn read_message(db: &DB, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+    match db.get_pinned_cf(cf(db, keys::MESSAGES), id.as_bytes())? {
+        Some(v) => Ok(Some(super::decode_message(id, &v)?)),
+        None => Ok(None),
+    }
+}
