@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::CodecError;
+
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
