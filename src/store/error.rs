@@ -1,0 +1,85 @@
+//! What a store operation can fail with, and the write faults tests inject.
+
+use std::path::PathBuf;
+
+use super::CodecError;
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB reported an error (I/O, no space, corruption).
+    #[error("storage error: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// Another process holds the data directory.
+    #[error("data dir {0} is locked by another courier process")]
+    Locked(PathBuf),
+    /// The data directory cannot be created or used.
+    #[error("data dir {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A stored record could not be decoded.
+    #[error("stored record {key}: {source}")]
+    Codec {
+        /// Which record.
+        key: String,
+        /// Why.
+        source: CodecError,
+    },
+    /// The store is closing; nothing new is accepted.
+    #[error("store is closed")]
+    Closed,
+    /// A store call on a blocking thread panicked.
+    #[error("store call panicked: {0}")]
+    Panicked(String),
+    /// A write a test made fail (as on a full disk); see [`Faults`].
+    #[error("storage error: injected write failure")]
+    Injected,
+}
+
+/// Writes to make fail, for tests and the simulator: each counter is how many of the next
+/// writes of its kind fail. Always zero in production.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Synced accept batches.
+    pub fail_accepts: std::sync::atomic::AtomicUsize,
+    /// Attempt-result batches.
+    pub fail_results: std::sync::atomic::AtomicUsize,
+}
+
+impl Faults {
+    /// Whether this write fails (and counts it).
+    pub(crate) fn take(&self, counter: &std::sync::atomic::AtomicUsize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
+impl StoreError {
+    /// The same error again, for answering several callers with one failure.
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::Rocks(e) => StoreError::Rocks(e.clone()),
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Injected => StoreError::Injected,
+            other => StoreError::Panicked(other.to_string()),
+        }
+    }
+}
+
+impl StoreError {
+    /// A short machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::Rocks(_) | StoreError::Dir { .. } => "storage_error",
+            StoreError::Locked(_) => "data_dir_locked",
+            StoreError::Codec { .. } => "corrupt_record",
+            StoreError::Closed => "shutting_down",
+            StoreError::Panicked(_) => "storage_error",
+            StoreError::Injected => "storage_error",
+        }
+    }
+}
