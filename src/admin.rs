@@ -12,10 +12,13 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 use crate::access::AccessPolicy;
+use crate::config::units::format_duration;
 use crate::delivery::Deliverer;
 use crate::endpoint_page::EndpointQuery;
 use crate::model::State;
 use crate::ops::Probes;
+use crate::policy::book::revision_text;
+use crate::policy::{Backoff, Resolved};
 use crate::serve::{self, Body};
 use crate::store::{AttemptRecord, ListFilter, MessageRecord, StoreError};
 use crate::timefmt::{parse_rfc3339, rfc3339};
@@ -78,6 +81,7 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
         "event_id": rec.event_id,
         "target": shown_target(&rec.target, &rec.endpoint, alert_url),
         "endpoint": rec.endpoint,
+        "route": rec.route,
         "state": rec.state.as_str(),
         "attempts": rec.attempts,
         "max_attempts": rec.max_attempts,
@@ -98,10 +102,52 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
     if let Some(history) = history {
         v["history"] = history
             .iter()
-            .map(|a| json!({ "at": rfc3339(a.at_ms), "status": a.status, "error": a.error, "duration_ms": a.duration_ms }))
+            .map(|a| {
+                json!({
+                    "at": rfc3339(a.at_ms),
+                    "status": a.status,
+                    "error": a.error,
+                    "duration_ms": a.duration_ms,
+                    "policy_revision": a.policy_revision.map(revision_text),
+                })
+            })
             .collect();
     }
     v
+}
+
+/// The policy a message's next attempt is made under, as the config says now: every value
+/// with the sections it came from, and the revision its attempts' `policy_revision` can be
+/// compared with. The give-up limits are the message's own (`max_attempts`, `give_up_at`).
+pub fn policy_json(p: &Resolved<'_>) -> Value {
+    let d = |ms: u64| format_duration(std::time::Duration::from_millis(ms));
+    let backoff = match p.backoff() {
+        Backoff::Exponential { base_ms, max_ms } => {
+            json!({ "kind": "exponential", "base_delay": d(*base_ms), "max_delay": d(*max_ms) })
+        }
+        Backoff::Schedule(steps) => {
+            json!({ "kind": "schedule", "schedule": steps.iter().map(|ms| d(*ms)).collect::<Vec<_>>() })
+        }
+    };
+    let statuses: Vec<Value> = p
+        .statuses()
+        .layers()
+        .flat_map(|rules| rules.iter())
+        .map(|(status, class)| json!({ "status": status.to_string(), "class": class.as_str() }))
+        .collect();
+    json!({
+        "revision": revision_text(p.revision()),
+        "endpoint_section": p.endpoint_section(),
+        "route_section": p.route_section(),
+        "backoff": backoff,
+        "jitter": p.jitter().as_str(),
+        "max_attempts_404": p.max_attempts_404(),
+        "max_retry_after": format_duration(p.max_retry_after()),
+        "request_timeout": format_duration(p.request_timeout()),
+        "max_in_flight": p.max_in_flight(),
+        "statuses": statuses,
+        "summary": crate::config::describe_policy(p),
+    })
 }
 
 fn query_map(req: &Request<Incoming>) -> HashMap<String, String> {
@@ -224,6 +270,8 @@ impl Admin {
                 if let Err(e) = self.line_fields(&rec, &mut v) {
                     return store_failed(&e);
                 }
+                let policy = self.d.policies.resolve(rec.route.as_deref(), &rec.endpoint);
+                v["policy"] = policy_json(&policy);
                 serve::json(StatusCode::OK, &v)
             }
             (Ok(None), _) => not_found(&format!("delivery {id:?}")),
@@ -297,8 +345,17 @@ impl Admin {
         }
     }
 
-    fn give_up_at(&self, now: u64) -> u64 {
-        now.saturating_add(self.d.config.retry.give_up_after.as_millis() as u64)
+    /// A replayed message's new give-up time: its policy's `give_up_after` from now, as
+    /// the config says now for its endpoint and route.
+    fn give_up_at(&self, now: u64) -> impl Fn(&MessageRecord) -> u64 + '_ {
+        move |rec| {
+            let after = self
+                .d
+                .policies
+                .resolve(rec.route.as_deref(), &rec.endpoint)
+                .give_up_after();
+            now.saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
+        }
     }
 
     fn retry(&self, id: &str) -> Response<Body> {

@@ -206,7 +206,6 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         None => Arc::new(HttpTransport::new(
             ClientSettings {
                 connect_timeout: config.delivery.connect_timeout,
-                request_timeout: config.delivery.request_timeout,
                 max_response_body: config.delivery.max_response_body as usize,
                 pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
                 idle_timeout: config.delivery.idle_connection_timeout,

@@ -35,8 +35,6 @@ use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, 
 pub struct ClientSettings {
     /// Bound on TCP connect.
     pub connect_timeout: Duration,
-    /// Bound on the whole attempt (connect, send, read the kept part of the body).
-    pub request_timeout: Duration,
     /// How much of a response body is kept.
     pub max_response_body: usize,
     /// Idle connections kept per host.
@@ -203,7 +201,9 @@ impl HttpTransport {
 impl Transport for HttpTransport {
     fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
         Box::pin(async move {
-            let limit = self.settings.request_timeout;
+            // The message's policy's request_timeout (delivery.request_timeout unless its
+            // route or endpoint says otherwise).
+            let limit = req.timeout;
             match tokio::time::timeout(limit, self.attempt(req)).await {
                 Ok(result) => result,
                 Err(_) => Err(TransportError::Timeout(format!(

@@ -13,6 +13,8 @@ pub struct Envelope {
     pub target: url::Url,
     /// Endpoint key override (`Courier-Endpoint`); default: the target without its query.
     pub endpoint: Option<String>,
+    /// The `[[route]]` it was accepted through, if any: its policy applies at each attempt.
+    pub route: Option<String>,
     /// Event id from `webhook-id` / `Idempotency-Key`; default: a new `msg_<ULID>`.
     pub event_id: Option<String>,
     /// HTTP method.
@@ -25,9 +27,9 @@ pub struct Envelope {
     pub scheme: Option<SignatureScheme>,
     /// Where the signing secrets come from.
     pub signing: SigningChoice,
-    /// Give-up by attempts.
+    /// Give-up by attempts (resolved by the caller: header, endpoint, route, `[retry]`).
     pub max_attempts: u32,
-    /// Give-up by time, from acceptance.
+    /// Give-up by time, from acceptance (resolved likewise).
     pub give_up_after: Duration,
 }
 
@@ -46,6 +48,7 @@ impl Envelope {
             target: self.target.to_string(),
             endpoint,
             host,
+            route: self.route,
             state: State::Pending,
             attempts: 0,
             history_len: 0,
@@ -80,6 +83,7 @@ mod tests {
         let env = Envelope {
             target: url::Url::parse("https://r.example/hooks?x=1").unwrap(),
             endpoint: None,
+            route: None,
             event_id: None,
             method: "POST".into(),
             headers: vec![],

@@ -250,17 +250,25 @@ impl Ingress {
                 }
             })?;
 
+        // The give-up limits are fixed now, from the message's own headers, else its
+        // endpoint's, route's or the global policy (see `policy::book`).
+        let endpoint = control
+            .endpoint
+            .unwrap_or_else(|| crate::target::default_endpoint_key(&resolved.url));
+        let route = route.map(|r| r.name.clone());
+        let policy = self.deliverer.policies.resolve(route.as_deref(), &endpoint);
         let envelope = Envelope {
+            max_attempts: control.max_attempts.unwrap_or_else(|| policy.max_attempts()),
+            give_up_after: control.give_up_after.unwrap_or_else(|| policy.give_up_after()),
             target: resolved.url,
-            endpoint: control.endpoint,
+            endpoint: Some(endpoint),
+            route,
             event_id,
             method,
             headers,
             body: body.to_bytes().to_vec(),
             scheme,
             signing,
-            max_attempts: control.max_attempts.unwrap_or(config.retry.max_attempts),
-            give_up_after: control.give_up_after.unwrap_or(config.retry.give_up_after),
         };
         let now = self.clock.now_ms();
         let mut msg = envelope.into_message(now, &mut rand::rng(), self.deliverer.store.ids());

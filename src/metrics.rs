@@ -24,6 +24,9 @@ pub const RATE_LIMITED_TOTAL: &str = "courier_rate_limited_total";
 pub const CIRCUIT_OPENED_TOTAL: &str = "courier_circuit_opened_total";
 /// `courier_host_circuit_open{host}`: 1 for each host whose breaker is open or probing.
 pub const HOST_CIRCUIT_OPEN: &str = "courier_host_circuit_open";
+/// `courier_endpoint_capped_total`: times a due message waited for its endpoint's
+/// `max_in_flight` cap.
+pub const ENDPOINT_CAPPED_TOTAL: &str = "courier_endpoint_capped_total";
 /// `courier_scheduler_passes_total`: walks of the due queue (each after a wake-up or a due time).
 pub const SCHEDULER_PASSES_TOTAL: &str = "courier_scheduler_passes_total";
 /// `courier_ingress_rejected_total{code}`: ingress requests refused, by error code.
@@ -174,6 +177,7 @@ pub struct Metrics {
     dead: [AtomicU64; 4],
     rate_limited: AtomicU64,
     circuit_opened: AtomicU64,
+    endpoint_capped: AtomicU64,
     scheduler_passes: AtomicU64,
     rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     in_flight: AtomicI64,
@@ -191,6 +195,7 @@ impl Default for Metrics {
             dead: Default::default(),
             rate_limited: AtomicU64::new(0),
             circuit_opened: AtomicU64::new(0),
+            endpoint_capped: AtomicU64::new(0),
             scheduler_passes: AtomicU64::new(0),
             rejected: Default::default(),
             in_flight: AtomicI64::new(0),
@@ -233,6 +238,16 @@ impl Metrics {
     /// A host's circuit breaker opened.
     pub fn circuit_opened(&self) {
         self.circuit_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A due message waited for its endpoint's `max_in_flight` cap.
+    pub fn endpoint_capped(&self) {
+        self.endpoint_capped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Times a due message waited for its endpoint's `max_in_flight` cap so far.
+    pub fn endpoint_capped_count(&self) -> u64 {
+        self.endpoint_capped.load(Ordering::Relaxed)
     }
 
     /// The scheduler finished a walk of the due queue.
@@ -309,6 +324,11 @@ impl Metrics {
             CIRCUIT_OPENED_TOTAL,
             "Times a host's circuit breaker opened.",
             self.circuit_opened.load(Ordering::Relaxed),
+        );
+        counter(
+            ENDPOINT_CAPPED_TOTAL,
+            "Due messages held by an endpoint's max_in_flight cap.",
+            self.endpoint_capped.load(Ordering::Relaxed),
         );
         counter(
             SCHEDULER_PASSES_TOTAL,
@@ -426,6 +446,7 @@ mod tests {
         for name in [
             ACCEPTED_TOTAL,
             ATTEMPTS_TOTAL,
+            ENDPOINT_CAPPED_TOTAL,
             DELIVERED_TOTAL,
             DEAD_LETTERS_TOTAL,
             PENDING,

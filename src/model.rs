@@ -220,6 +220,17 @@ pub enum Jitter {
     None,
 }
 
+impl Jitter {
+    /// The name used in the config, the summary and the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Jitter::Equal => "equal",
+            Jitter::Full => "full",
+            Jitter::None => "none",
+        }
+    }
+}
+
 impl FromStr for Jitter {
     type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -363,6 +374,9 @@ mod tests {
         }
         assert!("hmac".parse::<SignatureScheme>().is_err());
         assert_eq!("full".parse::<Jitter>().unwrap(), Jitter::Full);
+        for j in [Jitter::Equal, Jitter::Full, Jitter::None] {
+            assert_eq!(j.as_str().parse::<Jitter>().unwrap(), j);
+        }
         assert!("half".parse::<Jitter>().is_err());
     }
 }

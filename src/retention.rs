@@ -167,6 +167,7 @@ mod tests {
             status: Some(status),
             error: None,
             duration_ms: 1,
+            policy_revision: None,
         };
         store.finish_attempt(id, &attempt, end, at).unwrap();
     }

@@ -3,8 +3,9 @@
 //! It walks the store's due index from the due floor (never the whole queue: the walk stops
 //! at the first entry that is not yet due, or after a budget), and for each due message
 //! checks, in order: is it leased (its attempt is running: pass over it), is its endpoint
-//! paused (then park it), is its host at its in-flight cap or its circuit breaker open (skip
-//! the host for this pass; an open breaker's probe time is a wake-up), is
+//! paused (then park it), is its endpoint at its `max_in_flight` cap (skip the endpoint for
+//! this pass: a freed permit wakes the next), is its host at its in-flight cap or its circuit
+//! breaker open (skip the host for this pass; an open breaker's probe time is a wake-up), is
 //! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
 //! attempt is counted). Messages that pass all of them are leased together (reads only, no
 //! write: see `store::lease`), each with its host permit already in hand, and dispatched.
@@ -145,6 +146,8 @@ pub(crate) fn pass_with(
     let mut pass = Pass::default();
     let mut full_hosts: HashSet<String> = HashSet::new();
     let mut limited: HashSet<String> = HashSet::new();
+    // Endpoints at their max_in_flight cap this pass (bounded by the entries one pass reads).
+    let mut capped: HashSet<String> = HashSet::new();
     // Claimable entries and their host permits, index for index.
     let mut ready: Vec<DueEntry> = Vec::new();
     let mut permits: Vec<AttemptPermit> = Vec::new();
@@ -176,11 +179,12 @@ pub(crate) fn pass_with(
         } else if d.endpoints.is_paused(endpoint) {
             to_park.push(entry);
             true // consumed: parked below
-        } else if full_hosts.contains(host) || limited.contains(endpoint) {
+        } else if full_hosts.contains(host) || limited.contains(endpoint) || capped.contains(endpoint) {
             false
         } else {
-            // The global permit first (delivery.max_in_flight), then the host's.
-            match d.attempt_permit(host) {
+            // The global permit first (delivery.max_in_flight), then the endpoint's cap, then
+            // the host's.
+            match d.attempt_permit(host, endpoint) {
                 Ok(permit) => match d.endpoints.try_rate(endpoint, now) {
                     Ok(()) => {
                         ready.push(entry);
@@ -202,6 +206,13 @@ pub(crate) fn pass_with(
                     // Its messages wait, no attempt counted, until the probe may go.
                     full_hosts.insert(host.clone());
                     pass.wake_no_later_than(probe_at);
+                    false
+                }
+                Err(PermitRefused::EndpointBusy) => {
+                    // Waits without a timer: its endpoint's permit comes back when an
+                    // answer arrives, and that wakes the scheduler (the queue is waiting).
+                    d.metrics.endpoint_capped();
+                    capped.insert(endpoint.clone());
                     false
                 }
                 Err(PermitRefused::AllBusy) => {

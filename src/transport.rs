@@ -18,6 +18,8 @@ pub struct OutboundRequest {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body.
     pub body: Bytes,
+    /// The whole attempt's time limit: the message's policy's `request_timeout`.
+    pub timeout: std::time::Duration,
 }
 
 /// What the receiver answered.

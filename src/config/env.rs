@@ -3,16 +3,18 @@
 
 use std::path::PathBuf;
 
+use super::error::Problem;
 use super::parse::{
     parse_bool, parse_duration_text, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
     parse_scheme, parse_size_text, parse_u32, parse_url, split_list,
 };
+use super::policy::{implied_attempts, parse_schedule};
 use super::{Config, ConfigError, Overrides};
 use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 39] = [
+pub const ENV_VARS: [&str; 40] = [
     "COURIER_LISTEN",
     "COURIER_ADMIN_LISTEN",
     "COURIER_OPS_LISTEN",
@@ -32,6 +34,8 @@ pub const ENV_VARS: [&str; 39] = [
     "COURIER_RETRY_BASE_DELAY",
     "COURIER_RETRY_MAX_DELAY",
     "COURIER_RETRY_JITTER",
+    // Before MAX_ATTEMPTS: a schedule sets max_attempts unless that variable is set too.
+    "COURIER_RETRY_SCHEDULE",
     "COURIER_RETRY_MAX_ATTEMPTS",
     "COURIER_RETRY_GIVE_UP_AFTER",
     "COURIER_RETRY_MAX_ATTEMPTS_404",
@@ -73,7 +77,7 @@ impl Config {
         Ok(())
     }
 
-    fn set_from_env(&mut self, name: &str, v: &str) -> Result<(), String> {
+    fn set_from_env(&mut self, name: &str, v: &str) -> Result<(), Problem> {
         let (r, d) = (&mut self.retry, &mut self.delivery);
         match name {
             "COURIER_LISTEN" => self.listen = parse_listen(v)?,
@@ -95,6 +99,14 @@ impl Config {
             "COURIER_RETRY_BASE_DELAY" => r.base_delay = parse_duration_text(v)?,
             "COURIER_RETRY_MAX_DELAY" => r.max_delay = parse_duration_text(v)?,
             "COURIER_RETRY_JITTER" => r.jitter = parse_jitter(v)?,
+            // Comma-separated durations; blank means no schedule (the exponential backoff).
+            "COURIER_RETRY_SCHEDULE" if v.trim().is_empty() => r.schedule = None,
+            "COURIER_RETRY_SCHEDULE" => {
+                let items: Vec<&str> = v.split(',').map(str::trim).collect();
+                let steps = parse_schedule("the schedule", &items)?;
+                r.max_attempts = implied_attempts(&steps);
+                r.schedule = Some(steps);
+            }
             "COURIER_RETRY_MAX_ATTEMPTS" => r.max_attempts = parse_u32(v)?,
             "COURIER_RETRY_GIVE_UP_AFTER" => r.give_up_after = parse_duration_text(v)?,
             "COURIER_RETRY_MAX_ATTEMPTS_404" => r.max_attempts_404 = parse_u32(v)?,

@@ -6,12 +6,55 @@ use std::fmt;
 use super::env::SENSITIVE_ENV_VARS;
 
 /// A configuration problem: one line naming what is wrong and where (file and key,
-/// environment variable, flag, or setting). Never contains a secret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{place}: {problem}")]
+/// environment variable, flag, or setting), ending in `[code]` when the rule broken has a
+/// machine-readable code (see [`ConfigError::code`]). Never contains a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     place: String,
     problem: String,
+    code: Option<&'static str>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.place, self.problem)?;
+        if let Some(code) = self.code {
+            write!(f, " [{code}]")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A problem found by a layer before it knows its place (which file, which variable): the
+/// sentence, and the rule's code if it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Problem {
+    pub(super) code: Option<&'static str>,
+    pub(super) text: String,
+}
+
+impl Problem {
+    /// A problem with a machine-readable code.
+    pub(super) fn coded(code: &'static str, text: impl Into<String>) -> Self {
+        Problem {
+            code: Some(code),
+            text: text.into(),
+        }
+    }
+}
+
+impl From<String> for Problem {
+    fn from(text: String) -> Self {
+        Problem { code: None, text }
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(text: &str) -> Self {
+        Problem::from(text.to_string())
+    }
 }
 
 impl ConfigError {
@@ -27,23 +70,51 @@ impl ConfigError {
         ConfigError {
             place: one_line(place.into()),
             problem: one_line(problem.into()),
+            code: None,
         }
     }
 
-    pub(super) fn file(origin: &str, problem: impl Into<String>) -> Self {
-        ConfigError::new(format!("config {origin}"), problem)
+    fn with_code(mut self, code: Option<&'static str>) -> Self {
+        self.code = code;
+        self
     }
 
-    pub(super) fn env(name: &str, value: &str, problem: impl Into<String>) -> Self {
-        if SENSITIVE_ENV_VARS.contains(&name) {
-            ConfigError::new(name, problem)
+    pub(super) fn file(origin: &str, problem: impl Into<Problem>) -> Self {
+        let problem = problem.into();
+        ConfigError::new(format!("config {origin}"), problem.text).with_code(problem.code)
+    }
+
+    pub(super) fn env(name: &str, value: &str, problem: impl Into<Problem>) -> Self {
+        let problem = problem.into();
+        let place = if SENSITIVE_ENV_VARS.contains(&name) {
+            name.to_string()
         } else {
-            ConfigError::new(format!("{name}={value:?}"), problem)
-        }
+            format!("{name}={value:?}")
+        };
+        ConfigError::new(place, problem.text).with_code(problem.code)
     }
 
     pub(super) fn invalid(key: &str, problem: impl fmt::Display) -> Self {
         ConfigError::new("invalid config", format!("{key} {problem}"))
+    }
+
+    /// A broken validation rule that has a machine-readable code.
+    pub(super) fn invalid_coded(code: &'static str, key: &str, problem: impl fmt::Display) -> Self {
+        ConfigError::invalid(key, problem).with_code(Some(code))
+    }
+
+    /// A broken validation rule, already worded (key first) by the code that found it.
+    pub(super) fn invalid_problem(problem: Problem) -> Self {
+        ConfigError::new("invalid config", problem.text).with_code(problem.code)
+    }
+
+    /// The machine-readable code of the rule broken, for the rules that have one (the
+    /// retry-policy rules: `empty_schedule`, `invalid_duration`, `schedule_too_long`,
+    /// `conflicting_backoff`, `invalid_status`, `status_class_conflict`,
+    /// `per_endpoint_setting`, `empty_section`, `invalid_policy_value`). Printed at the end of
+    /// the line as `[code]`.
+    pub fn code(&self) -> Option<&'static str> {
+        self.code
     }
 
     /// Where the problem is: `config <file>`, `<VARIABLE>="<value>"`, `--flag "<value>"` or

@@ -1,6 +1,7 @@
 //! The TOML layer: the file as serde reads it (`FileConfig` and its sections, every key
-//! optional, unknown keys rejected), its conversion onto the defaults, and the rewriting of
-//! toml/serde errors into one line that names the key and never quotes a value.
+//! optional, unknown keys rejected; the `[[route]]`, `[[host]]` and `[[endpoint]]` arrays
+//! are in `sections`), its conversion onto the defaults, and the rewriting of toml/serde
+//! errors into one line that names the key and never quotes a value.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,12 +11,14 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::error::Problem;
 use super::parse::{
-    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_each, parse_host_entry, parse_jitter,
-    parse_listen, parse_net, parse_origin, parse_scheme, parse_size_text, parse_target, parse_url,
+    parse_duration_text, parse_each, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
+    parse_scheme, parse_size_text, parse_target, parse_url,
 };
-use super::{Config, ConfigError, EndpointConfig, HostConfig, ListenerAccess, RouteConfig, SigningKey};
-use crate::model::{OnDead, Ordering};
+use super::policy::{conflicting_backoff, implied_attempts, parse_schedule, parse_statuses, FileStatuses};
+use super::sections::{FileEndpoint, FileHost, FileRoute};
+use super::{Config, ConfigError, ListenerAccess, SigningKey};
 use crate::signing::Secret;
 
 impl Config {
@@ -30,7 +33,7 @@ impl Config {
         Ok(config)
     }
 
-    fn apply_file(&mut self, file: FileConfig) -> Result<(), String> {
+    fn apply_file(&mut self, file: FileConfig) -> Result<(), Problem> {
         set(&mut self.listen, "listen", file.listen, parse_listen)?;
         set(&mut self.admin_listen, "admin_listen", file.admin_listen, parse_listen)?;
         set_opt(&mut self.ops_listen, "ops_listen", file.ops_listen, parse_listen)?;
@@ -66,8 +69,21 @@ impl Config {
             access.apply("admin", &mut self.admin)?;
         }
 
-        if let Some(retry) = file.retry {
+        if let Some(mut retry) = file.retry {
             let r = &mut self.retry;
+            if let Some(items) = retry.schedule.take() {
+                if retry.base_delay.is_some() || retry.max_delay.is_some() {
+                    return Err(conflicting_backoff("retry"));
+                }
+                let steps = parse_schedule("retry.schedule", &items)?;
+                if retry.max_attempts.is_none() {
+                    r.max_attempts = implied_attempts(&steps);
+                }
+                r.schedule = Some(steps);
+            }
+            if let Some(statuses) = retry.statuses.take() {
+                r.statuses = parse_statuses("retry.statuses", statuses)?;
+            }
             set(
                 &mut r.base_delay,
                 "retry.base_delay",
@@ -180,34 +196,15 @@ impl Config {
             self.hosts = hosts
                 .into_iter()
                 .enumerate()
-                .map(|(i, h)| {
-                    Ok(HostConfig {
-                        host: normalize_host_key(&h.host.ok_or_else(|| format!("host[{i}]: missing key \"host\""))?),
-                        max_in_flight: h
-                            .max_in_flight
-                            .ok_or_else(|| format!("host[{i}]: missing key \"max_in_flight\""))?,
-                    })
-                })
-                .collect::<Result<_, String>>()?;
+                .map(|(i, h)| h.into_host(i))
+                .collect::<Result<_, _>>()?;
         }
         if let Some(endpoints) = file.endpoint {
             self.endpoints = endpoints
                 .into_iter()
                 .enumerate()
-                .map(|(i, e)| {
-                    let key = e.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?;
-                    if e.rate_per_second.is_none() && e.ordering.is_none() {
-                        return Err(format!(
-                            "endpoint[{i}]: sets nothing (give rate_per_second or ordering)"
-                        ));
-                    }
-                    Ok(EndpointConfig {
-                        key: normalize_endpoint_key(&key),
-                        rate_per_second: e.rate_per_second,
-                        fifo: parse_fifo(e.ordering, e.on_dead, &format!("endpoint[{i}]"))?,
-                    })
-                })
-                .collect::<Result<_, String>>()?;
+                .map(|(i, e)| e.into_endpoint(i))
+                .collect::<Result<_, _>>()?;
         }
         Ok(())
     }
@@ -255,6 +252,8 @@ struct FileRetry {
     give_up_after: Option<String>,
     max_attempts_404: Option<u32>,
     max_retry_after: Option<String>,
+    schedule: Option<Vec<String>>,
+    statuses: Option<FileStatuses>,
 }
 
 #[derive(Deserialize)]
@@ -359,79 +358,6 @@ impl FileAccess {
 struct FileEgress {
     allow_private_targets: Option<bool>,
     allow: Option<Vec<String>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileRoute {
-    name: Option<String>,
-    url: Option<String>,
-    signing_key: Option<String>,
-    scheme: Option<String>,
-    targets: Option<Vec<String>>,
-    ordering: Option<String>,
-    on_dead: Option<String>,
-}
-
-impl FileRoute {
-    fn into_route(self, i: usize) -> Result<RouteConfig, String> {
-        let missing = |key: &str| format!("route[{i}]: missing key {key:?}");
-        let url = self.url.ok_or_else(|| missing("url"))?;
-        Ok(RouteConfig {
-            name: self.name.ok_or_else(|| missing("name"))?,
-            url: parse_url(&url).map_err(|e| format!("route[{i}].url: {e}"))?,
-            signing_key: self.signing_key,
-            scheme: self
-                .scheme
-                .map(|s| parse_scheme(&s))
-                .transpose()
-                .map_err(|e| format!("route[{i}].scheme: {e}"))?,
-            targets: parse_each(
-                &format!("route[{i}].targets"),
-                &self.targets.unwrap_or_default(),
-                parse_target,
-            )?,
-            fifo: parse_fifo(self.ordering, self.on_dead, &format!("route[{i}]"))?,
-        })
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileHost {
-    host: Option<String>,
-    max_in_flight: Option<u32>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileEndpoint {
-    key: Option<String>,
-    rate_per_second: Option<u32>,
-    ordering: Option<String>,
-    on_dead: Option<String>,
-}
-
-/// `ordering` and `on_dead` of an `[[endpoint]]` or `[[route]]` (`place`): `Some` when the
-/// messages are ordered. `on_dead` without `ordering = "fifo"` is an error: it would do
-/// nothing, and a typo'd ordering must not pass silently.
-fn parse_fifo(ordering: Option<String>, on_dead: Option<String>, place: &str) -> Result<Option<OnDead>, String> {
-    let ordering = match ordering {
-        Some(o) => o
-            .trim()
-            .parse::<Ordering>()
-            .map_err(|e| format!("{place}.ordering: {e}"))?,
-        None => Ordering::None,
-    };
-    let on_dead = on_dead
-        .map(|d| d.trim().parse::<OnDead>())
-        .transpose()
-        .map_err(|e| format!("{place}.on_dead: {e}"))?;
-    match ordering {
-        Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
-        Ordering::None if on_dead.is_some() => Err(format!("{place}.on_dead: applies only with ordering = \"fifo\"")),
-        Ordering::None => Ok(None),
-    }
 }
 
 /// Turns toml's multi-line error (which quotes the offending source line, possibly a

@@ -23,10 +23,13 @@
 //!   `Debug`, [`Config::load`] (the layering), and the lookups the runtime uses;
 //! - `error`: [`ConfigError`];
 //! - `file`: the serde TOML layer ([`Config::from_toml_str`]) and its error redaction;
+//!   `sections`: its `[[route]]`, `[[host]]` and `[[endpoint]]` arrays;
 //! - `env`: the environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]);
 //! - `parse`: the text-to-value conversions the file, env and flag layers share;
 //! - `validate`: [`Config::validate`] and its rules;
 //! - `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`;
+//! - `policy`: the retry-policy keys of `[[route]]` and `[[endpoint]]` ([`PolicyOverrides`]),
+//!   their checks, and [`Config::policy_book`], the lookup delivery uses;
 //! - [`units`]: durations and sizes.
 
 mod circuit;
@@ -34,6 +37,8 @@ mod env;
 mod error;
 mod file;
 mod parse;
+mod policy;
+mod sections;
 mod summary;
 pub mod units;
 mod validate;
@@ -51,12 +56,14 @@ use ipnet::IpNet;
 use url::Url;
 
 use crate::model::{Jitter, OnDead, SignatureScheme};
+use crate::policy::StatusRules;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use policy::{describe_policy, PolicyOverrides};
 pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
 
@@ -81,6 +88,10 @@ pub struct Overrides {
 /// The give-up and backoff policy (`[retry]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryConfig {
+    /// Explicit delays before the second, third, ... attempt (the last repeats), instead of
+    /// the doubling `base_delay`/`max_delay`. Setting it sets `max_attempts` to its length
+    /// plus one unless `max_attempts` is given alongside.
+    pub schedule: Option<Vec<Duration>>,
     /// Backoff before the second attempt; doubles per attempt.
     pub base_delay: Duration,
     /// Cap of the doubled backoff.
@@ -95,11 +106,14 @@ pub struct RetryConfig {
     pub max_attempts_404: u32,
     /// Cap of a receiver's `Retry-After`.
     pub max_retry_after: Duration,
+    /// Status rules in front of the seed's table (`[retry] statuses`).
+    pub statuses: StatusRules,
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
         RetryConfig {
+            schedule: None,
             base_delay: Duration::from_secs(60),
             max_delay: Duration::from_secs(3600),
             jitter: Jitter::Equal,
@@ -107,6 +121,7 @@ impl Default for RetryConfig {
             give_up_after: Duration::from_secs(3 * 86_400),
             max_attempts_404: 5,
             max_retry_after: Duration::from_secs(86_400),
+            statuses: StatusRules::default(),
         }
     }
 }
@@ -228,6 +243,8 @@ pub struct RouteConfig {
     /// `ordering = "fifo"`: messages sent through this route are ordered, with what a dead
     /// head does (`on_dead`); `None`: `ordering = "none"` (the default).
     pub fifo: Option<OnDead>,
+    /// Retry settings for the messages accepted through this route.
+    pub policy: PolicyOverrides,
 }
 
 impl fmt::Debug for RouteConfig {
@@ -239,6 +256,7 @@ impl fmt::Debug for RouteConfig {
             .field("scheme", &self.scheme)
             .field("targets", &patterns(&self.targets))
             .field("fifo", &self.fifo)
+            .field("policy", &self.policy)
             .finish()
     }
 }
@@ -253,7 +271,7 @@ pub struct HostConfig {
     pub max_in_flight: u32,
 }
 
-/// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering.
+/// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering, its retry policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointConfig {
     /// The endpoint key (by default a target URL without its query). A key that is an
@@ -265,6 +283,8 @@ pub struct EndpointConfig {
     /// `ordering = "fifo"`: every message to this endpoint is ordered, with what a dead head
     /// does (`on_dead`); `None`: `ordering = "none"` (the default).
     pub fifo: Option<OnDead>,
+    /// Retry settings (and the in-flight cap) for this endpoint's messages.
+    pub policy: PolicyOverrides,
 }
 
 /// The whole configuration: values only; the modules that use them own their meaning.

@@ -8,7 +8,6 @@ use url::Url;
 
 use super::units::format_duration;
 use super::{Config, ListenerAccess};
-use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
@@ -88,15 +87,22 @@ impl Config {
             format!(
                 concat!(
                     "retry: base_delay {}, max_delay {}, jitter {}, max_attempts {}, max_attempts_404 {}, ",
-                    "give_up_after {}, max_retry_after {}"
+                    "give_up_after {}, max_retry_after {}{}"
                 ),
                 format_duration(r.base_delay),
                 format_duration(r.max_delay),
-                jitter_name(r.jitter),
+                r.jitter.as_str(),
                 r.max_attempts,
                 r.max_attempts_404,
                 format_duration(r.give_up_after),
-                format_duration(r.max_retry_after)
+                format_duration(r.max_retry_after),
+                match &r.schedule {
+                    Some(steps) => format!(
+                        ", schedule [{}]",
+                        steps.iter().map(|d| format_duration(*d)).collect::<Vec<_>>().join(", ")
+                    ),
+                    None => String::new(),
+                }
             ),
             format!(
                 concat!(
@@ -192,6 +198,8 @@ impl Config {
                 fifo(endpoint.fifo)
             ));
         }
+        // The policy each section ends up with, every inherited value filled in.
+        lines.extend(self.policy_lines());
         lines.join("\n")
     }
 }
@@ -213,14 +221,6 @@ pub(super) fn origin_only(url: &Url) -> String {
         format!("{origin}/…")
     } else {
         origin
-    }
-}
-
-fn jitter_name(jitter: Jitter) -> &'static str {
-    match jitter {
-        Jitter::Equal => "equal",
-        Jitter::Full => "full",
-        Jitter::None => "none",
     }
 }
 

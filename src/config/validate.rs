@@ -23,6 +23,7 @@ impl Config {
         self.circuit.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
+        self.validate_policies()?;
         self.validate_secrets()
     }
 

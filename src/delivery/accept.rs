@@ -5,7 +5,8 @@
 //! due queue; the scheduler, woken, walks the queue, reads the record and the payload back,
 //! and claims the message with a second write; then the attempt runs. When the message's
 //! endpoint is active with a token to spare, its host and courier have a free attempt
-//! permit, and no older message is waiting in the queue, every step of that is known to
+//! permit (and its endpoint one, under a `max_in_flight` cap), and no older message is
+//! waiting in the queue, every step of that is known to
 //! succeed before the accept is even written. So the permit is taken first, the message is
 //! written already claimed (in flight, no due entry) in the accept's own synced write, and
 //! the attempt starts from the record and payload still in memory. Nothing is acknowledged
@@ -57,7 +58,7 @@ impl Deliverer {
             return None;
         }
         let taken = self
-            .attempt_permit(&rec.host)
+            .attempt_permit(&rec.host, &rec.endpoint)
             .ok()
             .filter(|_| self.endpoints.try_rate(&rec.endpoint, self.clock.now_ms()).is_ok());
         if taken.is_none() {

@@ -31,17 +31,20 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
     if key == endpoint {
         return;
     }
+    // Alerts are courier's own messages: whatever [[endpoint]] matches the alert key.
+    let policy = d.policies.resolve(None, &key);
     let env = Envelope {
         target: url,
         endpoint: Some(key),
+        route: None,
         event_id: None,
         method: "POST".into(),
         headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: alert_body(endpoint, rec, now_ms),
         scheme: None,
         signing: SigningChoice::Default,
-        max_attempts: d.config.retry.max_attempts,
-        give_up_after: d.config.retry.give_up_after,
+        max_attempts: policy.max_attempts(),
+        give_up_after: policy.give_up_after(),
     };
     let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.store.ids()));
     match d.accept(msg).await {

@@ -7,6 +7,7 @@
 
 mod accept;
 pub mod alert;
+pub mod endpoint_caps;
 pub mod endpoints;
 pub mod host_limiter;
 mod results;
@@ -23,25 +24,28 @@ use tokio::task::AbortHandle;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::policy::RetryPolicy;
+use crate::policy::PolicyBook;
 use crate::store::{Claimed, Store};
 use crate::transport::Transport;
 
+pub use endpoint_caps::EndpointCaps;
 pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::{HostLimiter, HostRefusal, HostView};
 
-/// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits and one
-/// of its host's. The host's goes back when the receiver has answered (the cap limits
+/// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
+/// of its host's, and one of its endpoint's if the endpoint has a `max_in_flight` cap. The
+/// host's and the endpoint's go back when the receiver has answered (the caps limit
 /// requests at the receiver); the global one when the result is written, so attempts whose
 /// results cannot be written yet (a full disk) are bounded too.
 #[derive(Debug)]
 pub struct AttemptPermit {
     all: OwnedSemaphorePermit,
     _host: OwnedSemaphorePermit,
+    _endpoint: Option<OwnedSemaphorePermit>,
 }
 
 impl AttemptPermit {
-    /// Gives the host's permit back and keeps the global one.
+    /// Gives the host's (and endpoint's) permit back and keeps the global one.
     fn into_global(self) -> OwnedSemaphorePermit {
         self.all
     }
@@ -56,6 +60,8 @@ pub enum PermitRefused {
     HostBusy,
     /// The host's circuit breaker is open until this time (unix millis).
     CircuitOpen(u64),
+    /// The endpoint is at its `max_in_flight` cap.
+    EndpointBusy,
 }
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
@@ -78,10 +84,13 @@ pub struct Deliverer {
     pub endpoints: Arc<EndpointTable>,
     /// Per-host caps.
     pub hosts: HostLimiter,
+    /// Per-endpoint caps (`[[endpoint]] max_in_flight`).
+    pub endpoint_caps: EndpointCaps,
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
     pub wake: Arc<Notify>,
-    /// The retry policy.
-    pub policy: RetryPolicy,
+    /// Every section's retry policy: the give-up limits are read from it at accept, the
+    /// rest at each attempt.
+    pub policies: PolicyBook,
     rng: Mutex<StdRng>,
     /// Held by a pause or resume across its whole change, and by the scheduler from its
     /// last look at the pause flag to its park write: a resume can then never land between
@@ -167,19 +176,15 @@ impl Deliverer {
         let persist_lock = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
+        let policies = cfg.policy_book();
+        // A probe is taken for lost after twice the longest an attempt may take, which a
+        // route or endpoint may set above delivery.request_timeout.
         let hosts = HostLimiter::new(
             cfg.delivery.max_in_flight_per_host,
             caps,
-            cfg.circuit.settings(cfg.delivery.request_timeout),
+            cfg.circuit.settings(policies.longest_request_timeout()),
         );
-        let backoff = crate::policy::Backoff::new(cfg.retry.base_delay, cfg.retry.max_delay, cfg.retry.jitter)
-            .expect("config validation guarantees a valid backoff");
-        let policy = RetryPolicy {
-            backoff,
-            max_attempts: cfg.retry.max_attempts,
-            max_attempts_404: cfg.retry.max_attempts_404,
-            max_retry_after: cfg.retry.max_retry_after,
-        };
+        let endpoint_caps = EndpointCaps::new(policies.endpoint_caps());
         Ok(Arc::new(Deliverer {
             results: results::ResultWriter::start(parts.store.clone(), endpoints.clone(), persist_lock.clone()),
             store: parts.store,
@@ -189,8 +194,9 @@ impl Deliverer {
             metrics: parts.metrics,
             endpoints,
             hosts,
+            endpoint_caps,
             wake: parts.wake,
-            policy,
+            policies,
             rng: Mutex::new(parts.rng),
             pause_gate: Mutex::new(()),
             all_attempts,
@@ -209,14 +215,20 @@ impl Deliverer {
         f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The permits for one attempt to `host`: the global one first, so that a host with
-    /// free slots cannot start attempts past `delivery.max_in_flight`.
-    pub fn attempt_permit(&self, host: &str) -> Result<AttemptPermit, PermitRefused> {
+    /// The permits for one attempt to `endpoint` on `host`: the global one first, so that
+    /// a host with free slots cannot start attempts past `delivery.max_in_flight`; then the
+    /// endpoint's (when it has a cap), so an endpoint at its cap does not mark its host
+    /// full; then the host's.
+    pub fn attempt_permit(&self, host: &str, endpoint: &str) -> Result<AttemptPermit, PermitRefused> {
         let all = self
             .all_attempts
             .clone()
             .try_acquire_owned()
             .map_err(|_| PermitRefused::AllBusy)?;
+        let endpoint = self
+            .endpoint_caps
+            .try_acquire(endpoint)
+            .map_err(|_| PermitRefused::EndpointBusy)?;
         let host = self
             .hosts
             .try_acquire(host, self.clock.now_ms())
@@ -224,7 +236,11 @@ impl Deliverer {
                 HostRefusal::Busy => PermitRefused::HostBusy,
                 HostRefusal::Open(at) => PermitRefused::CircuitOpen(at),
             })?;
-        Ok(AttemptPermit { all, _host: host })
+        Ok(AttemptPermit {
+            all,
+            _host: host,
+            _endpoint: endpoint,
+        })
     }
 
     /// Runs one attempt for a claimed message on its own task, holding its permits as
@@ -478,3 +494,5 @@ impl Deliverer {
 mod tests;
 #[cfg(test)]
 mod tests_many;
+#[cfg(test)]
+mod tests_policy;

@@ -279,6 +279,7 @@ mod tests {
                 status: Some(200),
                 error: None,
                 duration_ms: 1,
+                policy_revision: None,
             },
             transition: Transition::Delivered,
             now_ms: 200,

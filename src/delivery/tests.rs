@@ -21,13 +21,13 @@ use crate::store::{MessageRecord, SigningChoice, Store, StoreOptions};
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 pub(super) const T0: u64 = 1_700_000_000_000;
-const WAIT: Duration = Duration::from_secs(10);
+pub(super) const WAIT: Duration = Duration::from_secs(10);
 
-type Step = Result<InboundResponse, TransportError>;
+pub(super) type Step = Result<InboundResponse, TransportError>;
 
 /// A transport that answers from a script, records each call with the clock's time, and
 /// can hold calls until the test releases them.
-struct Scripted {
+pub(super) struct Scripted {
     clock: Arc<ManualClock>,
     script: Mutex<VecDeque<Step>>,
     calls: Mutex<Vec<(u64, OutboundRequest)>>,
@@ -38,7 +38,7 @@ struct Scripted {
     panic_first: bool,
 }
 
-fn status(code: u16) -> Step {
+pub(super) fn status(code: u16) -> Step {
     Ok(InboundResponse {
         status: code,
         retry_after: None,
@@ -47,7 +47,7 @@ fn status(code: u16) -> Step {
 }
 
 impl Scripted {
-    fn new(clock: Arc<ManualClock>, script: Vec<Step>) -> Arc<Self> {
+    pub(super) fn new(clock: Arc<ManualClock>, script: Vec<Step>) -> Arc<Self> {
         Self::build(clock, script, None, false)
     }
 
@@ -64,11 +64,11 @@ impl Scripted {
         })
     }
 
-    fn calls(&self) -> Vec<(u64, OutboundRequest)> {
+    pub(super) fn calls(&self) -> Vec<(u64, OutboundRequest)> {
         self.calls.lock().unwrap().clone()
     }
 
-    async fn wait_calls(&self, n: usize) -> Vec<(u64, OutboundRequest)> {
+    pub(super) async fn wait_calls(&self, n: usize) -> Vec<(u64, OutboundRequest)> {
         tokio::time::timeout(WAIT, async {
             loop {
                 let called = self.called.notified();
@@ -180,6 +180,7 @@ impl Harness {
         let env = Envelope {
             target: url::Url::parse(url).unwrap(),
             endpoint: None,
+            route: None,
             event_id: None,
             method: "POST".into(),
             headers,
@@ -198,7 +199,7 @@ impl Harness {
 
     /// Wakes the scheduler and waits until a whole pass has run since: what it would do
     /// with the current clock and permits has been done.
-    async fn settle(&self) {
+    pub(super) async fn settle(&self) {
         let before = self.d.metrics.scheduler_passes();
         tokio::time::timeout(WAIT, async {
             // Two passes: the first may have started before the test changed anything.
@@ -212,13 +213,18 @@ impl Harness {
     }
 
     /// The record as readers see it (a leased message is in flight).
-    fn record(&self, id: &str) -> MessageRecord {
+    pub(super) fn record(&self, id: &str) -> MessageRecord {
         self.d.store.message_shown(id).unwrap().unwrap()
     }
 
     /// Waits until the message's stored record satisfies `pred` (the worker records
     /// results asynchronously after the transport returns).
-    async fn wait_record(&self, id: &str, what: &str, pred: impl Fn(&MessageRecord) -> bool) -> MessageRecord {
+    pub(super) async fn wait_record(
+        &self,
+        id: &str,
+        what: &str,
+        pred: impl Fn(&MessageRecord) -> bool,
+    ) -> MessageRecord {
         tokio::time::timeout(WAIT, async {
             loop {
                 let rec = self.record(id);
@@ -632,6 +638,7 @@ async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
     let env = Envelope {
         target: url::Url::parse("https://r.example/elsewhere").unwrap(),
         endpoint: None,
+        route: None,
         event_id: None,
         method: "POST".into(),
         headers: vec![],

@@ -1,6 +1,8 @@
-//! One attempt, start to finish: sign with a fresh timestamp, send through the transport,
-//! decide (policy), record the result and the transition in the store, update the
-//! endpoint's streak, and log and count the outcome in one place.
+//! One attempt, start to finish: look up the message's policy (its endpoint's and route's
+//! sections over the global one, as the config says now), sign with a fresh timestamp,
+//! send through the transport within the policy's timeout, decide, record the result (with
+//! the policy's revision) and the transition in the store, update the endpoint's streak,
+//! and log and count the outcome in one place.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +14,7 @@ use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::metrics::AttemptOutcome;
 use crate::policy::circuit::{CircuitChange, HostOutcome};
-use crate::policy::{classify, decide, AttemptResult, Class, Decision, Limits};
+use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
 use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
@@ -71,7 +73,13 @@ fn secrets_for(d: &Deliverer, choice: &SigningChoice, target: &url::Url) -> Resu
 
 /// The request for one attempt. Takes the payload by value so the body moves into the
 /// request instead of being copied on every attempt.
-fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> Result<OutboundRequest, BuildError> {
+fn build(
+    d: &Deliverer,
+    rec: &MessageRecord,
+    payload: Payload,
+    now_ms: u64,
+    timeout: std::time::Duration,
+) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
     let url = url::Url::parse(&rec.target)?;
     let secrets = secrets_for(d, &payload.signing, &url)?;
@@ -87,6 +95,7 @@ fn build(d: &Deliverer, rec: &MessageRecord, payload: Payload, now_ms: u64) -> R
         url,
         headers,
         body: Bytes::from(payload.body),
+        timeout,
     })
 }
 
@@ -100,7 +109,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let Claimed { record: rec, payload } = claimed;
     let rec = &rec;
     let started_ms = d.clock.now_ms();
-    let req = match build(&d, rec, payload, started_ms) {
+    // What the config says now for this endpoint and route: a lookup, nothing allocated.
+    let policy = d.policies.resolve(rec.route.as_deref(), &rec.endpoint);
+    let req = match build(&d, rec, payload, started_ms, policy.request_timeout()) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -144,7 +155,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
     };
-    let decision = d.with_rng(|rng| decide(&result, attempts_made, &limits, &d.policy, now, rng));
+    let retry_policy = policy.retry_policy();
+    let decision = d.with_rng(|rng| decide(&result, attempts_made, &limits, &retry_policy, now, rng));
     let transition = match decision {
         Decision::Delivered => Transition::Delivered,
         Decision::RetryAt { at_ms } => Transition::RetryAt(at_ms),
@@ -155,9 +167,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         status,
         error: error.clone(),
         duration_ms: duration.as_millis().min(u32::MAX as u128) as u32,
+        policy_revision: Some(policy.revision()),
     };
 
-    let outcome = match (&result, status.map(classify)) {
+    // Counted by what the policy made of the status (a 409 ruled success is delivered).
+    let outcome = match (&result, status.map(|s| retry_policy.statuses.classify(s))) {
         (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
         (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
         (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,

@@ -76,7 +76,9 @@ pub(super) fn delivery_detail(d: &Value) -> String {
         "state",
         "target",
         "endpoint",
+        "route",
         "attempts",
+        "max_attempts",
         "accepted_at",
         "next_attempt_at",
         "give_up_at",
@@ -92,6 +94,9 @@ pub(super) fn delivery_detail(d: &Value) -> String {
             out.push(format!("{f:<16}{}", cell(&d[f])));
         }
     }
+    // The policy the next attempt is made under (the config's now), with its revision: an
+    // attempt below made under another revision ran under settings since changed.
+    out.push(format!("{:<16}{}", "policy", cell(&d["policy"]["summary"])));
     let rows: Vec<Vec<String>> = d["history"]
         .as_array()
         .map(|h| {
@@ -103,6 +108,7 @@ pub(super) fn delivery_detail(d: &Value) -> String {
                         cell(&a["at"]),
                         cell(&a["status"]),
                         cell(&a["duration_ms"]),
+                        cell(&a["policy_revision"]),
                         cell(&a["error"]),
                     ]
                 })
@@ -110,7 +116,7 @@ pub(super) fn delivery_detail(d: &Value) -> String {
         })
         .unwrap_or_default();
     out.push(String::new());
-    out.push(table(&["#", "AT", "STATUS", "MS", "ERROR"], &rows));
+    out.push(table(&["#", "AT", "STATUS", "MS", "POLICY", "ERROR"], &rows));
     out.join("\n")
 }
 

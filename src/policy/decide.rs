@@ -1,13 +1,14 @@
 //! The whole decision after one attempt (CONTRACT §3): delivered, retry at a given time, or
-//! dead-letter with a reason. Combines [`classify`], [`Backoff`], [`parse_retry_after`] and the
-//! message's give-up limits; pure, so tests assert exact retry times.
+//! dead-letter with a reason. Combines the status rules ([`Statuses`]), the [`Backoff`] with
+//! its jitter, [`parse_retry_after`] and the message's give-up limits; pure, so tests assert
+//! exact retry times.
 
 use std::time::Duration;
 
 use super::backoff::Backoff;
-use super::classify::{classify, Class};
+use super::classify::{Class, Statuses};
 use super::retry_after::parse_retry_after;
-use crate::model::DeadReason;
+use crate::model::{DeadReason, Jitter};
 
 /// What one attempt produced, as far as the policy cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,17 +26,21 @@ pub enum AttemptResult {
     EgressDenied,
 }
 
-/// The configured retry policy shared by all messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Delay before the next attempt.
-    pub backoff: Backoff,
-    /// Default attempt cap, used to build [`Limits`] when a message has no override.
-    pub max_attempts: u32,
-    /// Attempt cap for messages whose receiver keeps answering 404.
+/// The settings one attempt's decision is made under: what the config says now for the
+/// message's endpoint and route (see [`super::book`]). Borrowed from the policy book and
+/// `Copy`, so looking it up per attempt allocates nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy<'a> {
+    /// The shape of the wait before the next attempt.
+    pub backoff: &'a Backoff,
+    /// How that wait is randomised.
+    pub jitter: Jitter,
+    /// Attempt cap for messages whose receiver keeps answering a `retry_limited` status (404).
     pub max_attempts_404: u32,
     /// The longest wait a `Retry-After` header can impose.
     pub max_retry_after: Duration,
+    /// What each status means.
+    pub statuses: Statuses<'a>,
 }
 
 /// The give-up limits of one message, with per-message overrides already applied.
@@ -63,29 +68,31 @@ pub enum Decision {
 
 /// Decides what happens after an attempt. `attempts_made` includes the attempt just made.
 ///
-/// 2xx → delivered; 400/401/403/410/422 → dead (`permanent_status`); egress refusal → dead
-/// (`egress_denied`); 404 → dead (`max_attempts`) once `min(max_attempts_404, max_attempts)`
-/// attempts were made; any retry → dead (`max_attempts`) once `max_attempts` were made, else
-/// wait the jittered backoff, stretched (never shortened) by a `Retry-After` on 429/503 capped
-/// at `max_retry_after`; if that lands after the give-up time → dead (`expired`).
+/// By the status's class (the seed's table unless the policy's rules say otherwise):
+/// success → delivered; permanent → dead (`permanent_status`); egress refusal → dead
+/// (`egress_denied`); retry_limited (404) → dead (`max_attempts`) once
+/// `min(max_attempts_404, max_attempts)` attempts were made; any retry → dead
+/// (`max_attempts`) once `max_attempts` were made, else wait the jittered backoff (or
+/// schedule step), stretched (never shortened) by a `Retry-After` on 429/503 capped at
+/// `max_retry_after`; if that lands after the give-up time → dead (`expired`).
 pub fn decide(
     result: &AttemptResult,
     attempts_made: u32,
     limits: &Limits,
-    policy: &RetryPolicy,
+    policy: &RetryPolicy<'_>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Decision {
     let retry_after = match result {
         AttemptResult::EgressDenied => return Decision::Dead(DeadReason::EgressDenied),
         AttemptResult::NetworkError => None,
-        AttemptResult::Status { code, retry_after } => match classify(*code) {
+        AttemptResult::Status { code, retry_after } => match policy.statuses.classify(*code) {
             Class::Delivered => return Decision::Delivered,
             Class::Permanent => return Decision::Dead(DeadReason::PermanentStatus),
-            Class::NotFound if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
+            Class::RetryLimited if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
                 return Decision::Dead(DeadReason::MaxAttempts)
             }
-            Class::NotFound | Class::Retry => match (code, retry_after) {
+            Class::RetryLimited | Class::Retry => match (code, retry_after) {
                 // Only these two statuses carry a meaningful Retry-After (RFC 9110 §10.2.3, RFC 6585).
                 (429 | 503, Some(value)) => parse_retry_after(value, now_ms),
                 _ => None,
@@ -95,7 +102,7 @@ pub fn decide(
     if attempts_made >= limits.max_attempts {
         return Decision::Dead(DeadReason::MaxAttempts);
     }
-    let mut delay = policy.backoff.delay(attempts_made, rng);
+    let mut delay = policy.backoff.delay(attempts_made, policy.jitter, rng);
     if let Some(asked) = retry_after {
         delay = delay.max(asked.min(policy.max_retry_after));
     }
@@ -109,296 +116,5 @@ pub fn decide(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::Jitter;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
-
-    const NOW: u64 = 1_700_000_000_000;
-    const SEC: u64 = 1_000;
-    const MIN: u64 = 60 * SEC;
-    const HOUR: u64 = 60 * MIN;
-    /// `NOW` as an HTTP-date (2023-11-14T22:13:20Z).
-    const NOW_DATE: &str = "Tue, 14 Nov 2023 22:13:20 GMT";
-
-    fn policy(jitter: Jitter) -> RetryPolicy {
-        RetryPolicy {
-            backoff: Backoff::new(Duration::from_millis(MIN), Duration::from_millis(HOUR), jitter).unwrap(),
-            max_attempts: 16,
-            max_attempts_404: 5,
-            max_retry_after: Duration::from_millis(24 * HOUR),
-        }
-    }
-
-    fn limits() -> Limits {
-        Limits {
-            max_attempts: 16,
-            give_up_at_ms: NOW + 72 * HOUR,
-        }
-    }
-
-    fn status(code: u16) -> AttemptResult {
-        AttemptResult::Status {
-            code,
-            retry_after: None,
-        }
-    }
-
-    fn status_ra(code: u16, retry_after: &str) -> AttemptResult {
-        AttemptResult::Status {
-            code,
-            retry_after: Some(retry_after.to_string()),
-        }
-    }
-
-    fn retry_in(ms: u64) -> Decision {
-        Decision::RetryAt { at_ms: NOW + ms }
-    }
-
-    const DEAD_MAX: Decision = Decision::Dead(DeadReason::MaxAttempts);
-    const DEAD_EXPIRED: Decision = Decision::Dead(DeadReason::Expired);
-    const DEAD_PERMANENT: Decision = Decision::Dead(DeadReason::PermanentStatus);
-
-    fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy) -> Decision {
-        decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1))
-    }
-
-    #[test]
-    fn outcome_table_with_default_limits() {
-        let p = policy(Jitter::None);
-        let l = limits();
-        let table: Vec<(AttemptResult, u32, Decision)> = vec![
-            (status(200), 1, Decision::Delivered),
-            (status(204), 16, Decision::Delivered),
-            (status(299), 99, Decision::Delivered),
-            (status(400), 1, DEAD_PERMANENT),
-            (status(401), 1, DEAD_PERMANENT),
-            (status(403), 1, DEAD_PERMANENT),
-            (status(410), 1, DEAD_PERMANENT),
-            (status(422), 1, DEAD_PERMANENT),
-            (AttemptResult::EgressDenied, 1, Decision::Dead(DeadReason::EgressDenied)),
-            (AttemptResult::NetworkError, 1, retry_in(MIN)),
-            (AttemptResult::NetworkError, 2, retry_in(2 * MIN)),
-            (status(500), 3, retry_in(4 * MIN)),
-            (status(502), 4, retry_in(8 * MIN)),
-            (status(408), 5, retry_in(16 * MIN)),
-            (status(429), 6, retry_in(32 * MIN)),
-            (status(503), 7, retry_in(HOUR)),
-            (status(302), 8, retry_in(HOUR)),
-            (status(418), 15, retry_in(HOUR)),
-            (status(100), 1, retry_in(MIN)),
-            (status(500), 16, DEAD_MAX),
-            (AttemptResult::NetworkError, 16, DEAD_MAX),
-            (status(500), 17, DEAD_MAX),
-            (status(404), 1, retry_in(MIN)),
-            (status(404), 4, retry_in(8 * MIN)),
-            (status(404), 5, DEAD_MAX),
-            (status(404), 6, DEAD_MAX),
-            // A permanent status wins even past the attempt cap.
-            (status(410), 16, DEAD_PERMANENT),
-        ];
-        for (result, attempts, want) in table {
-            assert_eq!(
-                run(&result, attempts, &l, &p),
-                want,
-                "{result:?} after {attempts} attempts"
-            );
-        }
-    }
-
-    #[test]
-    fn retry_after_seconds_on_429_and_503_stretches_the_backoff() {
-        let p = policy(Jitter::None);
-        let l = limits();
-        let table = [
-            (status_ra(429, "120"), 1, retry_in(120 * SEC)),
-            (status_ra(503, "120"), 1, retry_in(120 * SEC)),
-            (status_ra(503, " 7200 "), 3, retry_in(2 * HOUR)),
-            // Shorter than the backoff: the backoff wins.
-            (status_ra(429, "5"), 1, retry_in(MIN)),
-            (status_ra(429, "0"), 2, retry_in(2 * MIN)),
-            // Unparsable: the backoff alone.
-            (status_ra(429, "soon"), 1, retry_in(MIN)),
-            (status_ra(503, "-5"), 1, retry_in(MIN)),
-            (status_ra(503, "1.5"), 1, retry_in(MIN)),
-            (status_ra(503, ""), 1, retry_in(MIN)),
-        ];
-        for (result, attempts, want) in table {
-            assert_eq!(run(&result, attempts, &l, &p), want, "{result:?}");
-        }
-    }
-
-    #[test]
-    fn retry_after_http_date_on_429_and_503() {
-        let p = policy(Jitter::None);
-        let l = limits();
-        let in_3h = "Wed, 15 Nov 2023 01:13:20 GMT";
-        assert_eq!(run(&status_ra(429, in_3h), 1, &l, &p), retry_in(3 * HOUR));
-        assert_eq!(run(&status_ra(503, in_3h), 1, &l, &p), retry_in(3 * HOUR));
-        assert_eq!(
-            run(&status_ra(503, "Wednesday, 15-Nov-23 01:13:20 GMT"), 1, &l, &p),
-            retry_in(3 * HOUR)
-        );
-        assert_eq!(
-            run(&status_ra(503, "Wed Nov 15 01:13:20 2023"), 1, &l, &p),
-            retry_in(3 * HOUR)
-        );
-        // Now or in the past: no extra wait, the backoff applies.
-        assert_eq!(run(&status_ra(429, NOW_DATE), 2, &l, &p), retry_in(2 * MIN));
-        assert_eq!(
-            run(&status_ra(429, "Mon, 01 Jan 2001 00:00:00 GMT"), 1, &l, &p),
-            retry_in(MIN)
-        );
-    }
-
-    #[test]
-    fn retry_after_is_ignored_on_other_statuses() {
-        let p = policy(Jitter::None);
-        let l = limits();
-        for code in [500, 502, 504, 408, 404, 302, 418] {
-            assert_eq!(run(&status_ra(code, "7200"), 1, &l, &p), retry_in(MIN), "status {code}");
-        }
-        // And it never rescues a permanent status or a success.
-        assert_eq!(run(&status_ra(410, "60"), 1, &l, &p), DEAD_PERMANENT);
-        assert_eq!(run(&status_ra(200, "60"), 1, &l, &p), Decision::Delivered);
-    }
-
-    #[test]
-    fn retry_after_is_capped_by_max_retry_after() {
-        let mut p = policy(Jitter::None);
-        let l = Limits {
-            max_attempts: 16,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(run(&status_ra(429, "999999999"), 1, &l, &p), retry_in(24 * HOUR));
-        assert_eq!(run(&status_ra(503, &"9".repeat(40)), 1, &l, &p), retry_in(24 * HOUR));
-        assert_eq!(
-            run(&status_ra(429, "Fri, 31 Dec 9999 23:59:59 GMT"), 1, &l, &p),
-            retry_in(24 * HOUR)
-        );
-        p.max_retry_after = Duration::from_millis(10 * MIN);
-        assert_eq!(run(&status_ra(429, "3600"), 1, &l, &p), retry_in(10 * MIN));
-        // The cap limits Retry-After, never the backoff itself.
-        assert_eq!(run(&status_ra(429, "3600"), 7, &l, &p), retry_in(HOUR));
-        p.max_retry_after = Duration::ZERO;
-        assert_eq!(run(&status_ra(503, "3600"), 1, &l, &p), retry_in(MIN));
-    }
-
-    #[test]
-    fn a_retry_past_the_give_up_time_expires() {
-        let p = policy(Jitter::None);
-        let l = Limits {
-            max_attempts: 16,
-            give_up_at_ms: NOW + 30 * MIN,
-        };
-        assert_eq!(run(&status(500), 5, &l, &p), retry_in(16 * MIN));
-        assert_eq!(run(&status(500), 6, &l, &p), DEAD_EXPIRED);
-        // Exactly at the give-up time is still allowed.
-        let edge = Limits {
-            max_attempts: 16,
-            give_up_at_ms: NOW + 32 * MIN,
-        };
-        assert_eq!(run(&status(500), 6, &edge, &p), retry_in(32 * MIN));
-        // Retry-After pushing past it expires.
-        assert_eq!(run(&status_ra(429, "1800"), 1, &l, &p), retry_in(30 * MIN));
-        assert_eq!(run(&status_ra(429, "1801"), 1, &l, &p), DEAD_EXPIRED);
-        assert_eq!(
-            run(&status_ra(503, "Wed, 15 Nov 2023 01:13:20 GMT"), 1, &l, &p),
-            DEAD_EXPIRED
-        );
-        // Already past the give-up time.
-        let past = Limits {
-            max_attempts: 16,
-            give_up_at_ms: NOW - 1,
-        };
-        assert_eq!(run(&AttemptResult::NetworkError, 1, &past, &p), DEAD_EXPIRED);
-        // The attempt cap is checked first.
-        assert_eq!(run(&status(500), 16, &past, &p), DEAD_MAX);
-    }
-
-    #[test]
-    fn the_404_cap_is_the_smaller_of_both_limits() {
-        let mut p = policy(Jitter::None);
-        let l3 = Limits {
-            max_attempts: 3,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(run(&status(404), 2, &l3, &p), retry_in(2 * MIN));
-        assert_eq!(run(&status(404), 3, &l3, &p), DEAD_MAX);
-        p.max_attempts_404 = 1;
-        assert_eq!(run(&status(404), 1, &limits(), &p), DEAD_MAX);
-        assert_eq!(run(&status(500), 1, &limits(), &p), retry_in(MIN));
-        p.max_attempts_404 = 100;
-        assert_eq!(run(&status(404), 15, &limits(), &p), retry_in(HOUR));
-        assert_eq!(run(&status(404), 16, &limits(), &p), DEAD_MAX);
-    }
-
-    #[test]
-    fn per_message_max_attempts_override() {
-        let p = policy(Jitter::None);
-        let one = Limits {
-            max_attempts: 1,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(run(&status(500), 1, &one, &p), DEAD_MAX);
-        assert_eq!(run(&status(200), 1, &one, &p), Decision::Delivered);
-        let many = Limits {
-            max_attempts: 100,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(run(&status(500), 50, &many, &p), retry_in(HOUR));
-        assert_eq!(run(&status(500), 100, &many, &p), DEAD_MAX);
-        let zero = Limits {
-            max_attempts: 0,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(run(&status(500), 1, &zero, &p), DEAD_MAX);
-    }
-
-    #[test]
-    fn jittered_delays_with_a_fixed_seed() {
-        let l = limits();
-        let equal = policy(Jitter::Equal);
-        let full = policy(Jitter::Full);
-        let mut rng = StdRng::seed_from_u64(7);
-        let got: Vec<Decision> = (1..=4)
-            .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng))
-            .collect();
-        assert_eq!(got, EQUAL_SEED_7.map(retry_in).to_vec());
-        for (n, d) in (1..=4).zip(&got) {
-            let Decision::RetryAt { at_ms } = d else {
-                panic!("{d:?}")
-            };
-            let base = MIN << (n - 1);
-            assert!(*at_ms >= NOW + base / 2 && *at_ms <= NOW + base, "n = {n}");
-        }
-        let mut rng = StdRng::seed_from_u64(7);
-        let got: Vec<Decision> = (1..=4)
-            .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng))
-            .collect();
-        assert_eq!(got, FULL_SEED_7.map(retry_in).to_vec());
-        // Retry-After still wins over a jittered (shorter) backoff.
-        let mut rng = StdRng::seed_from_u64(7);
-        assert_eq!(
-            decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng),
-            retry_in(10 * MIN)
-        );
-    }
-
-    const EQUAL_SEED_7: [u64; 4] = [30_909, 78_425, 137_117, 370_204];
-    const FULL_SEED_7: [u64; 4] = [1_819, 36_850, 34_234, 260_408];
-
-    #[test]
-    fn no_overflow_at_the_end_of_time() {
-        let p = policy(Jitter::None);
-        let l = Limits {
-            max_attempts: 16,
-            give_up_at_ms: u64::MAX,
-        };
-        assert_eq!(
-            decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)),
-            Decision::RetryAt { at_ms: u64::MAX }
-        );
-    }
-}
+#[path = "decide_tests.rs"]
+mod tests;

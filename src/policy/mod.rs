@@ -3,14 +3,19 @@
 //! Nothing here reads a clock, touches the network or draws global randomness: callers pass
 //! `now_ms` (unix millis) and an `&mut impl rand::Rng`, so tests assert exact times.
 //!
-//! - [`classify`] maps a response status to delivered / retry / permanent / not-found.
-//! - [`backoff`] computes the exponential delay with jitter before the next attempt.
+//! - [`classify`] maps a response status to success / retry / permanent / retry_limited:
+//!   the seed's table, and the rules a config section puts in front of it.
+//! - [`backoff`] computes the delay before the next attempt (exponential, or an explicit
+//!   schedule) with jitter.
 //! - [`retry_after`] parses a receiver's `Retry-After` header (seconds or HTTP-date).
 //! - [`rate`] is the per-endpoint token bucket.
 //! - [`circuit`] is the per-host circuit breaker.
 //! - [`decide`] combines them with the give-up limits into one [`Decision`].
+//! - [`book`] says which settings a message gets: the global ones overridden by its
+//!   route's and its endpoint's sections.
 
 pub mod backoff;
+pub mod book;
 pub mod circuit;
 pub mod classify;
 pub mod decide;
@@ -18,7 +23,8 @@ pub mod rate;
 pub mod retry_after;
 
 pub use backoff::{Backoff, BackoffError};
-pub use classify::{classify, Class};
+pub use book::{BasePolicy, Overrides, PolicyBook, Resolved};
+pub use classify::{classify, Class, StatusError, StatusMatch, StatusRules, Statuses};
 pub use decide::{decide, AttemptResult, Decision, Limits, RetryPolicy};
 pub use rate::TokenBucket;
 pub use retry_after::parse_retry_after;

@@ -28,8 +28,9 @@ pub fn step(w: &World) -> Result<(), String> {
     limits(w)
 }
 
-/// The caps: never more in flight to one host than its cap, nor in all than
-/// `delivery.max_in_flight`; and ordered endpoints' attempts in order, one at a time.
+/// The caps: never more in flight to one host than its cap, to one endpoint than its
+/// `max_in_flight`, nor in all than `delivery.max_in_flight`; and ordered endpoints'
+/// attempts in order, one at a time.
 fn limits(w: &World) -> Result<(), String> {
     if let Some(v) = w.rx.order.violations().first() {
         return Err(format!("ordering broken: {v}"));
@@ -45,6 +46,16 @@ fn limits(w: &World) -> Result<(), String> {
     for (host, max) in per_host {
         if max > cap {
             return Err(format!("{max} attempts in flight to {host}, cap {cap}"));
+        }
+    }
+    for e in &w.config().endpoints {
+        let cap = e.policy.max_in_flight.map_or(usize::MAX, |c| c as usize);
+        let max = w.rx.max_in_flight_per_endpoint().get(&e.key).copied().unwrap_or(0);
+        if max > cap {
+            return Err(format!(
+                "{max} attempts in flight to endpoint {}, its max_in_flight {cap}",
+                e.key
+            ));
         }
     }
     Ok(())

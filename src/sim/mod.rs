@@ -14,7 +14,8 @@
 //! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
 //! indexes and counters agree with its records, attempts counted equal attempts seen (less
 //! those a crash cut), no attempt comes before its backoff or `Retry-After`, the host caps,
-//! `max_in_flight` and each endpoint's rate hold, bodies and event ids arrive as accepted with a fresh timestamp per attempt, a
+//! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and
+//! event ids arrive as accepted with a fresh timestamp per attempt, a
 //! duplicate is acknowledged only when its original is stored, and for the ordered endpoints
 //! (one `on_dead = "skip"`, one `"block"`) attempts start in acceptance order and never
 //! overlap ([`order`]).

@@ -54,6 +54,9 @@ struct State {
     in_flight: BTreeMap<String, usize>,
     max_per_host: BTreeMap<String, usize>,
     max_total: usize,
+    /// Attempts in flight per endpoint (the URL: the targets have no query) now, and the most.
+    in_flight_endpoint: BTreeMap<String, usize>,
+    max_per_endpoint: BTreeMap<String, usize>,
 }
 
 /// The receivers of a run.
@@ -77,6 +80,8 @@ impl SimTransport {
                 in_flight: BTreeMap::new(),
                 max_per_host: BTreeMap::new(),
                 max_total: 0,
+                in_flight_endpoint: BTreeMap::new(),
+                max_per_endpoint: BTreeMap::new(),
             }),
             order: Default::default(),
         })
@@ -117,6 +122,7 @@ impl SimTransport {
         let mut st = self.lock();
         st.held.clear();
         st.in_flight.clear();
+        st.in_flight_endpoint.clear();
         self.order.reset_in_flight();
     }
 
@@ -126,10 +132,18 @@ impl SimTransport {
         (st.max_per_host.clone(), st.max_total)
     }
 
+    /// The most attempts ever in flight at once to one endpoint, per endpoint.
+    pub fn max_in_flight_per_endpoint(&self) -> BTreeMap<String, usize> {
+        self.lock().max_per_endpoint.clone()
+    }
+
     fn ended(&self, host: &str, url: &str) {
         self.order.ended(url);
         let mut st = self.lock();
         if let Some(n) = st.in_flight.get_mut(host) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(n) = st.in_flight_endpoint.get_mut(url) {
             *n = n.saturating_sub(1);
         }
     }
@@ -216,8 +230,15 @@ impl Transport for SimTransport {
         let max = st.max_per_host.entry(host.clone()).or_default();
         *max = (*max).max(now_host);
         st.max_total = st.max_total.max(total);
-        let index = st.log.len();
         let url = req.url.to_string();
+        let now_endpoint = {
+            let n = st.in_flight_endpoint.entry(url.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let max = st.max_per_endpoint.entry(url.clone()).or_default();
+        *max = (*max).max(now_endpoint);
+        let index = st.log.len();
         let event = header(&req, crate::signing::WEBHOOK_ID);
         self.order.started(&url, &event, now);
         st.log.push(Seen {

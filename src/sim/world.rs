@@ -121,8 +121,20 @@ pub fn sim_config() -> Config {
             key: key.to_string(),
             rate_per_second: None,
             fifo: Some(*on_dead),
+            policy: Default::default(),
         })
         .collect();
+    // One endpoint capped below its host's cap, so the endpoint cap binds too (no other
+    // policy key: the gap check assumes the global backoff).
+    c.endpoints.push(crate::config::EndpointConfig {
+        key: TARGETS[0].to_string(),
+        rate_per_second: None,
+        fifo: None,
+        policy: crate::config::PolicyOverrides {
+            max_in_flight: Some(1),
+            ..Default::default()
+        },
+    });
     c
 }
 
@@ -330,6 +342,7 @@ impl World {
             let env = Envelope {
                 target: url::Url::parse(target).expect("sim targets are URLs"),
                 endpoint: None,
+                route: None,
                 event_id: Some(event.clone()),
                 method: "POST".into(),
                 headers: vec![("content-type".into(), b"application/json".to_vec())],
@@ -453,7 +466,7 @@ impl World {
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
                         let ordered = self.rx.order.before_replay(&d.store, std::slice::from_ref(id));
-                        let r = d.store.replay(id, now, give_up).expect("replay");
+                        let r = d.store.replay(id, now, |_| give_up).expect("replay");
                         self.rx.order.after_replay(ordered);
                         format!("replay {id}: {r:?}")
                     }
@@ -464,7 +477,7 @@ impl World {
                 let ordered = self.rx.order.before_replay(&d.store, &self.list(State::Dead));
                 let n = d
                     .store
-                    .replay_dead(&ListFilter::default(), now, give_up)
+                    .replay_dead(&ListFilter::default(), now, |_| give_up)
                     .expect("bulk replay");
                 self.rx.order.after_replay(ordered);
                 format!("bulk replay: {n}")

@@ -27,8 +27,13 @@ const MESSAGE_V1: [u8; 2] = [b'M', 1];
 /// A message of an ordered endpoint: version 1 plus its [`Fifo`] place. Unordered messages
 /// are still written as version 1, so a courier from before ordering reads them.
 const MESSAGE_V2: [u8; 2] = [b'M', 2];
+/// Version 1 plus an optional [`Fifo`] place and the route the message was accepted
+/// through; written only for messages that came through a route.
+const MESSAGE_V3: [u8; 2] = [b'M', 3];
 const PAYLOAD_V1: [u8; 2] = [b'P', 1];
 const ATTEMPT_V1: [u8; 2] = [b'A', 1];
+/// Version 2 adds the revision of the policy the attempt was made under.
+const ATTEMPT_V2: [u8; 2] = [b'A', 2];
 const ENDPOINT_V1: [u8; 2] = [b'E', 1];
 const ENDPOINT_V2: [u8; 2] = [b'E', 2];
 const ROUTING_V1: [u8; 2] = [b'R', 1];
@@ -46,6 +51,9 @@ pub struct MessageRecord {
     pub endpoint: String,
     /// `host:port` the per-host cap applies to.
     pub host: String,
+    /// The `[[route]]` it was accepted through (`None` for other forms, and for messages
+    /// stored before routes were recorded): its retry settings apply at each attempt.
+    pub route: Option<String>,
     /// Current state.
     pub state: State,
     /// Attempts made so far in the current round (reset by a replay).
@@ -131,6 +139,9 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     /// How long it took.
     pub duration_ms: u32,
+    /// The revision of the policy it was made under (`policy::Resolved::revision`); `None`
+    /// for attempts recorded before revisions were.
+    pub policy_revision: Option<u32>,
 }
 
 /// Persistent state of an endpoint.
@@ -315,7 +326,12 @@ fn scheme_from(b: u8) -> Result<Option<SignatureScheme>, CodecError> {
 impl MessageRecord {
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
-        let tag = if self.fifo.is_some() { MESSAGE_V2 } else { MESSAGE_V1 };
+        // The oldest version that carries the record, so older couriers read what they can.
+        let tag = match (&self.route, self.fifo) {
+            (Some(_), _) => MESSAGE_V3,
+            (None, Some(_)) => MESSAGE_V2,
+            (None, None) => MESSAGE_V1,
+        };
         let mut w = Writer::new(tag, 128 + self.target.len() * 2);
         w.str(&self.id);
         w.str(&self.event_id);
@@ -333,26 +349,44 @@ impl MessageRecord {
         w.u8(reason_byte(self.dead_reason));
         w.opt_u16(self.last_status);
         w.opt_str(self.last_error.as_deref());
-        if let Some(fifo) = self.fifo {
+        let fifo = |w: &mut Writer, fifo: Fifo| {
             w.u8(match fifo.on_dead {
                 OnDead::Skip => 0,
                 OnDead::Block => 1,
             });
             w.u64(fifo.pos);
+        };
+        match (&self.route, self.fifo) {
+            (Some(route), f) => {
+                w.u8(u8::from(f.is_some()));
+                if let Some(f) = f {
+                    fifo(&mut w, f);
+                }
+                w.str(route);
+            }
+            (None, Some(f)) => fifo(&mut w, f),
+            (None, None) => {}
         }
         w.0
     }
 
-    /// Decodes a record written by [`MessageRecord::encode`].
+    /// Decodes a record of any version [`MessageRecord::encode`] writes: 1 (no fifo place,
+    /// no route), 2 (a fifo place) or 3 (maybe a fifo place, and a route).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let v2 = buf.get(..2) == Some(&MESSAGE_V2[..]);
-        let mut r = Reader::new("message", if v2 { MESSAGE_V2 } else { MESSAGE_V1 }, buf)?;
+        let version = buf.get(..2).filter(|t| t[0] == b'M').map_or(1, |t| t[1]);
+        let tag = match version {
+            2 => MESSAGE_V2,
+            3 => MESSAGE_V3,
+            _ => MESSAGE_V1,
+        };
+        let mut r = Reader::new("message", tag, buf)?;
         let mut rec = MessageRecord {
             id: r.string()?,
             event_id: r.string()?,
             target: r.string()?,
             endpoint: r.string()?,
             host: r.string()?,
+            route: None,
             state: State::from_byte(r.u8()?).ok_or(CodecError::Corrupt("message", "unknown state"))?,
             attempts: r.u32()?,
             history_len: r.u32()?,
@@ -366,13 +400,22 @@ impl MessageRecord {
             last_error: r.opt_string()?,
             fifo: None,
         };
-        if v2 {
+        // Version 2: the fifo place; version 3: a flag and maybe the fifo place, then the route.
+        let has_fifo = match version {
+            2 => true,
+            3 => r.flag()?,
+            _ => false,
+        };
+        if has_fifo {
             let on_dead = match r.u8()? {
                 0 => OnDead::Skip,
                 1 => OnDead::Block,
                 _ => return Err(CodecError::Corrupt("message", "unknown on_dead")),
             };
             rec.fifo = Some(Fifo { on_dead, pos: r.u64()? });
+        }
+        if version == 3 {
+            rec.route = Some(r.string()?);
         }
         r.end()?;
         Ok(rec)
@@ -440,22 +483,32 @@ impl Payload {
 impl AttemptRecord {
     /// Encodes the attempt.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(ATTEMPT_V1, 32);
+        let mut w = Writer::new(ATTEMPT_V2, 40);
         w.u64(self.at_ms);
         w.opt_u16(self.status);
         w.opt_str(self.error.as_deref());
         w.u32(self.duration_ms);
+        match self.policy_revision {
+            Some(rev) => {
+                w.u8(1);
+                w.u32(rev);
+            }
+            None => w.u8(0),
+        }
         w.0
     }
 
-    /// Decodes an attempt written by [`AttemptRecord::encode`].
+    /// Decodes an attempt written by [`AttemptRecord::encode`], or by a courier that wrote
+    /// version 1 (no policy revision).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Reader::new("attempt", ATTEMPT_V1, buf)?;
+        let v1 = buf.get(..2) == Some(&ATTEMPT_V1[..]);
+        let mut r = Reader::new("attempt", if v1 { ATTEMPT_V1 } else { ATTEMPT_V2 }, buf)?;
         let rec = AttemptRecord {
             at_ms: r.u64()?,
             status: r.opt_u16()?,
             error: r.opt_string()?,
             duration_ms: r.u32()?,
+            policy_revision: if !v1 && r.flag()? { Some(r.u32()?) } else { None },
         };
         r.end()?;
         Ok(rec)
@@ -517,126 +570,8 @@ impl Routing {
     }
 }
 
+// The tests live with the other store tests; as a child of this module they reach the
+// writer and the version tags, to build records older couriers wrote.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message() -> MessageRecord {
-        MessageRecord {
-            id: "dlv_01".into(),
-            event_id: "evt_1".into(),
-            target: "https://r.example/h?x=1".into(),
-            endpoint: "https://r.example/h".into(),
-            host: "r.example:443".into(),
-            state: State::Dead,
-            attempts: 3,
-            history_len: 5,
-            max_attempts: 16,
-            accepted_at_ms: 1,
-            next_attempt_at_ms: 2,
-            give_up_at_ms: 3,
-            finished_at_ms: 4,
-            dead_reason: Some(DeadReason::PermanentStatus),
-            last_status: Some(410),
-            last_error: Some("gone".into()),
-            fifo: None,
-        }
-    }
-
-    #[test]
-    fn every_record_round_trips() {
-        let m = message();
-        assert_eq!(MessageRecord::decode(&m.encode()), Ok(m.clone()));
-        let open = MessageRecord {
-            state: State::Pending,
-            dead_reason: None,
-            last_status: None,
-            last_error: None,
-            ..m
-        };
-        assert_eq!(MessageRecord::decode(&open.encode()), Ok(open.clone()));
-        let ordered = MessageRecord {
-            fifo: Some(Fifo {
-                on_dead: OnDead::Block,
-                pos: 7,
-            }),
-            ..open.clone()
-        };
-        assert_eq!(ordered.encode()[..2], [b'M', 2]);
-        assert_eq!(MessageRecord::decode(&ordered.encode()), Ok(ordered));
-        assert_eq!(open.encode()[..2], [b'M', 1], "unordered records stay version 1");
-
-        for signing in [
-            SigningChoice::Default,
-            SigningChoice::Key("billing".into()),
-            SigningChoice::Inline("whsec_x".into()),
-        ] {
-            let p = Payload {
-                method: "POST".into(),
-                headers: vec![
-                    ("content-type".into(), b"application/json".to_vec()),
-                    ("x-a".into(), vec![0xff, 0]),
-                ],
-                body: (0..=255u8).collect(),
-                scheme: Some(SignatureScheme::Stripe),
-                signing,
-            };
-            assert_eq!(Payload::decode(&p.encode()), Ok(p));
-        }
-        let a = AttemptRecord {
-            at_ms: 9,
-            status: None,
-            error: Some("connection refused".into()),
-            duration_ms: 12,
-        };
-        assert_eq!(AttemptRecord::decode(&a.encode()), Ok(a));
-        let e = EndpointRecord {
-            paused: true,
-            streak: 100,
-            last_status: Some(410),
-        };
-        assert_eq!(EndpointRecord::decode_stamped(&e.encode_at(77)), Ok((e.clone(), 77)));
-        // A version-1 record (no time) still reads, as written at 0.
-        let mut v1 = vec![b'E', 1, 1];
-        v1.extend_from_slice(&100u32.to_le_bytes());
-        v1.extend_from_slice(&e.encode_at(0)[7..10]);
-        assert_eq!(EndpointRecord::decode_stamped(&v1), Ok((e, 0)));
-        let r = Routing {
-            host: "h:443".into(),
-            endpoint: "https://h/x".into(),
-        };
-        assert_eq!(Routing::decode(&r.encode()), Ok(r));
-    }
-
-    #[test]
-    fn unknown_versions_are_errors_not_silence() {
-        let mut buf = message().encode();
-        buf[1] = 9;
-        assert_eq!(
-            MessageRecord::decode(&buf),
-            Err(CodecError::UnknownVersion {
-                kind: "message",
-                version: 9
-            })
-        );
-    }
-
-    #[test]
-    fn truncation_and_garbage_are_errors() {
-        let buf = message().encode();
-        for cut in 0..buf.len() {
-            assert!(MessageRecord::decode(&buf[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut long = buf.clone();
-        long.push(0);
-        assert!(MessageRecord::decode(&long).is_err());
-        assert!(Payload::decode(&buf).is_err(), "a message is not a payload");
-        assert!(Payload::decode(&[b'P', 1, 0xff, 0xff, 0xff, 0xff]).is_err());
-    }
-
-    #[test]
-    fn inline_secrets_do_not_show_in_debug_output() {
-        let s = format!("{:?}", SigningChoice::Inline("whsec_c2VjcmV0".into()));
-        assert!(!s.contains("c2VjcmV0"), "{s}");
-    }
-}
+#[path = "tests/codec.rs"]
+mod tests;

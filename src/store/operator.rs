@@ -14,9 +14,15 @@ use super::lines::LineTx;
 use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 impl Store {
-    /// Replays a dead message: pending again, attempts reset, a new give-up time, due now.
-    /// `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
-    pub fn replay(&self, id: &str, now_ms: u64, give_up_at_ms: u64) -> Result<Option<bool>, StoreError> {
+    /// Replays a dead message: pending again, attempts reset, a new give-up time (what
+    /// `give_up_at` says for it: its policy's window may depend on its endpoint and route),
+    /// due now. `Ok(None)` if there is no such message; `Ok(Some(false))` if it is not dead.
+    pub fn replay(
+        &self,
+        id: &str,
+        now_ms: u64,
+        give_up_at: impl Fn(&MessageRecord) -> u64,
+    ) -> Result<Option<bool>, StoreError> {
         let _g = self.lock(id);
         let Some(rec) = self.message(id)? else {
             return Ok(None);
@@ -28,6 +34,7 @@ impl Store {
         let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
         let _line = self.lock_lines(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
         let mut tx = LineTx::default();
+        let give_up_at_ms = give_up_at(&rec);
         self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
         self.write_with_lines(b, tx, true)?;
         self.due_floor.wrote(now_ms);
@@ -69,8 +76,14 @@ impl Store {
         Ok(())
     }
 
-    /// Replays every dead message matching `filter` (its state is forced to dead).
-    pub fn replay_dead(&self, filter: &ListFilter, now_ms: u64, give_up_at_ms: u64) -> Result<usize, StoreError> {
+    /// Replays every dead message matching `filter` (its state is forced to dead), each with
+    /// the give-up time `give_up_at` says for it.
+    pub fn replay_dead(
+        &self,
+        filter: &ListFilter,
+        now_ms: u64,
+        give_up_at: impl Fn(&MessageRecord) -> u64,
+    ) -> Result<usize, StoreError> {
         let filter = ListFilter {
             state: Some(State::Dead),
             ..filter.clone()
@@ -95,6 +108,7 @@ impl Store {
                 let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
                 // In id (acceptance) order: replayed together, they join their lines so.
                 for rec in &dead {
+                    let give_up_at_ms = give_up_at(rec);
                     self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
                 }
                 self.write_with_lines(b, tx, true)?;

@@ -15,6 +15,7 @@ mod ingress;
 mod lifecycle;
 mod metrics;
 mod ordering;
+mod policy;
 mod responsive;
 mod security;
 mod setup_script;

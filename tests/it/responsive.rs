@@ -35,6 +35,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
             let env = Envelope {
                 target: url::Url::parse(target).unwrap(),
                 endpoint: None,
+                route: None,
                 event_id: Some(format!("evt-{chunk}-{i}")),
                 method: "POST".into(),
                 headers: vec![],
@@ -75,6 +76,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
                     status: Some(410),
                     error: None,
                     duration_ms: 1,
+                    policy_revision: None,
                 },
                 transition: Transition::Dead(DeadReason::PermanentStatus),
                 now_ms: later,

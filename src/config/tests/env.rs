@@ -59,6 +59,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
         c.retry.max_delay == Duration::from_secs(7200)
     }),
     ("COURIER_RETRY_JITTER", "none", |c| c.retry.jitter == Jitter::None),
+    ("COURIER_RETRY_SCHEDULE", "5s, 5m", |c| {
+        c.retry.schedule == Some(vec![Duration::from_secs(5), Duration::from_secs(300)]) && c.retry.max_attempts == 3
+    }),
     ("COURIER_RETRY_MAX_ATTEMPTS", "3", |c| c.retry.max_attempts == 3),
     ("COURIER_RETRY_GIVE_UP_AFTER", "1h", |c| {
         c.retry.give_up_after == Duration::from_secs(3600)

@@ -108,7 +108,7 @@ fn bad_file_values_name_the_key() {
         ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
         (
             "[[endpoint]]\nkey = \"k\"\n",
-            "endpoint[0]: sets nothing (give rate_per_second or ordering)",
+            "endpoint[0]: sets nothing (give rate_per_second, ordering or a retry setting)",
         ),
         (
             "[[endpoint]]\nkey = \"k\"\nordering = \"lifo\"\n",

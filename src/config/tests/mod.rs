@@ -8,6 +8,7 @@ mod access;
 mod env;
 mod file;
 mod load;
+mod policy;
 mod scopes;
 mod summary;
 mod validate;

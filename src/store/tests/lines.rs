@@ -117,7 +117,7 @@ async fn block_holds_the_line_and_a_replay_of_its_head_goes_first() {
         "startup pauses it"
     );
 
-    assert_eq!(store.replay("dlv_1", 400, 90_000).unwrap(), Some(true));
+    assert_eq!(store.replay("dlv_1", 400, |_| 90_000).unwrap(), Some(true));
     assert_eq!(
         due_ids(&store, 10_000),
         vec!["dlv_1"],
@@ -140,7 +140,7 @@ async fn a_replay_of_a_skipped_message_goes_to_the_end() {
         store.accept(ordered(id, OnDead::Skip)).await.unwrap();
     }
     finish(&store, "dlv_1", Transition::Dead(DeadReason::Expired), 200);
-    assert_eq!(store.replay("dlv_1", 300, 90_000).unwrap(), Some(true));
+    assert_eq!(store.replay("dlv_1", 300, |_| 90_000).unwrap(), Some(true));
     let order: Vec<String> = (0..3)
         .map(|n| {
             let id = due_ids(&store, 10_000).pop().expect("a head");
@@ -155,7 +155,7 @@ async fn a_replay_of_a_skipped_message_goes_to_the_end() {
     }
     finish(&store, "dlv_4", Transition::Dead(DeadReason::Expired), 500);
     finish(&store, "dlv_5", Transition::Dead(DeadReason::Expired), 510);
-    assert_eq!(store.replay_dead(&ListFilter::default(), 600, 90_000).unwrap(), 2);
+    assert_eq!(store.replay_dead(&ListFilter::default(), 600, |_| 90_000).unwrap(), 2);
     assert_eq!(due_ids(&store, 10_000), vec!["dlv_4"]);
     assert_eq!(head(&store), Some(("dlv_4".into(), false, 1)));
     clean(&store);

@@ -40,6 +40,7 @@ pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
             target: "https://r.example/h".into(),
             endpoint: "https://r.example/h".into(),
             host: "r.example:443".into(),
+            route: None,
             state: State::Pending,
             attempts: 0,
             history_len: 0,
@@ -94,6 +95,7 @@ fn attempt(status: u16) -> AttemptRecord {
         status: Some(status),
         error: None,
         duration_ms: 3,
+        policy_revision: None,
     }
 }
 

@@ -25,18 +25,18 @@ async fn dead_messages_replay_with_attempts_reset() {
             dead: 1
         }
     );
-    assert_eq!(store.replay("dlv_a", 1_000, 9_000).unwrap(), Some(true));
+    assert_eq!(store.replay("dlv_a", 1_000, |_| 9_000).unwrap(), Some(true));
     let rec = store.message("dlv_a").unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.attempts, rec.give_up_at_ms, rec.dead_reason),
         (State::Pending, 0, 9_000, None)
     );
     assert_eq!(
-        store.replay("dlv_a", 1_000, 9_000).unwrap(),
+        store.replay("dlv_a", 1_000, |_| 9_000).unwrap(),
         Some(false),
         "not dead any more"
     );
-    assert_eq!(store.replay("dlv_nope", 1_000, 9_000).unwrap(), None);
+    assert_eq!(store.replay("dlv_nope", 1_000, |_| 9_000).unwrap(), None);
     claim(&store, "dlv_a");
     store
         .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 1_100)
@@ -162,14 +162,17 @@ async fn operator_changes_are_synced_and_bulk_replay_writes_a_page_at_a_time() {
             .unwrap();
     }
     let before = store.operator_syncs();
-    assert_eq!(store.replay_dead(&ListFilter::default(), 1_000, 9_000).unwrap(), 600);
+    assert_eq!(
+        store.replay_dead(&ListFilter::default(), 1_000, |_| 9_000).unwrap(),
+        600
+    );
     assert_eq!(store.operator_syncs() - before, 2, "one synced write per page of 500");
     let counts = store.counts().unwrap();
     assert_eq!((counts.open, counts.dead), (600, 0));
     assert_eq!(due_ids(&store, 1_000).len(), 600);
 
     let before = store.operator_syncs();
-    assert_eq!(store.replay("dlv_0000", 1_000, 9_000).unwrap(), Some(false));
+    assert_eq!(store.replay("dlv_0000", 1_000, |_| 9_000).unwrap(), Some(false));
     assert!(store.delete("dlv_0001", 1_000).unwrap());
     store
         .put_endpoint_synced("https://r.example/h", &EndpointRecord::default(), 5)

@@ -1,0 +1,217 @@
+//! Tests of the record codec: every record round-trips, old versions still read, unknown
+//! versions and damage are errors.
+
+use super::*;
+
+fn message() -> MessageRecord {
+    MessageRecord {
+        id: "dlv_01".into(),
+        event_id: "evt_1".into(),
+        target: "https://r.example/h?x=1".into(),
+        endpoint: "https://r.example/h".into(),
+        host: "r.example:443".into(),
+        route: Some("billing".into()),
+        fifo: None,
+        state: State::Dead,
+        attempts: 3,
+        history_len: 5,
+        max_attempts: 16,
+        accepted_at_ms: 1,
+        next_attempt_at_ms: 2,
+        give_up_at_ms: 3,
+        finished_at_ms: 4,
+        dead_reason: Some(DeadReason::PermanentStatus),
+        last_status: Some(410),
+        last_error: Some("gone".into()),
+    }
+}
+
+#[test]
+fn every_record_round_trips() {
+    let m = message();
+    assert_eq!(MessageRecord::decode(&m.encode()), Ok(m.clone()));
+    let open = MessageRecord {
+        state: State::Pending,
+        dead_reason: None,
+        last_status: None,
+        last_error: None,
+        route: None,
+        ..m.clone()
+    };
+    assert_eq!(MessageRecord::decode(&open.encode()), Ok(open.clone()));
+    assert_eq!(open.encode()[..2], [b'M', 1], "unordered, no route: still version 1");
+    // Each combination of a fifo place and a route, in the oldest version that holds it.
+    let place = Fifo {
+        on_dead: OnDead::Block,
+        pos: 7,
+    };
+    for (fifo, route, version) in [
+        (Some(place), None, 2),
+        (None, Some("billing"), 3),
+        (Some(place), Some("billing"), 3),
+        (Some(Fifo { pos: 0, ..place }), Some(""), 3),
+    ] {
+        let rec = MessageRecord {
+            fifo,
+            route: route.map(str::to_string),
+            ..open.clone()
+        };
+        let buf = rec.encode();
+        assert_eq!(buf[..2], [b'M', version], "{fifo:?} {route:?}");
+        assert_eq!(MessageRecord::decode(&buf), Ok(rec), "{fifo:?} {route:?}");
+        for cut in 0..buf.len() {
+            assert!(MessageRecord::decode(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    for signing in [
+        SigningChoice::Default,
+        SigningChoice::Key("billing".into()),
+        SigningChoice::Inline("whsec_x".into()),
+    ] {
+        let p = Payload {
+            method: "POST".into(),
+            headers: vec![
+                ("content-type".into(), b"application/json".to_vec()),
+                ("x-a".into(), vec![0xff, 0]),
+            ],
+            body: (0..=255u8).collect(),
+            scheme: Some(SignatureScheme::Stripe),
+            signing,
+        };
+        assert_eq!(Payload::decode(&p.encode()), Ok(p));
+    }
+    let a = AttemptRecord {
+        at_ms: 9,
+        status: None,
+        error: Some("connection refused".into()),
+        duration_ms: 12,
+        policy_revision: Some(0xdead_beef),
+    };
+    assert_eq!(AttemptRecord::decode(&a.encode()), Ok(a.clone()));
+    let unknown = AttemptRecord {
+        policy_revision: None,
+        ..a
+    };
+    assert_eq!(AttemptRecord::decode(&unknown.encode()), Ok(unknown));
+    let e = EndpointRecord {
+        paused: true,
+        streak: 100,
+        last_status: Some(410),
+    };
+    assert_eq!(EndpointRecord::decode_stamped(&e.encode_at(77)), Ok((e.clone(), 77)));
+    // A version-1 record (no time) still reads, as written at 0.
+    let mut v1 = vec![b'E', 1, 1];
+    v1.extend_from_slice(&100u32.to_le_bytes());
+    v1.extend_from_slice(&e.encode_at(0)[7..10]);
+    assert_eq!(EndpointRecord::decode_stamped(&v1), Ok((e, 0)));
+    let r = Routing {
+        host: "h:443".into(),
+        endpoint: "https://h/x".into(),
+    };
+    assert_eq!(Routing::decode(&r.encode()), Ok(r));
+}
+
+#[test]
+fn unknown_versions_are_errors_not_silence() {
+    let mut buf = message().encode();
+    buf[1] = 9;
+    assert_eq!(
+        MessageRecord::decode(&buf),
+        Err(CodecError::UnknownVersion {
+            kind: "message",
+            version: 9
+        })
+    );
+}
+
+#[test]
+fn truncation_and_garbage_are_errors() {
+    let buf = message().encode();
+    for cut in 0..buf.len() {
+        assert!(MessageRecord::decode(&buf[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = buf.clone();
+    long.push(0);
+    assert!(MessageRecord::decode(&long).is_err());
+    assert!(Payload::decode(&buf).is_err(), "a message is not a payload");
+    assert!(Payload::decode(&[b'P', 1, 0xff, 0xff, 0xff, 0xff]).is_err());
+}
+
+#[test]
+fn inline_secrets_do_not_show_in_debug_output() {
+    let s = format!("{:?}", SigningChoice::Inline("whsec_c2VjcmV0".into()));
+    assert!(!s.contains("c2VjcmV0"), "{s}");
+}
+
+/// What a courier before routes and revisions wrote: the fields of version 1, in order.
+fn message_v1(m: &MessageRecord) -> Vec<u8> {
+    let mut w = Writer::new(MESSAGE_V1, 128);
+    w.str(&m.id);
+    w.str(&m.event_id);
+    w.str(&m.target);
+    w.str(&m.endpoint);
+    w.str(&m.host);
+    w.u8(m.state.to_byte());
+    w.u32(m.attempts);
+    w.u32(m.history_len);
+    w.u32(m.max_attempts);
+    w.u64(m.accepted_at_ms);
+    w.u64(m.next_attempt_at_ms);
+    w.u64(m.give_up_at_ms);
+    w.u64(m.finished_at_ms);
+    w.u8(reason_byte(m.dead_reason));
+    w.opt_u16(m.last_status);
+    w.opt_str(m.last_error.as_deref());
+    w.0
+}
+
+#[test]
+fn version_1_records_still_read() {
+    let m = MessageRecord {
+        route: None,
+        ..message()
+    };
+    let v1 = message_v1(&m);
+    assert_eq!(&v1[..2], &[b'M', 1]);
+    assert_eq!(MessageRecord::decode(&v1), Ok(m.clone()));
+    assert_eq!(
+        &message().encode()[..2],
+        &[b'M', 3],
+        "a record with a route is version 3"
+    );
+    for cut in 0..v1.len() {
+        assert!(MessageRecord::decode(&v1[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = v1.clone();
+    long.push(0);
+    assert!(MessageRecord::decode(&long).is_err(), "trailing bytes");
+
+    let mut w = Writer::new(ATTEMPT_V1, 32);
+    w.u64(9);
+    w.opt_u16(Some(503));
+    w.opt_str(None);
+    w.u32(12);
+    assert_eq!(
+        AttemptRecord::decode(&w.0),
+        Ok(AttemptRecord {
+            at_ms: 9,
+            status: Some(503),
+            error: None,
+            duration_ms: 12,
+            policy_revision: None,
+        })
+    );
+    let a = AttemptRecord {
+        at_ms: 1,
+        status: None,
+        error: None,
+        duration_ms: 0,
+        policy_revision: Some(7),
+    }
+    .encode();
+    assert_eq!(&a[..2], &[b'A', 2]);
+    for cut in 0..a.len() {
+        assert!(AttemptRecord::decode(&a[..cut]).is_err(), "cut at {cut}");
+    }
+}
