@@ -57,22 +57,27 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     let after = q.cursor.as_deref();
     let want = q.limit + 1;
     let mut known: BTreeMap<String, Known> = BTreeMap::new();
-    let mut cut = false;
+    // The smallest key at which a source stopped: every key up to it is known from every
+    // source, so the page may go that far and no further (a filtered-out run of one source
+    // must not let the page skip past keys another source has not reached yet).
+    let mut stop: Option<String> = None;
     let views = d.endpoints.page(d.clock.now_ms(), after, &q.prefix, q.paused, want);
-    cut |= views.len() >= want;
+    if views.len() >= want {
+        lower(&mut stop, views.last().map(|v| v.key.clone()));
+    }
     for v in views {
         let key = v.key.clone();
         known.entry(key).or_default().view = Some(v);
     }
     // A paused endpoint is always in the table: only the active ones need the others.
     if q.paused != Some(true) {
-        let (stored, more) = d.store.endpoint_records_page(after, &q.prefix, want)?;
-        cut |= more || stored.len() >= want;
+        let (stored, stopped_at) = d.store.endpoint_records_page(after, &q.prefix, want)?;
+        lower(&mut stop, stopped_at);
         for (key, rec) in stored {
             known.entry(key).or_default().stored = Some(rec);
         }
-        let (open, more) = d.store.open_endpoints_page(after, &q.prefix, want)?;
-        cut |= more || open.len() >= want;
+        let (open, stopped_at) = d.store.open_endpoints_page(after, &q.prefix, want)?;
+        lower(&mut stop, stopped_at);
         for (key, n) in open {
             known.entry(key).or_default().open = Some(n);
         }
@@ -84,7 +89,11 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     }
     let mut items = Vec::new();
     let mut last = None;
+    let mut cut = stop.is_some();
     for (key, k) in known {
+        if stop.as_ref().is_some_and(|s| key > *s) {
+            break;
+        }
         if items.len() >= q.limit {
             cut = true;
             break;
@@ -128,8 +137,17 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     }
     Ok(EndpointPage {
         items,
-        next_cursor: if cut { last } else { None },
+        next_cursor: if cut { last.or(stop) } else { None },
     })
+}
+
+/// Lowers `stop` to `key` when `key` is smaller.
+fn lower(stop: &mut Option<String>, key: Option<String>) {
+    if let Some(k) = key {
+        if stop.as_ref().is_none_or(|s| k < *s) {
+            *stop = Some(k);
+        }
+    }
 }
 
 /// Whether courier knows the endpoint (for pause and resume): in the table, with open

@@ -80,6 +80,9 @@ impl Scheduler {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         // Entries looked at since the last wait: one wake-up pays for at most SCAN_BUDGET.
         let mut scanned_since_wait = 0;
+        // The earliest wake-up asked for by passes that went straight on to the next one (a
+        // deeper pass does not see what the one before it asked for).
+        let mut carried_wake: Option<u64> = None;
         loop {
             if *stop.borrow() {
                 return;
@@ -105,11 +108,12 @@ impl Scheduler {
             let more_now = pass.cut && pass.dispatched + pass.parked > 0;
             let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
             if more_now || go_deeper {
+                carried_wake = earliest(carried_wake, pass.wake_at);
                 continue;
             }
             scanned_since_wait = 0;
             let now = self.d.clock.now_ms();
-            let mut wake_at = pass.wake_at;
+            let mut wake_at = earliest(carried_wake.take(), pass.wake_at);
             if pass.store_error {
                 let retry = now + STORE_ERROR_BACKOFF.as_millis() as u64;
                 wake_at = Some(wake_at.map_or(retry, |w| w.min(retry)));
@@ -122,7 +126,9 @@ impl Scheduler {
             };
             tokio::select! {
                 _ = self.d.wake.notified() => {}
-                _ = sleep => {}
+                // A due time (or a breaker's probe time, or a token) came: what it was for
+                // may lie before the last resume point, so the walk starts at the floor.
+                _ = sleep => self.resume = None,
                 _ = stop.changed() => {}
             }
         }
@@ -319,6 +325,13 @@ pub(crate) fn pass_with(
         }
     }
     (pass, resume)
+}
+
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A position just before `(due, id)` in the due index, so a walk that continues "after" it

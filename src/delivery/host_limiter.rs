@@ -28,7 +28,26 @@ pub struct HostLimiter {
     default_cap: u32,
     overrides: HashMap<String, u32>,
     circuit: CircuitSettings,
-    hosts: Mutex<Hosts>,
+    hosts: Arc<Mutex<Hosts>>,
+}
+
+/// A permit for one attempt to a host. Dropped while it is still its host's probe (no
+/// outcome moved the breaker on: the attempt never ran, or said nothing about the host),
+/// it lets the next probe go at once.
+#[derive(Debug)]
+pub struct HostPermit {
+    _permit: OwnedSemaphorePermit,
+    probe: Option<(Arc<Mutex<Hosts>>, String, u64)>,
+}
+
+impl Drop for HostPermit {
+    fn drop(&mut self) {
+        if let Some((hosts, host, probe)) = self.probe.take() {
+            if let Some(h) = hosts.lock().unwrap_or_else(|p| p.into_inner()).map.get_mut(&host) {
+                h.circuit.probe_lost(probe);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -70,10 +89,10 @@ impl HostLimiter {
             default_cap,
             overrides,
             circuit,
-            hosts: Mutex::new(Hosts {
+            hosts: Arc::new(Mutex::new(Hosts {
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
-            }),
+            })),
         }
     }
 
@@ -91,14 +110,14 @@ impl HostLimiter {
     }
 
     /// A permit for one attempt to `host`, if its cap and its breaker allow one now.
-    pub fn try_acquire(&self, host: &str, now_ms: u64) -> Result<OwnedSemaphorePermit, HostRefusal> {
+    pub fn try_acquire(&self, host: &str, now_ms: u64) -> Result<HostPermit, HostRefusal> {
         let mut hosts = self.lock();
         if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
             // Forget idle hosts so the map does not grow with every host ever seen: a host
-            // with nothing in flight and a closed breaker has nothing to remember.
-            hosts
-                .map
-                .retain(|name, h| h.sem.available_permits() < self.cap(name) as usize || !h.circuit.is_idle());
+            // with nothing in flight and no breaker worth keeping has nothing to remember.
+            hosts.map.retain(|name, h| {
+                h.sem.available_permits() < self.cap(name) as usize || h.circuit.worth_keeping(now_ms)
+            });
             hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
         }
         let cap = self.cap(host);
@@ -109,8 +128,16 @@ impl HostLimiter {
         let permit = h.sem.clone().try_acquire_owned().map_err(|_| HostRefusal::Busy)?;
         // Attempts running besides this one: the breaker's ramp counts them.
         let running = cap.saturating_sub(h.sem.available_permits() as u32 + 1);
+        let before = h.circuit.probe();
         match h.circuit.admit(&self.circuit, running, now_ms) {
-            Admit::Yes => Ok(permit),
+            Admit::Yes => Ok(HostPermit {
+                _permit: permit,
+                probe: h
+                    .circuit
+                    .probe()
+                    .filter(|p| before != Some(*p))
+                    .map(|p| (self.hosts.clone(), host.to_string(), p)),
+            }),
             Admit::Wait(Some(at)) => Err(HostRefusal::Open(at)),
             Admit::Wait(None) => Err(HostRefusal::Busy),
         }

@@ -30,7 +30,7 @@ use crate::transport::Transport;
 
 pub use endpoint_caps::EndpointCaps;
 pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
-pub use host_limiter::{HostLimiter, HostRefusal, HostView};
+pub use host_limiter::{HostLimiter, HostPermit, HostRefusal, HostView};
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
 /// of its host's, and one of its endpoint's if the endpoint has a `max_in_flight` cap. The
@@ -40,7 +40,7 @@ pub use host_limiter::{HostLimiter, HostRefusal, HostView};
 #[derive(Debug)]
 pub struct AttemptPermit {
     all: OwnedSemaphorePermit,
-    _host: OwnedSemaphorePermit,
+    _host: HostPermit,
     _endpoint: Option<OwnedSemaphorePermit>,
 }
 
@@ -96,7 +96,7 @@ pub struct Deliverer {
     /// last look at the pause flag to its park write: a resume can then never land between
     /// the scheduler's decision to park and the park, which would strand messages in the
     /// parked set of an active endpoint.
-    pause_gate: Mutex<()>,
+    pause_gate: Arc<Mutex<()>>,
     /// `delivery.max_in_flight` permits: every attempt holds one with its host's.
     all_attempts: Arc<tokio::sync::Semaphore>,
     /// Serialises endpoint-state writes, each of which writes the state current when it
@@ -174,6 +174,7 @@ impl Deliverer {
             .filter_map(|e| Some((e.key.clone(), e.fifo?)))
             .collect();
         let persist_lock = Arc::new(Mutex::new(()));
+        let pause_gate = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
         let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
         let policies = cfg.policy_book();
@@ -186,7 +187,12 @@ impl Deliverer {
         );
         let endpoint_caps = EndpointCaps::new(policies.endpoint_caps());
         Ok(Arc::new(Deliverer {
-            results: results::ResultWriter::start(parts.store.clone(), endpoints.clone(), persist_lock.clone()),
+            results: results::ResultWriter::start(
+                parts.store.clone(),
+                endpoints.clone(),
+                persist_lock.clone(),
+                pause_gate.clone(),
+            ),
             store: parts.store,
             transport: parts.transport,
             clock: parts.clock,
@@ -198,7 +204,7 @@ impl Deliverer {
             wake: parts.wake,
             policies,
             rng: Mutex::new(parts.rng),
-            pause_gate: Mutex::new(()),
+            pause_gate,
             all_attempts,
             persist_lock,
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
@@ -397,15 +403,18 @@ impl Deliverer {
     /// or an alert was told about it). A blocking call.
     pub fn persist_endpoint(&self, endpoint: &str, synced: bool) -> Result<(), crate::store::StoreError> {
         let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(view) = self.endpoints.get(endpoint) else {
+        // Held until written (see `EndpointTable::saved`), so it is still here.
+        let Some((rec, changes)) = self.endpoints.loaded_record(endpoint) else {
             return Ok(());
         };
         let now = self.clock.now_ms();
         if synced {
-            self.store.put_endpoint_synced(endpoint, &view.rec, now)
+            self.store.put_endpoint_synced(endpoint, &rec, now)?;
         } else {
-            self.store.put_endpoint(endpoint, &view.rec, now)
+            self.store.put_endpoint(endpoint, &rec, now)?;
         }
+        self.endpoints.saved(endpoint, changes);
+        Ok(())
     }
 
     /// The wait before writing a result again after a failed write.

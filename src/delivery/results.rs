@@ -59,6 +59,10 @@ struct Writer {
     endpoints: Arc<EndpointTable>,
     /// Held across each endpoint write (see `Deliverer::persist_lock`).
     persist_order: Arc<Mutex<()>>,
+    /// `Deliverer::pause_gate`: held from the look at the pause flag to the pause a blocked
+    /// line makes, so a resume cannot fall between them (and leave an active endpoint with
+    /// a blocked line).
+    pause_gate: Arc<Mutex<()>>,
 }
 
 /// Handle to the result-writing thread. Dropping it stops the thread once the queued
@@ -68,16 +72,19 @@ pub(super) struct ResultWriter {
 }
 
 impl ResultWriter {
-    /// Starts the thread. Endpoint writes take `persist_order` as every endpoint write does.
+    /// Starts the thread. Endpoint writes take `persist_order` as every endpoint write does;
+    /// a pause for a blocked line takes `pause_gate` as every pause does.
     pub(super) fn start(
         store: Arc<Store>,
         endpoints: Arc<EndpointTable>,
         persist_order: Arc<Mutex<()>>,
+        pause_gate: Arc<Mutex<()>>,
     ) -> ResultWriter {
         let w = Writer {
             store,
             endpoints,
             persist_order,
+            pause_gate,
         };
         let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| w.write_batch(jobs));
         ResultWriter { batcher }
@@ -189,11 +196,13 @@ impl Writer {
                     // streak (written with this batch's endpoint writes, and alerted).
                     let dead = rec.state == crate::model::State::Dead;
                     let blocks = dead && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block);
-                    if blocks
-                        && !matches!(change, EndpointChange::Paused(_))
-                        && !self.endpoints.is_paused(&note.endpoint)
-                    {
-                        EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
+                    if blocks && !matches!(change, EndpointChange::Paused(_)) {
+                        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
+                        if self.endpoints.is_paused(&note.endpoint) {
+                            change
+                        } else {
+                            EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
+                        }
                     } else {
                         change
                     }
@@ -212,14 +221,27 @@ impl Writer {
         if !dirty.is_empty() {
             let _order = self.persist_order.lock().unwrap_or_else(|p| p.into_inner());
             // The state as it is now, not as each result left it: a resume may have
-            // overtaken it, and the last write must be the latest state. An entry forgotten
-            // meanwhile (not paused, then) has the state its last result left.
-            let recs: Vec<_> = dirty
+            // overtaken it, and the last write must be the latest state. (An entry with an
+            // unwritten change is never forgotten, so the fallback is for safety only.)
+            let (recs, changes): (Vec<_>, Vec<_>) = dirty
                 .into_iter()
-                .map(|(k, last)| (k.to_string(), self.endpoints.loaded_record(k).unwrap_or(last)))
-                .collect();
-            if let Err(e) = self.store.put_endpoints(&recs, now_ms, synced) {
-                tracing::error!(endpoints = recs.len(), error = %e, "saving endpoint state failed");
+                .map(|(k, last)| {
+                    let (rec, n) = self
+                        .endpoints
+                        .loaded_record(k)
+                        .map_or((last, None), |(r, n)| (r, Some(n)));
+                    ((k.to_string(), rec), n)
+                })
+                .unzip();
+            match self.store.put_endpoints(&recs, now_ms, synced) {
+                Ok(()) => {
+                    for ((key, _), n) in recs.iter().zip(changes) {
+                        if let Some(n) = n {
+                            self.endpoints.saved(key, n);
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(endpoints = recs.len(), error = %e, "saving endpoint state failed"),
             }
         }
         changes
@@ -252,11 +274,12 @@ mod tests {
             store: store.clone(),
             endpoints: endpoints.clone(),
             persist_order: Default::default(),
+            pause_gate: Default::default(),
         }
     }
 
     fn start(store: &Arc<Store>) -> ResultWriter {
-        ResultWriter::start(store.clone(), table(), Default::default())
+        ResultWriter::start(store.clone(), table(), Default::default(), Default::default())
     }
 
     fn note(endpoint: &str, event: StreakEvent, status: u16) -> StreakNote {

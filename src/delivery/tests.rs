@@ -601,6 +601,7 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
             h.d.store.endpoint(healed)
         })
         .unwrap();
+    h.d.persist_endpoint(healed, false).unwrap();
     assert_eq!(
         h.d.store.endpoints().unwrap().len(),
         2,

@@ -92,3 +92,40 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
     assert!(h.d.endpoints.is_empty(), "{} endpoints still held", h.d.endpoints.len());
     assert_eq!(h.d.store.open_per_endpoint().unwrap(), vec![]);
 }
+
+/// Finding (review): a page of active endpoints skipped a failing endpoint only the store
+/// knew, when the store's page was cut short by paused ones the filter left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_pages_never_skip_an_endpoint_only_the_store_knows() {
+    let clock = ManualClock::new(T0);
+    let h = Harness::start(config(Jitter::None), Arc::new(GoneOneInThree), clock.clone());
+    for k in ["a", "b", "c"] {
+        h.d.set_paused(k, true).unwrap();
+    }
+    let failing = crate::store::EndpointRecord {
+        paused: false,
+        streak: 2,
+        last_status: Some(410),
+    };
+    h.d.store.put_endpoint("d", &failing, T0).unwrap();
+    for k in ["e", "f", "g"] {
+        h.d.endpoints.try_rate(k, T0).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    for _ in 0..20 {
+        let q = crate::endpoint_page::EndpointQuery {
+            cursor: cursor.clone(),
+            prefix: String::new(),
+            paused: Some(false),
+            limit: 2,
+        };
+        let page = crate::endpoint_page::page(&h.d, &q).unwrap();
+        seen.extend(page.items.iter().map(|i| i["key"].as_str().unwrap().to_string()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["d", "e", "f", "g"]);
+}

@@ -11,6 +11,9 @@
 //! is *closed* again. Any answer that is not a counted failure (a 404 or 410 too: the host
 //! is up) counts as one.
 
+/// How long past its probe time an open breaker with nothing due is remembered.
+const FORGET_AFTER_MS: u64 = 600_000;
+
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitSettings {
@@ -80,6 +83,8 @@ pub struct Circuit {
     opens: u32,
     /// Open: when the probe may go. Probing: when a lost probe may be replaced.
     next_probe_ms: u64,
+    /// Probes started: names the probe now out, so only its own end can count as lost.
+    probes: u64,
 }
 
 impl Default for Circuit {
@@ -89,6 +94,7 @@ impl Default for Circuit {
             failures: 0,
             opens: 0,
             next_probe_ms: 0,
+            probes: 0,
         }
     }
 }
@@ -123,9 +129,13 @@ impl Circuit {
         matches!(self.state, CircuitState::Open | CircuitState::Probing).then_some(self.next_probe_ms)
     }
 
-    /// Nothing to remember: closed with no failure counted (the host's entry may go).
-    pub fn is_idle(&self) -> bool {
-        self.state == CircuitState::Closed && self.failures == 0
+    /// Worth remembering at `now_ms` once nothing is in flight to the host: open or
+    /// probing, with the probe time not long past. A closed breaker's few failures, a ramp,
+    /// or an open breaker nothing came due for (its messages gone) may be forgotten: the
+    /// next attempt to the host then decides afresh, as a probe would.
+    pub fn worth_keeping(&self, now_ms: u64) -> bool {
+        matches!(self.state, CircuitState::Open | CircuitState::Probing)
+            && now_ms <= self.next_probe_ms.saturating_add(FORGET_AFTER_MS)
     }
 
     /// Whether an attempt may start now, with `in_flight` attempts to the host running.
@@ -136,6 +146,7 @@ impl Circuit {
             CircuitState::Open | CircuitState::Probing if now_ms >= self.next_probe_ms => {
                 self.state = CircuitState::Probing;
                 self.next_probe_ms = now_ms.saturating_add(s.probe_timeout_ms);
+                self.probes += 1;
                 Admit::Yes
             }
             CircuitState::Open | CircuitState::Probing => Admit::Wait(Some(self.next_probe_ms)),
@@ -178,6 +189,22 @@ impl Circuit {
             (HostOutcome::Failed, CircuitState::Probing | CircuitState::Ramping(_)) => Some(self.open(s, now_ms)),
             // An attempt that started before the breaker opened: nothing new.
             (HostOutcome::Failed, CircuitState::Open) => None,
+        }
+    }
+
+    /// The probe now out, if probing: pass it to [`Circuit::probe_lost`] if it ends
+    /// without an outcome that moved the breaker on.
+    pub fn probe(&self) -> Option<u64> {
+        (self.state == CircuitState::Probing).then_some(self.probes)
+    }
+
+    /// Probe `probe` ended without a result that says anything about the host (its permit
+    /// went unused, the message was gone, courier failed on it, egress refused it): another
+    /// may go at once rather than after the probe timeout.
+    pub fn probe_lost(&mut self, probe: u64) {
+        if self.probe() == Some(probe) {
+            self.state = CircuitState::Open;
+            self.next_probe_ms = 0;
         }
     }
 
@@ -296,7 +323,8 @@ mod tests {
             c.record(&S, HostOutcome::Answered, 10, 1_200),
             Some(CircuitChange::Closed)
         );
-        assert!(c.is_idle());
+        assert_eq!((c.state(), c.failures()), (CircuitState::Closed, 0));
+        assert!(!c.worth_keeping(1_200));
         // A failure while ramping opens it again, with the delay starting over.
         let mut c = Circuit::default();
         for _ in 0..3 {
@@ -315,5 +343,24 @@ mod tests {
             assert_eq!(c.record(&off, HostOutcome::Failed, 10, 0), None);
         }
         assert_eq!(c.admit(&off, 0, 0), Admit::Yes);
+    }
+
+    #[test]
+    fn a_lost_probe_lets_the_next_go_at_once_but_only_its_own_loss_counts() {
+        let mut c = Circuit::default();
+        for _ in 0..3 {
+            fail(&mut c, 0);
+        }
+        assert_eq!(c.admit(&S, 0, 1_000), Admit::Yes);
+        let first = c.probe().unwrap();
+        c.probe_lost(first);
+        assert_eq!(c.state(), CircuitState::Open);
+        assert_eq!(c.admit(&S, 0, 1_001), Admit::Yes, "no probe timeout to wait out");
+        let second = c.probe().unwrap();
+        c.probe_lost(first);
+        assert_eq!(c.probe(), Some(second), "an older probe's loss changes nothing");
+        assert_eq!(fail(&mut c, 1_002), Some(CircuitChange::Opened { probe_at_ms: 3_002 }));
+        c.probe_lost(second);
+        assert_eq!(c.next_probe_ms(), Some(3_002), "answered: not lost");
     }
 }

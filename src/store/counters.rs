@@ -47,6 +47,10 @@ pub(super) fn decode_counter(v: &[u8]) -> i64 {
     v.try_into().map(i64::from_le_bytes).unwrap_or(0)
 }
 
+/// Endpoints with their open counts, and (when the walk stopped early) the last key it
+/// looked at: every key up to it was seen, none after it.
+pub type OpenPage = (Vec<(String, u64)>, Option<String>);
+
 impl Store {
     /// Adds a counter change to `b` (for one-off transitions; batches use [`CounterDeltas`]).
     pub(super) fn count(&self, b: &mut WriteBatch, key: &[u8], delta: i64) {
@@ -113,7 +117,7 @@ impl Store {
         after: Option<&str>,
         prefix: &str,
         limit: usize,
-    ) -> Result<(Vec<(String, u64)>, bool), StoreError> {
+    ) -> Result<OpenPage, StoreError> {
         let base = keys::COUNT_OPEN_ENDPOINT;
         let mut start = keys::endpoint_open_key(prefix);
         if let Some(a) = after.filter(|a| *a >= prefix) {
@@ -125,20 +129,24 @@ impl Store {
         let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
         it.seek(&start);
         let (mut out, mut looked) = (Vec::new(), 0);
+        let mut last_looked = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             looked += 1;
+            let key = String::from_utf8_lossy(&k[base.len()..]).into_owned();
             let n = decode_counter(v);
             if n > 0 {
-                out.push((String::from_utf8_lossy(&k[base.len()..]).into_owned(), n as u64));
+                out.push((key.clone(), n as u64));
             }
+            last_looked = Some(key);
             it.next();
             if out.len() >= limit || looked >= limit * 20 + 1000 {
                 break;
             }
         }
         it.status()?;
-        let more = it.key().is_some();
-        Ok((out, more))
+        // Stopped early: every key up to the last one looked at is known, none after it.
+        let stopped_at = if it.key().is_some() { last_looked } else { None };
+        Ok((out, stopped_at))
     }
 
     /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.

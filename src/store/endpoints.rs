@@ -112,7 +112,17 @@ impl Store {
             if looked >= EXPIRE_CHUNK {
                 break;
             }
-            let (rec, written_ms) = decode_stamped(k, v)?;
+            // A record that cannot be read must not stop every later sweep: it is logged
+            // and left for an operator (it may be paused).
+            let (rec, written_ms) = match decode_stamped(k, v) {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    tracing::error!(error = %e, "an endpoint record cannot be read; the expiry sweep skips it");
+                    it.next();
+                    looked += 1;
+                    continue;
+                }
+            };
             if !rec.paused && written_ms < before_ms {
                 b.delete_cf(cf, k);
                 removed += 1;
@@ -129,14 +139,14 @@ impl Store {
     }
 
     /// Up to `limit` persisted endpoint records with keys after `after` that start with
-    /// `prefix`, in key order, and whether more follow.
+    /// `prefix`, in key order, and (when more may follow) the last key returned.
     #[allow(clippy::type_complexity)]
     pub fn endpoint_records_page(
         &self,
         after: Option<&str>,
         prefix: &str,
         limit: usize,
-    ) -> Result<(Vec<(String, EndpointRecord)>, bool), StoreError> {
+    ) -> Result<(Vec<(String, EndpointRecord)>, Option<String>), StoreError> {
         let mut start = prefix.as_bytes().to_vec();
         if let Some(a) = after.filter(|a| *a >= prefix) {
             start = a.as_bytes().to_vec();
@@ -157,7 +167,12 @@ impl Store {
             it.next();
         }
         it.status()?;
-        Ok((out, it.key().is_some()))
+        let stopped_at = if it.key().is_some() {
+            out.last().map(|(k, _)| k.clone())
+        } else {
+            None
+        };
+        Ok((out, stopped_at))
     }
 }
 

@@ -63,8 +63,9 @@ fn a_page_of_records_starts_after_the_cursor_and_keeps_to_the_prefix() {
         .map(|k| (k.to_string(), failing(1)))
         .collect();
     store.put_endpoints(&recs, 1, false).unwrap();
-    let keys =
-        |(v, more): (Vec<(String, EndpointRecord)>, bool)| (v.into_iter().map(|e| e.0).collect::<Vec<_>>(), more);
+    let keys = |(v, more): (Vec<(String, EndpointRecord)>, Option<String>)| {
+        (v.into_iter().map(|e| e.0).collect::<Vec<_>>(), more.is_some())
+    };
     assert_eq!(
         keys(store.endpoint_records_page(None, "", 2).unwrap()),
         (vec!["a/1".into(), "a/2".into()], true)

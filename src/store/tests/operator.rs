@@ -256,10 +256,14 @@ async fn open_endpoints_page_after_a_cursor_with_a_prefix() {
     let keys = |v: Vec<(String, u64)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
     let (page, more) = store.open_endpoints_page(None, "", 2).unwrap();
     assert_eq!(keys(page), ["https://a.example/1", "https://b.example/1"]);
-    assert!(more);
+    assert_eq!(
+        more.as_deref(),
+        Some("https://b.example/1"),
+        "stopped after the last returned"
+    );
     let (page, more) = store.open_endpoints_page(Some("https://b.example/1"), "", 10).unwrap();
     assert_eq!(keys(page), ["https://b.example/2", "https://c.example/1"]);
-    assert!(!more);
+    assert!(more.is_none());
     let (page, _) = store.open_endpoints_page(None, "https://b.", 10).unwrap();
     assert_eq!(keys(page), ["https://b.example/1", "https://b.example/2"]);
     assert_eq!(store.open_of_endpoint("https://c.example/1").unwrap(), 1);
