@@ -183,9 +183,13 @@ fn dashboard_exprs() -> Vec<String> {
     out
 }
 
-/// Every `expr:` of the rules file: single-line (plain or quoted) or a `|`/`>` block.
+/// Every `expr:` of the rules file.
 fn rule_exprs() -> Vec<String> {
-    let text = std::fs::read_to_string(repo("deploy/prometheus/alerts.yaml")).unwrap();
+    rule_exprs_in(&std::fs::read_to_string(repo("deploy/prometheus/alerts.yaml")).unwrap())
+}
+
+/// Every `expr:` of a rules file's text: single-line (plain or quoted) or a `|`/`>` block.
+fn rule_exprs_in(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     for (n, line) in lines.iter().enumerate() {
@@ -267,6 +271,19 @@ fn metric_names_skips_functions_labels_and_variables() {
     assert_eq!(names("label_values(courier_pending, instance)"), ["courier_pending"]);
     assert!(names("label_values(instance)").is_empty());
     assert!(metric_names("rate(x[5m]").is_ok() && metric_names("sum(x{a=\"b\")").is_err());
+}
+
+#[test]
+fn rule_exprs_are_read_in_every_yaml_style() {
+    let text = "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n        for: 5m\n\
+                \x20     - alert: B\n        expr: |\n          sum(rate(a_total[5m]))\n            > 0\n        labels: {}\n\
+                \x20     - record: c\n        expr: \"b{x=\\\"y\\\"}\"\n\
+                \x20     - expr: 'd{x=''y''}'\n        record: e\n";
+    assert_eq!(
+        rule_exprs_in(text),
+        ["up == 0", "sum(rate(a_total[5m])) > 0", "b{x=\"y\"}", "d{x='y'}"],
+        "{text}"
+    );
 }
 
 #[test]
