@@ -9,6 +9,7 @@ mod chaos;
 mod circuit;
 mod cli;
 mod client_limits;
+mod dashboard;
 mod delivery;
 mod hardening;
 mod ingress;
