@@ -13,6 +13,7 @@ mod delivery;
 mod hardening;
 mod ingress;
 mod lifecycle;
+mod logging;
 mod metrics;
 mod ordering;
 mod policy;
