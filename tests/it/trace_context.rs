@@ -52,12 +52,22 @@ async fn every_attempt_is_a_child_span_of_the_apps_trace() {
     assert_eq!(history[0]["span_id"], s0.as_str());
     assert_eq!(history[1]["span_id"], s1.as_str());
 
-    let retry = c.log.wait_for("retry scheduled", WAIT).expect("a retry line");
+    // So does the CLI.
+    let out = std::process::Command::new(bin())
+        .args(["deliveries", "show", &id, "--admin-listen", &c.admin.to_string()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains(&format!("trace_id        {TRACE_ID}")), "{shown}");
     assert!(
-        retry.contains(&format!("trace_id=\"{TRACE_ID}\"")) || retry.contains(TRACE_ID),
-        "{retry}"
+        shown.contains("SPAN") && shown.contains(&s0) && shown.contains(&s1),
+        "{shown}"
     );
-    assert!(retry.contains(&s0), "{retry}");
+
+    // The text log lines name the trace and each attempt's span.
+    let retry = c.log.wait_for("retry scheduled", WAIT).expect("a retry line");
+    assert!(retry.contains(TRACE_ID) && retry.contains(&s0), "{retry}");
     let delivered = c.log.wait_for("delivered", WAIT).expect("a delivery line");
     assert!(delivered.contains(TRACE_ID) && delivered.contains(&s1), "{delivered}");
 }
