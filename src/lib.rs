@@ -59,5 +59,6 @@ mod sim;
 pub mod store;
 pub mod target;
 pub mod timefmt;
+pub mod trace;
 pub mod transport;
 pub mod trim;

@@ -26,6 +26,7 @@
 //!   `sections`: its `[[route]]`, `[[host]]` and `[[endpoint]]` arrays;
 //! - `env`: the environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]);
 //! - `parse`: the text-to-value conversions the file, env and flag layers share;
+//! - `log`: `[log]` ([`LogConfig`]);
 //! - `validate`: [`Config::validate`] and its rules;
 //! - `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`;
 //! - `policy`: the retry-policy keys of `[[route]]` and `[[endpoint]]` ([`PolicyOverrides`]),
@@ -36,6 +37,7 @@ mod circuit;
 mod env;
 mod error;
 mod file;
+mod log;
 mod parse;
 mod policy;
 mod sections;
@@ -63,6 +65,7 @@ use crate::signing::Secret;
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
 pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
@@ -324,6 +327,8 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// `[circuit]`: the per-host circuit breaker.
     pub circuit: CircuitConfig,
+    /// `[log]`: the log line format.
+    pub log: LogConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -356,6 +361,7 @@ impl Default for Config {
             retry: RetryConfig::default(),
             delivery: DeliveryConfig::default(),
             circuit: CircuitConfig::default(),
+            log: LogConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             routes: Vec::new(),
@@ -384,6 +390,7 @@ impl fmt::Debug for Config {
             .field("admin", &self.admin)
             .field("retry", &self.retry)
             .field("delivery", &self.delivery)
+            .field("log", &self.log)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("routes", &self.routes)

@@ -178,7 +178,13 @@ impl Courier {
                 panic!("courier did not start; its log:\n{}", log.all());
             }
         };
+        // `log.format = "json"` writes the addresses as fields of a JSON object.
+        let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
         let addr = |key: &str| -> SocketAddr {
+            if let Some(json) = &json {
+                let text = json[key].as_str().unwrap_or_else(|| panic!("no {key} in {line}"));
+                return text.parse().unwrap();
+            }
             let start = line
                 .find(&format!("{key}="))
                 .unwrap_or_else(|| panic!("no {key} in {line}"))
@@ -189,7 +195,10 @@ impl Courier {
             rest[..end].parse().unwrap()
         };
         let (ingress, admin) = (addr("ingress"), addr("admin"));
-        let ops = line.contains(" ops=").then(|| addr("ops"));
+        let ops = match &json {
+            Some(json) => json.get("ops").is_some().then(|| addr("ops")),
+            None => line.contains(" ops=").then(|| addr("ops")),
+        };
         Courier {
             child: Some(child),
             ingress,
