@@ -83,7 +83,10 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
     // yet written, endpoints seen within the last second), which a loaded machine can push
     // past half the bound for a moment. A streak kept in memory (the old rule) held 24,829.
     let cap = PRUNE_ABOVE + PRUNE_ABOVE / 5;
-    assert!(most_endpoints <= cap, "endpoints held in memory: at most {most_endpoints}");
+    assert!(
+        most_endpoints <= cap,
+        "endpoints held in memory: at most {most_endpoints}"
+    );
     assert!(most_hosts <= HOSTS, "hosts held: at most {most_hosts}");
     // Each 410 left a streak of one: on disk, and not all in memory.
     assert_eq!(h.d.store.endpoints().unwrap().len(), dead);
