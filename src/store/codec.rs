@@ -2,6 +2,7 @@
 //! and a version byte; a record of an unknown version is an error ([`CodecError`]),
 //! never skipped, so an old binary cannot silently drop what a newer one wrote.
 
+pub(super) use super::wire::{Reader, Writer};
 use crate::model::{DeadReason, OnDead, SignatureScheme, State};
 
 /// A stored record that cannot be read.
@@ -167,123 +168,6 @@ pub struct Routing {
     pub host: String,
     /// Endpoint key.
     pub endpoint: String,
-}
-
-/// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).
-pub(super) struct Writer(pub(super) Vec<u8>);
-
-impl Writer {
-    pub(super) fn new(tag: [u8; 2], capacity: usize) -> Self {
-        let mut v = Vec::with_capacity(capacity + 2);
-        v.extend_from_slice(&tag);
-        Writer(v)
-    }
-    pub(super) fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    pub(super) fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub(super) fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub(super) fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub(super) fn bytes(&mut self, v: &[u8]) {
-        self.u32(v.len() as u32);
-        self.0.extend_from_slice(v);
-    }
-    pub(super) fn str(&mut self, v: &str) {
-        self.bytes(v.as_bytes());
-    }
-    pub(super) fn opt_u16(&mut self, v: Option<u16>) {
-        match v {
-            Some(s) => {
-                self.u8(1);
-                self.u16(s);
-            }
-            None => self.u8(0),
-        }
-    }
-    pub(super) fn opt_str(&mut self, v: Option<&str>) {
-        match v {
-            Some(s) => {
-                self.u8(1);
-                self.str(s);
-            }
-            None => self.u8(0),
-        }
-    }
-}
-
-/// Reads a record built by [`Writer`] (shared with `lines`).
-pub(super) struct Reader<'a> {
-    kind: &'static str,
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    pub(super) fn new(kind: &'static str, tag: [u8; 2], buf: &'a [u8]) -> Result<Self, CodecError> {
-        match buf {
-            [k, v, rest @ ..] if *k == tag[0] => {
-                if *v != tag[1] {
-                    return Err(CodecError::UnknownVersion { kind, version: *v });
-                }
-                Ok(Reader { kind, buf: rest })
-            }
-            [_, _, ..] => Err(CodecError::Corrupt(kind, "wrong record kind")),
-            _ => Err(CodecError::Truncated(kind)),
-        }
-    }
-    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
-        if self.buf.len() < n {
-            return Err(CodecError::Truncated(self.kind));
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-    pub(super) fn u8(&mut self) -> Result<u8, CodecError> {
-        Ok(self.take(1)?[0])
-    }
-    pub(super) fn u16(&mut self) -> Result<u16, CodecError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
-    }
-    pub(super) fn u32(&mut self) -> Result<u32, CodecError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-    pub(super) fn u64(&mut self) -> Result<u64, CodecError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-    pub(super) fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    pub(super) fn string(&mut self) -> Result<String, CodecError> {
-        let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| CodecError::Corrupt(self.kind, "text is not UTF-8"))
-    }
-    pub(super) fn flag(&mut self) -> Result<bool, CodecError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(CodecError::Corrupt(self.kind, "bad flag byte")),
-        }
-    }
-    pub(super) fn opt_u16(&mut self) -> Result<Option<u16>, CodecError> {
-        Ok(if self.flag()? { Some(self.u16()?) } else { None })
-    }
-    pub(super) fn opt_string(&mut self) -> Result<Option<String>, CodecError> {
-        Ok(if self.flag()? { Some(self.string()?) } else { None })
-    }
-    pub(super) fn end(self) -> Result<(), CodecError> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(CodecError::Corrupt(self.kind, "trailing bytes"))
-        }
-    }
 }
 
 fn reason_byte(r: Option<DeadReason>) -> u8 {

@@ -64,6 +64,7 @@ mod lifecycle;
 mod lines;
 mod operator;
 mod parking;
+mod wire;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
