@@ -2,27 +2,9 @@
 //! and a version byte; a record of an unknown version is an error ([`CodecError`]),
 //! never skipped, so an old binary cannot silently drop what a newer one wrote.
 
+pub use super::wire::CodecError;
 pub(super) use super::wire::{Reader, Writer};
 use crate::model::{DeadReason, OnDead, SignatureScheme, State};
-
-/// A stored record that cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CodecError {
-    /// The record ended before all its fields.
-    #[error("{0} record is truncated")]
-    Truncated(&'static str),
-    /// Written by a courier with a newer record version.
-    #[error("{kind} record has unknown version {version} (written by a newer courier?)")]
-    UnknownVersion {
-        /// Which record.
-        kind: &'static str,
-        /// The version byte found.
-        version: u8,
-    },
-    /// A field holds a value no courier writes.
-    #[error("{0} record is corrupt: {1}")]
-    Corrupt(&'static str, &'static str),
-}
 
 const MESSAGE_V1: [u8; 2] = [b'M', 1];
 /// A message of an ordered endpoint: version 1 plus its [`Fifo`] place. Unordered messages

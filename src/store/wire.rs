@@ -2,7 +2,24 @@
 //! fields, little-endian, strings length-prefixed. [`Writer`] builds one, [`Reader`] reads
 //! one back and says exactly what is wrong with a record it cannot read.
 
-use super::codec::CodecError;
+/// A stored record that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The record ended before all its fields.
+    #[error("{0} record is truncated")]
+    Truncated(&'static str),
+    /// Written by a courier with a newer record version.
+    #[error("{kind} record has unknown version {version} (written by a newer courier?)")]
+    UnknownVersion {
+        /// Which record.
+        kind: &'static str,
+        /// The version byte found.
+        version: u8,
+    },
+    /// A field holds a value no courier writes.
+    #[error("{0} record is corrupt: {1}")]
+    Corrupt(&'static str, &'static str),
+}
 
 /// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).
 pub(super) struct Writer(pub(super) Vec<u8>);
