@@ -1,4 +1,5 @@
-//! The one HTTP/1.1 accept loop used by ingress and admin, and the JSON answer helpers.
+//! The one HTTP accept loop used by ingress and admin (over TCP or, for ingress, a Unix
+//! domain socket), and the JSON answer helpers.
 //!
 //! Limits that protect courier from its callers live here: a header read timeout
 //! (slowloris), a cap on header size, and a cap on concurrent connections (beyond it new
@@ -16,7 +17,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 
 /// The body type of every answer.
@@ -51,9 +53,34 @@ impl Default for ServeLimits {
     }
 }
 
+/// A bound listener: TCP, or a Unix domain socket (ingress only).
+#[derive(Debug)]
+pub enum Listener {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// A Unix domain socket listener.
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+/// The peer handed to handlers for a Unix socket connection: a socket has no IP address,
+/// and only local processes that can open its file reach it, so it counts as loopback.
+pub const UNIX_PEER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
 /// Serves `listener` with `handler` until `stop` turns true, then waits for open
 /// connections to finish their current request.
-pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: impl Into<Listener>,
+    handler: Handler,
+    limits: ServeLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let listener = listener.into();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -61,34 +88,22 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = stop.changed() => break,
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = accept(&listener) => accepted,
             _ = stop.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let handler = handler.clone();
-            async move { Ok::<_, std::convert::Infallible>(handler(peer, req).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+        match accepted {
+            Ok(Accepted::Tcp(stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                spawn_conn(stream, peer, &handler, &limits, &graceful, permit);
+            }
+            Ok(Accepted::Unix(stream)) => spawn_conn(stream, UNIX_PEER, &handler, &limits, &graceful, permit),
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     drop(listener);
     if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
@@ -97,6 +112,47 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
     {
         tracing::warn!("connections still open at the end of the drain were closed");
     }
+}
+
+/// One accepted connection.
+enum Accepted {
+    Tcp(tokio::net::TcpStream, SocketAddr),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer)),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+/// Serves one connection on its own task; the permit is its connection slot.
+fn spawn_conn<S>(
+    stream: S,
+    peer: SocketAddr,
+    handler: &Handler,
+    limits: &ServeLimits,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let handler = handler.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let handler = handler.clone();
+        async move { Ok::<_, std::convert::Infallible>(handler(peer, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .serve_connection(TokioIo::new(stream), service);
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        let _ = conn.await;
+        drop(permit);
+    });
 }
 
 /// A JSON answer.

@@ -20,3 +20,4 @@ mod responsive;
 mod security;
 mod setup_script;
 mod signing_ed25519;
+mod uds;

@@ -55,8 +55,10 @@ impl Lines {
 /// A running courier binary.
 pub struct Courier {
     child: Option<Child>,
-    /// Ingress address.
+    /// Ingress address (`0.0.0.0:0` when ingress is a Unix socket: see `ingress_socket`).
     pub ingress: SocketAddr,
+    /// The ingress socket file, when `listen = "unix:/path"`.
+    pub ingress_socket: Option<PathBuf>,
     /// Admin address.
     pub admin: SocketAddr,
     /// The read-only ops listener, when started with `ops_listen`.
@@ -178,7 +180,7 @@ impl Courier {
                 panic!("courier did not start; its log:\n{}", log.all());
             }
         };
-        let addr = |key: &str| -> SocketAddr {
+        let value = |key: &str| -> String {
             let start = line
                 .find(&format!("{key}="))
                 .unwrap_or_else(|| panic!("no {key} in {line}"))
@@ -186,13 +188,20 @@ impl Courier {
                 + 1;
             let rest = &line[start..];
             let end = rest.find(' ').unwrap_or(rest.len());
-            rest[..end].parse().unwrap()
+            rest[..end].to_string()
         };
-        let (ingress, admin) = (addr("ingress"), addr("admin"));
+        let addr = |key: &str| -> SocketAddr { value(key).parse().unwrap() };
+        let ingress_socket = value("ingress").strip_prefix("unix:").map(PathBuf::from);
+        let ingress = match ingress_socket {
+            Some(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+            None => addr("ingress"),
+        };
+        let admin = addr("admin");
         let ops = line.contains(" ops=").then(|| addr("ops"));
         Courier {
             child: Some(child),
             ingress,
+            ingress_socket,
             admin,
             ops,
             data_dir,
