@@ -10,6 +10,7 @@ mod circuit;
 mod cli;
 mod client_limits;
 mod delivery;
+mod h2c;
 mod hardening;
 mod ingress;
 mod lifecycle;
