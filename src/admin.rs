@@ -22,6 +22,7 @@ use crate::policy::{Backoff, Resolved};
 use crate::serve::{self, Body};
 use crate::store::{AttemptRecord, ListFilter, MessageRecord, StoreError};
 use crate::timefmt::{parse_rfc3339, rfc3339};
+use crate::trace::TraceParent;
 
 /// Default page size of `GET /deliveries`.
 pub const DEFAULT_PAGE: usize = 100;
@@ -109,6 +110,8 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
                     "error": a.error,
                     "duration_ms": a.duration_ms,
                     "policy_revision": a.policy_revision.map(revision_text),
+                    // The span this attempt sent in its traceparent (null without a trace).
+                    "span_id": a.span_id,
                 })
             })
             .collect();
@@ -267,6 +270,14 @@ impl Admin {
         match (shown, self.d.store.history(id)) {
             (Ok(Some(rec)), Ok(history)) => {
                 let mut v = delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref());
+                // The trace the app's traceparent started, kept with the payload's headers
+                // (only this view reads the payload: a list would read every body).
+                v["trace_id"] = match self.d.store.payload(id) {
+                    Ok(p) => json!(p
+                        .and_then(|p| TraceParent::from_headers(&p.headers))
+                        .map(|t| t.trace_id)),
+                    Err(e) => return store_failed(&e),
+                };
                 if let Err(e) = self.line_fields(&rec, &mut v) {
                     return store_failed(&e);
                 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, Overrides};
+use crate::config::{Config, LogFormat, Overrides};
 
 /// courier: durable webhook delivery sidecar.
 #[derive(Debug, Parser)]
@@ -79,20 +79,36 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigE
     Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
 
-fn init_logging() {
+/// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then
+/// `RUST_LOG`) sets the filter in either format, so switching to JSON never changes which
+/// lines are written.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("COURIER_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .try_init(),
+        // The documented JSON shape: timestamp, level, target, message and the event's
+        // fields all at the top level (flattened), one object a line, no span lists (their
+        // fields would duplicate the event's and their shape is not part of the contract).
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_target(true)
+            .try_init(),
+    };
 }
 
 /// Parses the command line and runs the command; returns the process exit code.
@@ -127,7 +143,8 @@ fn serve(global: &GlobalArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging();
+    let format = config.log.format;
+    init_logging(format);
     // The main runtime serves ingress (and admin): below delivery's priority, which runs
     // on a runtime of its own (see `priority`).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -137,15 +154,25 @@ fn serve(global: &GlobalArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("courier: cannot start the runtime: {e}");
+            fatal(format, &format!("cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(crate::app::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("courier: {e}");
+            fatal(format, &e.to_string());
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Reports why `serve` stops. With JSON lines it is one more object (a pipeline that
+/// parses every line must not choke on the one that matters most); as text it stays the
+/// plain `courier: …` line people and scripts already grep for.
+fn fatal(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("courier: {message}"),
+        LogFormat::Json => tracing::error!(error = message, "exiting"),
     }
 }

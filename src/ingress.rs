@@ -222,7 +222,9 @@ impl Ingress {
             }
         }
         let method = req.method().as_str().to_string();
-        let headers = forwardable_headers(req.headers());
+        let mut headers = forwardable_headers(req.headers());
+        // Kept only when valid: each attempt sends a child of it (see `trace`).
+        let trace = crate::trace::keep_valid(&mut headers);
         // A client that stops sending mid-body must not hold a connection (and shutdown)
         // forever: the whole body has BODY_READ_TIMEOUT to arrive.
         let reading = Limited::new(req.into_body(), config.max_body as usize).collect();
@@ -278,7 +280,8 @@ impl Ingress {
         match self.deliverer.accept(msg).await {
             Ok(Accepted::New) => {
                 self.metrics.accepted();
-                tracing::debug!(delivery_id = %id, event_id = %event_id, "accepted");
+                let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());
+                tracing::debug!(delivery_id = %id, event_id = %event_id, trace_id, "accepted");
                 Ok(accepted(
                     &id,
                     serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" }),

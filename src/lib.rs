@@ -59,6 +59,7 @@ mod sim;
 pub mod store;
 pub mod target;
 pub mod timefmt;
+pub mod trace;
 pub mod transport;
 pub mod trim;
 pub mod uds;

@@ -168,6 +168,7 @@ mod tests {
             error: None,
             duration_ms: 1,
             policy_revision: None,
+            span_id: None,
         };
         store.finish_attempt(id, &attempt, end, at).unwrap();
     }

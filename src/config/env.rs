@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::error::Problem;
 use super::listen::parse_mode;
+use super::log::parse_log_format;
 use super::parse::{
     parse_bool, parse_duration_text, parse_host_entry, parse_ingress_listen, parse_jitter, parse_listen, parse_net,
     parse_origin, parse_scheme, parse_size_text, parse_u32, parse_url, split_list,
@@ -15,7 +16,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 41] = [
+pub const ENV_VARS: [&str; 42] = [
     "COURIER_LISTEN",
     "COURIER_LISTEN_MODE",
     "COURIER_ADMIN_LISTEN",
@@ -54,6 +55,7 @@ pub const ENV_VARS: [&str; 41] = [
     "COURIER_CIRCUIT_FAILURES",
     "COURIER_CIRCUIT_PROBE_DELAY",
     "COURIER_CIRCUIT_PROBE_MAX_DELAY",
+    "COURIER_LOG_FORMAT",
     "COURIER_SIGNING_SCHEME",
     "COURIER_SIGNING_SECRETS",
     "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",
@@ -126,6 +128,7 @@ impl Config {
             "COURIER_CIRCUIT_FAILURES" => self.circuit.failures = parse_u32(v)?,
             "COURIER_CIRCUIT_PROBE_DELAY" => self.circuit.probe_delay = parse_duration_text(v)?,
             "COURIER_CIRCUIT_PROBE_MAX_DELAY" => self.circuit.probe_max_delay = parse_duration_text(v)?,
+            "COURIER_LOG_FORMAT" => self.log.format = parse_log_format(v)?,
             "COURIER_SIGNING_SCHEME" => self.signing.scheme = parse_scheme(v)?,
             "COURIER_SIGNING_SECRETS" => {
                 // The message must not say which secret is empty by quoting it, only where.

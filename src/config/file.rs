@@ -151,6 +151,9 @@ impl Config {
         if let Some(circuit) = file.circuit {
             circuit.apply(&mut self.circuit)?;
         }
+        if let Some(log) = file.log {
+            log.apply(&mut self.log)?;
+        }
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
             if let Some(secrets) = signing.secrets {
@@ -238,6 +241,7 @@ struct FileConfig {
     retry: Option<FileRetry>,
     delivery: Option<FileDelivery>,
     circuit: Option<super::circuit::FileCircuit>,
+    log: Option<super::log::FileLog>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
     route: Option<Vec<FileRoute>>,

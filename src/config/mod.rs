@@ -26,6 +26,7 @@
 //!   `sections`: its `[[route]]`, `[[host]]` and `[[endpoint]]` arrays;
 //! - `env`: the environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]);
 //! - `parse`: the text-to-value conversions the file, env and flag layers share;
+//! - `log`: `[log]` ([`LogConfig`]);
 //! - `validate`: [`Config::validate`] and its rules;
 //! - `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`;
 //! - `policy`: the retry-policy keys of `[[route]]` and `[[endpoint]]` ([`PolicyOverrides`]),
@@ -37,6 +38,7 @@ mod env;
 mod error;
 mod file;
 mod listen;
+mod log;
 mod parse;
 mod policy;
 mod sections;
@@ -65,6 +67,7 @@ pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
+pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
 pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
@@ -328,6 +331,8 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// `[circuit]`: the per-host circuit breaker.
     pub circuit: CircuitConfig,
+    /// `[log]`: the log line format.
+    pub log: LogConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -361,6 +366,7 @@ impl Default for Config {
             retry: RetryConfig::default(),
             delivery: DeliveryConfig::default(),
             circuit: CircuitConfig::default(),
+            log: LogConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             routes: Vec::new(),
@@ -390,6 +396,7 @@ impl fmt::Debug for Config {
             .field("admin", &self.admin)
             .field("retry", &self.retry)
             .field("delivery", &self.delivery)
+            .field("log", &self.log)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("routes", &self.routes)

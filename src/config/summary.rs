@@ -137,6 +137,7 @@ impl Config {
                 )
             },
         ];
+        lines.push(format!("log: format {}", self.log.format.as_str()));
         let keys: Vec<String> = self
             .signing
             .keys

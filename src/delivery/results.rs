@@ -303,6 +303,7 @@ mod tests {
                 error: None,
                 duration_ms: 1,
                 policy_revision: None,
+                span_id: None,
             },
             transition: Transition::Delivered,
             now_ms: 200,

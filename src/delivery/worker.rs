@@ -18,19 +18,24 @@ use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
 use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
+use crate::trace::{new_span_id, TraceParent, TRACEPARENT};
 use crate::transport::{OutboundRequest, TransportError};
 
-/// Logs an attempt's outcome with the fields that identify it.
+/// Logs an attempt's outcome with the fields that identify it; `trace_id` and `span_id`
+/// only when the message carries a trace context, so its log lines can be found from the app's trace.
 macro_rules! attempt_event {
-    ($level:ident, $rec:expr, $attempt:expr, $($rest:tt)*) => {
+    ($level:ident, $rec:expr, $trace:expr, $attempt:expr, $($rest:tt)*) => {{
+        let (trace_id, span_id): (Option<&str>, Option<&str>) = $trace;
         tracing::$level!(
             delivery_id = %$rec.id,
             event_id = %$rec.event_id,
             endpoint = %url_for_log(&$rec.endpoint),
             attempt = $attempt,
+            trace_id,
+            span_id,
             $($rest)*
         )
-    };
+    }};
 }
 
 /// Why an attempt could not even be built. Courier's (or its operator's) failure, never
@@ -79,12 +84,19 @@ fn build(
     payload: Payload,
     now_ms: u64,
     timeout: std::time::Duration,
+    traceparent: Option<String>,
 ) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
     let url = url::Url::parse(&rec.target)?;
     let secrets = secrets_for(d, &payload.signing, &url)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
+    // The app's traceparent names the app's span; this attempt is a child of it, so the
+    // stored one is replaced (tracestate goes on unchanged).
+    if let Some(child) = traceparent {
+        headers.retain(|(name, _)| !name.eq_ignore_ascii_case(TRACEPARENT));
+        headers.push((TRACEPARENT.to_string(), child.into_bytes()));
+    }
     headers.extend(
         fresh
             .into_iter()
@@ -111,7 +123,12 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let started_ms = d.clock.now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
     let policy = d.policies.resolve(rec.route.as_deref(), &rec.endpoint);
-    let req = match build(&d, rec, payload, started_ms, policy.request_timeout()) {
+    // A span of its own per attempt, so retries show as siblings under the app's span.
+    let trace = TraceParent::from_headers(&payload.headers);
+    let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
+    let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
+    let ids = (trace.as_ref().map(|t| t.trace_id.as_str()), span_id.as_deref());
+    let req = match build(&d, rec, payload, started_ms, policy.request_timeout(), traceparent) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -168,6 +185,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         error: error.clone(),
         duration_ms: duration.as_millis().min(u32::MAX as u128) as u32,
         policy_revision: Some(policy.revision()),
+        span_id: span_id.clone(),
     };
 
     // Counted by what the policy made of the status (a 409 ruled success is delivered).
@@ -234,6 +252,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             attempt_event!(
                 debug,
                 rec,
+                ids,
                 attempts_made,
                 status,
                 duration_ms = record.duration_ms,
@@ -245,6 +264,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             attempt_event!(
                 debug,
                 rec,
+                ids,
                 attempts_made,
                 status,
                 error = error.as_deref(),
@@ -258,6 +278,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             attempt_event!(
                 warn,
                 rec,
+                ids,
                 attempts_made,
                 status,
                 error = error.as_deref(),

@@ -97,26 +97,41 @@ pub(super) fn delivery_detail(d: &Value) -> String {
     // The policy the next attempt is made under (the config's now), with its revision: an
     // attempt below made under another revision ran under settings since changed.
     out.push(format!("{:<16}{}", "policy", cell(&d["policy"]["summary"])));
+    // A traced message's trace, and each attempt's span in the table; shown only for those
+    // (an untraced message's output stays as it was).
+    let traced = !d["trace_id"].is_null();
+    if traced {
+        out.push(format!("{:<16}{}", "trace_id", cell(&d["trace_id"])));
+    }
     let rows: Vec<Vec<String>> = d["history"]
         .as_array()
         .map(|h| {
             h.iter()
                 .enumerate()
                 .map(|(i, a)| {
-                    vec![
+                    let mut row = vec![
                         (i + 1).to_string(),
                         cell(&a["at"]),
                         cell(&a["status"]),
                         cell(&a["duration_ms"]),
                         cell(&a["policy_revision"]),
-                        cell(&a["error"]),
-                    ]
+                    ];
+                    if traced {
+                        row.push(cell(&a["span_id"]));
+                    }
+                    row.push(cell(&a["error"]));
+                    row
                 })
                 .collect()
         })
         .unwrap_or_default();
     out.push(String::new());
-    out.push(table(&["#", "AT", "STATUS", "MS", "POLICY", "ERROR"], &rows));
+    let header: &[&str] = if traced {
+        &["#", "AT", "STATUS", "MS", "POLICY", "SPAN", "ERROR"]
+    } else {
+        &["#", "AT", "STATUS", "MS", "POLICY", "ERROR"]
+    };
+    out.push(table(header, &rows));
     out.join("\n")
 }
 

@@ -34,6 +34,8 @@ const PAYLOAD_V1: [u8; 2] = [b'P', 1];
 const ATTEMPT_V1: [u8; 2] = [b'A', 1];
 /// Version 2 adds the revision of the policy the attempt was made under.
 const ATTEMPT_V2: [u8; 2] = [b'A', 2];
+/// Version 2 plus the attempt's trace span id (when the message carries a trace context).
+const ATTEMPT_V3: [u8; 2] = [b'A', 3];
 const ENDPOINT_V1: [u8; 2] = [b'E', 1];
 const ENDPOINT_V2: [u8; 2] = [b'E', 2];
 const ROUTING_V1: [u8; 2] = [b'R', 1];
@@ -142,6 +144,9 @@ pub struct AttemptRecord {
     /// The revision of the policy it was made under (`policy::Resolved::revision`); `None`
     /// for attempts recorded before revisions were.
     pub policy_revision: Option<u32>,
+    /// The span id (16 hex digits) of the `traceparent` this attempt sent; `None` when the
+    /// message has no trace context, and for attempts recorded before version 3.
+    pub span_id: Option<String>,
 }
 
 /// Persistent state of an endpoint.
@@ -483,7 +488,7 @@ impl Payload {
 impl AttemptRecord {
     /// Encodes the attempt.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(ATTEMPT_V2, 40);
+        let mut w = Writer::new(ATTEMPT_V3, 64);
         w.u64(self.at_ms);
         w.opt_u16(self.status);
         w.opt_str(self.error.as_deref());
@@ -495,20 +500,31 @@ impl AttemptRecord {
             }
             None => w.u8(0),
         }
+        w.opt_str(self.span_id.as_deref());
         w.0
     }
 
     /// Decodes an attempt written by [`AttemptRecord::encode`], or by a courier that wrote
-    /// version 1 (no policy revision).
+    /// version 1 (no policy revision) or 2 (no span id).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let v1 = buf.get(..2) == Some(&ATTEMPT_V1[..]);
-        let mut r = Reader::new("attempt", if v1 { ATTEMPT_V1 } else { ATTEMPT_V2 }, buf)?;
+        let version = match buf.get(..2) {
+            Some(v) if v == ATTEMPT_V1 => 1,
+            Some(v) if v == ATTEMPT_V2 => 2,
+            _ => 3,
+        };
+        let tag = [ATTEMPT_V1, ATTEMPT_V2, ATTEMPT_V3][version - 1];
+        let mut r = Reader::new("attempt", tag, buf)?;
         let rec = AttemptRecord {
             at_ms: r.u64()?,
             status: r.opt_u16()?,
             error: r.opt_string()?,
             duration_ms: r.u32()?,
-            policy_revision: if !v1 && r.flag()? { Some(r.u32()?) } else { None },
+            policy_revision: if version >= 2 && r.flag()? {
+                Some(r.u32()?)
+            } else {
+                None
+            },
+            span_id: if version >= 3 { r.opt_string()? } else { None },
         };
         r.end()?;
         Ok(rec)

@@ -112,12 +112,7 @@ impl Store {
     /// order: at most `limit`, looking at no more than a bounded number of counters (zero
     /// ones are skipped until the next sweep removes them). The flag says whether the walk
     /// stopped before the end (more may follow).
-    pub fn open_endpoints_page(
-        &self,
-        after: Option<&str>,
-        prefix: &str,
-        limit: usize,
-    ) -> Result<OpenPage, StoreError> {
+    pub fn open_endpoints_page(&self, after: Option<&str>, prefix: &str, limit: usize) -> Result<OpenPage, StoreError> {
         let base = keys::COUNT_OPEN_ENDPOINT;
         let mut start = keys::endpoint_open_key(prefix);
         if let Some(a) = after.filter(|a| *a >= prefix) {

@@ -205,7 +205,16 @@ fn example_binary(name: &str) -> PathBuf {
     let path = profile_dir
         .join("examples")
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    if path.exists() {
+    // Built (or found up to date) by cargo every time, never taken as it is: a target folder
+    // kept between runs can hold an example binary older than the code under test.
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    if BUILT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|n| n == name)
+        && path.exists()
+    {
         return path;
     }
     let mut cargo = Command::new(option_env!("CARGO").unwrap_or("cargo"));
@@ -222,6 +231,7 @@ fn example_binary(name: &str) -> PathBuf {
         "{} is missing and `cargo build --example {name}` did not make it; run `cargo test --all-targets`",
         path.display()
     );
+    BUILT.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
     path
 }
 

@@ -77,6 +77,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
                     error: None,
                     duration_ms: 1,
                     policy_revision: None,
+                    span_id: None,
                 },
                 transition: Transition::Dead(DeadReason::PermanentStatus),
                 now_ms: later,

@@ -180,7 +180,13 @@ impl Courier {
                 panic!("courier did not start; its log:\n{}", log.all());
             }
         };
+        // `log.format = "json"` writes the addresses as fields of a JSON object.
+        let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
         let value = |key: &str| -> String {
+            if let Some(json) = &json {
+                let text = json[key].as_str().unwrap_or_else(|| panic!("no {key} in {line}"));
+                return text.to_string();
+            }
             let start = line
                 .find(&format!("{key}="))
                 .unwrap_or_else(|| panic!("no {key} in {line}"))
@@ -197,7 +203,10 @@ impl Courier {
             None => addr("ingress"),
         };
         let admin = addr("admin");
-        let ops = line.contains(" ops=").then(|| addr("ops"));
+        let ops = match &json {
+            Some(json) => json.get("ops").is_some().then(|| addr("ops")),
+            None => line.contains(" ops=").then(|| addr("ops")),
+        };
         Courier {
             child: Some(child),
             ingress,

@@ -105,6 +105,7 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_CIRCUIT_PROBE_MAX_DELAY", "10m", |c| {
         c.circuit.probe_max_delay == Duration::from_secs(600)
     }),
+    ("COURIER_LOG_FORMAT", "JSON", |c| c.log.format == LogFormat::Json),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),

@@ -180,3 +180,18 @@ fn quoted_strings_are_removed_from_serde_messages() {
         assert_eq!(redact_quoted_string(message), *want);
     }
 }
+
+#[test]
+fn log_format_is_text_or_json() {
+    assert_eq!(Config::default().log.format, LogFormat::Text);
+    assert_eq!(parse("[log]\nformat = \"json\"\n").log.format, LogFormat::Json);
+    assert_eq!(parse("[log]\nformat = \"text\"\n").log.format, LogFormat::Text);
+    let msg = Config::from_toml_str("[log]\nformat = \"xml\"\n", "c.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("log.format: expected \"text\" or \"json\""), "{msg}");
+    let msg = Config::from_toml_str("[log]\nlevel = \"debug\"\n", "c.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("unknown key \"log.level\""), "{msg}");
+}

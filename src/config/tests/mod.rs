@@ -111,6 +111,9 @@ max_response_body = "1KiB"
 idle_connection_timeout = "45s"
 max_idle_connections = 32
 
+[log]
+format = "json"
+
 [signing]
 scheme = "standard"
 secrets = ["{STD_SECRET}", "{STD_SECRET_2}"]

@@ -43,6 +43,7 @@ fn summary_describes_the_settings() {
         "shutdown_grace 0s; retention 1d (delivered), 7d (dead)",
         "retry: base_delay 250ms, max_delay 10m, jitter full, max_attempts 8",
         "max_response_body 1KiB, idle_connection_timeout 45s, max_idle_connections 32",
+        "log: format json",
         "signing: scheme standard, 2 secrets by default, keys: billing (2 secrets), partner (1 secret)",
         "egress: private targets allowed, allow: 127.0.0.1/32, 10.1.0.0/16, ::1/128, 192.168.1.7/32",
         "route billing -> https://billing.example/hooks (signing key billing, scheme stripe)",

@@ -87,10 +87,12 @@ fn every_record_round_trips() {
         error: Some("connection refused".into()),
         duration_ms: 12,
         policy_revision: Some(0xdead_beef),
+        span_id: Some("00f067aa0ba902b7".into()),
     };
     assert_eq!(AttemptRecord::decode(&a.encode()), Ok(a.clone()));
     let unknown = AttemptRecord {
         policy_revision: None,
+        span_id: None,
         ..a
     };
     assert_eq!(AttemptRecord::decode(&unknown.encode()), Ok(unknown));
@@ -200,6 +202,26 @@ fn version_1_records_still_read() {
             error: None,
             duration_ms: 12,
             policy_revision: None,
+            span_id: None,
+        })
+    );
+    // Version 2: a policy revision, no span id.
+    let mut w = Writer::new(ATTEMPT_V2, 32);
+    w.u64(9);
+    w.opt_u16(Some(200));
+    w.opt_str(None);
+    w.u32(12);
+    w.u8(1);
+    w.u32(7);
+    assert_eq!(
+        AttemptRecord::decode(&w.0),
+        Ok(AttemptRecord {
+            at_ms: 9,
+            status: Some(200),
+            error: None,
+            duration_ms: 12,
+            policy_revision: Some(7),
+            span_id: None,
         })
     );
     let a = AttemptRecord {
@@ -208,9 +230,10 @@ fn version_1_records_still_read() {
         error: None,
         duration_ms: 0,
         policy_revision: Some(7),
+        span_id: Some("00f067aa0ba902b7".into()),
     }
     .encode();
-    assert_eq!(&a[..2], &[b'A', 2]);
+    assert_eq!(&a[..2], &[b'A', 3]);
     for cut in 0..a.len() {
         assert!(AttemptRecord::decode(&a[..cut]).is_err(), "cut at {cut}");
     }

@@ -96,6 +96,7 @@ fn attempt(status: u16) -> AttemptRecord {
         error: None,
         duration_ms: 3,
         policy_revision: None,
+        span_id: None,
     }
 }
 

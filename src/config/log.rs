@@ -1,0 +1,57 @@
+//! `[log]`: how courier writes its log lines to stderr.
+
+use serde::Deserialize;
+
+/// The shape of each log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object a line, with the stable fields `timestamp`, `level`, `target`,
+    /// `message` and the event's own fields (`delivery_id`, `endpoint`, ...) beside them,
+    /// so a log pipeline can index them without parsing text.
+    Json,
+}
+
+impl LogFormat {
+    /// The config spelling: `text` or `json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogConfig {
+    /// The line format.
+    pub format: LogFormat,
+}
+
+/// `text` or `json`, case-insensitive (an env var is easy to capitalise).
+pub(super) fn parse_log_format(v: &str) -> Result<LogFormat, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err("expected \"text\" or \"json\"".to_string()),
+    }
+}
+
+/// `[log]` as the file writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileLog {
+    format: Option<String>,
+}
+
+impl FileLog {
+    pub(super) fn apply(self, log: &mut LogConfig) -> Result<(), String> {
+        if let Some(format) = self.format {
+            log.format = parse_log_format(&format).map_err(|e| format!("log.format: {e}"))?;
+        }
+        Ok(())
+    }
+}
