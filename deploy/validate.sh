@@ -146,6 +146,9 @@ def check_toml(name, text):
                 check(sub in KEYS[key], f"{name}: unknown key {key}.{sub}")
     return cfg
 
+def pod_volumes(pod):
+    return {v["name"]: v for v in pod.get("volumes", [])}
+
 docs = {}
 for path in sorted((deploy / "kubernetes").glob("*.yaml")):
     for doc in yaml.safe_load_all(path.read_text()):
@@ -165,7 +168,8 @@ OPS_PORT = 8789
 grace = seconds(cfg.get("shutdown_grace", "30s"))
 
 workloads = [(f, d) for (k, _), (f, d) in docs.items() if k in ("Deployment", "StatefulSet")]
-check(len(workloads) == 2, "expected one Deployment and one StatefulSet")
+check(sorted(f for f, _ in workloads) == ["deployment-uds.yaml", "deployment.yaml", "statefulset.yaml"],
+      "expected the Deployment, its Unix socket variant and the StatefulSet")
 for fname, w in workloads:
     where = f"{fname} {w['kind']}"
     pod = w["spec"]["template"]["spec"]
@@ -200,8 +204,19 @@ for fname, w in workloads:
                       ("seccompProfile", {"type": "RuntimeDefault"})):
         check(sc.get(key) == want, f"{where}: securityContext.{key} must be {want}")
     env = {e["name"]: e for e in c.get("env", [])}
-    check(env.get("COURIER_LISTEN", {}).get("value", "").startswith("127.0.0.1:"),
-          f"{where}: COURIER_LISTEN must pin ingress to 127.0.0.1")
+    listen = env.get("COURIER_LISTEN", {}).get("value", "")
+    check(listen.startswith(("127.0.0.1:", "unix:/")),
+          f"{where}: COURIER_LISTEN must pin ingress to 127.0.0.1 or a Unix socket")
+    if listen.startswith("unix:"):
+        # The socket must be on an emptyDir that the courier container and an app container
+        # both mount at the socket's directory, or the app has nothing to connect to.
+        sock_dir = str(pathlib.PurePosixPath(listen[len("unix:"):]).parent)
+        vol = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}.get(sock_dir)
+        check(vol is not None and "emptyDir" in pod_volumes(pod).get(vol, {}),
+              f"{where}: the socket directory {sock_dir} must be an emptyDir mounted in the courier container")
+        check(any(m["name"] == vol and m["mountPath"] == sock_dir
+                  for a in pod.get("containers", []) for m in a.get("volumeMounts", [])),
+              f"{where}: no app container mounts the socket volume at {sock_dir}")
     check(env.get("COURIER_ADMIN_LISTEN", {}).get("value", "").startswith("127.0.0.1:"),
           f"{where}: COURIER_ADMIN_LISTEN must pin admin to 127.0.0.1")
     ops = env.get("COURIER_OPS_LISTEN", {}).get("value", cfg.get("ops_listen", ""))
@@ -700,11 +715,16 @@ def get(url, token=None):
 
 def run(name, argv, env, config):
     data = tmp / f"data-{len(problems)}-{name.replace(' ', '-').replace('/', '-')}"
-    paths = lambda a: a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data))
+    paths = lambda a: (a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data))
+                       .replace("unix:/run/courier", f"unix:{data}-run"))
     argv = [paths(a) for a in argv]
     env = {k: paths(v) for k, v in dict(base_env, **env).items()}
+    sock_path = None
     for key in ("COURIER_LISTEN", "COURIER_ADMIN_LISTEN"):
-        if key in env:
+        if key in env and env[key].startswith("unix:"):
+            sock_path = pathlib.Path(env[key][len("unix:"):])
+            sock_path.parent.mkdir(parents=True, exist_ok=True)  # the emptyDir
+        elif key in env:
             env[key] = local(env[key], 0)
     for flag in ("--listen", "--admin-listen"):
         if flag in argv:
@@ -749,6 +769,8 @@ def run(name, argv, env, config):
             got = get(url, tok)
             if got != status:
                 problems.append(f"{name}: {url} answered {got}, not {status}")
+        if sock_path and not sock_path.is_socket():
+            problems.append(f"{name}: no socket at {sock_path}")
         if ops:
             for path in ("/deliveries", "/endpoints"):
                 got = get(f"http://{ops}{path}", token)
@@ -761,6 +783,8 @@ def run(name, argv, env, config):
         rc = proc.wait(timeout=40)
         if rc != 0:
             problems.append(f"{name}: exited {rc} after SIGTERM")
+        if sock_path and sock_path.exists():
+            problems.append(f"{name}: the socket {sock_path} is left behind after SIGTERM")
     except subprocess.TimeoutExpired:
         proc.kill()
         problems.append(f"{name}: did not exit within 40s of SIGTERM")
@@ -770,7 +794,7 @@ secrets = {}
 for doc in yaml.safe_load_all((deploy / "kubernetes" / "secret.yaml").read_text()):
     secrets[doc["metadata"]["name"]] = dict(doc.get("stringData", {}))
 config = tmp / "configmap.toml"
-for fname in ("deployment.yaml", "statefulset.yaml"):
+for fname in ("deployment.yaml", "deployment-uds.yaml", "statefulset.yaml"):
     for doc in yaml.safe_load_all((deploy / "kubernetes" / fname).read_text()):
         if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
@@ -839,7 +863,7 @@ print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PY
 )"; then
-    pass "courier starts as each deploy file runs it (2 pods, systemd, image defaults), probes on the ops port 200, SIGTERM exits 0"
+    pass "courier starts as each deploy file runs it (3 pods, systemd, image defaults), probes on the ops port 200, SIGTERM exits 0"
   else
     fail "courier run as the deploy files run it"$'\n'"$out"
   fi

@@ -22,6 +22,7 @@ use crate::admin::Admin;
 use crate::client::{ClientSettings, HttpTransport};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
+use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
 use crate::egress::EgressPolicy;
 use crate::ingress::Ingress;
@@ -30,9 +31,10 @@ use crate::ops::Probes;
 use crate::priority::DeliveryRuntime;
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
-use crate::serve::{self, Handler, ServeLimits};
+use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::transport::Transport;
+use crate::uds::SocketFile;
 
 /// After the drain, how long the listeners at least get to finish the answers in progress.
 const HTTP_DRAIN_MIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -88,8 +90,8 @@ pub enum AppError {
     Bind {
         /// `ingress` or `admin`.
         what: &'static str,
-        /// The address.
-        addr: SocketAddr,
+        /// The address (`unix:/path` for a socket).
+        addr: ListenAddr,
         /// Why.
         source: std::io::Error,
     },
@@ -124,8 +126,8 @@ impl Default for Seams {
 
 /// A started courier.
 pub struct Running {
-    /// Where ingress listens.
-    pub ingress_addr: SocketAddr,
+    /// Where ingress listens (the bound port when `listen` asked for port 0).
+    pub ingress_addr: ListenAddr,
     /// Where admin listens.
     pub admin_addr: SocketAddr,
     /// Where the read-only ops listener listens, when `ops_listen` is set.
@@ -149,9 +151,31 @@ impl Running {
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| AppError::Bind { what, addr, source })
+    TcpListener::bind(addr).await.map_err(|source| AppError::Bind {
+        what,
+        addr: addr.into(),
+        source,
+    })
+}
+
+/// Binds ingress: TCP, or the socket file with its mode (kept to remove at shutdown).
+async fn bind_ingress(config: &Config) -> Result<(Listener, ListenAddr, Option<SocketFile>), AppError> {
+    let err = |source| AppError::Bind {
+        what: "ingress",
+        addr: config.listen.clone(),
+        source,
+    };
+    match &config.listen {
+        ListenAddr::Tcp(addr) => {
+            let l = bind("ingress", *addr).await?;
+            let bound = l.local_addr().map_err(err)?;
+            Ok((Listener::Tcp(l), ListenAddr::Tcp(bound), None))
+        }
+        ListenAddr::Unix(path) => {
+            let (l, file) = SocketFile::bind(path, config.listen_mode).map_err(err)?;
+            Ok((Listener::Unix(l), config.listen.clone(), Some(file)))
+        }
+    }
 }
 
 /// Starts courier: returns once both listeners are bound and the store is open.
@@ -166,16 +190,11 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             ..StoreOptions::default()
         },
     )?);
-    let ingress_listener = bind("ingress", config.listen).await?;
+    let (ingress_listener, ingress_addr, socket_file) = bind_ingress(&config).await?;
     let admin_listener = bind("admin", config.admin_listen).await?;
-    let ingress_addr = ingress_listener.local_addr().map_err(|source| AppError::Bind {
-        what: "ingress",
-        addr: config.listen,
-        source,
-    })?;
     let admin_addr = admin_listener.local_addr().map_err(|source| AppError::Bind {
         what: "admin",
-        addr: config.admin_listen,
+        addr: config.admin_listen.into(),
         source,
     })?;
     let ops_listener = match config.ops_listen {
@@ -185,7 +204,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let ops_addr = match (&ops_listener, config.ops_listen) {
         (Some(l), Some(addr)) => Some(l.local_addr().map_err(|source| AppError::Bind {
             what: "ops",
-            addr,
+            addr: addr.into(),
             source,
         })?),
         _ => None,
@@ -357,6 +376,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             if tokio::time::timeout_at(http_deadline, task).await.is_err() {
                 abort.abort();
             }
+        }
+        if let Some(file) = socket_file {
+            file.remove();
         }
         let s = store.clone();
         let _ = tokio::task::spawn_blocking(move || s.close()).await;

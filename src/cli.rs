@@ -27,7 +27,7 @@ pub struct GlobalArgs {
     /// TOML config file (also COURIER_CONFIG).
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Ingress address, ip:port (also COURIER_LISTEN).
+    /// Ingress address, ip:port or unix:/path (also COURIER_LISTEN; the socket mode is listen_mode).
     #[arg(long, global = true, value_name = "ADDR")]
     pub listen: Option<String>,
     /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).

@@ -1,4 +1,11 @@
-//! The one HTTP/1.1 accept loop used by ingress and admin, and the JSON answer helpers.
+//! The one HTTP accept loop used by ingress and admin (over TCP or, for ingress, a Unix
+//! domain socket), and the JSON answer helpers.
+//!
+//! Each connection speaks HTTP/1.1 or HTTP/2 with prior knowledge (h2c: the client sends
+//! the HTTP/2 preface straight away, no `Upgrade`), told apart by its first bytes; apps
+//! whose clients pool h2 connections use the same port as everyone else. There is no TLS,
+//! so no ALPN and no `Upgrade: h2c` dance (hyper does not serve it, and clients that pool
+//! h2 over cleartext use prior knowledge).
 //!
 //! Limits that protect courier from its callers live here: a header read timeout
 //! (slowloris), a cap on header size, and a cap on concurrent connections (beyond it new
@@ -15,8 +22,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder as AutoBuilder;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 
 /// The body type of every answer.
@@ -29,9 +38,10 @@ pub type Handler = Arc<dyn Fn(SocketAddr, Request<Incoming>) -> HandlerFuture + 
 /// Limits of one listener.
 #[derive(Debug, Clone)]
 pub struct ServeLimits {
-    /// Time allowed to send the request head.
+    /// Time allowed to send the request head (HTTP/1.1), and the first bytes of a new
+    /// connection (either protocol).
     pub header_read_timeout: Duration,
-    /// Largest request head (bytes).
+    /// Largest request head (bytes); for HTTP/2, the largest header list.
     pub max_header_bytes: usize,
     /// Connections served at once.
     pub max_connections: usize,
@@ -51,44 +61,82 @@ impl Default for ServeLimits {
     }
 }
 
+/// A bound listener: TCP, or a Unix domain socket (ingress only).
+#[derive(Debug)]
+pub enum Listener {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// A Unix domain socket listener.
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+/// The peer handed to handlers for a Unix socket connection: a socket has no IP address,
+/// and only local processes that can open its file reach it, so it counts as loopback.
+pub const UNIX_PEER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// Requests served at once on one HTTP/2 connection. The connection cap counts
+/// connections, so this bounds what one client can have in progress; an HTTP/1.1 client
+/// would need as many connections for as many requests.
+const MAX_STREAMS_PER_CONNECTION: u32 = 128;
+
+/// The HTTP/1.1 + HTTP/2 connection builder with `limits` applied to both protocols.
+fn builder(limits: &ServeLimits) -> AutoBuilder<TokioExecutor> {
+    let mut b = AutoBuilder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        // A peer that vanished without a FIN would hold its connection slot forever: h2
+        // connections are pooled and long-lived, and HTTP/1.1's header timeout does not
+        // apply to them. Pings find it; an idle but live client is kept.
+        .keep_alive_interval(Duration::from_secs(60))
+        .keep_alive_timeout(Duration::from_secs(20));
+    b
+}
+
 /// Serves `listener` with `handler` until `stop` turns true, then waits for open
 /// connections to finish their current request.
-pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: impl Into<Listener>,
+    handler: Handler,
+    limits: ServeLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let listener = listener.into();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = builder(&limits);
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = stop.changed() => break,
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let accepted = tokio::select! {
+            accepted = accept(&listener) => accepted,
             _ = stop.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let handler = handler.clone();
-            async move { Ok::<_, std::convert::Infallible>(handler(peer, req).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+        match accepted {
+            Ok(Accepted::Tcp(stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                spawn_conn(stream, peer, &handler, &builder, &limits, &graceful, permit);
+            }
+            Ok(Accepted::Unix(stream)) => spawn_conn(stream, UNIX_PEER, &handler, &builder, &limits, &graceful, permit),
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     drop(listener);
     if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
@@ -97,6 +145,115 @@ pub async fn serve(listener: TcpListener, handler: Handler, limits: ServeLimits,
     {
         tracing::warn!("connections still open at the end of the drain were closed");
     }
+}
+
+/// An HTTP/2 request as the handlers expect every request: origin-form.
+///
+/// hyper gives an HTTP/2 request an absolute URI built from `:scheme` and `:authority`,
+/// which name courier itself. Left as is, ingress would read every HTTP/2 request as a
+/// proxy (absolute-form) request addressed to courier, and the `Host` checks in
+/// [`crate::access`] (skipped for absolute-form) would never run. So the URI keeps only its
+/// path and query, and `:authority` becomes `Host` (RFC 9113 §8.3.1: they carry the same
+/// thing) unless the client also sent a `Host`.
+fn as_origin_form<B>(req: Request<B>) -> Request<B> {
+    if req.version() != http::Version::HTTP_2 {
+        return req;
+    }
+    let (mut parts, body) = req.into_parts();
+    if let Some(authority) = parts.uri.authority() {
+        if !parts.headers.contains_key(http::header::HOST) {
+            if let Ok(host) = http::HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(http::header::HOST, host);
+            }
+        }
+    }
+    if let Some(pq) = parts.uri.path_and_query() {
+        if let Ok(uri) = http::Uri::try_from(pq.as_str()) {
+            parts.uri = uri;
+        }
+    }
+    Request::from_parts(parts, body)
+}
+
+/// One accepted connection.
+enum Accepted {
+    Tcp(tokio::net::TcpStream, SocketAddr),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer)),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+/// A stream that can say when its first bytes are there.
+trait Readable: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Waits until a byte can be read (or the peer closed), without reading it.
+    fn ready(&self) -> impl Future<Output = std::io::Result<()>> + Send;
+}
+
+/// Peeks one byte: readiness alone can be spurious, and must not consume what hyper reads.
+fn peek_one(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer we own; MSG_PEEK leaves the data in the socket.
+    let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+macro_rules! readable_by_peek {
+    ($t:ty) => {
+        impl Readable for $t {
+            async fn ready(&self) -> std::io::Result<()> {
+                use std::os::fd::AsRawFd;
+                loop {
+                    self.readable().await?;
+                    match self.try_io(tokio::io::Interest::READABLE, || peek_one(self.as_raw_fd())) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        other => return other,
+                    }
+                }
+            }
+        }
+    };
+}
+readable_by_peek!(tokio::net::TcpStream);
+readable_by_peek!(tokio::net::UnixStream);
+
+/// Serves one connection on its own task; the permit is its connection slot.
+fn spawn_conn<S: Readable>(
+    stream: S,
+    peer: SocketAddr,
+    handler: &Handler,
+    builder: &AutoBuilder<TokioExecutor>,
+    limits: &ServeLimits,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let handler = handler.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let handler = handler.clone();
+        async move { Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await) }
+    });
+    let (builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
+    let watcher = graceful.watcher();
+    tokio::spawn(async move {
+        // Telling HTTP/1.1 from HTTP/2 waits for the first bytes, and HTTP/1.1's header
+        // timeout only starts after that: without this, a client that connects and sends
+        // nothing would hold its connection slot for good.
+        if !matches!(tokio::time::timeout(first_bytes, stream.ready()).await, Ok(Ok(()))) {
+            drop(permit);
+            return;
+        }
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let _ = watcher.watch(conn).await;
+        drop(permit);
+    });
 }
 
 /// A JSON answer.
@@ -129,3 +286,7 @@ pub fn empty(status: StatusCode) -> Response<Body> {
         .body(Full::new(Bytes::new()))
         .expect("static response parts are valid")
 }
+
+#[cfg(test)]
+#[path = "serve_tests.rs"]
+mod tests;

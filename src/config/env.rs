@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use super::error::Problem;
+use super::listen::parse_mode;
 use super::log::parse_log_format;
 use super::parse::{
-    parse_bool, parse_duration_text, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
-    parse_scheme, parse_size_text, parse_u32, parse_url, split_list,
+    parse_bool, parse_duration_text, parse_host_entry, parse_ingress_listen, parse_jitter, parse_listen, parse_net,
+    parse_origin, parse_scheme, parse_size_text, parse_u32, parse_url, split_list,
 };
 use super::policy::{implied_attempts, parse_schedule};
 use super::{Config, ConfigError, Overrides};
@@ -15,8 +16,9 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 41] = [
+pub const ENV_VARS: [&str; 42] = [
     "COURIER_LISTEN",
+    "COURIER_LISTEN_MODE",
     "COURIER_ADMIN_LISTEN",
     "COURIER_OPS_LISTEN",
     "COURIER_DATA_DIR",
@@ -82,7 +84,8 @@ impl Config {
     fn set_from_env(&mut self, name: &str, v: &str) -> Result<(), Problem> {
         let (r, d) = (&mut self.retry, &mut self.delivery);
         match name {
-            "COURIER_LISTEN" => self.listen = parse_listen(v)?,
+            "COURIER_LISTEN" => self.listen = parse_ingress_listen(v)?,
+            "COURIER_LISTEN_MODE" => self.listen_mode = parse_mode(v)?,
             "COURIER_ADMIN_LISTEN" => self.admin_listen = parse_listen(v)?,
             "COURIER_OPS_LISTEN" => self.ops_listen = Some(parse_listen(v)?),
             "COURIER_DATA_DIR" => self.data_dir = PathBuf::from(v),
@@ -145,7 +148,8 @@ impl Config {
 
     pub(super) fn apply_flags(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
         if let Some(listen) = &flags.listen {
-            self.listen = parse_listen(listen).map_err(|e| ConfigError::new(format!("--listen {listen:?}"), e))?;
+            self.listen =
+                parse_ingress_listen(listen).map_err(|e| ConfigError::new(format!("--listen {listen:?}"), e))?;
         }
         if let Some(admin) = &flags.admin_listen {
             self.admin_listen =

@@ -12,9 +12,10 @@ use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error::Problem;
+use super::listen::parse_mode;
 use super::parse::{
-    parse_duration_text, parse_each, parse_host_entry, parse_jitter, parse_listen, parse_net, parse_origin,
-    parse_scheme, parse_size_text, parse_target, parse_url,
+    parse_duration_text, parse_each, parse_host_entry, parse_ingress_listen, parse_jitter, parse_listen, parse_net,
+    parse_origin, parse_scheme, parse_size_text, parse_target, parse_url,
 };
 use super::policy::{conflicting_backoff, implied_attempts, parse_schedule, parse_statuses, FileStatuses};
 use super::sections::{FileEndpoint, FileHost, FileRoute};
@@ -34,7 +35,8 @@ impl Config {
     }
 
     fn apply_file(&mut self, file: FileConfig) -> Result<(), Problem> {
-        set(&mut self.listen, "listen", file.listen, parse_listen)?;
+        set(&mut self.listen, "listen", file.listen, parse_ingress_listen)?;
+        set(&mut self.listen_mode, "listen_mode", file.listen_mode, parse_mode)?;
         set(&mut self.admin_listen, "admin_listen", file.admin_listen, parse_listen)?;
         set_opt(&mut self.ops_listen, "ops_listen", file.ops_listen, parse_listen)?;
         set(&mut self.data_dir, "data_dir", file.data_dir, |s| Ok(PathBuf::from(s)))?;
@@ -218,6 +220,7 @@ impl Config {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<String>,
+    listen_mode: Option<String>,
     admin_listen: Option<String>,
     data_dir: Option<String>,
     max_body: Option<String>,

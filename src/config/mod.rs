@@ -37,6 +37,7 @@ mod circuit;
 mod env;
 mod error;
 mod file;
+mod listen;
 mod log;
 mod parse;
 mod policy;
@@ -65,6 +66,7 @@ use crate::signing::Secret;
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
 pub use summary::PublicKeyEntry;
@@ -78,7 +80,7 @@ pub const CONFIG_ENV: &str = "COURIER_CONFIG";
 pub struct Overrides {
     /// `--config FILE` (takes precedence over `COURIER_CONFIG`).
     pub config: Option<PathBuf>,
-    /// `--listen ip:port`.
+    /// `--listen ip:port` or `--listen unix:/path`.
     pub listen: Option<String>,
     /// `--admin-listen ip:port`.
     pub admin_listen: Option<String>,
@@ -293,8 +295,10 @@ pub struct EndpointConfig {
 /// The whole configuration: values only; the modules that use them own their meaning.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Ingress listener.
-    pub listen: SocketAddr,
+    /// Ingress listener: TCP or a Unix domain socket.
+    pub listen: ListenAddr,
+    /// Permission bits of the ingress socket file (`listen_mode`); only used with `unix:`.
+    pub listen_mode: u32,
     /// Admin listener.
     pub admin_listen: SocketAddr,
     /// Probes and metrics listener (no token); unset: served on the admin listener only.
@@ -344,7 +348,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8787),
+            listen: ListenAddr::Tcp(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8787)),
+            listen_mode: DEFAULT_LISTEN_MODE,
             admin_listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8788),
             ops_listen: None,
             data_dir: PathBuf::from("./courier-data"),
@@ -375,6 +380,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("listen_mode", &format_args!("{:04o}", self.listen_mode))
             .field("admin_listen", &self.admin_listen)
             .field("ops_listen", &self.ops_listen)
             .field("data_dir", &self.data_dir)

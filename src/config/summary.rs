@@ -59,8 +59,12 @@ impl Config {
         let d = &self.delivery;
         let mut lines = vec![
             format!(
-                "listen {} (ingress), {} (admin){}; data_dir {}",
+                "listen {} (ingress{}), {} (admin){}; data_dir {}",
                 self.listen,
+                match self.listen {
+                    super::ListenAddr::Unix(_) => format!(", mode {:04o}", self.listen_mode),
+                    super::ListenAddr::Tcp(_) => String::new(),
+                },
                 self.admin_listen,
                 self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default(),
                 self.data_dir.display()

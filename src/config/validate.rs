@@ -33,18 +33,19 @@ impl Config {
     /// `allow_unauthenticated_network` is set; then the caller should warn about each.
     /// `ops_listen` is never listed: it serves only probes and metrics.
     pub fn unauthenticated_network_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
-        [
-            ("listen", self.listen, self.ingress_token.is_some()),
-            ("admin_listen", self.admin_listen, self.admin_token.is_some()),
-        ]
-        .into_iter()
-        .filter(|&(_, addr, has_token)| !has_token && !is_loopback(addr.ip()))
-        .map(|(key, addr, _)| (key, addr))
-        .collect()
+        // A Unix socket is local: only processes that can open its file reach it.
+        let ingress = self.listen.tcp().map(|a| ("listen", a, self.ingress_token.is_some()));
+        ingress
+            .into_iter()
+            .chain([("admin_listen", self.admin_listen, self.admin_token.is_some())])
+            .filter(|&(_, addr, has_token)| !has_token && !is_loopback(addr.ip()))
+            .map(|(key, addr, _)| (key, addr))
+            .collect()
     }
 
     fn validate_top(&self) -> Result<(), ConfigError> {
-        let mut listeners = vec![("listen", self.listen), ("admin_listen", self.admin_listen)];
+        let mut listeners: Vec<_> = self.listen.tcp().map(|a| ("listen", a)).into_iter().collect();
+        listeners.push(("admin_listen", self.admin_listen));
         listeners.extend(self.ops_listen.map(|ops| ("ops_listen", ops)));
         for (j, &(key_b, b)) in listeners.iter().enumerate() {
             for &(key_a, a) in &listeners[..j] {

@@ -54,7 +54,12 @@ impl InProc {
     }
 
     fn ingress(&self) -> SocketAddr {
-        self.running.as_ref().unwrap().ingress_addr
+        self.running
+            .as_ref()
+            .unwrap()
+            .ingress_addr
+            .tcp()
+            .expect("a TCP listener")
     }
 
     fn admin_url(&self, path: &str) -> String {

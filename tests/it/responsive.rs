@@ -101,7 +101,7 @@ async fn ingress_keeps_answering_while_100k_dead_messages_are_replayed() {
     config.admin_listen = "127.0.0.1:0".parse().unwrap();
     config.data_dir = dir.path().join("data");
     let running = app::start(config, Seams::default()).await.unwrap();
-    let (ingress, admin) = (running.ingress_addr, running.admin_addr);
+    let (ingress, admin) = (running.ingress_addr.tcp().expect("a TCP listener"), running.admin_addr);
     let store = running.deliverer.store.clone();
     let dead_target = "http://127.0.0.1:9/dead";
     fill_dead(&store, dead_target, DEAD).await;

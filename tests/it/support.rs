@@ -55,8 +55,10 @@ impl Lines {
 /// A running courier binary.
 pub struct Courier {
     child: Option<Child>,
-    /// Ingress address.
+    /// Ingress address (`0.0.0.0:0` when ingress is a Unix socket: see `ingress_socket`).
     pub ingress: SocketAddr,
+    /// The ingress socket file, when `listen = "unix:/path"`.
+    pub ingress_socket: Option<PathBuf>,
     /// Admin address.
     pub admin: SocketAddr,
     /// The read-only ops listener, when started with `ops_listen`.
@@ -180,10 +182,10 @@ impl Courier {
         };
         // `log.format = "json"` writes the addresses as fields of a JSON object.
         let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
-        let addr = |key: &str| -> SocketAddr {
+        let value = |key: &str| -> String {
             if let Some(json) = &json {
                 let text = json[key].as_str().unwrap_or_else(|| panic!("no {key} in {line}"));
-                return text.parse().unwrap();
+                return text.to_string();
             }
             let start = line
                 .find(&format!("{key}="))
@@ -192,9 +194,15 @@ impl Courier {
                 + 1;
             let rest = &line[start..];
             let end = rest.find(' ').unwrap_or(rest.len());
-            rest[..end].parse().unwrap()
+            rest[..end].to_string()
         };
-        let (ingress, admin) = (addr("ingress"), addr("admin"));
+        let addr = |key: &str| -> SocketAddr { value(key).parse().unwrap() };
+        let ingress_socket = value("ingress").strip_prefix("unix:").map(PathBuf::from);
+        let ingress = match ingress_socket {
+            Some(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+            None => addr("ingress"),
+        };
+        let admin = addr("admin");
         let ops = match &json {
             Some(json) => json.get("ops").is_some().then(|| addr("ops")),
             None => line.contains(" ops=").then(|| addr("ops")),
@@ -202,6 +210,7 @@ impl Courier {
         Courier {
             child: Some(child),
             ingress,
+            ingress_socket,
             admin,
             ops,
             data_dir,

@@ -10,7 +10,8 @@ type Check = fn(&Config) -> bool;
 
 /// One row per variable of ENV_VARS: a non-default value and how to see it took effect.
 const ENV_CASES: &[(&str, &str, Check)] = &[
-    ("COURIER_LISTEN", "127.0.0.1:7001", |c| c.listen.port() == 7001),
+    ("COURIER_LISTEN", "127.0.0.1:7001", |c| c.listen.port() == Some(7001)),
+    ("COURIER_LISTEN_MODE", "0600", |c| c.listen_mode == 0o600),
     ("COURIER_ADMIN_LISTEN", "localhost:7002", |c| {
         c.admin_listen == SocketAddr::from(([127, 0, 0, 1], 7002))
     }),

@@ -142,7 +142,7 @@ fn each_layer_overrides_the_one_below() {
     };
     // defaults < file
     let c = Config::load(&flags_file, &no_env).unwrap();
-    assert_eq!((c.listen.port(), c.admin_listen.port()), (1001, 1002));
+    assert_eq!((c.listen.port(), c.admin_listen.port()), (Some(1001), 1002));
     assert_eq!(c.ops_listen.map(|a| a.port()), Some(1003));
     assert_eq!(c.data_dir, PathBuf::from("/from/file"));
     assert_eq!(
@@ -157,7 +157,7 @@ fn each_layer_overrides_the_one_below() {
         ("COURIER_RETRY_MAX_ATTEMPTS", "4"),
     ]);
     let c = Config::load(&flags_file, &env).unwrap();
-    assert_eq!((c.listen.port(), c.admin_listen.port()), (2001, 1002));
+    assert_eq!((c.listen.port(), c.admin_listen.port()), (Some(2001), 1002));
     assert_eq!(c.ops_listen.map(|a| a.port()), Some(2003));
     assert_eq!(c.data_dir, PathBuf::from("/from/env"));
     assert_eq!((c.retry.max_attempts, c.retry.base_delay), (4, secs(5)));
@@ -183,12 +183,15 @@ fn the_file_comes_from_the_flag_else_courier_config() {
     let b = TempFile::new("from-flag", "listen = \"127.0.0.1:4002\"\n");
     let a_path = a.0.display().to_string();
     let env = env_from(&[("COURIER_CONFIG", &a_path)]);
-    assert_eq!(Config::load(&Overrides::default(), &env).unwrap().listen.port(), 4001);
+    assert_eq!(
+        Config::load(&Overrides::default(), &env).unwrap().listen.port(),
+        Some(4001)
+    );
     let flags = Overrides {
         config: Some(b.0.clone()),
         ..Overrides::default()
     };
-    assert_eq!(Config::load(&flags, &env).unwrap().listen.port(), 4002);
+    assert_eq!(Config::load(&flags, &env).unwrap().listen.port(), Some(4002));
     // An empty COURIER_CONFIG means no file.
     let env = env_from(&[("COURIER_CONFIG", "")]);
     assert_eq!(Config::load(&Overrides::default(), &env).unwrap(), Config::default());

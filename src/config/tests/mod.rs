@@ -7,6 +7,7 @@
 mod access;
 mod env;
 mod file;
+mod listen;
 mod load;
 mod policy;
 mod scopes;

@@ -1,0 +1,81 @@
+//! The ingress listener's address: TCP (`ip:port`) or a Unix domain socket (`unix:/path`),
+//! and the socket file's permission bits (`listen_mode`).
+//!
+//! Only ingress takes `unix:`: pods that share an `emptyDir` reach courier through the
+//! socket file and no port is exposed at all. Admin and ops stay TCP (their clients, the
+//! CLI and the kubelet's probes, speak TCP).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Where ingress listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// The path of a Unix domain socket.
+    Unix(PathBuf),
+}
+
+impl ListenAddr {
+    /// The TCP address, or `None` for a Unix socket.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            ListenAddr::Tcp(addr) => Some(*addr),
+            ListenAddr::Unix(_) => None,
+        }
+    }
+
+    /// The TCP port, or `None` for a Unix socket.
+    pub fn port(&self) -> Option<u16> {
+        self.tcp().map(|a| a.port())
+    }
+}
+
+impl From<SocketAddr> for ListenAddr {
+    fn from(addr: SocketAddr) -> Self {
+        ListenAddr::Tcp(addr)
+    }
+}
+
+/// So `config.listen == "127.0.0.1:8787".parse::<SocketAddr>()?` keeps reading naturally.
+impl PartialEq<SocketAddr> for ListenAddr {
+    fn eq(&self, other: &SocketAddr) -> bool {
+        self.tcp() == Some(*other)
+    }
+}
+
+/// TCP prints as before (`127.0.0.1:8787`: the `listening` log line is parsed by tools);
+/// a socket prints as it is written in the config, `unix:/path`.
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => addr.fmt(f),
+            ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        super::parse::parse_ingress_listen(text)
+    }
+}
+
+/// The default `listen_mode`: owner and group read/write, so a sidecar's peers sharing a
+/// group (`fsGroup` in Kubernetes) can connect and nobody else can.
+pub const DEFAULT_LISTEN_MODE: u32 = 0o660;
+
+/// An octal permission string like `0660` or `660` (at most `0777`: no setuid/sticky bits).
+pub(super) fn parse_mode(text: &str) -> Result<u32, String> {
+    let t = text.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(mode),
+        _ => Err("expected an octal mode from 0000 to 0777, like \"0660\"".to_string()),
+    }
+}
