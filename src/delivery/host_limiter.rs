@@ -38,6 +38,14 @@ pub struct HostLimiter {
 pub struct HostPermit {
     _permit: OwnedSemaphorePermit,
     probe: Option<(Arc<Mutex<Hosts>>, String, u64)>,
+    epoch: u64,
+}
+
+impl HostPermit {
+    /// The breaker's epoch when this attempt was admitted (for [`HostLimiter::record`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
 }
 
 impl Drop for HostPermit {
@@ -132,6 +140,7 @@ impl HostLimiter {
         match h.circuit.admit(&self.circuit, running, now_ms) {
             Admit::Yes => Ok(HostPermit {
                 _permit: permit,
+                epoch: h.circuit.epoch(),
                 probe: h
                     .circuit
                     .probe()
@@ -143,12 +152,13 @@ impl HostLimiter {
         }
     }
 
-    /// Applies an attempt's outcome to its host's breaker; returns the change, if any.
-    pub fn record(&self, host: &str, outcome: HostOutcome, now_ms: u64) -> Option<CircuitChange> {
+    /// Applies the outcome of an attempt admitted in `epoch` ([`HostPermit::epoch`]) to its
+    /// host's breaker; returns the change, if any.
+    pub fn record(&self, host: &str, outcome: HostOutcome, epoch: u64, now_ms: u64) -> Option<CircuitChange> {
         let cap = self.cap(host);
         let mut hosts = self.lock();
         let h = hosts.map.get_mut(host)?;
-        h.circuit.record(&self.circuit, outcome, cap, now_ms)
+        h.circuit.record(&self.circuit, outcome, epoch, cap, now_ms)
     }
 
     /// Hosts held now.
@@ -230,8 +240,8 @@ mod tests {
         let s = CircuitSettings { failures: 2, ..OFF };
         let limiter = HostLimiter::new(4, HashMap::new(), s);
         for _ in 0..2 {
-            drop(limiter.try_acquire("down:443", 0).unwrap());
-            limiter.record("down:443", HostOutcome::Failed, 0);
+            let permit = limiter.try_acquire("down:443", 0).unwrap();
+            limiter.record("down:443", HostOutcome::Failed, permit.epoch(), 0);
         }
         assert_eq!(
             limiter.try_acquire("down:443", 500).unwrap_err(),
@@ -251,7 +261,7 @@ mod tests {
         }
         drop(probe);
         assert_eq!(
-            limiter.record("down:443", HostOutcome::Answered, 1_100),
+            limiter.record("down:443", HostOutcome::Answered, 1, 1_100),
             Some(CircuitChange::Recovering)
         );
         let a = limiter.try_acquire("down:443", 1_100).unwrap();

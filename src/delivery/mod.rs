@@ -45,6 +45,11 @@ pub struct AttemptPermit {
 }
 
 impl AttemptPermit {
+    /// The host breaker's epoch when the attempt was admitted.
+    pub fn host_epoch(&self) -> u64 {
+        self._host.epoch()
+    }
+
     /// Gives the host's (and endpoint's) permit back and keeps the global one.
     fn into_global(self) -> OwnedSemaphorePermit {
         self.all

@@ -150,7 +150,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
     drop(counted);
-    host_outcome(&d, &rec.host, &sent, now);
+    host_outcome(&d, &rec.host, permit.host_epoch(), &sent, now);
     let global = d.host_permit_returned(permit);
 
     let (result, status, error) = match &sent {
@@ -326,14 +326,20 @@ impl Drop for InFlight<'_> {
 }
 
 /// Tells the host's circuit breaker how the attempt went; logs and counts a change.
-fn host_outcome(d: &Deliverer, host: &str, sent: &Result<crate::transport::InboundResponse, TransportError>, now: u64) {
+fn host_outcome(
+    d: &Deliverer,
+    host: &str,
+    epoch: u64,
+    sent: &Result<crate::transport::InboundResponse, TransportError>,
+    now: u64,
+) {
     let outcome = match sent {
         Ok(resp) if resp.retry_after.is_none() && d.config.circuit.counts(resp.status) => HostOutcome::Failed,
         Ok(_) => HostOutcome::Answered,
         Err(TransportError::EgressDenied(_)) => HostOutcome::Neutral,
         Err(_) => HostOutcome::Failed,
     };
-    match d.hosts.record(host, outcome, now) {
+    match d.hosts.record(host, outcome, epoch, now) {
         None => {}
         Some(CircuitChange::Opened { probe_at_ms }) => {
             d.metrics.circuit_opened();

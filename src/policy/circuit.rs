@@ -85,6 +85,9 @@ pub struct Circuit {
     next_probe_ms: u64,
     /// Probes started: names the probe now out, so only its own end can count as lost.
     probes: u64,
+    /// Times it opened: an attempt admitted before the latest opening carries an older
+    /// epoch, and its failure (a slow timeout arriving late) says nothing new.
+    epoch: u64,
 }
 
 impl Default for Circuit {
@@ -95,6 +98,7 @@ impl Default for Circuit {
             opens: 0,
             next_probe_ms: 0,
             probes: 0,
+            epoch: 0,
         }
     }
 }
@@ -117,6 +121,11 @@ impl Circuit {
     /// The state now.
     pub fn state(&self) -> CircuitState {
         self.state
+    }
+
+    /// The epoch an attempt admitted now belongs to (pass it back to [`Circuit::record`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Consecutive counted failures (while closed).
@@ -155,16 +164,20 @@ impl Circuit {
         }
     }
 
-    /// Applies an attempt's outcome; `cap` is the host's in-flight cap. Returns the change,
+    /// Applies the outcome of an attempt admitted in `epoch` ([`Circuit::epoch`] when it was
+    /// admitted); `cap` is the host's in-flight cap. Returns the change,
     /// if the state changed.
     pub fn record(
         &mut self,
         s: &CircuitSettings,
         outcome: HostOutcome,
+        epoch: u64,
         cap: u32,
         now_ms: u64,
     ) -> Option<CircuitChange> {
-        if s.failures == 0 {
+        // A failure of an attempt admitted before the breaker last opened was part of that
+        // outage already: it must not reopen a breaker that is probing or ramping since.
+        if s.failures == 0 || (outcome == HostOutcome::Failed && epoch < self.epoch) {
             return None;
         }
         match (outcome, self.state) {
@@ -174,7 +187,6 @@ impl Circuit {
                 None
             }
             (HostOutcome::Answered, CircuitState::Open | CircuitState::Probing) => {
-                self.opens = 0;
                 self.failures = 0;
                 Some(self.ramp_to(2, cap))
             }
@@ -210,6 +222,9 @@ impl Circuit {
 
     fn ramp_to(&mut self, limit: u32, cap: u32) -> CircuitChange {
         if limit >= cap {
+            // Only a host back at its full cap earns a fresh probe delay: one that answers a
+            // probe but fails under load keeps backing off.
+            self.opens = 0;
             self.state = CircuitState::Closed;
             CircuitChange::Closed
         } else {
@@ -224,6 +239,7 @@ impl Circuit {
             .saturating_mul(1u64 << self.opens.min(32))
             .min(s.probe_max_delay_ms);
         self.opens = self.opens.saturating_add(1);
+        self.epoch += 1;
         self.failures = 0;
         self.state = CircuitState::Open;
         self.next_probe_ms = now_ms.saturating_add(delay);
@@ -245,7 +261,7 @@ mod tests {
     };
 
     fn fail(c: &mut Circuit, now: u64) -> Option<CircuitChange> {
-        c.record(&S, HostOutcome::Failed, 10, now)
+        c.record(&S, HostOutcome::Failed, c.epoch(), 10, now)
     }
 
     #[test]
@@ -254,12 +270,12 @@ mod tests {
         assert_eq!(fail(&mut c, 0), None);
         assert_eq!(fail(&mut c, 0), None);
         assert_eq!(
-            c.record(&S, HostOutcome::Answered, 10, 0),
+            c.record(&S, HostOutcome::Answered, c.epoch(), 10, 0),
             None,
             "a 404 says the host is up"
         );
         assert_eq!(c.failures(), 0);
-        assert_eq!(c.record(&S, HostOutcome::Neutral, 10, 0), None);
+        assert_eq!(c.record(&S, HostOutcome::Neutral, c.epoch(), 10, 0), None);
         assert_eq!(fail(&mut c, 0), None);
         assert_eq!(fail(&mut c, 0), None);
         assert_eq!(fail(&mut c, 100), Some(CircuitChange::Opened { probe_at_ms: 1_100 }));
@@ -309,30 +325,31 @@ mod tests {
         }
         assert_eq!(c.admit(&S, 0, 1_000), Admit::Yes);
         assert_eq!(
-            c.record(&S, HostOutcome::Answered, 10, 1_100),
+            c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_100),
             Some(CircuitChange::Recovering)
         );
         assert_eq!(c.state(), CircuitState::Ramping(2));
         assert_eq!(c.admit(&S, 1, 1_100), Admit::Yes);
         assert_eq!(c.admit(&S, 2, 1_100), Admit::Wait(None), "at the ramp's limit");
-        assert_eq!(c.record(&S, HostOutcome::Answered, 10, 1_200), None);
+        assert_eq!(c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_200), None);
         assert_eq!(c.state(), CircuitState::Ramping(4));
-        assert_eq!(c.record(&S, HostOutcome::Answered, 10, 1_200), None);
+        assert_eq!(c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_200), None);
         assert_eq!(c.state(), CircuitState::Ramping(8));
         assert_eq!(
-            c.record(&S, HostOutcome::Answered, 10, 1_200),
+            c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_200),
             Some(CircuitChange::Closed)
         );
         assert_eq!((c.state(), c.failures()), (CircuitState::Closed, 0));
         assert!(!c.worth_keeping(1_200));
-        // A failure while ramping opens it again, with the delay starting over.
+        // A failure while ramping opens it again, the delay doubled: the host answered a
+        // probe but never got back to its cap.
         let mut c = Circuit::default();
         for _ in 0..3 {
             fail(&mut c, 0);
         }
         c.admit(&S, 0, 1_000);
-        c.record(&S, HostOutcome::Answered, 10, 1_000);
-        assert_eq!(fail(&mut c, 1_500), Some(CircuitChange::Opened { probe_at_ms: 2_500 }));
+        c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_000);
+        assert_eq!(fail(&mut c, 1_500), Some(CircuitChange::Opened { probe_at_ms: 3_500 }));
     }
 
     #[test]
@@ -340,7 +357,7 @@ mod tests {
         let off = CircuitSettings { failures: 0, ..S };
         let mut c = Circuit::default();
         for _ in 0..100 {
-            assert_eq!(c.record(&off, HostOutcome::Failed, 10, 0), None);
+            assert_eq!(c.record(&off, HostOutcome::Failed, 0, 10, 0), None);
         }
         assert_eq!(c.admit(&off, 0, 0), Admit::Yes);
     }
@@ -362,5 +379,26 @@ mod tests {
         assert_eq!(fail(&mut c, 1_002), Some(CircuitChange::Opened { probe_at_ms: 3_002 }));
         c.probe_lost(second);
         assert_eq!(c.next_probe_ms(), Some(3_002), "answered: not lost");
+    }
+
+    #[test]
+    fn a_late_failure_from_before_the_opening_does_not_reopen_and_backoff_survives_a_flap() {
+        let mut c = Circuit::default();
+        let before = c.epoch();
+        for _ in 0..3 {
+            fail(&mut c, 0);
+        }
+        assert_eq!(c.admit(&S, 0, 1_000), Admit::Yes);
+        c.record(&S, HostOutcome::Answered, c.epoch(), 10, 1_100);
+        assert_eq!(c.state(), CircuitState::Ramping(2));
+        // A timeout of an attempt that started before the breaker opened arrives late.
+        assert_eq!(c.record(&S, HostOutcome::Failed, before, 10, 1_200), None);
+        assert_eq!(c.state(), CircuitState::Ramping(2));
+        // A real failure while ramping reopens it, and the delay keeps doubling: the host
+        // answered one probe but did not get back to its cap.
+        assert_eq!(
+            c.record(&S, HostOutcome::Failed, c.epoch(), 10, 1_300),
+            Some(CircuitChange::Opened { probe_at_ms: 3_300 })
+        );
     }
 }
