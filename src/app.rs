@@ -54,29 +54,35 @@ fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
         return ListenerLimits { ingress, admin };
     };
     let budget = crate::fds::budget(limit);
-    let attempts = u64::from(config.delivery.max_in_flight);
-    if attempts > budget.attempts {
-        tracing::warn!(
-            fd_limit = limit,
-            configured = attempts,
-            effective = budget.attempts,
-            "delivery.max_in_flight lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
-        );
-        config.delivery.max_in_flight = budget.attempts as u32;
-    }
-    let idle = u64::from(config.delivery.max_idle_connections);
-    if idle > budget.idle {
-        tracing::warn!(
-            fd_limit = limit,
-            configured = idle,
-            effective = budget.idle,
-            "delivery.max_idle_connections lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
-        );
-        config.delivery.max_idle_connections = budget.idle as u32;
-    }
+    lower_to_fit(
+        limit,
+        "delivery.max_in_flight",
+        &mut config.delivery.max_in_flight,
+        budget.attempts,
+    );
+    lower_to_fit(
+        limit,
+        "delivery.max_idle_connections",
+        &mut config.delivery.max_idle_connections,
+        budget.idle,
+    );
     ingress.max_connections = ingress.max_connections.min(budget.ingress as usize);
     admin.max_connections = admin.max_connections.min(budget.admin as usize);
     ListenerLimits { ingress, admin }
+}
+
+/// Lowers `value` (the setting `key`) to `share` of the descriptor limit if it is above,
+/// saying so.
+fn lower_to_fit(limit: u64, key: &str, value: &mut u32, share: u64) {
+    if u64::from(*value) > share {
+        tracing::warn!(
+            fd_limit = limit,
+            configured = *value,
+            effective = share,
+            "{key} lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
+        );
+        *value = share as u32;
+    }
 }
 
 /// Why courier could not start.

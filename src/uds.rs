@@ -24,19 +24,38 @@ impl SocketFile {
     /// a second process on the same store anyway.
     pub fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, SocketFile)> {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
-            if meta.file_type().is_socket() {
-                std::fs::remove_file(path)?;
+            if !meta.file_type().is_socket() {
+                // The rename below would replace it: refuse, as a bind on it would.
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
             }
+            std::fs::remove_file(path)?;
         }
-        let listener = UnixListener::bind(path)?;
-        let file = SocketFile {
-            path: path.to_path_buf(),
-        };
-        // Set after the bind (not via umask): umask is process-wide and other threads may
-        // create files meanwhile. Until this returns nothing is accepted, so a client
-        // connecting in between only waits in the backlog.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-        Ok((listener, file))
+        // Bound under a temporary name, given its mode, then renamed into place: a client
+        // connecting to `path` never finds a socket with the umask's wider mode (a
+        // connection made then would be served). The mode is not set through the umask,
+        // which is process-wide while other threads create files.
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let staging = path.with_file_name(format!(".{name}.{}.binding", std::process::id()));
+        let _ = std::fs::remove_file(&staging);
+        let listener = UnixListener::bind(&staging)?;
+        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(mode))
+            .and_then(|()| std::fs::rename(&staging, path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
+        }
+        Ok((
+            listener,
+            SocketFile {
+                path: path.to_path_buf(),
+            },
+        ))
     }
 
     /// Deletes the socket file (clients then get "no such file" instead of "connection

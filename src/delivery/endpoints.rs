@@ -324,6 +324,7 @@ impl EndpointTable {
 
     /// Every endpoint worth listing at `now_ms`: paused, with a streak or attempts in
     /// flight, or seen within the listing window.
+    #[cfg(test)]
     pub fn snapshot(&self, now_ms: u64) -> Vec<EndpointView> {
         self.page(now_ms, None, "", None, usize::MAX)
     }
@@ -341,11 +342,13 @@ impl EndpointTable {
     }
 
     /// Entries held now (for tests and the bound's checks).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().map.len()
     }
 
     /// Whether the table holds nothing.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -10,6 +10,7 @@
 //! the store read that brings back a forgotten endpoint's streak happens here, off the
 //! async workers.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -176,7 +177,8 @@ impl Writer {
         now_ms: u64,
     ) -> Vec<EndpointChange> {
         let mut changes = Vec::with_capacity(notes.len());
-        let mut dirty: Vec<(&str, EndpointRecord)> = Vec::new();
+        // Endpoint → the record its last change in this batch left.
+        let mut dirty: HashMap<&str, EndpointRecord> = HashMap::new();
         let mut synced = false;
         for (note, answer) in notes.iter().zip(answers) {
             let change = match answer {
@@ -211,10 +213,7 @@ impl Writer {
             };
             if let EndpointChange::Changed(rec) | EndpointChange::Paused(rec) = &change {
                 synced |= matches!(change, EndpointChange::Paused(_));
-                match dirty.iter_mut().find(|(k, _)| *k == note.endpoint) {
-                    Some(d) => d.1 = rec.clone(),
-                    None => dirty.push((&note.endpoint, rec.clone())),
-                }
+                dirty.insert(&note.endpoint, rec.clone());
             }
             changes.push(change);
         }

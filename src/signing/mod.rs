@@ -173,9 +173,20 @@ pub fn sign(
     if secrets.is_empty() {
         return Ok(headers);
     }
-    for secret in secrets {
-        validate_secret(scheme, secret.expose())?;
+    // The standard scheme's keys are checked by the decoding that signs with them (once per
+    // attempt: an Ed25519 seed's decoding derives its key); the others are checked here.
+    if scheme != SignatureScheme::Standard {
+        for secret in secrets {
+            validate_secret(scheme, secret.expose())?;
+        }
     }
+    // A secret that does not decode: the error `validate_secret` gives for it.
+    let refused = |secret: &str| {
+        validate_secret(scheme, secret).and(Err(SigningError::InvalidSecret {
+            scheme: scheme.as_str(),
+            expected: "a secret that decodes",
+        }))
+    };
     match scheme {
         SignatureScheme::None => {}
         SignatureScheme::Standard => {
@@ -183,12 +194,17 @@ pub fn sign(
             let mut content = None;
             let mut signatures = Vec::with_capacity(secrets.len());
             for secret in secrets {
-                // Validated above, so decoding succeeds; stay total anyway.
-                if let Some(key) = ed25519::decode_secret(secret.expose()) {
+                let secret = secret.expose();
+                if ed25519::is_secret(secret) {
+                    let Some(key) = ed25519::decode_secret(secret) else {
+                        return refused(secret);
+                    };
                     let content = content.get_or_insert_with(|| standard::signed_content(event_id, timestamp, body));
                     signatures.push(ed25519::sign(&key, content));
                 } else {
-                    let key = standard::decode_secret(secret.expose()).unwrap_or_default();
+                    let Some(key) = standard::decode_secret(secret) else {
+                        return refused(secret);
+                    };
                     signatures.push(standard::sign(&key, event_id, timestamp, body));
                 }
             }

@@ -163,7 +163,7 @@ impl Store {
         Ok(out)
     }
 
-    fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
+    pub(super) fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
         Ok(self
             .db
             .get_pinned_cf(self.cf(keys::META), key)?

@@ -83,13 +83,6 @@ impl Store {
         }
     }
 
-    /// Forgets an endpoint's persisted state.
-    pub fn delete_endpoint(&self, key: &str) -> Result<(), StoreError> {
-        let mut b = WriteBatch::default();
-        b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
-        self.write(b)
-    }
-
     /// Deletes the records of endpoints that are not paused and were not written since
     /// `before_ms`, looking at one chunk of records from `from` (the start when `None`).
     /// The caller keeps endpoint writes out meanwhile (a record written between this read

@@ -37,7 +37,7 @@ impl Store {
             let rec = self.message(&id)?;
             // A dead head its line is blocked behind hands over to the next when it goes.
             let ordered = rec.as_ref().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
-            let _line = self.lock_lines(ordered.into_iter());
+            let _line = self.lines.lock(ordered.into_iter());
             let mut tx = LineTx::default();
             if let Some(rec) = &rec {
                 if matches!(rec.state, State::Delivered | State::Dead) {

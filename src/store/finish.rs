@@ -53,7 +53,7 @@ impl Store {
                 _ => {}
             }
         }
-        let _lines = self.lock_lines(line_endpoints.iter().map(String::as_str));
+        let _lines = self.lines.lock(line_endpoints.iter().map(String::as_str));
         let mut tx = LineTx::default();
         let mut b = WriteBatch::default();
         let mut counters = CounterDeltas::default();
@@ -195,7 +195,7 @@ impl Store {
             self.leases.remove(id);
             // Deleted while in flight: if it headed a line, the next goes now.
             if let Some(endpoint) = self.lines.ghost_of(id) {
-                let _line = self.lock_lines(std::iter::once(endpoint.as_str()));
+                let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
                 let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
                 self.settle_ghost(&mut b, &mut tx, id, due_ms)?;
                 self.write_with_lines(b, tx, false)?;

@@ -32,7 +32,7 @@ impl Store {
         }
         let mut b = WriteBatch::default();
         let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
-        let _line = self.lock_lines(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
+        let _line = self.lines.lock(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
         let mut tx = LineTx::default();
         let give_up_at_ms = give_up_at(&rec);
         self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
@@ -64,7 +64,7 @@ impl Store {
         rec.next_attempt_at_ms = now_ms;
         rec.give_up_at_ms = give_up_at_ms;
         // An ordered message is queued only when it heads its line again.
-        let queued = rec.fifo.is_none() || self.line_join(b, tx, &mut rec)?;
+        let queued = rec.fifo.is_none() || tx.join(&self.db, b, &mut rec)?;
         if queued {
             self.enqueue(b, &rec);
         }
@@ -104,7 +104,7 @@ impl Store {
             if !dead.is_empty() {
                 let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
                 let ordered = dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
-                let _lines = self.lock_lines(ordered);
+                let _lines = self.lines.lock(ordered);
                 let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
                 // In id (acceptance) order: replayed together, they join their lines so.
                 for rec in &dead {
@@ -128,7 +128,7 @@ impl Store {
     pub fn delete(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
         let _g = self.lock(id);
         let Some(rec) = self.message(id)? else { return Ok(false) };
-        let _line = self.lock_lines(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
+        let _line = self.lines.lock(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
         // Read again under the line's stripe: a promotion may have moved it meanwhile.
         let Some(rec) = self.message(id)? else { return Ok(false) };
         let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());

@@ -1,7 +1,5 @@
 //! `[log] format`: the JSON lines' documented shape, read from the real binary's stderr.
 
-use std::time::Duration;
-
 use crate::support::*;
 
 /// Every line parsed as a JSON object; fails on the first that is not one.
@@ -82,7 +80,7 @@ async fn the_env_var_selects_json_lines() {
 async fn text_stays_the_default() {
     let d = tempfile::tempdir().unwrap();
     let c = Courier::start(d.path(), "");
-    let line = c.log.wait_for("listening", Duration::from_secs(1)).unwrap();
+    let line = c.log.wait_for("listening", WAIT).unwrap();
     assert!(!line.starts_with('{') && line.contains("ingress="), "{line}");
 }
 

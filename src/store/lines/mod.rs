@@ -161,6 +161,9 @@ pub(super) struct LineTx {
     counters: CounterDeltas,
     /// Ghosts this batch settles (forgotten once it is written).
     settled: Vec<String>,
+    /// Heads this batch deletes while their attempt is in flight (id, endpoint): ghosts
+    /// once it is written, not before (a failed write changes nothing).
+    pub(super) ghosted: Vec<(String, String)>,
     /// The earliest due entry this batch writes, for the due floor.
     pub(super) min_due: Option<u64>,
 }

@@ -3,8 +3,6 @@
 //! start, and what the admin API reads (a line, a message's place, the waiting count). The
 //! layout and the rules are in the parent module's doc.
 
-use std::sync::MutexGuard;
-
 use rocksdb::{ReadOptions, WriteBatch};
 
 use super::{decode_line, LineRecord, LineTx};
@@ -12,14 +10,6 @@ use crate::model::OnDead;
 use crate::store::{keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
-    /// The line stripes of the ordered messages among `endpoints` (taken after id stripes).
-    pub(in crate::store) fn lock_lines<'a>(
-        &'a self,
-        endpoints: impl Iterator<Item = &'a str>,
-    ) -> Vec<MutexGuard<'a, ()>> {
-        self.lines.lock(endpoints)
-    }
-
     /// What leaving the store does to `rec`'s line (delete, retention; the caller holds
     /// its id stripe and its line stripe): a waiting member leaves it; a head whose attempt
     /// is in flight stays the head until that attempt ends (see the module doc); any other
@@ -40,7 +30,7 @@ impl Store {
         if open && in_flight {
             let line = tx.record(&self.db, &rec.endpoint)?;
             if line.as_ref().is_some_and(|l| l.head == rec.id) {
-                self.lines.ghosts().insert(rec.id.clone(), rec.endpoint.clone());
+                tx.ghosted.push((rec.id.clone(), rec.endpoint.clone()));
             }
             return Ok(());
         }
@@ -67,10 +57,11 @@ impl Store {
     pub(in crate::store) fn write_with_lines(
         &self,
         mut b: WriteBatch,
-        tx: LineTx,
+        mut tx: LineTx,
         synced: bool,
     ) -> Result<(), StoreError> {
         let min_due = tx.min_due;
+        let ghosted = std::mem::take(&mut tx.ghosted);
         let settled = tx.write_into(&self.db, &mut b);
         if synced {
             self.write_synced(b)?;
@@ -78,6 +69,9 @@ impl Store {
             self.write(b)?;
         }
         self.forget_ghosts(&settled);
+        if !ghosted.is_empty() {
+            self.lines.ghosts().extend(ghosted);
+        }
         if let Some(due) = min_due {
             self.due_floor.wrote(due);
         }
@@ -128,17 +122,13 @@ impl Store {
 
     /// Messages waiting in lines behind their heads, all endpoints.
     pub fn lined(&self) -> Result<u64, StoreError> {
-        Ok(self
-            .db
-            .get_pinned_cf(self.cf(keys::META), keys::COUNT_LINED)?
-            .map(|v| crate::store::counters::decode_counter(&v).max(0) as u64)
-            .unwrap_or(0))
+        self.counter(keys::COUNT_LINED)
     }
 
     /// A resume of `endpoint`: a line blocked behind a dead head goes on with the next
     /// message (due at `now_ms`). Returns whether it was blocked.
     pub fn unblock_line(&self, endpoint: &str, now_ms: u64) -> Result<bool, StoreError> {
-        let _line = self.lock_lines(std::iter::once(endpoint));
+        let _line = self.lines.lock(std::iter::once(endpoint));
         let mut tx = LineTx::default();
         let head = match tx.record(&self.db, endpoint)? {
             Some(line) if line.blocked => line.head.clone(),
@@ -172,7 +162,7 @@ impl Store {
         it.status()?;
         drop(it);
         for endpoint in endpoints {
-            let _line = self.lock_lines(std::iter::once(endpoint.as_str()));
+            let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
             let mut tx = LineTx::default();
             let mut b = WriteBatch::default();
             let line = tx.record(&self.db, &endpoint)?.clone();
@@ -223,17 +213,6 @@ impl Store {
             State::Dead => tx.advance(&self.db, b, &rec.endpoint, &rec.id, now_ms),
             _ => Ok(()),
         }
-    }
-
-    /// An ordered message re-enters its line (replay; the caller holds the line stripe).
-    /// `true`: it is the head, queue it.
-    pub(in crate::store) fn line_join(
-        &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
-        rec: &mut MessageRecord,
-    ) -> Result<bool, StoreError> {
-        tx.join(&self.db, b, rec)
     }
 
     /// Whether `id` is a head deleted while its attempt was in flight (audit).
