@@ -29,6 +29,7 @@ use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::priority::DeliveryRuntime;
+use crate::reload::{ConfigSource, Reloader};
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
@@ -117,6 +118,9 @@ pub struct Seams {
     pub resolver: Arc<dyn Resolve>,
     /// Seed for jitter; `None` seeds from the OS.
     pub rng_seed: Option<u64>,
+    /// Where a reload reads the config again; `None`: reload is refused (in-process tests
+    /// that do not test it).
+    pub config_source: Option<ConfigSource>,
 }
 
 impl Default for Seams {
@@ -126,6 +130,7 @@ impl Default for Seams {
             transport: None,
             resolver: Arc::new(SystemResolver),
             rng_seed: None,
+            config_source: None,
         }
     }
 }
@@ -140,6 +145,8 @@ pub struct Running {
     pub ops_addr: Option<SocketAddr>,
     /// The delivery context (for in-process tests).
     pub deliverer: Arc<Deliverer>,
+    /// Applies a reloaded config (SIGHUP, `POST /reload`).
+    pub reloader: Arc<Reloader>,
     trigger: Arc<Notify>,
     done: JoinHandle<()>,
 }
@@ -186,6 +193,7 @@ async fn bind_ingress(config: &Config) -> Result<(Listener, ListenAddr, Option<S
 
 /// Starts courier: returns once both listeners are bound and the store is open.
 pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError> {
+    let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
     let store = Arc::new(Store::open(
@@ -290,13 +298,13 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     let ingress = Arc::new(Ingress::new(
         deliverer.clone(),
-        config.clone(),
         clock.clone(),
         metrics,
         draining.clone(),
     ));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
-    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone()));
+    let reloader = Arc::new(Reloader::new(seams.config_source, deliverer.clone(), loaded));
+    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone(), reloader.clone()));
     let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
     let ops_task = ops_listener.map(|listener| {
@@ -396,22 +404,38 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         admin_addr,
         ops_addr,
         deliverer,
+        reloader,
         trigger,
         done,
     })
 }
 
-/// Runs courier until SIGTERM or SIGINT, then shuts down cleanly.
-pub async fn run(config: Config) -> Result<(), AppError> {
+/// Runs courier until SIGTERM or SIGINT, then shuts down cleanly; SIGHUP reloads the
+/// config from `source` (see [`crate::reload`]).
+pub async fn run(config: Config, source: ConfigSource) -> Result<(), AppError> {
     use tokio::signal::unix::{signal, SignalKind};
     // Installed before anything listens: a SIGTERM sent as soon as /readyz answers (a
-    // rollout, `systemctl restart`) must drain, not kill the process by default action.
+    // rollout, `systemctl restart`) must drain, not kill the process by default action;
+    // a SIGHUP must reload, not kill it.
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    let running = start(config, Seams::default()).await?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
-        _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
+    let mut hup = signal(SignalKind::hangup()).expect("installing the SIGHUP handler");
+    let seams = Seams {
+        config_source: Some(source),
+        ..Seams::default()
+    };
+    let running = start(config, seams).await?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!(signal = "SIGTERM", "signal received"); break }
+            _ = int.recv() => { tracing::info!(signal = "SIGINT", "signal received"); break }
+            _ = hup.recv() => {
+                tracing::info!(signal = "SIGHUP", "signal received: reloading the config");
+                let reloader = running.reloader.clone();
+                // It reads files: off the async workers. The outcome is logged by reload.
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+            }
+        }
     }
     running.shutdown();
     running.wait().await;

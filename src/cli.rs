@@ -57,6 +57,9 @@ pub enum Command {
     /// Inspect hosts: circuit breakers, attempts in flight, caps.
     #[command(subcommand)]
     Hosts(crate::operator::HostsCommand),
+    /// Make the running courier read its config again (as SIGHUP does), through the admin
+    /// API; prints what changed only at restart.
+    Reload,
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
@@ -131,6 +134,7 @@ pub fn main() -> ExitCode {
         }
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
+        Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
         Some(Command::Keys(cmd)) => crate::keys::run(cmd),
     }
 }
@@ -158,7 +162,9 @@ fn serve(global: &GlobalArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(crate::app::run(config)) {
+    let global = global.clone();
+    let source: crate::reload::ConfigSource = Box::new(move || load_config(&global));
+    match runtime.block_on(crate::app::run(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             fatal(format, &e.to_string());

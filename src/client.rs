@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::dns::Name;
@@ -99,15 +100,35 @@ type HttpsClient = Client<hyper_rustls::HttpsConnector<CappedConnector<HttpConne
 
 /// The production [`Transport`].
 pub struct HttpTransport {
-    client: HttpsClient,
-    policy: Arc<EgressPolicy>,
+    /// The client and the policy it was built with, swapped whole by a reload.
+    current: ArcSwap<Current>,
     settings: ClientSettings,
     cap: Arc<ConnCap>,
+    resolver: Arc<dyn Resolve>,
+}
+
+/// A client and the egress policy its resolver applies.
+struct Current {
+    client: HttpsClient,
+    policy: Arc<EgressPolicy>,
 }
 
 impl HttpTransport {
     /// Builds the client. The TLS roots are the Mozilla set from `webpki-roots`.
     pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
+        let cap = ConnCap::new(settings.max_idle_connections);
+        let current = Current::new(&settings, &cap, policy, resolver.clone());
+        HttpTransport {
+            current: ArcSwap::from_pointee(current),
+            settings,
+            cap,
+            resolver,
+        }
+    }
+}
+
+impl Current {
+    fn new(settings: &ClientSettings, cap: &Arc<ConnCap>, policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
         let policy = Arc::new(policy);
         let mut http = HttpConnector::new_with_resolver(GuardedResolver {
             inner: resolver,
@@ -117,7 +138,6 @@ impl HttpTransport {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.connect_timeout));
         // Under TLS, so the cap counts and closes the TCP connection itself.
-        let cap = ConnCap::new(settings.max_idle_connections);
         let http = CappedConnector::new(http, cap.clone());
         let roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
@@ -141,17 +161,16 @@ impl HttpTransport {
             .pool_idle_timeout(settings.idle_timeout)
             .pool_max_idle_per_host(settings.pool_max_idle_per_host)
             .build(https);
-        HttpTransport {
-            client,
-            policy,
-            settings,
-            cap,
-        }
+        Current { client, policy }
     }
+}
 
+impl HttpTransport {
     async fn attempt(&self, req: OutboundRequest) -> Result<InboundResponse, TransportError> {
+        let current = self.current.load_full();
         if let Some(ip) = literal_ip(&req.url) {
-            self.policy
+            current
+                .policy
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
@@ -165,7 +184,7 @@ impl HttpTransport {
         // Held until the body is read: while any request to a host runs, the cap leaves the
         // host's connections alone; its end is when an idle one may be closed.
         let _busy = self.cap.begin(request.uri());
-        let response = self.client.request(request).await.map_err(classify_error)?;
+        let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
@@ -199,6 +218,20 @@ impl HttpTransport {
 }
 
 impl Transport for HttpTransport {
+    /// A new client with the reloaded egress policy, so a tightened allow list applies to
+    /// every attempt from now on: the old client's pooled connections are not reused (they
+    /// close as their attempts end), and the new one connects afresh through the new policy.
+    /// A reload that leaves the policy as it is keeps the client and its connections.
+    fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
+        let policy = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
+        if *self.current.load().policy == policy {
+            return Ok(());
+        }
+        let current = Current::new(&self.settings, &self.cap, policy, self.resolver.clone());
+        self.current.store(Arc::new(current));
+        Ok(())
+    }
+
     fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
         Box::pin(async move {
             // The message's policy's request_timeout (delivery.request_timeout unless its

@@ -49,6 +49,7 @@ pub mod ops;
 pub mod policy;
 pub mod priority;
 pub mod redact;
+pub mod reload;
 pub mod resolver;
 pub mod retention;
 pub mod scheduler;

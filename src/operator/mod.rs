@@ -128,6 +128,8 @@ pub enum Operation {
     Endpoints(EndpointsCommand),
     /// A hosts command.
     Hosts(HostsCommand),
+    /// `courier reload`.
+    Reload,
 }
 
 /// What went wrong talking to the admin API.
@@ -361,6 +363,21 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let path = if open { "/hosts?state=open" } else { "/hosts" };
             let (_, v) = client.call(Method::GET, path).await?;
             Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
+        }
+        Operation::Reload => {
+            let (_, v) = client.call(Method::POST, "/reload").await?;
+            let later: Vec<&str> = v["restart_required"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            Ok(if later.is_empty() {
+                "config reloaded".to_string()
+            } else {
+                format!(
+                    "config reloaded; changed but applied only at restart: {}",
+                    later.join(", ")
+                )
+            })
         }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {
             client

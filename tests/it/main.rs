@@ -19,6 +19,7 @@ mod logging;
 mod metrics;
 mod ordering;
 mod policy;
+mod reload;
 mod responsive;
 mod security;
 mod setup_script;

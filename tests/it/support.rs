@@ -46,6 +46,22 @@ impl Lines {
         }
     }
 
+    /// Waits until `n` lines contain `needle`.
+    pub fn wait_for_count(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        let (m, c) = &*self.0;
+        let deadline = Instant::now() + timeout;
+        let mut lines = m.lock().unwrap();
+        loop {
+            if lines.iter().filter(|l| l.contains(needle)).count() >= n {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            lines = c.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+
     /// Everything seen so far.
     pub fn all(&self) -> String {
         self.0 .0.lock().unwrap().join("\n")
