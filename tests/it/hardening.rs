@@ -491,6 +491,7 @@ fn small_limits() -> ServeLimits {
         header_read_timeout: Duration::from_millis(400),
         max_header_bytes: 16 << 10,
         max_connections: 64,
+        max_requests: 64,
         drain_timeout: Duration::from_secs(5),
     }
 }
