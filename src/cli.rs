@@ -2,12 +2,12 @@
 //! (`deliveries`, `endpoints`) that talk to a running courier's admin API, and `keys`, which
 //! makes Ed25519 signing keys offline.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use crate::config::{Config, LogFormat, Overrides};
+use crate::args::{load_config, GlobalArgs};
+use crate::config::LogFormat;
 
 /// courier: durable webhook delivery sidecar.
 #[derive(Debug, Parser)]
@@ -19,26 +19,6 @@ pub struct Cli {
     /// What to do (default: serve).
     #[command(subcommand)]
     pub command: Option<Command>,
-}
-
-/// Flags that override the config file and environment.
-#[derive(Debug, Args, Clone, Default)]
-pub struct GlobalArgs {
-    /// TOML config file (also COURIER_CONFIG).
-    #[arg(long, global = true, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Ingress address, ip:port or unix:/path (also COURIER_LISTEN; the socket mode is listen_mode).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub admin_listen: Option<String>,
-    /// Read-only probes and metrics address, ip:port (also COURIER_OPS_LISTEN; off by default).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub ops_listen: Option<String>,
-    /// Data directory (also COURIER_DATA_DIR).
-    #[arg(long, global = true, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
 }
 
 /// The commands.
@@ -63,23 +43,6 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
-}
-
-impl GlobalArgs {
-    fn overrides(&self) -> Overrides {
-        Overrides {
-            config: self.config.clone(),
-            listen: self.listen.clone(),
-            admin_listen: self.admin_listen.clone(),
-            ops_listen: self.ops_listen.clone(),
-            data_dir: self.data_dir.clone(),
-        }
-    }
-}
-
-/// Loads the layered config for these flags and the process environment.
-pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigError> {
-    Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
 
 /// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then

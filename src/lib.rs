@@ -28,6 +28,7 @@
 pub mod access;
 pub mod admin;
 pub mod app;
+pub mod args;
 pub mod batcher;
 pub mod cli;
 pub mod client;

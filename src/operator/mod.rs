@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::cli::GlobalArgs;
+use crate::args::GlobalArgs;
 
 mod tables;
 use crate::redact::escape;
@@ -267,7 +267,7 @@ pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
 }
 
 async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorError> {
-    let config = crate::cli::load_config(global)?;
+    let config = crate::args::load_config(global)?;
     let client = AdminClient {
         addr: admin_target(config.admin_listen),
         token: config.admin_token.as_ref().map(|t| t.expose().to_string()),
