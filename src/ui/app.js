@@ -18,6 +18,7 @@ const RATE_SAMPLES = 16; // /metrics samples kept for the rates: about 30 s
 const PAGE = 50; // deliveries shown; "Show more" adds a page, up to the API's 1000
 const MAX_PAGE = 1000;
 const ENDPOINT_PAGE = 100;
+const NOTICE_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
 
@@ -30,6 +31,7 @@ const view = {
   shown: new Map(), // table -> JSON of the rows it shows
   timer: 0,
   generation: 0, // a refresh started later wins over an earlier one still running
+  noticeUntil: 0, // an action's message stays this long before "updated …" replaces it
 };
 
 /** Replaces a table body's rows, unless they would be the same as shown. */
@@ -153,7 +155,7 @@ async function refresh() {
     drawDeliveries(results[1]);
     drawEndpoints(results[2]);
     drawDetail(results[3]);
-    status(`updated ${clock(new Date().toISOString())}`);
+    if (Date.now() >= view.noticeUntil) status(`updated ${clock(new Date().toISOString())}`);
   } catch (e) {
     if (generation !== view.generation) return;
     if (e instanceof Unauthorized) return refused();
@@ -173,6 +175,7 @@ async function act(button, work, done) {
   } finally {
     button.disabled = false;
   }
+  view.noticeUntil = Date.now() + NOTICE_MS;
   schedule(AFTER_ACTION_MS);
 }
 
