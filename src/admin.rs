@@ -1,6 +1,6 @@
-//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, and
-//! the public keys of the Ed25519 signing keys (never a secret).
-//! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
+//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, the
+//! public keys of the Ed25519 signing keys (never a secret), and the web view ([`crate::ui`]).
+//! All but `/healthz` and the view's static files need `Authorization: Bearer <admin_token>` if set.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -208,6 +208,9 @@ impl Admin {
         }
         if path == "/healthz" {
             return self.probes.healthz();
+        }
+        if let Some(page) = crate::ui::respond(req.method(), &path, self.d.config().admin_token.is_some()) {
+            return page;
         }
         if !self.authorized(&req) {
             return serve::error(

@@ -20,7 +20,7 @@
 //!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
 //! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`], [`uds`].
-//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`retention`], [`metrics`].
+//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
 #![warn(missing_docs)]
@@ -65,3 +65,4 @@ pub mod trace;
 pub mod transport;
 pub mod trim;
 pub mod uds;
+pub mod ui;

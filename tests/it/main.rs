@@ -26,3 +26,4 @@ mod setup_script;
 mod signing_ed25519;
 mod trace_context;
 mod uds;
+mod ui;
