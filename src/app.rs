@@ -33,6 +33,7 @@ use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
+use crate::tls::{TlsHandle, TlsMaterial};
 use crate::transport::Transport;
 use crate::uds::SocketFile;
 
@@ -104,6 +105,9 @@ pub enum AppError {
     /// Delivery's runtime could not be started.
     #[error("cannot start the delivery runtime: {0}")]
     Runtime(std::io::Error),
+    /// The TLS material (a PEM file of `[tls]` or `[[host]]`) could not be built.
+    #[error("{0}")]
+    Tls(crate::config::ConfigError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -140,6 +144,7 @@ pub struct Running {
     pub ops_addr: Option<SocketAddr>,
     /// The delivery context (for in-process tests).
     pub deliverer: Arc<Deliverer>,
+    tls: TlsHandle,
     trigger: Arc<Notify>,
     done: JoinHandle<()>,
 }
@@ -148,6 +153,13 @@ impl Running {
     /// Starts the shutdown sequence (idempotent).
     pub fn shutdown(&self) {
         self.trigger.notify_one();
+    }
+
+    /// Puts new TLS material in force (for a reload: build it with
+    /// [`TlsMaterial::from_config`]). Connections made from now on use it; pooled ones keep
+    /// theirs until they close (idle timeout, the idle cap, or the receiver).
+    pub fn swap_tls(&self, material: TlsMaterial) {
+        self.tls.swap(material);
     }
 
     /// Waits until shutdown has completed.
@@ -226,6 +238,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     let clock = seams.clock;
 
+    // Built before the transport whether or not it is used, so a bad PEM file stops the
+    // start in tests with a scripted transport too; `Running::swap_tls` replaces it.
+    let tls = TlsHandle::new(TlsMaterial::from_config(&config).map_err(AppError::Tls)?);
     let transport: Arc<dyn Transport> = match seams.transport {
         Some(t) => t,
         None => Arc::new(HttpTransport::new(
@@ -238,6 +253,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             },
             EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
             seams.resolver,
+            tls.clone(),
         )),
     };
     let rng = match seams.rng_seed {
@@ -396,6 +412,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         admin_addr,
         ops_addr,
         deliverer,
+        tls,
         trigger,
         done,
     })

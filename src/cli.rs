@@ -79,6 +79,16 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigE
     Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
 
+/// [`load_config`], then builds the TLS material from it: every PEM file is read and
+/// checked, so a bad one is refused here (one line naming the key and the file) rather than
+/// at the first delivery. For the commands that deliver or check; the operator commands only
+/// need the admin address.
+pub fn load_checked(global: &GlobalArgs) -> Result<Config, crate::config::ConfigError> {
+    let config = load_config(global)?;
+    crate::tls::TlsMaterial::from_config(&config)?;
+    Ok(config)
+}
+
 /// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then
 /// `RUST_LOG`) sets the filter in either format, so switching to JSON never changes which
 /// lines are written.
@@ -116,7 +126,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         None | Some(Command::Serve) => serve(&cli.global),
-        Some(Command::CheckConfig) => match load_config(&cli.global) {
+        Some(Command::CheckConfig) => match load_checked(&cli.global) {
             Ok(cfg) => {
                 println!("config ok\n{}", cfg.summary());
                 ExitCode::SUCCESS
@@ -136,7 +146,7 @@ pub fn main() -> ExitCode {
 }
 
 fn serve(global: &GlobalArgs) -> ExitCode {
-    let config = match load_config(global) {
+    let config = match load_checked(global) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("courier: {e}");

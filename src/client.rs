@@ -1,5 +1,10 @@
-//! The real transport: a pooled hyper-util client over tokio-rustls (webpki roots, ALPN h2
-//! and http/1.1), with the egress policy enforced where connections are made.
+//! The real transport: a pooled hyper-util client over tokio-rustls (the roots, CAs and
+//! client certificates of `crate::tls`, ALPN h2 and http/1.1), with the egress policy
+//! enforced where connections are made.
+//!
+//! The connector, outermost first: [`TlsConnector`] (TLS for https targets, per-host
+//! config read from the swappable [`TlsHandle`]) → [`CappedConnector`] (counts the
+//! connection under the target's `host:port`) → TCP through [`GuardedResolver`].
 //!
 //! Host names are resolved through the [`Resolve`] seam by [`GuardedResolver`], which drops
 //! every address the policy refuses before the connector sees it, so the socket is opened
@@ -11,23 +16,20 @@
 //! together, by [`crate::conn_cap`] (`delivery.max_idle_connections`).
 
 use std::error::Error as StdError;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::conn_cap::{CappedConnector, ConnCap};
-use crate::egress::{is_loopback_name, literal_ip, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
+use crate::egress::{literal_ip, EgressDenied, EgressPolicy};
+pub use crate::resolver::GuardedResolver;
 use crate::resolver::Resolve;
+use crate::tls::{TlsConnector, TlsHandle};
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 /// Settings of the HTTP client.
@@ -45,57 +47,7 @@ pub struct ClientSettings {
     pub max_idle_connections: usize,
 }
 
-/// A resolver service for hyper-util's connector that applies the egress policy to
-/// every resolved address.
-#[derive(Clone)]
-pub struct GuardedResolver {
-    inner: Arc<dyn Resolve>,
-    policy: Arc<EgressPolicy>,
-}
-
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = Box<dyn StdError + Send + Sync>;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        // RFC 6761: a loopback name is loopback without asking DNS (which may not even
-        // answer for `localhost.`); the policy below still decides whether it may be used.
-        let resolving: crate::resolver::ResolveFuture = if is_loopback_name(name.as_str()) {
-            let addrs = LOOPBACK_NAME_ADDRS.to_vec();
-            Box::pin(async move { Ok(addrs) })
-        } else {
-            self.inner.resolve(name.as_str())
-        };
-        let policy = self.policy.clone();
-        Box::pin(async move {
-            let ips = resolving.await?;
-            let mut first_denied: Option<EgressDenied> = None;
-            let mut allowed = Vec::with_capacity(ips.len());
-            for ip in ips {
-                match policy.check(ip) {
-                    Ok(()) => allowed.push(SocketAddr::new(ip, 0)),
-                    Err(denied) => {
-                        first_denied.get_or_insert(denied);
-                    }
-                }
-            }
-            if allowed.is_empty() {
-                if let Some(denied) = first_denied {
-                    return Err(Box::new(denied) as Box<dyn StdError + Send + Sync>);
-                }
-                return Err("the name resolved to no address".into());
-            }
-            Ok(allowed.into_iter())
-        })
-    }
-}
-
-type HttpsClient = Client<hyper_rustls::HttpsConnector<CappedConnector<HttpConnector<GuardedResolver>>>, Full<Bytes>>;
+type HttpsClient = Client<TlsConnector<CappedConnector<HttpConnector<GuardedResolver>>>, Full<Bytes>>;
 
 /// The production [`Transport`].
 pub struct HttpTransport {
@@ -106,33 +58,15 @@ pub struct HttpTransport {
 }
 
 impl HttpTransport {
-    /// Builds the client. The TLS roots are the Mozilla set from `webpki-roots`.
-    pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
+    /// Builds the client: TLS from `tls` (read at each new connection, so swapping its
+    /// material applies to the connections made from then on).
+    pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Self {
         let policy = Arc::new(policy);
-        let mut http = HttpConnector::new_with_resolver(GuardedResolver {
-            inner: resolver,
-            policy: policy.clone(),
-        });
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(settings.connect_timeout));
+        let guard = GuardedResolver::new(resolver, policy.clone());
+        let egress = tcp(guard, settings.connect_timeout);
         // Under TLS, so the cap counts and closes the TCP connection itself.
         let cap = ConnCap::new(settings.max_idle_connections);
-        let http = CappedConnector::new(http, cap.clone());
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let https = TlsConnector::new(CappedConnector::new(egress, cap.clone()), tls);
         // With a timer the pool closes idle connections when their time is up; without one
         // it only noticed at the next checkout for the same host, so a sweep over many
         // hosts left a socket open to each of them for good.
@@ -196,6 +130,15 @@ impl HttpTransport {
             body: kept.freeze(),
         })
     }
+}
+
+/// A TCP connector through `resolver`, as every outbound connection is made.
+fn tcp<R>(resolver: R, connect_timeout: Duration) -> HttpConnector<R> {
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http
 }
 
 impl Transport for HttpTransport {

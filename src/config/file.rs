@@ -190,6 +190,8 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
 
+        self.tls = file.tls.unwrap_or_default();
+
         if let Some(routes) = file.route {
             self.routes = routes
                 .into_iter()
@@ -244,6 +246,7 @@ struct FileConfig {
     log: Option<super::log::FileLog>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
+    tls: Option<super::tls::TlsConfig>,
     route: Option<Vec<FileRoute>>,
     host: Option<Vec<FileHost>>,
     endpoint: Option<Vec<FileEndpoint>>,

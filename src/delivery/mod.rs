@@ -181,7 +181,11 @@ impl Deliverer {
         let persist_lock = Arc::new(Mutex::new(()));
         let pause_gate = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
-        let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
+        let caps = cfg
+            .hosts
+            .iter()
+            .filter_map(|h| Some((h.host.clone(), h.max_in_flight?)))
+            .collect();
         let policies = cfg.policy_book();
         // A probe is taken for lost after twice the longest an attempt may take, which a
         // route or endpoint may set above delivery.request_timeout.

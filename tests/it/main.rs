@@ -2,6 +2,7 @@
 //! One test binary (modules below) so the suite links once.
 
 mod support;
+mod support_tls;
 
 mod admin;
 mod adoption;
@@ -23,5 +24,6 @@ mod responsive;
 mod security;
 mod setup_script;
 mod signing_ed25519;
+mod tls;
 mod trace_context;
 mod uds;
