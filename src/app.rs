@@ -29,6 +29,7 @@ use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::priority::DeliveryRuntime;
+use crate::proxy::ProxyRoute;
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
@@ -254,6 +255,11 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
             seams.resolver,
             tls.clone(),
+            config
+                .egress
+                .proxy
+                .as_ref()
+                .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
         )),
     };
     let rng = match seams.rng_seed {

@@ -1,16 +1,23 @@
 //! The real transport: a pooled hyper-util client over tokio-rustls (the roots, CAs and
-//! client certificates of `crate::tls`, ALPN h2 and http/1.1), with the egress policy
-//! enforced where connections are made.
+//! client certificates of `crate::tls`, ALPN h2 and http/1.1), direct or through
+//! `egress.proxy` (`crate::proxy`), with the egress policy enforced where connections are
+//! made.
 //!
 //! The connector, outermost first: [`TlsConnector`] (TLS for https targets, per-host
 //! config read from the swappable [`TlsHandle`]) → [`CappedConnector`] (counts the
-//! connection under the target's `host:port`) → TCP through [`GuardedResolver`].
+//! connection under the target's `host:port`, proxied or not) → [`EgressConnector`]
+//! (direct TCP through [`GuardedResolver`], or the proxy).
 //!
 //! Host names are resolved through the [`Resolve`] seam by [`GuardedResolver`], which drops
 //! every address the policy refuses before the connector sees it, so the socket is opened
 //! to exactly an address that was checked, on every attempt (a later DNS answer pointing
 //! at a private address is refused too). IP-literal targets never reach a resolver, so
 //! [`HttpTransport::send`] checks them itself before sending.
+//!
+//! An http target through the proxy is sent in absolute form to the address that was
+//! checked (`POST http://203.0.113.7:8080/hook`, `Host: hooks.example:8080`), so the proxy
+//! never resolves the name itself; a 407 from the proxy is an attempt error, not the
+//! receiver's answer.
 //!
 //! Idle pooled connections are bounded per host by hyper-util's pool and, all hosts
 //! together, by [`crate::conn_cap`] (`delivery.max_idle_connections`).
@@ -27,6 +34,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::conn_cap::{CappedConnector, ConnCap};
 use crate::egress::{literal_ip, EgressDenied, EgressPolicy};
+use crate::proxy::{EgressConnector, ProxyResolver, ProxyRoute};
 pub use crate::resolver::GuardedResolver;
 use crate::resolver::Resolve;
 use crate::tls::{TlsConnector, TlsHandle};
@@ -47,23 +55,37 @@ pub struct ClientSettings {
     pub max_idle_connections: usize,
 }
 
-type HttpsClient = Client<TlsConnector<CappedConnector<HttpConnector<GuardedResolver>>>, Full<Bytes>>;
+type HttpsClient = Client<TlsConnector<CappedConnector<EgressConnector>>, Full<Bytes>>;
 
 /// The production [`Transport`].
 pub struct HttpTransport {
     client: HttpsClient,
     policy: Arc<EgressPolicy>,
+    guard: GuardedResolver,
+    proxy: Option<Arc<ProxyRoute>>,
     settings: ClientSettings,
     cap: Arc<ConnCap>,
 }
 
 impl HttpTransport {
     /// Builds the client: TLS from `tls` (read at each new connection, so swapping its
-    /// material applies to the connections made from then on).
-    pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Self {
+    /// material applies to the connections made from then on), through `proxy` unless a
+    /// target is in its `no_proxy`.
+    pub fn new(
+        settings: ClientSettings,
+        policy: EgressPolicy,
+        resolver: Arc<dyn Resolve>,
+        tls: TlsHandle,
+        proxy: Option<ProxyRoute>,
+    ) -> Self {
         let policy = Arc::new(policy);
-        let guard = GuardedResolver::new(resolver, policy.clone());
-        let egress = tcp(guard, settings.connect_timeout);
+        let guard = GuardedResolver::new(resolver.clone(), policy.clone());
+        let connect_timeout = settings.connect_timeout;
+        let proxy = proxy.map(Arc::new);
+        let to_proxy = proxy
+            .clone()
+            .map(|route| (route, tcp(ProxyResolver(resolver), connect_timeout)));
+        let egress = EgressConnector::new(tcp(guard.clone(), connect_timeout), guard.clone(), to_proxy);
         // Under TLS, so the cap counts and closes the TCP connection itself.
         let cap = ConnCap::new(settings.max_idle_connections);
         let https = TlsConnector::new(CappedConnector::new(egress, cap.clone()), tls);
@@ -78,9 +100,49 @@ impl HttpTransport {
         HttpTransport {
             client,
             policy,
+            guard,
+            proxy,
             settings,
             cap,
         }
+    }
+
+    /// For an http target the proxy intercepts: the URL rewritten to the checked address,
+    /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
+    async fn through_proxy(&self, url: &url::Url) -> Result<Option<ProxiedHttp>, TransportError> {
+        let Some(proxy) = self.proxy.as_ref().filter(|_| url.scheme() == "http") else {
+            return Ok(None);
+        };
+        let uri: http::Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| TransportError::Network(format!("{e}")))?;
+        if !proxy.intercepts(&uri) {
+            return Ok(None);
+        }
+        let host = url.host_str().unwrap_or_default();
+        // What hyper would have written from the URL (the port only when not the default).
+        let host_header = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        let ip = self
+            .guard
+            .checked_addr(host)
+            .await
+            .map_err(|e| match e.downcast::<EgressDenied>() {
+                Ok(denied) => TransportError::EgressDenied(denied.to_string()),
+                Err(e) => TransportError::Network(e.to_string()),
+            })?;
+        let mut url = url.clone();
+        url.set_ip_host(ip)
+            .map_err(|()| TransportError::Network("cannot address the target by IP".to_string()))?;
+        Ok(Some(ProxiedHttp {
+            url,
+            host: host_header,
+            authorization: proxy.authorization().cloned(),
+            origin: proxy.origin().to_string(),
+        }))
     }
 
     async fn attempt(&self, req: OutboundRequest) -> Result<InboundResponse, TransportError> {
@@ -89,9 +151,17 @@ impl HttpTransport {
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
-        let mut builder = http::Request::builder().method(req.method).uri(req.url.as_str());
+        let proxied = self.through_proxy(&req.url).await?;
+        let url = proxied.as_ref().map_or(&req.url, |p| &p.url);
+        let mut builder = http::Request::builder().method(req.method).uri(url.as_str());
         for (name, value) in &req.headers {
             builder = builder.header(name.as_str(), value.as_slice());
+        }
+        if let Some(p) = &proxied {
+            builder = builder.header(http::header::HOST, p.host.as_str());
+            if let Some(auth) = &p.authorization {
+                builder = builder.header(http::header::PROXY_AUTHORIZATION, auth.clone());
+            }
         }
         let request = builder
             .body(Full::new(req.body))
@@ -101,6 +171,13 @@ impl HttpTransport {
         let _busy = self.cap.begin(request.uri());
         let response = self.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
+        if let Some(p) = proxied.as_ref().filter(|_| status == 407) {
+            // The proxy's answer, not the receiver's: retried like a connect error.
+            return Err(TransportError::Network(format!(
+                "proxy {} answered 407 Proxy Authentication Required: egress.proxy's credentials are missing or refused",
+                p.origin
+            )));
+        }
         let retry_after = response
             .headers()
             .get(http::header::RETRY_AFTER)
@@ -139,6 +216,14 @@ fn tcp<R>(resolver: R, connect_timeout: Duration) -> HttpConnector<R> {
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http
+}
+
+/// An http target's request rewritten for the proxy (see [`HttpTransport::through_proxy`]).
+struct ProxiedHttp {
+    url: url::Url,
+    host: String,
+    authorization: Option<http::HeaderValue>,
+    origin: String,
 }
 
 impl Transport for HttpTransport {

@@ -19,7 +19,7 @@
 //! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
 //!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`tls`], [`client`], [`serve`], [`uds`].
+//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`].
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
@@ -48,6 +48,7 @@ pub mod operator;
 pub mod ops;
 pub mod policy;
 pub mod priority;
+pub mod proxy;
 pub mod redact;
 pub mod resolver;
 pub mod retention;

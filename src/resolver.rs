@@ -131,3 +131,21 @@ impl tower_service::Service<Name> for GuardedResolver {
         })
     }
 }
+
+impl GuardedResolver {
+    /// The first address of `host` (a name, or an IP literal with or without brackets) that
+    /// the policy allows: what a proxy is asked to connect to.
+    pub async fn checked_addr(&self, host: &str) -> Result<IpAddr, Box<dyn StdError + Send + Sync>> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            self.policy.check(ip)?;
+            return Ok(ip);
+        }
+        let name: Name = bare.parse()?;
+        let mut addrs = tower_service::Service::call(&mut self.clone(), name).await?;
+        addrs
+            .next()
+            .map(|a| a.ip())
+            .ok_or_else(|| "the name resolved to no address".into())
+    }
+}

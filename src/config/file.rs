@@ -190,6 +190,15 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
 
+        set_opt(
+            &mut self.egress.proxy,
+            "egress.proxy",
+            egress.proxy,
+            super::proxy::parse_proxy,
+        )?;
+        if let Some(list) = egress.no_proxy {
+            self.egress.no_proxy = parse_each("egress.no_proxy", &list, super::proxy::parse_no_proxy)?;
+        }
         self.tls = file.tls.unwrap_or_default();
 
         if let Some(routes) = file.route {
@@ -368,6 +377,8 @@ impl FileAccess {
 struct FileEgress {
     allow_private_targets: Option<bool>,
     allow: Option<Vec<String>>,
+    proxy: Option<String>,
+    no_proxy: Option<Vec<String>>,
 }
 
 /// Turns toml's multi-line error (which quotes the offending source line, possibly a

@@ -41,6 +41,7 @@ mod listen;
 mod log;
 mod parse;
 mod policy;
+mod proxy;
 mod sections;
 mod summary;
 mod tls;
@@ -70,6 +71,7 @@ pub use error::ConfigError;
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
+pub use proxy::EgressProxy;
 pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
 pub use tls::{HostTls, TlsConfig, TlsRoots, TlsVersion};
@@ -232,6 +234,10 @@ pub struct EgressConfig {
     pub allow_private_targets: bool,
     /// Networks allowed even though they are not global.
     pub allow: Vec<IpNet>,
+    /// `egress.proxy`: the HTTP proxy every attempt goes through (credentials hidden).
+    pub proxy: Option<EgressProxy>,
+    /// `egress.no_proxy`: hosts, domain suffixes and networks reached directly.
+    pub no_proxy: Vec<String>,
 }
 
 /// A named route (`[[route]]`): `POST /r/<name>` delivers to `url`.

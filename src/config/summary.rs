@@ -181,6 +181,17 @@ impl Config {
                 allow.join(", ")
             }
         ));
+        if let Some(proxy) = &self.egress.proxy {
+            lines.push(format!(
+                "egress: proxy {}, no_proxy: {}",
+                proxy.describe(),
+                if self.egress.no_proxy.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.egress.no_proxy.join(", ")
+                }
+            ));
+        }
         lines.push(format!(
             "tls: roots {}, min_version {}, ca_file: {}",
             self.tls.roots.as_str(),

@@ -20,6 +20,7 @@ mod logging;
 mod metrics;
 mod ordering;
 mod policy;
+mod proxy;
 mod responsive;
 mod security;
 mod setup_script;

@@ -76,7 +76,21 @@ impl Pki {
     /// A server config presenting a certificate for `localhost` and `127.0.0.1`, offering
     /// `versions` and HTTP/1.1, requiring a client certificate issued by `clients` if given.
     pub fn server(&self, versions: &[&'static SupportedProtocolVersion], clients: Option<&Pki>) -> Arc<ServerConfig> {
-        let leaf = self.leaf("server", &["localhost", "127.0.0.1"]);
+        self.server_with(&["localhost", "127.0.0.1"], versions, clients)
+    }
+
+    /// A server config presenting a certificate for `names` only (no client certificate).
+    pub fn server_for(&self, names: &[&str], versions: &[&'static SupportedProtocolVersion]) -> Arc<ServerConfig> {
+        self.server_with(names, versions, None)
+    }
+
+    fn server_with(
+        &self,
+        names: &[&str],
+        versions: &[&'static SupportedProtocolVersion],
+        clients: Option<&Pki>,
+    ) -> Arc<ServerConfig> {
+        let leaf = self.leaf("server", names);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(versions)
