@@ -31,12 +31,14 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use crate::config::EgressProxy;
 use crate::egress::{is_loopback_name, LOOPBACK_NAME_ADDRS};
 use crate::resolver::{GuardedResolver, Resolve};
+
+mod sniff;
+
+use sniff::{SniffIo, Sniffing, StatusLine};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
@@ -138,10 +140,7 @@ struct Proxied {
 impl Proxied {
     /// A tunnel whose proxy connection records the proxy's status line in `line`.
     fn tunnel(&self, line: StatusLine) -> Tunnel<Sniffing> {
-        let sniffing = Sniffing {
-            inner: self.plain.clone(),
-            line,
-        };
+        let sniffing = Sniffing::new(self.plain.clone(), line);
         let tunnel = Tunnel::new(self.route.uri.clone(), sniffing);
         match self.route.authorization() {
             Some(auth) => tunnel.with_auth(auth.clone()),
@@ -179,7 +178,7 @@ impl tower_service::Service<Uri> for EgressConnector {
             return Box::pin(async move {
                 let io = connecting.await?;
                 Ok(EgressIo {
-                    io: SniffIo { io, line: None },
+                    io: SniffIo::plain(io),
                     proxied: false,
                 })
             });
@@ -208,7 +207,7 @@ impl tower_service::Service<Uri> for EgressConnector {
                     source: Some(Box::new(e)),
                 })?;
                 Ok(EgressIo {
-                    io: SniffIo { io, line: None },
+                    io: SniffIo::plain(io),
                     proxied: true,
                 })
             })
@@ -275,113 +274,6 @@ impl StdError for ProxyError {
     }
 }
 
-/// The proxy's answer to CONNECT, as far as its status line (hyper-util's tunnel error
-/// does not say which status it was).
-#[derive(Clone, Default)]
-struct StatusLine(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-/// The longest status line kept: `HTTP/1.1 407 Proxy Authentication Required` fits.
-const STATUS_LINE_MAX: usize = 96;
-
-impl StatusLine {
-    /// `407 Proxy Authentication Required`, or empty when nothing was read.
-    fn text(&self) -> String {
-        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let line = String::from_utf8_lossy(&bytes);
-        let line = line.split("\r\n").next().unwrap_or_default();
-        let status = line.split_once(' ').map_or("", |(_, rest)| rest);
-        status.chars().filter(|c| !c.is_control()).collect()
-    }
-
-    /// Keeps `read` while the line is not complete; whether it now is.
-    fn record(&self, read: &[u8]) -> bool {
-        let mut bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let room = STATUS_LINE_MAX.saturating_sub(bytes.len());
-        bytes.extend_from_slice(&read[..read.len().min(room)]);
-        bytes.len() >= STATUS_LINE_MAX || bytes.windows(2).any(|w| w == b"\r\n")
-    }
-}
-
-/// The proxy connector under [`Tunnel`], recording the proxy's status line.
-#[derive(Clone)]
-struct Sniffing {
-    inner: HttpConnector<ProxyResolver>,
-    line: StatusLine,
-}
-
-impl tower_service::Service<Uri> for Sniffing {
-    type Response = SniffIo;
-    type Error = BoxError;
-    type Future = BoxFuture<SniffIo>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let (connecting, line) = (self.inner.call(uri), self.line.clone());
-        Box::pin(async move {
-            Ok(SniffIo {
-                io: connecting.await?,
-                line: Some(line),
-            })
-        })
-    }
-}
-
-/// A TCP connection; while `line` is set, the bytes read are also given to it, until the
-/// proxy's status line is complete (then reads go straight through).
-pub struct SniffIo {
-    io: TokioIo<TcpStream>,
-    line: Option<StatusLine>,
-}
-
-impl Read for SniffIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let Some(line) = &this.line else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
-        };
-        // Read into a small buffer of our own to see the bytes, then hand them on.
-        let mut tmp = [0u8; STATUS_LINE_MAX];
-        let want = buf.remaining().min(tmp.len());
-        let mut own = hyper::rt::ReadBuf::new(&mut tmp[..want]);
-        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, own.unfilled()))?;
-        let read = own.filled();
-        if line.record(read) || read.is_empty() {
-            this.line = None;
-        }
-        buf.put_slice(read);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl Write for SniffIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-}
-
 /// A connection made by [`EgressConnector`]: a TCP connection (to the target, or to the
 /// proxy, tunnelled or not), marked proxied when hyper must write absolute-form requests.
 pub struct EgressIo {
@@ -391,7 +283,7 @@ pub struct EgressIo {
 
 impl Connection for EgressIo {
     fn connected(&self) -> Connected {
-        self.io.io.connected().proxy(self.proxied)
+        self.io.connected().proxy(self.proxied)
     }
 }
 
@@ -429,6 +321,7 @@ impl Write for EgressIo {
 
 #[cfg(test)]
 mod tests {
+    use hyper_util::rt::TokioIo;
     use tower_service::Service;
 
     use super::*;
@@ -511,18 +404,6 @@ mod tests {
                 Err(ProxyError::tunnel(e.into(), &line.text(), "http://p:3128", to).to_string())
             }
         }
-    }
-
-    #[test]
-    fn the_status_line_is_kept_across_reads_and_bounded() {
-        let line = StatusLine::default();
-        assert!(!line.record(b"HTTP/1.0 40"));
-        assert!(line.record(b"1 Unauthorized\r\nServer: tinyproxy\r\n"));
-        assert_eq!(line.text(), "401 Unauthorized");
-        let long = StatusLine::default();
-        assert!(long.record(&[b'x'; 500]));
-        assert_eq!(long.0.lock().unwrap().len(), STATUS_LINE_MAX);
-        assert_eq!(StatusLine::default().text(), "");
     }
 
     #[tokio::test]
