@@ -29,11 +29,13 @@ use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::priority::DeliveryRuntime;
+use crate::proxy::ProxyRoute;
 use crate::reload::{ConfigSource, Reloader};
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
+use crate::tls::{TlsHandle, TlsMaterial};
 use crate::transport::Transport;
 use crate::uds::SocketFile;
 
@@ -105,6 +107,9 @@ pub enum AppError {
     /// Delivery's runtime could not be started.
     #[error("cannot start the delivery runtime: {0}")]
     Runtime(std::io::Error),
+    /// The TLS material (a PEM file of `[tls]` or `[[host]]`) could not be built.
+    #[error("{0}")]
+    Tls(crate::config::ConfigError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -234,6 +239,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     let clock = seams.clock;
 
+    // Built before the transport whether or not it is used, so a bad PEM file stops the
+    // start in tests with a scripted transport too; a reload replaces its material.
+    let tls = TlsHandle::new(TlsMaterial::from_config(&config).map_err(AppError::Tls)?);
     let transport: Arc<dyn Transport> = match seams.transport {
         Some(t) => t,
         None => Arc::new(HttpTransport::new(
@@ -246,6 +254,12 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             },
             EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
             seams.resolver,
+            tls.clone(),
+            config
+                .egress
+                .proxy
+                .as_ref()
+                .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
         )),
     };
     let rng = match seams.rng_seed {

@@ -43,3 +43,13 @@ impl GlobalArgs {
 pub fn load_config(global: &GlobalArgs) -> Result<Config, ConfigError> {
     Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
+
+/// [`load_config`], then builds the TLS material from it: every PEM file is read and
+/// checked, so a bad one is refused here (one line naming the key and the file) rather than
+/// at the first delivery. For the commands that deliver or check; the operator commands only
+/// need the admin address.
+pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
+    let config = load_config(global)?;
+    crate::tls::TlsMaterial::from_config(&config)?;
+    Ok(config)
+}

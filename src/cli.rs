@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::args::{load_config, GlobalArgs};
+use crate::args::{load_checked, load_config, GlobalArgs};
 use crate::config::LogFormat;
 
 /// courier: durable webhook delivery sidecar.
@@ -82,7 +82,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         None | Some(Command::Serve) => serve(&cli.global),
-        Some(Command::CheckConfig) => match load_config(&cli.global) {
+        Some(Command::CheckConfig) => match load_checked(&cli.global) {
             Ok(cfg) => {
                 println!("config ok\n{}", cfg.summary());
                 ExitCode::SUCCESS
@@ -103,7 +103,7 @@ pub fn main() -> ExitCode {
 }
 
 fn serve(global: &GlobalArgs) -> ExitCode {
-    let config = match load_config(global) {
+    let config = match load_checked(global) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("courier: {e}");

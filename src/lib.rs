@@ -19,7 +19,7 @@
 //! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
 //!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`], [`uds`].
+//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`].
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
@@ -49,6 +49,7 @@ pub mod operator;
 pub mod ops;
 pub mod policy;
 pub mod priority;
+pub mod proxy;
 pub mod redact;
 pub mod reload;
 pub mod resolver;
@@ -61,6 +62,7 @@ mod sim;
 pub mod store;
 pub mod target;
 pub mod timefmt;
+pub mod tls;
 pub mod trace;
 pub mod transport;
 pub mod trim;

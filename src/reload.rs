@@ -5,7 +5,8 @@
 //! - **Applied at once:** signing secrets and keys (so a rotation needs no restart), routes,
 //!   `[[host]]` and `[[endpoint]]` overrides (caps, rates, ordering, retry policy), `[retry]`,
 //!   `delivery.max_in_flight_per_host`, `delivery.rate_per_second`,
-//!   `delivery.request_timeout`, the egress policy, TLS material, `ingress_token`,
+//!   `delivery.request_timeout`, the egress allow list, TLS material (`[tls]`, the PEM
+//!   files of `[[host]]`, read again), `ingress_token`,
 //!   `admin_token`, `max_body` and `alert_url`. An attempt or accept reads one settings value
 //!   from start to end, so it never mixes the old config with the new one.
 //! - **Only at restart** ([`RESTART_ONLY`]): the listeners and the data dir (their sockets and
@@ -44,6 +45,8 @@ pub const RESTART_ONLY: &[&str] = &[
     "delivery.idle_connection_timeout",
     "delivery.max_idle_connections",
     "delivery.pause_after_permanent_failures",
+    "egress.proxy",
+    "egress.no_proxy",
 ];
 
 /// Copies every [`RESTART_ONLY`] setting of `running` into `new`; returns the keys whose
@@ -78,6 +81,8 @@ pub fn keep_restart_only(loaded: &Config, running: &Config, new: &mut Config) ->
         "delivery.idle_connection_timeout" => delivery.idle_connection_timeout;
         "delivery.max_idle_connections" => delivery.max_idle_connections;
         "delivery.pause_after_permanent_failures" => delivery.pause_after_permanent_failures;
+        "egress.proxy" => egress.proxy;
+        "egress.no_proxy" => egress.no_proxy;
     }
     changed
 }
@@ -199,7 +204,8 @@ mod tests {
              [ingress]\nhosts = [\"a.example\"]\n[admin]\nhosts = [\"b.example\"]\n[log]\nformat = \"json\"\n\
              [circuit]\nfailures = 2\n\
              [delivery]\nconnect_timeout = \"1s\"\nmax_in_flight = 1\nmax_response_body = \"1KB\"\n\
-             idle_connection_timeout = \"1s\"\nmax_idle_connections = 1\npause_after_permanent_failures = 1\n",
+             idle_connection_timeout = \"1s\"\nmax_idle_connections = 1\npause_after_permanent_failures = 1\n\
+             [egress]\nproxy = \"http://127.0.0.1:3128\"\nno_proxy = [\"a.example\"]\n",
         );
         let changed = keep_restart_only(&loaded, &loaded, &mut new);
         assert_eq!(changed, RESTART_ONLY, "each key, in order");

@@ -16,7 +16,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 42] = [
+pub const ENV_VARS: [&str; 44] = [
     "COURIER_LISTEN",
     "COURIER_LISTEN_MODE",
     "COURIER_ADMIN_LISTEN",
@@ -60,10 +60,13 @@ pub const ENV_VARS: [&str; 42] = [
     "COURIER_SIGNING_SECRETS",
     "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",
     "COURIER_EGRESS_ALLOW",
+    "COURIER_EGRESS_PROXY",
+    "COURIER_EGRESS_NO_PROXY",
 ];
 
 /// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 4] = [
+pub(super) const SENSITIVE_ENV_VARS: [&str; 5] = [
+    "COURIER_EGRESS_PROXY",
     "COURIER_INGRESS_TOKEN",
     "COURIER_ADMIN_TOKEN",
     "COURIER_SIGNING_SECRETS",
@@ -140,6 +143,10 @@ impl Config {
             }
             "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS" => self.egress.allow_private_targets = parse_bool(v)?,
             "COURIER_EGRESS_ALLOW" => self.egress.allow = parse_list(v, parse_net)?,
+            // Blank: no proxy (clears what the file set).
+            "COURIER_EGRESS_PROXY" if v.trim().is_empty() => self.egress.proxy = None,
+            "COURIER_EGRESS_PROXY" => self.egress.proxy = Some(super::proxy::parse_proxy(v)?),
+            "COURIER_EGRESS_NO_PROXY" => self.egress.no_proxy = parse_list(v, super::proxy::parse_no_proxy)?,
             // Unreachable by construction: every name of ENV_VARS has an arm above.
             _ => {}
         }

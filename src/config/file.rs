@@ -190,6 +190,17 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
 
+        set_opt(
+            &mut self.egress.proxy,
+            "egress.proxy",
+            egress.proxy,
+            super::proxy::parse_proxy,
+        )?;
+        if let Some(list) = egress.no_proxy {
+            self.egress.no_proxy = parse_each("egress.no_proxy", &list, super::proxy::parse_no_proxy)?;
+        }
+        self.tls = file.tls.unwrap_or_default();
+
         if let Some(routes) = file.route {
             self.routes = routes
                 .into_iter()
@@ -244,6 +255,7 @@ struct FileConfig {
     log: Option<super::log::FileLog>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
+    tls: Option<super::tls::TlsConfig>,
     route: Option<Vec<FileRoute>>,
     host: Option<Vec<FileHost>>,
     endpoint: Option<Vec<FileEndpoint>>,
@@ -365,6 +377,8 @@ impl FileAccess {
 struct FileEgress {
     allow_private_targets: Option<bool>,
     allow: Option<Vec<String>>,
+    proxy: Option<String>,
+    no_proxy: Option<Vec<String>>,
 }
 
 /// Turns toml's multi-line error (which quotes the offending source line, possibly a

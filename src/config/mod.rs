@@ -41,8 +41,10 @@ mod listen;
 mod log;
 mod parse;
 mod policy;
+mod proxy;
 mod sections;
 mod summary;
+mod tls;
 pub mod units;
 mod validate;
 
@@ -69,8 +71,10 @@ pub use error::ConfigError;
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
+pub use proxy::EgressProxy;
 pub use summary::PublicKeyEntry;
 use summary::{origin_only, without_password};
+pub use tls::{HostTls, TlsConfig, TlsRoots, TlsVersion};
 
 /// The environment variable naming the TOML file (used when `--config` is not given).
 pub const CONFIG_ENV: &str = "COURIER_CONFIG";
@@ -230,6 +234,10 @@ pub struct EgressConfig {
     pub allow_private_targets: bool,
     /// Networks allowed even though they are not global.
     pub allow: Vec<IpNet>,
+    /// `egress.proxy`: the HTTP proxy every attempt goes through (credentials hidden).
+    pub proxy: Option<EgressProxy>,
+    /// `egress.no_proxy`: hosts, domain suffixes and networks reached directly.
+    pub no_proxy: Vec<String>,
 }
 
 /// A named route (`[[route]]`): `POST /r/<name>` delivers to `url`.
@@ -272,8 +280,10 @@ pub struct HostConfig {
     /// `name:port` (e.g. `api.example:443`, `[::1]:8080`), normalised at load exactly as
     /// live targets are (lowercase, IDNA to punycode), so the limiter's lookup is exact.
     pub host: String,
-    /// Attempts in flight to this host at most.
-    pub max_in_flight: u32,
+    /// Attempts in flight to this host at most; `None`: `delivery.max_in_flight_per_host`.
+    pub max_in_flight: Option<u32>,
+    /// TLS toward this host: extra CAs, a client certificate.
+    pub tls: HostTls,
 }
 
 /// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering, its retry policy.
@@ -337,6 +347,8 @@ pub struct Config {
     pub signing: SigningConfig,
     /// `[egress]`.
     pub egress: EgressConfig,
+    /// `[tls]`: trust and versions toward receivers.
+    pub tls: TlsConfig,
     /// `[[route]]`, in file order.
     pub routes: Vec<RouteConfig>,
     /// `[[host]]`, in file order.
@@ -369,6 +381,7 @@ impl Default for Config {
             log: LogConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
+            tls: TlsConfig::default(),
             routes: Vec::new(),
             hosts: Vec::new(),
             endpoints: Vec::new(),
@@ -399,6 +412,7 @@ impl fmt::Debug for Config {
             .field("log", &self.log)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
+            .field("tls", &self.tls)
             .field("routes", &self.routes)
             .field("hosts", &self.hosts)
             .field("endpoints", &self.endpoints)

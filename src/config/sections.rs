@@ -107,15 +107,22 @@ impl FileRoute {
 pub(super) struct FileHost {
     host: Option<String>,
     max_in_flight: Option<u32>,
+    #[serde(default, deserialize_with = "super::tls::one_or_many")]
+    ca_file: Vec<std::path::PathBuf>,
+    client_cert: Option<std::path::PathBuf>,
+    client_key: Option<std::path::PathBuf>,
 }
 
 impl FileHost {
     pub(super) fn into_host(self, i: usize) -> Result<HostConfig, Problem> {
         Ok(HostConfig {
             host: normalize_host_key(&self.host.ok_or_else(|| format!("host[{i}]: missing key \"host\""))?),
-            max_in_flight: self
-                .max_in_flight
-                .ok_or_else(|| format!("host[{i}]: missing key \"max_in_flight\""))?,
+            max_in_flight: self.max_in_flight,
+            tls: super::HostTls {
+                ca_file: self.ca_file,
+                client_cert: self.client_cert,
+                client_key: self.client_key,
+            },
         })
     }
 }

@@ -561,7 +561,11 @@ fn endpoint_rates(config: &Config) -> HashMap<String, u32> {
 
 /// `[[host]] max_in_flight` overrides.
 fn host_caps(config: &Config) -> HashMap<String, u32> {
-    config.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect()
+    config
+        .hosts
+        .iter()
+        .filter_map(|h| Some((h.host.clone(), h.max_in_flight?)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -26,7 +26,8 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
 
 impl Lines {
-    fn push(&self, line: String) {
+    /// Adds a line (from a reader thread of the child's output).
+    pub fn push(&self, line: String) {
         let (m, c) = &*self.0;
         m.lock().unwrap().push(line);
         c.notify_all();
