@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
 use crate::egress::EgressPolicy;
+use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
@@ -104,6 +105,9 @@ pub enum AppError {
     /// Delivery's runtime could not be started.
     #[error("cannot start the delivery runtime: {0}")]
     Runtime(std::io::Error),
+    /// `[fleet]` cannot make a Redis client (a bad URL, an unreadable password file).
+    #[error("{0}")]
+    Fleet(#[from] FleetError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -247,6 +251,15 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let metrics = Arc::new(Metrics::default());
     let wake = Arc::new(Notify::new());
     let delivery_rt = DeliveryRuntime::start().map_err(AppError::Runtime)?;
+    // Connects in the background: until Redis answers, the fallback limits apply.
+    let fleet = Fleet::start(
+        &config.fleet,
+        FleetParts {
+            clock: clock.clone(),
+            runtime: delivery_rt.handle(),
+            wake: wake.clone(),
+        },
+    )?;
     let deliverer = Deliverer::new(DelivererParts {
         store: store.clone(),
         transport,
@@ -256,6 +269,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         wake: wake.clone(),
         rng,
         runtime: delivery_rt.handle(),
+        fleet,
     })?;
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an

@@ -37,6 +37,7 @@ mod circuit;
 mod env;
 mod error;
 mod file;
+mod fleet;
 mod listen;
 mod log;
 mod parse;
@@ -66,6 +67,7 @@ use crate::signing::Secret;
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use fleet::{redis_origin, FleetConfig, PasswordSource};
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
@@ -333,6 +335,8 @@ pub struct Config {
     pub circuit: CircuitConfig,
     /// `[log]`: the log line format.
     pub log: LogConfig,
+    /// `[fleet]`: fleet-wide limits on Redis.
+    pub fleet: FleetConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -367,6 +371,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             circuit: CircuitConfig::default(),
             log: LogConfig::default(),
+            fleet: FleetConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             routes: Vec::new(),
@@ -397,6 +402,7 @@ impl fmt::Debug for Config {
             .field("retry", &self.retry)
             .field("delivery", &self.delivery)
             .field("log", &self.log)
+            .field("fleet", &self.fleet)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("routes", &self.routes)
