@@ -86,13 +86,35 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
     assert_each_once(&seen, 60);
     // Alone, each courier would have 5 in flight: 15 at once. Together they keep to 5.
     assert!(rx.max_in_flight() <= 5, "{} in flight at once", rx.max_in_flight());
-    assert!(rx.max_in_flight() >= 3, "the cap is used, not serialised: {}", rx.max_in_flight());
+    assert!(
+        rx.max_in_flight() >= 3,
+        "the cap is used, not serialised: {}",
+        rx.max_in_flight()
+    );
     let mut busy = 0.0;
     for c in &cs {
         busy += metric(c, "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await;
-        assert_eq!(metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await, 0.0);
+        assert_eq!(
+            metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await,
+            0.0
+        );
     }
     assert!(busy > 0.0, "the couriers waited for each other's leases");
+    // Every lease released as its answer came (none left to expire).
+    let host_set = format!("cap:host:{}", rx.addr);
+    let left = eventually("every lease released", || async {
+        let n: u64 = redis.query(&["ZCARD", &host_set]);
+        (n == 0).then_some(n)
+    })
+    .await;
+    assert_eq!(left, 0);
+    // One script call to take a lease and one to release it per attempt, plus the
+    // refusals; a release publishes only when someone was refused meanwhile.
+    let stats = redis.command_stats();
+    let calls = |name: &str| stats.iter().find(|s| s.0 == name).map_or(0, |s| s.1);
+    eprintln!("fleet cost after 60 attempts, 3 couriers: {stats:?}");
+    assert!(calls("evalsha") >= 2 * 60, "{stats:?}");
+    assert!(calls("publish") as f64 <= busy, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,12 +122,12 @@ async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
     let Some(redis) = RedisServer::start() else { return };
     let held = Gate::new();
     let gate = held.clone();
-    // /a (the courier that dies) hangs until the end; /b answers after a while.
+    // /a (the courier that dies) and /long hang until the end; /b answers after a while.
     let rx = Receiver::scripted(move |_, seen| {
-        if seen.path == "/a" {
-            Reply::status(200).until(&gate)
-        } else {
+        if seen.path == "/b" {
             Reply::status(200).after(Duration::from_millis(500))
+        } else {
+            Reply::status(200).until(&gate)
         }
     })
     .await;
@@ -116,17 +138,24 @@ async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
         "[delivery]\nmax_in_flight_per_host = 4\n",
         "lease_ttl = \"2s\"",
     );
-    let mut cs = couriers(&dir, 2, &cfg);
+    // The first courier dies holding 3 slots; the third holds the fourth all along (its
+    // renewals keep the host's set alive, so only the dead courier's leases expiring one by
+    // one can free the other three); the second has a backlog.
+    let mut cs = couriers(&dir, 3, &cfg);
     for c in &cs {
         wait_redis_up(c, 1.0).await;
     }
-    send(&cs[0], &rx.url("/a"), "a", 4).await;
-    eventually("4 attempts in flight from the first courier", || async {
-        (rx.in_flight_on("/a") == 4).then_some(())
+    send(&cs[0], &rx.url("/a"), "a", 3).await;
+    eventually("3 attempts in flight from the first courier", || async {
+        (rx.in_flight_on("/a") == 3).then_some(())
     })
     .await;
-    send(&cs[1], &rx.url("/b"), "b", 8).await;
-    // The second courier waits: the host's four fleet-wide slots are the first one's.
+    send(&cs[2], &rx.url("/long"), "long", 1).await;
+    eventually("the third courier's long attempt in flight", || async {
+        (rx.in_flight_on("/long") == 1).then_some(())
+    })
+    .await;
+    send(&cs[1], &rx.url("/b"), "b", 6).await;
     eventually("the second courier refused by the fleet", || async {
         let busy = metric(&cs[1], "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await;
         (busy > 0.0).then_some(())
@@ -134,11 +163,12 @@ async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
     .await;
     assert_eq!(rx.max_in_flight_on("/b"), 0, "nothing got past the fleet cap");
     cs[0].kill();
-    // Its leases are not released, they expire (lease_ttl 2 s); then the whole cap is
-    // the survivor's.
-    let seen = rx.wait_for(12).await;
-    assert_eq!(seen.iter().filter(|s| s.path == "/b").count(), 8);
-    assert_eq!(rx.max_in_flight_on("/b"), 4, "the survivor uses the whole cap");
+    // Its leases are never released: they expire (lease_ttl 2 s), and their three slots go
+    // to the second courier; the third's lease, renewed, keeps the fourth.
+    let seen = rx.wait_for(10).await;
+    assert_eq!(seen.iter().filter(|s| s.path == "/b").count(), 6);
+    assert_eq!(rx.max_in_flight_on("/b"), 3, "the survivors use the whole cap, no more");
+    assert_eq!(rx.in_flight_on("/long"), 1);
     held.open();
 }
 
@@ -173,9 +203,17 @@ async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
     assert_each_once(&seen, 80);
     for (i, c) in cs.iter().enumerate() {
         let path = format!("/c{i}");
-        assert!(rx.max_in_flight_on(&path) <= 4, "{path}: {}", rx.max_in_flight_on(&path));
+        assert!(
+            rx.max_in_flight_on(&path) <= 4,
+            "{path}: {}",
+            rx.max_in_flight_on(&path)
+        );
         let log = c.log.all();
-        assert_eq!(log.matches("fleet: Redis unavailable").count(), 1, "one line per outage:\n{log}");
+        assert_eq!(
+            log.matches("fleet: Redis unavailable").count(),
+            1,
+            "one line per outage:\n{log}"
+        );
         assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
         assert!(metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await > 0.0);
     }
@@ -200,7 +238,12 @@ async fn the_rate_limit_of_an_endpoint_is_the_fleets() {
     // Most requests in any one second: the burst (one second's worth, N) plus N more
     // during that second. Each courier alone would allow that much: three send ~6N.
     let busiest = (0..at.len())
-        .map(|i| at[i..].iter().take_while(|t| t.duration_since(at[i]) < Duration::from_secs(1)).count())
+        .map(|i| {
+            at[i..]
+                .iter()
+                .take_while(|t| t.duration_since(at[i]) < Duration::from_secs(1))
+                .count()
+        })
         .max()
         .unwrap();
     assert!(busiest <= 2 * N, "{busiest} requests within one second at {N}/s");
@@ -229,7 +272,11 @@ async fn with_redis_down_from_the_start_accepts_go_on_under_the_fallback_limits(
     let seen = rx.wait_for(20).await;
     assert_each_once(&seen, 20);
     // 6 / 3 replicas: two at a time while Redis is away.
-    assert!(rx.max_in_flight() <= 2, "{} in flight under the fallback", rx.max_in_flight());
+    assert!(
+        rx.max_in_flight() <= 2,
+        "{} in flight under the fallback",
+        rx.max_in_flight()
+    );
     assert_eq!(metric(&c, "courier_fleet_redis_up", &[]).await, 0.0);
     let log = c.log.all();
     assert_eq!(log.matches("fleet: Redis unavailable at start").count(), 1, "{log}");
@@ -240,8 +287,15 @@ async fn with_redis_down_from_the_start_accepts_go_on_under_the_fallback_limits(
         .arg(&c.config_path)
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains(&format!("fleet: redis redis://{nobody} (password from the URL)")), "{text}");
+    assert!(
+        text.contains(&format!("fleet: redis redis://{nobody} (password from the URL)")),
+        "{text}"
+    );
     assert!(!text.contains("s3kr1t"), "{text}");
 }

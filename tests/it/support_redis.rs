@@ -73,7 +73,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + WAIT;
         while self.ping().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not answer on {}", self.addr);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer on {}",
+                self.addr
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
