@@ -8,6 +8,7 @@
 //!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
 //!   of the first lease in their way, which the acquire reported.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -96,38 +97,31 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
         Ok(Err(e)) => return Err(e.to_string()),
         Err(_) => return Err(format!("renewal: no answer within {}ms", inner.timeout.as_millis())),
     };
-    // Which lease each set of the call belonged to (a lease may be in two sets).
-    let owners: Vec<(u64, bool)> = batch
+    // The leases Redis did not have: the script names the missing members by their
+    // 1-based position among the call's sets, and a lease may be in two sets.
+    let owners: Vec<u64> = batch
         .iter()
-        .flat_map(|(id, keys, restore)| keys.sets().map(move |_| (*id, *restore)))
+        .flat_map(|(id, keys, _)| keys.sets().map(move |_| *id))
+        .collect();
+    let missing: HashSet<u64> = missing
+        .into_iter()
+        .filter_map(|i| owners.get(i.checked_sub(1)?).copied())
         .collect();
     let mut leases = inner.lock_leases();
     let mut restored = 0;
     for (id, _, restore) in &batch {
-        if let Some(entry) = leases.get_mut(id) {
-            entry.renewed_at_ms = now;
-            if *restore {
-                // Counted when Redis had it before and lost it (not a lease taken while it
-                // was down, which it never had).
-                if entry.registered
-                    && owners
-                        .iter()
-                        .enumerate()
-                        .any(|(i, o)| o.0 == *id && missing.contains(&(i + 1)))
-                {
-                    restored += 1;
-                }
-                entry.registered = true;
-            }
-        }
-    }
-    // A lease found missing without `restore` expired (Redis was unreachable longer than
-    // the TTL without courier noticing): written back at the next renewal.
-    for (i, (id, restore)) in owners.iter().enumerate() {
-        if !restore && missing.contains(&(i + 1)) {
-            if let Some(entry) = leases.get_mut(id) {
-                entry.registered = false;
-            }
+        let Some(entry) = leases.get_mut(id) else { continue };
+        entry.renewed_at_ms = now;
+        let lost = missing.contains(id);
+        if *restore {
+            // Counted when Redis had it before and lost it (not a lease taken while it
+            // was down, which it never had).
+            restored += u64::from(entry.registered && lost);
+            entry.registered = true;
+        } else if lost {
+            // It expired (Redis was unreachable longer than the TTL without a call
+            // failing): written back at the next renewal.
+            entry.registered = false;
         }
     }
     drop(leases);
@@ -148,9 +142,10 @@ fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
             .map(|(id, e)| (*id, e.renewed_at_ms)),
         now,
     );
+    let due: HashSet<u64> = plan.due.into_iter().collect();
     let batch = leases
         .iter()
-        .filter(|(id, e)| all || !e.registered || plan.due.contains(id))
+        .filter(|(id, e)| all || !e.registered || due.contains(id))
         .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
         .collect();
     let next = if all { None } else { plan.next_ms };
