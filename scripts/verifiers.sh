@@ -9,6 +9,8 @@
 #                                in, driven by playwright-core (also under NODE_PATH)
 #   COURIER_TEST_TINYPROXY       Debian's tinyproxy, the real egress proxy tests/it/proxy.rs
 #                                starts on loopback (in the foreground, its own config)
+#   COURIER_TEST_REDIS_SERVER    Debian's redis-server, which tests/it/fleet.rs starts on
+#                                loopback ports for the fleet-wide limits
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
@@ -51,6 +53,16 @@ if ! command -v tinyproxy >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null; }
 fi
 
+# Fleet-wide limits (tests/it/fleet.rs): a real redis-server, started by the tests themselves
+# on free loopback ports (the package's own service is not used).
+redis_server=/usr/bin/redis-server
+if [[ ! -x "$redis_server" ]]; then
+  echo "verifiers: installing redis-server" >&2
+  apt-get install -y -qq redis-server >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+  "$redis_server" --version >/dev/null
+fi
+
 node_dir="$verifiers_dir/node"
 if ! command -v node >/dev/null; then
   apt-get install -y -qq nodejs npm >/dev/null 2>&1 ||
@@ -81,5 +93,6 @@ export COURIER_TEST_ED25519_PYTHON="$ed25519_python"
 export COURIER_TEST_CHROMIUM="$chromium"
 COURIER_TEST_TINYPROXY="$(command -v tinyproxy)"
 export COURIER_TEST_TINYPROXY
+export COURIER_TEST_REDIS_SERVER="$redis_server"
 export NODE_PATH="$node_dir/node_modules${NODE_PATH:+:$NODE_PATH}"
 export COURIER_TEST_REQUIRE_VERIFIERS=1

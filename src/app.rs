@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
 use crate::egress::EgressPolicy;
+use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
@@ -110,6 +111,9 @@ pub enum AppError {
     /// The TLS material (a PEM file of `[tls]` or `[[host]]`) could not be built.
     #[error("{0}")]
     Tls(crate::config::ConfigError),
+    /// `[fleet]` cannot make a Redis client (a bad URL, an unreadable password file).
+    #[error("{0}")]
+    Fleet(#[from] FleetError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -269,6 +273,15 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let metrics = Arc::new(Metrics::default());
     let wake = Arc::new(Notify::new());
     let delivery_rt = DeliveryRuntime::start().map_err(AppError::Runtime)?;
+    // Connects in the background: until Redis answers, the fallback limits apply.
+    let fleet = Fleet::start(
+        &config.fleet,
+        FleetParts {
+            clock: clock.clone(),
+            runtime: delivery_rt.handle(),
+            wake: wake.clone(),
+        },
+    )?;
     let deliverer = Deliverer::new(DelivererParts {
         store: store.clone(),
         transport,
@@ -278,6 +291,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         wake: wake.clone(),
         rng,
         runtime: delivery_rt.handle(),
+        fleet,
     })?;
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an

@@ -19,7 +19,7 @@
 //! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
 //!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`].
+//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`], [`fleet`] (Redis).
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
@@ -40,6 +40,7 @@ pub mod egress;
 pub mod endpoint_page;
 pub mod envelope;
 pub mod fds;
+pub mod fleet;
 pub mod headers;
 pub mod ingress;
 pub mod keys;

@@ -77,11 +77,11 @@ impl Probes {
                 .collect(),
             line_waiting: d.store.lined().unwrap_or_default(),
         };
-        serve::text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            d.metrics.render(&gauges),
-        )
+        let mut text = d.metrics.render(&gauges);
+        if let Some(fleet) = &d.fleet {
+            fleet.render_metrics(&mut text);
+        }
+        serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
     }
 
     /// Handles one request on the ops listener: the three read-only routes, nothing else.

@@ -47,6 +47,7 @@ pub const RESTART_ONLY: &[&str] = &[
     "delivery.pause_after_permanent_failures",
     "egress.proxy",
     "egress.no_proxy",
+    "fleet",
 ];
 
 /// Copies every [`RESTART_ONLY`] setting of `running` into `new`; returns the keys whose
@@ -83,6 +84,7 @@ pub fn keep_restart_only(loaded: &Config, running: &Config, new: &mut Config) ->
         "delivery.pause_after_permanent_failures" => delivery.pause_after_permanent_failures;
         "egress.proxy" => egress.proxy;
         "egress.no_proxy" => egress.no_proxy;
+        "fleet" => fleet;
     }
     changed
 }
@@ -205,7 +207,8 @@ mod tests {
              [circuit]\nfailures = 2\n\
              [delivery]\nconnect_timeout = \"1s\"\nmax_in_flight = 1\nmax_response_body = \"1KB\"\n\
              idle_connection_timeout = \"1s\"\nmax_idle_connections = 1\npause_after_permanent_failures = 1\n\
-             [egress]\nproxy = \"http://127.0.0.1:3128\"\nno_proxy = [\"a.example\"]\n",
+             [egress]\nproxy = \"http://127.0.0.1:3128\"\nno_proxy = [\"a.example\"]\n\
+             [fleet]\nredis_url = \"redis://127.0.0.1:6379\"\n",
         );
         let changed = keep_restart_only(&loaded, &loaded, &mut new);
         assert_eq!(changed, RESTART_ONLY, "each key, in order");

@@ -7,7 +7,9 @@
 //! this pass: a freed permit wakes the next), is its host at its in-flight cap or its circuit
 //! breaker open (skip the host for this pass; an open breaker's probe time is a wake-up), is
 //! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
-//! attempt is counted). Messages that pass all of them are leased together (reads only, no
+//! attempt is counted), and with `[fleet]` on, does the fleet grant a lease (the same caps
+//! and rate fleet-wide, one round trip to Redis; a refusal skips the host or endpoint like a
+//! local one, with the time the fleet gave as a wake-up). See `delivery::admit`. Messages that pass all of them are leased together (reads only, no
 //! write: see `store::lease`), each with its host permit already in hand, and dispatched.
 //!
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::delivery::{AttemptPermit, Deliverer, PermitRefused};
+use crate::delivery::{AttemptPermit, Deliverer, Refusal};
 use crate::store::{DueEntry, ScanEnd, ScanStep};
 
 /// Most due entries one pass looks at.
@@ -188,40 +190,46 @@ pub(crate) fn pass_with(
         } else if full_hosts.contains(host) || limited.contains(endpoint) || capped.contains(endpoint) {
             false
         } else {
-            // The global permit first (delivery.max_in_flight), then the endpoint's cap, then
-            // the host's.
-            match d.attempt_permit(host, endpoint) {
-                Ok(permit) => match d.endpoints.try_rate(endpoint, now) {
-                    Ok(()) => {
-                        ready.push(entry);
-                        permits.push(permit);
-                        true
-                    }
-                    Err(wait_ms) => {
-                        d.metrics.rate_limited();
-                        limited.insert(endpoint.clone());
-                        pass.wake_no_later_than(now + wait_ms);
-                        false
-                    }
-                },
-                Err(PermitRefused::HostBusy) => {
-                    full_hosts.insert(host.clone());
+            // Every limit, local then fleet-wide (see `delivery::admit`).
+            match d.admit(host, endpoint, now) {
+                Ok(permit) => {
+                    ready.push(entry);
+                    permits.push(permit);
+                    true
+                }
+                Err(Refusal::RateLimited(at)) => {
+                    d.metrics.rate_limited();
+                    limited.insert(endpoint.clone());
+                    pass.wake_no_later_than(at);
                     false
                 }
-                Err(PermitRefused::CircuitOpen(probe_at)) => {
+                Err(Refusal::HostBusy(retry_at)) => {
+                    // A local permit coming back wakes us; a fleet-wide cap gives a time (the
+                    // first lease in the way expires), and a release may wake us sooner.
+                    full_hosts.insert(host.clone());
+                    if let Some(at) = retry_at {
+                        pass.wake_no_later_than(at);
+                    }
+                    false
+                }
+                Err(Refusal::CircuitOpen(probe_at)) => {
                     // Its messages wait, no attempt counted, until the probe may go.
                     full_hosts.insert(host.clone());
                     pass.wake_no_later_than(probe_at);
                     false
                 }
-                Err(PermitRefused::EndpointBusy) => {
-                    // Waits without a timer: its endpoint's permit comes back when an
-                    // answer arrives, and that wakes the scheduler (the queue is waiting).
+                Err(Refusal::EndpointBusy(retry_at)) => {
+                    // Waits without a timer for a local cap: its endpoint's permit comes back
+                    // when an answer arrives, and that wakes the scheduler (the queue is
+                    // waiting). A fleet-wide cap gives a time, as for a host.
                     d.metrics.endpoint_capped();
                     capped.insert(endpoint.clone());
+                    if let Some(at) = retry_at {
+                        pass.wake_no_later_than(at);
+                    }
                     false
                 }
-                Err(PermitRefused::AllBusy) => {
+                Err(Refusal::AllBusy) => {
                     // Nothing more can start this pass; a finishing attempt wakes us.
                     pass.global_full = true;
                     first_left.get_or_insert_with(|| (due_ms, entry.id.clone()));

@@ -16,7 +16,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 44] = [
+pub const ENV_VARS: [&str; 48] = [
     "COURIER_LISTEN",
     "COURIER_LISTEN_MODE",
     "COURIER_ADMIN_LISTEN",
@@ -56,6 +56,10 @@ pub const ENV_VARS: [&str; 44] = [
     "COURIER_CIRCUIT_PROBE_DELAY",
     "COURIER_CIRCUIT_PROBE_MAX_DELAY",
     "COURIER_LOG_FORMAT",
+    "COURIER_FLEET_REDIS_URL",
+    "COURIER_FLEET_REDIS_PASSWORD",
+    "COURIER_FLEET_EXPECTED_REPLICAS",
+    "COURIER_FLEET_KEY_PREFIX",
     "COURIER_SIGNING_SCHEME",
     "COURIER_SIGNING_SECRETS",
     "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",
@@ -65,12 +69,14 @@ pub const ENV_VARS: [&str; 44] = [
 ];
 
 /// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 5] = [
+pub(super) const SENSITIVE_ENV_VARS: [&str; 7] = [
     "COURIER_EGRESS_PROXY",
     "COURIER_INGRESS_TOKEN",
     "COURIER_ADMIN_TOKEN",
     "COURIER_SIGNING_SECRETS",
     "COURIER_ALERT_URL",
+    "COURIER_FLEET_REDIS_URL",
+    "COURIER_FLEET_REDIS_PASSWORD",
 ];
 
 impl Config {
@@ -132,6 +138,7 @@ impl Config {
             "COURIER_CIRCUIT_PROBE_DELAY" => self.circuit.probe_delay = parse_duration_text(v)?,
             "COURIER_CIRCUIT_PROBE_MAX_DELAY" => self.circuit.probe_max_delay = parse_duration_text(v)?,
             "COURIER_LOG_FORMAT" => self.log.format = parse_log_format(v)?,
+            n if n.starts_with("COURIER_FLEET_") => self.fleet.set_from_env(n, v)?,
             "COURIER_SIGNING_SCHEME" => self.signing.scheme = parse_scheme(v)?,
             "COURIER_SIGNING_SECRETS" => {
                 // The message must not say which secret is empty by quoting it, only where.

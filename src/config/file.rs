@@ -154,6 +154,7 @@ impl Config {
         if let Some(log) = file.log {
             log.apply(&mut self.log)?;
         }
+        self.fleet = file.fleet.unwrap_or_default();
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
             if let Some(secrets) = signing.secrets {
@@ -253,6 +254,7 @@ struct FileConfig {
     delivery: Option<FileDelivery>,
     circuit: Option<super::circuit::FileCircuit>,
     log: Option<super::log::FileLog>,
+    fleet: Option<super::fleet::FleetConfig>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
     tls: Option<super::tls::TlsConfig>,

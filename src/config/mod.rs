@@ -37,6 +37,7 @@ mod circuit;
 mod env;
 mod error;
 mod file;
+mod fleet;
 mod listen;
 mod log;
 mod parse;
@@ -68,6 +69,7 @@ use crate::signing::Secret;
 pub use circuit::CircuitConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
+pub use fleet::{redis_origin, FleetConfig, PasswordSource};
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
@@ -343,6 +345,8 @@ pub struct Config {
     pub circuit: CircuitConfig,
     /// `[log]`: the log line format.
     pub log: LogConfig,
+    /// `[fleet]`: fleet-wide limits on Redis.
+    pub fleet: FleetConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -379,6 +383,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             circuit: CircuitConfig::default(),
             log: LogConfig::default(),
+            fleet: FleetConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             tls: TlsConfig::default(),
@@ -410,6 +415,7 @@ impl fmt::Debug for Config {
             .field("retry", &self.retry)
             .field("delivery", &self.delivery)
             .field("log", &self.log)
+            .field("fleet", &self.fleet)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("tls", &self.tls)

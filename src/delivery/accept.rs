@@ -54,7 +54,14 @@ impl Deliverer {
         // An ordered message starts only as the head of its line, which the commit thread
         // decides: it goes through the queue (and leaves `queue_first` alone, as its wait
         // is its line's, not the host's).
-        if rec.fifo.is_some() || self.queue_first.load(Ordering::Acquire) || self.endpoints.is_paused(&rec.endpoint) {
+        // With `[fleet]` on, a first attempt needs a lease from Redis, and ingress never
+        // talks to Redis (an outage must not slow or refuse accepts): it goes through the
+        // queue, whose pass the accept wakes at once.
+        if rec.fifo.is_some()
+            || self.fleet.is_some()
+            || self.queue_first.load(Ordering::Acquire)
+            || self.endpoints.is_paused(&rec.endpoint)
+        {
             return None;
         }
         let taken = self

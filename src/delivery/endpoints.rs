@@ -243,7 +243,25 @@ impl EndpointTable {
 
     /// Takes a rate-limit token, or says how many millis until one is free.
     pub fn try_rate(&self, key: &str, now_ms: u64) -> Result<(), u64> {
-        self.with_entry(key, now_ms, |e| e.bucket.try_take(now_ms))
+        self.try_rate_shared(key, now_ms, 1)
+    }
+
+    /// [`EndpointTable::try_rate`] at this courier's share of the rate among `replicas`
+    /// (`fleet::share`): the fleet's fallback while Redis is unavailable. The bucket keeps
+    /// the tokens it has (up to the lower burst) when its rate changes either way.
+    pub fn try_rate_shared(&self, key: &str, now_ms: u64, replicas: u32) -> Result<(), u64> {
+        let rate = crate::fleet::share(self.rate_of(key), replicas);
+        self.with_entry(key, now_ms, |e| {
+            if e.bucket.rate() != rate {
+                e.bucket.set_rate(rate, now_ms);
+            }
+            e.bucket.try_take(now_ms)
+        })
+    }
+
+    /// The endpoint's configured attempts per second (0: no limit).
+    pub fn rate_of(&self, key: &str) -> u32 {
+        self.lock().rates.of(key)
     }
 
     /// An attempt to the endpoint started.

@@ -6,6 +6,7 @@
 //! result-writer thread that puts every result finished meanwhile into one write.
 
 mod accept;
+mod admit;
 pub mod alert;
 pub mod endpoint_caps;
 pub mod endpoints;
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::clock::SharedClock;
@@ -29,46 +30,10 @@ use crate::policy::PolicyBook;
 use crate::store::{Claimed, Store};
 use crate::transport::Transport;
 
+pub use admit::{AttemptPermit, PermitRefused, Refusal};
 pub use endpoint_caps::EndpointCaps;
 pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::{HostLimiter, HostPermit, HostRefusal, HostView};
-
-/// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
-/// of its host's, and one of its endpoint's if the endpoint has a `max_in_flight` cap. The
-/// host's and the endpoint's go back when the receiver has answered (the caps limit
-/// requests at the receiver); the global one when the result is written, so attempts whose
-/// results cannot be written yet (a full disk) are bounded too.
-#[derive(Debug)]
-pub struct AttemptPermit {
-    all: OwnedSemaphorePermit,
-    _host: HostPermit,
-    _endpoint: Option<OwnedSemaphorePermit>,
-}
-
-impl AttemptPermit {
-    /// The host breaker's epoch when the attempt was admitted.
-    pub fn host_epoch(&self) -> u64 {
-        self._host.epoch()
-    }
-
-    /// Gives the host's (and endpoint's) permit back and keeps the global one.
-    fn into_global(self) -> OwnedSemaphorePermit {
-        self.all
-    }
-}
-
-/// Why no attempt can start now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PermitRefused {
-    /// `delivery.max_in_flight` attempts are running.
-    AllBusy,
-    /// The host is at its cap (or its recovering breaker's limit).
-    HostBusy,
-    /// The host's circuit breaker is open until this time (unix millis).
-    CircuitOpen(u64),
-    /// The endpoint is at its `max_in_flight` cap.
-    EndpointBusy,
-}
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
 /// missing from the config) before it is tried again.
@@ -92,6 +57,8 @@ pub struct Deliverer {
     pub hosts: HostLimiter,
     /// Per-endpoint caps (`[[endpoint]] max_in_flight`).
     pub endpoint_caps: EndpointCaps,
+    /// Fleet-wide limits on Redis (`[fleet]`), when configured.
+    pub fleet: Option<crate::fleet::Fleet>,
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
     pub wake: Arc<Notify>,
     rng: Mutex<StdRng>,
@@ -178,6 +145,8 @@ pub struct DelivererParts {
     /// Where attempts run: courier gives delivery a runtime of its own (see `priority`);
     /// tests pass the one they run on.
     pub runtime: tokio::runtime::Handle,
+    /// Fleet-wide limits (`[fleet]`), started by the caller on `runtime`; `None`: local only.
+    pub fleet: Option<crate::fleet::Fleet>,
 }
 
 impl Deliverer {
@@ -222,6 +191,7 @@ impl Deliverer {
             endpoints,
             hosts,
             endpoint_caps,
+            fleet: parts.fleet,
             wake: parts.wake,
             rng: Mutex::new(parts.rng),
             pause_gate,
@@ -270,34 +240,6 @@ impl Deliverer {
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
         f(&mut self.rng.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// The permits for one attempt to `endpoint` on `host`: the global one first, so that
-    /// a host with free slots cannot start attempts past `delivery.max_in_flight`; then the
-    /// endpoint's (when it has a cap), so an endpoint at its cap does not mark its host
-    /// full; then the host's.
-    pub fn attempt_permit(&self, host: &str, endpoint: &str) -> Result<AttemptPermit, PermitRefused> {
-        let all = self
-            .all_attempts
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| PermitRefused::AllBusy)?;
-        let endpoint = self
-            .endpoint_caps
-            .try_acquire(endpoint)
-            .map_err(|_| PermitRefused::EndpointBusy)?;
-        let host = self
-            .hosts
-            .try_acquire(host, self.clock.now_ms())
-            .map_err(|refused| match refused {
-                HostRefusal::Busy => PermitRefused::HostBusy,
-                HostRefusal::Open(at) => PermitRefused::CircuitOpen(at),
-            })?;
-        Ok(AttemptPermit {
-            all,
-            _host: host,
-            _endpoint: endpoint,
-        })
     }
 
     /// Runs one attempt for a claimed message on its own task, holding its permits as

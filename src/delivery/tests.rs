@@ -151,6 +151,7 @@ impl Harness {
             wake: Arc::new(Notify::new()),
             rng: rand::rngs::StdRng::seed_from_u64(42),
             runtime: tokio::runtime::Handle::current(),
+            fleet: None,
         })
         .unwrap()
     }

@@ -220,6 +220,7 @@ impl World {
                 wake: Arc::new(tokio::sync::Notify::new()),
                 rng: StdRng::seed_from_u64(self.rng.random()),
                 runtime: rt.handle().clone(),
+                fleet: None,
             })
             .expect("delivery context")
         };

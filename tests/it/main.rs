@@ -2,6 +2,7 @@
 //! One test binary (modules below) so the suite links once.
 
 mod support;
+mod support_redis;
 mod support_tls;
 
 mod admin;
@@ -12,6 +13,7 @@ mod cli;
 mod client_limits;
 mod dashboard;
 mod delivery;
+mod fleet;
 mod h2c;
 mod hardening;
 mod ingress;

@@ -106,6 +106,19 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
         c.circuit.probe_max_delay == Duration::from_secs(600)
     }),
     ("COURIER_LOG_FORMAT", "JSON", |c| c.log.format == LogFormat::Json),
+    ("COURIER_FLEET_REDIS_URL", "rediss://r.internal:6380", |c| {
+        c.fleet
+            .redis_url
+            .as_ref()
+            .is_some_and(|u| u.as_str() == "rediss://r.internal:6380")
+    }),
+    ("COURIER_FLEET_REDIS_PASSWORD", "pw", |c| {
+        c.fleet.password.as_ref().is_some_and(|p| p.expose() == "pw")
+    }),
+    ("COURIER_FLEET_EXPECTED_REPLICAS", "5", |c| {
+        c.fleet.expected_replicas == 5
+    }),
+    ("COURIER_FLEET_KEY_PREFIX", "prod", |c| c.fleet.key_prefix == "prod"),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),
@@ -251,6 +264,16 @@ fn bad_env_values_name_the_variable_and_value() {
             "COURIER_ALERT_URL",
             "not a url s3kr1t",
             "COURIER_ALERT_URL: not a valid URL",
+        ),
+        (
+            "COURIER_FLEET_REDIS_URL",
+            "http://:s3kr1t@r.internal",
+            "COURIER_FLEET_REDIS_URL: must be a redis:// or rediss:// URL",
+        ),
+        (
+            "COURIER_FLEET_EXPECTED_REPLICAS",
+            "many",
+            "COURIER_FLEET_EXPECTED_REPLICAS=\"many\": expected a whole number",
         ),
         (
             "COURIER_SIGNING_SECRETS",

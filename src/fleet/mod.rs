@@ -1,0 +1,402 @@
+//! Fleet-wide limits on Redis (`[fleet]`): the per-host in-flight cap, the per-endpoint
+//! `max_in_flight` cap and the per-endpoint rate limit, enforced across every courier that
+//! shares the Redis (and the `key_prefix`), so fifty replicas of an app send a receiver
+//! what one courier would, not fifty times that.
+//!
+//! How it fits delivery: the scheduler admits an attempt with its local permits first (the
+//! global `max_in_flight`, the endpoint's cap, the host's cap and breaker, the local rate),
+//! then asks the fleet ([`Fleet::acquire`]): one Lua script, one round trip, grants a
+//! [`Lease`] or says how long to wait (see `lease` and `rate`). A refused message stays
+//! pending exactly as one refused by a local cap: it is skipped for the pass and the
+//! scheduler sleeps until the earliest of its timers, which here is when the first lease in
+//! the way expires, or the rate's next slot. It is woken earlier when a lease is released:
+//! the release script PUBLISHes (only when someone was refused meanwhile) and every
+//! courier's subscriber wakes its scheduler if it has such messages (see `tasks`). Nothing
+//! polls.
+//!
+//! When Redis is unavailable (refused, reset, a call over `fleet.timeout`), delivery goes
+//! on: each courier keeps to its local limits divided by `fleet.expected_replicas` (see
+//! `fallback`), one log line says so, `courier_fleet_redis_up` reads 0, and a prober
+//! reconnects on a backoff timer (see `health`). When it is back, the leases of the attempts
+//! running meanwhile are written to Redis first, then fleet limits resume, with one log line.
+//! Ingress never talks to Redis: an outage never refuses an accept.
+//!
+//! Calls: [`Fleet::acquire`] blocks (the scheduler's pass runs on a blocking thread and
+//! waits for the reply there); everything else runs on delivery's runtime.
+
+mod fallback;
+mod health;
+mod lease;
+mod metrics;
+mod rate;
+mod schedule;
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{watch, Notify};
+
+use crate::clock::SharedClock;
+use crate::config::FleetConfig;
+
+pub use fallback::share;
+pub use health::{Change, Health, State};
+pub use lease::{Lease, LeaseRequest};
+pub use metrics::{FleetMetrics, Outcome};
+pub use schedule::{RenewPlan, RenewSchedule};
+
+use lease::{Keys, LeaseEntry};
+
+/// Leases held before new ones are refused locally: one per attempt in flight, which
+/// `delivery.max_in_flight` bounds far below this; a safety bound only.
+const MAX_LEASES: usize = 1 << 20;
+
+/// What [`Fleet::acquire`] decided.
+#[derive(Debug)]
+pub enum Acquired {
+    /// Granted: the attempt may start, holding the lease.
+    Granted(Lease),
+    /// The host is at its fleet-wide cap; look again in `retry_ms` at the latest (a release
+    /// may wake the scheduler sooner).
+    HostBusy {
+        /// Until the first lease in the way expires.
+        retry_ms: u64,
+    },
+    /// The endpoint is at its fleet-wide `max_in_flight` cap.
+    EndpointBusy {
+        /// Until the first lease in the way expires.
+        retry_ms: u64,
+    },
+    /// The endpoint's fleet-wide rate says wait.
+    RateLimited {
+        /// Until its next slot.
+        retry_ms: u64,
+    },
+    /// Redis is unavailable: the caller applies the fallback limits (its local limits
+    /// divided by `replicas`). The lease is local only, and written to Redis once it is back.
+    Fallback {
+        /// `fleet.expected_replicas`.
+        replicas: u32,
+        /// Keeps account of the attempt.
+        lease: Lease,
+    },
+}
+
+/// Why the fleet could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The URL or the password cannot make a Redis client.
+    #[error("fleet.redis_url: {0}")]
+    Client(String),
+    /// The password file cannot be read.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// What [`Fleet::start`] needs besides the config.
+pub struct FleetParts {
+    /// The clock (lease renewal and probe times).
+    pub clock: SharedClock,
+    /// Delivery's runtime: the fleet's tasks and connections run there.
+    pub runtime: tokio::runtime::Handle,
+    /// The scheduler's wake-up, rung when a lease is released somewhere in the fleet while
+    /// messages here wait for one.
+    pub wake: Arc<Notify>,
+}
+
+/// The fleet-wide limiter (see the module doc).
+#[derive(Clone)]
+pub struct Fleet {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("up", &self.is_up())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Shared by the fleet's handle, its leases and its tasks.
+pub(crate) struct Inner {
+    client: redis::Client,
+    /// The connection while Redis is up (multiplexed: every call shares it).
+    conn: Mutex<Option<MultiplexedConnection>>,
+    health: Mutex<Health>,
+    /// `health.is_up()`, readable without the lock on the hot path.
+    up: AtomicBool,
+    /// The same, for the tasks to wait on.
+    up_tx: watch::Sender<bool>,
+    leases: Mutex<HashMap<u64, LeaseEntry>>,
+    next_lease: AtomicU64,
+    /// Rung when the renewer has something new to look at.
+    lease_added: Notify,
+    /// Set when an acquire was refused by a cap: a release then wakes the scheduler.
+    waiting: AtomicBool,
+    wake: Arc<Notify>,
+    clock: SharedClock,
+    runtime: tokio::runtime::Handle,
+    keys: Keys,
+    /// Names this courier's leases (`<courier>:<n>`), random per process.
+    courier: String,
+    ttl_ms: u64,
+    timeout: Duration,
+    replicas: u32,
+    schedule: RenewSchedule,
+    metrics: FleetMetrics,
+}
+
+impl Fleet {
+    /// Builds the fleet from `[fleet]` and starts its tasks (connect, renew, subscribe);
+    /// `None` when `redis_url` is unset. Returns at once: the first connection is made in
+    /// the background, and until it works the fallback limits apply.
+    pub fn start(cfg: &FleetConfig, parts: FleetParts) -> Result<Option<Fleet>, FleetError> {
+        let Some(url) = &cfg.redis_url else {
+            return Ok(None);
+        };
+        let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+            .map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
+        if let Some(password) = cfg.password_override()? {
+            let settings = info.redis_settings().clone().set_password(password.expose());
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
+        let (up_tx, _) = watch::channel(false);
+        let ttl_ms = cfg.lease_ttl.as_millis() as u64;
+        let inner = Arc::new(Inner {
+            client,
+            conn: Mutex::new(None),
+            health: Mutex::new(Health::default()),
+            up: AtomicBool::new(false),
+            up_tx,
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(0),
+            lease_added: Notify::new(),
+            waiting: AtomicBool::new(false),
+            wake: parts.wake,
+            clock: parts.clock,
+            runtime: parts.runtime,
+            keys: Keys::new(&cfg.key_prefix),
+            courier: format!("{:016x}", rand::random::<u64>()),
+            ttl_ms,
+            timeout: cfg.timeout,
+            replicas: cfg.expected_replicas,
+            schedule: RenewSchedule::new(ttl_ms),
+            metrics: FleetMetrics::default(),
+        });
+        tasks::spawn(&inner);
+        Ok(Some(Fleet { inner }))
+    }
+
+    /// Whether fleet-wide limits are in force (Redis usable).
+    pub fn is_up(&self) -> bool {
+        self.inner.is_up()
+    }
+
+    /// `fleet.expected_replicas`: the divisor of the local limits while Redis is down.
+    pub fn replicas(&self) -> u32 {
+        self.inner.replicas
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &FleetMetrics {
+        &self.inner.metrics
+    }
+
+    /// Appends the fleet's metric families to a Prometheus exposition.
+    pub fn render_metrics(&self, out: &mut String) {
+        self.inner.metrics.render(out, self.is_up());
+    }
+
+    /// Leases this courier holds now.
+    pub fn leases_held(&self) -> usize {
+        self.inner.lock_leases().len()
+    }
+
+    /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
+    /// trip, at most `fleet.timeout`. Blocks: call it from a blocking thread (the
+    /// scheduler's pass), never from an async task.
+    pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
+        let inner = &self.inner;
+        let conn = if inner.is_up() {
+            inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        } else {
+            None
+        };
+        let Some(mut conn) = conn else {
+            inner.metrics.acquired(Outcome::Fallback);
+            return inner.fallback(req);
+        };
+        let id = inner.next_lease.fetch_add(1, Ordering::Relaxed);
+        let keys = inner.keys.lease(req);
+        let member = inner.member(id);
+        let call = lease::acquire_call(&inner.keys, &keys, req, &member, inner.ttl_ms);
+        let reply = inner
+            .runtime
+            .block_on(async { tokio::time::timeout(inner.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await });
+        let retry_ms = |wait: i64| u64::try_from(wait).unwrap_or(1).max(1);
+        match reply {
+            Ok(Ok((0, _))) => {
+                inner.metrics.acquired(Outcome::Granted);
+                Acquired::Granted(inner.hold(id, keys, true))
+            }
+            Ok(Ok((1, wait))) => {
+                inner.metrics.acquired(Outcome::HostBusy);
+                inner.waiting.store(true, Ordering::Release);
+                Acquired::HostBusy {
+                    retry_ms: retry_ms(wait),
+                }
+            }
+            Ok(Ok((2, wait))) => {
+                inner.metrics.acquired(Outcome::EndpointBusy);
+                inner.waiting.store(true, Ordering::Release);
+                Acquired::EndpointBusy {
+                    retry_ms: retry_ms(wait),
+                }
+            }
+            Ok(Ok((_, wait))) => {
+                inner.metrics.acquired(Outcome::RateLimited);
+                Acquired::RateLimited {
+                    retry_ms: retry_ms(wait),
+                }
+            }
+            failed => {
+                // A timed-out call may still have granted a lease in Redis: never renewed,
+                // it expires within the TTL.
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {}ms", inner.timeout.as_millis()),
+                };
+                inner.failed(&error);
+                inner.metrics.acquired(Outcome::Error);
+                inner.fallback(req)
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LeaseEntry>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn member(&self, id: u64) -> String {
+        format!("{}:{id}", self.courier)
+    }
+
+    /// A lease decided without Redis (it is unavailable).
+    fn fallback(self: &Arc<Self>, req: &LeaseRequest<'_>) -> Acquired {
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        Acquired::Fallback {
+            replicas: self.replicas,
+            lease: self.hold(id, self.keys.lease(req), false),
+        }
+    }
+
+    /// Registers a lease this courier now holds (for renewal and release).
+    fn hold(self: &Arc<Self>, id: u64, keys: lease::LeaseKeys, registered: bool) -> Lease {
+        let mut leases = self.lock_leases();
+        let first = leases.is_empty();
+        if leases.len() < MAX_LEASES {
+            leases.insert(
+                id,
+                LeaseEntry {
+                    keys,
+                    renewed_at_ms: self.clock.now_ms(),
+                    registered,
+                },
+            );
+        }
+        drop(leases);
+        // The renewer sleeps while there is nothing to renew; a lease Redis does not have
+        // yet is written at once when Redis is up.
+        if first || (!registered && self.is_up()) {
+            self.lease_added.notify_one();
+        }
+        Lease {
+            inner: self.clone(),
+            id,
+        }
+    }
+
+    /// Ends a lease: out of the registry, and out of Redis if Redis has it.
+    fn release(self: &Arc<Self>, id: u64) {
+        let Some(entry) = self.lock_leases().remove(&id) else {
+            return;
+        };
+        // Not in Redis (taken while it was down), or Redis unreachable: nothing to remove
+        // now; a lease Redis has expires by itself.
+        if !entry.registered || !self.is_up() {
+            return;
+        }
+        let inner = self.clone();
+        self.runtime.spawn(async move {
+            let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let Some(mut conn) = conn else { return };
+            let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
+            match tokio::time::timeout(inner.timeout, call.invoke_async::<i64>(&mut conn)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => inner.failed(&e.to_string()),
+                Err(_) => inner.failed("release: no answer in time"),
+            }
+        });
+    }
+
+    /// A call failed: Redis is unavailable until the prober reconnects.
+    fn failed(&self, error: &str) {
+        let now = self.clock.now_ms();
+        let change = self.health.lock().unwrap_or_else(|p| p.into_inner()).failed(now);
+        self.up.store(false, Ordering::Release);
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.up_tx.send_replace(false);
+        if let Some(Change::Down { at_start }) = change {
+            let error = crate::redact::clean(error);
+            let replicas = self.replicas;
+            if at_start {
+                tracing::warn!(error = %error, expected_replicas = replicas,
+                    "fleet: Redis unavailable at start; each courier keeps to its local limits divided by fleet.expected_replicas until it is reachable");
+            } else {
+                tracing::warn!(error = %error, expected_replicas = replicas,
+                    "fleet: Redis unavailable; each courier keeps to its local limits divided by fleet.expected_replicas until it is back");
+            }
+        }
+    }
+
+    /// A connection works and the running attempts' leases are in Redis: fleet limits on.
+    fn recovered(&self) {
+        let change = self
+            .health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .succeeded(self.clock.now_ms());
+        self.up.store(true, Ordering::Release);
+        self.up_tx.send_replace(true);
+        if let Some(Change::Up { down_ms }) = change {
+            match down_ms {
+                Some(down_ms) => {
+                    tracing::info!(down_ms, "fleet: Redis is back; fleet-wide limits in force again")
+                }
+                None => tracing::info!("fleet: Redis reachable; fleet-wide limits in force"),
+            }
+            // Waiting messages may go now under the fleet's limits instead of the fallback's.
+            self.wake.notify_one();
+        }
+    }
+
+    /// A lease was released somewhere in the fleet: wake the scheduler if messages here
+    /// wait for one.
+    fn released(&self) {
+        if self.waiting.swap(false, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+}

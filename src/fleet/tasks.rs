@@ -1,0 +1,223 @@
+//! The fleet's three tasks on delivery's runtime, each asleep until it has something to do:
+//! - the prober connects while Redis is down (at start, then on a backoff timer), writes
+//!   back the leases of the attempts that ran meanwhile, and turns fleet limits on;
+//! - the renewer renews this courier's leases in batches, sleeping until the next one is
+//!   due (see `schedule`), or until a first lease exists;
+//! - the subscriber listens on the fleet's channel and wakes the scheduler when a lease is
+//!   released while messages here wait for one. Pub/sub is at-most-once (a message sent
+//!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
+//!   of the first lease in their way, which the acquire reported.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::AsyncConnectionConfig;
+
+use super::health::PROBE_MAX_MS;
+use super::{lease, Inner};
+
+pub(super) fn spawn(inner: &Arc<Inner>) {
+    inner.runtime.spawn(probe(inner.clone()));
+    inner.runtime.spawn(renew(inner.clone()));
+    inner.runtime.spawn(subscribe(inner.clone()));
+}
+
+/// Connects, with `fleet.timeout` for the connection and each reply, and loads the scripts
+/// so that every later call is one `EVALSHA`.
+async fn connect(inner: &Inner) -> redis::RedisResult<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(inner.timeout))
+        .set_response_timeout(Some(inner.timeout));
+    let mut conn = inner
+        .client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    for script in lease::scripts() {
+        script.prepare_invoke().load_async(&mut conn).await?;
+    }
+    Ok(conn)
+}
+
+async fn probe(inner: Arc<Inner>) {
+    let mut up = inner.up_tx.subscribe();
+    loop {
+        let next = inner
+            .health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next_probe_ms(inner.clock.now_ms());
+        let Some(at) = next else {
+            // Up: asleep until a call fails.
+            let _ = up.wait_for(|up| !*up).await;
+            continue;
+        };
+        inner.clock.sleep_until(at).await;
+        // Connecting is a few round trips (TCP, TLS, AUTH, three SCRIPT LOADs): bounded as a whole.
+        let connected = tokio::time::timeout(inner.timeout * 8, connect(&inner)).await;
+        let result = match connected {
+            Ok(Ok(conn)) => {
+                *inner.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+                // The attempts that ran while Redis was away hold leases Redis does not
+                // have (taken under the fallback, or lost with a restarted Redis): written
+                // back before the fleet's limits count on them.
+                write_back(&inner, conn, true).await
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no connection within {}ms", (inner.timeout * 8).as_millis())),
+        };
+        match result {
+            Ok(()) => inner.recovered(),
+            Err(e) => inner.failed(&e),
+        }
+    }
+}
+
+/// Renews leases in one call: `all` (after a reconnect) writes back every lease of a
+/// running attempt; otherwise the due ones (see `schedule`) and those Redis does not have.
+async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -> Result<(), String> {
+    let now = inner.clock.now_ms();
+    // (id, keys, restore) of the leases to send, and when the renewer should look again.
+    let (batch, _) = plan(inner, now, all);
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let members: Vec<String> = batch.iter().map(|(id, _, _)| inner.member(*id)).collect();
+    let (call, _) = lease::renew_call(
+        batch
+            .iter()
+            .zip(&members)
+            .map(|((_, keys, restore), member)| (keys, member.as_str(), *restore)),
+        inner.ttl_ms,
+    );
+    let missing = match tokio::time::timeout(inner.timeout, call.invoke_async::<Vec<usize>>(&mut conn)).await {
+        Ok(Ok(missing)) => missing,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("renewal: no answer within {}ms", inner.timeout.as_millis())),
+    };
+    // The leases Redis did not have: the script names the missing members by their
+    // 1-based position among the call's sets, and a lease may be in two sets.
+    let owners: Vec<u64> = batch
+        .iter()
+        .flat_map(|(id, keys, _)| keys.sets().map(move |_| *id))
+        .collect();
+    let missing: HashSet<u64> = missing
+        .into_iter()
+        .filter_map(|i| owners.get(i.checked_sub(1)?).copied())
+        .collect();
+    let mut leases = inner.lock_leases();
+    let mut restored = 0;
+    for (id, _, restore) in &batch {
+        let Some(entry) = leases.get_mut(id) else { continue };
+        entry.renewed_at_ms = now;
+        let lost = missing.contains(id);
+        if *restore {
+            // Counted when Redis had it before and lost it (not a lease taken while it
+            // was down, which it never had).
+            restored += u64::from(entry.registered && lost);
+            entry.registered = true;
+        } else if lost {
+            // It expired (Redis was unreachable longer than the TTL without a call
+            // failing): written back at the next renewal.
+            entry.registered = false;
+        }
+    }
+    drop(leases);
+    inner.metrics.restored(restored);
+    Ok(())
+}
+
+type Batch = Vec<(u64, lease::LeaseKeys, bool)>;
+
+/// The leases to renew now: every one when `all`; else the due ones and those Redis does
+/// not have yet. Also when to look again.
+fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
+    let leases = inner.lock_leases();
+    let plan = inner.schedule.plan(
+        leases
+            .iter()
+            .filter(|(_, e)| e.registered)
+            .map(|(id, e)| (*id, e.renewed_at_ms)),
+        now,
+    );
+    let due: HashSet<u64> = plan.due.into_iter().collect();
+    let batch = leases
+        .iter()
+        .filter(|(id, e)| all || !e.registered || due.contains(id))
+        .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
+        .collect();
+    let next = if all { None } else { plan.next_ms };
+    (batch, next)
+}
+
+async fn renew(inner: Arc<Inner>) {
+    let mut up = inner.up_tx.subscribe();
+    loop {
+        if !inner.is_up() {
+            // The prober writes every lease back when Redis returns.
+            let _ = up.wait_for(|up| *up).await;
+            continue;
+        }
+        let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(conn) = conn {
+            if let Err(e) = write_back(&inner, conn, false).await {
+                inner.failed(&e);
+                continue;
+            }
+        }
+        let (_, next) = plan(&inner, inner.clock.now_ms(), false);
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = inner.clock.sleep_until(at) => {}
+                    _ = inner.lease_added.notified() => {}
+                    _ = up.wait_for(|up| !*up) => {}
+                }
+            }
+            None => inner.lease_added.notified().await,
+        }
+    }
+}
+
+async fn subscribe(inner: Arc<Inner>) {
+    let mut up = inner.up_tx.subscribe();
+    let channel = inner.keys.channel();
+    loop {
+        let _ = up.wait_for(|up| *up).await;
+        let subscribed = tokio::time::timeout(inner.timeout * 8, async {
+            let mut pubsub = inner.client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+        .await;
+        let Ok(Ok(pubsub)) = subscribed else {
+            // Commands work but the subscription does not (yet): the waiting messages'
+            // timers still wake them; try again later.
+            tracing::debug!("fleet: subscribing to lease releases failed; retrying");
+            inner.clock.sleep_until(inner.clock.now_ms() + PROBE_MAX_MS).await;
+            continue;
+        };
+        // Releases published while not subscribed were missed.
+        inner.released();
+        let mut messages = pubsub.into_on_message();
+        loop {
+            tokio::select! {
+                message = messages.next() => match message {
+                    Some(_) => inner.released(),
+                    None => break,
+                },
+                _ = up.wait_for(|up| !*up) => break,
+            }
+        }
+        if inner.up.load(Ordering::Acquire) {
+            // The subscription ended while commands still work (Redis closed it): not a
+            // reason to spin; reconnect after a pause.
+            inner
+                .clock
+                .sleep_until(inner.clock.now_ms() + super::health::PROBE_BASE_MS)
+                .await;
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Fleet-wide limits on a real `redis-server` (see `support_redis`): several real couriers
+//! share one Redis, and a real receiver counts what reaches it. The host cap holds across
+//! the fleet, a killed courier's leases expire, a Redis outage falls back to the local
+//! limits divided by `fleet.expected_replicas` and loses nothing, and the rate limit is the
+//! fleet's, not each courier's.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::metrics::parse;
+use crate::support::*;
+use crate::support_redis::RedisServer;
+
+/// `[fleet]` on `redis` (keys under `prefix`) after `extra` TOML.
+fn config(redis: &RedisServer, prefix: &str, extra: &str, fleet_extra: &str) -> String {
+    format!(
+        "{extra}\n[fleet]\nredis_url = \"{}\"\nkey_prefix = \"{prefix}\"\n{fleet_extra}\n",
+        redis.url()
+    )
+}
+
+/// Starts `n` couriers with the same config, each in its own folder under `dir`.
+fn couriers(dir: &tempfile::TempDir, n: usize, cfg: &str) -> Vec<Courier> {
+    (0..n)
+        .map(|i| {
+            let sub = dir.path().join(format!("c{i}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            Courier::start(&sub, cfg)
+        })
+        .collect()
+}
+
+/// Sends `n` messages through `c` to `url`, bodies `<tag>-<i>`; each must be accepted.
+async fn send(c: &Courier, url: &str, tag: &str, n: usize) {
+    let target = c.prefixed(url);
+    for i in 0..n {
+        let a = post(&target, &[], format!("{tag}-{i}")).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+    }
+}
+
+/// Sends `n` messages through each courier to `url`, taking turns, so that every courier
+/// has a backlog at the same time.
+async fn send_in_turn(cs: &[Courier], url: &str, n: usize) {
+    for i in 0..n {
+        for (k, c) in cs.iter().enumerate() {
+            let a = post(&c.prefixed(url), &[], format!("c{k}-{i}")).await;
+            assert_eq!(a.status, 202, "{}", a.text());
+        }
+    }
+}
+
+/// A sample of `c`'s `/metrics` (0 when absent).
+async fn metric(c: &Courier, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = get(&c.admin_url("/metrics")).await.text();
+    parse(&text).unwrap().value(name, labels).unwrap_or(0.0)
+}
+
+/// Waits until `c`'s `courier_fleet_redis_up` reads `want`.
+async fn wait_redis_up(c: &Courier, want: f64) {
+    eventually(&format!("courier_fleet_redis_up {want}"), || async {
+        (metric(c, "courier_fleet_redis_up", &[]).await == want).then_some(())
+    })
+    .await;
+}
+
+/// Every body seen once: nothing lost, nothing doubled.
+fn assert_each_once(seen: &[Seen], expected: usize) {
+    let bodies: HashSet<&[u8]> = seen.iter().map(|s| s.body.as_slice()).collect();
+    assert_eq!(bodies.len(), expected, "distinct messages delivered");
+    assert_eq!(seen.len(), expected, "no message delivered twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
+    let Some(redis) = RedisServer::start() else { return };
+    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(150))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&redis, "cap", "[delivery]\nmax_in_flight_per_host = 5\n", "");
+    let cs = couriers(&dir, 3, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    send_in_turn(&cs, &rx.url("/hook"), 20).await;
+    let seen = rx.wait_for(60).await;
+    assert_each_once(&seen, 60);
+    // Alone, each courier would have 5 in flight: 15 at once. Together they keep to 5.
+    assert!(rx.max_in_flight() <= 5, "{} in flight at once", rx.max_in_flight());
+    assert!(
+        rx.max_in_flight() >= 3,
+        "the cap is used, not serialised: {}",
+        rx.max_in_flight()
+    );
+    let mut busy = 0.0;
+    for c in &cs {
+        busy += metric(c, "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await;
+        assert_eq!(
+            metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await,
+            0.0
+        );
+    }
+    assert!(busy > 0.0, "the couriers waited for each other's leases");
+    // Every lease released as its answer came (none left to expire).
+    let host_set = format!("cap:host:{}", rx.addr);
+    let left = eventually("every lease released", || async {
+        let n: u64 = redis.query(&["ZCARD", &host_set]);
+        (n == 0).then_some(n)
+    })
+    .await;
+    assert_eq!(left, 0);
+    // One script call to take a lease and one to release it per attempt, plus the
+    // refusals; a release publishes only when someone was refused meanwhile.
+    let stats = redis.command_stats();
+    let calls = |name: &str| stats.iter().find(|s| s.0 == name).map_or(0, |s| s.1);
+    eprintln!("fleet cost after 60 attempts, 3 couriers: {stats:?}");
+    assert!(calls("evalsha") >= 2 * 60, "{stats:?}");
+    assert!(calls("publish") as f64 <= busy, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
+    let Some(redis) = RedisServer::start() else { return };
+    let held = Gate::new();
+    let gate = held.clone();
+    // /a (the courier that dies) and /long hang until the end; /b answers after a while.
+    let rx = Receiver::scripted(move |_, seen| {
+        if seen.path == "/b" {
+            Reply::status(200).after(Duration::from_millis(500))
+        } else {
+            Reply::status(200).until(&gate)
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &redis,
+        "kill",
+        "[delivery]\nmax_in_flight_per_host = 4\n",
+        "lease_ttl = \"2s\"",
+    );
+    // The first courier dies holding 3 slots; the third holds the fourth all along (its
+    // renewals keep the host's set alive, so only the dead courier's leases expiring one by
+    // one can free the other three); the second has a backlog.
+    let mut cs = couriers(&dir, 3, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    send(&cs[0], &rx.url("/a"), "a", 3).await;
+    eventually("3 attempts in flight from the first courier", || async {
+        (rx.in_flight_on("/a") == 3).then_some(())
+    })
+    .await;
+    send(&cs[2], &rx.url("/long"), "long", 1).await;
+    eventually("the third courier's long attempt in flight", || async {
+        (rx.in_flight_on("/long") == 1).then_some(())
+    })
+    .await;
+    send(&cs[1], &rx.url("/b"), "b", 6).await;
+    eventually("the second courier refused by the fleet", || async {
+        let busy = metric(&cs[1], "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await;
+        (busy > 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(rx.max_in_flight_on("/b"), 0, "nothing got past the fleet cap");
+    cs[0].kill();
+    // Its leases are never released: they expire (lease_ttl 2 s), and their three slots go
+    // to the second courier; the third's lease, renewed, keeps the fourth.
+    let seen = rx.wait_for(10).await;
+    assert_eq!(seen.iter().filter(|s| s.path == "/b").count(), 6);
+    assert_eq!(rx.max_in_flight_on("/b"), 3, "the survivors use the whole cap, no more");
+    assert_eq!(rx.in_flight_on("/long"), 1);
+    held.open();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
+    let Some(mut redis) = RedisServer::start() else { return };
+    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(200))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &redis,
+        "outage",
+        "[delivery]\nmax_in_flight_per_host = 4\n",
+        "expected_replicas = 2\nlease_ttl = \"3s\"",
+    );
+    let cs = couriers(&dir, 2, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    for (i, c) in cs.iter().enumerate() {
+        send(c, &rx.url(&format!("/c{i}")), &format!("c{i}"), 40).await;
+    }
+    rx.wait_for(10).await;
+    redis.kill();
+    for c in &cs {
+        wait_redis_up(c, 0.0).await;
+    }
+    redis.restart();
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    let seen = rx.wait_for(80).await;
+    assert_each_once(&seen, 80);
+    for (i, c) in cs.iter().enumerate() {
+        let path = format!("/c{i}");
+        assert!(
+            rx.max_in_flight_on(&path) <= 4,
+            "{path}: {}",
+            rx.max_in_flight_on(&path)
+        );
+        let log = c.log.all();
+        assert_eq!(
+            log.matches("fleet: Redis unavailable").count(),
+            1,
+            "one line per outage:\n{log}"
+        );
+        assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
+        assert!(metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await > 0.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_of_an_endpoint_is_the_fleets() {
+    const N: usize = 10;
+    let Some(redis) = RedisServer::start() else { return };
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&redis, "rate", &format!("[delivery]\nrate_per_second = {N}\n"), "");
+    let cs = couriers(&dir, 3, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    send_in_turn(&cs, &rx.url("/limited"), 20).await;
+    let seen = rx.wait_for(60).await;
+    assert_each_once(&seen, 60);
+    let mut at: Vec<_> = seen.iter().map(|s| s.at).collect();
+    at.sort();
+    // Most requests in any one second: the burst (one second's worth, N) plus N more
+    // during that second. Each courier alone would allow that much: three send ~6N.
+    let busiest = (0..at.len())
+        .map(|i| {
+            at[i..]
+                .iter()
+                .take_while(|t| t.duration_since(at[i]) < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(busiest <= 2 * N, "{busiest} requests within one second at {N}/s");
+    // 60 at N/s after a burst of N take at least 5 s; three couriers alone take 1 s.
+    let span = at[at.len() - 1].duration_since(at[0]);
+    assert!(span >= Duration::from_secs(3), "60 requests in {span:?} at {N}/s");
+    let mut limited = 0.0;
+    for c in &cs {
+        limited += metric(c, "courier_fleet_acquires_total", &[("outcome", "rate_limited")]).await;
+    }
+    assert!(limited > 0.0, "the fleet's rate held messages");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_from_the_start_accepts_go_on_under_the_fallback_limits() {
+    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(100))).await;
+    let d = tempfile::tempdir().unwrap();
+    let nobody = dead_addr();
+    let c = Courier::start(
+        d.path(),
+        &format!(
+            "[delivery]\nmax_in_flight_per_host = 6\n[fleet]\nredis_url = \"redis://:s3kr1t@{nobody}\"\nexpected_replicas = 3\n"
+        ),
+    );
+    send(&c, &rx.url("/h"), "m", 20).await;
+    let seen = rx.wait_for(20).await;
+    assert_each_once(&seen, 20);
+    // 6 / 3 replicas: two at a time while Redis is away.
+    assert!(
+        rx.max_in_flight() <= 2,
+        "{} in flight under the fallback",
+        rx.max_in_flight()
+    );
+    assert_eq!(metric(&c, "courier_fleet_redis_up", &[]).await, 0.0);
+    let log = c.log.all();
+    assert_eq!(log.matches("fleet: Redis unavailable at start").count(), 1, "{log}");
+    assert!(!log.contains("s3kr1t"), "the password is never logged:\n{log}");
+    // check-config shows where Redis is, never the password.
+    let out = std::process::Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&c.config_path)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("fleet: redis redis://{nobody} (password from the URL)")),
+        "{text}"
+    );
+    assert!(!text.contains("s3kr1t"), "{text}");
+}
