@@ -551,8 +551,17 @@ impl Receiver {
 
 async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
     use std::sync::atomic::Ordering::SeqCst;
+    // Ends the request's counts however the handler ends: answered, or dropped because
+    // the client went away (a killed courier).
+    struct InFlight(Arc<ReceiverState>);
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
     let now = st.in_flight.fetch_add(1, SeqCst) + 1;
     st.max_in_flight.fetch_max(now, SeqCst);
+    let in_flight = InFlight(st.clone());
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
     let seen = Seen {
@@ -573,8 +582,7 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
         p.0 += 1;
         p.1 = p.1.max(p.0);
     }
-    // Ends the request's count on the path however the handler ends: answered, or dropped
-    // because the client went away (a killed courier).
+    // The same for its count on the path.
     struct OnPath(Arc<ReceiverState>, String);
     impl Drop for OnPath {
         fn drop(&mut self) {
@@ -598,7 +606,7 @@ async fn handle(st: Arc<ReceiverState>, req: hyper::Request<Incoming>) -> hyper:
     if let Some(gate) = &reply.gate {
         gate.passed().await;
     }
-    st.in_flight.fetch_sub(1, SeqCst);
+    drop(in_flight);
     drop(on_path);
     let mut resp = hyper::Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
