@@ -16,7 +16,10 @@ mod validate;
 
 use std::collections::HashMap;
 
+use ipnet::IpNet;
+
 use super::*;
+use crate::model::{Jitter, SignatureScheme};
 
 /// CONTRACT §7, verbatim.
 const CONTRACT_EXAMPLE: &str = r#"

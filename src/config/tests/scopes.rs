@@ -100,7 +100,7 @@ fn bad_key_tables_and_patterns_name_the_key() {
         ),
         (
             "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\ntarget = []\n",
-            "unknown key \"route.target\" (line 4)",
+            "unknown key \"route[0].target\" (line 4)",
         ),
     ];
     for (text, want) in cases {
