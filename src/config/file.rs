@@ -1,7 +1,8 @@
 //! The TOML layer ([`Config::from_toml_str`]): the file is parsed keeping each value's place
 //! in the text, settled by `shape`, then read by serde straight into the typed tree, with
 //! `serde_path_to_error` tracking the key; every error becomes one line that names the key
-//! and the line and never quotes a value the file wrote (it may be a secret).
+//! and the line. serde's own messages lose the string they quote (it may be a secret under
+//! the wrong key); the parsers' messages show a value only where it cannot be one.
 
 use serde_path_to_error::{Path, Segment};
 use toml_edit::{DocumentMut, ImDocument};

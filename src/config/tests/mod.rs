@@ -166,6 +166,19 @@ fn assert_no_secret(text: &str) {
     }
 }
 
+/// Each file fails `from_toml_str` with one line starting with its message, showing no
+/// secret and none of `shape`'s group names.
+fn assert_file_errors(cases: &[(&str, &str)]) {
+    for (text, want) in cases {
+        let msg = Config::from_toml_str(text, "c.toml").unwrap_err().to_string();
+        let want = format!("config c.toml: {want}");
+        assert!(msg.starts_with(&want), "{text:?}: got {msg:?}, want {want:?}");
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(!msg.contains("(policy)") && !msg.contains("(ordering)"), "{msg}");
+        assert_no_secret(&msg);
+    }
+}
+
 fn parse(text: &str) -> Config {
     match Config::from_toml_str(text, "test.toml") {
         Ok(c) => c,
