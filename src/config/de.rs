@@ -33,9 +33,14 @@ pub(super) trait Text {
     type Value;
     /// The shared parser (see `parse`).
     const PARSE: fn(&str) -> Result<Self::Value, String>;
+    /// The machine-readable code of a bad value, where its rule has one.
+    const CODE: Option<&'static str> = None;
     /// Reads `text`; the problem names no place (serde's path, or the variable, does).
     fn parse(text: &str) -> Result<Self::Value, Problem> {
-        Self::PARSE(text).map_err(Problem::from)
+        Self::PARSE(text).map_err(|e| match Self::CODE {
+            Some(code) => Problem::coded(code, e),
+            None => Problem::from(e),
+        })
     }
 }
 
@@ -161,9 +166,7 @@ pub(super) struct Dur;
 impl Text for Dur {
     type Value = Duration;
     const PARSE: fn(&str) -> Result<Duration, String> = parse_duration_text;
-    fn parse(text: &str) -> Result<Duration, Problem> {
-        Self::PARSE(text).map_err(|e| Problem::coded("invalid_duration", e))
-    }
+    const CODE: Option<&'static str> = Some("invalid_duration");
 }
 
 /// The jitter mode (`equal`, `full`, `none`, any case); a bad one is `invalid_value`.
@@ -171,9 +174,7 @@ pub(super) struct JitterMode;
 impl Text for JitterMode {
     type Value = Jitter;
     const PARSE: fn(&str) -> Result<Jitter, String> = parse_jitter;
-    fn parse(text: &str) -> Result<Jitter, Problem> {
-        Self::PARSE(text).map_err(|e| Problem::coded("invalid_value", e))
-    }
+    const CODE: Option<&'static str> = Some("invalid_value");
 }
 
 /// One of the names of a model enum (`stripe`, `fifo`, `block`), read with its `FromStr`.
