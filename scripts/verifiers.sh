@@ -5,6 +5,10 @@
 #   NODE_PATH                    a node_modules folder with @octokit/webhooks-methods
 #   COURIER_TEST_ED25519_PYTHON  a python with Debian's python3-cryptography, which
 #                                tests/it/signing_ed25519.rs verifies v1a signatures with
+#   COURIER_TEST_CHROMIUM        Debian's chromium, which tests/it/ui.rs opens the web view
+#                                in, driven by playwright-core (also under NODE_PATH)
+#   COURIER_TEST_TINYPROXY       Debian's tinyproxy, the real egress proxy tests/it/proxy.rs
+#                                starts on loopback (in the foreground, its own config)
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
@@ -39,6 +43,14 @@ if ! "$ed25519_python" -c "$ed25519_import" 2>/dev/null; then
   "$ed25519_python" -c "$ed25519_import"
 fi
 
+# The egress proxy for tests/it/proxy.rs. Only the binary is used: the package's service
+# is not started here (no init system), and the tests run their own instance on loopback.
+if ! command -v tinyproxy >/dev/null; then
+  echo "verifiers: installing tinyproxy" >&2
+  apt-get install -y -qq tinyproxy >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null; }
+fi
+
 node_dir="$verifiers_dir/node"
 if ! command -v node >/dev/null; then
   apt-get install -y -qq nodejs npm >/dev/null 2>&1 ||
@@ -49,7 +61,25 @@ if [[ ! -f "$node_dir/node_modules/@octokit/webhooks-methods/package.json" ]]; t
   npm install --prefix "$node_dir" --no-audit --no-fund --silent '@octokit/webhooks-methods@^6'
 fi
 
+# The web view's browser test: Debian's chromium, driven by playwright-core. The version is
+# pinned (tests/it/ui_browser.cjs is written against its API); another one is replaced.
+chromium=/usr/bin/chromium
+if [[ ! -x "$chromium" ]]; then
+  echo "verifiers: installing chromium" >&2
+  apt-get install -y -qq chromium >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+fi
+playwright_version=1.65.1
+playwright_json="$node_dir/node_modules/playwright-core/package.json"
+if [[ "$(node -p "require('$playwright_json').version" 2>/dev/null)" != "$playwright_version" ]]; then
+  echo "verifiers: installing playwright-core@$playwright_version into $node_dir" >&2
+  npm install --prefix "$node_dir" --no-audit --no-fund --silent --save-exact "playwright-core@$playwright_version"
+fi
+
 export COURIER_TEST_PYTHON="$pyenv/bin/python"
 export COURIER_TEST_ED25519_PYTHON="$ed25519_python"
+export COURIER_TEST_CHROMIUM="$chromium"
+COURIER_TEST_TINYPROXY="$(command -v tinyproxy)"
+export COURIER_TEST_TINYPROXY
 export NODE_PATH="$node_dir/node_modules${NODE_PATH:+:$NODE_PATH}"
 export COURIER_TEST_REQUIRE_VERIFIERS=1

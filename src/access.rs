@@ -12,6 +12,12 @@
 //!   browser use at all, and `none` is also what a link clicked in a mail or chat app sends,
 //!   so there any `Sec-Fetch-Site` is refused unless the origin is listed. (Not the other
 //!   `Sec-Fetch-*` headers: Node's built-in fetch sends `Sec-Fetch-Mode: cors`.)
+//!   One browser page is admin's own: the web view (`GET /ui`, see [`crate::ui`]) calls the
+//!   API from the admin listener's origin. So admin also takes `Sec-Fetch-Site: same-origin`
+//!   and an `Origin` that is its own (`http://` + the request's `Host`). Browsers set both
+//!   headers themselves; a page elsewhere cannot claim them, and a page on a rebound name has
+//!   that name in `Host`, which the check below refuses. Same-site is still refused: another
+//!   local server (`http://127.0.0.1:3000`) is same-site with courier, not same-origin.
 //! - **DNS rebinding.** A page on `evil.example` can re-point its own name at 127.0.0.1 and
 //!   then make same-origin requests (no `Origin` check helps there), but the `Host` header
 //!   still names `evil.example`. An origin-form request must therefore name an IP literal
@@ -99,11 +105,15 @@ impl AccessPolicy {
             if self.allowed_origins.contains(&origin) {
                 return Ok(());
             }
-            return Err(AccessRefusal::CrossSite(format!(
-                "requests from web pages are refused (Origin {}); courier serves server-side \
-                 clients, and an operator can list an origin in {section}.allowed_origins",
-                crate::redact::escape(&origin)
-            )));
+            // The web view's own requests carry admin's own origin (a POST always has
+            // Origin); their Sec-Fetch-Site is checked below.
+            if self.strict || !is_own_origin(&origin, headers) {
+                return Err(AccessRefusal::CrossSite(format!(
+                    "requests from web pages are refused (Origin {}); courier serves server-side \
+                     clients, and an operator can list an origin in {section}.allowed_origins",
+                    crate::redact::escape(&origin)
+                )));
+            }
         }
         if self.strict {
             // Only browsers send Sec-Fetch-Site (Node's fetch sends Sec-Fetch-Mode, so that
@@ -118,6 +128,8 @@ impl AccessPolicy {
         match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
             None => Ok(()),
             Some(v) if v.eq_ignore_ascii_case(b"none") => Ok(()),
+            // The web view's fetches (ingress, strict, returned above).
+            Some(v) if v.eq_ignore_ascii_case(b"same-origin") => Ok(()),
             Some(v) => Err(AccessRefusal::CrossSite(format!(
                 "requests from web pages are refused (Sec-Fetch-Site {}); courier serves \
                  server-side clients",
@@ -154,6 +166,16 @@ impl AccessPolicy {
             (n, Some(p)) => n.strip_suffix('.').unwrap_or(n) == name && Some(p) == port,
         })
     }
+}
+
+/// Whether `origin` (lowercase) is the origin the request was sent to: `http://` and its
+/// `Host`. (The `Host` itself is checked separately against rebinding.)
+fn is_own_origin(origin: &str, headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(http::header::HOST) else {
+        return false;
+    };
+    let host = String::from_utf8_lossy(host.as_bytes()).trim().to_ascii_lowercase();
+    origin.strip_prefix("http://") == Some(host.as_str())
 }
 
 /// `name:port`, `[v6]:port`, `name` or `[v6]` → (name without brackets, port).
@@ -251,6 +273,55 @@ mod tests {
             check(&p, "http://r.example/x", &[("origin", "https://evil.example")]),
             Err("cross_site_refused")
         );
+    }
+
+    #[test]
+    fn the_web_view_calls_admin_from_its_own_origin_only() {
+        let admin = AccessPolicy::new("admin", vec![], vec![]);
+        let same = ("sec-fetch-site", "same-origin");
+        for host in ["127.0.0.1:8788", "localhost:8788", "[::1]:8788", "127.0.0.1"] {
+            let origin = format!("http://{host}");
+            let h = ("host", host);
+            assert_eq!(check(&admin, "/deliveries", &[h, same]), Ok(()), "GET from /ui: {host}");
+            assert_eq!(
+                check(&admin, "/deliveries/x/retry", &[h, ("origin", &origin), same]),
+                Ok(()),
+                "POST from /ui: {host}"
+            );
+            // A browser without Fetch Metadata still sends Origin on a POST.
+            assert_eq!(check(&admin, "/x", &[h, ("origin", &origin.to_uppercase())]), Ok(()));
+        }
+        let h = ("host", "127.0.0.1:8788");
+        for refused in [
+            // Another local server is same-site with courier, not same-origin.
+            &[h, ("origin", "http://127.0.0.1:3000"), ("sec-fetch-site", "same-site")][..],
+            &[h, ("sec-fetch-site", "same-site")],
+            &[h, ("origin", "http://127.0.0.1:3000"), same],
+            &[h, ("origin", "https://127.0.0.1:8788"), same],
+            &[h, ("origin", "http://127.0.0.1:8788.evil.example"), same],
+            &[h, ("origin", "null"), same],
+            &[h, ("origin", "http://127.0.0.1:8788"), ("sec-fetch-site", "cross-site")],
+            // No Host to compare with: not its own origin.
+            &[("origin", "http://127.0.0.1:8788"), same],
+        ] {
+            assert_eq!(
+                check(&admin, "/deliveries", refused),
+                Err("cross_site_refused"),
+                "{refused:?}"
+            );
+        }
+        // A rebound name is same-origin with itself, and still misdirected.
+        let rebound = [
+            ("host", "evil.example:8788"),
+            ("origin", "http://evil.example:8788"),
+            same,
+        ];
+        assert_eq!(check(&admin, "/deliveries", &rebound), Err("misdirected_request"));
+        // Ingress has no page of its own.
+        let ingress = AccessPolicy::new("ingress", vec![], vec![]);
+        let own = [("host", "127.0.0.1:8787"), ("origin", "http://127.0.0.1:8787"), same];
+        assert_eq!(check(&ingress, "/x", &own), Err("cross_site_refused"));
+        assert_eq!(check(&ingress, "/x", &own[..2]), Err("cross_site_refused"));
     }
 
     #[test]

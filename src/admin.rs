@@ -1,6 +1,6 @@
-//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, and
-//! the public keys of the Ed25519 signing keys (never a secret).
-//! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
+//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, the
+//! public keys of the Ed25519 signing keys (never a secret), and the web view ([`crate::ui`]).
+//! All but `/healthz` and the view's static files need `Authorization: Bearer <admin_token>` if set.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,6 +19,7 @@ use crate::model::State;
 use crate::ops::Probes;
 use crate::policy::book::revision_text;
 use crate::policy::{Backoff, Resolved};
+use crate::reload::{ReloadError, Reloader};
 use crate::serve::{self, Body};
 use crate::store::{AttemptRecord, ListFilter, MessageRecord, StoreError};
 use crate::timefmt::{parse_rfc3339, rfc3339};
@@ -32,6 +33,7 @@ pub struct Admin {
     d: Arc<Deliverer>,
     probes: Arc<Probes>,
     access: AccessPolicy,
+    reloader: Arc<Reloader>,
 }
 
 fn not_found(what: &str) -> Response<Body> {
@@ -167,17 +169,25 @@ fn decode_segment(s: &str) -> String {
 impl Admin {
     /// Builds the component: the probes it also serves, and the browser rules of
     /// `[admin]`.
-    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>) -> Self {
+    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, reloader: Arc<Reloader>) -> Self {
+        let config = d.config();
         let access = AccessPolicy::new(
             "admin",
-            d.config.admin.allowed_origins.clone(),
-            d.config.admin.hosts.clone(),
+            config.admin.allowed_origins.clone(),
+            config.admin.hosts.clone(),
         );
-        Admin { d, probes, access }
+        Admin {
+            d,
+            probes,
+            access,
+            reloader,
+        }
     }
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
-        let Some(token) = &self.d.config.admin_token else {
+        // Read at each request: a reload may rotate the token.
+        let config = self.d.config();
+        let Some(token) = &config.admin_token else {
             return true;
         };
         let given = req
@@ -198,6 +208,9 @@ impl Admin {
         }
         if path == "/healthz" {
             return self.probes.healthz();
+        }
+        if let Some(page) = crate::ui::respond(req.method(), &path, self.d.config().admin_token.is_some()) {
+            return page;
         }
         if !self.authorized(&req) {
             return serve::error(
@@ -235,18 +248,22 @@ impl Admin {
             (&Method::GET, ["endpoints"]) => self.endpoints(query),
             (&Method::GET, ["hosts"]) => self.hosts(query),
             (&Method::GET, ["signing", "public-keys"]) => self.public_keys(),
+            (&Method::POST, ["reload"]) => self.reload(),
             (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
                 let pause = path.ends_with("/pause");
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
                 self.set_paused(&decode_segment(&raw), pause)
             }
-            (_, ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..] | ["signing", "public-keys"]) => {
-                serve::error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
-                    format!("{method} is not allowed on {path}"),
-                )
-            }
+            (
+                _,
+                ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..]
+                | ["signing", "public-keys"]
+                | ["reload"],
+            ) => serve::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}"),
+            ),
             _ => serve::error(StatusCode::NOT_FOUND, "not_found", format!("no admin route {path}")),
         }
     }
@@ -257,7 +274,7 @@ impl Admin {
     fn public_keys(&self) -> Response<Body> {
         let items: Vec<Value> = self
             .d
-            .config
+            .config()
             .ed25519_public_keys()
             .into_iter()
             .map(|e| json!({ "source": e.source, "key": e.key, "public_key": e.public_key }))
@@ -265,11 +282,23 @@ impl Admin {
         serve::json(StatusCode::OK, &json!({ "items": items }))
     }
 
+    /// `POST /reload`: reads the config again and applies it (see [`crate::reload`]).
+    fn reload(&self) -> Response<Body> {
+        match self.reloader.reload() {
+            Ok(r) => serve::json(
+                StatusCode::OK,
+                &json!({ "reloaded": true, "restart_required": r.restart_required }),
+            ),
+            Err(e @ ReloadError::Unavailable) => serve::error(StatusCode::NOT_IMPLEMENTED, e.code(), e.to_string()),
+            Err(e) => serve::error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),
+        }
+    }
+
     fn show(&self, id: &str) -> Response<Body> {
         let shown = self.d.store.message_shown(id);
         match (shown, self.d.store.history(id)) {
             (Ok(Some(rec)), Ok(history)) => {
-                let mut v = delivery_json(&rec, Some(&history), self.d.config.alert_url.as_ref());
+                let mut v = delivery_json(&rec, Some(&history), self.d.config().alert_url.as_ref());
                 // The trace the app's traceparent started, kept with the payload's headers
                 // (only this view reads the payload: a list would read every body).
                 v["trace_id"] = match self.d.store.payload(id) {
@@ -281,7 +310,8 @@ impl Admin {
                 if let Err(e) = self.line_fields(&rec, &mut v) {
                     return store_failed(&e);
                 }
-                let policy = self.d.policies.resolve(rec.route.as_deref(), &rec.endpoint);
+                let settings = self.d.settings();
+                let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
                 v["policy"] = policy_json(&policy);
                 serve::json(StatusCode::OK, &v)
             }
@@ -340,12 +370,13 @@ impl Admin {
             Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
         };
         let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
+        let alert_url = self.d.config().alert_url.clone();
         match self.d.store.list(&filter, limit, cursor) {
             Ok(page) => {
                 let items: Vec<Value> = page
                     .items
                     .iter()
-                    .map(|r| delivery_json(r, None, self.d.config.alert_url.as_ref()))
+                    .map(|r| delivery_json(r, None, alert_url.as_ref()))
                     .collect();
                 serve::json(
                     StatusCode::OK,
@@ -359,9 +390,9 @@ impl Admin {
     /// A replayed message's new give-up time: its policy's `give_up_after` from now, as
     /// the config says now for its endpoint and route.
     fn give_up_at(&self, now: u64) -> impl Fn(&MessageRecord) -> u64 + '_ {
+        let settings = self.d.settings();
         move |rec| {
-            let after = self
-                .d
+            let after = settings
                 .policies
                 .resolve(rec.route.as_deref(), &rec.endpoint)
                 .give_up_after();

@@ -29,10 +29,13 @@ use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::priority::DeliveryRuntime;
+use crate::proxy::ProxyRoute;
+use crate::reload::{ConfigSource, Reloader};
 use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
+use crate::tls::{TlsHandle, TlsMaterial};
 use crate::transport::Transport;
 use crate::uds::SocketFile;
 
@@ -104,6 +107,9 @@ pub enum AppError {
     /// Delivery's runtime could not be started.
     #[error("cannot start the delivery runtime: {0}")]
     Runtime(std::io::Error),
+    /// The TLS material (a PEM file of `[tls]` or `[[host]]`) could not be built.
+    #[error("{0}")]
+    Tls(crate::config::ConfigError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -117,6 +123,9 @@ pub struct Seams {
     pub resolver: Arc<dyn Resolve>,
     /// Seed for jitter; `None` seeds from the OS.
     pub rng_seed: Option<u64>,
+    /// Where a reload reads the config again; `None`: reload is refused (in-process tests
+    /// that do not test it).
+    pub config_source: Option<ConfigSource>,
 }
 
 impl Default for Seams {
@@ -126,6 +135,7 @@ impl Default for Seams {
             transport: None,
             resolver: Arc::new(SystemResolver),
             rng_seed: None,
+            config_source: None,
         }
     }
 }
@@ -140,6 +150,8 @@ pub struct Running {
     pub ops_addr: Option<SocketAddr>,
     /// The delivery context (for in-process tests).
     pub deliverer: Arc<Deliverer>,
+    /// Applies a reloaded config (SIGHUP, `POST /reload`).
+    pub reloader: Arc<Reloader>,
     trigger: Arc<Notify>,
     done: JoinHandle<()>,
 }
@@ -186,6 +198,7 @@ async fn bind_ingress(config: &Config) -> Result<(Listener, ListenAddr, Option<S
 
 /// Starts courier: returns once both listeners are bound and the store is open.
 pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError> {
+    let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
     let store = Arc::new(Store::open(
@@ -226,6 +239,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     let clock = seams.clock;
 
+    // Built before the transport whether or not it is used, so a bad PEM file stops the
+    // start in tests with a scripted transport too; a reload replaces its material.
+    let tls = TlsHandle::new(TlsMaterial::from_config(&config).map_err(AppError::Tls)?);
     let transport: Arc<dyn Transport> = match seams.transport {
         Some(t) => t,
         None => Arc::new(HttpTransport::new(
@@ -238,6 +254,12 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             },
             EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
             seams.resolver,
+            tls.clone(),
+            config
+                .egress
+                .proxy
+                .as_ref()
+                .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
         )),
     };
     let rng = match seams.rng_seed {
@@ -290,13 +312,13 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     let ingress = Arc::new(Ingress::new(
         deliverer.clone(),
-        config.clone(),
         clock.clone(),
         metrics,
         draining.clone(),
     ));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
-    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone()));
+    let reloader = Arc::new(Reloader::new(seams.config_source, deliverer.clone(), loaded));
+    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone(), reloader.clone()));
     let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
     let ops_task = ops_listener.map(|listener| {
@@ -396,22 +418,38 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         admin_addr,
         ops_addr,
         deliverer,
+        reloader,
         trigger,
         done,
     })
 }
 
-/// Runs courier until SIGTERM or SIGINT, then shuts down cleanly.
-pub async fn run(config: Config) -> Result<(), AppError> {
+/// Runs courier until SIGTERM or SIGINT, then shuts down cleanly; SIGHUP reloads the
+/// config from `source` (see [`crate::reload`]).
+pub async fn run(config: Config, source: ConfigSource) -> Result<(), AppError> {
     use tokio::signal::unix::{signal, SignalKind};
     // Installed before anything listens: a SIGTERM sent as soon as /readyz answers (a
-    // rollout, `systemctl restart`) must drain, not kill the process by default action.
+    // rollout, `systemctl restart`) must drain, not kill the process by default action;
+    // a SIGHUP must reload, not kill it.
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    let running = start(config, Seams::default()).await?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!(signal = "SIGTERM", "signal received"),
-        _ = int.recv() => tracing::info!(signal = "SIGINT", "signal received"),
+    let mut hup = signal(SignalKind::hangup()).expect("installing the SIGHUP handler");
+    let seams = Seams {
+        config_source: Some(source),
+        ..Seams::default()
+    };
+    let running = start(config, seams).await?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!(signal = "SIGTERM", "signal received"); break }
+            _ = int.recv() => { tracing::info!(signal = "SIGINT", "signal received"); break }
+            _ = hup.recv() => {
+                tracing::info!(signal = "SIGHUP", "signal received: reloading the config");
+                let reloader = running.reloader.clone();
+                // It reads files: off the async workers. The outcome is logged by reload.
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+            }
+        }
     }
     running.shutdown();
     running.wait().await;

@@ -2,12 +2,12 @@
 //! (`deliveries`, `endpoints`) that talk to a running courier's admin API, and `keys`, which
 //! makes Ed25519 signing keys offline.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use crate::config::{Config, LogFormat, Overrides};
+use crate::args::{load_checked, load_config, GlobalArgs};
+use crate::config::LogFormat;
 
 /// courier: durable webhook delivery sidecar.
 #[derive(Debug, Parser)]
@@ -19,26 +19,6 @@ pub struct Cli {
     /// What to do (default: serve).
     #[command(subcommand)]
     pub command: Option<Command>,
-}
-
-/// Flags that override the config file and environment.
-#[derive(Debug, Args, Clone, Default)]
-pub struct GlobalArgs {
-    /// TOML config file (also COURIER_CONFIG).
-    #[arg(long, global = true, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Ingress address, ip:port or unix:/path (also COURIER_LISTEN; the socket mode is listen_mode).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub admin_listen: Option<String>,
-    /// Read-only probes and metrics address, ip:port (also COURIER_OPS_LISTEN; off by default).
-    #[arg(long, global = true, value_name = "ADDR")]
-    pub ops_listen: Option<String>,
-    /// Data directory (also COURIER_DATA_DIR).
-    #[arg(long, global = true, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
 }
 
 /// The commands.
@@ -57,26 +37,12 @@ pub enum Command {
     /// Inspect hosts: circuit breakers, attempts in flight, caps.
     #[command(subcommand)]
     Hosts(crate::operator::HostsCommand),
+    /// Make the running courier read its config again (as SIGHUP does), through the admin
+    /// API; prints what changed only at restart.
+    Reload,
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
-}
-
-impl GlobalArgs {
-    fn overrides(&self) -> Overrides {
-        Overrides {
-            config: self.config.clone(),
-            listen: self.listen.clone(),
-            admin_listen: self.admin_listen.clone(),
-            ops_listen: self.ops_listen.clone(),
-            data_dir: self.data_dir.clone(),
-        }
-    }
-}
-
-/// Loads the layered config for these flags and the process environment.
-pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigError> {
-    Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
 
 /// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then
@@ -116,7 +82,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         None | Some(Command::Serve) => serve(&cli.global),
-        Some(Command::CheckConfig) => match load_config(&cli.global) {
+        Some(Command::CheckConfig) => match load_checked(&cli.global) {
             Ok(cfg) => {
                 println!("config ok\n{}", cfg.summary());
                 ExitCode::SUCCESS
@@ -131,12 +97,13 @@ pub fn main() -> ExitCode {
         }
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
+        Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
         Some(Command::Keys(cmd)) => crate::keys::run(cmd),
     }
 }
 
 fn serve(global: &GlobalArgs) -> ExitCode {
-    let config = match load_config(global) {
+    let config = match load_checked(global) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("courier: {e}");
@@ -158,7 +125,9 @@ fn serve(global: &GlobalArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(crate::app::run(config)) {
+    let global = global.clone();
+    let source: crate::reload::ConfigSource = Box::new(move || load_config(&global));
+    match runtime.block_on(crate::app::run(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             fatal(format, &e.to_string());

@@ -1,5 +1,12 @@
-//! The real transport: a pooled hyper-util client over tokio-rustls (webpki roots, ALPN h2
-//! and http/1.1), with the egress policy enforced where connections are made.
+//! The real transport: a pooled hyper-util client over tokio-rustls (the roots, CAs and
+//! client certificates of `crate::tls`, ALPN h2 and http/1.1), direct or through
+//! `egress.proxy` (`crate::proxy`), with the egress policy enforced where connections are
+//! made.
+//!
+//! The connector, outermost first: [`TlsConnector`] (TLS for https targets, per-host
+//! config read from the swappable [`TlsHandle`]) → [`CappedConnector`] (counts the
+//! connection under the target's `host:port`, proxied or not) → [`EgressConnector`]
+//! (direct TCP through [`GuardedResolver`], or the proxy).
 //!
 //! Host names are resolved through the [`Resolve`] seam by [`GuardedResolver`], which drops
 //! every address the policy refuses before the connector sees it, so the socket is opened
@@ -7,27 +14,31 @@
 //! at a private address is refused too). IP-literal targets never reach a resolver, so
 //! [`HttpTransport::send`] checks them itself before sending.
 //!
+//! An http target through the proxy is sent in absolute form to the address that was
+//! checked (`POST http://203.0.113.7:8080/hook`, `Host: hooks.example:8080`), so the proxy
+//! never resolves the name itself; a 407 from the proxy is an attempt error, not the
+//! receiver's answer.
+//!
 //! Idle pooled connections are bounded per host by hyper-util's pool and, all hosts
 //! together, by [`crate::conn_cap`] (`delivery.max_idle_connections`).
 
 use std::error::Error as StdError;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::conn_cap::{CappedConnector, ConnCap};
-use crate::egress::{is_loopback_name, literal_ip, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
+use crate::egress::{literal_ip, EgressDenied, EgressPolicy};
+use crate::proxy::{EgressConnector, ProxyResolver, ProxyRoute};
+pub use crate::resolver::GuardedResolver;
 use crate::resolver::Resolve;
+use crate::tls::{TlsConnector, TlsHandle, TlsMaterial};
 use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 /// Settings of the HTTP client.
@@ -45,94 +56,67 @@ pub struct ClientSettings {
     pub max_idle_connections: usize,
 }
 
-/// A resolver service for hyper-util's connector that applies the egress policy to
-/// every resolved address.
-#[derive(Clone)]
-pub struct GuardedResolver {
-    inner: Arc<dyn Resolve>,
-    policy: Arc<EgressPolicy>,
-}
-
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = Box<dyn StdError + Send + Sync>;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        // RFC 6761: a loopback name is loopback without asking DNS (which may not even
-        // answer for `localhost.`); the policy below still decides whether it may be used.
-        let resolving: crate::resolver::ResolveFuture = if is_loopback_name(name.as_str()) {
-            let addrs = LOOPBACK_NAME_ADDRS.to_vec();
-            Box::pin(async move { Ok(addrs) })
-        } else {
-            self.inner.resolve(name.as_str())
-        };
-        let policy = self.policy.clone();
-        Box::pin(async move {
-            let ips = resolving.await?;
-            let mut first_denied: Option<EgressDenied> = None;
-            let mut allowed = Vec::with_capacity(ips.len());
-            for ip in ips {
-                match policy.check(ip) {
-                    Ok(()) => allowed.push(SocketAddr::new(ip, 0)),
-                    Err(denied) => {
-                        first_denied.get_or_insert(denied);
-                    }
-                }
-            }
-            if allowed.is_empty() {
-                if let Some(denied) = first_denied {
-                    return Err(Box::new(denied) as Box<dyn StdError + Send + Sync>);
-                }
-                return Err("the name resolved to no address".into());
-            }
-            Ok(allowed.into_iter())
-        })
-    }
-}
-
-type HttpsClient = Client<hyper_rustls::HttpsConnector<CappedConnector<HttpConnector<GuardedResolver>>>, Full<Bytes>>;
+type HttpsClient = Client<TlsConnector<CappedConnector<EgressConnector>>, Full<Bytes>>;
 
 /// The production [`Transport`].
 pub struct HttpTransport {
-    client: HttpsClient,
-    policy: Arc<EgressPolicy>,
+    /// The client and the egress policy it was built with, swapped whole by a reload.
+    current: ArcSwap<Current>,
+    resolver: Arc<dyn Resolve>,
+    tls: TlsHandle,
+    proxy: Option<Arc<ProxyRoute>>,
     settings: ClientSettings,
     cap: Arc<ConnCap>,
 }
 
+/// A client and the egress policy its resolver applies.
+struct Current {
+    client: HttpsClient,
+    policy: Arc<EgressPolicy>,
+    guard: GuardedResolver,
+}
+
 impl HttpTransport {
-    /// Builds the client. The TLS roots are the Mozilla set from `webpki-roots`.
-    pub fn new(settings: ClientSettings, policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
-        let policy = Arc::new(policy);
-        let mut http = HttpConnector::new_with_resolver(GuardedResolver {
-            inner: resolver,
-            policy: policy.clone(),
-        });
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(settings.connect_timeout));
-        // Under TLS, so the cap counts and closes the TCP connection itself.
+    /// Builds the client: TLS from `tls` (read at each new connection, so swapping its
+    /// material applies to the connections made from then on), through `proxy` unless a
+    /// target is in its `no_proxy`.
+    pub fn new(
+        settings: ClientSettings,
+        policy: EgressPolicy,
+        resolver: Arc<dyn Resolve>,
+        tls: TlsHandle,
+        proxy: Option<ProxyRoute>,
+    ) -> Self {
+        let proxy = proxy.map(Arc::new);
         let cap = ConnCap::new(settings.max_idle_connections);
-        let http = CappedConnector::new(http, cap.clone());
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let current = Current::new(&settings, &cap, policy, resolver.clone(), tls.clone(), proxy.clone());
+        HttpTransport {
+            current: ArcSwap::from_pointee(current),
+            resolver,
+            tls,
+            proxy,
+            settings,
+            cap,
+        }
+    }
+}
+
+impl Current {
+    fn new(
+        settings: &ClientSettings,
+        cap: &Arc<ConnCap>,
+        policy: EgressPolicy,
+        resolver: Arc<dyn Resolve>,
+        tls: TlsHandle,
+        proxy: Option<Arc<ProxyRoute>>,
+    ) -> Self {
+        let policy = Arc::new(policy);
+        let guard = GuardedResolver::new(resolver.clone(), policy.clone());
+        let connect_timeout = settings.connect_timeout;
+        let to_proxy = proxy.map(|route| (route, tcp(ProxyResolver(resolver), connect_timeout)));
+        let egress = EgressConnector::new(tcp(guard.clone(), connect_timeout), guard.clone(), to_proxy);
+        // Under TLS, so the cap counts and closes the TCP connection itself.
+        let https = TlsConnector::new(CappedConnector::new(egress, cap.clone()), tls);
         // With a timer the pool closes idle connections when their time is up; without one
         // it only noticed at the next checkout for the same host, so a sweep over many
         // hosts left a socket open to each of them for good.
@@ -141,23 +125,68 @@ impl HttpTransport {
             .pool_idle_timeout(settings.idle_timeout)
             .pool_max_idle_per_host(settings.pool_max_idle_per_host)
             .build(https);
-        HttpTransport {
-            client,
-            policy,
-            settings,
-            cap,
+        Current { client, policy, guard }
+    }
+}
+
+impl HttpTransport {
+    /// For an http target the proxy intercepts: the URL rewritten to the checked address,
+    /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
+    async fn through_proxy(&self, current: &Current, url: &url::Url) -> Result<Option<ProxiedHttp>, TransportError> {
+        let Some(proxy) = self.proxy.as_ref().filter(|_| url.scheme() == "http") else {
+            return Ok(None);
+        };
+        let uri: http::Uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| TransportError::Network(format!("{e}")))?;
+        if !proxy.intercepts(&uri) {
+            return Ok(None);
         }
+        let host = url.host_str().unwrap_or_default();
+        // What hyper would have written from the URL (the port only when not the default).
+        let host_header = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        let ip = current
+            .guard
+            .checked_addr(host)
+            .await
+            .map_err(|e| match e.downcast::<EgressDenied>() {
+                Ok(denied) => TransportError::EgressDenied(denied.to_string()),
+                Err(e) => TransportError::Network(e.to_string()),
+            })?;
+        let mut url = url.clone();
+        url.set_ip_host(ip)
+            .map_err(|()| TransportError::Network("cannot address the target by IP".to_string()))?;
+        Ok(Some(ProxiedHttp {
+            url,
+            host: host_header,
+            authorization: proxy.authorization().cloned(),
+            origin: proxy.origin().to_string(),
+        }))
     }
 
     async fn attempt(&self, req: OutboundRequest) -> Result<InboundResponse, TransportError> {
+        let current = self.current.load_full();
         if let Some(ip) = literal_ip(&req.url) {
-            self.policy
+            current
+                .policy
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
-        let mut builder = http::Request::builder().method(req.method).uri(req.url.as_str());
+        let proxied = self.through_proxy(&current, &req.url).await?;
+        let url = proxied.as_ref().map_or(&req.url, |p| &p.url);
+        let mut builder = http::Request::builder().method(req.method).uri(url.as_str());
         for (name, value) in &req.headers {
             builder = builder.header(name.as_str(), value.as_slice());
+        }
+        if let Some(p) = &proxied {
+            builder = builder.header(http::header::HOST, p.host.as_str());
+            if let Some(auth) = &p.authorization {
+                builder = builder.header(http::header::PROXY_AUTHORIZATION, auth.clone());
+            }
         }
         let request = builder
             .body(Full::new(req.body))
@@ -165,8 +194,15 @@ impl HttpTransport {
         // Held until the body is read: while any request to a host runs, the cap leaves the
         // host's connections alone; its end is when an idle one may be closed.
         let _busy = self.cap.begin(request.uri());
-        let response = self.client.request(request).await.map_err(classify_error)?;
+        let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
+        if let Some(p) = proxied.as_ref().filter(|_| status == 407) {
+            // The proxy's answer, not the receiver's: retried like a connect error.
+            return Err(TransportError::Network(format!(
+                "proxy {} answered 407 Proxy Authentication Required: egress.proxy's credentials are missing or refused",
+                p.origin
+            )));
+        }
         let retry_after = response
             .headers()
             .get(http::header::RETRY_AFTER)
@@ -198,7 +234,47 @@ impl HttpTransport {
     }
 }
 
+/// A TCP connector through `resolver`, as every outbound connection is made.
+fn tcp<R>(resolver: R, connect_timeout: Duration) -> HttpConnector<R> {
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http
+}
+
+/// An http target's request rewritten for the proxy (see [`HttpTransport::through_proxy`]).
+struct ProxiedHttp {
+    url: url::Url,
+    host: String,
+    authorization: Option<http::HeaderValue>,
+    origin: String,
+}
+
 impl Transport for HttpTransport {
+    /// Takes the reloaded TLS material (new connections use it; pooled ones keep theirs
+    /// until they close) and egress policy: a changed policy gets a new client, so a
+    /// tightened allow list applies to every attempt from now on (the old client's pooled
+    /// connections are not reused; they close as their attempts end). Everything that can
+    /// fail (reading the PEM files) is done before anything is swapped.
+    fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
+        let material = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
+        let policy = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
+        if *self.current.load().policy != policy {
+            let current = Current::new(
+                &self.settings,
+                &self.cap,
+                policy,
+                self.resolver.clone(),
+                self.tls.clone(),
+                self.proxy.clone(),
+            );
+            self.current.store(Arc::new(current));
+        }
+        self.tls.swap(material);
+        Ok(())
+    }
+
     fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
         Box::pin(async move {
             // The message's policy's request_timeout (delivery.request_timeout unless its

@@ -81,7 +81,7 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
         for (key, n) in open {
             known.entry(key).or_default().open = Some(n);
         }
-        for e in &d.config.endpoints {
+        for e in &d.config().endpoints {
             if after.is_none_or(|a| e.key.as_str() > a) && e.key.starts_with(&q.prefix) {
                 known.entry(e.key.clone()).or_default();
             }
@@ -127,7 +127,7 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
         // or ones from before the config changed) adds its line; an unordered one's item is
         // exactly as before. One point read per item.
         let line = d.store.line(&key)?;
-        if line.is_some() || d.config.endpoints.iter().any(|e| e.key == key && e.fifo.is_some()) {
+        if line.is_some() || d.config().endpoints.iter().any(|e| e.key == key && e.fifo.is_some()) {
             item["ordering"] = json!("fifo");
             item["line_head"] = json!(line.as_ref().map(|l| l.head.clone()));
             item["line_blocked"] = json!(line.as_ref().is_some_and(|l| l.blocked));
@@ -154,7 +154,7 @@ fn lower(stop: &mut Option<String>, key: Option<String>) {
 /// messages, with a stored record, or configured.
 pub fn is_known(d: &Deliverer, key: &str) -> Result<bool, StoreError> {
     Ok(d.endpoints.get(key).is_some()
-        || d.config.endpoints.iter().any(|e| e.key == key)
+        || d.config().endpoints.iter().any(|e| e.key == key)
         || d.store.open_of_endpoint(key)? > 0
         || d.store.endpoint(key)?.is_some())
 }

@@ -16,9 +16,8 @@ use subtle::ConstantTimeEq;
 
 use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
-use crate::config::Config;
 use crate::delivery::Deliverer;
-use crate::egress::{known_without_dns, EgressPolicy, KnownHost};
+use crate::egress::{known_without_dns, KnownHost};
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::metrics::Metrics;
@@ -38,10 +37,8 @@ const RETRY_AFTER_SECS: &str = "5";
 pub struct Ingress {
     /// Stores each message and starts its delivery.
     deliverer: Arc<Deliverer>,
-    config: Arc<Config>,
     clock: SharedClock,
     metrics: Arc<Metrics>,
-    egress: EgressPolicy,
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
 }
@@ -57,15 +54,16 @@ impl Refusal {
 }
 
 impl Ingress {
-    /// Builds the component. `draining` turns true when shutdown starts.
+    /// Builds the component. `draining` turns true when shutdown starts. The settings
+    /// a reload changes (routes, signing keys, the egress policy, the token) are read from
+    /// `deliverer` at each request; the browser rules of `[ingress]` are fixed at start.
     pub fn new(
         deliverer: Arc<Deliverer>,
-        config: Arc<Config>,
         clock: SharedClock,
         metrics: Arc<Metrics>,
         draining: Arc<AtomicBool>,
     ) -> Self {
-        let egress = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
+        let config = deliverer.config();
         let access = AccessPolicy::new(
             "ingress",
             config.ingress.allowed_origins.clone(),
@@ -74,10 +72,8 @@ impl Ingress {
         Ingress {
             access,
             deliverer,
-            config,
             clock,
             metrics,
-            egress,
             draining,
         }
     }
@@ -123,14 +119,18 @@ impl Ingress {
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         self.check_token(&req, control.token.as_deref())?;
 
-        let config = &self.config;
+        // One settings value for the whole accept, whatever a reload does meanwhile.
+        let settings = self.deliverer.settings();
+        let config = &settings.config;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
         // name); the error already says how an operator opens it, once.
         let denied = match known_without_dns(&resolved.url) {
-            Some(KnownHost::Ip(ip)) => self.egress.check(ip).err().map(|e| e.to_string()),
-            Some(KnownHost::LoopbackName(host)) => self.egress.check_loopback_name(&host).err().map(|e| e.to_string()),
+            Some(KnownHost::Ip(ip)) => settings.egress.check(ip).err().map(|e| e.to_string()),
+            Some(KnownHost::LoopbackName(host)) => {
+                settings.egress.check_loopback_name(&host).err().map(|e| e.to_string())
+            }
             None => None,
         };
         if let Some(message) = denied {
@@ -258,7 +258,7 @@ impl Ingress {
             .endpoint
             .unwrap_or_else(|| crate::target::default_endpoint_key(&resolved.url));
         let route = route.map(|r| r.name.clone());
-        let policy = self.deliverer.policies.resolve(route.as_deref(), &endpoint);
+        let policy = settings.policies.resolve(route.as_deref(), &endpoint);
         let envelope = Envelope {
             max_attempts: control.max_attempts.unwrap_or_else(|| policy.max_attempts()),
             give_up_after: control.give_up_after.unwrap_or_else(|| policy.give_up_after()),
@@ -319,7 +319,8 @@ impl Ingress {
     }
 
     fn check_token(&self, req: &Request<Incoming>, header_token: Option<&str>) -> Result<(), Refusal> {
-        let Some(expected) = &self.config.ingress_token else {
+        let config = self.deliverer.config();
+        let Some(expected) = &config.ingress_token else {
             return Ok(());
         };
         let expected = expected.expose().as_bytes();

@@ -19,8 +19,8 @@
 //! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
 //!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`client`], [`serve`], [`uds`].
-//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`retention`], [`metrics`].
+//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`].
+//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
 
 #![warn(missing_docs)]
@@ -28,6 +28,7 @@
 pub mod access;
 pub mod admin;
 pub mod app;
+pub mod args;
 pub mod batcher;
 pub mod cli;
 pub mod client;
@@ -48,7 +49,9 @@ pub mod operator;
 pub mod ops;
 pub mod policy;
 pub mod priority;
+pub mod proxy;
 pub mod redact;
+pub mod reload;
 pub mod resolver;
 pub mod retention;
 pub mod scheduler;
@@ -59,7 +62,9 @@ mod sim;
 pub mod store;
 pub mod target;
 pub mod timefmt;
+pub mod tls;
 pub mod trace;
 pub mod transport;
 pub mod trim;
 pub mod uds;
+pub mod ui;

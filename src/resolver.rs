@@ -5,10 +5,16 @@
 //! touching real DNS.
 
 use std::collections::HashMap;
+use std::error::Error as StdError;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use hyper_util::client::legacy::connect::dns::Name;
+
+use crate::egress::{is_loopback_name, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
 
 /// A boxed resolve future.
 pub type ResolveFuture = Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>;
@@ -66,5 +72,80 @@ impl Resolve for StaticResolver {
         Box::pin(async move {
             found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {host}")))
         })
+    }
+}
+
+/// A resolver service for hyper-util's connector that applies the egress policy to
+/// every resolved address.
+#[derive(Clone)]
+pub struct GuardedResolver {
+    inner: Arc<dyn Resolve>,
+    policy: Arc<EgressPolicy>,
+}
+
+impl GuardedResolver {
+    /// Resolves through `inner`, keeping only the addresses `policy` allows.
+    pub fn new(inner: Arc<dyn Resolve>, policy: Arc<EgressPolicy>) -> Self {
+        GuardedResolver { inner, policy }
+    }
+}
+
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn StdError + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        // RFC 6761: a loopback name is loopback without asking DNS (which may not even
+        // answer for `localhost.`); the policy below still decides whether it may be used.
+        let resolving: ResolveFuture = if is_loopback_name(name.as_str()) {
+            let addrs = LOOPBACK_NAME_ADDRS.to_vec();
+            Box::pin(async move { Ok(addrs) })
+        } else {
+            self.inner.resolve(name.as_str())
+        };
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let ips = resolving.await?;
+            let mut first_denied: Option<EgressDenied> = None;
+            let mut allowed = Vec::with_capacity(ips.len());
+            for ip in ips {
+                match policy.check(ip) {
+                    Ok(()) => allowed.push(SocketAddr::new(ip, 0)),
+                    Err(denied) => {
+                        first_denied.get_or_insert(denied);
+                    }
+                }
+            }
+            if allowed.is_empty() {
+                if let Some(denied) = first_denied {
+                    return Err(Box::new(denied) as Box<dyn StdError + Send + Sync>);
+                }
+                return Err("the name resolved to no address".into());
+            }
+            Ok(allowed.into_iter())
+        })
+    }
+}
+
+impl GuardedResolver {
+    /// The first address of `host` (a name, or an IP literal with or without brackets) that
+    /// the policy allows: what a proxy is asked to connect to.
+    pub async fn checked_addr(&self, host: &str) -> Result<IpAddr, Box<dyn StdError + Send + Sync>> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            self.policy.check(ip)?;
+            return Ok(ip);
+        }
+        let name: Name = bare.parse()?;
+        let mut addrs = tower_service::Service::call(&mut self.clone(), name).await?;
+        addrs
+            .next()
+            .map(|a| a.ip())
+            .ok_or_else(|| "the name resolved to no address".into())
     }
 }

@@ -45,6 +45,12 @@ pub struct ServeLimits {
     pub max_header_bytes: usize,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Requests in progress at once, all connections together. HTTP/1.1 has one request
+    /// in progress per connection, so the connection cap bounds it already; one HTTP/2
+    /// connection carries up to 128, so without this a few clients could have far more
+    /// requests (and bodies) in progress than connections. Past it a request is answered
+    /// `503 overloaded` with `Retry-After: 1` at once.
+    pub max_requests: usize,
     /// After stop, how long open connections may take to finish their request before they
     /// are closed (a stalled client must not hold up shutdown).
     pub drain_timeout: Duration,
@@ -56,6 +62,7 @@ impl Default for ServeLimits {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 << 10,
             max_connections: 4096,
+            max_requests: 4096,
             drain_timeout: Duration::from_secs(30),
         }
     }
@@ -114,6 +121,7 @@ pub async fn serve(
 ) {
     let listener = listener.into();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let requests = Arc::new(Semaphore::new(limits.max_requests));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let builder = builder(&limits);
     loop {
@@ -128,9 +136,11 @@ pub async fn serve(
         match accepted {
             Ok(Accepted::Tcp(stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                spawn_conn(stream, peer, &handler, &builder, &limits, &graceful, permit);
+                spawn_conn(stream, peer, &handler, &requests, &builder, &limits, &graceful, permit);
             }
-            Ok(Accepted::Unix(stream)) => spawn_conn(stream, UNIX_PEER, &handler, &builder, &limits, &graceful, permit),
+            Ok(Accepted::Unix(stream)) => spawn_conn(
+                stream, UNIX_PEER, &handler, &requests, &builder, &limits, &graceful, permit,
+            ),
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -225,35 +235,62 @@ macro_rules! readable_by_peek {
 readable_by_peek!(tokio::net::TcpStream);
 readable_by_peek!(tokio::net::UnixStream);
 
-/// Serves one connection on its own task; the permit is its connection slot.
+/// Serves one connection on its own task; the permit is its connection slot, and each
+/// request takes one of `requests` for as long as it is in progress.
+#[allow(clippy::too_many_arguments)]
 fn spawn_conn<S: Readable>(
     stream: S,
     peer: SocketAddr,
     handler: &Handler,
+    requests: &Arc<Semaphore>,
     builder: &AutoBuilder<TokioExecutor>,
     limits: &ServeLimits,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let handler = handler.clone();
+    let (handler, requests) = (handler.clone(), requests.clone());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let handler = handler.clone();
-        async move { Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await) }
+        let slot = requests.clone().try_acquire_owned();
+        async move {
+            let Ok(_slot) = slot else {
+                return Ok(overloaded());
+            };
+            Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await)
+        }
     });
-    let (builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
+    let (mut builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
     let watcher = graceful.watcher();
     tokio::spawn(async move {
         // Telling HTTP/1.1 from HTTP/2 waits for the first bytes, and HTTP/1.1's header
         // timeout only starts after that: without this, a client that connects and sends
         // nothing would hold its connection slot for good.
+        let connected = tokio::time::Instant::now();
         if !matches!(tokio::time::timeout(first_bytes, stream.ready()).await, Ok(Ok(()))) {
             drop(permit);
             return;
         }
+        // The first head gets what is left of the one header timeout, not a second one:
+        // a client trickling its first bytes then its head is cut at the same time as one
+        // that sends nothing.
+        let left = first_bytes.saturating_sub(connected.elapsed());
+        builder.http1().header_read_timeout(left.max(Duration::from_millis(1)));
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         let _ = watcher.watch(conn).await;
         drop(permit);
     });
+}
+
+/// The answer past [`ServeLimits::max_requests`].
+fn overloaded() -> Response<Body> {
+    let mut resp = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "too many requests in progress on this listener; retry shortly",
+    );
+    resp.headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    resp
 }
 
 /// A JSON answer.

@@ -75,3 +75,97 @@ fn an_http2_request_is_handed_on_in_origin_form_with_its_authority_as_host() {
         (Some("r.example"), None)
     );
 }
+
+#[tokio::test]
+async fn http2_streams_past_the_request_cap_are_answered_overloaded_at_once() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let arrived = Arc::new(Semaphore::new(0));
+    let (g, a) = (gate.clone(), arrived.clone());
+    // Holds every request it gets until the gate opens, so they are in progress together.
+    let handler: Handler = Arc::new(move |_peer, _req| {
+        let (g, a) = (g.clone(), a.clone());
+        Box::pin(async move {
+            a.add_permits(1);
+            g.acquire().await.unwrap().forget();
+            empty(StatusCode::OK)
+        })
+    });
+    let limits = ServeLimits {
+        max_requests: 3,
+        ..ServeLimits::default()
+    };
+    let (_stop, rx) = watch::channel(false);
+    tokio::spawn(serve(listener, handler, limits, rx));
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let get = || {
+        Request::get("http://localhost/")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let (mut s, req) = (send.clone(), get());
+            tokio::spawn(async move { s.send_request(req).await.unwrap().status() })
+        })
+        .collect();
+    arrived.acquire_many(3).await.unwrap().forget();
+    // One connection, three streams in progress: more are refused at once, not queued.
+    for _ in 0..2 {
+        let resp = tokio::time::timeout(Duration::from_secs(5), send.clone().send_request(get()))
+            .await
+            .expect("answered at once")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1");
+    }
+    gate.add_permits(3);
+    for h in held {
+        assert_eq!(h.await.unwrap(), StatusCode::OK);
+    }
+    // The slots are back.
+    let resp = send.clone().send_request(get());
+    gate.add_permits(1);
+    assert_eq!(resp.await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_late_first_byte_does_not_buy_a_second_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = ServeLimits {
+        header_read_timeout: Duration::from_secs(1),
+        ..ServeLimits::default()
+    };
+    let (_stop, rx) = watch::channel(false);
+    tokio::spawn(serve(listener, echo_peer(), limits, rx));
+    let started = Instant::now();
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The first byte just inside the timeout, then a head that never ends.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    slow.write_all(b"P").await.unwrap();
+    let trickle = async {
+        for b in b"OST / HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if slow.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), trickle).await.unwrap();
+    let mut buf = [0u8; 256];
+    let _ = tokio::time::timeout(Duration::from_secs(5), slow.read(&mut buf)).await;
+    // Cut at the one timeout (1 s from connect), not 1 s after the first byte (1.9 s):
+    // the trickle above would run 3 s if nobody cut it.
+    assert!(
+        started.elapsed() < Duration::from_millis(1600),
+        "{:?}",
+        started.elapsed()
+    );
+}

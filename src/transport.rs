@@ -54,4 +54,11 @@ pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Result<InboundResponse, Tr
 pub trait Transport: Send + Sync + 'static {
     /// Sends `req` and returns the receiver's answer or why there was none.
     fn send(&self, req: OutboundRequest) -> SendFuture<'_>;
+
+    /// Takes what a reloaded config changes for the transport (the egress policy, TLS
+    /// material) for the connections made from now on; an error leaves the running ones in
+    /// place. Transports without such settings (the test doubles) ignore it.
+    fn reconfigure(&self, _config: &crate::config::Config) -> Result<(), String> {
+        Ok(())
+    }
 }

@@ -23,6 +23,7 @@ use super::parse::{
     normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_ingress_listen,
     parse_jitter, parse_listen, parse_net, parse_origin, parse_size_text, parse_target, parse_url,
 };
+use super::proxy::{parse_no_proxy, parse_proxy, EgressProxy};
 use crate::model::{Jitter, UnknownName};
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
@@ -159,6 +160,20 @@ pub(super) struct EndpointKey;
 impl Text for EndpointKey {
     type Value = String;
     const PARSE: fn(&str) -> Result<String, String> = |t| Ok(normalize_endpoint_key(t));
+}
+
+/// `egress.proxy`: an `http://` URL (never quoted: it may carry a password).
+pub(super) struct Proxy;
+impl Text for Proxy {
+    type Value = EgressProxy;
+    const PARSE: fn(&str) -> Result<EgressProxy, String> = parse_proxy;
+}
+
+/// An `egress.no_proxy` entry: a host, `.domain` suffix, address, network or `*`.
+pub(super) struct NoProxy;
+impl Text for NoProxy {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = parse_no_proxy;
 }
 
 /// A duration (`30s`); a bad one is `invalid_duration`, in whichever section.

@@ -5,7 +5,8 @@
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use super::de::{self, Net};
+use super::de::{self, Net, NoProxy, Proxy};
+use super::proxy::EgressProxy;
 
 /// Egress policy openings (`[egress]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -16,4 +17,10 @@ pub struct EgressConfig {
     /// Networks allowed even though they are not global.
     #[serde(deserialize_with = "de::list::<Net, _>")]
     pub allow: Vec<IpNet>,
+    /// `egress.proxy`: the HTTP proxy every attempt goes through (credentials hidden).
+    #[serde(deserialize_with = "de::opt::<Proxy, _>")]
+    pub proxy: Option<EgressProxy>,
+    /// `egress.no_proxy`: hosts, domain suffixes and networks reached directly.
+    #[serde(deserialize_with = "de::list::<NoProxy, _>")]
+    pub no_proxy: Vec<String>,
 }

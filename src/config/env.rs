@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use super::de::{Dur, Format, HostEntry, Ingress, JitterMode, Link, Mode, Name, Net, Origin, Size, Tcp, Text};
+use super::de::{
+    Dur, Format, HostEntry, Ingress, JitterMode, Link, Mode, Name, Net, NoProxy, Origin, Proxy, Size, Tcp, Text,
+};
 use super::error::Problem;
 use super::parse::{parse_bool, parse_ingress_listen, parse_listen, parse_u32, split_list};
 use super::retry::{check_schedule, implied_attempts};
@@ -15,7 +17,7 @@ type Setter = fn(&mut Config, &str) -> Result<(), Problem>;
 
 /// Every variable of the env layer and what it sets, in the order of the config file; one
 /// entry per variable, so a name cannot lose its setter.
-const SETTERS: [(&str, Setter); 42] = [
+const SETTERS: [(&str, Setter); 44] = [
     ("COURIER_LISTEN", |c, v| set(&mut c.listen, Ingress::parse(v))),
     ("COURIER_LISTEN_MODE", |c, v| set(&mut c.listen_mode, Mode::parse(v))),
     ("COURIER_ADMIN_LISTEN", |c, v| set(&mut c.admin_listen, Tcp::parse(v))),
@@ -129,14 +131,22 @@ const SETTERS: [(&str, Setter); 42] = [
         set(&mut c.egress.allow_private_targets, bool_of(v))
     }),
     ("COURIER_EGRESS_ALLOW", |c, v| set(&mut c.egress.allow, list::<Net>(v))),
+    // Blank: no proxy (clears what the file set).
+    ("COURIER_EGRESS_PROXY", |c, v| {
+        let proxy = (!v.trim().is_empty()).then(|| Proxy::parse(v)).transpose();
+        set(&mut c.egress.proxy, proxy)
+    }),
+    ("COURIER_EGRESS_NO_PROXY", |c, v| {
+        set(&mut c.egress.no_proxy, list::<NoProxy>(v))
+    }),
 ];
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
 ///
 /// [`CONFIG_ENV`]: super::CONFIG_ENV
-pub const ENV_VARS: [&str; 42] = {
-    let mut names = [""; 42];
+pub const ENV_VARS: [&str; 44] = {
+    let mut names = [""; 44];
     let mut i = 0;
     while i < names.len() {
         names[i] = SETTERS[i].0;
@@ -146,7 +156,8 @@ pub const ENV_VARS: [&str; 42] = {
 };
 
 /// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 4] = [
+pub(super) const SENSITIVE_ENV_VARS: [&str; 5] = [
+    "COURIER_EGRESS_PROXY",
     "COURIER_INGRESS_TOKEN",
     "COURIER_ADMIN_TOKEN",
     "COURIER_SIGNING_SECRETS",

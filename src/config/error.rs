@@ -142,7 +142,7 @@ impl ConfigError {
         ConfigError::new(place, problem.text).with_code(problem.code)
     }
 
-    pub(super) fn invalid(key: &str, problem: impl fmt::Display) -> Self {
+    pub(crate) fn invalid(key: &str, problem: impl fmt::Display) -> Self {
         ConfigError::new("invalid config", format!("{key} {problem}"))
     }
 

@@ -28,7 +28,7 @@
 //!   layering), and the lookups the runtime uses;
 //! - the sections, each with its struct and defaults: `access` (`[ingress]`, `[admin]`),
 //!   `retry` (with the `schedule` and `statuses` readers), `delivery`, `circuit`, `log`,
-//!   `signing`, `egress`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
+//!   `signing`, `egress` (with `proxy`), `tls`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
 //!   (the retry keys of routes and endpoints, [`PolicyOverrides`], their checks and
 //!   [`Config::policy_book`]), `listen` (the ingress address);
 //! - `file`: the TOML layer ([`Config::from_toml_str`]) and its one-line errors; `shape`: what
@@ -50,11 +50,13 @@ mod listen;
 mod log;
 mod parse;
 mod policy;
+mod proxy;
 mod retry;
 mod sections;
 mod shape;
 mod signing;
 mod summary;
+mod tls;
 pub mod units;
 mod validate;
 
@@ -82,11 +84,13 @@ pub use error::ConfigError;
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
+pub use proxy::EgressProxy;
 pub use retry::RetryConfig;
 pub use sections::{EndpointConfig, HostConfig, RouteConfig};
 pub use signing::{SigningConfig, SigningKey};
 use summary::origin_only;
 pub use summary::PublicKeyEntry;
+pub use tls::{HostTls, TlsConfig, TlsRoots, TlsVersion};
 
 /// The environment variable naming the TOML file (used when `--config` is not given).
 pub const CONFIG_ENV: &str = "COURIER_CONFIG";
@@ -161,6 +165,8 @@ pub struct Config {
     pub signing: SigningConfig,
     /// `[egress]` (also spelled at the top level, CONTRACT §6: see `shape`).
     pub egress: EgressConfig,
+    /// `[tls]`: trust and versions toward receivers.
+    pub tls: TlsConfig,
     /// `[[route]]`, in file order.
     #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -196,6 +202,7 @@ impl Default for Config {
             log: LogConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
+            tls: TlsConfig::default(),
             routes: Vec::new(),
             hosts: Vec::new(),
             endpoints: Vec::new(),
@@ -227,6 +234,7 @@ impl fmt::Debug for Config {
             .field("log", &self.log)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
+            .field("tls", &self.tls)
             .field("routes", &self.routes)
             .field("hosts", &self.hosts)
             .field("endpoints", &self.endpoints)

@@ -1,7 +1,8 @@
 //! The arrays of tables: `[[route]]` ([`RouteConfig`]), `[[host]]` ([`HostConfig`]) and
 //! `[[endpoint]]` ([`EndpointConfig`]). Routes and endpoints also take the retry-policy keys
-//! and `ordering`/`on_dead`, which the file writes beside their own keys; `shape` gathers
-//! those into the `(policy)` and `(ordering)` groups these structs read.
+//! and `ordering`/`on_dead`, hosts their TLS keys, which the file writes beside their own
+//! keys; `shape` gathers those into the `(policy)`, `(ordering)` and `(tls)` groups these
+//! structs read.
 
 use std::fmt;
 
@@ -11,7 +12,7 @@ use url::Url;
 use super::de::{self, EndpointKey, HostKey, Link, Name, Target};
 use super::error::Problem;
 use super::summary::{patterns, without_password};
-use super::{Config, PolicyOverrides};
+use super::{Config, HostTls, PolicyOverrides};
 use crate::model::{OnDead, Ordering, SignatureScheme};
 use crate::signing::scope::TargetPattern;
 
@@ -56,7 +57,7 @@ impl fmt::Debug for RouteConfig {
     }
 }
 
-/// A per-host override of the in-flight cap (`[[host]]`).
+/// Per-host settings (`[[host]]`): the in-flight cap, and TLS toward the host.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
@@ -64,8 +65,12 @@ pub struct HostConfig {
     /// live targets are (lowercase, IDNA to punycode), so the limiter's lookup is exact.
     #[serde(deserialize_with = "de::one::<HostKey, _>")]
     pub host: String,
-    /// Attempts in flight to this host at most.
-    pub max_in_flight: u32,
+    /// Attempts in flight to this host at most; `None`: `delivery.max_in_flight_per_host`.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// TLS toward this host: extra CAs, a client certificate.
+    #[serde(default, rename = "(tls)")]
+    pub tls: HostTls,
 }
 
 /// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering, its retry policy.

@@ -7,7 +7,8 @@
 //!   is written beside it;
 //! - in each `[[route]]` and `[[endpoint]]`, the retry-policy keys are gathered into a
 //!   `(policy)` table and `ordering`/`on_dead` into an `(ordering)` table, which the
-//!   section's `policy` and `fifo` fields read. serde cannot give one struct's keys to
+//!   section's `policy` and `fifo` fields read; in each `[[host]]`, the TLS keys into a
+//!   `(tls)` table for its `tls` field. serde cannot give one struct's keys to
 //!   another inside the same table without `flatten`, and `flatten` loses the key and the
 //!   line of an error; a moved value keeps its place in the text, so it does not.
 //!
@@ -20,12 +21,14 @@ use super::de::fields_of;
 use super::error::Problem;
 use super::retry::implied_attempts;
 use super::sections::ordering_keys;
-use super::PolicyOverrides;
+use super::{HostTls, PolicyOverrides};
 
 /// The key of the group of retry-policy keys in a route or an endpoint.
 pub(super) const POLICY_GROUP: &str = "(policy)";
 /// The key of the group of `ordering` and `on_dead` in a route or an endpoint.
 pub(super) const ORDERING_GROUP: &str = "(ordering)";
+/// The key of the group of TLS keys in a host.
+pub(super) const TLS_GROUP: &str = "(tls)";
 
 /// The top-level spellings of `[egress]`'s settings (CONTRACT §6), and their key there.
 const EGRESS_ALIASES: [(&str, &str); 2] = [
@@ -47,6 +50,9 @@ pub(super) fn shape(root: &mut Table) -> Result<(), Problem> {
             group(section, POLICY_GROUP, policy_keys);
             group(section, ORDERING_GROUP, ordering_keys());
         }
+    }
+    for (_, host) in sections(root, "host") {
+        group(host, TLS_GROUP, fields_of::<HostTls>());
     }
     Ok(())
 }
@@ -142,6 +148,9 @@ mod tests {
             );
             assert!(fields.iter().filter(|f| is_group(f)).count() == 2, "{fields:?}");
         }
+        let host = fields_of::<crate::config::HostConfig>();
+        assert!(host.contains(&TLS_GROUP) && host.iter().filter(|f| is_group(f)).count() == 1);
+        assert!(fields_of::<HostTls>().contains(&"client_cert"));
         assert!(fields_of::<PolicyOverrides>().contains(&"schedule"));
         assert_eq!(ordering_keys(), ["ordering", "on_dead"]);
     }

@@ -181,6 +181,23 @@ impl Config {
                 allow.join(", ")
             }
         ));
+        if let Some(proxy) = &self.egress.proxy {
+            lines.push(format!(
+                "egress: proxy {}, no_proxy: {}",
+                proxy.describe(),
+                if self.egress.no_proxy.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.egress.no_proxy.join(", ")
+                }
+            ));
+        }
+        lines.push(format!(
+            "tls: roots {}, min_version {}, ca_file: {}",
+            self.tls.roots.as_str(),
+            self.tls.min_version.as_str(),
+            paths(&self.tls.ca_file)
+        ));
         for route in &self.routes {
             lines.push(format!(
                 "route {} -> {} (signing key {}, scheme {}{}{})",
@@ -193,7 +210,15 @@ impl Config {
             ));
         }
         for host in &self.hosts {
-            lines.push(format!("host {}: max_in_flight {}", host.host, host.max_in_flight));
+            let cap = host.max_in_flight.unwrap_or(self.delivery.max_in_flight_per_host);
+            let mut line = format!("host {}: max_in_flight {cap}", host.host);
+            if !host.tls.ca_file.is_empty() {
+                line.push_str(&format!(", ca_file: {}", paths(&host.tls.ca_file)));
+            }
+            if let Some(cert) = &host.tls.client_cert {
+                line.push_str(&format!(", client_cert {}", cert.display()));
+            }
+            lines.push(line);
         }
         for endpoint in &self.endpoints {
             let rate = endpoint.rate_per_second.unwrap_or(self.delivery.rate_per_second);
@@ -278,4 +303,15 @@ fn access(access: &ListenerAccess) -> String {
 /// `, ordering fifo (on_dead skip)` for an ordered endpoint or route, else nothing.
 fn fifo(on_dead: Option<crate::model::OnDead>) -> String {
     on_dead.map_or(String::new(), |d| format!(", ordering fifo (on_dead {})", d.as_str()))
+}
+
+/// Paths for the summary: `none`, or comma-separated.
+fn paths(list: &[std::path::PathBuf]) -> String {
+    if list.is_empty() {
+        return "none".to_string();
+    }
+    list.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -24,7 +24,8 @@ impl Config {
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
         self.validate_policies()?;
-        self.validate_secrets()
+        self.validate_secrets()?;
+        self.tls.validate()
     }
 
     /// The listeners that serve the network without their token: `("listen", addr)` when
@@ -205,7 +206,8 @@ impl Config {
                     format_args!("{:?} is listed twice", host.host),
                 ));
             }
-            if host.max_in_flight < 1 {
+            host.tls.validate(i)?;
+            if host.max_in_flight.is_some_and(|m| m < 1) {
                 return Err(ConfigError::invalid(
                     &format!("host[{i}].max_in_flight"),
                     "must be at least 1",

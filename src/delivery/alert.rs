@@ -24,7 +24,9 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> 
 /// Enqueues the alert for a paused endpoint, if `alert_url` is set. The alert endpoint
 /// itself never alerts about itself (that would loop).
 pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
-    let Some(url) = d.config.alert_url.clone() else { return };
+    let Some(url) = d.config().alert_url.clone() else {
+        return;
+    };
     // The alert's own endpoint key is the redacted form of alert_url, so neither
     // `/endpoints` nor a log line shows its path (where chat-style URLs keep their credential).
     let key = crate::redact::alert_key(&url);
@@ -32,7 +34,8 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
         return;
     }
     // Alerts are courier's own messages: whatever [[endpoint]] matches the alert key.
-    let policy = d.policies.resolve(None, &key);
+    let settings = d.settings();
+    let policy = settings.policies.resolve(None, &key);
     let env = Envelope {
         target: url,
         endpoint: Some(key),

@@ -1,16 +1,19 @@
 //! The per-endpoint in-flight cap (`[[endpoint]] max_in_flight`), under the per-host one:
-//! one semaphore per endpoint that has a cap. The caps come from the config and the map is
-//! made once at start, so it is as large as the config and never grows. Endpoints without
-//! a cap (nearly all) cost one lookup in an empty or small map.
+//! one semaphore per endpoint that has a cap. The caps come from the config, so the map is as
+//! large as the config and never grows. Endpoints without
+//! a cap (nearly all) cost one lookup in an empty or small map. A reload replaces the caps
+//! ([`EndpointCaps::set`]).
 //!
 //! The permit is taken with the host's, before a message is claimed, and goes back with the
 //! host's when the receiver has answered: a message refused by its endpoint's cap stays
 //! pending, and the freed permit wakes the scheduler just as a freed host permit does.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::Mutex;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::resizable::Resizable;
 
 /// The endpoint has `max_in_flight` attempts running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,33 +22,46 @@ pub struct AtCap;
 /// The capped endpoints' semaphores.
 #[derive(Debug, Default)]
 pub struct EndpointCaps {
-    caps: HashMap<String, (u32, Arc<Semaphore>)>,
+    caps: Mutex<HashMap<String, Resizable>>,
 }
 
 impl EndpointCaps {
     /// Caps for these endpoints (key, max in flight).
     pub fn new<'a>(caps: impl IntoIterator<Item = (&'a str, u32)>) -> Self {
-        EndpointCaps {
-            caps: caps
-                .into_iter()
-                .map(|(key, cap)| (key.to_string(), (cap, Arc::new(Semaphore::new(cap as usize)))))
-                .collect(),
+        let this = EndpointCaps::default();
+        this.set(caps);
+        this
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Resizable>> {
+        self.caps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the caps (a reload): an endpoint whose cap changed keeps its count of
+    /// attempts in flight, so a lowered cap holds new attempts back until enough finish;
+    /// an endpoint no longer capped is forgotten.
+    pub fn set<'a>(&self, caps: impl IntoIterator<Item = (&'a str, u32)>) {
+        let mut map = self.lock();
+        let mut next = HashMap::new();
+        for (key, cap) in caps {
+            let mut sem = map.remove(key).unwrap_or_else(|| Resizable::new(cap));
+            sem.resize(cap);
+            next.insert(key.to_string(), sem);
         }
+        *map = next;
     }
 
     /// A permit for one attempt to `endpoint`: `None` when it has no cap.
     pub fn try_acquire(&self, endpoint: &str) -> Result<Option<OwnedSemaphorePermit>, AtCap> {
-        match self.caps.get(endpoint) {
+        match self.lock().get_mut(endpoint) {
             None => Ok(None),
-            Some((_, sem)) => sem.clone().try_acquire_owned().map(Some).map_err(|_| AtCap),
+            Some(sem) => sem.try_acquire().map(Some).ok_or(AtCap),
         }
     }
 
     /// Attempts holding a permit of `endpoint` now, and its cap; `None` when it has none.
     pub fn usage(&self, endpoint: &str) -> Option<(u32, u32)> {
-        self.caps
-            .get(endpoint)
-            .map(|(cap, sem)| (cap - sem.available_permits() as u32, *cap))
+        self.lock().get(endpoint).map(|sem| (sem.in_use(), sem.cap()))
     }
 }
 

@@ -109,16 +109,30 @@ pub struct EndpointView {
 
 #[derive(Debug)]
 struct Entries {
+    /// `delivery.rate_per_second` and the `[[endpoint]]` overrides: under the same lock as
+    /// the entries, so a reload changes every held bucket's rate in one step.
+    rates: Rates,
     map: HashMap<String, Entry>,
     /// The size at which the next prune runs.
     prune_at: usize,
 }
 
+/// The per-endpoint rates.
+#[derive(Debug)]
+struct Rates {
+    default_rate: u32,
+    rates: HashMap<String, u32>,
+}
+
+impl Rates {
+    fn of(&self, key: &str) -> u32 {
+        self.rates.get(key).copied().unwrap_or(self.default_rate)
+    }
+}
+
 /// The endpoints courier is working with now (see the module doc for what stays).
 #[derive(Debug)]
 pub struct EndpointTable {
-    default_rate: u32,
-    rates: HashMap<String, u32>,
     pause_after: u32,
     listed_for_ms: u64,
     entries: Mutex<Entries>,
@@ -138,11 +152,10 @@ impl EndpointTable {
         now_ms: u64,
     ) -> Self {
         let t = EndpointTable {
-            default_rate,
-            rates,
             pause_after,
             listed_for_ms,
             entries: Mutex::new(Entries {
+                rates: Rates { default_rate, rates },
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
             }),
@@ -150,7 +163,7 @@ impl EndpointTable {
         {
             let mut entries = t.lock();
             for (key, rec) in persisted {
-                let bucket = TokenBucket::new(t.rate(&key), now_ms);
+                let bucket = TokenBucket::new(entries.rates.of(&key), now_ms);
                 entries.map.insert(key, Entry::new(rec, true, bucket, now_ms));
             }
         }
@@ -197,8 +210,15 @@ impl EndpointTable {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn rate(&self, key: &str) -> u32 {
-        self.rates.get(key).copied().unwrap_or(self.default_rate)
+    /// Replaces the rates (a reload); held buckets keep the tokens they have, up to their
+    /// new burst.
+    pub fn set_rates(&self, default_rate: u32, rates: HashMap<String, u32>, now_ms: u64) {
+        let mut entries = self.lock();
+        entries.rates = Rates { default_rate, rates };
+        let Entries { rates, map, .. } = &mut *entries;
+        for (key, e) in map.iter_mut() {
+            e.bucket.set_rate(rates.of(key), now_ms);
+        }
     }
 
     fn with_entry<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry) -> T) -> T {
@@ -207,7 +227,7 @@ impl EndpointTable {
             if entries.map.len() >= entries.prune_at {
                 self.prune(&mut entries, now_ms);
             }
-            let bucket = TokenBucket::new(self.rate(key), now_ms);
+            let bucket = TokenBucket::new(entries.rates.of(key), now_ms);
             let e = Entry::new(EndpointRecord::default(), false, bucket, now_ms);
             entries.map.insert(key.to_string(), e);
         }

@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
+use super::resizable::Resizable;
 use crate::policy::circuit::{Admit, Circuit, CircuitChange, CircuitSettings, CircuitState, HostOutcome};
 
 /// Hosts held before idle ones are forgotten.
@@ -25,8 +26,6 @@ pub enum HostRefusal {
 /// Semaphores and breakers per host.
 #[derive(Debug)]
 pub struct HostLimiter {
-    default_cap: u32,
-    overrides: HashMap<String, u32>,
     circuit: CircuitSettings,
     hosts: Arc<Mutex<Hosts>>,
 }
@@ -60,16 +59,32 @@ impl Drop for HostPermit {
 
 #[derive(Debug)]
 struct Host {
-    sem: Arc<Semaphore>,
+    sem: Resizable,
     circuit: Circuit,
 }
 
 #[derive(Debug)]
 struct Hosts {
+    /// `delivery.max_in_flight_per_host` and the `[[host]]` overrides: under the same lock
+    /// as the hosts, so a reload resizes every held host's semaphore in one step.
+    caps: Caps,
     map: HashMap<String, Host>,
     /// The size at which idle hosts are next forgotten: at least twice what the last prune
     /// kept, so a prune that frees little (every host busy) is not paid again per attempt.
     prune_at: usize,
+}
+
+/// The per-host caps.
+#[derive(Debug)]
+struct Caps {
+    default_cap: u32,
+    overrides: HashMap<String, u32>,
+}
+
+impl Caps {
+    fn of(&self, host: &str) -> u32 {
+        self.overrides.get(host).copied().unwrap_or(self.default_cap)
+    }
 }
 
 /// One host as the admin API shows it.
@@ -94,10 +109,9 @@ impl HostLimiter {
     /// settings.
     pub fn new(default_cap: u32, overrides: HashMap<String, u32>, circuit: CircuitSettings) -> Self {
         HostLimiter {
-            default_cap,
-            overrides,
             circuit,
             hosts: Arc::new(Mutex::new(Hosts {
+                caps: Caps { default_cap, overrides },
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
             })),
@@ -110,11 +124,18 @@ impl HostLimiter {
 
     /// The cap for `host`.
     pub fn cap(&self, host: &str) -> u32 {
-        self.overrides.get(host).copied().unwrap_or(self.default_cap)
+        self.lock().caps.of(host)
     }
 
-    fn in_flight_of(&self, host: &str, h: &Host) -> u32 {
-        self.cap(host).saturating_sub(h.sem.available_permits() as u32)
+    /// Replaces the caps (a reload): every held host's semaphore is resized, so a lowered
+    /// cap holds new attempts back until fewer than it are in flight.
+    pub fn set_caps(&self, default_cap: u32, overrides: HashMap<String, u32>) {
+        let mut hosts = self.lock();
+        hosts.caps = Caps { default_cap, overrides };
+        let Hosts { caps, map, .. } = &mut *hosts;
+        for (name, h) in map.iter_mut() {
+            h.sem.resize(caps.of(name));
+        }
     }
 
     /// A permit for one attempt to `host`, if its cap and its breaker allow one now.
@@ -123,19 +144,19 @@ impl HostLimiter {
         if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
             // Forget idle hosts so the map does not grow with every host ever seen: a host
             // with nothing in flight and no breaker worth keeping has nothing to remember.
-            hosts.map.retain(|name, h| {
-                h.sem.available_permits() < self.cap(name) as usize || h.circuit.worth_keeping(now_ms)
-            });
+            hosts
+                .map
+                .retain(|_, h| h.sem.in_use() > 0 || h.circuit.worth_keeping(now_ms));
             hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
         }
-        let cap = self.cap(host);
+        let cap = hosts.caps.of(host);
         let h = hosts.map.entry(host.to_string()).or_insert_with(|| Host {
-            sem: Arc::new(Semaphore::new(cap as usize)),
+            sem: Resizable::new(cap),
             circuit: Circuit::default(),
         });
-        let permit = h.sem.clone().try_acquire_owned().map_err(|_| HostRefusal::Busy)?;
+        let permit = h.sem.try_acquire().ok_or(HostRefusal::Busy)?;
         // Attempts running besides this one: the breaker's ramp counts them.
-        let running = cap.saturating_sub(h.sem.available_permits() as u32 + 1);
+        let running = h.sem.in_use() - 1;
         let before = h.circuit.probe();
         match h.circuit.admit(&self.circuit, running, now_ms) {
             Admit::Yes => Ok(HostPermit {
@@ -155,8 +176,8 @@ impl HostLimiter {
     /// Applies the outcome of an attempt admitted in `epoch` ([`HostPermit::epoch`]) to its
     /// host's breaker; returns the change, if any.
     pub fn record(&self, host: &str, outcome: HostOutcome, epoch: u64, now_ms: u64) -> Option<CircuitChange> {
-        let cap = self.cap(host);
         let mut hosts = self.lock();
+        let cap = hosts.caps.of(host);
         let h = hosts.map.get_mut(host)?;
         h.circuit.record(&self.circuit, outcome, epoch, cap, now_ms)
     }
@@ -169,7 +190,7 @@ impl HostLimiter {
 
     /// Attempts in flight to `host` now.
     pub fn in_flight(&self, host: &str) -> u32 {
-        self.lock().map.get(host).map_or(0, |h| self.in_flight_of(host, h))
+        self.lock().map.get(host).map_or(0, |h| h.sem.in_use())
     }
 
     /// Every host held (busy, with a breaker not closed, or seen lately), in name order,
@@ -183,8 +204,8 @@ impl HostLimiter {
             .map(|(name, h)| HostView {
                 host: name.clone(),
                 state: h.circuit.state(),
-                in_flight: self.in_flight_of(name, h),
-                cap: self.cap(name),
+                in_flight: h.sem.in_use(),
+                cap: h.sem.cap(),
                 failures: h.circuit.failures(),
                 next_probe_ms: h.circuit.next_probe_ms(),
             })
@@ -204,6 +225,29 @@ mod tests {
         probe_max_delay_ms: 10_000,
         probe_timeout_ms: 30_000,
     };
+
+    #[test]
+    fn a_reload_resizes_held_hosts_and_sets_the_caps_of_new_ones() {
+        let l = HostLimiter::new(3, HashMap::new(), OFF);
+        let held: Vec<_> = (0..3).map(|_| l.try_acquire("a:443", 0).unwrap()).collect();
+        l.set_caps(1, HashMap::from([("b:443".to_string(), 5)]));
+        assert_eq!((l.cap("a:443"), l.in_flight("a:443")), (1, 3));
+        let mut held = held.into_iter();
+        drop(held.next());
+        drop(held.next());
+        assert_eq!(
+            l.try_acquire("a:443", 0).unwrap_err(),
+            HostRefusal::Busy,
+            "1 in flight, cap 1"
+        );
+        drop(held);
+        let p = l.try_acquire("a:443", 0).unwrap();
+        assert_eq!(l.try_acquire("a:443", 0).unwrap_err(), HostRefusal::Busy);
+        drop(p);
+        let b: Vec<_> = std::iter::from_fn(|| l.try_acquire("b:443", 0).ok()).collect();
+        assert_eq!(b.len(), 5, "a host first seen after the reload gets its new cap");
+        assert_eq!(l.snapshot(false).iter().map(|h| h.cap).collect::<Vec<_>>(), vec![1, 5]);
+    }
 
     #[test]
     fn permits_are_capped_per_host_and_come_back_when_dropped() {

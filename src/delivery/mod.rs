@@ -10,6 +10,7 @@ pub mod alert;
 pub mod endpoint_caps;
 pub mod endpoints;
 pub mod host_limiter;
+mod resizable;
 mod results;
 mod worker;
 
@@ -81,8 +82,8 @@ pub struct Deliverer {
     pub transport: Arc<dyn Transport>,
     /// The clock.
     pub clock: SharedClock,
-    /// The settings (signing secrets are looked up here at each attempt).
-    pub config: Arc<Config>,
+    /// What a reload may change, swapped whole (see [`Settings`]): read at each attempt.
+    settings: arc_swap::ArcSwap<Settings>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Per-endpoint state.
@@ -93,9 +94,6 @@ pub struct Deliverer {
     pub endpoint_caps: EndpointCaps,
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
     pub wake: Arc<Notify>,
-    /// Every section's retry policy: the give-up limits are read from it at accept, the
-    /// rest at each attempt.
-    pub policies: PolicyBook,
     rng: Mutex<StdRng>,
     /// Held by a pause or resume across its whole change, and by the scheduler from its
     /// last look at the pause flag to its park write: a resume can then never land between
@@ -121,9 +119,38 @@ pub struct Deliverer {
     idle: Notify,
     results: results::ResultWriter,
     trimmer: crate::trim::Trimmer,
+}
+
+/// The settings a reload replaces, as one value: an attempt reads one [`Settings`] and so
+/// never mixes the secrets of one config with the policy of another.
+#[derive(Debug)]
+pub struct Settings {
+    /// The config (signing secrets and keys, routes, alert URL... are read here).
+    pub config: Arc<Config>,
+    /// Every section's retry policy: the give-up limits are read from it at accept, the
+    /// rest at each attempt.
+    pub policies: PolicyBook,
     /// `[[endpoint]]` keys with `ordering = "fifo"`, and what their dead heads do: looked up
     /// once per accept (a route's ordering comes with the message from ingress).
     fifo: HashMap<String, crate::model::OnDead>,
+    /// Which targets ingress refuses without DNS (the transport applies its own copy).
+    pub egress: crate::egress::EgressPolicy,
+}
+
+impl Settings {
+    fn new(config: Arc<Config>) -> Settings {
+        let fifo = config
+            .endpoints
+            .iter()
+            .filter_map(|e| Some((e.key.clone(), e.fifo?)))
+            .collect();
+        Settings {
+            egress: crate::egress::EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
+            policies: config.policy_book(),
+            config,
+            fifo,
+        }
+    }
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -158,14 +185,9 @@ impl Deliverer {
     pub fn new(parts: DelivererParts) -> Result<Arc<Self>, crate::store::StoreError> {
         let cfg = &parts.config;
         let now = parts.clock.now_ms();
-        let rates = cfg
-            .endpoints
-            .iter()
-            .filter_map(|e| Some((e.key.clone(), e.rate_per_second?)))
-            .collect();
         let endpoints = EndpointTable::new(
             cfg.delivery.rate_per_second,
-            rates,
+            endpoint_rates(cfg),
             cfg.delivery.pause_after_permanent_failures,
             // Listed as long as the messages delivered to them are kept.
             cfg.retention.as_millis() as u64,
@@ -173,24 +195,18 @@ impl Deliverer {
             now,
         );
         let endpoints = Arc::new(endpoints);
-        let fifo = cfg
-            .endpoints
-            .iter()
-            .filter_map(|e| Some((e.key.clone(), e.fifo?)))
-            .collect();
+        let settings = Settings::new(parts.config.clone());
         let persist_lock = Arc::new(Mutex::new(()));
         let pause_gate = Arc::new(Mutex::new(()));
         let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
-        let caps = cfg.hosts.iter().map(|h| (h.host.clone(), h.max_in_flight)).collect();
-        let policies = cfg.policy_book();
         // A probe is taken for lost after twice the longest an attempt may take, which a
         // route or endpoint may set above delivery.request_timeout.
         let hosts = HostLimiter::new(
             cfg.delivery.max_in_flight_per_host,
-            caps,
-            cfg.circuit.settings(policies.longest_request_timeout()),
+            host_caps(cfg),
+            cfg.circuit.settings(settings.policies.longest_request_timeout()),
         );
-        let endpoint_caps = EndpointCaps::new(policies.endpoint_caps());
+        let endpoint_caps = EndpointCaps::new(settings.policies.endpoint_caps());
         Ok(Arc::new(Deliverer {
             results: results::ResultWriter::start(
                 parts.store.clone(),
@@ -201,13 +217,12 @@ impl Deliverer {
             store: parts.store,
             transport: parts.transport,
             clock: parts.clock,
-            config: parts.config,
+            settings: arc_swap::ArcSwap::from_pointee(settings),
             metrics: parts.metrics,
             endpoints,
             hosts,
             endpoint_caps,
             wake: parts.wake,
-            policies,
             rng: Mutex::new(parts.rng),
             pause_gate,
             all_attempts,
@@ -218,8 +233,39 @@ impl Deliverer {
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
             trimmer: Default::default(),
-            fifo,
         }))
+    }
+
+    /// The settings now: hold the returned value for as long as one decision needs them
+    /// consistent (an attempt, an accept).
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    /// The config now (a shorthand of [`Deliverer::settings`]).
+    pub fn config(&self) -> Arc<Config> {
+        self.settings.load().config.clone()
+    }
+
+    /// Applies a reloaded config: the transport's material first (TLS files, egress
+    /// policy), which may refuse it; then the policies, the per-endpoint rates and caps and
+    /// the per-host caps. Attempts already running finish under the settings they started
+    /// with; a cap lowered below what is in flight takes effect as those attempts end.
+    pub fn reconfigure(&self, config: Arc<Config>) -> Result<(), String> {
+        self.transport.reconfigure(&config)?;
+        let settings = Settings::new(config.clone());
+        self.endpoints.set_rates(
+            config.delivery.rate_per_second,
+            endpoint_rates(&config),
+            self.clock.now_ms(),
+        );
+        self.hosts
+            .set_caps(config.delivery.max_in_flight_per_host, host_caps(&config));
+        self.endpoint_caps.set(settings.policies.endpoint_caps());
+        self.settings.store(Arc::new(settings));
+        // A raised cap or rate may let waiting messages go now.
+        self.wake.notify_one();
+        Ok(())
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
@@ -481,7 +527,7 @@ impl Deliverer {
     /// Marks an accepted message ordered when its endpoint is configured `fifo` (that wins
     /// over the route's ordering, which ingress set).
     fn order(&self, rec: &mut crate::store::MessageRecord) {
-        if let Some(on_dead) = self.fifo.get(&rec.endpoint) {
+        if let Some(on_dead) = self.settings.load().fifo.get(&rec.endpoint) {
             rec.fifo = Some(crate::store::Fifo {
                 on_dead: *on_dead,
                 pos: 0,
@@ -502,6 +548,24 @@ impl Deliverer {
         }
         Ok(moved)
     }
+}
+
+/// `[[endpoint]] rate_per_second` overrides.
+fn endpoint_rates(config: &Config) -> HashMap<String, u32> {
+    config
+        .endpoints
+        .iter()
+        .filter_map(|e| Some((e.key.clone(), e.rate_per_second?)))
+        .collect()
+}
+
+/// `[[host]] max_in_flight` overrides.
+fn host_caps(config: &Config) -> HashMap<String, u32> {
+    config
+        .hosts
+        .iter()
+        .filter_map(|h| Some((h.host.clone(), h.max_in_flight?)))
+        .collect()
 }
 
 #[cfg(test)]

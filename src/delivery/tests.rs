@@ -187,8 +187,8 @@ impl Harness {
             body: b"{\"n\":1}".to_vec(),
             scheme: None,
             signing: SigningChoice::Default,
-            max_attempts: self.d.config.retry.max_attempts,
-            give_up_after: self.d.config.retry.give_up_after,
+            max_attempts: self.d.config().retry.max_attempts,
+            give_up_after: self.d.config().retry.give_up_after,
         };
         let msg = env.into_message(self.clock.now_ms(), &mut rand::rng(), self.d.store.ids());
         let id = msg.record.id.clone();
@@ -608,7 +608,7 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
         "the failing and the paused one"
     );
     // Within the window nothing is forgotten.
-    clock.advance(h.d.config.retention);
+    clock.advance(h.d.config().retention);
     assert_eq!(h.d.expire_endpoints().unwrap(), (0, 0));
     clock.advance(Duration::from_millis(1));
     assert_eq!(

@@ -29,7 +29,8 @@ fn config(toml: &str) -> Config {
 async fn accept(h: &Harness, url: &str, route: Option<&str>) -> String {
     let target = url::Url::parse(url).unwrap();
     let endpoint = crate::target::default_endpoint_key(&target);
-    let policy = h.d.policies.resolve(route, &endpoint);
+    let settings = h.d.settings();
+    let policy = settings.policies.resolve(route, &endpoint);
     let env = Envelope {
         max_attempts: policy.max_attempts(),
         give_up_after: policy.give_up_after(),
@@ -89,7 +90,8 @@ jitter = "none"
     assert_eq!((rec.attempts, rec.dead_reason), (3, Some(DeadReason::MaxAttempts)));
 
     let revision =
-        h.d.policies
+        h.d.settings()
+            .policies
             .resolve(Some("billing"), "https://r.example/billing")
             .revision();
     let history = h.d.store.history(&id).unwrap();
@@ -98,7 +100,7 @@ jitter = "none"
         history.iter().all(|a| a.policy_revision == Some(revision)),
         "{history:?}"
     );
-    assert_ne!(revision, h.d.policies.resolve(None, "x").revision());
+    assert_ne!(revision, h.d.settings().policies.resolve(None, "x").revision());
     // The same target outside the route gets the global policy.
     assert_eq!(t.calls()[0].1.timeout, Duration::from_secs(30));
 }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
+use crate::config::Config;
 use crate::metrics::AttemptOutcome;
 use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
@@ -57,12 +58,11 @@ enum BuildError {
 /// The secrets a message signs with. A named key's targets are checked again here, at
 /// every attempt, not only at ingress: a message accepted before the key was bound (or
 /// before its binding was narrowed) must not be signed for a target now outside it.
-fn secrets_for(d: &Deliverer, choice: &SigningChoice, target: &url::Url) -> Result<Vec<Secret>, BuildError> {
+fn secrets_for(config: &Config, choice: &SigningChoice, target: &url::Url) -> Result<Vec<Secret>, BuildError> {
     Ok(match choice {
-        SigningChoice::Default => d.config.signing.secrets.clone(),
+        SigningChoice::Default => config.signing.secrets.clone(),
         SigningChoice::Key(name) => {
-            let key = d
-                .config
+            let key = config
                 .signing
                 .keys
                 .get(name)
@@ -79,16 +79,16 @@ fn secrets_for(d: &Deliverer, choice: &SigningChoice, target: &url::Url) -> Resu
 /// The request for one attempt. Takes the payload by value so the body moves into the
 /// request instead of being copied on every attempt.
 fn build(
-    d: &Deliverer,
+    config: &Config,
     rec: &MessageRecord,
     payload: Payload,
     now_ms: u64,
     timeout: std::time::Duration,
     traceparent: Option<String>,
 ) -> Result<OutboundRequest, BuildError> {
-    let scheme = payload.scheme.unwrap_or(d.config.signing.scheme);
+    let scheme = payload.scheme.unwrap_or(config.signing.scheme);
     let url = url::Url::parse(&rec.target)?;
-    let secrets = secrets_for(d, &payload.signing, &url)?;
+    let secrets = secrets_for(config, &payload.signing, &url)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
     // The app's traceparent names the app's span; this attempt is a child of it, so the
@@ -122,13 +122,22 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let rec = &rec;
     let started_ms = d.clock.now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
-    let policy = d.policies.resolve(rec.route.as_deref(), &rec.endpoint);
+    // One settings value for the whole attempt, whatever a reload does meanwhile.
+    let settings = d.settings();
+    let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
     // A span of its own per attempt, so retries show as siblings under the app's span.
     let trace = TraceParent::from_headers(&payload.headers);
     let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let ids = (trace.as_ref().map(|t| t.trace_id.as_str()), span_id.as_deref());
-    let req = match build(&d, rec, payload, started_ms, policy.request_timeout(), traceparent) {
+    let req = match build(
+        &settings.config,
+        rec,
+        payload,
+        started_ms,
+        policy.request_timeout(),
+        traceparent,
+    ) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -150,7 +159,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let duration = timer.elapsed();
     let now = d.clock.now_ms();
     drop(counted);
-    host_outcome(&d, &rec.host, permit.host_epoch(), &sent, now);
+    host_outcome(&d, &settings.config, &rec.host, permit.host_epoch(), &sent, now);
     let global = d.host_permit_returned(permit);
 
     let (result, status, error) = match &sent {
@@ -328,13 +337,14 @@ impl Drop for InFlight<'_> {
 /// Tells the host's circuit breaker how the attempt went; logs and counts a change.
 fn host_outcome(
     d: &Deliverer,
+    config: &Config,
     host: &str,
     epoch: u64,
     sent: &Result<crate::transport::InboundResponse, TransportError>,
     now: u64,
 ) {
     let outcome = match sent {
-        Ok(resp) if resp.retry_after.is_none() && d.config.circuit.counts(resp.status) => HostOutcome::Failed,
+        Ok(resp) if resp.retry_after.is_none() && config.circuit.counts(resp.status) => HostOutcome::Failed,
         Ok(_) => HostOutcome::Answered,
         Err(TransportError::EgressDenied(_)) => HostOutcome::Neutral,
         Err(_) => HostOutcome::Failed,

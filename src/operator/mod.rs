@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::cli::GlobalArgs;
+use crate::args::GlobalArgs;
 
 mod tables;
 use crate::redact::escape;
@@ -128,6 +128,8 @@ pub enum Operation {
     Endpoints(EndpointsCommand),
     /// A hosts command.
     Hosts(HostsCommand),
+    /// `courier reload`.
+    Reload,
 }
 
 /// What went wrong talking to the admin API.
@@ -265,7 +267,7 @@ pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
 }
 
 async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorError> {
-    let config = crate::cli::load_config(global)?;
+    let config = crate::args::load_config(global)?;
     let client = AdminClient {
         addr: admin_target(config.admin_listen),
         token: config.admin_token.as_ref().map(|t| t.expose().to_string()),
@@ -361,6 +363,21 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let path = if open { "/hosts?state=open" } else { "/hosts" };
             let (_, v) = client.call(Method::GET, path).await?;
             Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
+        }
+        Operation::Reload => {
+            let (_, v) = client.call(Method::POST, "/reload").await?;
+            let later: Vec<&str> = v["restart_required"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            Ok(if later.is_empty() {
+                "config reloaded".to_string()
+            } else {
+                format!(
+                    "config reloaded; changed but applied only at restart: {}",
+                    later.join(", ")
+                )
+            })
         }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {
             client

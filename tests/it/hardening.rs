@@ -24,14 +24,14 @@ use crate::support::*;
 /// Fast retries so a dead-letter or a rebinding retry shows up within a second.
 const FAST_RETRY: &str = "[retry]\nbase_delay = \"100ms\"\nmax_delay = \"200ms\"\njitter = \"none\"\n";
 
-/// courier in this process, with a fixed resolver.
-struct InProc {
+/// courier in this process, with a fixed resolver (also used by `tls` and `proxy`).
+pub(crate) struct InProc {
     running: Option<Running>,
     _dir: tempfile::TempDir,
 }
 
 impl InProc {
-    async fn start(toml: &str, resolver: &StaticResolver) -> InProc {
+    pub(crate) async fn start(toml: &str, resolver: &StaticResolver) -> InProc {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config::from_toml_str(toml, "test").expect("test config parses");
         config.listen = "127.0.0.1:0".parse().unwrap();
@@ -53,7 +53,7 @@ impl InProc {
         }
     }
 
-    fn ingress(&self) -> SocketAddr {
+    pub(crate) fn ingress(&self) -> SocketAddr {
         self.running
             .as_ref()
             .unwrap()
@@ -62,15 +62,15 @@ impl InProc {
             .expect("a TCP listener")
     }
 
-    fn admin_url(&self, path: &str) -> String {
+    pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.running.as_ref().unwrap().admin_addr, path)
     }
 
-    async fn delivery(&self, id: &str) -> serde_json::Value {
+    pub(crate) async fn delivery(&self, id: &str) -> serde_json::Value {
         get(&self.admin_url(&format!("/deliveries/{id}"))).await.json()
     }
 
-    async fn wait_state(&self, id: &str, state: &str) -> serde_json::Value {
+    pub(crate) async fn wait_state(&self, id: &str, state: &str) -> serde_json::Value {
         eventually(&format!("{id} to be {state}"), || async {
             let d = self.delivery(id).await;
             (d["state"] == state).then_some(d)
@@ -78,7 +78,12 @@ impl InProc {
         .await
     }
 
-    async fn stop(mut self) {
+    /// The running app (to reach its reload hooks).
+    pub(crate) fn running(&self) -> &Running {
+        self.running.as_ref().unwrap()
+    }
+
+    pub(crate) async fn stop(mut self) {
         if let Some(r) = self.running.take() {
             r.shutdown();
             r.wait().await;
@@ -491,6 +496,7 @@ fn small_limits() -> ServeLimits {
         header_read_timeout: Duration::from_millis(400),
         max_header_bytes: 16 << 10,
         max_connections: 64,
+        max_requests: 64,
         drain_timeout: Duration::from_secs(5),
     }
 }

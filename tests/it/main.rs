@@ -2,6 +2,7 @@
 //! One test binary (modules below) so the suite links once.
 
 mod support;
+mod support_tls;
 
 mod admin;
 mod adoption;
@@ -19,9 +20,13 @@ mod logging;
 mod metrics;
 mod ordering;
 mod policy;
+mod proxy;
+mod reload;
 mod responsive;
 mod security;
 mod setup_script;
 mod signing_ed25519;
+mod tls;
 mod trace_context;
 mod uds;
+mod ui;

@@ -26,7 +26,8 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
 
 impl Lines {
-    fn push(&self, line: String) {
+    /// Adds a line (from a reader thread of the child's output).
+    pub fn push(&self, line: String) {
         let (m, c) = &*self.0;
         m.lock().unwrap().push(line);
         c.notify_all();
@@ -42,6 +43,22 @@ impl Lines {
                 return Some(l.clone());
             }
             let left = deadline.checked_duration_since(Instant::now())?;
+            lines = c.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+
+    /// Waits until `n` lines contain `needle`.
+    pub fn wait_for_count(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        let (m, c) = &*self.0;
+        let deadline = Instant::now() + timeout;
+        let mut lines = m.lock().unwrap();
+        loop {
+            if lines.iter().filter(|l| l.contains(needle)).count() >= n {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
             lines = c.wait_timeout(lines, left).unwrap().0;
         }
     }

@@ -122,6 +122,15 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
             .map(IpNet::to_string)
             .eq(["10.0.0.0/8", "::1/128"])
     }),
+    ("COURIER_EGRESS_PROXY", "http://u:p@proxy.internal:3128", |c| {
+        c.egress
+            .proxy
+            .as_ref()
+            .is_some_and(|p| p.origin() == "http://proxy.internal:3128")
+    }),
+    ("COURIER_EGRESS_NO_PROXY", ".internal, 10.0.0.0/8", |c| {
+        c.egress.no_proxy == [".internal", "10.0.0.0/8"]
+    }),
 ];
 
 #[test]
@@ -165,7 +174,7 @@ fn env_booleans_and_lists() {
         let mut c = Config {
             egress: EgressConfig {
                 allow_private_targets: !want,
-                allow: vec![],
+                ..EgressConfig::default()
             },
             ..Config::default()
         };

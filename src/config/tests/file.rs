@@ -104,7 +104,6 @@ fn bad_file_values_name_the_key() {
             "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nscheme = \"x\"\n",
             "route[0].scheme: unknown signature scheme",
         ),
-        ("[[host]]\nhost = \"a:1\"\n", "host[0]: missing key \"max_in_flight\""),
         ("[[host]]\nmax_in_flight = 1\n", "host[0]: missing key \"host\""),
         (
             "[[endpoint]]\nkey = \"k\"\n",

@@ -1,0 +1,180 @@
+//! [`TlsMaterial::from_config`] and [`TlsHandle`]: which config each host gets, and the
+//! one-line errors for bad files. Certificates are made here with rcgen.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+use super::*;
+
+/// A CA and a leaf it signed for `name`, written as PEM files in `dir`:
+/// `ca.pem`, `leaf.pem`, `leaf.key`.
+fn write_pki(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("leaf.pem"), dir.join("leaf.key"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, leaf.pem()).unwrap();
+    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
+    paths
+}
+
+fn config(toml: &str) -> Config {
+    let c = Config::from_toml_str(toml, "t").unwrap();
+    c.validate().unwrap();
+    c
+}
+
+/// The versions a config offers, as rustls's `Debug` lists them (rustls has no public
+/// accessor).
+fn versions(config: &ClientConfig) -> Vec<&'static str> {
+    let text = format!("{config:?}");
+    ["TLSv1_2", "TLSv1_3"]
+        .into_iter()
+        .filter(|v| text.contains(v))
+        .collect()
+}
+
+fn q(p: &Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
+
+#[test]
+fn each_host_gets_its_own_config_and_the_rest_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = write_pki(dir.path(), "client.test");
+    let c = config(&format!(
+        "[tls]\nca_file = {}\n[[host]]\nhost = \"Mtls.Example:443\"\nclient_cert = {}\nclient_key = {}\n\
+         [[host]]\nhost = \"private.example:8443\"\nca_file = [{}]\n[[host]]\nhost = \"busy.example:443\"\nmax_in_flight = 2\n",
+        q(&ca),
+        q(&cert),
+        q(&key),
+        q(&ca)
+    ));
+    let m = TlsMaterial::from_config(&c).unwrap();
+    let (default, mtls, private) = (
+        m.for_host("other.example:443"),
+        m.for_host("mtls.example:443"),
+        m.for_host("private.example:8443"),
+    );
+    assert!(
+        Arc::ptr_eq(&default, &m.for_host("busy.example:443")),
+        "no TLS keys: the default"
+    );
+    assert!(!Arc::ptr_eq(&default, &mtls) && !Arc::ptr_eq(&default, &private));
+    assert!(mtls.client_auth_cert_resolver.has_certs());
+    assert!(!default.client_auth_cert_resolver.has_certs() && !private.client_auth_cert_resolver.has_certs());
+    for config in [&default, &mtls, &private] {
+        assert_eq!(config.alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(versions(config), ["TLSv1_2", "TLSv1_3"]);
+    }
+}
+
+#[test]
+fn min_version_1_3_offers_tls_1_3_only() {
+    let c = config("[tls]\nmin_version = \"1.3\"\n");
+    let m = TlsMaterial::from_config(&c).unwrap();
+    let d = m.for_host("a.example:443");
+    assert_eq!(versions(&d), ["TLSv1_3"]);
+}
+
+#[test]
+fn bad_files_are_one_line_naming_the_key_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = write_pki(dir.path(), "client.test");
+    let other = tempfile::tempdir().unwrap();
+    let (_, _, other_key) = write_pki(other.path(), "other.test");
+    let missing = dir.path().join("missing.pem");
+    let cases = [
+        (
+            format!("[tls]\nca_file = [{}, {}]\n", q(&ca), q(&missing)),
+            "tls.ca_file[1] (",
+            "cannot be read",
+        ),
+        (
+            format!("[tls]\nca_file = {}\n", q(&key)),
+            "tls.ca_file[0] (",
+            "holds no PEM certificate",
+        ),
+        (
+            format!("[[host]]\nhost = \"a:1\"\nca_file = {}\n", q(&missing)),
+            "host[0].ca_file[0] (",
+            "cannot be read",
+        ),
+        (
+            format!(
+                "[[host]]\nhost = \"a:1\"\nclient_cert = {}\nclient_key = {}\n",
+                q(&cert),
+                q(&other_key)
+            ),
+            "host[0].client_key (",
+            "does not match host[0].client_cert",
+        ),
+        (
+            format!(
+                "[[host]]\nhost = \"a:1\"\nclient_cert = {}\nclient_key = {}\n",
+                q(&key),
+                q(&key)
+            ),
+            "host[0].client_cert (",
+            "holds no PEM certificate",
+        ),
+        (
+            format!(
+                "[[host]]\nhost = \"a:1\"\nclient_cert = {}\nclient_key = {}\n",
+                q(&cert),
+                q(&cert)
+            ),
+            "host[0].client_key (",
+            "no readable PEM private key",
+        ),
+    ];
+    let key_text = std::fs::read_to_string(&other_key).unwrap();
+    let key_body = key_text.lines().nth(1).unwrap();
+    for (toml, key, problem) in cases {
+        let e = TlsMaterial::from_config(&config(&toml)).err().unwrap().to_string();
+        assert!(e.contains(key) && e.contains(problem), "{toml}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(!e.contains(key_body), "no key material: {e}");
+    }
+}
+
+#[test]
+fn native_roots_come_from_the_system_store_or_say_why_not() {
+    let c = config("[tls]\nroots = \"both\"\n");
+    match TlsMaterial::from_config(&c) {
+        Ok(m) => assert!(m.for_host("a.example:443").alpn_protocols.len() == 2),
+        Err(e) => assert!(e.to_string().contains("tls.roots asks for the system store"), "{e}"),
+    }
+}
+
+#[test]
+fn a_swap_puts_new_material_in_force_for_what_comes_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = write_pki(dir.path(), "client.test");
+    let handle = TlsHandle::new(TlsMaterial::from_config(&Config::default()).unwrap());
+    let before = handle.current();
+    assert!(!before.for_host("m.example:443").client_auth_cert_resolver.has_certs());
+    let reloaded = config(&format!(
+        "[[host]]\nhost = \"m.example:443\"\nca_file = {}\nclient_cert = {}\nclient_key = {}\n",
+        q(&ca),
+        q(&cert),
+        q(&key)
+    ));
+    handle.clone().swap(TlsMaterial::from_config(&reloaded).unwrap());
+    assert!(handle
+        .current()
+        .for_host("m.example:443")
+        .client_auth_cert_resolver
+        .has_certs());
+    // What a connection already took stays as it was.
+    assert!(!before.for_host("m.example:443").client_auth_cert_resolver.has_certs());
+}
