@@ -223,6 +223,10 @@ fn errors_in_grouped_keys_name_the_key_and_the_line() {
             "endpoint = [{ key = \"k\", rate = 1 }]\n",
             "unknown key \"endpoint[0].rate\" (line 1)",
         ),
+        (
+            "[[host]]\nhost = \"a.example:443\"\nclient_cert = 3\n",
+            "host[0].client_cert: invalid type: integer `3`, expected path string (line 3)",
+        ),
         ("x = 1\negress_allow = [\"10.0.0.300\"]\n", "unknown key \"x\" (line 1)"),
         (
             "egress_allow = [\"::1\", \"10.0.0.300\"]\n",
