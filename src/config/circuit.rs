@@ -1,22 +1,25 @@
-//! `[circuit]`: the per-host circuit breaker's settings (see `policy::circuit`), as the
-//! file writes them, their defaults and their checks.
+//! `[circuit]`: the per-host circuit breaker's settings (see `policy::circuit`), their
+//! defaults and their checks.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::parse::parse_duration_text;
+use super::de::{self, Dur};
 use super::ConfigError;
 use crate::policy::circuit::CircuitSettings;
 
 /// `[circuit]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CircuitConfig {
     /// Consecutive failures to one host that open its breaker; 0 turns the breaker off.
     pub failures: u32,
     /// Wait before the first probe after the breaker opens; doubles after each failed probe.
+    #[serde(deserialize_with = "de::one::<Dur, _>")]
     pub probe_delay: Duration,
     /// The longest wait between probes.
+    #[serde(deserialize_with = "de::one::<Dur, _>")]
     pub probe_max_delay: Duration,
     /// Statuses that count as failures when the answer has no `Retry-After` (a receiver
     /// that says when to come back is not down, it is busy).
@@ -66,35 +69,6 @@ impl CircuitConfig {
                 "circuit.statuses",
                 format_args!("has {s}: only 300–599 can say a host is down"),
             ));
-        }
-        Ok(())
-    }
-}
-
-/// `[circuit]` as written.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileCircuit {
-    failures: Option<u32>,
-    probe_delay: Option<String>,
-    probe_max_delay: Option<String>,
-    statuses: Option<Vec<u16>>,
-}
-
-impl FileCircuit {
-    /// Overlays what the file sets.
-    pub(super) fn apply(self, c: &mut CircuitConfig) -> Result<(), String> {
-        c.failures = self.failures.unwrap_or(c.failures);
-        for (slot, key, value) in [
-            (&mut c.probe_delay, "circuit.probe_delay", self.probe_delay),
-            (&mut c.probe_max_delay, "circuit.probe_max_delay", self.probe_max_delay),
-        ] {
-            if let Some(text) = value {
-                *slot = parse_duration_text(&text).map_err(|e| format!("{key}: {e}"))?;
-            }
-        }
-        if let Some(statuses) = self.statuses {
-            c.statuses = statuses;
         }
         Ok(())
     }

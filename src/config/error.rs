@@ -35,13 +35,61 @@ pub(super) struct Problem {
     pub(super) text: String,
 }
 
+/// Every machine-readable code a problem may carry (see [`ConfigError::code`]).
+const CODES: [&str; 10] = [
+    "empty_schedule",
+    "invalid_duration",
+    "schedule_too_long",
+    "conflicting_backoff",
+    "invalid_status",
+    "status_class_conflict",
+    "per_endpoint_setting",
+    "empty_section",
+    "invalid_policy_value",
+    "invalid_value",
+];
+
+/// Marks a serde error message as a [`Problem`] (`MARK code MARK text`): serde errors are
+/// plain messages, so the code travels inside the message and `file` takes it out again.
+const MARK: char = '\u{1f}';
+
 impl Problem {
-    /// A problem with a machine-readable code.
+    /// A problem with a machine-readable code (one of [`CODES`]).
     pub(super) fn coded(code: &'static str, text: impl Into<String>) -> Self {
+        debug_assert!(CODES.contains(&code), "unlisted code {code}");
         Problem {
             code: Some(code),
             text: text.into(),
         }
+    }
+
+    /// This problem under `key`: `key: text`, or `key` followed by the text when the text
+    /// continues the key (` must list ...`, `[1] must ...`, `.on_dead: ...`).
+    pub(super) fn at(self, key: &str) -> Problem {
+        let text = if key.is_empty() {
+            self.text
+        } else if self.text.starts_with([' ', '[', '.']) {
+            format!("{key}{}", self.text)
+        } else {
+            format!("{key}: {}", self.text)
+        };
+        Problem { text, ..self }
+    }
+
+    /// This problem as a serde error, raised while the file is read; the path serde is at
+    /// names the place (see [`Problem::from_serde`]).
+    pub(super) fn into_serde<E: serde::de::Error>(self) -> E {
+        E::custom(format_args!("{MARK}{}{MARK}{}", self.code.unwrap_or(""), self.text))
+    }
+
+    /// The problem a message made by [`Problem::into_serde`] carries; `None` for serde's
+    /// and toml's own messages.
+    pub(super) fn from_serde(message: &str) -> Option<Problem> {
+        let (code, text) = message.strip_prefix(MARK)?.split_once(MARK)?;
+        Some(Problem {
+            code: CODES.iter().find(|c| **c == code).copied(),
+            text: text.to_string(),
+        })
     }
 }
 
@@ -109,10 +157,11 @@ impl ConfigError {
     }
 
     /// The machine-readable code of the rule broken, for the rules that have one (the
-    /// retry-policy rules: `empty_schedule`, `invalid_duration`, `schedule_too_long`,
-    /// `conflicting_backoff`, `invalid_status`, `status_class_conflict`,
-    /// `per_endpoint_setting`, `empty_section`, `invalid_policy_value`). Printed at the end of
-    /// the line as `[code]`.
+    /// retry-policy rules: `empty_schedule`, `invalid_duration` (any duration, in any
+    /// section), `schedule_too_long`, `conflicting_backoff`, `invalid_status`,
+    /// `status_class_conflict`, `per_endpoint_setting`, `empty_section`,
+    /// `invalid_policy_value`, `invalid_value` (a jitter)). Printed at the end of the line as
+    /// `[code]`.
     pub fn code(&self) -> Option<&'static str> {
         self.code
     }

@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use super::de::{self, Format};
+
 /// The shape of each log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -25,9 +27,11 @@ impl LogFormat {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// The line format.
+    #[serde(deserialize_with = "de::one::<Format, _>")]
     pub format: LogFormat,
 }
 
@@ -37,21 +41,5 @@ pub(super) fn parse_log_format(v: &str) -> Result<LogFormat, String> {
         "text" => Ok(LogFormat::Text),
         "json" => Ok(LogFormat::Json),
         _ => Err("expected \"text\" or \"json\"".to_string()),
-    }
-}
-
-/// `[log]` as the file writes it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileLog {
-    format: Option<String>,
-}
-
-impl FileLog {
-    pub(super) fn apply(self, log: &mut LogConfig) -> Result<(), String> {
-        if let Some(format) = self.format {
-            log.format = parse_log_format(&format).map_err(|e| format!("log.format: {e}"))?;
-        }
-        Ok(())
     }
 }

@@ -10,7 +10,7 @@ use url::Url;
 
 use super::listen::ListenAddr;
 use super::units::{parse_duration, parse_size};
-use crate::model::{Jitter, SignatureScheme};
+use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
 
 /// `ip:port`, `[v6]:port`, or `localhost:port` (meaning 127.0.0.1).
@@ -71,10 +71,6 @@ pub(super) fn parse_jitter(text: &str) -> Result<Jitter, String> {
         .map_err(|e: crate::model::UnknownName| e.to_string())
 }
 
-pub(super) fn parse_scheme(text: &str) -> Result<SignatureScheme, String> {
-    text.parse().map_err(|e: crate::model::UnknownName| e.to_string())
-}
-
 /// A CIDR network, or a bare address meaning just that address (/32 or /128).
 pub(super) fn parse_net(text: &str) -> Result<IpNet, String> {
     let text = text.trim();
@@ -93,19 +89,6 @@ pub(super) fn split_list(text: &str) -> Result<Vec<&str>, usize> {
         .map(str::trim)
         .enumerate()
         .map(|(i, item)| if item.is_empty() { Err(i) } else { Ok(item) })
-        .collect()
-}
-
-/// Parses every item of a file list, naming a bad one as `key[i]`.
-pub(super) fn parse_each<T>(
-    key: &str,
-    items: &[String],
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Vec<T>, String> {
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| parse(item).map_err(|e| format!("{key}[{i}]: {e}")))
         .collect()
 }
 

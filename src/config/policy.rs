@@ -1,5 +1,5 @@
-//! The retry-policy keys: `schedule` and `statuses` in `[retry]`, and the overrides a
-//! `[[route]]` or `[[endpoint]]` may set ([`PolicyOverrides`]); their checks, each with a
+//! The retry-policy overrides a `[[route]]` or `[[endpoint]]` may set ([`PolicyOverrides`],
+//! read from the section's own keys: `shape` gathers them); their checks, each with a
 //! machine-readable code; [`Config::policy_book`], the lookup ingress and delivery use; and
 //! [`describe_policy`], the line `check-config` prints per section.
 //!
@@ -8,46 +8,53 @@
 //! section's backoff is checked here once and for all). Everything else is inherited field
 //! by field: endpoint, then route, then `[retry]` / `[delivery]`.
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::de::{Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::error::Problem;
-use super::parse::{parse_duration_text, parse_jitter};
+use super::de::{self, Dur, JitterMode};
+use super::retry::{backoff_problem, schedule, statuses};
 use super::units::format_duration;
 use super::{Config, ConfigError};
 use crate::model::Jitter;
-use crate::policy::backoff::{BackoffError, MAX_SCHEDULE_LEN};
+use crate::policy::backoff::BackoffError;
 use crate::policy::book::revision_text;
-use crate::policy::{Backoff, BasePolicy, Class, Overrides, PolicyBook, Resolved, StatusMatch, StatusRules};
+use crate::policy::{Backoff, BasePolicy, Overrides, PolicyBook, Resolved, StatusRules};
 
 /// What a `[[route]]` or `[[endpoint]]` sets of the retry policy, as configured; `None` (or
 /// no rules) inherits from the less specific sections.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PolicyOverrides {
     /// Explicit delays (exclusive with `base_delay`/`max_delay` in one section).
+    #[serde(deserialize_with = "schedule")]
     pub schedule: Option<Vec<Duration>>,
     /// Exponential backoff's first delay (unset: `[retry]`'s).
+    #[serde(deserialize_with = "de::opt::<Dur, _>")]
     pub base_delay: Option<Duration>,
     /// Exponential backoff's cap (unset: `[retry]`'s).
+    #[serde(deserialize_with = "de::opt::<Dur, _>")]
     pub max_delay: Option<Duration>,
     /// The jitter mode.
+    #[serde(deserialize_with = "de::opt::<JitterMode, _>")]
     pub jitter: Option<Jitter>,
     /// Attempts before giving up; a `schedule` without it means the schedule's length + 1.
     pub max_attempts: Option<u32>,
     /// Time from acceptance before giving up.
+    #[serde(deserialize_with = "de::opt::<Dur, _>")]
     pub give_up_after: Option<Duration>,
     /// Attempts while the receiver answers a `retry_limited` status.
     pub max_attempts_404: Option<u32>,
     /// Cap of a receiver's `Retry-After`.
+    #[serde(deserialize_with = "de::opt::<Dur, _>")]
     pub max_retry_after: Option<Duration>,
     /// Whole-attempt timeout.
+    #[serde(deserialize_with = "de::opt::<Dur, _>")]
     pub request_timeout: Option<Duration>,
     /// Attempts in flight to the endpoint at once (`[[endpoint]]` only).
     pub max_in_flight: Option<u32>,
     /// Status rules in front of the less specific sections'.
+    #[serde(deserialize_with = "statuses")]
     pub statuses: StatusRules,
 }
 
@@ -56,177 +63,6 @@ impl PolicyOverrides {
     pub fn is_empty(&self) -> bool {
         *self == PolicyOverrides::default()
     }
-}
-
-/// The policy keys of a section, as written (see `file.rs`'s `with_policy_keys!`).
-#[derive(Default)]
-pub(super) struct FilePolicy {
-    pub(super) schedule: Option<Vec<String>>,
-    pub(super) base_delay: Option<String>,
-    pub(super) max_delay: Option<String>,
-    pub(super) jitter: Option<String>,
-    pub(super) max_attempts: Option<u32>,
-    pub(super) give_up_after: Option<String>,
-    pub(super) max_attempts_404: Option<u32>,
-    pub(super) max_retry_after: Option<String>,
-    pub(super) request_timeout: Option<String>,
-    pub(super) max_in_flight: Option<u32>,
-    pub(super) statuses: Option<FileStatuses>,
-}
-
-/// `statuses = { success = [409], permanent = [404, "5xx"] }`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileStatuses {
-    success: Option<Vec<StatusItem>>,
-    retry: Option<Vec<StatusItem>>,
-    permanent: Option<Vec<StatusItem>>,
-    retry_limited: Option<Vec<StatusItem>>,
-}
-
-/// One entry of a status list: a number (`404`) or a text (`"4xx"`, `"404"`). Read by hand
-/// so that a wrong type gets serde's own message rather than an untagged enum's.
-enum StatusItem {
-    Number(i64),
-    Text(String),
-}
-
-impl<'de> Deserialize<'de> for StatusItem {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ItemVisitor;
-        impl Visitor<'_> for ItemVisitor {
-            type Value = StatusItem;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an HTTP status like 404 or a class like \"4xx\"")
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<StatusItem, E> {
-                Ok(StatusItem::Number(v))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<StatusItem, E> {
-                i64::try_from(v)
-                    .map(StatusItem::Number)
-                    .map_err(|_| E::custom("status out of range"))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<StatusItem, E> {
-                Ok(StatusItem::Text(v.to_string()))
-            }
-        }
-        deserializer.deserialize_any(ItemVisitor)
-    }
-}
-
-impl FilePolicy {
-    /// Converts the keys of section `section` (`route[0]`, `endpoint[2]`).
-    pub(super) fn into_overrides(self, section: &str) -> Result<PolicyOverrides, Problem> {
-        let key = |k: &str| format!("{section}.{k}");
-        let schedule = self
-            .schedule
-            .map(|items| parse_schedule(&key("schedule"), &items))
-            .transpose()?;
-        if schedule.is_some() && (self.base_delay.is_some() || self.max_delay.is_some()) {
-            return Err(conflicting_backoff(section));
-        }
-        let duration = |k: &str, v: Option<String>| v.map(|t| parse_policy_duration(&key(k), &t)).transpose();
-        Ok(PolicyOverrides {
-            max_attempts: self
-                .max_attempts
-                .or_else(|| schedule.as_ref().map(|s| implied_attempts(s))),
-            schedule,
-            base_delay: duration("base_delay", self.base_delay)?,
-            max_delay: duration("max_delay", self.max_delay)?,
-            jitter: self
-                .jitter
-                .map(|j| {
-                    parse_jitter(&j).map_err(|e| Problem::coded("invalid_value", format!("{}: {e}", key("jitter"))))
-                })
-                .transpose()?,
-            give_up_after: duration("give_up_after", self.give_up_after)?,
-            max_attempts_404: self.max_attempts_404,
-            max_retry_after: duration("max_retry_after", self.max_retry_after)?,
-            request_timeout: duration("request_timeout", self.request_timeout)?,
-            max_in_flight: self.max_in_flight,
-            statuses: self
-                .statuses
-                .map(|s| parse_statuses(&key("statuses"), s))
-                .transpose()?
-                .unwrap_or_default(),
-        })
-    }
-}
-
-/// The attempts a schedule of `delays` stands for: the first attempt, then one per delay.
-pub(super) fn implied_attempts(delays: &[Duration]) -> u32 {
-    u32::try_from(delays.len()).map_or(u32::MAX, |n| n.saturating_add(1))
-}
-
-pub(super) fn conflicting_backoff(section: &str) -> Problem {
-    Problem::coded(
-        "conflicting_backoff",
-        format!(
-            "{section}: schedule and base_delay/max_delay are both set; a section's backoff is either \
-             an explicit schedule or exponential"
-        ),
-    )
-}
-
-/// A schedule's delays (`["5s", "5m"]`), checked as [`Backoff::schedule`] checks them.
-pub(super) fn parse_schedule<S: AsRef<str>>(key: &str, items: &[S]) -> Result<Vec<Duration>, Problem> {
-    let delays = items
-        .iter()
-        .enumerate()
-        .map(|(i, text)| parse_policy_duration(&format!("{key}[{i}]"), text.as_ref()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Backoff::schedule(&delays).map_err(|e| backoff_problem(key, &e))?;
-    Ok(delays)
-}
-
-fn backoff_problem(key: &str, e: &BackoffError) -> Problem {
-    match e {
-        BackoffError::EmptySchedule => Problem::coded("empty_schedule", format!("{key} must list at least one delay")),
-        BackoffError::StepTooSmall { index } => {
-            Problem::coded("invalid_duration", format!("{key}[{index}] must be at least 1ms"))
-        }
-        BackoffError::TooLong { len } => Problem::coded(
-            "schedule_too_long",
-            format!("{key} lists {len} delays; at most {MAX_SCHEDULE_LEN} are allowed"),
-        ),
-        other => Problem::coded("invalid_policy_value", format!("{key}: {other}")),
-    }
-}
-
-fn parse_policy_duration(key: &str, text: &str) -> Result<Duration, Problem> {
-    parse_duration_text(text).map_err(|e| Problem::coded("invalid_duration", format!("{key}: {e}")))
-}
-
-/// A section's `statuses` table: each listed status (or `4xx` class) gets its class; one
-/// status under two classes is `status_class_conflict`.
-pub(super) fn parse_statuses(key: &str, file: FileStatuses) -> Result<StatusRules, Problem> {
-    let mut rules = Vec::new();
-    let lists = [
-        (Class::Delivered, file.success),
-        (Class::Retry, file.retry),
-        (Class::Permanent, file.permanent),
-        (Class::RetryLimited, file.retry_limited),
-    ];
-    for (class, items) in lists {
-        for (i, item) in items.unwrap_or_default().into_iter().enumerate() {
-            let parsed = match &item {
-                StatusItem::Number(n) => StatusMatch::code(*n).ok_or_else(|| n.to_string()),
-                StatusItem::Text(t) => t.parse::<StatusMatch>().map_err(|_| format!("{t:?}")),
-            };
-            let status = parsed.map_err(|shown| {
-                Problem::coded(
-                    "invalid_status",
-                    format!(
-                        "{key}.{}[{i}]: {shown} is not an HTTP status from 100 to 599 or a class like \"4xx\"",
-                        class.as_str()
-                    ),
-                )
-            })?;
-            rules.push((status, class));
-        }
-    }
-    StatusRules::new(rules).map_err(|e| Problem::coded("status_class_conflict", format!("{key}: {e}")))
 }
 
 impl Config {
@@ -255,7 +91,7 @@ impl Config {
     /// non-zero.
     pub(super) fn validate_policies(&self) -> Result<(), ConfigError> {
         if let Err(e) = self.global_backoff() {
-            return Err(ConfigError::invalid_problem(backoff_problem("retry.schedule", &e)));
+            return Err(ConfigError::invalid_problem(backoff_problem(&e).at("retry.schedule")));
         }
         for (i, route) in self.routes.iter().enumerate() {
             self.check_section(&format!("route[{i}]"), &route.policy)?;
@@ -302,10 +138,9 @@ impl Config {
                     format_duration(Duration::from_millis(base_ms))
                 ),
             ),
-            Err(e) => Err(ConfigError::invalid_problem(backoff_problem(
-                &format!("{section}.schedule"),
-                &e,
-            ))),
+            Err(e) => Err(ConfigError::invalid_problem(
+                backoff_problem(&e).at(&format!("{section}.schedule")),
+            )),
         }
     }
 

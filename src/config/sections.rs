@@ -1,181 +1,154 @@
-//! The TOML layer's arrays of tables — `[[route]]`, `[[host]]`, `[[endpoint]]` — as serde
-//! reads them, and their conversion into the typed sections. Routes and endpoints carry the
-//! retry-policy keys too (see `policy`).
+//! The arrays of tables: `[[route]]` ([`RouteConfig`]), `[[host]]` ([`HostConfig`]) and
+//! `[[endpoint]]` ([`EndpointConfig`]). Routes and endpoints also take the retry-policy keys
+//! and `ordering`/`on_dead`, hosts their TLS keys, which the file writes beside their own
+//! keys; `shape` gathers those into the `(policy)`, `(ordering)` and `(tls)` groups these
+//! structs read.
 
-use serde::Deserialize;
+use std::fmt;
 
+use serde::{Deserialize, Deserializer};
+use url::Url;
+
+use super::de::{self, EndpointKey, HostKey, Link, Name, Target};
 use super::error::Problem;
-use super::parse::{normalize_endpoint_key, normalize_host_key, parse_each, parse_scheme, parse_target, parse_url};
-use super::policy::{FilePolicy, FileStatuses};
-use super::{EndpointConfig, HostConfig, RouteConfig};
-use crate::model::{OnDead, Ordering};
+use super::summary::{patterns, without_password};
+use super::{Config, HostTls, PolicyOverrides};
+use crate::model::{OnDead, Ordering, SignatureScheme};
+use crate::signing::scope::TargetPattern;
 
-/// Declares a section struct with the retry-policy keys after its own, and `take_policy`
-/// to move them out. serde cannot combine `flatten` with `deny_unknown_fields`, so the keys
-/// are spelled into each struct, from this one list.
-macro_rules! with_policy_keys {
-    ($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty,)* }) => {
-        $(#[$meta])*
-        pub(super) struct $name {
-            $($field: $ty,)*
-            schedule: Option<Vec<String>>,
-            base_delay: Option<String>,
-            max_delay: Option<String>,
-            jitter: Option<String>,
-            max_attempts: Option<u32>,
-            give_up_after: Option<String>,
-            max_attempts_404: Option<u32>,
-            max_retry_after: Option<String>,
-            request_timeout: Option<String>,
-            max_in_flight: Option<u32>,
-            statuses: Option<FileStatuses>,
-        }
-
-        impl $name {
-            fn take_policy(&mut self) -> FilePolicy {
-                FilePolicy {
-                    schedule: self.schedule.take(),
-                    base_delay: self.base_delay.take(),
-                    max_delay: self.max_delay.take(),
-                    jitter: self.jitter.take(),
-                    max_attempts: self.max_attempts.take(),
-                    give_up_after: self.give_up_after.take(),
-                    max_attempts_404: self.max_attempts_404.take(),
-                    max_retry_after: self.max_retry_after.take(),
-                    request_timeout: self.request_timeout.take(),
-                    max_in_flight: self.max_in_flight.take(),
-                    statuses: self.statuses.take(),
-                }
-            }
-        }
-    };
+/// A named route (`[[route]]`): `POST /r/<name>` delivers to `url`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The name in `/r/<name>`.
+    pub name: String,
+    /// The target; extra path and query of the request are appended.
+    #[serde(deserialize_with = "de::one::<Link, _>")]
+    pub url: Url,
+    /// The name of a `[signing.keys]` entry to sign with instead of the default secrets.
+    #[serde(default)]
+    pub signing_key: Option<String>,
+    /// The scheme for this route instead of `signing.scheme`.
+    #[serde(default, deserialize_with = "de::opt::<Name<SignatureScheme>, _>")]
+    pub scheme: Option<SignatureScheme>,
+    /// Where this route may deliver (its URL plus the appended path); empty: anywhere.
+    #[serde(default, deserialize_with = "de::list::<Target, _>")]
+    pub targets: Vec<TargetPattern>,
+    /// `ordering = "fifo"`: messages sent through this route are ordered, with what a dead
+    /// head does (`on_dead`); `None`: `ordering = "none"` (the default).
+    #[serde(default, rename = "(ordering)", deserialize_with = "fifo")]
+    pub fifo: Option<OnDead>,
+    /// Retry settings for the messages accepted through this route.
+    #[serde(default, rename = "(policy)")]
+    pub policy: PolicyOverrides,
 }
 
-with_policy_keys! {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct FileRoute {
-        name: Option<String>,
-        url: Option<String>,
-        signing_key: Option<String>,
-        scheme: Option<String>,
-        targets: Option<Vec<String>>,
-        ordering: Option<String>,
-        on_dead: Option<String>,
+impl fmt::Debug for RouteConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteConfig")
+            .field("name", &self.name)
+            .field("url", &without_password(&self.url))
+            .field("signing_key", &self.signing_key)
+            .field("scheme", &self.scheme)
+            .field("targets", &patterns(&self.targets))
+            .field("fifo", &self.fifo)
+            .field("policy", &self.policy)
+            .finish()
     }
 }
 
-impl FileRoute {
-    pub(super) fn into_route(mut self, i: usize) -> Result<RouteConfig, Problem> {
-        let missing = |key: &str| format!("route[{i}]: missing key {key:?}");
-        let url = self.url.take().ok_or_else(|| missing("url"))?;
-        let url = parse_url(&url).map_err(|e| format!("route[{i}].url: {e}"))?;
-        let policy = self.take_policy();
-        if policy.max_in_flight.is_some() {
+/// Per-host settings (`[[host]]`): the in-flight cap, and TLS toward the host.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// `name:port` (e.g. `api.example:443`, `[::1]:8080`), normalised at load exactly as
+    /// live targets are (lowercase, IDNA to punycode), so the limiter's lookup is exact.
+    #[serde(deserialize_with = "de::one::<HostKey, _>")]
+    pub host: String,
+    /// Attempts in flight to this host at most; `None`: `delivery.max_in_flight_per_host`.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// TLS toward this host: extra CAs, a client certificate.
+    #[serde(default, rename = "(tls)")]
+    pub tls: HostTls,
+}
+
+/// Per-endpoint settings (`[[endpoint]]`): its rate limit, its ordering, its retry policy.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// The endpoint key (by default a target URL without its query). A key that is an
+    /// http(s) URL is normalised at load as live targets' default keys are (lowercase
+    /// host, punycode, default port dropped, `/` path), so the lookup is exact.
+    #[serde(deserialize_with = "de::one::<EndpointKey, _>")]
+    pub key: String,
+    /// Attempts per second to this endpoint at most; `None`: `delivery.rate_per_second`.
+    #[serde(default)]
+    pub rate_per_second: Option<u32>,
+    /// `ordering = "fifo"`: every message to this endpoint is ordered, with what a dead head
+    /// does (`on_dead`); `None`: `ordering = "none"` (the default).
+    #[serde(default, rename = "(ordering)", deserialize_with = "fifo")]
+    pub fifo: Option<OnDead>,
+    /// Retry settings (and the in-flight cap) for this endpoint's messages.
+    #[serde(default, rename = "(policy)")]
+    pub policy: PolicyOverrides,
+}
+
+/// The `(ordering)` group: `ordering` and `on_dead` of a route or an endpoint.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sequence {
+    #[serde(default, deserialize_with = "de::one::<Name<Ordering>, _>")]
+    ordering: Ordering,
+    #[serde(default, deserialize_with = "de::opt::<Name<OnDead>, _>")]
+    on_dead: Option<OnDead>,
+}
+
+/// `Some` when the messages are ordered. `on_dead` without `ordering = "fifo"` is an error:
+/// it would do nothing, and a typo'd ordering must not pass silently.
+fn fifo<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OnDead>, D::Error> {
+    let Sequence { ordering, on_dead } = Sequence::deserialize(d)?;
+    match ordering {
+        Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
+        Ordering::None if on_dead.is_some() => {
+            Err(Problem::from(".on_dead: applies only with ordering = \"fifo\"").into_serde())
+        }
+        Ordering::None => Ok(None),
+    }
+}
+
+impl Config {
+    /// The rules of a section that join its keys to its other values, checked once the file
+    /// is read (only the file has routes and endpoints).
+    pub(super) fn check_sections(&self) -> Result<(), Problem> {
+        if let Some((i, route)) = self
+            .routes
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.policy.max_in_flight.is_some())
+        {
             // One endpoint has one cap, whichever route its messages came through.
             return Err(Problem::coded(
                 "per_endpoint_setting",
                 format!(
                     "route[{i}].max_in_flight: the in-flight cap is per endpoint; set it in an [[endpoint]] \
                      with key = {:?}",
-                    crate::target::default_endpoint_key(&url)
+                    crate::target::default_endpoint_key(&route.url)
                 ),
             ));
         }
-        Ok(RouteConfig {
-            name: self.name.ok_or_else(|| missing("name"))?,
-            url,
-            signing_key: self.signing_key,
-            scheme: self
-                .scheme
-                .map(|s| parse_scheme(&s))
-                .transpose()
-                .map_err(|e| format!("route[{i}].scheme: {e}"))?,
-            targets: parse_each(
-                &format!("route[{i}].targets"),
-                &self.targets.unwrap_or_default(),
-                parse_target,
-            )?,
-            fifo: parse_fifo(self.ordering, self.on_dead, &format!("route[{i}]"))?,
-            policy: policy.into_overrides(&format!("route[{i}]"))?,
-        })
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileHost {
-    host: Option<String>,
-    max_in_flight: Option<u32>,
-    #[serde(default, deserialize_with = "super::tls::one_or_many")]
-    ca_file: Vec<std::path::PathBuf>,
-    client_cert: Option<std::path::PathBuf>,
-    client_key: Option<std::path::PathBuf>,
-}
-
-impl FileHost {
-    pub(super) fn into_host(self, i: usize) -> Result<HostConfig, Problem> {
-        Ok(HostConfig {
-            host: normalize_host_key(&self.host.ok_or_else(|| format!("host[{i}]: missing key \"host\""))?),
-            max_in_flight: self.max_in_flight,
-            tls: super::HostTls {
-                ca_file: self.ca_file,
-                client_cert: self.client_cert,
-                client_key: self.client_key,
-            },
-        })
-    }
-}
-
-with_policy_keys! {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct FileEndpoint {
-        key: Option<String>,
-        rate_per_second: Option<u32>,
-        ordering: Option<String>,
-        on_dead: Option<String>,
-    }
-}
-
-impl FileEndpoint {
-    pub(super) fn into_endpoint(mut self, i: usize) -> Result<EndpointConfig, Problem> {
-        let policy = self.take_policy();
-        let key = self.key.ok_or_else(|| format!("endpoint[{i}]: missing key \"key\""))?;
-        let policy = policy.into_overrides(&format!("endpoint[{i}]"))?;
-        if self.rate_per_second.is_none() && self.ordering.is_none() && policy.is_empty() {
+        let idle = |e: &EndpointConfig| e.rate_per_second.is_none() && e.fifo.is_none() && e.policy.is_empty();
+        if let Some(i) = self.endpoints.iter().position(idle) {
             return Err(Problem::coded(
                 "empty_section",
                 format!("endpoint[{i}]: sets nothing (give rate_per_second, ordering or a retry setting)"),
             ));
         }
-        Ok(EndpointConfig {
-            key: normalize_endpoint_key(&key),
-            rate_per_second: self.rate_per_second,
-            fifo: parse_fifo(self.ordering, self.on_dead, &format!("endpoint[{i}]"))?,
-            policy,
-        })
+        Ok(())
     }
 }
 
-/// `ordering` and `on_dead` of an `[[endpoint]]` or `[[route]]` (`place`): `Some` when the
-/// messages are ordered. `on_dead` without `ordering = "fifo"` is an error: it would do
-/// nothing, and a typo'd ordering must not pass silently.
-fn parse_fifo(ordering: Option<String>, on_dead: Option<String>, place: &str) -> Result<Option<OnDead>, String> {
-    let ordering = match ordering {
-        Some(o) => o
-            .trim()
-            .parse::<Ordering>()
-            .map_err(|e| format!("{place}.ordering: {e}"))?,
-        None => Ordering::None,
-    };
-    let on_dead = on_dead
-        .map(|d| d.trim().parse::<OnDead>())
-        .transpose()
-        .map_err(|e| format!("{place}.on_dead: {e}"))?;
-    match ordering {
-        Ordering::Fifo => Ok(Some(on_dead.unwrap_or_default())),
-        Ordering::None if on_dead.is_some() => Err(format!("{place}.on_dead: applies only with ordering = \"fifo\"")),
-        Ordering::None => Ok(None),
-    }
+/// The keys of the `(ordering)` group, for `shape` to gather.
+pub(super) fn ordering_keys() -> &'static [&'static str] {
+    de::fields_of::<Sequence>()
 }

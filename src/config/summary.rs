@@ -272,13 +272,17 @@ fn count(n: usize, what: &str) -> String {
     }
 }
 
+/// Target patterns as written, for `Debug` and the summary.
+pub(super) fn patterns(targets: &[TargetPattern]) -> Vec<&str> {
+    targets.iter().map(TargetPattern::as_str).collect()
+}
+
 /// `, targets [a, b]`, or nothing when unscoped.
 fn targets(targets: &[TargetPattern]) -> String {
     if targets.is_empty() {
         return String::new();
     }
-    let shown: Vec<&str> = targets.iter().map(TargetPattern::as_str).collect();
-    format!(", targets [{}]", shown.join(", "))
+    format!(", targets [{}]", patterns(targets).join(", "))
 }
 
 /// `allowed_origins [..], hosts [..]` with `none` for an empty list.

@@ -74,11 +74,14 @@ impl TlsVersion {
     }
 }
 
-/// The TLS keys of one `[[host]]` entry. Per host, because connections are pooled per
-/// `host:port`: a pooled connection carries exactly one client identity.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The TLS keys of one `[[host]]` entry (written beside its other keys: `shape` gathers
+/// them for this struct). Per host, because connections are pooled per `host:port`: a
+/// pooled connection carries exactly one client identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HostTls {
     /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
+    #[serde(deserialize_with = "one_or_many")]
     pub ca_file: Vec<PathBuf>,
     /// The client certificate chain (PEM) presented to this host.
     pub client_cert: Option<PathBuf>,

@@ -19,15 +19,15 @@ fn unknown_keys_are_rejected_at_every_level() {
         ),
         (
             "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\nkey = \"k\"\n",
-            "unknown key \"route.key\" (line 4)",
+            "unknown key \"route[0].key\" (line 4)",
         ),
         (
             "[[host]]\nhost = \"a:1\"\nmax_in_flight = 1\nrate = 1\n",
-            "unknown key \"host.rate\" (line 4)",
+            "unknown key \"host[0].rate\" (line 4)",
         ),
         (
             "[[endpoint]]\nkey = \"k\"\nrate = 1\n",
-            "unknown key \"endpoint.rate\" (line 3)",
+            "unknown key \"endpoint[0].rate\" (line 3)",
         ),
         ("[metrics]\nport = 1\n", "unknown key \"metrics\" (line 1)"),
         ("[[routes]]\nname = \"a\"\n", "unknown key \"routes\" (line 1)"),
@@ -129,12 +129,7 @@ fn bad_file_values_name_the_key() {
         ("listen = \"x\nport = 1\n", "invalid basic string (line 1)"),
         ("listen = \"a\"\nlisten = \"b\"\n", "duplicate key `listen`"),
     ];
-    for (text, want) in cases {
-        let msg = Config::from_toml_str(text, "c.toml").unwrap_err().to_string();
-        let want = format!("config c.toml: {want}");
-        assert!(msg.starts_with(&want), "{text:?}: got {msg:?}, want {want:?}");
-        assert!(!msg.contains('\n'), "{msg}");
-    }
+    assert_file_errors(cases);
 }
 
 #[test]
@@ -193,4 +188,65 @@ fn log_format_is_text_or_json() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("unknown key \"log.level\""), "{msg}");
+}
+
+/// The retry keys and `ordering`/`on_dead` of a route or an endpoint are read by their own
+/// structs (`shape` groups them); an error in one still names the key the file wrote and
+/// its line, in both spellings of an array of tables.
+#[test]
+fn errors_in_grouped_keys_name_the_key_and_the_line() {
+    let route = "[[route]]\nname = \"a\"\nurl = \"https://a.example\"\n";
+    let cases: &[(&str, &str)] = &[
+        (
+            "[[endpoint]]\nkey = \"k\"\n\ngive_up_after = \"6 hours\"\n",
+            "endpoint[0].give_up_after: invalid duration \"6 hours\": expected a whole number and a unit, \
+             like 250ms, 30s, 1m, 1h, 3d (line 4) [invalid_duration]",
+        ),
+        (
+            &format!("{route}statuses = {{ success = [200, 700] }}\n"),
+            "route[0].statuses.success[1]: 700 is not an HTTP status from 100 to 599 or a class like \"4xx\" \
+             (line 4) [invalid_status]",
+        ),
+        (
+            &format!("{route}[[route]]\nname = \"b\"\nurl = \"https://b.example\"\nordering = \"lifo\"\n"),
+            "route[1].ordering: unknown ordering \"lifo\"",
+        ),
+        (
+            &format!("{route}max_attempts = \"8\"\n"),
+            "route[0].max_attempts: invalid type: a string, expected u32 (line 4)",
+        ),
+        (
+            "route = [{ name = \"a\", url = \"https://a.example\", jitter = \"half\" }]\n",
+            "route[0].jitter: unknown jitter \"half\"",
+        ),
+        (
+            "endpoint = [{ key = \"k\", rate = 1 }]\n",
+            "unknown key \"endpoint[0].rate\" (line 1)",
+        ),
+        (
+            "[[host]]\nhost = \"a.example:443\"\nclient_cert = 3\n",
+            "host[0].client_cert: invalid type: integer `3`, expected path string (line 3)",
+        ),
+        ("x = 1\negress_allow = [\"10.0.0.300\"]\n", "unknown key \"x\" (line 1)"),
+        (
+            "egress_allow = [\"::1\", \"10.0.0.300\"]\n",
+            "egress.allow[1]: \"10.0.0.300\" is not an address or CIDR network",
+        ),
+    ];
+    assert_file_errors(cases);
+}
+
+#[test]
+fn a_schedule_stands_for_its_attempts_in_every_policy_section() {
+    let c = parse(concat!(
+        "route = [{ name = \"r\", url = \"https://r.example\", schedule = [\"1s\", \"2s\"] }]\n",
+        "[retry]\nschedule = [\"1s\"]\n",
+        "[[endpoint]]\nkey = \"k\"\nschedule = [\"1s\", \"2s\", \"3s\"]\nmax_attempts = 9\n",
+    ));
+    assert_eq!(c.retry.max_attempts, 2);
+    assert_eq!(c.routes[0].policy.max_attempts, Some(3));
+    assert_eq!(c.endpoints[0].policy.max_attempts, Some(9), "written beside it: kept");
+    // Only a section that writes nothing else is empty; `ordering = "none"` changes nothing.
+    let e = Config::from_toml_str("[[endpoint]]\nkey = \"k\"\nordering = \"none\"\n", "c.toml").unwrap_err();
+    assert_eq!(e.code(), Some("empty_section"), "{e}");
 }

@@ -16,7 +16,10 @@ mod validate;
 
 use std::collections::HashMap;
 
+use ipnet::IpNet;
+
 use super::*;
+use crate::model::{Jitter, SignatureScheme};
 
 /// CONTRACT §7, verbatim.
 const CONTRACT_EXAMPLE: &str = r#"
@@ -160,6 +163,19 @@ const SECRET_MARKERS: [&str; 6] = [
 fn assert_no_secret(text: &str) {
     for marker in SECRET_MARKERS {
         assert!(!text.contains(marker), "secret {marker:?} leaked in: {text}");
+    }
+}
+
+/// Each file fails `from_toml_str` with one line starting with its message, showing no
+/// secret and none of `shape`'s group names.
+fn assert_file_errors(cases: &[(&str, &str)]) {
+    for (text, want) in cases {
+        let msg = Config::from_toml_str(text, "c.toml").unwrap_err().to_string();
+        let want = format!("config c.toml: {want}");
+        assert!(msg.starts_with(&want), "{text:?}: got {msg:?}, want {want:?}");
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(!msg.contains("(policy)") && !msg.contains("(ordering)"), "{msg}");
+        assert_no_secret(&msg);
     }
 }
 

@@ -1,0 +1,243 @@
+//! How the typed tree reads its values: each kind of value the file writes as text
+//! (durations, sizes, addresses, URLs, ...) is a [`Text`] marker that names the shared
+//! parser of `parse`, so the file and the environment read a setting the same way. The
+//! fields say which one with `#[serde(deserialize_with = "de::one::<de::Dur, _>")]`
+//! ([`one`], [`opt`], [`list`]); a bad value is a [`Problem`] raised as a serde error, so
+//! serde's path names the key (`retry.base_delay`, `route[0].url`, `ingress.hosts[1]`).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::de::{Deserializer, Error as _, Visitor};
+use serde::Deserialize;
+use url::Url;
+
+use super::error::Problem;
+use super::listen::{parse_mode, ListenAddr};
+use super::log::{parse_log_format, LogFormat};
+use super::parse::{
+    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_ingress_listen,
+    parse_jitter, parse_listen, parse_net, parse_origin, parse_size_text, parse_target, parse_url,
+};
+use super::proxy::{parse_no_proxy, parse_proxy, EgressProxy};
+use crate::model::{Jitter, UnknownName};
+use crate::signing::scope::TargetPattern;
+use crate::signing::Secret;
+
+/// A kind of value written as a string, and the parser that reads it.
+pub(super) trait Text {
+    /// What the text stands for.
+    type Value;
+    /// The shared parser (see `parse`).
+    const PARSE: fn(&str) -> Result<Self::Value, String>;
+    /// The machine-readable code of a bad value, where its rule has one.
+    const CODE: Option<&'static str> = None;
+    /// Reads `text`; the problem names no place (serde's path, or the variable, does).
+    fn parse(text: &str) -> Result<Self::Value, Problem> {
+        Self::PARSE(text).map_err(|e| match Self::CODE {
+            Some(code) => Problem::coded(code, e),
+            None => Problem::from(e),
+        })
+    }
+}
+
+/// Reads one string with `P` (a wrong type is serde's own message).
+pub(super) fn one<'de, P: Text, D: Deserializer<'de>>(d: D) -> Result<P::Value, D::Error> {
+    Parsed::<P>::deserialize(d).map(|p| p.0)
+}
+
+/// [`one`], for a setting that is unset unless the file writes it.
+pub(super) fn opt<'de, P: Text, D: Deserializer<'de>>(d: D) -> Result<Option<P::Value>, D::Error> {
+    one::<P, D>(d).map(Some)
+}
+
+/// A list of strings, each read with `P`; a bad item is named by its index.
+pub(super) fn list<'de, P: Text, D: Deserializer<'de>>(d: D) -> Result<Vec<P::Value>, D::Error> {
+    Vec::<Parsed<P>>::deserialize(d).map(|items| items.into_iter().map(|p| p.0).collect())
+}
+
+/// One value read with `P`: items of a list go through serde one by one, so its path
+/// counts them.
+struct Parsed<P: Text>(P::Value);
+
+impl<'de, P: Text> Deserialize<'de> for Parsed<P> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        P::parse(&text).map(Parsed).map_err(Problem::into_serde)
+    }
+}
+
+/// Tokens and signing secrets are [`Secret`]s from the moment they are read.
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret::new)
+    }
+}
+
+/// `ip:port` or `localhost:port` (admin and ops listeners).
+pub(super) struct Tcp;
+impl Text for Tcp {
+    type Value = SocketAddr;
+    const PARSE: fn(&str) -> Result<SocketAddr, String> = parse_listen;
+}
+
+/// What [`Tcp`] takes, or `unix:/path` (ingress).
+pub(super) struct Ingress;
+impl Text for Ingress {
+    type Value = ListenAddr;
+    const PARSE: fn(&str) -> Result<ListenAddr, String> = parse_ingress_listen;
+}
+
+/// An octal permission string (`0660`).
+pub(super) struct Mode;
+impl Text for Mode {
+    type Value = u32;
+    const PARSE: fn(&str) -> Result<u32, String> = parse_mode;
+}
+
+/// A size (`64KiB`), in bytes.
+pub(super) struct Size;
+impl Text for Size {
+    type Value = u64;
+    const PARSE: fn(&str) -> Result<u64, String> = parse_size_text;
+}
+
+/// A URL (its text is never repeated: it may carry a credential).
+pub(super) struct Link;
+impl Text for Link {
+    type Value = Url;
+    const PARSE: fn(&str) -> Result<Url, String> = parse_url;
+}
+
+/// A CIDR network or a bare address.
+pub(super) struct Net;
+impl Text for Net {
+    type Value = IpNet;
+    const PARSE: fn(&str) -> Result<IpNet, String> = parse_net;
+}
+
+/// A browser origin, as its ASCII serialization.
+pub(super) struct Origin;
+impl Text for Origin {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = parse_origin;
+}
+
+/// An extra `Host` name, lowercased.
+pub(super) struct HostEntry;
+impl Text for HostEntry {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = parse_host_entry;
+}
+
+/// A signing target pattern.
+pub(super) struct Target;
+impl Text for Target {
+    type Value = TargetPattern;
+    const PARSE: fn(&str) -> Result<TargetPattern, String> = parse_target;
+}
+
+/// `text` or `json`.
+pub(super) struct Format;
+impl Text for Format {
+    type Value = LogFormat;
+    const PARSE: fn(&str) -> Result<LogFormat, String> = parse_log_format;
+}
+
+/// A `[[host]]` key, normalised as live targets' are (`validate` checks its form).
+pub(super) struct HostKey;
+impl Text for HostKey {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = |t| Ok(normalize_host_key(t));
+}
+
+/// An `[[endpoint]]` key, normalised as live targets' are.
+pub(super) struct EndpointKey;
+impl Text for EndpointKey {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = |t| Ok(normalize_endpoint_key(t));
+}
+
+/// `egress.proxy`: an `http://` URL (never quoted: it may carry a password).
+pub(super) struct Proxy;
+impl Text for Proxy {
+    type Value = EgressProxy;
+    const PARSE: fn(&str) -> Result<EgressProxy, String> = parse_proxy;
+}
+
+/// An `egress.no_proxy` entry: a host, `.domain` suffix, address, network or `*`.
+pub(super) struct NoProxy;
+impl Text for NoProxy {
+    type Value = String;
+    const PARSE: fn(&str) -> Result<String, String> = parse_no_proxy;
+}
+
+/// A duration (`30s`); a bad one is `invalid_duration`, in whichever section.
+pub(super) struct Dur;
+impl Text for Dur {
+    type Value = Duration;
+    const PARSE: fn(&str) -> Result<Duration, String> = parse_duration_text;
+    const CODE: Option<&'static str> = Some("invalid_duration");
+}
+
+/// The jitter mode (`equal`, `full`, `none`, any case); a bad one is `invalid_value`.
+pub(super) struct JitterMode;
+impl Text for JitterMode {
+    type Value = Jitter;
+    const PARSE: fn(&str) -> Result<Jitter, String> = parse_jitter;
+    const CODE: Option<&'static str> = Some("invalid_value");
+}
+
+/// One of the names of a model enum (`stripe`, `fifo`, `block`), read with its `FromStr`.
+pub(super) struct Name<T>(PhantomData<T>);
+impl<T: FromStr<Err = UnknownName>> Text for Name<T> {
+    type Value = T;
+    const PARSE: fn(&str) -> Result<T, String> = |t| t.trim().parse().map_err(|e: UnknownName| e.to_string());
+}
+
+/// The keys a derived struct reads, as serde's derive hands them to `deserialize_struct`:
+/// lets `shape` group a section's keys by the struct that reads them, from the struct
+/// itself rather than from a second list of its fields.
+pub(super) fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Probe;
+    #[derive(Debug)]
+    struct Fields(&'static [&'static str]);
+    impl fmt::Display for Fields {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a struct's fields")
+        }
+    }
+    impl std::error::Error for Fields {}
+    impl serde::de::Error for Fields {
+        fn custom<M: fmt::Display>(_: M) -> Self {
+            Fields(&[])
+        }
+    }
+    impl<'de> Deserializer<'de> for Probe {
+        type Error = Fields;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Fields> {
+            Err(Fields::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Fields> {
+            Err(Fields(fields))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    match T::deserialize(Probe) {
+        Err(Fields(fields)) => fields,
+        Ok(_) => &[],
+    }
+}
