@@ -16,7 +16,7 @@ use crate::signing::Secret;
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
-pub const ENV_VARS: [&str; 42] = [
+pub const ENV_VARS: [&str; 45] = [
     "COURIER_LISTEN",
     "COURIER_LISTEN_MODE",
     "COURIER_ADMIN_LISTEN",
@@ -56,6 +56,9 @@ pub const ENV_VARS: [&str; 42] = [
     "COURIER_CIRCUIT_PROBE_DELAY",
     "COURIER_CIRCUIT_PROBE_MAX_DELAY",
     "COURIER_LOG_FORMAT",
+    "COURIER_DRAIN_TO",
+    "COURIER_DRAIN_TOKEN",
+    "COURIER_DRAIN_CONCURRENCY",
     "COURIER_SIGNING_SCHEME",
     "COURIER_SIGNING_SECRETS",
     "COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",
@@ -63,9 +66,10 @@ pub const ENV_VARS: [&str; 42] = [
 ];
 
 /// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 4] = [
+pub(super) const SENSITIVE_ENV_VARS: [&str; 5] = [
     "COURIER_INGRESS_TOKEN",
     "COURIER_ADMIN_TOKEN",
+    "COURIER_DRAIN_TOKEN",
     "COURIER_SIGNING_SECRETS",
     "COURIER_ALERT_URL",
 ];
@@ -129,6 +133,9 @@ impl Config {
             "COURIER_CIRCUIT_PROBE_DELAY" => self.circuit.probe_delay = parse_duration_text(v)?,
             "COURIER_CIRCUIT_PROBE_MAX_DELAY" => self.circuit.probe_max_delay = parse_duration_text(v)?,
             "COURIER_LOG_FORMAT" => self.log.format = parse_log_format(v)?,
+            "COURIER_DRAIN_TO" => self.drain.to = Some(v.trim().to_string()).filter(|t| !t.is_empty()),
+            "COURIER_DRAIN_TOKEN" => self.drain.token = Some(Secret::new(v.to_string())),
+            "COURIER_DRAIN_CONCURRENCY" => self.drain.concurrency = parse_u32(v)?,
             "COURIER_SIGNING_SCHEME" => self.signing.scheme = parse_scheme(v)?,
             "COURIER_SIGNING_SECRETS" => {
                 // The message must not say which secret is empty by quoting it, only where.

@@ -154,6 +154,7 @@ impl Config {
         if let Some(log) = file.log {
             log.apply(&mut self.log)?;
         }
+        self.drain = file.drain.unwrap_or_default();
         if let Some(signing) = file.signing {
             set(&mut self.signing.scheme, "signing.scheme", signing.scheme, parse_scheme)?;
             if let Some(secrets) = signing.secrets {
@@ -242,6 +243,7 @@ struct FileConfig {
     delivery: Option<FileDelivery>,
     circuit: Option<super::circuit::FileCircuit>,
     log: Option<super::log::FileLog>,
+    drain: Option<super::drain::DrainConfig>,
     signing: Option<FileSigning>,
     egress: Option<FileEgress>,
     route: Option<Vec<FileRoute>>,

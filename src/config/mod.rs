@@ -34,6 +34,7 @@
 //! - [`units`]: durations and sizes.
 
 mod circuit;
+mod drain;
 mod env;
 mod error;
 mod file;
@@ -64,6 +65,7 @@ use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
 pub use circuit::CircuitConfig;
+pub use drain::{peer_url, DrainConfig, MAX_CONCURRENCY as DRAIN_MAX_CONCURRENCY};
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
@@ -333,6 +335,8 @@ pub struct Config {
     pub circuit: CircuitConfig,
     /// `[log]`: the log line format.
     pub log: LogConfig,
+    /// `[drain]`: where `courier drain` hands open messages over.
+    pub drain: DrainConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]`.
@@ -367,6 +371,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             circuit: CircuitConfig::default(),
             log: LogConfig::default(),
+            drain: DrainConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             routes: Vec::new(),
@@ -397,6 +402,7 @@ impl fmt::Debug for Config {
             .field("retry", &self.retry)
             .field("delivery", &self.delivery)
             .field("log", &self.log)
+            .field("drain", &self.drain)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("routes", &self.routes)

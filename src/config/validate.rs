@@ -21,6 +21,7 @@ impl Config {
         self.validate_top()?;
         self.validate_retry_and_delivery()?;
         self.circuit.validate()?;
+        self.drain.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
         self.validate_policies()?;
