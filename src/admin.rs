@@ -1,5 +1,5 @@
-//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, and
-//! the public keys of the Ed25519 signing keys (never a secret).
+//! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, the
+//! public keys of the Ed25519 signing keys (never a secret), and `/drain` (see `drain`).
 //! Every route but `/healthz` needs `Authorization: Bearer <admin_token>` when one is set.
 
 use std::collections::HashMap;
@@ -14,6 +14,7 @@ use subtle::ConstantTimeEq;
 use crate::access::AccessPolicy;
 use crate::config::units::format_duration;
 use crate::delivery::Deliverer;
+use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
 use crate::model::State;
 use crate::ops::Probes;
@@ -31,6 +32,7 @@ pub const DEFAULT_PAGE: usize = 100;
 pub struct Admin {
     d: Arc<Deliverer>,
     probes: Arc<Probes>,
+    drain: Arc<DrainControl>,
     access: AccessPolicy,
 }
 
@@ -165,15 +167,20 @@ fn decode_segment(s: &str) -> String {
 }
 
 impl Admin {
-    /// Builds the component: the probes it also serves, and the browser rules of
-    /// `[admin]`.
-    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>) -> Self {
+    /// Builds the component: the probes it also serves, the drain it starts and shows
+    /// (`/drain`), and the browser rules of `[admin]`.
+    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, drain: Arc<DrainControl>) -> Self {
         let access = AccessPolicy::new(
             "admin",
             d.config.admin.allowed_origins.clone(),
             d.config.admin.hosts.clone(),
         );
-        Admin { d, probes, access }
+        Admin {
+            d,
+            probes,
+            drain,
+            access,
+        }
     }
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
@@ -205,6 +212,10 @@ impl Admin {
                 "unauthorized",
                 "admin API needs Authorization: Bearer <admin_token>",
             );
+        }
+        if path == "/drain" {
+            // Reads a body and answers while a drain runs: async, not a store call here.
+            return self.drain.handle(req).await;
         }
         let method = req.method().clone();
         let query = query_map(&req);

@@ -1,6 +1,7 @@
 //! The command line: `courier [serve]`, `courier check-config`, the operator commands
-//! (`deliveries`, `endpoints`) that talk to a running courier's admin API, and `keys`, which
-//! makes Ed25519 signing keys offline.
+//! (`deliveries`, `endpoints`) that talk to a running courier's admin API, `drain`, which
+//! hands a courier's open messages to another courier, and `keys`, which makes Ed25519
+//! signing keys offline.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,9 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
+    /// Hand every open message of this courier's data dir to another courier's ingress
+    /// (the data dir's courier drains itself when it is running).
+    Drain(crate::drain::DrainArgs),
 }
 
 impl GlobalArgs {
@@ -79,17 +83,17 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, crate::config::ConfigE
     Config::load(&global.overrides(), &|name| std::env::var(name).ok())
 }
 
-/// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then
-/// `RUST_LOG`) sets the filter in either format, so switching to JSON never changes which
-/// lines are written.
-fn init_logging(format: LogFormat) {
+/// Installs the stderr subscriber in the configured line format, writing `default_filter`
+/// (`info` for `serve`) and above. `COURIER_LOG` (then `RUST_LOG`) sets the filter in either
+/// format, so switching to JSON never changes which lines are written.
+pub(crate) fn init_logging(format: LogFormat, default_filter: &str) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("COURIER_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -132,6 +136,7 @@ pub fn main() -> ExitCode {
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
         Some(Command::Keys(cmd)) => crate::keys::run(cmd),
+        Some(Command::Drain(args)) => crate::drain::verb::run(&cli.global, args),
     }
 }
 
@@ -144,7 +149,7 @@ fn serve(global: &GlobalArgs) -> ExitCode {
         }
     };
     let format = config.log.format;
-    init_logging(format);
+    init_logging(format, "info");
     // The main runtime serves ingress (and admin): below delivery's priority, which runs
     // on a runtime of its own (see `priority`).
     let runtime = match tokio::runtime::Builder::new_multi_thread()

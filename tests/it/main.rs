@@ -2,6 +2,7 @@
 //! One test binary (modules below) so the suite links once.
 
 mod support;
+mod support_drain;
 
 mod admin;
 mod adoption;
@@ -11,6 +12,7 @@ mod cli;
 mod client_limits;
 mod dashboard;
 mod delivery;
+mod drain;
 mod h2c;
 mod hardening;
 mod ingress;
