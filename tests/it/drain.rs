@@ -362,3 +362,39 @@ async fn an_ordered_line_is_handed_over_in_its_order() {
     sorted.sort();
     assert_eq!(order, sorted, "the peer delivers the line in its order");
 }
+
+#[tokio::test]
+async fn with_deliver_for_a_running_courier_delivers_what_it_can_and_forwards_only_the_rest() {
+    // The receiver fails each message's first attempt (500: not a breaker failure) and takes
+    // the retry 2 s later, while the drain is already waiting.
+    let first_seen = std::sync::Mutex::new(BTreeSet::new());
+    let rx = Receiver::scripted(move |_, seen| {
+        let fresh = first_seen.lock().unwrap().insert(seen.header("webhook-id").unwrap());
+        Reply::status(if fresh { 500 } else { 200 })
+    })
+    .await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Courier::start(dir_a.path(), "[retry]\nbase_delay = \"2s\"\njitter = \"none\"\n");
+    post_many(&a, &rx.url("/retried"), 20, "evt-", &[]).await;
+    rx.wait_for(20).await;
+    let b = Courier::start(dir_b.path(), B);
+    let admin = a.admin.to_string();
+    let started = std::time::Instant::now();
+    let out = drain(
+        &a.config_path,
+        &a.data_dir,
+        &format!("http://{}", b.ingress),
+        &["--admin-listen", &admin, "--deliver-for", "2m"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", printed(&out));
+    // Everything was delivered while it waited, so nothing was left to forward, and it did
+    // not wait out its two minutes once nothing was open.
+    assert!(out_text(&out).contains("0 of 0 handed off"), "{}", printed(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "it stopped waiting when nothing was open"
+    );
+    assert_eq!(metric(&a, "courier_delivered_total").await, 20);
+    assert_eq!(metric(&b, "courier_accepted_total").await, 0);
+}
