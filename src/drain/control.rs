@@ -178,9 +178,12 @@ impl DrainControl {
 
     async fn post(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let bad = |code: &str, message: String| serve::error(StatusCode::BAD_REQUEST, code, message);
-        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(e) => return bad("invalid_request", format!("reading the body failed: {e}")),
+        // Bounded in size and time: a client that stops sending must not hold the request.
+        let reading = Limited::new(req.into_body(), MAX_BODY).collect();
+        let body = match tokio::time::timeout(crate::ingress::BODY_READ_TIMEOUT, reading).await {
+            Ok(Ok(body)) => body.to_bytes(),
+            Ok(Err(e)) => return bad("invalid_request", format!("reading the body failed: {e}")),
+            Err(_) => return bad("invalid_request", "the body did not arrive in time".into()),
         };
         let request: DrainRequest = if body.iter().all(u8::is_ascii_whitespace) {
             DrainRequest::default()

@@ -81,7 +81,8 @@ pub struct Status {
     pub already_at_peer: u64,
     /// Refused by the peer: still pending here.
     pub refused: u64,
-    /// Left here for another reason (an attempt was running): still open here.
+    /// Left here for another reason (an attempt held it, or it waits behind an ordered
+    /// line's head that stayed): still open here.
     pub left: u64,
     /// Not yet forwarded.
     pub remaining: u64,
@@ -128,7 +129,10 @@ impl Status {
             s.push_str(&format!(", {} refused by the peer (still pending here)", self.refused));
         }
         if self.left > 0 {
-            s.push_str(&format!(", {} left here (an attempt was running)", self.left));
+            s.push_str(&format!(
+                ", {} left here (held by an attempt, or behind an ordered line's head that stayed)",
+                self.left
+            ));
         }
         if let Some(e) = &self.error {
             s.push_str(&format!("; stopped: {e}"));
@@ -284,7 +288,8 @@ mod tests {
         assert_eq!(
             s.line(),
             "drain: forwarding: 40 of 100 handed off (5 already at the peer), 58 remaining, 20/s, about 3s left, \
-             1 refused by the peer (still pending here), 1 left here (an attempt was running)"
+             1 refused by the peer (still pending here), 1 left here (held by an attempt, or behind an ordered \
+             line's head that stayed)"
         );
         assert!(!s.complete());
         // More hand-offs than the total (messages replayed meanwhile) never underflow.
