@@ -71,6 +71,7 @@ impl Engine {
         self.progress.begin(total, self.clock.now_ms());
         tracing::info!(to = %url_for_log(self.peer.url.as_str()), open = total, concurrency = self.concurrency,
             "drain: forwarding open messages to the peer");
+        self.warn_of_paused().await;
         let mut tasks = JoinSet::new();
         let lines = match blocking(&self.store, |s| s.line_endpoints()).await {
             Ok(lines) => lines,
@@ -110,6 +111,25 @@ impl Engine {
             }
         }
         !self.progress.stopped()
+    }
+
+    /// The peer does not know which endpoints are paused here: their held messages go, and
+    /// the peer delivers them unless the endpoint is paused there too. Said once per endpoint.
+    async fn warn_of_paused(&self) {
+        let paused = blocking(&self.store, |s| {
+            let mut out = Vec::new();
+            for (endpoint, _) in s.paused_endpoints()? {
+                let open = s.open_of_endpoint(&endpoint)?;
+                if open > 0 {
+                    out.push((endpoint, open));
+                }
+            }
+            Ok(out)
+        });
+        for (endpoint, open) in paused.await.unwrap_or_default() {
+            tracing::warn!(endpoint = %url_for_log(&endpoint), open,
+                "drain: this endpoint is paused here; its messages are handed over too, and the peer delivers them unless it is paused there (courier endpoints pause)");
+        }
     }
 
     /// Spawns `task` once fewer than `concurrency` run.
