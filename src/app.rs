@@ -5,9 +5,11 @@
 //! start scheduler, retention, ingress and admin → log `listening`.
 //!
 //! Stop (SIGTERM/SIGINT, or [`Running::shutdown`]): ingress answers 503 and `/readyz` 503
-//! → a drain under way (`POST /drain`) stops → the scheduler stops claiming → running attempts get `shutdown_grace` to finish, the
-//! rest are cut off and requeued without counting an attempt → listeners close → the
-//! store's queued accepts are answered, the WAL synced and memtables flushed.
+//! → a drain under way (`POST /drain`) stops → the scheduler stops claiming → running
+//! attempts get `shutdown_grace` to finish, the rest are cut off and requeued without
+//! counting an attempt → listeners close → the store's queued accepts are answered, the
+//! WAL synced and memtables flushed. A drain (see `drain::control`) takes the first steps
+//! earlier, with the scheduler's own stop, and forwards what is open before any of this.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

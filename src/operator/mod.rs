@@ -32,7 +32,7 @@ pub struct OutputArgs {
 pub enum DeliveriesCommand {
     /// List deliveries (newest last), optionally filtered.
     List {
-        /// Only this state: pending, in_flight, delivered, dead.
+        /// Only this state: pending, in_flight, delivered, dead, handed_off.
         #[arg(long)]
         state: Option<String>,
         /// Only this endpoint key.

@@ -17,8 +17,8 @@
 //! - `lines`: endpoint ‖ 0 → [`LineRecord`], endpoint ‖ 0 ‖ be64(pos) → id. Ordered endpoints:
 //!   only a line's head has a due entry, the rest wait here in acceptance order; see `lines`.
 //! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
-//! - `meta`: counters (open, delivered, dead, handed off, open per endpoint), merged in the same batch
-//!   as the transition they count, so gauges are point reads, never scans.
+//! - `meta`: counters (open, delivered, dead, handed off, open per endpoint), merged in the
+//!   same batch as the transition they count, so gauges are point reads, never scans.
 //!
 //! # Durability
 //! Accepts go through the [`committer`]: one thread that drains every queued accept into one
