@@ -5,6 +5,8 @@
 #     (where they are GA); any warning (e.g. an unknown kind) counts as a failure;
 #   - cross-references the schema cannot see: probes, ports, names, keys, the grace
 #     period against shutdown_grace, the TOML keys against the contract's config keys;
+#     the sidecars' preStop hand-off (`courier drain`) to the tier's Service with the tier's
+#     token, and a grace period that covers it; the tier's listeners, volumes and policy;
 #     probes and the Prometheus scrape on the ops port, the NetworkPolicy admitting only it;
 #   - no listener off loopback without its token (check_open_listeners, over the image's
 #     ENV, each pod spec's env/args/ConfigMap and the systemd unit/env/TOML), with a
@@ -21,7 +23,8 @@
 #   - if a built courier binary is found ($COURIER_BIN, $CARGO_TARGET_DIR (default target)/release
 #     or /debug, or PATH), `courier check-config` on both TOML files.
 #   - with that binary, courier started exactly as each pod spec, the systemd unit and the
-#     image's defaults start it (args, environment, config), /readyz and /healthz checked
+#     image's defaults start it (args, environment, config), each sidecar's preStop
+#     (`courier drain`) run against it and the tier (tier.yaml), /readyz and /healthz checked
 #     (on the ops listener where the file opens one, which must not serve the admin API),
 #     then SIGTERM must exit 0; the Secret's placeholder signing secret must be refused, and
 #     so must an admin on 0.0.0.0 without a token.
@@ -157,17 +160,77 @@ for path in sorted((deploy / "kubernetes").glob("*.yaml")):
 
 configmaps = {n: d for (k, n), (_, d) in docs.items() if k == "ConfigMap"}
 secrets = {n: d for (k, n), (_, d) in docs.items() if k == "Secret"}
-cfg = {}
-for name, cm in configmaps.items():
-    if "courier.toml" in cm.get("data", {}):
-        cfg = check_toml(f"configmap {name}", cm["data"]["courier.toml"])
+services = {n: d for (k, n), (_, d) in docs.items() if k == "Service"}
+
+def courier_toml(name):
+    cm = configmaps.get(name, {}).get("data", {})
+    check("courier.toml" in cm, f"no ConfigMap {name} with a courier.toml")
+    return check_toml(f"configmap {name}", cm.get("courier.toml", ""))
+
+# The sidecars' config (configmap.yaml) and the courier tier's (tier.yaml).
+cfg = courier_toml("courier-config")
+tier_cfg = courier_toml("courier-tier-config")
 check(str(cfg.get("listen", "")).startswith("127.0.0.1:"), "configmap: ingress must stay on 127.0.0.1")
 check(cfg.get("admin_listen") == "127.0.0.1:8788", "configmap: admin_listen must stay on 127.0.0.1:8788")
 check(cfg.get("ops_listen") == "0.0.0.0:8789", "configmap: ops_listen must be 0.0.0.0:8789 (kubelet probes, Prometheus)")
 OPS_PORT = 8789
 grace = seconds(cfg.get("shutdown_grace", "30s"))
 
-workloads = [(f, d) for (k, _), (f, d) in docs.items() if k in ("Deployment", "StatefulSet")]
+def size(text):
+    m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB)?", str(text))
+    if not m:
+        raise ValueError(f"bad size {text!r}")
+    return int(m[1]) * {None: 1, "B": 1, "KiB": 1024, "MiB": 1 << 20, "GiB": 1 << 30}[m[2]]
+
+def argv_flags(argv):
+    return {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+
+def secret_key(container, var):
+    ref = next((e.get("valueFrom", {}).get("secretKeyRef") for e in container.get("env", []) if e["name"] == var), None)
+    return (ref["name"], ref["key"]) if ref else None
+
+# The courier tier (tier.yaml): the sidecars' preStop hands leftovers to its Service.
+TIER_SERVICE = "courier-tier"
+tier_svc = services.get(TIER_SERVICE, {})
+tier_port = next((p["port"] for p in tier_svc.get("spec", {}).get("ports", []) if p.get("name") == "ingress"), None)
+check(tier_port is not None, f"no Service {TIER_SERVICE} with a port named ingress")
+tier_hosts = {h.split(":")[0] for h in tier_cfg.get("ingress", {}).get("hosts", [])}
+check(TIER_SERVICE in tier_hosts, f"tier.yaml: [ingress] hosts must list {TIER_SERVICE} (the Host the sidecars send)")
+check(size(tier_cfg.get("max_body", "1MiB")) >= size(cfg.get("max_body", "1MiB")),
+      "tier.yaml: the tier's max_body must be at least the sidecars' (or their largest messages are refused)")
+tier_token = None
+tier_workloads = [(f, d) for (k, _), (f, d) in docs.items() if k == "StatefulSet" and f == "tier.yaml"]
+check(len(tier_workloads) == 1, "tier.yaml: expected one StatefulSet, the courier tier")
+for fname, w in tier_workloads:
+    where = f"{fname} {w['kind']}"
+    pod = w["spec"]["template"]["spec"]
+    labels = w["spec"]["template"]["metadata"]["labels"]
+    check(tier_svc.get("spec", {}).get("selector", {}).items() <= labels.items(),
+          f"{where}: Service {TIER_SERVICE} does not select the tier's pods")
+    check(w["spec"].get("persistentVolumeClaimRetentionPolicy") == {"whenDeleted": "Retain", "whenScaled": "Retain"},
+          f"{where}: the volumes of removed replicas must be kept (Retain): they may hold open messages")
+    tier_grace = seconds(tier_cfg.get("shutdown_grace", "30s"))
+    check(pod.get("terminationGracePeriodSeconds", 30) > tier_grace,
+          f"{where}: terminationGracePeriodSeconds must exceed shutdown_grace ({tier_grace}s)")
+    c = next((c for c in pod.get("containers", []) if c["name"] == "courier"), None)
+    check(c is not None and not pod.get("initContainers"), f"{where}: the tier runs courier as its container")
+    if c is None:
+        continue
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    check(env.get("COURIER_LISTEN") == f"0.0.0.0:{tier_port}", f"{where}: ingress must listen on the pod IP at the Service's port")
+    check(str(env.get("COURIER_ADMIN_LISTEN", "")).startswith("127.0.0.1:"), f"{where}: admin must stay on 127.0.0.1")
+    tier_token = secret_key(c, "COURIER_INGRESS_TOKEN")
+    check(tier_token is not None, f"{where}: the tier's ingress token must come from a Secret")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(ports == {"ingress": tier_port, "ops": OPS_PORT}, f"{where}: declare the ingress and ops ports, never admin's")
+    for probe, path in (("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = c.get(probe, {}).get("httpGet", {})
+        check(get.get("path") == path and get.get("port") in ("ops", OPS_PORT), f"{where}: {probe} must GET {path} on ops")
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+    check(mounts.get("/var/lib/courier") in claims, f"{where}: /var/lib/courier must come from a volumeClaimTemplate")
+
+workloads = [(f, d) for (k, _), (f, d) in docs.items() if k in ("Deployment", "StatefulSet") and f != "tier.yaml"]
 check(sorted(f for f, _ in workloads) == ["deployment-uds.yaml", "deployment.yaml", "statefulset.yaml"],
       "expected the Deployment, its Unix socket variant and the StatefulSet")
 for fname, w in workloads:
@@ -238,6 +301,23 @@ for fname, w in workloads:
         check(data in claims, f"{where}: /var/lib/courier must come from a volumeClaimTemplate")
     conf = volumes.get(mounts.get("/etc/courier"), {}).get("configMap", {}).get("name")
     check(conf in configmaps, f"{where}: /etc/courier must mount a ConfigMap from configmap.yaml")
+    # The preStop hands what is still open to the tier: `courier drain` on this data dir, to
+    # the tier's Service, with the tier's token; and the grace period covers it all.
+    stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    check(stop[:2] == ["/usr/local/bin/courier", "drain"], f"{where}: courier's preStop must run `courier drain`")
+    hand = argv_flags(stop)
+    m = re.fullmatch(r"http://([^/:]+):(\d+)/?", hand.get("--to", ""))
+    check(m is not None and m[1] == TIER_SERVICE and int(m[2]) == tier_port,
+          f"{where}: the preStop must drain --to http://{TIER_SERVICE}:{tier_port} (the tier's Service)")
+    check(hand.get("--data-dir") == "/var/lib/courier" and hand.get("--config") == "/etc/courier/courier.toml",
+          f"{where}: the preStop must drain the data dir and config serve uses")
+    check(secret_key(c, "COURIER_DRAIN_TOKEN") == tier_token,
+          f"{where}: COURIER_DRAIN_TOKEN must be the Secret key the tier takes as COURIER_INGRESS_TOKEN")
+    # The app's exit (30s), the preStop (deliver_for, then attempts in flight within
+    # shutdown_grace, then the hand-off: 30s), then courier's own stop (shutdown_grace).
+    budget = 30 + seconds(hand.get("--deliver-for", "0s")) + grace + 30 + grace
+    check(pod.get("terminationGracePeriodSeconds", 30) >= budget,
+          f"{where}: terminationGracePeriodSeconds must cover the app, the preStop hand-off and the stop ({budget}s)")
 
 # The NetworkPolicy admits the ops port and nothing of courier's else.
 policies = [(f, d) for (k, _), (f, d) in docs.items() if k == "NetworkPolicy"]
@@ -247,7 +327,14 @@ for fname, np in policies:
     allowed = {p.get("port") for r in rules for p in r.get("ports", [])}
     check(all(r.get("ports") for r in rules), f"{fname}: a rule without ports admits every port, admin's included")
     check(OPS_PORT in allowed or "ops" in allowed, f"{fname}: the ops port {OPS_PORT} is not admitted")
-    check(not allowed & {8787, 8788, "admin", "ingress"}, f"{fname}: courier's ingress or admin port is admitted")
+    check(not allowed & {8788, "admin"}, f"{fname}: courier's admin port is admitted")
+    if np["spec"].get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name") == TIER_SERVICE:
+        # The tier's ingress takes hand-offs from the sidecar pods, and from nobody else.
+        ingress_rules = [r for r in rules if {tier_port, "ingress"} & {p.get("port") for p in r.get("ports", [])}]
+        check(ingress_rules and all(r.get("from") and all("podSelector" in f for f in r["from"]) for r in ingress_rules),
+              f"{fname}: the tier's ingress must be admitted from the sidecar pods only")
+    else:
+        check(not allowed & {8787, "ingress"}, f"{fname}: courier's ingress port is admitted")
 
 unit = (deploy / "systemd" / "courier.service").read_text()
 example = check_toml("courier.toml.example", (deploy / "systemd" / "courier.toml.example").read_text())
@@ -259,7 +346,7 @@ print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PY
 )"; then
-  pass "cross-references: probes and Prometheus on the ops port, ports, NetworkPolicy, secrets, grace periods, TOML keys"
+  pass "cross-references: probes and Prometheus on the ops port, ports, NetworkPolicies, secrets, grace periods, TOML keys, the preStop hand-off to the tier"
 else
   fail "cross-references"$'\n'"$out"
 fi
@@ -666,11 +753,16 @@ done
 if [[ -n "$courier_bin" ]]; then
   python3 -c 'import sys,yaml; print(yaml.safe_load(open(sys.argv[1]))["data"]["courier.toml"])' \
     "$DEPLOY/kubernetes/configmap.yaml" >"$tmp/configmap.toml"
-  for toml in "$tmp/configmap.toml" "$DEPLOY/systemd/courier.toml.example"; do
+  python3 -c 'import sys,yaml; print(next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d["kind"] == "ConfigMap")["data"]["courier.toml"])' \
+    "$DEPLOY/kubernetes/tier.yaml" >"$tmp/tier.toml"
+  for toml in "$tmp/configmap.toml" "$tmp/tier.toml" "$DEPLOY/systemd/courier.toml.example"; do
     # Only the file under test: no COURIER_* from this shell, and a data dir that exists.
     unset_flags=()
     while read -r name; do unset_flags+=(-u "$name"); done < <(env | grep -o '^COURIER_[A-Z_]*' || true)
-    if out="$(env ${unset_flags[@]+"${unset_flags[@]}"} COURIER_DATA_DIR="$tmp/data" \
+    # The tier's ingress is on the pod IP: its token comes from the Secret, as in its pod.
+    pod_env=()
+    [[ "$toml" == "$tmp/tier.toml" ]] && pod_env=(COURIER_INGRESS_TOKEN=from-the-secret)
+    if out="$(env ${unset_flags[@]+"${unset_flags[@]}"} COURIER_DATA_DIR="$tmp/data" ${pod_env[@]+"${pod_env[@]}"} \
       "$courier_bin" check-config --config "$toml" 2>&1)"; then
       pass "courier check-config $(basename "$toml")"
     else
@@ -713,7 +805,9 @@ def get(url, token=None):
     except urllib.error.HTTPError as e:
         return e.code
 
-def run(name, argv, env, config):
+def run(name, argv, env, config, during=None):
+    """Starts courier as `argv` and `env` say, checks its probes, runs `during(paths, env,
+    ingress, admin)` while it serves, then stops it with SIGTERM."""
     data = tmp / f"data-{len(problems)}-{name.replace(' ', '-').replace('/', '-')}"
     paths = lambda a: (a.replace("/etc/courier/courier.toml", str(config)).replace("/var/lib/courier", str(data))
                        .replace("unix:/run/courier", f"unix:{data}-run"))
@@ -743,7 +837,7 @@ def run(name, argv, env, config):
                             stderr=subprocess.PIPE, text=True)
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(l) for l in proc.stderr], daemon=True).start()
-    log, admin, deadline = [], None, time.monotonic() + 20
+    log, admin, ingress, deadline = [], None, None, time.monotonic() + 20
     while admin is None and time.monotonic() < deadline:
         try:
             line = lines.get(timeout=0.5)
@@ -755,6 +849,7 @@ def run(name, argv, env, config):
         m = re.search(r"listening.*admin=(\S+)", line)
         if m:
             admin = m[1].replace("0.0.0.0:", "127.0.0.1:")
+            ingress = re.search(r"ingress=(\S+)", line)[1]
     if admin is None:
         proc.kill()
         problems.append(f"{name}: did not start listening:\n" + "\n".join(log))
@@ -776,6 +871,8 @@ def run(name, argv, env, config):
                 got = get(f"http://{ops}{path}", token)
                 if got == 200:
                     problems.append(f"{name}: the ops listener serves the admin route {path}")
+        if during:
+            during(paths, env, ingress, admin)
     except Exception as e:
         problems.append(f"{name}: probe failed: {e}")
     proc.send_signal(signal.SIGTERM)
@@ -793,21 +890,49 @@ def run(name, argv, env, config):
 secrets = {}
 for doc in yaml.safe_load_all((deploy / "kubernetes" / "secret.yaml").read_text()):
     secrets[doc["metadata"]["name"]] = dict(doc.get("stringData", {}))
-config = tmp / "configmap.toml"
-for fname in ("deployment.yaml", "deployment-uds.yaml", "statefulset.yaml"):
-    for doc in yaml.safe_load_all((deploy / "kubernetes" / fname).read_text()):
-        if doc["kind"] not in ("Deployment", "StatefulSet"):
-            continue
-        c = next(c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == "courier")
-        env = {}
-        for e in c.get("env", []):
-            ref = e.get("valueFrom", {}).get("secretKeyRef")
-            value = secrets[ref["name"]][ref["key"]] if ref else e["value"]
-            # The Secret ships placeholders; a real one holds a generated secret.
-            env[e["name"]] = valid_secret if e["name"] == "COURIER_SIGNING_SECRETS" else value
-        ops = run(f"{fname} courier container", c.get("command", []) + c["args"], env, config)
-        if not ops:
-            problems.append(f"{fname}: the pod spec opens no ops listener for its probes")
+def env_of(c):
+    env = {}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        value = secrets[ref["name"]][ref["key"]] if ref else e["value"]
+        # The Secret ships placeholders; a real one holds a generated secret.
+        env[e["name"]] = valid_secret if e["name"] == "COURIER_SIGNING_SECRETS" else value
+    return env
+
+def prestop(fname, c, tier_ingress):
+    """The pod's preStop, run as the kubelet runs it (in the courier container, with its
+    environment) against the running sidecar, handing over to the running tier."""
+    command = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    def during(paths, env, ingress, admin):
+        argv = [paths(a) for a in command[1:]]
+        if "--to" in argv:
+            argv[argv.index("--to") + 1] = f"http://{tier_ingress}"
+        r = subprocess.run([courier] + argv, env=dict(env, COURIER_ADMIN_LISTEN=admin),
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0 or "drain: done" not in r.stdout:
+            problems.append(f"{fname}: the preStop {command[1:]} failed (exit {r.returncode}): "
+                            f"{r.stdout.strip()} {r.stderr.strip()}")
+    return during
+
+def sidecars(tier_ingress):
+    config = tmp / "configmap.toml"
+    for fname in ("deployment.yaml", "deployment-uds.yaml", "statefulset.yaml"):
+        for doc in yaml.safe_load_all((deploy / "kubernetes" / fname).read_text()):
+            if doc["kind"] not in ("Deployment", "StatefulSet"):
+                continue
+            c = next(c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == "courier")
+            ops = run(f"{fname} courier container", c.get("command", []) + c["args"], env_of(c), config,
+                      prestop(fname, c, tier_ingress))
+            if not ops:
+                problems.append(f"{fname}: the pod spec opens no ops listener for its probes")
+
+# The tier, as tier.yaml runs it; while it serves, each sidecar pod as its spec runs it,
+# with its preStop handing over to the tier.
+for doc in yaml.safe_load_all((deploy / "kubernetes" / "tier.yaml").read_text()):
+    if doc["kind"] == "StatefulSet":
+        c = next(c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == "courier")
+        run("tier.yaml courier container", c.get("command", []) + c["args"], env_of(c), tmp / "tier.toml",
+            lambda paths, env, ingress, admin: sidecars(ingress))
 
 # The unit, with its EnvironmentFile= read from the example beside it (as systemd would).
 unit = (deploy / "systemd" / "courier.service").read_text()
@@ -863,7 +988,7 @@ print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PY
 )"; then
-    pass "courier starts as each deploy file runs it (3 pods, systemd, image defaults), probes on the ops port 200, SIGTERM exits 0"
+    pass "courier starts as each deploy file runs it (the tier, 3 sidecar pods whose preStop hands over to it, systemd, image defaults), probes on the ops port 200, SIGTERM exits 0"
   else
     fail "courier run as the deploy files run it"$'\n'"$out"
   fi

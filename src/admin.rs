@@ -1,6 +1,7 @@
 //! The admin API (CONTRACT §5): health, readiness, metrics, deliveries and endpoints, the
-//! public keys of the Ed25519 signing keys (never a secret), and the web view ([`crate::ui`]).
-//! All but `/healthz` and the view's static files need `Authorization: Bearer <admin_token>` if set.
+//! public keys of the Ed25519 signing keys (never a secret), `/reload` (see [`crate::reload`]),
+//! `/drain` (see `drain`), and the web view ([`crate::ui`]). All but `/healthz` and the
+//! view's static files need `Authorization: Bearer <admin_token>` if set.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use subtle::ConstantTimeEq;
 use crate::access::AccessPolicy;
 use crate::config::units::format_duration;
 use crate::delivery::Deliverer;
+use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
 use crate::model::State;
 use crate::ops::Probes;
@@ -32,6 +34,7 @@ pub const DEFAULT_PAGE: usize = 100;
 pub struct Admin {
     d: Arc<Deliverer>,
     probes: Arc<Probes>,
+    drain: Arc<DrainControl>,
     access: AccessPolicy,
     reloader: Arc<Reloader>,
 }
@@ -167,9 +170,9 @@ fn decode_segment(s: &str) -> String {
 }
 
 impl Admin {
-    /// Builds the component: the probes it also serves, and the browser rules of
-    /// `[admin]`.
-    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, reloader: Arc<Reloader>) -> Self {
+    /// Builds the component: the probes it also serves, the reloader of `POST /reload`, the
+    /// drain it starts and shows (`/drain`), and the browser rules of `[admin]`.
+    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, reloader: Arc<Reloader>, drain: Arc<DrainControl>) -> Self {
         let config = d.config();
         let access = AccessPolicy::new(
             "admin",
@@ -181,6 +184,7 @@ impl Admin {
             probes,
             access,
             reloader,
+            drain,
         }
     }
 
@@ -218,6 +222,10 @@ impl Admin {
                 "unauthorized",
                 "admin API needs Authorization: Bearer <admin_token>",
             );
+        }
+        if path == "/drain" {
+            // Reads a body and answers while a drain runs: async, not a store call here.
+            return self.drain.handle(req).await;
         }
         let method = req.method().clone();
         let query = query_map(&req);

@@ -5,9 +5,11 @@
 //! start scheduler, retention, ingress and admin → log `listening`.
 //!
 //! Stop (SIGTERM/SIGINT, or [`Running::shutdown`]): ingress answers 503 and `/readyz` 503
-//! → the scheduler stops claiming → running attempts get `shutdown_grace` to finish, the
-//! rest are cut off and requeued without counting an attempt → listeners close → the
-//! store's queued accepts are answered, the WAL synced and memtables flushed.
+//! → a drain under way (`POST /drain`) stops → the scheduler stops claiming → running
+//! attempts get `shutdown_grace` to finish, the rest are cut off and requeued without
+//! counting an attempt → listeners close → the store's queued accepts are answered, the
+//! WAL synced and memtables flushed. A drain (see `drain::control`) takes the first steps
+//! earlier, with the scheduler's own stop, and forwards what is open before any of this.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +26,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
+use crate::drain::DrainControl;
 use crate::egress::EgressPolicy;
 use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::ingress::Ingress;
@@ -321,8 +324,19 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     }
 
     let draining = Arc::new(AtomicBool::new(false));
+    // Stops retention, and the scheduler at shutdown.
     let (stop_sched, sched_rx) = watch::channel(false);
+    // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,
+    // and the word that it has returned.
+    let stop_scheduler = Arc::new(watch::channel(false).0);
+    let (scheduler_done, scheduler_stopped) = watch::channel(false);
     let (stop_http, http_rx) = watch::channel(false);
+    let drain = Arc::new(DrainControl::new(
+        deliverer.clone(),
+        draining.clone(),
+        stop_scheduler.clone(),
+        scheduler_stopped,
+    ));
 
     let ingress = Arc::new(Ingress::new(
         deliverer.clone(),
@@ -332,7 +346,12 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     ));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let reloader = Arc::new(Reloader::new(seams.config_source, deliverer.clone(), loaded));
-    let admin = Arc::new(Admin::new(deliverer.clone(), probes.clone(), reloader.clone()));
+    let admin = Arc::new(Admin::new(
+        deliverer.clone(),
+        probes.clone(),
+        reloader.clone(),
+        drain.clone(),
+    ));
     let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
     let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
     let ops_task = ops_listener.map(|listener| {
@@ -351,9 +370,11 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         limits.admin.clone(),
         http_rx,
     ));
-    let scheduler_task = delivery_rt
-        .handle()
-        .spawn(Scheduler::new(deliverer.clone()).run(sched_rx.clone()));
+    let scheduler = Scheduler::new(deliverer.clone()).run(stop_scheduler.subscribe());
+    let scheduler_task = delivery_rt.handle().spawn(async move {
+        scheduler.await;
+        let _ = scheduler_done.send(true);
+    });
     let d = deliverer.clone();
     let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || {
         match d.expire_endpoints() {
@@ -395,7 +416,10 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         // upload, a long retention sweep or a slow receiver cannot keep courier running.
         let deadline = tokio::time::Instant::now() + grace;
         draining.store(true, Ordering::SeqCst);
+        // A drain under way stops here: what it has not handed off stays pending.
+        drain.abort();
         let _ = stop_sched.send(true);
+        let _ = stop_scheduler.send(true);
         let _ = scheduler_task.await;
         // A sweep stops at its next batch; one family's compaction cannot be cut short, so
         // the wait for it is bounded by the grace too (RocksDB finishes or drops it at close).

@@ -1,6 +1,7 @@
 //! The command line: `courier [serve]`, `courier check-config`, the operator commands
-//! (`deliveries`, `endpoints`) that talk to a running courier's admin API, and `keys`, which
-//! makes Ed25519 signing keys offline.
+//! (`deliveries`, `endpoints`) that talk to a running courier's admin API, `drain`, which
+//! hands a courier's open messages to another courier, and `keys`, which makes Ed25519
+//! signing keys offline.
 
 use std::process::ExitCode;
 
@@ -43,38 +44,9 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::keys::KeysCommand),
-}
-
-/// Installs the stderr subscriber in the configured line format. `COURIER_LOG` (then
-/// `RUST_LOG`) sets the filter in either format, so switching to JSON never changes which
-/// lines are written.
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("COURIER_LOG")
-        .ok()
-        .and_then(|v| EnvFilter::try_new(v).ok())
-        .or_else(|| EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_target(false)
-            .try_init(),
-        // The documented JSON shape: timestamp, level, target, message and the event's
-        // fields all at the top level (flattened), one object a line, no span lists (their
-        // fields would duplicate the event's and their shape is not part of the contract).
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .with_target(true)
-            .try_init(),
-    };
+    /// Hand every open message of this courier's data dir to another courier's ingress
+    /// (the data dir's courier drains itself when it is running).
+    Drain(crate::drain::DrainArgs),
 }
 
 /// Parses the command line and runs the command; returns the process exit code.
@@ -99,6 +71,7 @@ pub fn main() -> ExitCode {
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
         Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
         Some(Command::Keys(cmd)) => crate::keys::run(cmd),
+        Some(Command::Drain(args)) => crate::drain::verb::run(&cli.global, args),
     }
 }
 
@@ -111,7 +84,7 @@ fn serve(global: &GlobalArgs) -> ExitCode {
         }
     };
     let format = config.log.format;
-    init_logging(format);
+    crate::args::init_logging(format, "info");
     // The main runtime serves ingress (and admin): below delivery's priority, which runs
     // on a runtime of its own (see `priority`).
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -21,7 +21,8 @@
 //! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
 //! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`], [`fleet`] (Redis).
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
-//! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`].
+//! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`], [`reload`], [`drain`] (the hand-off to another
+//!    courier at scale-down: its pure parts are `drain::{eligible, request, answer, progress}`).
 
 #![warn(missing_docs)]
 
@@ -36,6 +37,7 @@ pub mod clock;
 pub mod config;
 pub mod conn_cap;
 pub mod delivery;
+pub mod drain;
 pub mod egress;
 pub mod endpoint_page;
 pub mod envelope;

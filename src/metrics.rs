@@ -17,6 +17,8 @@ pub const ATTEMPTS_TOTAL: &str = "courier_attempts_total";
 pub const DELIVERED_TOTAL: &str = "courier_delivered_total";
 /// `courier_dead_letters_total{reason}`: messages dead-lettered, by reason.
 pub const DEAD_LETTERS_TOTAL: &str = "courier_dead_letters_total";
+/// `courier_handed_off_total`: messages handed off to another courier by `courier drain`.
+pub const HANDED_OFF_TOTAL: &str = "courier_handed_off_total";
 /// `courier_rate_limited_total`: times a due message waited for its endpoint's rate limit.
 pub const RATE_LIMITED_TOTAL: &str = "courier_rate_limited_total";
 /// `courier_circuit_opened_total`: times a host's circuit breaker opened (or opened again
@@ -175,6 +177,7 @@ pub struct Metrics {
     attempts: [AtomicU64; 4],
     delivered: AtomicU64,
     dead: [AtomicU64; 4],
+    handed_off: AtomicU64,
     rate_limited: AtomicU64,
     circuit_opened: AtomicU64,
     endpoint_capped: AtomicU64,
@@ -193,6 +196,7 @@ impl Default for Metrics {
             attempts: Default::default(),
             delivered: AtomicU64::new(0),
             dead: Default::default(),
+            handed_off: AtomicU64::new(0),
             rate_limited: AtomicU64::new(0),
             circuit_opened: AtomicU64::new(0),
             endpoint_capped: AtomicU64::new(0),
@@ -289,6 +293,16 @@ impl Metrics {
         self.dead[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A message was handed off to another courier (the peer answered 202).
+    pub fn handed_off(&self) {
+        self.handed_off.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages handed off so far.
+    pub fn handed_off_count(&self) -> u64 {
+        self.handed_off.load(Ordering::Relaxed)
+    }
+
     /// Attempts in progress now.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed).max(0) as u64
@@ -314,6 +328,11 @@ impl Metrics {
             DELIVERED_TOTAL,
             "Messages delivered.",
             self.delivered.load(Ordering::Relaxed),
+        );
+        counter(
+            HANDED_OFF_TOTAL,
+            "Messages handed off to another courier (courier drain).",
+            self.handed_off.load(Ordering::Relaxed),
         );
         counter(
             RATE_LIMITED_TOTAL,

@@ -63,6 +63,9 @@ pub enum State {
     Delivered,
     /// Given up; kept in the dead-letter store for replay.
     Dead,
+    /// Forwarded to another courier by `courier drain`, which answered 202: that courier
+    /// delivers it now (see `drain`).
+    HandedOff,
 }
 
 impl State {
@@ -73,7 +76,14 @@ impl State {
             State::InFlight => "in_flight",
             State::Delivered => "delivered",
             State::Dead => "dead",
+            State::HandedOff => "handed_off",
         }
+    }
+
+    /// Whether the message is finished here (delivered, dead or handed off): nothing more
+    /// happens to it but a replay (dead only) and retention.
+    pub fn is_finished(self) -> bool {
+        matches!(self, State::Delivered | State::Dead | State::HandedOff)
     }
 
     /// One byte for the store's indexes and records.
@@ -83,6 +93,7 @@ impl State {
             State::InFlight => b'f',
             State::Delivered => b'd',
             State::Dead => b'x',
+            State::HandedOff => b'h',
         }
     }
 
@@ -93,12 +104,19 @@ impl State {
             b'f' => State::InFlight,
             b'd' => State::Delivered,
             b'x' => State::Dead,
+            b'h' => State::HandedOff,
             _ => return None,
         })
     }
 
     /// Every state, in lifecycle order.
-    pub const ALL: [State; 4] = [State::Pending, State::InFlight, State::Delivered, State::Dead];
+    pub const ALL: [State; 5] = [
+        State::Pending,
+        State::InFlight,
+        State::Delivered,
+        State::Dead,
+        State::HandedOff,
+    ];
 }
 
 impl fmt::Display for State {
@@ -113,7 +131,7 @@ impl FromStr for State {
         State::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| UnknownName::new("state", s, "pending, in_flight, delivered, dead"))
+            .ok_or_else(|| UnknownName::new("state", s, "pending, in_flight, delivered, dead, handed_off"))
     }
 }
 

@@ -17,7 +17,7 @@ type Setter = fn(&mut Config, &str) -> Result<(), Problem>;
 
 /// Every variable of the env layer and what it sets, in the order of the config file; one
 /// entry per variable, so a name cannot lose its setter.
-const SETTERS: [(&str, Setter); 48] = [
+const SETTERS: [(&str, Setter); 51] = [
     ("COURIER_LISTEN", |c, v| set(&mut c.listen, Ingress::parse(v))),
     ("COURIER_LISTEN_MODE", |c, v| set(&mut c.listen_mode, Mode::parse(v))),
     ("COURIER_ADMIN_LISTEN", |c, v| set(&mut c.admin_listen, Tcp::parse(v))),
@@ -127,6 +127,19 @@ const SETTERS: [(&str, Setter); 48] = [
     ("COURIER_FLEET_KEY_PREFIX", |c, v| {
         fleet(c, "COURIER_FLEET_KEY_PREFIX", v)
     }),
+    // Blank: unset (clears what the file set).
+    ("COURIER_DRAIN_TO", |c, v| {
+        set(
+            &mut c.drain.to,
+            Ok(Some(v.trim().to_string()).filter(|t| !t.is_empty())),
+        )
+    }),
+    ("COURIER_DRAIN_TOKEN", |c, v| {
+        set(&mut c.drain.token, Ok(Some(secret(v))))
+    }),
+    ("COURIER_DRAIN_CONCURRENCY", |c, v| {
+        set(&mut c.drain.concurrency, u32_of(v))
+    }),
     ("COURIER_SIGNING_SCHEME", |c, v| {
         set(&mut c.signing.scheme, Name::parse(v))
     }),
@@ -155,8 +168,8 @@ const SETTERS: [(&str, Setter); 48] = [
 /// the config file. Any other `COURIER_*` variable is ignored.
 ///
 /// [`CONFIG_ENV`]: super::CONFIG_ENV
-pub const ENV_VARS: [&str; 48] = {
-    let mut names = [""; 48];
+pub const ENV_VARS: [&str; 51] = {
+    let mut names = [""; 51];
     let mut i = 0;
     while i < names.len() {
         names[i] = SETTERS[i].0;
@@ -166,10 +179,11 @@ pub const ENV_VARS: [&str; 48] = {
 };
 
 /// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 7] = [
+pub(super) const SENSITIVE_ENV_VARS: [&str; 8] = [
     "COURIER_EGRESS_PROXY",
     "COURIER_INGRESS_TOKEN",
     "COURIER_ADMIN_TOKEN",
+    "COURIER_DRAIN_TOKEN",
     "COURIER_SIGNING_SECRETS",
     "COURIER_ALERT_URL",
     "COURIER_FLEET_REDIS_URL",

@@ -42,6 +42,7 @@ mod access;
 mod circuit;
 mod de;
 mod delivery;
+mod drain;
 mod egress;
 mod env;
 mod error;
@@ -79,6 +80,7 @@ use de::{Dur, Ingress, Link, Mode, Size, Tcp};
 pub use access::ListenerAccess;
 pub use circuit::CircuitConfig;
 pub use delivery::DeliveryConfig;
+pub use drain::{peer_url, DrainConfig, MAX_CONCURRENCY as DRAIN_MAX_CONCURRENCY};
 pub use egress::EgressConfig;
 pub use env::ENV_VARS;
 pub use error::ConfigError;
@@ -165,6 +167,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[fleet]`: fleet-wide limits on Redis.
     pub fleet: FleetConfig,
+    /// `[drain]`: where `courier drain` hands open messages over.
+    pub drain: DrainConfig,
     /// `[signing]`.
     pub signing: SigningConfig,
     /// `[egress]` (also spelled at the top level, CONTRACT §6: see `shape`).
@@ -205,6 +209,7 @@ impl Default for Config {
             circuit: CircuitConfig::default(),
             log: LogConfig::default(),
             fleet: FleetConfig::default(),
+            drain: DrainConfig::default(),
             signing: SigningConfig::default(),
             egress: EgressConfig::default(),
             tls: TlsConfig::default(),
@@ -238,6 +243,7 @@ impl fmt::Debug for Config {
             .field("circuit", &self.circuit)
             .field("log", &self.log)
             .field("fleet", &self.fleet)
+            .field("drain", &self.drain)
             .field("signing", &self.signing)
             .field("egress", &self.egress)
             .field("tls", &self.tls)

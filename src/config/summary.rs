@@ -139,6 +139,7 @@ impl Config {
         ];
         lines.push(format!("log: format {}", self.log.format.as_str()));
         lines.push(self.fleet.summary());
+        lines.push(self.drain.summary());
         let keys: Vec<String> = self
             .signing
             .keys

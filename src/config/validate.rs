@@ -22,6 +22,7 @@ impl Config {
         self.validate_retry_and_delivery()?;
         self.circuit.validate()?;
         self.fleet.validate()?;
+        self.drain.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
         self.validate_policies()?;

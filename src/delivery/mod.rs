@@ -318,6 +318,12 @@ impl Deliverer {
         handles.len()
     }
 
+    /// Completes the next time no attempt is running (registered when called, so an
+    /// attempt that ends between this call and the first poll is not missed).
+    pub(crate) fn next_idle(&self) -> tokio::sync::futures::Notified<'_> {
+        self.idle.notified()
+    }
+
     async fn wait_idle(&self) {
         loop {
             let idle = self.idle.notified();

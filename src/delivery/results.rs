@@ -328,7 +328,8 @@ mod tests {
             Counts {
                 open: 0,
                 delivered: 200,
-                dead: 0
+                dead: 0,
+                handed_off: 0
             }
         );
     }

@@ -32,7 +32,7 @@ pub struct OutputArgs {
 pub enum DeliveriesCommand {
     /// List deliveries (newest last), optionally filtered.
     List {
-        /// Only this state: pending, in_flight, delivered, dead.
+        /// Only this state: pending, in_flight, delivered, dead, handed_off.
         #[arg(long)]
         state: Option<String>,
         /// Only this endpoint key.
@@ -158,14 +158,34 @@ pub enum OperatorError {
     },
 }
 
-struct AdminClient {
+/// A client of the admin API, found from the same settings as `serve`.
+pub(crate) struct AdminClient {
     addr: SocketAddr,
     token: Option<String>,
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
 }
 
 impl AdminClient {
+    /// The client for `config`'s admin API (a wildcard address is reached over loopback).
+    pub(crate) fn new(config: &crate::config::Config) -> Self {
+        AdminClient {
+            addr: admin_target(config.admin_listen),
+            token: config.admin_token.as_ref().map(|t| t.expose().to_string()),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
     async fn call(&self, method: http::Method, path_and_query: &str) -> Result<(u16, Value), OperatorError> {
+        self.call_with(method, path_and_query, None).await
+    }
+
+    /// [`AdminClient::call`] with a JSON body.
+    pub(crate) async fn call_with(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), OperatorError> {
         let unreachable = |reason: String| OperatorError::Unreachable {
             addr: self.addr,
             reason,
@@ -176,9 +196,14 @@ impl AdminClient {
         if let Some(t) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let req = req
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| unreachable(e.to_string()))?;
+        let body = match body {
+            Some(json) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                Bytes::from(json.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let req = req.body(Full::new(body)).map_err(|e| unreachable(e.to_string()))?;
         let resp = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
             .await
             .map_err(|_| unreachable("no answer within 30s".into()))?
@@ -268,11 +293,7 @@ pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
 
 async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorError> {
     let config = crate::args::load_config(global)?;
-    let client = AdminClient {
-        addr: admin_target(config.admin_listen),
-        token: config.admin_token.as_ref().map(|t| t.expose().to_string()),
-        client: Client::builder(TokioExecutor::new()).build_http(),
-    };
+    let client = AdminClient::new(&config);
     use http::Method;
     match op {
         Operation::Deliveries(DeliveriesCommand::List {

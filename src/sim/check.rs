@@ -83,6 +83,18 @@ pub fn quiescent(w: &World, disturbed: &[u64]) -> Result<(), String> {
         let attempts: Vec<&Seen> = seen.get(event).map(|v| v.iter().collect()).unwrap_or_default();
         message(w, id, &rec, target, body, &attempts, disturbed)?;
     }
+    // A handed-off message is the peer's: never attempted here again.
+    let log = w.rx.log();
+    for (event, seen_then) in &w.model.handed_off {
+        if log
+            .get(*seen_then..)
+            .unwrap_or_default()
+            .iter()
+            .any(|s| s.event_id == *event)
+        {
+            return Err(format!("{event} was attempted after it was handed off"));
+        }
+    }
     rates(w, disturbed)?;
     limits(w)
 }

@@ -4,7 +4,8 @@
 //!
 //! What a run does (all drawn from the seed): accepts from several senders, duplicates
 //! among them and within one commit batch; scheduler passes, some with an operator action
-//! (pause, resume, replay one, bulk replay, delete) between the pass's scan and its writes;
+//! (pause, resume, replay one, bulk replay, delete, hand off as `courier drain` does) between
+//! the pass's scan and its writes;
 //! every class of receiver answer, with `Retry-After` in seconds and as dates, timeouts,
 //! network errors and slow answers held across steps; the clock moved by milliseconds to
 //! hours; failed synced accept writes and failed result writes; crashes (everything dropped,
@@ -13,7 +14,8 @@
 //!
 //! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
 //! indexes and counters agree with its records, attempts counted equal attempts seen (less
-//! those a crash cut), no attempt comes before its backoff or `Retry-After`, the host caps,
+//! those a crash cut), no attempt comes before its backoff or `Retry-After`, none after its
+//! message was handed off, the host caps,
 //! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and
 //! event ids arrive as accepted with a fresh timestamp per attempt, a
 //! duplicate is acknowledged only when its original is stored, and for the ordered endpoints

@@ -28,7 +28,7 @@ use crate::delivery::{Deliverer, DelivererParts};
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
-use crate::store::{Accepted, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
+use crate::store::{Accepted, HandOff, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
 
 fn store_has(store: &Store, id: &str) -> bool {
     store.message(id).ok().flatten().is_some()
@@ -63,6 +63,9 @@ pub struct Model {
     pub finished: BTreeSet<String>,
     /// Per event id: attempts cut by a crash or a shutdown (in flight then).
     pub cut: BTreeMap<String, u32>,
+    /// Handed off (`courier drain`), by event id: how many attempts the receivers had seen
+    /// then. The peer delivers them now; none may be attempted here again.
+    pub handed_off: BTreeMap<String, usize>,
     next_event: u64,
 }
 
@@ -451,7 +454,7 @@ impl World {
         let d = self.d();
         let now = self.clock.now_ms();
         let give_up = now + self.config.retry.give_up_after.as_millis() as u64;
-        match self.rng.random_range(0..6) {
+        match self.rng.random_range(0..7) {
             0 => {
                 let ep = self.endpoint();
                 d.set_paused(&ep, true).expect("pause");
@@ -482,6 +485,23 @@ impl World {
                     .expect("bulk replay");
                 self.rx.order.after_replay(ordered);
                 format!("bulk replay: {n}")
+            }
+            5 => {
+                // What `courier drain` does after the peer's 202; the store refuses it for a
+                // message an attempt holds.
+                let pending = self.list(State::Pending);
+                match pending.get(self.rng.random_range(0..pending.len().max(1))) {
+                    Some(id) => {
+                        let done = matches!(d.store.hand_off(id, now).expect("hand off"), HandOff::Done);
+                        if done {
+                            if let Some((event, _, _)) = self.model.acked.remove(id) {
+                                self.model.handed_off.insert(event, self.rx.log().len());
+                            }
+                        }
+                        format!("hand off {id}: {done}")
+                    }
+                    None => "hand off: nothing pending".into(),
+                }
             }
             _ => {
                 let ids: Vec<String> = self.model.acked.keys().cloned().collect();

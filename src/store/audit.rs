@@ -51,7 +51,7 @@ impl Store {
         let lines = self.audit_lines(&records, quiescent, &mut problems)?;
 
         let mut open = 0u64;
-        let (mut delivered, mut dead) = (0u64, 0u64);
+        let (mut delivered, mut dead, mut handed_off) = (0u64, 0u64, 0u64);
         let mut open_per_endpoint: BTreeMap<String, u64> = BTreeMap::new();
         for (id, rec) in &records {
             let st = states.get(id).cloned().unwrap_or_default();
@@ -91,14 +91,16 @@ impl Store {
                         problems.push(format!("{id}: in flight with nothing running"));
                     }
                 }
-                State::Delivered | State::Dead => {
-                    if rec.state == State::Dead {
-                        dead += 1;
-                        if rec.dead_reason.is_none() {
-                            problems.push(format!("{id}: dead without a reason"));
+                State::Delivered | State::Dead | State::HandedOff => {
+                    match rec.state {
+                        State::Dead => {
+                            dead += 1;
+                            if rec.dead_reason.is_none() {
+                                problems.push(format!("{id}: dead without a reason"));
+                            }
                         }
-                    } else {
-                        delivered += 1;
+                        State::HandedOff => handed_off += 1,
+                        _ => delivered += 1,
                     }
                     if is_parked || !due_times.is_empty() {
                         problems.push(format!("{id}: finished but still queued or parked"));
@@ -116,10 +118,11 @@ impl Store {
             problems.push(format!("lined counter {lined} but {lines} members in lines"));
         }
         let counts = self.counts()?;
-        if (counts.open, counts.delivered, counts.dead) != (open, delivered, dead) {
+        let counted = (counts.open, counts.delivered, counts.dead, counts.handed_off);
+        if counted != (open, delivered, dead, handed_off) {
             problems.push(format!(
-                "counters open/delivered/dead {}/{}/{} but records {open}/{delivered}/{dead}",
-                counts.open, counts.delivered, counts.dead
+                "counters open/delivered/dead/handed off {counted:?} but records {:?}",
+                (open, delivered, dead, handed_off)
             ));
         }
         // Raw values: a counter gone negative is a bug the clamped gauges would hide.

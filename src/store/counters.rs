@@ -1,4 +1,5 @@
-//! The counters in the `meta` column family (open, delivered, dead, open per endpoint):
+//! The counters in the `meta` column family (open, delivered, dead, handed off, open per
+//! endpoint):
 //! their merge operator, how a batch sums its changes, and the gauges read from them.
 //!
 //! Counters are merged in the same batch as the transition they count, so a gauge is a
@@ -177,6 +178,7 @@ impl Store {
             open: self.counter(keys::COUNT_OPEN)?,
             delivered: self.counter(keys::COUNT_DELIVERED)?,
             dead: self.counter(keys::COUNT_DEAD)?,
+            handed_off: self.counter(keys::COUNT_HANDED_OFF)?,
         })
     }
 

@@ -1,4 +1,4 @@
-//! Retention: removing delivered and dead messages once their retention has passed, and
+//! Retention: removing finished (delivered, dead, handed-off) messages once their retention has passed, and
 //! compacting so the removed records give their disk space back.
 //!
 //! Named `expiry` (after the column family it walks) to keep it apart from
@@ -7,10 +7,10 @@
 use rocksdb::{ReadOptions, WriteBatch};
 
 use super::lines::LineTx;
-use super::{keys, State, Store, StoreError};
+use super::{keys, Store, StoreError};
 
 impl Store {
-    /// Removes delivered and dead messages whose retention ended at or before `now_ms`,
+    /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or before `now_ms`,
     /// at most `limit` of them. Returns how many were removed.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let mut ro = ReadOptions::default();
@@ -40,7 +40,7 @@ impl Store {
             let _line = self.lines.lock(ordered.into_iter());
             let mut tx = LineTx::default();
             if let Some(rec) = &rec {
-                if matches!(rec.state, State::Delivered | State::Dead) {
+                if rec.state.is_finished() {
                     let due = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
                     if due <= now_ms {
                         self.remove(&mut b, &mut tx, rec, now_ms)?;

@@ -122,6 +122,8 @@ pub const COUNT_OPEN: &[u8] = b"count/open";
 pub const COUNT_DELIVERED: &[u8] = b"count/delivered";
 /// Counter of dead messages still retained.
 pub const COUNT_DEAD: &[u8] = b"count/dead";
+/// Counter of handed-off messages still retained.
+pub const COUNT_HANDED_OFF: &[u8] = b"count/handed_off";
 /// Counter of messages waiting in ordered endpoints' lines (behind their head).
 pub const COUNT_LINED: &[u8] = b"count/lined";
 /// Prefix of the per-endpoint open counters.

@@ -17,8 +17,8 @@
 //! - `lines`: endpoint ‖ 0 → [`LineRecord`], endpoint ‖ 0 ‖ be64(pos) → id. Ordered endpoints:
 //!   only a line's head has a due entry, the rest wait here in acceptance order; see `lines`.
 //! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
-//! - `meta`: counters (open, delivered, dead, open per endpoint), merged in the same batch
-//!   as the transition they count, so gauges are point reads, never scans.
+//! - `meta`: counters (open, delivered, dead, handed off, open per endpoint), merged in the
+//!   same batch as the transition they count, so gauges are point reads, never scans.
 //!
 //! # Durability
 //! Accepts go through the [`committer`]: one thread that drains every queued accept into one
@@ -43,7 +43,8 @@
 // - `endpoints`: endpoint state (pause, streak) and its expiry;
 // - `counters`: counter merges and the gauges read from them;
 // - `expiry`: the retention sweep and compaction;
-// - `lines`: ordered endpoints' lines (head, waiting members, blocking).
+// - `lines`: ordered endpoints' lines (head, waiting members, blocking);
+// - `handoff`: what `courier drain` reads and the hand-off transition.
 // Accepts go through `committer`; `floor` is the due floor; `keys` and `codec` are the
 // on-disk format.
 #[cfg(test)]
@@ -58,6 +59,7 @@ mod expiry;
 mod filter;
 mod finish;
 mod floor;
+mod handoff;
 pub mod keys;
 mod lease;
 mod lifecycle;
@@ -76,6 +78,7 @@ pub(crate) use counters::CounterDeltas;
 pub use error::{Faults, StoreError};
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
+pub use handoff::HandOff;
 pub use lines::LineRecord;
 
 use crate::model::{DeadReason, State};
@@ -199,6 +202,8 @@ pub struct Counts {
     pub delivered: u64,
     /// Dead and still retained.
     pub dead: u64,
+    /// Handed off to another courier and still retained.
+    pub handed_off: u64,
 }
 
 const LOCK_STRIPES: usize = 64;
@@ -380,6 +385,7 @@ impl Store {
         );
     }
 
+    /// How long a finished message of `state` is kept (handed-off ones as delivered ones).
     fn retention_of(&self, state: State) -> u64 {
         if state == State::Dead {
             self.options.dead_retention_ms
@@ -404,6 +410,15 @@ impl Store {
         }
         it.status()?;
         Ok(out)
+    }
+}
+
+/// The counter of retained finished messages in `state` (delivered, dead or handed off).
+fn finished_counter(state: State) -> &'static [u8] {
+    match state {
+        State::Dead => keys::COUNT_DEAD,
+        State::HandedOff => keys::COUNT_HANDED_OFF,
+        _ => keys::COUNT_DELIVERED,
     }
 }
 

@@ -169,15 +169,10 @@ impl Store {
                 self.count(b, keys::COUNT_OPEN, -1);
                 self.count(b, &keys::endpoint_open_key(&rec.endpoint), -1);
             }
-            State::Delivered | State::Dead => {
+            State::Delivered | State::Dead | State::HandedOff => {
                 let expiry = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
                 b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(expiry, id));
-                let counter = if rec.state == State::Dead {
-                    keys::COUNT_DEAD
-                } else {
-                    keys::COUNT_DELIVERED
-                };
-                self.count(b, counter, -1);
+                self.count(b, super::finished_counter(rec.state), -1);
             }
         }
         Ok(())

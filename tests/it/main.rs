@@ -2,6 +2,7 @@
 //! One test binary (modules below) so the suite links once.
 
 mod support;
+mod support_drain;
 mod support_redis;
 mod support_tls;
 
@@ -13,6 +14,7 @@ mod cli;
 mod client_limits;
 mod dashboard;
 mod delivery;
+mod drain;
 mod fleet;
 mod h2c;
 mod hardening;

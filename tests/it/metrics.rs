@@ -325,7 +325,7 @@ fn the_parser_rejects_what_prometheus_would() {
 
 const FAST: &str = "[retry]\nbase_delay = \"100ms\"\nmax_delay = \"400ms\"\njitter = \"none\"\n";
 
-async fn scrape(c: &Courier) -> Exposition {
+pub(crate) async fn scrape(c: &Courier) -> Exposition {
     let a = get(&c.admin_url("/metrics")).await;
     assert_eq!(a.status, 200);
     let ct = a.headers.get("content-type").cloned().unwrap_or_default();

@@ -119,6 +119,13 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
         c.fleet.expected_replicas == 5
     }),
     ("COURIER_FLEET_KEY_PREFIX", "prod", |c| c.fleet.key_prefix == "prod"),
+    ("COURIER_DRAIN_TO", "http://courier-tier:8787", |c| {
+        c.drain.to.as_deref() == Some("http://courier-tier:8787")
+    }),
+    ("COURIER_DRAIN_TOKEN", "tier-t0k", |c| {
+        c.drain.token.as_ref().is_some_and(|t| t.expose() == "tier-t0k")
+    }),
+    ("COURIER_DRAIN_CONCURRENCY", "4", |c| c.drain.concurrency == 4),
     ("COURIER_SIGNING_SCHEME", "github", |c| {
         c.signing.scheme == SignatureScheme::Github
     }),

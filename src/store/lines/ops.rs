@@ -147,21 +147,7 @@ impl Store {
     /// the blocking write and the pause). One seek per line, not one read per member.
     pub fn recover_lines(&self, now_ms: u64) -> Result<Vec<String>, StoreError> {
         let mut blocked = Vec::new();
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::LINES));
-        it.seek_to_first();
-        let mut endpoints = Vec::new();
-        while let Some(k) = it.key() {
-            let Some((endpoint, _)) = keys::split_line_key(k) else {
-                it.next();
-                continue;
-            };
-            let endpoint = endpoint.to_string();
-            it.seek(keys::prefix_end(&keys::line_key(&endpoint)));
-            endpoints.push(endpoint);
-        }
-        it.status()?;
-        drop(it);
-        for endpoint in endpoints {
+        for endpoint in self.line_endpoints()? {
             let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
             let mut tx = LineTx::default();
             let mut b = WriteBatch::default();
@@ -194,6 +180,25 @@ impl Store {
             self.write_with_lines(b, tx, false)?;
         }
         Ok(blocked)
+    }
+
+    /// Every endpoint with a line, in key order: one seek per line, not one read per member
+    /// (there is a line per ordered endpoint, which the config bounds).
+    pub fn line_endpoints(&self) -> Result<Vec<String>, StoreError> {
+        let mut it = self.db.raw_iterator_cf(self.cf(keys::LINES));
+        it.seek_to_first();
+        let mut endpoints = Vec::new();
+        while let Some(k) = it.key() {
+            let Some((endpoint, _)) = keys::split_line_key(k) else {
+                it.next();
+                continue;
+            };
+            let endpoint = endpoint.to_string();
+            it.seek(keys::prefix_end(&keys::line_key(&endpoint)));
+            endpoints.push(endpoint);
+        }
+        it.status()?;
+        Ok(endpoints)
     }
 
     /// What the result of `rec`'s attempt does to its line (the caller holds the line

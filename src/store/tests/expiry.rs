@@ -38,7 +38,8 @@ async fn retention_removes_finished_messages_when_their_time_comes() {
         Counts {
             open: 1,
             delivered: 0,
-            dead: 0
+            dead: 0,
+            handed_off: 0
         }
     );
     // The event ids are free again once their messages are gone.

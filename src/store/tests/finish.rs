@@ -40,7 +40,8 @@ async fn claim_then_retry_reschedules_and_keeps_history() {
         Counts {
             open: 0,
             delivered: 1,
-            dead: 0
+            dead: 0,
+            handed_off: 0
         }
     );
 }
@@ -102,7 +103,8 @@ async fn attempts_finished_together_are_recorded_in_one_batch() {
         Counts {
             open: 2,
             delivered: 2,
-            dead: 1
+            dead: 1,
+            handed_off: 0
         }
     );
     let per_ep: HashMap<_, _> = store.open_per_endpoint().unwrap().into_iter().collect();

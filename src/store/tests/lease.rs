@@ -3,18 +3,6 @@
 
 use super::*;
 
-fn entry(store: &Store, id: &str) -> DueEntry {
-    let rec = store.message(id).unwrap().unwrap();
-    DueEntry {
-        due_ms: rec.next_attempt_at_ms,
-        id: id.into(),
-        routing: Routing {
-            host: rec.host.clone(),
-            endpoint: rec.endpoint.clone(),
-        },
-    }
-}
-
 fn in_flight_ids(store: &Store) -> Vec<String> {
     let filter = ListFilter {
         state: Some(State::InFlight),

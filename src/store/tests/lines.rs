@@ -5,9 +5,9 @@
 use super::*;
 use crate::model::{DeadReason, OnDead};
 
-const EP: &str = "https://o.example/x";
+pub(super) const EP: &str = "https://o.example/x";
 
-fn ordered(id: &str, on_dead: OnDead) -> NewMessage {
+pub(super) fn ordered(id: &str, on_dead: OnDead) -> NewMessage {
     let mut m = message(id, &format!("evt-{id}"), 100);
     m.record.endpoint = EP.into();
     m.record.target = EP.into();
@@ -15,7 +15,7 @@ fn ordered(id: &str, on_dead: OnDead) -> NewMessage {
     m
 }
 
-fn clean(store: &Store) {
+pub(super) fn clean(store: &Store) {
     let problems = store.audit(false).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
 }

@@ -7,6 +7,7 @@
 mod endpoints;
 mod expiry;
 mod finish;
+mod handoff;
 mod lease;
 mod lines;
 mod operator;
@@ -75,18 +76,22 @@ fn due_ids(store: &Store, now: u64) -> Vec<String> {
     ids
 }
 
-/// Claims a pending message as the scheduler would (shared with other modules' tests).
-pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
+/// The due entry of a pending message, as the scheduler's scan sees it.
+fn entry(store: &Store, id: &str) -> DueEntry {
     let rec = store.message(id).unwrap().unwrap();
-    let entry = DueEntry {
+    DueEntry {
         due_ms: rec.next_attempt_at_ms,
         id: id.into(),
         routing: Routing {
             host: rec.host.clone(),
             endpoint: rec.endpoint.clone(),
         },
-    };
-    store.claim(&entry).unwrap().expect("claimable")
+    }
+}
+
+/// Claims a pending message as the scheduler would (shared with other modules' tests).
+pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
+    store.claim(&entry(store, id)).unwrap().expect("claimable")
 }
 
 fn attempt(status: u16) -> AttemptRecord {

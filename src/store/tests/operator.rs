@@ -22,7 +22,8 @@ async fn dead_messages_replay_with_attempts_reset() {
         Counts {
             open: 0,
             delivered: 0,
-            dead: 1
+            dead: 1,
+            handed_off: 0
         }
     );
     assert_eq!(store.replay("dlv_a", 1_000, |_| 9_000).unwrap(), Some(true));

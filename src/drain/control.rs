@@ -1,0 +1,410 @@
+//! A running courier's drain: `POST /drain` starts it, `GET /drain` shows it (admin API).
+//!
+//! The steps, each finished before the next:
+//! 1. ingress answers `503 shutting_down` and `/readyz` 503 (what a shutdown does first):
+//!    nothing new comes in, and a Service stops routing here;
+//! 2. with `deliver_for`, courier keeps delivering as usual until nothing is open or the
+//!    time is up (it waits on attempts ending, never polls);
+//! 3. the scheduler stops (no new attempts); new accepts (courier's own pause alerts) go to
+//!    the queue instead of to an attempt; the attempts running get `shutdown_grace` to
+//!    finish, then are cut off and requeued, as at shutdown;
+//! 4. the forwarding pass ([`Engine`]) hands every open message to the peer.
+//!
+//! Afterwards courier stays up, drained: ingress refuses, nothing is attempted, until it is
+//! stopped (a pod's `preStop` returns and the kubelet sends SIGTERM). A second `POST` with
+//! the same peer joins the drain under way (a `preStop` retried, or the verb run again);
+//! after a drain ended, it runs another pass (what the peer refused may go now). SIGTERM
+//! during a drain stops it: what is not handed off stays pending, as after a kill.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use url::Url;
+
+use super::engine::Engine;
+use super::progress::{Phase, Progress, Status};
+use super::request::PeerAddr;
+use crate::delivery::Deliverer;
+use crate::redact::url_for_log;
+use crate::serve::{self, Body};
+
+/// Longest `POST /drain` body.
+const MAX_BODY: usize = 16 << 10;
+/// Longest `GET /drain?wait=`.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// Longest `deliver_for`.
+pub const MAX_DELIVER_FOR: Duration = Duration::from_secs(3600);
+
+/// The body of `POST /drain`; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// The peer's ingress (default `[drain] to`).
+    pub to: Option<String>,
+    /// Messages forwarded at once (default `[drain] concurrency`).
+    pub concurrency: Option<u32>,
+    /// Deliver as usual for up to this long first, e.g. `"20s"` (default: forward at once).
+    pub deliver_for: Option<String>,
+}
+
+/// A drain's settings, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainPlan {
+    /// The peer.
+    pub to: Url,
+    /// Messages forwarded at once.
+    pub concurrency: u32,
+    /// Delivering first, for up to this long.
+    pub deliver_for: Duration,
+}
+
+/// A bad `POST /drain` (or `courier drain` flags): the error code and the sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadPlan(pub &'static str, pub String);
+
+impl DrainRequest {
+    /// The plan, with `[drain]`'s defaults for what the request leaves out.
+    pub fn plan(self, defaults: &crate::config::DrainConfig) -> Result<DrainPlan, BadPlan> {
+        let to = self.to.or_else(|| defaults.to.clone()).ok_or_else(|| {
+            BadPlan(
+                "missing_peer",
+                "no peer to drain to: give \"to\" (courier drain --to URL), or set [drain] to / COURIER_DRAIN_TO"
+                    .into(),
+            )
+        })?;
+        let to = crate::config::peer_url(&to).map_err(|e| BadPlan("invalid_peer", format!("to {e}")))?;
+        let concurrency = self.concurrency.unwrap_or(defaults.concurrency);
+        if !(1..=crate::config::DRAIN_MAX_CONCURRENCY).contains(&concurrency) {
+            return Err(BadPlan(
+                "invalid_request",
+                format!("concurrency must be 1 to {}", crate::config::DRAIN_MAX_CONCURRENCY),
+            ));
+        }
+        let deliver_for = match self.deliver_for {
+            None => Duration::ZERO,
+            Some(text) => crate::config::units::parse_duration(&text)
+                .ok()
+                .filter(|d| *d <= MAX_DELIVER_FOR)
+                .ok_or_else(|| {
+                    BadPlan(
+                        "invalid_request",
+                        format!("deliver_for {text:?} must be a duration up to 1h, like 20s"),
+                    )
+                })?,
+        };
+        Ok(DrainPlan {
+            to,
+            concurrency,
+            deliver_for,
+        })
+    }
+}
+
+/// The drain under way (or the last one).
+struct Current {
+    to: Url,
+    phase: Arc<Mutex<Phase>>,
+    progress: Arc<Progress>,
+    task: AbortHandle,
+}
+
+impl Current {
+    fn phase(&self) -> Phase {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The drain of this running courier.
+pub struct DrainControl {
+    d: Arc<Deliverer>,
+    draining: Arc<AtomicBool>,
+    stop_scheduler: Arc<watch::Sender<bool>>,
+    scheduler_stopped: watch::Receiver<bool>,
+    current: Mutex<Option<Current>>,
+    /// Bumped when a drain ends: `GET /drain?wait=` returns then.
+    ended: watch::Sender<u64>,
+}
+
+impl DrainControl {
+    /// The control over a courier's delivery: `draining` is the flag ingress and `/readyz`
+    /// read; `stop_scheduler` stops the scheduler, which sets `scheduler_stopped` once it
+    /// has returned.
+    pub fn new(
+        d: Arc<Deliverer>,
+        draining: Arc<AtomicBool>,
+        stop_scheduler: Arc<watch::Sender<bool>>,
+        scheduler_stopped: watch::Receiver<bool>,
+    ) -> Self {
+        DrainControl {
+            d,
+            draining,
+            stop_scheduler,
+            scheduler_stopped,
+            current: Mutex::new(None),
+            ended: watch::channel(0).0,
+        }
+    }
+
+    /// Handles `/drain` (the admin API has checked the token).
+    pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        match *req.method() {
+            Method::POST => self.post(req).await,
+            Method::GET => {
+                let wait = req
+                    .uri()
+                    .query()
+                    .and_then(|q| url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "wait"))
+                    .map(|(_, v)| crate::config::units::parse_duration(&v));
+                match wait {
+                    Some(Err(e)) => serve::error(StatusCode::BAD_REQUEST, "invalid_request", format!("wait: {e}")),
+                    Some(Ok(wait)) => self.get(wait.min(MAX_WAIT)).await,
+                    None => self.get(Duration::ZERO).await,
+                }
+            }
+            _ => serve::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} is not allowed on /drain", req.method()),
+            ),
+        }
+    }
+
+    async fn post(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let bad = |code: &str, message: String| serve::error(StatusCode::BAD_REQUEST, code, message);
+        // Bounded in size and time: a client that stops sending must not hold the request.
+        let reading = Limited::new(req.into_body(), MAX_BODY).collect();
+        let body = match tokio::time::timeout(crate::ingress::BODY_READ_TIMEOUT, reading).await {
+            Ok(Ok(body)) => body.to_bytes(),
+            Ok(Err(e)) => return bad("invalid_request", format!("reading the body failed: {e}")),
+            Err(_) => return bad("invalid_request", "the body did not arrive in time".into()),
+        };
+        let request: DrainRequest = if body.iter().all(u8::is_ascii_whitespace) {
+            DrainRequest::default()
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => {
+                    return bad(
+                        "invalid_request",
+                        format!("the body must be JSON like {{\"to\": \"http://courier-tier:8787\"}}: {e}"),
+                    )
+                }
+            }
+        };
+        let plan = match request.plan(&self.d.config().drain) {
+            Ok(plan) => plan,
+            Err(BadPlan(code, message)) => return bad(code, message),
+        };
+        match self.start(plan) {
+            Ok(status) => serve::json(StatusCode::ACCEPTED, &serde_json::to_value(status).unwrap_or_default()),
+            Err(running_to) => serve::error(
+                StatusCode::CONFLICT,
+                "drain_running",
+                format!("a drain to {running_to} is under way; wait for it (GET /drain) or drain to the same peer"),
+            ),
+        }
+    }
+
+    async fn get(&self, wait: Duration) -> Response<Body> {
+        let mut ended = self.ended.subscribe();
+        let running = self.lock().as_ref().is_some_and(|c| !c.phase().ended());
+        if running && !wait.is_zero() {
+            let _ = tokio::time::timeout(wait, ended.changed()).await;
+        }
+        serve::json(StatusCode::OK, &serde_json::to_value(self.status()).unwrap_or_default())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current (or last) drain's status.
+    pub fn status(&self) -> Status {
+        match self.lock().as_ref() {
+            None => Status::default(),
+            Some(c) => c
+                .progress
+                .status(c.phase(), Some(url_for_log(c.to.as_str())), self.d.clock.now_ms()),
+        }
+    }
+
+    /// Starts a drain, or joins the one under way to the same peer; `Err` names the peer
+    /// of a drain under way to another one.
+    pub fn start(self: &Arc<Self>, plan: DrainPlan) -> Result<Status, String> {
+        let mut current = self.lock();
+        if let Some(c) = current.as_ref().filter(|c| !c.phase().ended()) {
+            if c.to != plan.to {
+                return Err(url_for_log(c.to.as_str()));
+            }
+        } else {
+            let first = if plan.deliver_for.is_zero() {
+                Phase::Stopping
+            } else {
+                Phase::Delivering
+            };
+            let phase = Arc::new(Mutex::new(first));
+            let progress = Arc::new(Progress::default());
+            let task = tokio::spawn(self.clone().run(plan.clone(), phase.clone(), progress.clone()));
+            *current = Some(Current {
+                to: plan.to,
+                phase,
+                progress,
+                task: task.abort_handle(),
+            });
+        }
+        drop(current);
+        Ok(self.status())
+    }
+
+    /// Stops a drain under way (shutdown): what is not handed off stays pending.
+    pub fn abort(&self) {
+        if let Some(c) = self.lock().as_ref().filter(|c| !c.phase().ended()) {
+            c.task.abort();
+            c.progress.fail("courier is shutting down".into());
+            *c.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Failed;
+            self.ended.send_modify(|n| *n += 1);
+        }
+    }
+
+    async fn run(self: Arc<Self>, plan: DrainPlan, phase: Arc<Mutex<Phase>>, progress: Arc<Progress>) {
+        let set = |p: Phase| *phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        let to = url_for_log(plan.to.as_str());
+        self.draining.store(true, Ordering::SeqCst);
+        tracing::info!(to = %to, deliver_for_ms = plan.deliver_for.as_millis() as u64,
+            "drain: started; ingress refuses new messages from now on");
+        if !plan.deliver_for.is_zero() {
+            self.deliver_until_empty(plan.deliver_for).await;
+            set(Phase::Stopping);
+        }
+        // No new attempts: the scheduler stops, and what is accepted from now on (courier's
+        // own alerts) waits in the queue rather than starting an attempt at accept.
+        let _ = self.stop_scheduler.send(true);
+        let mut stopped = self.scheduler_stopped.clone();
+        let _ = stopped.wait_for(|s| *s).await;
+        self.d.set_queue_waiting(true);
+        let cut = self.d.drain(self.d.config().shutdown_grace).await;
+        if cut > 0 {
+            tracing::warn!(
+                count = cut,
+                "drain: attempts still running after shutdown_grace were cut off; they are forwarded"
+            );
+        }
+        set(Phase::Forwarding);
+        let config = self.d.config();
+        let transport = match super::peer_transport(&config, plan.concurrency) {
+            Ok(t) => t,
+            Err(e) => {
+                progress.fail(format!("cannot make the peer client: {e}"));
+                set(Phase::Failed);
+                return;
+            }
+        };
+        let engine = Arc::new(Engine {
+            store: self.d.store.clone(),
+            transport,
+            peer: PeerAddr {
+                url: plan.to,
+                token: config.drain.token.clone(),
+                timeout: config.delivery.request_timeout,
+            },
+            clock: self.d.clock.clone(),
+            metrics: self.d.metrics.clone(),
+            concurrency: plan.concurrency as usize,
+            progress: progress.clone(),
+        });
+        let finished = if engine.run().await { Phase::Done } else { Phase::Failed };
+        set(finished);
+        let status = progress.status(finished, Some(to), self.d.clock.now_ms());
+        tracing::info!(
+            handed_off = status.handed_off,
+            already_at_peer = status.already_at_peer,
+            refused = status.refused,
+            left = status.left,
+            error = status.error.as_deref(),
+            "drain: {}",
+            status.state.as_str()
+        );
+        self.ended.send_modify(|n| *n += 1);
+    }
+
+    /// Delivers as usual until nothing is open or `budget` is over, checking each time the
+    /// attempts in flight run out (the only moment the open count can reach zero).
+    async fn deliver_until_empty(&self, budget: Duration) {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let idle = self.d.next_idle();
+            let store = self.d.store.clone();
+            let open = tokio::task::spawn_blocking(move || store.counts().map(|c| c.open))
+                .await
+                .ok()
+                .and_then(Result::ok);
+            if open == Some(0) {
+                tracing::info!("drain: nothing open is left; nothing to forward");
+                return;
+            }
+            tokio::select! {
+                _ = idle => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DrainConfig;
+
+    fn plan(r: DrainRequest, defaults: &DrainConfig) -> Result<DrainPlan, BadPlan> {
+        r.plan(defaults)
+    }
+
+    #[test]
+    fn a_request_takes_drain_defaults_and_is_checked() {
+        let defaults = DrainConfig {
+            to: Some("http://tier:8787".into()),
+            ..DrainConfig::default()
+        };
+        let p = plan(DrainRequest::default(), &defaults).unwrap();
+        assert_eq!(
+            (p.to.as_str(), p.concurrency, p.deliver_for),
+            ("http://tier:8787/", 16, Duration::ZERO)
+        );
+        let p = plan(
+            DrainRequest {
+                to: Some("https://other:1/x".into()),
+                concurrency: Some(2),
+                deliver_for: Some("20s".into()),
+            },
+            &defaults,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.to.as_str(), p.concurrency, p.deliver_for),
+            ("https://other:1/x", 2, Duration::from_secs(20))
+        );
+        let code = |r: DrainRequest, d: &DrainConfig| plan(r, d).unwrap_err().0;
+        assert_eq!(code(DrainRequest::default(), &DrainConfig::default()), "missing_peer");
+        let with = |to: &str, c: Option<u32>, d: Option<&str>| DrainRequest {
+            to: Some(to.into()),
+            concurrency: c,
+            deliver_for: d.map(str::to_string),
+        };
+        assert_eq!(code(with("tier:8787", None, None), &defaults), "invalid_peer");
+        assert_eq!(code(with("http://t", Some(0), None), &defaults), "invalid_request");
+        assert_eq!(code(with("http://t", Some(257), None), &defaults), "invalid_request");
+        assert_eq!(code(with("http://t", None, Some("2h")), &defaults), "invalid_request");
+        assert_eq!(code(with("http://t", None, Some("soon")), &defaults), "invalid_request");
+        assert!(
+            serde_json::from_str::<DrainRequest>(r#"{"too": "x"}"#).is_err(),
+            "unknown fields"
+        );
+    }
+}
