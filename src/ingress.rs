@@ -277,9 +277,23 @@ impl Ingress {
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        match self.deliverer.accept(msg).await {
+        // On a task of its own, counted there: the store commits a message whose sender
+        // went away before the 202 (the committer has it), and dropping this handler with
+        // the connection must not skip counting it.
+        let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
+        let outcome = tokio::spawn(async move {
+            let outcome = d.accept(msg).await;
+            match &outcome {
+                Ok(Accepted::New) => metrics.accepted(),
+                Ok(Accepted::Duplicate { .. }) => metrics.duplicate(),
+                Err(_) => {}
+            }
+            outcome
+        })
+        .await
+        .unwrap_or_else(|e| Err(crate::store::StoreError::Panicked(e.to_string())));
+        match outcome {
             Ok(Accepted::New) => {
-                self.metrics.accepted();
                 let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());
                 tracing::debug!(delivery_id = %id, event_id = %event_id, trace_id, "accepted");
                 Ok(accepted(
@@ -288,7 +302,6 @@ impl Ingress {
                 ))
             }
             Ok(Accepted::Duplicate { id: first }) => {
-                self.metrics.duplicate();
                 // A point read, but still a store call: off the async workers.
                 let store = self.deliverer.store.clone();
                 let looked_up = first.clone();
