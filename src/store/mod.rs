@@ -395,21 +395,7 @@ impl Store {
     }
 
     fn ids_in_state(&self, state: State, limit: usize) -> Result<Vec<String>, StoreError> {
-        let prefix = [state.to_byte()];
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::STATES), ro);
-        it.seek(prefix);
-        let mut out = Vec::new();
-        while let Some(k) = it.key() {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(String::from_utf8_lossy(&k[1..]).into_owned());
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
+        self.ids_after(state, None, limit)
     }
 }
 
