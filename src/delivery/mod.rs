@@ -13,6 +13,7 @@ pub mod endpoints;
 pub mod host_limiter;
 mod resizable;
 mod results;
+mod settings;
 mod worker;
 
 use std::collections::HashMap;
@@ -26,9 +27,11 @@ use tokio::task::AbortHandle;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::policy::PolicyBook;
 use crate::store::{Claimed, Store};
 use crate::transport::Transport;
+
+pub use settings::Settings;
+use settings::{endpoint_rates, host_caps};
 
 pub use admit::{AttemptPermit, PermitRefused, Refusal};
 pub use endpoint_caps::EndpointCaps;
@@ -86,38 +89,6 @@ pub struct Deliverer {
     idle: Notify,
     results: results::ResultWriter,
     trimmer: crate::trim::Trimmer,
-}
-
-/// The settings a reload replaces, as one value: an attempt reads one [`Settings`] and so
-/// never mixes the secrets of one config with the policy of another.
-#[derive(Debug)]
-pub struct Settings {
-    /// The config (signing secrets and keys, routes, alert URL... are read here).
-    pub config: Arc<Config>,
-    /// Every section's retry policy: the give-up limits are read from it at accept, the
-    /// rest at each attempt.
-    pub policies: PolicyBook,
-    /// `[[endpoint]]` keys with `ordering = "fifo"`, and what their dead heads do: looked up
-    /// once per accept (a route's ordering comes with the message from ingress).
-    fifo: HashMap<String, crate::model::OnDead>,
-    /// Which targets ingress refuses without DNS (the transport applies its own copy).
-    pub egress: crate::egress::EgressPolicy,
-}
-
-impl Settings {
-    fn new(config: Arc<Config>) -> Settings {
-        let fifo = config
-            .endpoints
-            .iter()
-            .filter_map(|e| Some((e.key.clone(), e.fifo?)))
-            .collect();
-        Settings {
-            egress: crate::egress::EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
-            policies: config.policy_book(),
-            config,
-            fifo,
-        }
-    }
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -204,38 +175,6 @@ impl Deliverer {
             idle: Notify::new(),
             trimmer: Default::default(),
         }))
-    }
-
-    /// The settings now: hold the returned value for as long as one decision needs them
-    /// consistent (an attempt, an accept).
-    pub fn settings(&self) -> Arc<Settings> {
-        self.settings.load_full()
-    }
-
-    /// The config now (a shorthand of [`Deliverer::settings`]).
-    pub fn config(&self) -> Arc<Config> {
-        self.settings.load().config.clone()
-    }
-
-    /// Applies a reloaded config: the transport's material first (TLS files, egress
-    /// policy), which may refuse it; then the policies, the per-endpoint rates and caps and
-    /// the per-host caps. Attempts already running finish under the settings they started
-    /// with; a cap lowered below what is in flight takes effect as those attempts end.
-    pub fn reconfigure(&self, config: Arc<Config>) -> Result<(), String> {
-        self.transport.reconfigure(&config)?;
-        let settings = Settings::new(config.clone());
-        self.endpoints.set_rates(
-            config.delivery.rate_per_second,
-            endpoint_rates(&config),
-            self.clock.now_ms(),
-        );
-        self.hosts
-            .set_caps(config.delivery.max_in_flight_per_host, host_caps(&config));
-        self.endpoint_caps.set(settings.policies.endpoint_caps());
-        self.settings.store(Arc::new(settings));
-        // A raised cap or rate may let waiting messages go now.
-        self.wake.notify_one();
-        Ok(())
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
@@ -496,24 +435,6 @@ impl Deliverer {
         }
         Ok(moved)
     }
-}
-
-/// `[[endpoint]] rate_per_second` overrides.
-fn endpoint_rates(config: &Config) -> HashMap<String, u32> {
-    config
-        .endpoints
-        .iter()
-        .filter_map(|e| Some((e.key.clone(), e.rate_per_second?)))
-        .collect()
-}
-
-/// `[[host]] max_in_flight` overrides.
-fn host_caps(config: &Config) -> HashMap<String, u32> {
-    config
-        .hosts
-        .iter()
-        .filter_map(|h| Some((h.host.clone(), h.max_in_flight?)))
-        .collect()
 }
 
 #[cfg(test)]

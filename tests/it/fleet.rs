@@ -85,7 +85,10 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
     let seen = rx.wait_for(60).await;
     assert_each_once(&seen, 60);
     // Alone, each courier would have 5 in flight: 15 at once. Together they keep to 5.
-    eprintln!("three couriers, cap 5: at most {} in flight at the receiver", rx.max_in_flight());
+    eprintln!(
+        "three couriers, cap 5: at most {} in flight at the receiver",
+        rx.max_in_flight()
+    );
     assert!(rx.max_in_flight() <= 5, "{} in flight at once", rx.max_in_flight());
     assert!(
         rx.max_in_flight() >= 3,
