@@ -71,7 +71,9 @@ async fn only_the_head_is_queued_and_the_next_goes_when_it_is_delivered() {
 }
 
 #[tokio::test]
-async fn accepts_in_one_batch_line_up_in_commit_order() {
+async fn concurrent_accepts_line_up_in_commit_order() {
+    // Forty accepts at once, so the committer takes them in batches of its choosing: each
+    // gets the next place as its batch commits, whatever order the tasks ran in.
     let (_d, store) = open();
     let store = Arc::new(store);
     let tasks: Vec<_> = (0..40)
@@ -86,12 +88,25 @@ async fn accepts_in_one_batch_line_up_in_commit_order() {
     assert_eq!(due_ids(&store, 1_000).len(), 1, "one head, whatever the batches");
     assert_eq!(head(&store).unwrap().2, 39);
     clean(&store);
-    // Every member has its own place; draining delivers each exactly once.
+    // Every member has its own place (the head 0, which it takes as head, the others 1 to
+    // 39: no gap, no repeat), and the line goes in place order: draining delivers each
+    // exactly once, in the order they were committed.
+    let place: std::collections::HashMap<String, u64> = (0..40)
+        .map(|i| {
+            let id = format!("dlv_{i:03}");
+            let pos = store.message(&id).unwrap().unwrap().fifo.unwrap().pos;
+            (id, pos)
+        })
+        .collect();
+    let mut places: Vec<u64> = place.values().copied().collect();
+    places.sort_unstable();
+    assert_eq!(places, (0..40).collect::<Vec<u64>>());
     let mut seen = std::collections::BTreeSet::new();
     for n in 0..40 {
         let ids = due_ids(&store, 10_000);
         assert_eq!(ids.len(), 1, "step {n}: {ids:?}");
         assert!(seen.insert(ids[0].clone()));
+        assert_eq!(place[&ids[0]], n, "step {n}: {} out of its place", ids[0]);
         finish(&store, &ids[0], Transition::Delivered, 1_000 + n);
     }
     assert_eq!(head(&store), None);
