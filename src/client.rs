@@ -160,11 +160,19 @@ impl HttpTransport {
         let mut url = url.clone();
         url.set_ip_host(ip)
             .map_err(|()| TransportError::Network("cannot address the target by IP".to_string()))?;
+        // The connector decides again on the address this URL now names: when `no_proxy`
+        // lists it (a network, or the IP itself), the request goes direct to the receiver,
+        // and the proxy's credentials must not go with it.
+        let through = url
+            .as_str()
+            .parse::<http::Uri>()
+            .is_ok_and(|ip_uri| proxy.intercepts(&ip_uri));
         Ok(Some(ProxiedHttp {
             url,
             host: host_header,
-            authorization: proxy.authorization().cloned(),
+            authorization: proxy.authorization().filter(|_| through).cloned(),
             origin: proxy.origin().to_string(),
+            through,
         }))
     }
 
@@ -196,7 +204,7 @@ impl HttpTransport {
         let _busy = self.cap.begin(request.uri());
         let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
-        if let Some(p) = proxied.as_ref().filter(|_| status == 407) {
+        if let Some(p) = proxied.as_ref().filter(|p| p.through && status == 407) {
             // The proxy's answer, not the receiver's: retried like a connect error.
             return Err(TransportError::Network(format!(
                 "proxy {} answered 407 Proxy Authentication Required: egress.proxy's credentials are missing or refused",
@@ -249,29 +257,31 @@ struct ProxiedHttp {
     host: String,
     authorization: Option<http::HeaderValue>,
     origin: String,
+    /// Whether the request goes through the proxy at all (not when `no_proxy` lists the
+    /// checked address).
+    through: bool,
 }
 
 impl Transport for HttpTransport {
-    /// Takes the reloaded TLS material (new connections use it; pooled ones keep theirs
-    /// until they close) and egress policy: a changed policy gets a new client, so a
-    /// tightened allow list applies to every attempt from now on (the old client's pooled
-    /// connections are not reused; they close as their attempts end). Everything that can
-    /// fail (reading the PEM files) is done before anything is swapped.
+    /// Takes the reloaded TLS material and egress policy with a new client: no connection
+    /// opened before the reload is reused, so a tightened allow list, a distrusted CA or a
+    /// renewed client certificate (same paths, new files) applies to every attempt from now
+    /// on, including to hosts whose pooled connections never went idle. The old client's
+    /// connections close as their attempts end. Everything that can fail (reading the PEM
+    /// files) is done before anything is swapped.
     fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
         let material = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
         let policy = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
-        if *self.current.load().policy != policy {
-            let current = Current::new(
-                &self.settings,
-                &self.cap,
-                policy,
-                self.resolver.clone(),
-                self.tls.clone(),
-                self.proxy.clone(),
-            );
-            self.current.store(Arc::new(current));
-        }
         self.tls.swap(material);
+        let current = Current::new(
+            &self.settings,
+            &self.cap,
+            policy,
+            self.resolver.clone(),
+            self.tls.clone(),
+            self.proxy.clone(),
+        );
+        self.current.store(Arc::new(current));
         Ok(())
     }
 

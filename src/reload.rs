@@ -89,6 +89,18 @@ pub fn keep_restart_only(loaded: &Config, running: &Config, new: &mut Config) ->
     changed
 }
 
+/// The config a reload applies: `fresh` (as read) with the running value of every
+/// restart-only setting, and the keys the file changed of those. The result is checked again
+/// as a whole: a file that passed on its own may not with the running listeners (a token
+/// removed while the listener it guards still faces the network, because the file's new
+/// loopback address applies only at restart).
+pub fn merge(loaded: &Config, running: &Config, fresh: Config) -> Result<(Config, Vec<&'static str>), ConfigError> {
+    let mut new = fresh;
+    let changed = keep_restart_only(loaded, running, &mut new);
+    new.validate()?;
+    Ok((new, changed))
+}
+
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -158,8 +170,7 @@ impl Reloader {
         let source = self.source.as_ref().ok_or(ReloadError::Unavailable)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = source()?;
-        let mut new = fresh.clone();
-        let restart_required = keep_restart_only(&loaded, &self.deliverer.config(), &mut new);
+        let (new, restart_required) = merge(&loaded, &self.deliverer.config(), fresh.clone())?;
         self.deliverer
             .reconfigure(Arc::new(new))
             .map_err(ReloadError::Refused)?;
@@ -194,6 +205,22 @@ mod tests {
         );
         assert_eq!(new.max_body, 2_000_000, "reloadable: taken");
         assert_eq!(new.delivery.max_in_flight_per_host, 3, "reloadable: taken");
+    }
+
+    #[test]
+    fn a_token_cannot_be_removed_from_a_listener_that_still_faces_the_network() {
+        let running = with("admin_listen = \"0.0.0.0:8788\"\nadmin_token = \"t0ken\"\n");
+        running.validate().unwrap();
+        // Ready for the next start: loopback, no token. Valid alone; not with 0.0.0.0 kept.
+        let fresh = with("admin_listen = \"127.0.0.1:8788\"\n");
+        fresh.validate().unwrap();
+        let refused = merge(&running, &running, fresh).unwrap_err();
+        assert!(refused.to_string().contains("admin_token"), "{refused}");
+        // Rotating the token is fine.
+        let rotated = with("admin_listen = \"0.0.0.0:8788\"\nadmin_token = \"n3w\"\n");
+        let (new, changed) = merge(&running, &running, rotated).unwrap();
+        assert_eq!(new.admin_token.unwrap().expose(), "n3w");
+        assert!(changed.is_empty());
     }
 
     #[test]
