@@ -249,7 +249,11 @@ fn spawn_conn<S: Readable>(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let (handler, requests) = (handler.clone(), requests.clone());
+    // Rung as each request head is complete (a permit is kept until the task looks).
+    let head = Arc::new(tokio::sync::Notify::new());
+    let heard = head.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        heard.notify_one();
         let handler = handler.clone();
         let slot = requests.clone().try_acquire_owned();
         async move {
@@ -259,7 +263,7 @@ fn spawn_conn<S: Readable>(
             Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await)
         }
     });
-    let (mut builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
+    let (builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
     let watcher = graceful.watcher();
     tokio::spawn(async move {
         // Telling HTTP/1.1 from HTTP/2 waits for the first bytes, and HTTP/1.1's header
@@ -270,13 +274,20 @@ fn spawn_conn<S: Readable>(
             drop(permit);
             return;
         }
-        // The first head gets what is left of the one header timeout, not a second one:
-        // a client trickling its first bytes then its head is cut at the same time as one
-        // that sends nothing.
-        let left = first_bytes.saturating_sub(connected.elapsed());
-        builder.http1().header_read_timeout(left.max(Duration::from_millis(1)));
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let _ = watcher.watch(conn).await;
+        // The first head must be complete within the same timeout, counted from the
+        // connect, not a second one after the first bytes: a client trickling its first
+        // bytes then its head is cut at the same time as one that sends nothing. Later heads
+        // (and idle keep-alive waits) get hyper's own full timeout.
+        let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = &mut conn => {}
+            _ = head.notified() => {
+                let _ = conn.await;
+            }
+            // No complete head in time: the connection is dropped, which closes it.
+            _ = tokio::time::sleep_until(connected + first_bytes) => {}
+        }
         drop(permit);
     });
 }

@@ -169,3 +169,33 @@ async fn a_late_first_byte_does_not_buy_a_second_header_timeout() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_connection_whose_first_request_came_late_keeps_the_full_timeout_for_the_next() {
+    use tokio::io::AsyncWriteExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = ServeLimits {
+        header_read_timeout: Duration::from_secs(1),
+        ..ServeLimits::default()
+    };
+    let (_stop, rx) = watch::channel(false);
+    tokio::spawn(serve(listener, echo_peer(), limits, rx));
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let answer = async |conn: &mut tokio::net::TcpStream| {
+        conn.write_all(request).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    // The first request just inside the timeout, then an idle keep-alive wait longer than
+    // what was left of it: the connection still serves the second request.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(answer(&mut conn).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(answer(&mut conn).await.starts_with("HTTP/1.1 200"));
+}

@@ -2,7 +2,7 @@
 //! signing rotation under traffic loses nothing and signs every later message with the new
 //! list; a bad config is refused and the running one kept; a restart-only change is named.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +54,21 @@ async fn post_batch(target: &str, prefix: &str, n: usize) -> Vec<String> {
     ids
 }
 
+/// Waits (on the receiver's own notifications, up to its deadline) until every one of `ids`
+/// has been seen.
+async fn wait_delivered(rx: &Receiver, ids: &[String]) {
+    let want: HashSet<&String> = ids.iter().collect();
+    let mut n = 1;
+    loop {
+        let seen = rx.wait_for(n).await;
+        let got: HashSet<String> = seen.iter().filter_map(|s| s.header("webhook-id")).collect();
+        if want.iter().all(|id| got.contains(*id)) {
+            return;
+        }
+        n = seen.len() + 1;
+    }
+}
+
 fn reload_cli(c: &Courier) -> std::process::Output {
     std::process::Command::new(bin())
         .args(["reload", "--admin-listen", &c.admin.to_string()])
@@ -70,7 +85,11 @@ async fn a_signing_rotation_under_traffic_loses_nothing_and_signs_every_later_me
     let mut expected: HashMap<String, Vec<Vec<&[u8]>>> = HashMap::new();
     let any_list = vec![vec![KEY_A], vec![KEY_B, KEY_A], vec![KEY_B]];
 
-    for id in post_batch(&target, "before", 20).await {
+    // Each batch is delivered before the next reload: courier signs when it attempts, so a
+    // first attempt delayed past a reload would rightly carry the newer list.
+    let before = post_batch(&target, "before", 20).await;
+    wait_delivered(&rx, &before).await;
+    for id in before {
         expected.insert(id, vec![vec![KEY_A]]);
     }
     // Traffic that does not stop for the reloads: one sender, message after message.
@@ -95,7 +114,9 @@ async fn a_signing_rotation_under_traffic_loses_nothing_and_signs_every_later_me
     c.signal("HUP");
     assert!(c.log.wait_for_count("config reloaded", 1, WAIT), "{}", c.log.all());
     // Accepted after the reload was applied: every attempt signs with the new list.
-    for id in post_batch(&target, "after-hup", 20).await {
+    let after_hup = post_batch(&target, "after-hup", 20).await;
+    wait_delivered(&rx, &after_hup).await;
+    for id in after_hup {
         expected.insert(id, vec![vec![KEY_B, KEY_A]]);
     }
 
