@@ -297,3 +297,39 @@ async fn failed_attempts(c: &Courier, id: &str, n: usize) -> Vec<String> {
     })
     .await
 }
+
+/// `no_proxy` naming a network: a target whose *name* the proxy would take but whose
+/// checked address `no_proxy` lists goes direct, and the proxy's credentials stay with the
+/// proxy (they are never sent to a receiver).
+#[tokio::test]
+async fn a_target_whose_address_no_proxy_lists_goes_direct_without_the_proxy_credentials() {
+    let rx = Receiver::start().await;
+    let Some(proxy) = Tinyproxy::start(Some("courier:s3cret"), &[]) else {
+        return;
+    };
+    let resolver = courier::resolver::StaticResolver::new();
+    resolver.set("inside.test", vec!["127.0.0.1".parse().unwrap()]);
+    let c = InProc::start(
+        &format!(
+            "{FAST}[egress]\nallow = [\"127.0.0.1/32\"]\nproxy = {:?}\nno_proxy = [\"127.0.0.0/8\"]\n",
+            proxy.url(Some("courier:s3cret"))
+        ),
+        &resolver,
+    )
+    .await;
+    let id = send(c.ingress(), &format!("http://inside.test:{}/hook", rx.addr.port())).await;
+    c.wait_state(&id, "delivered").await;
+    let seen = rx.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].header("proxy-authorization"),
+        None,
+        "credentials sent to the receiver"
+    );
+    assert_eq!(seen[0].header("via"), None, "went through the proxy");
+    assert_eq!(
+        seen[0].header("host").as_deref(),
+        Some(&*format!("inside.test:{}", rx.addr.port()))
+    );
+    c.stop().await;
+}
