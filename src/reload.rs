@@ -130,6 +130,27 @@ impl ReloadError {
 pub struct Reloaded {
     /// Settings that changed in the file but take effect only at restart.
     pub restart_required: Vec<&'static str>,
+    /// `[signing.keys]` entries the reload removed or bound to other targets: messages
+    /// already accepted with such a key cannot be signed (they wait, retried every few
+    /// seconds, until the key is back or they are deleted).
+    pub signing_keys_dropped: Vec<String>,
+}
+
+/// The `[signing.keys]` names of `old` that `new` lacks or binds to other targets.
+pub fn signing_keys_dropped(old: &Config, new: &Config) -> Vec<String> {
+    old.signing
+        .keys
+        .iter()
+        .filter(|(name, key)| {
+            new.signing.keys.get(*name).is_none_or(|k| {
+                let targets = |k: &crate::config::SigningKey| {
+                    k.targets.iter().map(|t| t.as_str().to_string()).collect::<Vec<_>>()
+                };
+                targets(k) != targets(key)
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// Re-reads and applies the config; one reload at a time.
@@ -163,6 +184,14 @@ impl Reloader {
             ),
             Err(e) => tracing::error!(error = %e, "config reload refused; the running config is kept"),
         }
+        if let Ok(r) = &result {
+            if !r.signing_keys_dropped.is_empty() {
+                tracing::warn!(
+                    keys = %r.signing_keys_dropped.join(","),
+                    "signing keys removed or bound to other targets: messages accepted with them wait until the key is back (or are deleted)"
+                );
+            }
+        }
         result
     }
 
@@ -170,12 +199,17 @@ impl Reloader {
         let source = self.source.as_ref().ok_or(ReloadError::Unavailable)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = source()?;
-        let (new, restart_required) = merge(&loaded, &self.deliverer.config(), fresh.clone())?;
+        let running = self.deliverer.config();
+        let (new, restart_required) = merge(&loaded, &running, fresh.clone())?;
+        let signing_keys_dropped = signing_keys_dropped(&running, &new);
         self.deliverer
             .reconfigure(Arc::new(new))
             .map_err(ReloadError::Refused)?;
         *loaded = fresh;
-        Ok(Reloaded { restart_required })
+        Ok(Reloaded {
+            restart_required,
+            signing_keys_dropped,
+        })
     }
 }
 
@@ -221,6 +255,21 @@ mod tests {
         let (new, changed) = merge(&running, &running, rotated).unwrap();
         assert_eq!(new.admin_token.unwrap().expose(), "n3w");
         assert!(changed.is_empty());
+    }
+
+    #[test]
+    fn removed_and_rebound_signing_keys_are_named() {
+        let old = with(
+            "[signing.keys]\na = [\"whsec_MDEyMzQ1Njc4OWFiY2RlZg==\"]\nb = [\"whsec_MDEyMzQ1Njc4OWFiY2RlZg==\"]\n\
+             c = { secrets = [\"whsec_MDEyMzQ1Njc4OWFiY2RlZg==\"], targets = [\"https://a.example/*\"] }\n",
+        );
+        let new = with(
+            "[signing.keys]\nb = [\"whsec_ZmVkY2JhOTg3NjU0MzIxMA==\"]\n\
+             c = { secrets = [\"whsec_MDEyMzQ1Njc4OWFiY2RlZg==\"], targets = [\"https://b.example/*\"] }\n",
+        );
+        // a removed, c rebound; b only rotated its secret (signs on).
+        assert_eq!(signing_keys_dropped(&old, &new), vec!["a", "c"]);
+        assert!(signing_keys_dropped(&old, &old).is_empty());
     }
 
     #[test]

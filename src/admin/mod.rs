@@ -189,7 +189,11 @@ impl Admin {
         match self.reloader.reload() {
             Ok(r) => serve::json(
                 StatusCode::OK,
-                &json!({ "reloaded": true, "restart_required": r.restart_required }),
+                &json!({
+                    "reloaded": true,
+                    "restart_required": r.restart_required,
+                    "signing_keys_dropped": r.signing_keys_dropped,
+                }),
             ),
             Err(e @ ReloadError::Unavailable) => serve::error(StatusCode::NOT_IMPLEMENTED, e.code(), e.to_string()),
             Err(e) => serve::error(StatusCode::BAD_REQUEST, e.code(), e.to_string()),

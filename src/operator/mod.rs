@@ -391,14 +391,25 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
                 .as_array()
                 .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
                 .unwrap_or_default();
-            Ok(if later.is_empty() {
+            let dropped: Vec<&str> = v["signing_keys_dropped"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            let mut text = if later.is_empty() {
                 "config reloaded".to_string()
             } else {
                 format!(
                     "config reloaded; changed but applied only at restart: {}",
                     later.join(", ")
                 )
-            })
+            };
+            if !dropped.is_empty() {
+                text.push_str(&format!(
+                    "\nsigning keys removed or bound to other targets (messages accepted with them wait): {}",
+                    dropped.join(", ")
+                ));
+            }
+            Ok(text)
         }
         Operation::Endpoints(EndpointsCommand::Pause { key }) => {
             client
