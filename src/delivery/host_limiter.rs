@@ -26,7 +26,6 @@ pub enum HostRefusal {
 /// Semaphores and breakers per host.
 #[derive(Debug)]
 pub struct HostLimiter {
-    circuit: CircuitSettings,
     hosts: Arc<Mutex<Hosts>>,
 }
 
@@ -68,6 +67,9 @@ struct Hosts {
     /// `delivery.max_in_flight_per_host` and the `[[host]]` overrides: under the same lock
     /// as the hosts, so a reload resizes every held host's semaphore in one step.
     caps: Caps,
+    /// The breaker's settings: a reload may change the probe timeout (it follows the
+    /// longest `request_timeout`).
+    circuit: CircuitSettings,
     map: HashMap<String, Host>,
     /// The size at which idle hosts are next forgotten: at least twice what the last prune
     /// kept, so a prune that frees little (every host busy) is not paid again per attempt.
@@ -109,9 +111,9 @@ impl HostLimiter {
     /// settings.
     pub fn new(default_cap: u32, overrides: HashMap<String, u32>, circuit: CircuitSettings) -> Self {
         HostLimiter {
-            circuit,
             hosts: Arc::new(Mutex::new(Hosts {
                 caps: Caps { default_cap, overrides },
+                circuit,
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
             })),
@@ -129,9 +131,10 @@ impl HostLimiter {
 
     /// Replaces the caps (a reload): every held host's semaphore is resized, so a lowered
     /// cap holds new attempts back until fewer than it are in flight.
-    pub fn set_caps(&self, default_cap: u32, overrides: HashMap<String, u32>) {
+    pub fn set_caps(&self, default_cap: u32, overrides: HashMap<String, u32>, circuit: CircuitSettings) {
         let mut hosts = self.lock();
         hosts.caps = Caps { default_cap, overrides };
+        hosts.circuit = circuit;
         let Hosts { caps, map, .. } = &mut *hosts;
         for (name, h) in map.iter_mut() {
             h.sem.resize(caps.of(name));
@@ -149,7 +152,7 @@ impl HostLimiter {
                 .retain(|_, h| h.sem.in_use() > 0 || h.circuit.worth_keeping(now_ms));
             hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
         }
-        let cap = hosts.caps.of(host);
+        let (cap, circuit) = (hosts.caps.of(host), hosts.circuit);
         let h = hosts.map.entry(host.to_string()).or_insert_with(|| Host {
             sem: Resizable::new(cap),
             circuit: Circuit::default(),
@@ -158,7 +161,7 @@ impl HostLimiter {
         // Attempts running besides this one: the breaker's ramp counts them.
         let running = h.sem.in_use() - 1;
         let before = h.circuit.probe();
-        match h.circuit.admit(&self.circuit, running, now_ms) {
+        match h.circuit.admit(&circuit, running, now_ms) {
             Admit::Yes => Ok(HostPermit {
                 _permit: permit,
                 epoch: h.circuit.epoch(),
@@ -177,9 +180,9 @@ impl HostLimiter {
     /// host's breaker; returns the change, if any.
     pub fn record(&self, host: &str, outcome: HostOutcome, epoch: u64, now_ms: u64) -> Option<CircuitChange> {
         let mut hosts = self.lock();
-        let cap = hosts.caps.of(host);
+        let (cap, circuit) = (hosts.caps.of(host), hosts.circuit);
         let h = hosts.map.get_mut(host)?;
-        h.circuit.record(&self.circuit, outcome, epoch, cap, now_ms)
+        h.circuit.record(&circuit, outcome, epoch, cap, now_ms)
     }
 
     /// Hosts held now.
@@ -230,7 +233,7 @@ mod tests {
     fn a_reload_resizes_held_hosts_and_sets_the_caps_of_new_ones() {
         let l = HostLimiter::new(3, HashMap::new(), OFF);
         let held: Vec<_> = (0..3).map(|_| l.try_acquire("a:443", 0).unwrap()).collect();
-        l.set_caps(1, HashMap::from([("b:443".to_string(), 5)]));
+        l.set_caps(1, HashMap::from([("b:443".to_string(), 5)]), OFF);
         assert_eq!((l.cap("a:443"), l.in_flight("a:443")), (1, 3));
         let mut held = held.into_iter();
         drop(held.next());

@@ -66,8 +66,13 @@ impl Deliverer {
             endpoint_rates(&config),
             self.clock.now_ms(),
         );
-        self.hosts
-            .set_caps(config.delivery.max_in_flight_per_host, host_caps(&config));
+        // The breaker's probe timeout follows the longest request_timeout, which a reload
+        // may raise: a probe still running within it must not be taken for lost.
+        self.hosts.set_caps(
+            config.delivery.max_in_flight_per_host,
+            host_caps(&config),
+            config.circuit.settings(settings.policies.longest_request_timeout()),
+        );
         self.endpoint_caps.set(settings.policies.endpoint_caps());
         self.settings.store(Arc::new(settings));
         // A raised cap or rate may let waiting messages go now.
