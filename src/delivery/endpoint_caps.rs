@@ -22,7 +22,16 @@ pub struct AtCap;
 /// The capped endpoints' semaphores.
 #[derive(Debug, Default)]
 pub struct EndpointCaps {
-    caps: Mutex<HashMap<String, Resizable>>,
+    caps: Mutex<Caps>,
+}
+
+#[derive(Debug, Default)]
+struct Caps {
+    /// The capped endpoints.
+    live: HashMap<String, Resizable>,
+    /// Endpoints a reload left uncapped while attempts still held their permits: kept (not
+    /// limiting) until those end, so a cap put back meanwhile counts them.
+    retired: HashMap<String, Resizable>,
 }
 
 impl EndpointCaps {
@@ -33,7 +42,7 @@ impl EndpointCaps {
         this
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Resizable>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Caps> {
         self.caps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -41,19 +50,25 @@ impl EndpointCaps {
     /// attempts in flight, so a lowered cap holds new attempts back until enough finish;
     /// an endpoint no longer capped is forgotten.
     pub fn set<'a>(&self, caps: impl IntoIterator<Item = (&'a str, u32)>) {
-        let mut map = self.lock();
+        let mut caps_now = self.lock();
+        let Caps { live, retired } = &mut *caps_now;
         let mut next = HashMap::new();
         for (key, cap) in caps {
-            let mut sem = map.remove(key).unwrap_or_else(|| Resizable::new(cap));
+            let mut sem = live
+                .remove(key)
+                .or_else(|| retired.remove(key))
+                .unwrap_or_else(|| Resizable::new(cap));
             sem.resize(cap);
             next.insert(key.to_string(), sem);
         }
-        *map = next;
+        retired.extend(live.drain());
+        retired.retain(|_, sem| sem.in_use() > 0);
+        *live = next;
     }
 
     /// A permit for one attempt to `endpoint`: `None` when it has no cap.
     pub fn try_acquire(&self, endpoint: &str) -> Result<Option<OwnedSemaphorePermit>, AtCap> {
-        match self.lock().get_mut(endpoint) {
+        match self.lock().live.get_mut(endpoint) {
             None => Ok(None),
             Some(sem) => sem.try_acquire().map(Some).ok_or(AtCap),
         }
@@ -61,13 +76,32 @@ impl EndpointCaps {
 
     /// Attempts holding a permit of `endpoint` now, and its cap; `None` when it has none.
     pub fn usage(&self, endpoint: &str) -> Option<(u32, u32)> {
-        self.lock().get(endpoint).map(|sem| (sem.in_use(), sem.cap()))
+        self.lock().live.get(endpoint).map(|sem| (sem.in_use(), sem.cap()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cap_removed_and_put_back_counts_the_attempts_still_running() {
+        let caps = EndpointCaps::new([("https://e.example/", 2)]);
+        let held: Vec<_> = (0..2)
+            .map(|_| caps.try_acquire("https://e.example/").unwrap().unwrap())
+            .collect();
+        caps.set([]);
+        assert!(
+            matches!(caps.try_acquire("https://e.example/"), Ok(None)),
+            "uncapped now"
+        );
+        caps.set([("https://e.example/", 2)]);
+        assert_eq!(caps.usage("https://e.example/"), Some((2, 2)), "the two still running");
+        assert_eq!(caps.try_acquire("https://e.example/").unwrap_err(), AtCap);
+        drop(held);
+        caps.set([]);
+        assert!(caps.lock().retired.is_empty(), "forgotten once nothing holds it");
+    }
 
     #[test]
     fn only_capped_endpoints_are_limited_and_permits_come_back() {
