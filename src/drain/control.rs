@@ -5,7 +5,8 @@
 //!    nothing new comes in, and a Service stops routing here;
 //! 2. with `deliver_for`, courier keeps delivering as usual until nothing is open or the
 //!    time is up (it waits on attempts ending, never polls);
-//! 3. the scheduler stops (no new attempts); new accepts (courier's own pause alerts) go to
+//! 3. the scheduler stops (no new attempts); new accepts (courier's own pause alerts, and
+//!    ingress requests already past the `draining` check, which the drain waits for) go to
 //!    the queue instead of to an attempt; the attempts running get `shutdown_grace` to
 //!    finish, then are cut off and requeued, as at shutdown;
 //! 4. the forwarding pass ([`Engine`]) hands every open message to the peer.
@@ -32,6 +33,7 @@ use super::engine::Engine;
 use super::progress::{Phase, Progress, Status};
 use super::request::PeerAddr;
 use crate::delivery::Deliverer;
+use crate::ingress::AcceptsInProgress;
 use crate::redact::url_for_log;
 use crate::serve::{self, Body};
 
@@ -125,6 +127,7 @@ impl Current {
 pub struct DrainControl {
     d: Arc<Deliverer>,
     draining: Arc<AtomicBool>,
+    accepts: Arc<AcceptsInProgress>,
     stop_scheduler: Arc<watch::Sender<bool>>,
     scheduler_stopped: watch::Receiver<bool>,
     current: Mutex<Option<Current>>,
@@ -134,17 +137,19 @@ pub struct DrainControl {
 
 impl DrainControl {
     /// The control over a courier's delivery: `draining` is the flag ingress and `/readyz`
-    /// read; `stop_scheduler` stops the scheduler, which sets `scheduler_stopped` once it
-    /// has returned.
+    /// read; `accepts` counts the ingress requests under way; `stop_scheduler` stops the
+    /// scheduler, which sets `scheduler_stopped` once it has returned.
     pub fn new(
         d: Arc<Deliverer>,
         draining: Arc<AtomicBool>,
+        accepts: Arc<AcceptsInProgress>,
         stop_scheduler: Arc<watch::Sender<bool>>,
         scheduler_stopped: watch::Receiver<bool>,
     ) -> Self {
         DrainControl {
             d,
             draining,
+            accepts,
             stop_scheduler,
             scheduler_stopped,
             current: Mutex::new(None),
@@ -283,12 +288,29 @@ impl DrainControl {
             self.deliver_until_empty(plan.deliver_for).await;
             set(Phase::Stopping);
         }
-        // No new attempts: the scheduler stops, and what is accepted from now on (courier's
-        // own alerts) waits in the queue rather than starting an attempt at accept.
+        // No new attempts: what is accepted from now on (courier's own alerts, requests
+        // already past ingress's check) waits in the queue rather than starting an attempt
+        // at accept. Set before the scheduler stops, so no accept dispatches between its
+        // last pass and the stop; and again after, as that last pass may have cleared it.
+        self.d.set_queue_waiting(true);
         let _ = self.stop_scheduler.send(true);
         let mut stopped = self.scheduler_stopped.clone();
         let _ = stopped.wait_for(|s| *s).await;
         self.d.set_queue_waiting(true);
+        // Requests that passed ingress's `draining` check before it was set commit their
+        // message now: wait for them, so the walk below sees it. Bounded by the time a body
+        // has to arrive; one that still commits later is met by the engine's re-count.
+        let under_way = self.accepts.count();
+        if under_way > 0 {
+            tracing::info!(count = under_way, "drain: waiting for ingress requests under way");
+        }
+        let limit = crate::ingress::BODY_READ_TIMEOUT + crate::ingress::ACCEPT_COMMIT_MARGIN;
+        if !self.accepts.wait_idle(limit).await {
+            tracing::warn!(
+                count = self.accepts.count(),
+                "drain: ingress requests were still under way after the body timeout; forwarding anyway"
+            );
+        }
         let cut = self.d.drain(self.d.config().shutdown_grace).await;
         if cut > 0 {
             tracing::warn!(
