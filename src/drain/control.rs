@@ -109,6 +109,15 @@ impl DrainRequest {
     }
 }
 
+/// Why `POST /drain` did not start a drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotStarted {
+    /// A drain to this other peer (as shown in logs) is under way.
+    Running(String),
+    /// Courier is shutting down: a drain started now would be cut off at once.
+    ShuttingDown,
+}
+
 /// The drain under way (or the last one).
 struct Current {
     to: Url,
@@ -131,6 +140,8 @@ pub struct DrainControl {
     stop_scheduler: Arc<watch::Sender<bool>>,
     scheduler_stopped: watch::Receiver<bool>,
     current: Mutex<Option<Current>>,
+    /// Set by [`DrainControl::abort`] (shutdown): no drain starts after it.
+    closed: AtomicBool,
     /// Bumped when a drain ends: `GET /drain?wait=` returns then.
     ended: watch::Sender<u64>,
 }
@@ -153,6 +164,7 @@ impl DrainControl {
             stop_scheduler,
             scheduler_stopped,
             current: Mutex::new(None),
+            closed: AtomicBool::new(false),
             ended: watch::channel(0).0,
         }
     }
@@ -209,10 +221,15 @@ impl DrainControl {
         };
         match self.start(plan) {
             Ok(status) => serve::json(StatusCode::ACCEPTED, &serde_json::to_value(status).unwrap_or_default()),
-            Err(running_to) => serve::error(
+            Err(NotStarted::Running(running_to)) => serve::error(
                 StatusCode::CONFLICT,
                 "drain_running",
                 format!("a drain to {running_to} is under way; wait for it (GET /drain) or drain to the same peer"),
+            ),
+            Err(NotStarted::ShuttingDown) => serve::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "courier is shutting down; drain its data dir once it has stopped (courier drain --data-dir)",
             ),
         }
     }
@@ -234,19 +251,30 @@ impl DrainControl {
     pub fn status(&self) -> Status {
         match self.lock().as_ref() {
             None => Status::default(),
-            Some(c) => c
-                .progress
-                .status(c.phase(), Some(url_for_log(c.to.as_str())), self.d.clock.now_ms()),
+            Some(c) => {
+                let phase = c.phase();
+                let mut status = c
+                    .progress
+                    .status(phase, Some(url_for_log(c.to.as_str())), self.d.clock.now_ms());
+                // Nothing undoes the drain's stop short of a restart: say so where it is read.
+                status.delivery_stopped = phase == Phase::Failed;
+                status
+            }
         }
     }
 
-    /// Starts a drain, or joins the one under way to the same peer; `Err` names the peer
-    /// of a drain under way to another one.
-    pub fn start(self: &Arc<Self>, plan: DrainPlan) -> Result<Status, String> {
+    /// Starts a drain, or joins the one under way to the same peer; `Err` when a drain
+    /// to another peer is under way, or courier is shutting down.
+    pub fn start(self: &Arc<Self>, plan: DrainPlan) -> Result<Status, NotStarted> {
         let mut current = self.lock();
+        // Read under the lock `abort` takes after setting it: a drain either starts before
+        // the abort (which then stops it) or not at all.
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(NotStarted::ShuttingDown);
+        }
         if let Some(c) = current.as_ref().filter(|c| !c.phase().ended()) {
             if c.to != plan.to {
-                return Err(url_for_log(c.to.as_str()));
+                return Err(NotStarted::Running(url_for_log(c.to.as_str())));
             }
         } else {
             let first = if plan.deliver_for.is_zero() {
@@ -270,6 +298,7 @@ impl DrainControl {
 
     /// Stops a drain under way (shutdown): what is not handed off stays pending.
     pub fn abort(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         if let Some(c) = self.lock().as_ref().filter(|c| !c.phase().ended()) {
             c.task.abort();
             c.progress.fail("courier is shutting down".into());
@@ -353,6 +382,9 @@ impl DrainControl {
             "drain: {}",
             status.state.as_str()
         );
+        if finished == Phase::Failed {
+            tracing::warn!("drain: delivery stays stopped until courier restarts (ingress refuses, nothing is attempted); restart it, or drain again");
+        }
         self.ended.send_modify(|n| *n += 1);
     }
 

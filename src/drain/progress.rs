@@ -95,6 +95,10 @@ pub struct Status {
     pub error: Option<String>,
     /// The latest refusals.
     pub refusals: Vec<Refusal>,
+    /// A running courier's drain that failed: its delivery stays stopped (ingress refuses,
+    /// nothing is attempted) until courier restarts. Absent from older couriers' answers.
+    #[serde(default)]
+    pub delivery_stopped: bool,
 }
 
 impl Status {
@@ -137,6 +141,12 @@ impl Status {
         }
         if let Some(e) = &self.error {
             s.push_str(&format!("; stopped: {e}"));
+        }
+        if self.delivery_stopped {
+            s.push_str(
+                "; delivery there stays stopped until courier restarts (ingress refuses, nothing is attempted): \
+                 restart it, or drain again",
+            );
         }
         s
     }
@@ -273,6 +283,7 @@ impl Progress {
                 .iter()
                 .cloned()
                 .collect(),
+            delivery_stopped: false,
         }
     }
 }
@@ -341,6 +352,18 @@ mod tests {
         assert!(
             failed.line().ends_with("; stopped: the peer refused the token"),
             "the first reason"
+        );
+        let frozen = Status {
+            delivery_stopped: true,
+            ..failed
+        };
+        assert!(
+            frozen.line().ends_with(
+                "; stopped: the peer refused the token; delivery there stays stopped until courier restarts \
+                 (ingress refuses, nothing is attempted): restart it, or drain again"
+            ),
+            "{}",
+            frozen.line()
         );
         assert_eq!(
             Status::default().line(),

@@ -462,3 +462,58 @@ async fn a_drain_waits_for_an_ingress_request_under_way_and_forwards_its_message
     assert_eq!(metric(&b, "courier_accepted_total").await, 1);
     assert_eq!(metric(&a, "courier_pending").await, 0);
 }
+
+#[tokio::test]
+async fn a_failed_drain_says_that_delivery_stays_stopped() {
+    let down = dead_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let a = Courier::start(dir.path(), A);
+    post_many(&a, &format!("http://{down}/hooks"), 1, "evt-", &[]).await;
+    // Not a courier: its 200 stops the drain.
+    let proxy = Receiver::scripted(|_, _| Reply::status(200)).await;
+    let to = format!("{{\"to\": \"{}\"}}", proxy.url("/"));
+    let started = post(&a.admin_url("/drain"), &[("content-type", "application/json")], to).await;
+    assert_eq!(started.status, 202, "{:?}", started.json());
+    let failed = eventually("the drain to end", || async {
+        let s = get(&a.admin_url("/drain?wait=1s")).await.json();
+        (s["state"] == "done" || s["state"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (failed["state"].clone(), failed["delivery_stopped"].clone()),
+        ("failed".into(), true.into()),
+        "{failed}"
+    );
+    // And it is so: ingress still refuses.
+    let refused = post(&a.prefixed(&format!("http://{down}/late")), &[], "late").await;
+    assert_eq!(refused.status, 503);
+}
+
+#[tokio::test]
+async fn a_drain_is_refused_once_courier_is_shutting_down() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let held = Receiver::scripted(move |_, _| Reply::status(200).until(&g)).await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = Courier::start(dir_a.path(), A);
+    let b = Courier::start(dir_b.path(), B);
+    // An attempt in flight keeps the shutdown (and the admin API) going until the gate opens.
+    post(&a.prefixed(&held.url("/slow")), &[], "slow").await;
+    held.wait_for(1).await;
+    a.signal("TERM");
+    let to = format!("{{\"to\": \"http://{}\"}}", b.ingress);
+    let refused = eventually("POST /drain to be refused during shutdown", || {
+        let (url, to) = (a.admin_url("/drain"), to.clone());
+        async move {
+            let r = try_request("POST", &url, &[("content-type", "application/json")], to)
+                .await
+                .ok()?;
+            (r.status == 503).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(refused.json()["error"], "shutting_down", "{}", refused.text());
+    gate.open();
+    assert!(a.wait_exit().success());
+    assert_eq!(metric(&b, "courier_accepted_total").await, 0, "nothing forwarded");
+}
