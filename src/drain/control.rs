@@ -349,7 +349,7 @@ impl DrainControl {
         }
         set(Phase::Forwarding);
         let config = self.d.config();
-        let transport = match super::peer_transport(&config, plan.concurrency) {
+        let transport = match super::peer_transport_blocking(config.clone(), plan.concurrency).await {
             Ok(t) => t,
             Err(e) => {
                 progress.fail(format!("cannot make the peer client: {e}"));
