@@ -194,6 +194,8 @@ TIER_SERVICE = "courier-tier"
 tier_svc = services.get(TIER_SERVICE, {})
 tier_port = next((p["port"] for p in tier_svc.get("spec", {}).get("ports", []) if p.get("name") == "ingress"), None)
 check(tier_port is not None, f"no Service {TIER_SERVICE} with a port named ingress")
+check(tier_svc.get("spec", {}).get("sessionAffinity") == "ClientIP",
+      f"tier.yaml: Service {TIER_SERVICE} needs sessionAffinity: ClientIP (a tier replica dedupes only its own messages)")
 tier_hosts = {h.split(":")[0] for h in tier_cfg.get("ingress", {}).get("hosts", [])}
 check(TIER_SERVICE in tier_hosts, f"tier.yaml: [ingress] hosts must list {TIER_SERVICE} (the Host the sidecars send)")
 check(size(tier_cfg.get("max_body", "1MiB")) >= size(cfg.get("max_body", "1MiB")),

@@ -324,6 +324,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     }
 
     let draining = Arc::new(AtomicBool::new(false));
+    let accepts = Arc::new(crate::ingress::AcceptsInProgress::default());
     // Stops retention, and the scheduler at shutdown.
     let (stop_sched, sched_rx) = watch::channel(false);
     // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,
@@ -334,6 +335,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let drain = Arc::new(DrainControl::new(
         deliverer.clone(),
         draining.clone(),
+        accepts.clone(),
         stop_scheduler.clone(),
         scheduler_stopped,
     ));
@@ -343,6 +345,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         clock.clone(),
         metrics,
         draining.clone(),
+        accepts,
     ));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let reloader = Arc::new(Reloader::new(seams.config_source, deliverer.clone(), loaded));

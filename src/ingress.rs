@@ -6,13 +6,14 @@
 //! the scheduler is woken so the first attempt starts at once.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
 
 use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
@@ -33,6 +34,61 @@ pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// What a 503 asks the app to wait, in seconds.
 const RETRY_AFTER_SECS: &str = "5";
 
+/// Extra time, past [`BODY_READ_TIMEOUT`], a drain waits for the accepts under way (their
+/// commit after the body).
+pub const ACCEPT_COMMIT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The ingress requests under way. A drain sets `draining` and then waits for this to
+/// reach zero: a request already past the `draining` check commits its message, and the
+/// drain must see that message (and any attempt it started) before it walks the store.
+#[derive(Debug, Default)]
+pub struct AcceptsInProgress {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+/// One request under way; dropped however its handler ends (answered, failed, cancelled).
+pub struct AcceptGuard(Arc<AcceptsInProgress>);
+
+impl Drop for AcceptGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl AcceptsInProgress {
+    /// Counts a request in; before its `draining` check (both SeqCst: either the request
+    /// sees the flag, or the drain sees the request).
+    pub fn enter(self: &Arc<Self>) -> AcceptGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        AcceptGuard(self.clone())
+    }
+
+    /// Requests under way now.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no request is under way, for up to `limit`; whether none is.
+    pub async fn wait_idle(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before the count is read, so a last guard dropped in between wakes us.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.count() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.count() == 0;
+            }
+        }
+    }
+}
+
 /// The ingress component.
 pub struct Ingress {
     /// Stores each message and starts its delivery.
@@ -41,6 +97,7 @@ pub struct Ingress {
     metrics: Arc<Metrics>,
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
+    in_progress: Arc<AcceptsInProgress>,
 }
 
 /// A refusal: status, code, message.
@@ -62,6 +119,7 @@ impl Ingress {
         clock: SharedClock,
         metrics: Arc<Metrics>,
         draining: Arc<AtomicBool>,
+        in_progress: Arc<AcceptsInProgress>,
     ) -> Self {
         let config = deliverer.config();
         let access = AccessPolicy::new(
@@ -75,11 +133,14 @@ impl Ingress {
             clock,
             metrics,
             draining,
+            in_progress,
         }
     }
 
     /// Handles one request.
     pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+        // Counted before the `draining` check in `accept`, until the handler ends.
+        let _under_way = self.in_progress.enter();
         match self.accept(req).await {
             Ok(resp) => resp,
             Err(Refusal(status, code, message)) => {
@@ -415,5 +476,27 @@ mod tests {
         h.remove("webhook-id");
         h.append("idempotency-key", "k-2".parse().unwrap());
         assert!(event_id(&h).is_err(), "two keys are ambiguous");
+    }
+}
+
+#[cfg(test)]
+mod in_progress_tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_wait_ends_when_the_last_request_ends_or_at_its_limit() {
+        let accepts = Arc::new(AcceptsInProgress::default());
+        assert!(accepts.wait_idle(Duration::ZERO).await, "none under way");
+        let (first, second) = (accepts.enter(), accepts.enter());
+        assert!(!accepts.wait_idle(Duration::from_millis(20)).await, "bounded");
+        drop(first);
+        let a = accepts.clone();
+        let waiter = tokio::spawn(async move { a.wait_idle(Duration::from_secs(60)).await });
+        drop(second);
+        let ended = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        assert!(ended.expect("woken, not timed out").unwrap());
+        assert_eq!(accepts.count(), 0);
     }
 }

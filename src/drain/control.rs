@@ -5,7 +5,8 @@
 //!    nothing new comes in, and a Service stops routing here;
 //! 2. with `deliver_for`, courier keeps delivering as usual until nothing is open or the
 //!    time is up (it waits on attempts ending, never polls);
-//! 3. the scheduler stops (no new attempts); new accepts (courier's own pause alerts) go to
+//! 3. the scheduler stops (no new attempts); new accepts (courier's own pause alerts, and
+//!    ingress requests already past the `draining` check, which the drain waits for) go to
 //!    the queue instead of to an attempt; the attempts running get `shutdown_grace` to
 //!    finish, then are cut off and requeued, as at shutdown;
 //! 4. the forwarding pass ([`Engine`]) hands every open message to the peer.
@@ -32,6 +33,7 @@ use super::engine::Engine;
 use super::progress::{Phase, Progress, Status};
 use super::request::PeerAddr;
 use crate::delivery::Deliverer;
+use crate::ingress::AcceptsInProgress;
 use crate::redact::url_for_log;
 use crate::serve::{self, Body};
 
@@ -107,6 +109,15 @@ impl DrainRequest {
     }
 }
 
+/// Why `POST /drain` did not start a drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotStarted {
+    /// A drain to this other peer (as shown in logs) is under way.
+    Running(String),
+    /// Courier is shutting down: a drain started now would be cut off at once.
+    ShuttingDown,
+}
+
 /// The drain under way (or the last one).
 struct Current {
     to: Url,
@@ -125,29 +136,35 @@ impl Current {
 pub struct DrainControl {
     d: Arc<Deliverer>,
     draining: Arc<AtomicBool>,
+    accepts: Arc<AcceptsInProgress>,
     stop_scheduler: Arc<watch::Sender<bool>>,
     scheduler_stopped: watch::Receiver<bool>,
     current: Mutex<Option<Current>>,
+    /// Set by [`DrainControl::abort`] (shutdown): no drain starts after it.
+    closed: AtomicBool,
     /// Bumped when a drain ends: `GET /drain?wait=` returns then.
     ended: watch::Sender<u64>,
 }
 
 impl DrainControl {
     /// The control over a courier's delivery: `draining` is the flag ingress and `/readyz`
-    /// read; `stop_scheduler` stops the scheduler, which sets `scheduler_stopped` once it
-    /// has returned.
+    /// read; `accepts` counts the ingress requests under way; `stop_scheduler` stops the
+    /// scheduler, which sets `scheduler_stopped` once it has returned.
     pub fn new(
         d: Arc<Deliverer>,
         draining: Arc<AtomicBool>,
+        accepts: Arc<AcceptsInProgress>,
         stop_scheduler: Arc<watch::Sender<bool>>,
         scheduler_stopped: watch::Receiver<bool>,
     ) -> Self {
         DrainControl {
             d,
             draining,
+            accepts,
             stop_scheduler,
             scheduler_stopped,
             current: Mutex::new(None),
+            closed: AtomicBool::new(false),
             ended: watch::channel(0).0,
         }
     }
@@ -204,10 +221,15 @@ impl DrainControl {
         };
         match self.start(plan) {
             Ok(status) => serve::json(StatusCode::ACCEPTED, &serde_json::to_value(status).unwrap_or_default()),
-            Err(running_to) => serve::error(
+            Err(NotStarted::Running(running_to)) => serve::error(
                 StatusCode::CONFLICT,
                 "drain_running",
                 format!("a drain to {running_to} is under way; wait for it (GET /drain) or drain to the same peer"),
+            ),
+            Err(NotStarted::ShuttingDown) => serve::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "courier is shutting down; drain its data dir once it has stopped (courier drain --data-dir)",
             ),
         }
     }
@@ -229,19 +251,30 @@ impl DrainControl {
     pub fn status(&self) -> Status {
         match self.lock().as_ref() {
             None => Status::default(),
-            Some(c) => c
-                .progress
-                .status(c.phase(), Some(url_for_log(c.to.as_str())), self.d.clock.now_ms()),
+            Some(c) => {
+                let phase = c.phase();
+                let mut status = c
+                    .progress
+                    .status(phase, Some(url_for_log(c.to.as_str())), self.d.clock.now_ms());
+                // Nothing undoes the drain's stop short of a restart: say so where it is read.
+                status.delivery_stopped = phase == Phase::Failed;
+                status
+            }
         }
     }
 
-    /// Starts a drain, or joins the one under way to the same peer; `Err` names the peer
-    /// of a drain under way to another one.
-    pub fn start(self: &Arc<Self>, plan: DrainPlan) -> Result<Status, String> {
+    /// Starts a drain, or joins the one under way to the same peer; `Err` when a drain
+    /// to another peer is under way, or courier is shutting down.
+    pub fn start(self: &Arc<Self>, plan: DrainPlan) -> Result<Status, NotStarted> {
         let mut current = self.lock();
+        // Read under the lock `abort` takes after setting it: a drain either starts before
+        // the abort (which then stops it) or not at all.
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(NotStarted::ShuttingDown);
+        }
         if let Some(c) = current.as_ref().filter(|c| !c.phase().ended()) {
             if c.to != plan.to {
-                return Err(url_for_log(c.to.as_str()));
+                return Err(NotStarted::Running(url_for_log(c.to.as_str())));
             }
         } else {
             let first = if plan.deliver_for.is_zero() {
@@ -265,6 +298,7 @@ impl DrainControl {
 
     /// Stops a drain under way (shutdown): what is not handed off stays pending.
     pub fn abort(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         if let Some(c) = self.lock().as_ref().filter(|c| !c.phase().ended()) {
             c.task.abort();
             c.progress.fail("courier is shutting down".into());
@@ -283,12 +317,29 @@ impl DrainControl {
             self.deliver_until_empty(plan.deliver_for).await;
             set(Phase::Stopping);
         }
-        // No new attempts: the scheduler stops, and what is accepted from now on (courier's
-        // own alerts) waits in the queue rather than starting an attempt at accept.
+        // No new attempts: what is accepted from now on (courier's own alerts, requests
+        // already past ingress's check) waits in the queue rather than starting an attempt
+        // at accept. Set before the scheduler stops, so no accept dispatches between its
+        // last pass and the stop; and again after, as that last pass may have cleared it.
+        self.d.set_queue_waiting(true);
         let _ = self.stop_scheduler.send(true);
         let mut stopped = self.scheduler_stopped.clone();
         let _ = stopped.wait_for(|s| *s).await;
         self.d.set_queue_waiting(true);
+        // Requests that passed ingress's `draining` check before it was set commit their
+        // message now: wait for them, so the walk below sees it. Bounded by the time a body
+        // has to arrive; one that still commits later is met by the engine's re-count.
+        let under_way = self.accepts.count();
+        if under_way > 0 {
+            tracing::info!(count = under_way, "drain: waiting for ingress requests under way");
+        }
+        let limit = crate::ingress::BODY_READ_TIMEOUT + crate::ingress::ACCEPT_COMMIT_MARGIN;
+        if !self.accepts.wait_idle(limit).await {
+            tracing::warn!(
+                count = self.accepts.count(),
+                "drain: ingress requests were still under way after the body timeout; forwarding anyway"
+            );
+        }
         let cut = self.d.drain(self.d.config().shutdown_grace).await;
         if cut > 0 {
             tracing::warn!(
@@ -298,7 +349,7 @@ impl DrainControl {
         }
         set(Phase::Forwarding);
         let config = self.d.config();
-        let transport = match super::peer_transport(&config, plan.concurrency) {
+        let transport = match super::peer_transport_blocking(config.clone(), plan.concurrency).await {
             Ok(t) => t,
             Err(e) => {
                 progress.fail(format!("cannot make the peer client: {e}"));
@@ -331,6 +382,9 @@ impl DrainControl {
             "drain: {}",
             status.state.as_str()
         );
+        if finished == Phase::Failed {
+            tracing::warn!("drain: delivery stays stopped until courier restarts (ingress refuses, nothing is attempted); restart it, or drain again");
+        }
         self.ended.send_modify(|n| *n += 1);
     }
 

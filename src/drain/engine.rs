@@ -30,6 +30,9 @@ use crate::transport::Transport;
 
 /// Ids read per page of the pending index.
 const PAGE: usize = 512;
+/// Walks over the store at most (more than one only when messages became open during the
+/// drain, e.g. replayed): a replay loop cannot keep a drain going forever.
+pub const MAX_PASSES: usize = 4;
 
 /// Everything one pass needs.
 pub struct Engine {
@@ -61,21 +64,72 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Engine {
-    /// One pass over the store. Returns whether it went to the end; otherwise
-    /// `progress.error()` says why it stopped.
+    /// Forwards until nothing eligible is left. Returns whether it went to the end;
+    /// otherwise `progress.error()` says why it stopped.
+    ///
+    /// One pass walks the ids in acceptance order, so a message that becomes open behind the
+    /// cursor (a dead message replayed during the drain keeps its id; an ordered line gets a
+    /// replayed member after its walk ended) is not met. Hence after each pass the store's
+    /// open count is read again: while more are open than the pass refused or left, another
+    /// pass runs, up to [`MAX_PASSES`]. What is still open then shows as remaining, and the
+    /// drain is not complete.
     pub async fn run(self: Arc<Self>) -> bool {
-        let total = match blocking(&self.store, |s| s.counts()).await {
-            Ok(counts) => counts.open,
-            Err(e) => return self.store_failed(e),
+        let total = match self.open().await {
+            Some(open) => open,
+            None => return false,
         };
         self.progress.begin(total, self.clock.now_ms());
         tracing::info!(to = %url_for_log(self.peer.url.as_str()), open = total, concurrency = self.concurrency,
             "drain: forwarding open messages to the peer");
         self.warn_of_paused().await;
+        for pass in 1..=MAX_PASSES {
+            if pass > 1 {
+                self.progress.new_pass();
+            }
+            self.clone().pass().await;
+            if self.progress.stopped() {
+                return false;
+            }
+            let Some(open) = self.open().await else { return false };
+            self.progress.recount(open);
+            let stayed = self.progress.stayed();
+            if open <= stayed {
+                return true;
+            }
+            tracing::info!(
+                pass,
+                open,
+                stayed,
+                "drain: messages became open during the pass (replayed?); walking the store again"
+            );
+        }
+        tracing::warn!(
+            passes = MAX_PASSES,
+            "drain: messages kept becoming open during the drain; what is still open stays here (drain again)"
+        );
+        true
+    }
+
+    /// The store's open count; `None` (and the drain failed) when the store fails.
+    async fn open(&self) -> Option<u64> {
+        match blocking(&self.store, |s| s.counts()).await {
+            Ok(counts) => Some(counts.open),
+            Err(e) => {
+                self.store_failed(e);
+                None
+            }
+        }
+    }
+
+    /// One walk over the store: every ordered line, then every other pending message.
+    async fn pass(self: Arc<Self>) {
         let mut tasks = JoinSet::new();
         let lines = match blocking(&self.store, |s| s.line_endpoints()).await {
             Ok(lines) => lines,
-            Err(e) => return self.store_failed(e),
+            Err(e) => {
+                self.store_failed(e);
+                return;
+            }
         };
         for endpoint in lines {
             let engine = self.clone();
@@ -110,7 +164,6 @@ impl Engine {
                 self.progress.fail(format!("a forwarding task failed: {e}"));
             }
         }
-        !self.progress.stopped()
     }
 
     /// The peer does not know which endpoints are paused here: their held messages go, and
@@ -290,5 +343,98 @@ impl Engine {
             code: code.to_string(),
             message,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::model::DeadReason;
+    use crate::store::tests::{claim, message};
+    use crate::store::{AttemptRecord, StoreOptions, Transition};
+    use crate::transport::{InboundResponse, OutboundRequest, SendFuture};
+
+    /// A courier peer that takes everything, and on its first forward replays a dead
+    /// message here: an operator's `deliveries retry` racing the drain, made deterministic.
+    struct ReplayingPeer {
+        store: Arc<Store>,
+        replay: Mutex<Option<String>>,
+        events: Mutex<Vec<String>>,
+    }
+
+    impl Transport for ReplayingPeer {
+        fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
+            Box::pin(async move {
+                let event = req
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == "webhook-id")
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                self.events.lock().unwrap().push(event.clone());
+                if let Some(id) = self.replay.lock().unwrap().take() {
+                    assert_eq!(self.store.replay(&id, 500, |_| 100_000).unwrap(), Some(true));
+                }
+                let body = serde_json::json!({"id": format!("peer_{event}"), "event_id": event});
+                Ok(InboundResponse {
+                    status: 202,
+                    retry_after: None,
+                    body: serde_json::to_vec(&body).unwrap().into(),
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_replayed_behind_the_cursor_is_handed_off_by_another_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        // dlv_a sorts first and is dead when the pass starts; dlv_b is pending.
+        store.accept(message("dlv_a", "evt_a", 100)).await.unwrap();
+        store.accept(message("dlv_b", "evt_b", 100)).await.unwrap();
+        claim(&store, "dlv_a");
+        let attempt = AttemptRecord {
+            at_ms: 150,
+            status: Some(410),
+            error: None,
+            duration_ms: 3,
+            policy_revision: None,
+            span_id: None,
+        };
+        let dead = Transition::Dead(DeadReason::PermanentStatus);
+        store.finish_attempt("dlv_a", &attempt, dead, 150).unwrap();
+        let peer = Arc::new(ReplayingPeer {
+            store: store.clone(),
+            replay: Mutex::new(Some("dlv_a".into())),
+            events: Mutex::new(Vec::new()),
+        });
+        let progress = Arc::new(Progress::default());
+        let engine = Arc::new(Engine {
+            store: store.clone(),
+            transport: peer.clone(),
+            peer: PeerAddr {
+                url: "http://tier:8787/".parse().unwrap(),
+                token: None,
+                timeout: std::time::Duration::from_secs(5),
+            },
+            clock: ManualClock::new(1_000),
+            metrics: Arc::new(Metrics::default()),
+            concurrency: 1,
+            progress: progress.clone(),
+        });
+        assert!(engine.run().await);
+        assert_eq!(
+            *peer.events.lock().unwrap(),
+            ["evt_b", "evt_a"],
+            "the replayed one in a second pass"
+        );
+        assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::HandedOff);
+        assert_eq!(store.counts().unwrap().open, 0);
+        let status = progress.status(super::super::progress::Phase::Done, None, 1_000);
+        assert_eq!((status.total, status.handed_off, status.remaining), (2, 2, 0));
+        assert!(status.complete());
     }
 }

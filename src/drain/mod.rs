@@ -66,6 +66,8 @@ const PEER_ANSWER_BYTES: usize = 16 << 10;
 /// as large as the forwards running at once, the TLS trust of `[tls]` (a tier behind https
 /// with a private CA), and never the egress proxy (the tier is the operator's own). Fails
 /// when a PEM file of the config no longer loads.
+///
+/// It reads the PEM files: call it off the async workers ([`peer_transport_blocking`]).
 pub fn peer_transport(config: &Config, concurrency: u32) -> Result<Arc<dyn Transport>, String> {
     let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(|e| e.to_string())?);
     Ok(Arc::new(HttpTransport::new(
@@ -81,4 +83,12 @@ pub fn peer_transport(config: &Config, concurrency: u32) -> Result<Arc<dyn Trans
         tls,
         None,
     )))
+}
+
+/// [`peer_transport`] on a blocking thread: it reads PEM files, which must not stall an
+/// async worker (the running courier's ingress and admin API share them).
+pub async fn peer_transport_blocking(config: Arc<Config>, concurrency: u32) -> Result<Arc<dyn Transport>, String> {
+    tokio::task::spawn_blocking(move || peer_transport(&config, concurrency))
+        .await
+        .unwrap_or_else(|e| Err(format!("making the peer client failed: {e}")))
 }

@@ -73,16 +73,17 @@ pub struct Status {
     pub state: Phase,
     /// The peer (as shown in logs).
     pub to: Option<String>,
-    /// Open messages when forwarding began.
+    /// Messages to hand off: open when forwarding began, then after each pass what was
+    /// handed off plus what is open (so a message replayed during the drain counts).
     pub total: u64,
     /// Handed off (the peer answered 202).
     pub handed_off: u64,
     /// Of those, the peer had already (a repeated hand-off).
     pub already_at_peer: u64,
-    /// Refused by the peer: still pending here.
+    /// Refused by the peer (in the latest pass): still pending here.
     pub refused: u64,
     /// Left here for another reason (an attempt held it, or it waits behind an ordered
-    /// line's head that stayed): still open here.
+    /// line's head that stayed; in the latest pass): still open here.
     pub left: u64,
     /// Not yet forwarded.
     pub remaining: u64,
@@ -94,6 +95,10 @@ pub struct Status {
     pub error: Option<String>,
     /// The latest refusals.
     pub refusals: Vec<Refusal>,
+    /// A running courier's drain that failed: its delivery stays stopped (ingress refuses,
+    /// nothing is attempted) until courier restarts. Absent from older couriers' answers.
+    #[serde(default)]
+    pub delivery_stopped: bool,
 }
 
 impl Status {
@@ -137,6 +142,12 @@ impl Status {
         if let Some(e) = &self.error {
             s.push_str(&format!("; stopped: {e}"));
         }
+        if self.delivery_stopped {
+            s.push_str(
+                "; delivery there stays stopped until courier restarts (ingress refuses, nothing is attempted): \
+                 restart it, or drain again",
+            );
+        }
         s
     }
 }
@@ -162,6 +173,8 @@ pub struct Progress {
     handed_off: AtomicU64,
     already: AtomicU64,
     refused: AtomicU64,
+    /// Numbers the refusals across passes (`refused` counts one pass's).
+    refusal_seq: AtomicU64,
     left: AtomicU64,
     started_ms: AtomicU64,
     refusals: Mutex<VecDeque<Refusal>>,
@@ -176,6 +189,25 @@ impl Progress {
         self.started_ms.store(now_ms, Ordering::Relaxed);
     }
 
+    /// Another pass begins: it meets again what the last one refused or left, so those
+    /// counts start over (hand-offs and the refusals' numbering go on).
+    pub fn new_pass(&self) {
+        self.refused.store(0, Ordering::Relaxed);
+        self.left.store(0, Ordering::Relaxed);
+    }
+
+    /// A pass ended with `open` messages still open here: the total becomes what was
+    /// handed off plus those, so a message that became open during the drain counts.
+    pub fn recount(&self, open: u64) {
+        let handed_off = self.handed_off.load(Ordering::Relaxed);
+        self.total.store(handed_off + open, Ordering::Relaxed);
+    }
+
+    /// What this pass refused or left here (both stay open).
+    pub fn stayed(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed) + self.left.load(Ordering::Relaxed)
+    }
+
     /// One message handed off (`already`: the peer had it).
     pub fn handed_off(&self, already: bool) {
         self.handed_off.fetch_add(1, Ordering::Relaxed);
@@ -186,7 +218,8 @@ impl Progress {
 
     /// One message refused by the peer.
     pub fn refused(&self, mut refusal: Refusal) {
-        let seq = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let seq = self.refusal_seq.fetch_add(1, Ordering::Relaxed) + 1;
         refusal.seq = seq;
         let mut kept = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() == REFUSALS_KEPT {
@@ -250,6 +283,7 @@ impl Progress {
                 .iter()
                 .cloned()
                 .collect(),
+            delivery_stopped: false,
         }
     }
 }
@@ -319,6 +353,18 @@ mod tests {
             failed.line().ends_with("; stopped: the peer refused the token"),
             "the first reason"
         );
+        let frozen = Status {
+            delivery_stopped: true,
+            ..failed
+        };
+        assert!(
+            frozen.line().ends_with(
+                "; stopped: the peer refused the token; delivery there stays stopped until courier restarts \
+                 (ingress refuses, nothing is attempted): restart it, or drain again"
+            ),
+            "{}",
+            frozen.line()
+        );
         assert_eq!(
             Status::default().line(),
             "drain: idle",
@@ -327,6 +373,28 @@ mod tests {
         assert_eq!(
             p.status(Phase::Stopping, None, 9).line(),
             "drain: stopping (waiting for attempts in flight)"
+        );
+    }
+
+    #[test]
+    fn another_pass_counts_again_what_stays_and_the_total_follows_what_is_open() {
+        let p = Progress::default();
+        p.begin(3, 0);
+        p.handed_off(false);
+        p.refused(refusal("dlv_r"));
+        // A replayed message became open: after the pass 2 are open, 1 of them refused.
+        p.recount(2);
+        assert_eq!((p.stayed(), p.status(Phase::Forwarding, None, 0).total), (1, 3));
+        p.new_pass();
+        p.refused(refusal("dlv_r"));
+        p.handed_off(false);
+        p.recount(1);
+        let s = p.status(Phase::Done, None, 0);
+        assert_eq!((s.total, s.handed_off, s.refused, s.remaining), (3, 2, 1, 0));
+        assert_eq!(
+            s.refusals.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [1, 2],
+            "numbered across passes"
         );
     }
 

@@ -133,7 +133,7 @@ async fn offline(config: &Config, store: Arc<Store>, plan: DrainPlan) -> Status 
         progress.fail(format!("preparing the store failed: {e}"));
         return progress.status(Phase::Failed, Some(to), clock.now_ms());
     }
-    let transport = match super::peer_transport(config, plan.concurrency) {
+    let transport = match super::peer_transport_blocking(Arc::new(config.clone()), plan.concurrency).await {
         Ok(t) => t,
         Err(e) => {
             progress.fail(format!("cannot make the peer client: {e}"));

@@ -396,3 +396,124 @@ async fn with_deliver_for_a_running_courier_delivers_what_it_can_and_forwards_on
     assert_eq!(metric(&a, "courier_delivered_total").await, 20);
     assert_eq!(metric(&b, "courier_accepted_total").await, 0);
 }
+
+/// Reads from `s` until `what` has arrived (within [`WAIT`]); returns all read.
+async fn read_until(s: &mut tokio::net::TcpStream, what: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while !String::from_utf8_lossy(&got).contains(what) {
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before {what:?}: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what:?} in time: {}", String::from_utf8_lossy(&got)));
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn a_drain_waits_for_an_ingress_request_under_way_and_forwards_its_message() {
+    use tokio::io::AsyncWriteExt;
+    let down = dead_addr();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Courier::start(dir_a.path(), A);
+    let b = Courier::start(dir_b.path(), B);
+    // A request past ingress's checks: courier asked for its body (100 Continue), which the
+    // client holds back until the drain has begun.
+    let mut held = tokio::net::TcpStream::connect(a.ingress).await.unwrap();
+    let body = r#"{"i":"held"}"#;
+    let head = format!(
+        "POST /http://{down}/hooks HTTP/1.1\r\nhost: {}\r\nwebhook-id: evt-held\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nexpect: 100-continue\r\n\r\n",
+        a.ingress,
+        body.len()
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    read_until(&mut held, "100 Continue").await;
+
+    let to = format!("{{\"to\": \"http://{}\"}}", b.ingress);
+    let started = post(&a.admin_url("/drain"), &[("content-type", "application/json")], to).await;
+    assert_eq!(started.status, 202, "{:?}", started.json());
+    // The drain waits for the request (up to the body timeout) rather than walking the
+    // store without its message.
+    let waiting = get(&a.admin_url("/drain?wait=2s")).await.json();
+    assert_eq!(waiting["state"], "stopping", "{waiting}");
+    held.write_all(body.as_bytes()).await.unwrap();
+    let answer = read_until(&mut held, "\r\n\r\n").await;
+    assert!(answer.contains(" 202 "), "{answer}");
+
+    let done = eventually("the drain to end", || async {
+        let s = get(&a.admin_url("/drain?wait=1s")).await.json();
+        (s["state"] == "done" || s["state"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (
+            done["state"].clone(),
+            done["handed_off"].clone(),
+            done["remaining"].clone()
+        ),
+        ("done".into(), 1.into(), 0.into()),
+        "{done}"
+    );
+    assert_eq!(metric(&b, "courier_accepted_total").await, 1);
+    assert_eq!(metric(&a, "courier_pending").await, 0);
+}
+
+#[tokio::test]
+async fn a_failed_drain_says_that_delivery_stays_stopped() {
+    let down = dead_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let a = Courier::start(dir.path(), A);
+    post_many(&a, &format!("http://{down}/hooks"), 1, "evt-", &[]).await;
+    // Not a courier: its 200 stops the drain.
+    let proxy = Receiver::scripted(|_, _| Reply::status(200)).await;
+    let to = format!("{{\"to\": \"{}\"}}", proxy.url("/"));
+    let started = post(&a.admin_url("/drain"), &[("content-type", "application/json")], to).await;
+    assert_eq!(started.status, 202, "{:?}", started.json());
+    let failed = eventually("the drain to end", || async {
+        let s = get(&a.admin_url("/drain?wait=1s")).await.json();
+        (s["state"] == "done" || s["state"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (failed["state"].clone(), failed["delivery_stopped"].clone()),
+        ("failed".into(), true.into()),
+        "{failed}"
+    );
+    // And it is so: ingress still refuses.
+    let refused = post(&a.prefixed(&format!("http://{down}/late")), &[], "late").await;
+    assert_eq!(refused.status, 503);
+}
+
+#[tokio::test]
+async fn a_drain_is_refused_once_courier_is_shutting_down() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let held = Receiver::scripted(move |_, _| Reply::status(200).until(&g)).await;
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = Courier::start(dir_a.path(), A);
+    let b = Courier::start(dir_b.path(), B);
+    // An attempt in flight keeps the shutdown (and the admin API) going until the gate opens.
+    post(&a.prefixed(&held.url("/slow")), &[], "slow").await;
+    held.wait_for(1).await;
+    a.signal("TERM");
+    let to = format!("{{\"to\": \"http://{}\"}}", b.ingress);
+    let refused = eventually("POST /drain to be refused during shutdown", || {
+        let (url, to) = (a.admin_url("/drain"), to.clone());
+        async move {
+            let r = try_request("POST", &url, &[("content-type", "application/json")], to)
+                .await
+                .ok()?;
+            (r.status == 503).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(refused.json()["error"], "shutting_down", "{}", refused.text());
+    gate.open();
+    assert!(a.wait_exit().success());
+    assert_eq!(metric(&b, "courier_accepted_total").await, 0, "nothing forwarded");
+}
