@@ -136,6 +136,9 @@ pub(crate) struct Inner {
     next_lease: AtomicU64,
     /// Rung when the renewer has something new to look at.
     lease_added: Notify,
+    /// Whether the renewer's last plan found nothing to renew, so it sleeps with no timer
+    /// until `lease_added` rings (written and read under the registry's lock).
+    renewer_idle: AtomicBool,
     /// Set when an acquire was refused by a cap: a release then wakes the scheduler.
     waiting: AtomicBool,
     wake: Arc<Notify>,
@@ -177,6 +180,7 @@ impl Fleet {
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(0),
             lease_added: Notify::new(),
+            renewer_idle: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
             wake: parts.wake,
             clock: parts.clock,
@@ -305,7 +309,9 @@ impl Inner {
     /// Registers a lease this courier now holds (for renewal and release).
     fn hold(self: &Arc<Self>, id: u64, keys: lease::LeaseKeys, registered: bool) -> Lease {
         let mut leases = self.lock_leases();
-        let first = leases.is_empty();
+        // Read under the lock the renewer plans under: a renewer without a timer never
+        // misses this lease (a `Notify` keeps the ring if it is not waiting yet).
+        let idle = self.renewer_idle.load(Ordering::Acquire);
         if leases.len() < MAX_LEASES {
             leases.insert(
                 id,
@@ -317,9 +323,9 @@ impl Inner {
             );
         }
         drop(leases);
-        // The renewer sleeps while there is nothing to renew; a lease Redis does not have
-        // yet is written at once when Redis is up.
-        if first || (!registered && self.is_up()) {
+        // The renewer sleeps with no timer while there is nothing to renew; a lease Redis
+        // does not have yet is written at once when Redis is up.
+        if idle || (!registered && self.is_up()) {
             self.lease_added.notify_one();
         }
         Lease {

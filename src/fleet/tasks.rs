@@ -8,7 +8,7 @@
 //!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
 //!   of the first lease in their way, which the acquire reported.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 
 use super::health::PROBE_MAX_MS;
+use super::lease::LeaseEntry;
 use super::{lease, Inner};
 
 pub(super) fn spawn(inner: &Arc<Inner>) {
@@ -109,6 +110,7 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
         .collect();
     let mut leases = inner.lock_leases();
     let mut restored = 0;
+    let mut lost_now = 0;
     for (id, _, restore) in &batch {
         let Some(entry) = leases.get_mut(id) else { continue };
         entry.renewed_at_ms = now;
@@ -120,12 +122,20 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
             entry.registered = true;
         } else if lost {
             // It expired (Redis was unreachable longer than the TTL without a call
-            // failing): written back at the next renewal.
+            // failing, or Redis lost it): due at once, written back by the next renewal
+            // (see `plan_in`), and counted now as restored.
             entry.registered = false;
+            lost_now += 1;
         }
     }
     drop(leases);
-    inner.metrics.restored(restored);
+    if lost_now > 0 {
+        tracing::warn!(
+            leases = lost_now,
+            "fleet: Redis no longer had leases of running attempts; writing them back"
+        );
+    }
+    inner.metrics.restored(restored + lost_now);
     Ok(())
 }
 
@@ -134,8 +144,20 @@ type Batch = Vec<(u64, lease::LeaseKeys, bool)>;
 /// The leases to renew now: every one when `all`; else the due ones and those Redis does
 /// not have yet. Also when to look again.
 fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
-    let leases = inner.lock_leases();
-    let plan = inner.schedule.plan(
+    plan_in(&inner.schedule, &inner.lock_leases(), now, all)
+}
+
+/// [`plan`] on the registry itself (pure, time passed in). A lease Redis does not have (lost
+/// while Redis was reachable, found missing by a renewal) is due now: without that, a
+/// registry of only such leases would give the renewer no timer, and nothing would write them
+/// back (or renew the leases taken after them) before they expire under running attempts.
+fn plan_in(
+    schedule: &super::RenewSchedule,
+    leases: &HashMap<u64, LeaseEntry>,
+    now: u64,
+    all: bool,
+) -> (Batch, Option<u64>) {
+    let plan = schedule.plan(
         leases
             .iter()
             .filter(|(_, e)| e.registered)
@@ -148,7 +170,15 @@ fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
         .filter(|(id, e)| all || !e.registered || due.contains(id))
         .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
         .collect();
-    let next = if all { None } else { plan.next_ms };
+    let unregistered = leases.values().any(|e| !e.registered).then_some(now);
+    let next = if all {
+        None
+    } else {
+        match (plan.next_ms, unregistered) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    };
     (batch, next)
 }
 
@@ -167,7 +197,14 @@ async fn renew(inner: Arc<Inner>) {
                 continue;
             }
         }
-        let (_, next) = plan(&inner, inner.clock.now_ms(), false);
+        let next = {
+            let leases = inner.lock_leases();
+            let (_, next) = plan_in(&inner.schedule, &leases, inner.clock.now_ms(), false);
+            // Under the registry's lock, so that a lease added after this plan sees it and
+            // rings `lease_added` (see `Inner::hold`).
+            inner.renewer_idle.store(next.is_none(), Ordering::Release);
+            next
+        };
         match next {
             Some(at) => {
                 tokio::select! {
@@ -219,5 +256,48 @@ async fn subscribe(inner: Arc<Inner>) {
                 .sleep_until(inner.clock.now_ms() + super::health::PROBE_BASE_MS)
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::RenewSchedule;
+
+    fn entry(renewed_at_ms: u64, registered: bool) -> LeaseEntry {
+        LeaseEntry {
+            keys: lease::LeaseKeys {
+                host: "h".into(),
+                host_wait: "hw".into(),
+                endpoint: "e".into(),
+                endpoint_wait: "ew".into(),
+                capped: false,
+            },
+            renewed_at_ms,
+            registered,
+        }
+    }
+
+    #[test]
+    fn leases_redis_lost_are_due_at_once_so_the_renewer_keeps_a_timer() {
+        let s = RenewSchedule::new(9_000);
+        // Every lease found missing by the last renewal: still a timer, and it is now.
+        let leases = HashMap::from([(1, entry(1_000, false)), (2, entry(1_000, false))]);
+        let (batch, next) = plan_in(&s, &leases, 1_500, false);
+        assert_eq!(next, Some(1_500));
+        let mut ids: Vec<(u64, bool)> = batch.iter().map(|(id, _, restore)| (*id, *restore)).collect();
+        ids.sort();
+        assert_eq!(ids, vec![(1, true), (2, true)], "written back, not merely renewed");
+        // With registered leases too: the earlier of the two.
+        let mut leases = leases;
+        leases.insert(3, entry(1_400, true));
+        assert_eq!(plan_in(&s, &leases, 1_500, false).1, Some(1_500));
+        // Only registered leases: their schedule.
+        let leases = HashMap::from([(3, entry(1_400, true))]);
+        let (batch, next) = plan_in(&s, &leases, 1_500, false);
+        assert!(batch.is_empty());
+        assert_eq!(next, Some(4_400));
+        // None at all: no timer (the renewer waits for `lease_added`).
+        assert_eq!(plan_in(&s, &HashMap::new(), 1_500, false).1, None);
     }
 }
