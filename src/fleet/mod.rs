@@ -125,10 +125,11 @@ impl std::fmt::Debug for Fleet {
 /// Shared by the fleet's handle, its leases and its tasks.
 pub(crate) struct Inner {
     client: redis::Client,
-    /// The connection while Redis is up (multiplexed: every call shares it).
-    conn: Mutex<Option<MultiplexedConnection>>,
-    health: Mutex<Health>,
-    /// `health.is_up()`, readable without the lock on the hot path.
+    /// Redis's health and the connection in use: one lock, so that the two, `up` and
+    /// `up_tx` (all four written under it) never disagree, as they could when a late
+    /// failure of an old connection and a recovery interleaved.
+    link: Mutex<Link>,
+    /// `link.health.is_up()`, readable without the lock on the hot path.
     up: AtomicBool,
     /// The same, for the tasks to wait on.
     up_tx: watch::Sender<bool>,
@@ -154,6 +155,13 @@ pub(crate) struct Inner {
     metrics: FleetMetrics,
 }
 
+/// Redis's health and the connection of its current generation.
+struct Link {
+    health: Health,
+    /// The connection while Redis is up (multiplexed: every call shares it).
+    conn: Option<MultiplexedConnection>,
+}
+
 impl Fleet {
     /// Builds the fleet from `[fleet]` and starts its tasks (connect, renew, subscribe);
     /// `None` when `redis_url` is unset. Returns at once: the first connection is made in
@@ -173,8 +181,10 @@ impl Fleet {
         let ttl_ms = cfg.lease_ttl.as_millis() as u64;
         let inner = Arc::new(Inner {
             client,
-            conn: Mutex::new(None),
-            health: Mutex::new(Health::default()),
+            link: Mutex::new(Link {
+                health: Health::default(),
+                conn: None,
+            }),
             up: AtomicBool::new(false),
             up_tx,
             leases: Mutex::new(HashMap::new()),
@@ -227,12 +237,7 @@ impl Fleet {
     /// scheduler's pass), never from an async task.
     pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
         let inner = &self.inner;
-        let conn = if inner.is_up() {
-            inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        } else {
-            None
-        };
-        let Some(mut conn) = conn else {
+        let Some((generation, mut conn)) = inner.connection() else {
             inner.metrics.acquired(Outcome::Fallback);
             return inner.fallback(req);
         };
@@ -276,7 +281,7 @@ impl Fleet {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer within {}ms", inner.timeout.as_millis()),
                 };
-                inner.failed(&error);
+                inner.failed(Some(generation), &error);
                 inner.metrics.acquired(Outcome::Error);
                 inner.fallback(req)
             }
@@ -287,6 +292,17 @@ impl Fleet {
 impl Inner {
     fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    fn lock_link(&self) -> std::sync::MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection in use and its generation, while Redis is up.
+    fn connection(&self) -> Option<(u64, MultiplexedConnection)> {
+        let link = self.lock_link();
+        let conn = link.conn.clone()?;
+        link.health.is_up().then(|| (link.health.generation(), conn))
     }
 
     fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LeaseEntry>> {
@@ -346,24 +362,39 @@ impl Inner {
         }
         let inner = self.clone();
         self.runtime.spawn(async move {
-            let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let Some(mut conn) = conn else { return };
+            let Some((generation, mut conn)) = inner.connection() else {
+                return;
+            };
             let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
             match tokio::time::timeout(inner.timeout, call.invoke_async::<i64>(&mut conn)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => inner.failed(&e.to_string()),
-                Err(_) => inner.failed("release: no answer in time"),
+                Ok(Err(e)) => inner.failed(Some(generation), &e.to_string()),
+                Err(_) => inner.failed(Some(generation), "release: no answer in time"),
             }
         });
     }
 
-    /// A call failed: Redis is unavailable until the prober reconnects.
-    fn failed(&self, error: &str) {
+    /// A call on the connection of `generation` failed (`None`: a connection attempt):
+    /// Redis is unavailable until the prober reconnects. A failure of an older connection
+    /// than the one in use changes nothing (see `health`).
+    fn failed(&self, generation: Option<u64>, error: &str) {
         let now = self.clock.now_ms();
-        let change = self.health.lock().unwrap_or_else(|p| p.into_inner()).failed(now);
+        let mut link = self.lock_link();
+        let change = match generation {
+            Some(generation) => {
+                let change = link.health.failed_on(generation, now);
+                if change.is_none() {
+                    // Stale, or already down: the state stands as it is.
+                    return;
+                }
+                change
+            }
+            None => link.health.failed(now),
+        };
+        link.conn = None;
         self.up.store(false, Ordering::Release);
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.up_tx.send_replace(false);
+        drop(link);
         if let Some(Change::Down { at_start }) = change {
             let error = crate::redact::clean(error);
             let replicas = self.replicas;
@@ -377,15 +408,15 @@ impl Inner {
         }
     }
 
-    /// A connection works and the running attempts' leases are in Redis: fleet limits on.
-    fn recovered(&self) {
-        let change = self
-            .health
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .succeeded(self.clock.now_ms());
+    /// `conn` works and the running attempts' leases are in Redis: fleet limits on, with
+    /// `conn` as the new generation.
+    fn recovered(&self, conn: MultiplexedConnection) {
+        let mut link = self.lock_link();
+        let change = link.health.succeeded(self.clock.now_ms());
+        link.conn = Some(conn);
         self.up.store(true, Ordering::Release);
         self.up_tx.send_replace(true);
+        drop(link);
         if let Some(Change::Up { down_ms }) = change {
             match down_ms {
                 Some(down_ms) => {

@@ -45,14 +45,16 @@ async fn connect(inner: &Inner) -> redis::RedisResult<MultiplexedConnection> {
 async fn probe(inner: Arc<Inner>) {
     let mut up = inner.up_tx.subscribe();
     loop {
-        let next = inner
-            .health
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_probe_ms(inner.clock.now_ms());
+        // Marks the flag's current value seen: a change after this read wakes the wait below.
+        up.borrow_and_update();
+        let next = inner.lock_link().health.next_probe_ms(inner.clock.now_ms());
         let Some(at) = next else {
-            // Up: asleep until a call fails.
-            let _ = up.wait_for(|up| !*up).await;
+            // Up: asleep until the flag changes (a call fails). Not `wait_for(down)`, which
+            // returns at once whenever the flag reads down, and would spin if it ever
+            // disagreed with the health; `changed` pends until a new value is sent.
+            if up.changed().await.is_err() {
+                return;
+            }
             continue;
         };
         inner.clock.sleep_until(at).await;
@@ -60,18 +62,17 @@ async fn probe(inner: Arc<Inner>) {
         let connected = tokio::time::timeout(inner.timeout * 8, connect(&inner)).await;
         let result = match connected {
             Ok(Ok(conn)) => {
-                *inner.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 // The attempts that ran while Redis was away hold leases Redis does not
                 // have (taken under the fallback, or lost with a restarted Redis): written
                 // back before the fleet's limits count on them.
-                write_back(&inner, conn, true).await
+                write_back(&inner, conn.clone(), true).await.map(|()| conn)
             }
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no connection within {}ms", (inner.timeout * 8).as_millis())),
         };
         match result {
-            Ok(()) => inner.recovered(),
-            Err(e) => inner.failed(&e),
+            Ok(conn) => inner.recovered(conn),
+            Err(e) => inner.failed(None, &e),
         }
     }
 }
@@ -190,10 +191,9 @@ async fn renew(inner: Arc<Inner>) {
             let _ = up.wait_for(|up| *up).await;
             continue;
         }
-        let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(conn) = conn {
+        if let Some((generation, conn)) = inner.connection() {
             if let Err(e) = write_back(&inner, conn, false).await {
-                inner.failed(&e);
+                inner.failed(Some(generation), &e);
                 continue;
             }
         }
