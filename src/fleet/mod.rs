@@ -140,7 +140,8 @@ pub(crate) struct Inner {
     /// Whether the renewer's last plan found nothing to renew, so it sleeps with no timer
     /// until `lease_added` rings (written and read under the registry's lock).
     renewer_idle: AtomicBool,
-    /// Set when an acquire was refused by a cap: a release then wakes the scheduler.
+    /// Set when an acquire is sent (it may be refused by a cap): a release then wakes the
+    /// scheduler.
     waiting: AtomicBool,
     wake: Arc<Notify>,
     clock: SharedClock,
@@ -245,6 +246,12 @@ impl Fleet {
         let keys = inner.keys.lease(req);
         let member = inner.member(id);
         let call = lease::acquire_call(&inner.keys, &keys, req, &member, inner.ttl_ms);
+        // Set before the call, not after a refusal: the release that frees the slot may be
+        // published (and reach the subscriber) before the refused reply reaches us, and a
+        // flag set after it would miss that wake-up (leaving the message to its timer, up
+        // to a whole `lease_ttl`). A grant leaves the flag set: at worst the next release
+        // costs the scheduler one pass for nothing.
+        inner.waiting.store(true, Ordering::Release);
         let reply = inner
             .runtime
             .block_on(async { tokio::time::timeout(inner.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await });
@@ -256,14 +263,12 @@ impl Fleet {
             }
             Ok(Ok((1, wait))) => {
                 inner.metrics.acquired(Outcome::HostBusy);
-                inner.waiting.store(true, Ordering::Release);
                 Acquired::HostBusy {
                     retry_ms: retry_ms(wait),
                 }
             }
             Ok(Ok((2, wait))) => {
                 inner.metrics.acquired(Outcome::EndpointBusy);
-                inner.waiting.store(true, Ordering::Release);
                 Acquired::EndpointBusy {
                     retry_ms: retry_ms(wait),
                 }
