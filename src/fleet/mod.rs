@@ -124,7 +124,13 @@ impl std::fmt::Debug for Fleet {
 
 /// Shared by the fleet's handle, its leases and its tasks.
 pub(crate) struct Inner {
-    client: redis::Client,
+    /// The URL's connection settings; the password is set at each connection (see `tasks`).
+    info: redis::ConnectionInfo,
+    /// Where the password comes from (`password_override`): `password_file` is read again
+    /// at each connection, so a rotated secret is used from the next reconnect.
+    config: FleetConfig,
+    /// The client of the last connection that was set up (the subscriber uses it too).
+    client: Mutex<redis::Client>,
     /// Redis's health and the connection in use: one lock, so that the two, `up` and
     /// `up_tx` (all four written under it) never disagree, as they could when a late
     /// failure of an old connection and a recovery interleaved.
@@ -171,17 +177,17 @@ impl Fleet {
         let Some(url) = &cfg.redis_url else {
             return Ok(None);
         };
-        let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
             .map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
-        if let Some(password) = cfg.password_override()? {
-            let settings = info.redis_settings().clone().set_password(password.expose());
-            info = info.set_redis_settings(settings);
-        }
-        let client = redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
+        // Checked now (an unreadable password file is a config error at start); read again
+        // at each connection.
+        let client = client_with(&info, cfg.password_override()?)?;
         let (up_tx, _) = watch::channel(false);
         let ttl_ms = cfg.lease_ttl.as_millis() as u64;
         let inner = Arc::new(Inner {
-            client,
+            info,
+            config: cfg.clone(),
+            client: Mutex::new(client),
             link: Mutex::new(Link {
                 health: Health::default(),
                 conn: None,
@@ -292,6 +298,19 @@ impl Fleet {
             }
         }
     }
+}
+
+/// A client for `info` with `password` over the URL's own.
+fn client_with(
+    info: &redis::ConnectionInfo,
+    password: Option<crate::signing::Secret>,
+) -> Result<redis::Client, FleetError> {
+    let mut info = info.clone();
+    if let Some(password) = password {
+        let settings = info.redis_settings().clone().set_password(password.expose());
+        info = info.set_redis_settings(settings);
+    }
+    redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))
 }
 
 impl Inner {

@@ -27,17 +27,30 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
 }
 
 /// Connects, with `fleet.timeout` for the connection and each reply, and loads the scripts
-/// so that every later call is one `EVALSHA`.
-async fn connect(inner: &Inner) -> redis::RedisResult<MultiplexedConnection> {
+/// so that every later call is one `EVALSHA`. The password is looked up again first (the
+/// file is read on the blocking pool): a secret rotated since the last connection is the
+/// one sent, as the docs promise.
+async fn connect(inner: &Inner) -> Result<MultiplexedConnection, String> {
+    let config = inner.config.clone();
+    let password = tokio::task::spawn_blocking(move || config.password_override())
+        .await
+        .map_err(|e| format!("reading the password: {e}"))?
+        .map_err(|e| e.to_string())?;
+    let client = super::client_with(&inner.info, password).map_err(|e| e.to_string())?;
+    *inner.client.lock().unwrap_or_else(|p| p.into_inner()) = client.clone();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(inner.timeout))
         .set_response_timeout(Some(inner.timeout));
-    let mut conn = inner
-        .client
+    let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
     for script in lease::scripts() {
-        script.prepare_invoke().load_async(&mut conn).await?;
+        script
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
     }
     Ok(conn)
 }
@@ -67,7 +80,7 @@ async fn probe(inner: Arc<Inner>) {
                 // back before the fleet's limits count on them.
                 write_back(&inner, conn.clone(), true).await.map(|()| conn)
             }
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(format!("no connection within {}ms", (inner.timeout * 8).as_millis())),
         };
         match result {
@@ -224,7 +237,8 @@ async fn subscribe(inner: Arc<Inner>) {
     loop {
         let _ = up.wait_for(|up| *up).await;
         let subscribed = tokio::time::timeout(inner.timeout * 8, async {
-            let mut pubsub = inner.client.get_async_pubsub().await?;
+            let client = inner.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)
         })

@@ -303,3 +303,41 @@ async fn with_redis_down_from_the_start_accepts_go_on_under_the_fallback_limits(
     );
     assert!(!text.contains("s3kr1t"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_file_is_read_again_when_courier_reconnects() {
+    let Some(redis) = RedisServer::start() else { return };
+    let _: String = redis.query(&["CONFIG", "SET", "requirepass", "first-secret"]);
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("redis-password");
+    std::fs::write(&secret, "first-secret\n").unwrap();
+    let sub = dir.path().join("c");
+    std::fs::create_dir_all(&sub).unwrap();
+    let cfg = config(
+        &redis,
+        "rotate",
+        "",
+        &format!("password_file = \"{}\"", secret.display()),
+    );
+    let c = Courier::start(&sub, &cfg);
+    wait_redis_up(&c, 1.0).await;
+    // The secret rotates: the file first (as a mounted secret is updated), then Redis, which
+    // then drops every client so that all must authenticate again.
+    std::fs::write(&secret, "second-secret\n").unwrap();
+    let _: String = redis.query_as("first-secret", &["CONFIG", "SET", "requirepass", "second-secret"]);
+    let _: u64 = redis.query_as("second-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+    let _: u64 = redis.query_as("second-secret", &["CLIENT", "KILL", "TYPE", "pubsub"]);
+    // The next acquire finds the connection gone; the reconnect must use the new secret.
+    send(&c, &rx.url("/r"), "r", 3).await;
+    rx.wait_for(3).await;
+    assert!(
+        c.log.wait_for("fleet: Redis unavailable", WAIT).is_some(),
+        "the cut connection was noticed:\n{}",
+        c.log.all()
+    );
+    wait_redis_up(&c, 1.0).await;
+    let log = c.log.all();
+    assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
+    assert!(!log.contains("first-secret") && !log.contains("second-secret"), "{log}");
+}
