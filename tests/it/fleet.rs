@@ -190,7 +190,18 @@ async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
     let Some(mut redis) = RedisServer::start() else { return };
-    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(200))).await;
+    // Each courier's first message is held until after the outage: its lease, granted by
+    // Redis before the kill, must be written back to the restarted (empty) Redis.
+    let held = Gate::new();
+    let gate = held.clone();
+    let rx = Receiver::scripted(move |_, seen| {
+        if seen.body.ends_with(b"-0") {
+            Reply::status(200).until(&gate)
+        } else {
+            Reply::status(200).after(Duration::from_millis(200))
+        }
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(
         &redis,
@@ -202,27 +213,68 @@ async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
     for c in &cs {
         wait_redis_up(c, 1.0).await;
     }
+    // Both couriers send to the same host (one path each, to tell them apart there): its
+    // cap of 4 is the fleet's, 2 per courier (4 / expected_replicas) while Redis is away.
+    let paths = ["/c0", "/c1"];
     for (i, c) in cs.iter().enumerate() {
-        send(c, &rx.url(&format!("/c{i}")), &format!("c{i}"), 40).await;
+        send(c, &rx.url(paths[i]), &format!("c{i}"), 40).await;
     }
+    eventually("both first messages held in flight", || async {
+        paths.iter().all(|p| rx.in_flight_on(p) >= 1).then_some(())
+    })
+    .await;
     rx.wait_for(10).await;
+    // Fleet phase: the two together within the host's cap (each alone may use all 4).
+    assert!(
+        rx.max_in_flight() <= 4,
+        "{} in flight before the outage",
+        rx.max_in_flight()
+    );
     redis.kill();
     for c in &cs {
         wait_redis_up(c, 0.0).await;
     }
+    // Outage phase, once the attempts started under the fleet's limits have ended: each
+    // courier within its fallback share of 2 (the held attempt included).
+    eventually("attempts of the fleet phase ended", || async {
+        paths.iter().all(|p| rx.in_flight_on(p) <= 2).then_some(())
+    })
+    .await;
+    rx.reset_max_in_flight();
+    let before = rx.seen().len();
+    rx.wait_for(before + 8).await;
+    for path in paths {
+        let max = rx.max_in_flight_on(path);
+        assert!(
+            max <= 2,
+            "{path}: {max} in flight at once under the fallback share of 2"
+        );
+    }
     redis.restart();
     for c in &cs {
         wait_redis_up(c, 1.0).await;
+        // The held attempt's lease, which the restarted Redis lost, was written back.
+        let restored = metric(c, "courier_fleet_leases_restored_total", &[]).await;
+        assert!(restored > 0.0, "leases restored: {restored}");
     }
+    // Fleet phase again, once the fallback's attempts (of a courier still reconnecting
+    // while the other was back) have ended: the two together within the cap.
+    eventually("back within the fleet's cap", || async {
+        (rx.in_flight_on("/c0") + rx.in_flight_on("/c1") <= 4).then_some(())
+    })
+    .await;
+    rx.reset_max_in_flight();
+    let before = rx.seen().len();
+    rx.wait_for(before + 8).await;
+    assert!(
+        rx.max_in_flight() <= 4,
+        "{} in flight after the outage",
+        rx.max_in_flight()
+    );
+    held.open();
     let seen = rx.wait_for(80).await;
     assert_each_once(&seen, 80);
-    for (i, c) in cs.iter().enumerate() {
-        let path = format!("/c{i}");
-        assert!(
-            rx.max_in_flight_on(&path) <= 4,
-            "{path}: {}",
-            rx.max_in_flight_on(&path)
-        );
+    for c in &cs {
         let log = c.log.all();
         assert_eq!(
             log.matches("fleet: Redis unavailable").count(),
