@@ -250,7 +250,7 @@ pub(super) fn release_call(keys: &Keys, lease: &LeaseKeys, member: &str) -> redi
 #[derive(Debug, Clone)]
 pub(super) struct LeaseEntry {
     pub(super) keys: LeaseKeys,
-    /// When it was granted or last renewed (courier's clock).
+    /// When it was granted or last renewed (the fleet's monotonic ms, see `Inner::now_ms`).
     pub(super) renewed_at_ms: u64,
     /// Whether Redis has it: granted by Redis, or written back since. A lease taken while
     /// Redis was unavailable is not, until the first renewal after Redis is back.

@@ -40,7 +40,6 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{watch, Notify};
 
-use crate::clock::SharedClock;
 use crate::config::FleetConfig;
 
 pub use fallback::share;
@@ -99,8 +98,6 @@ pub enum FleetError {
 
 /// What [`Fleet::start`] needs besides the config.
 pub struct FleetParts {
-    /// The clock (lease renewal and probe times).
-    pub clock: SharedClock,
     /// Delivery's runtime: the fleet's tasks and connections run there.
     pub runtime: tokio::runtime::Handle,
     /// The scheduler's wake-up, rung when a lease is released somewhere in the fleet while
@@ -150,7 +147,12 @@ pub(crate) struct Inner {
     /// scheduler.
     waiting: AtomicBool,
     wake: Arc<Notify>,
-    clock: SharedClock,
+    /// Origin of the fleet's own times (lease ages, probe delays), in ms since it: the
+    /// monotonic clock, not courier's wall clock, so that a wall clock stepped back cannot
+    /// hold renewals past the lease TTL (or a probe past its delay), nor one stepped
+    /// forward make every lease due at once. Redis's clock decides expiry; these times
+    /// only say when to act.
+    epoch: tokio::time::Instant,
     runtime: tokio::runtime::Handle,
     keys: Keys,
     /// Names this courier's leases (`<courier>:<n>`), random per process.
@@ -200,7 +202,7 @@ impl Fleet {
             renewer_idle: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
             wake: parts.wake,
-            clock: parts.clock,
+            epoch: tokio::time::Instant::now(),
             runtime: parts.runtime,
             keys: Keys::new(&cfg.key_prefix),
             courier: format!("{:016x}", rand::random::<u64>()),
@@ -318,6 +320,16 @@ impl Inner {
         self.up.load(Ordering::Acquire)
     }
 
+    /// Monotonic ms since `epoch`.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Completes once [`Inner::now_ms`] reaches `at_ms`.
+    async fn sleep_until(&self, at_ms: u64) {
+        tokio::time::sleep_until(self.epoch + Duration::from_millis(at_ms)).await;
+    }
+
     fn lock_link(&self) -> std::sync::MutexGuard<'_, Link> {
         self.link.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -357,7 +369,7 @@ impl Inner {
                 id,
                 LeaseEntry {
                     keys,
-                    renewed_at_ms: self.clock.now_ms(),
+                    renewed_at_ms: self.now_ms(),
                     registered,
                 },
             );
@@ -402,7 +414,7 @@ impl Inner {
     /// Redis is unavailable until the prober reconnects. A failure of an older connection
     /// than the one in use changes nothing (see `health`).
     fn failed(&self, generation: Option<u64>, error: &str) {
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         let mut link = self.lock_link();
         let change = match generation {
             Some(generation) => {
@@ -436,7 +448,7 @@ impl Inner {
     /// `conn` as the new generation.
     fn recovered(&self, conn: MultiplexedConnection) {
         let mut link = self.lock_link();
-        let change = link.health.succeeded(self.clock.now_ms());
+        let change = link.health.succeeded(self.now_ms());
         link.conn = Some(conn);
         self.up.store(true, Ordering::Release);
         self.up_tx.send_replace(true);

@@ -60,7 +60,7 @@ async fn probe(inner: Arc<Inner>) {
     loop {
         // Marks the flag's current value seen: a change after this read wakes the wait below.
         up.borrow_and_update();
-        let next = inner.lock_link().health.next_probe_ms(inner.clock.now_ms());
+        let next = inner.lock_link().health.next_probe_ms(inner.now_ms());
         let Some(at) = next else {
             // Up: asleep until the flag changes (a call fails). Not `wait_for(down)`, which
             // returns at once whenever the flag reads down, and would spin if it ever
@@ -70,7 +70,7 @@ async fn probe(inner: Arc<Inner>) {
             }
             continue;
         };
-        inner.clock.sleep_until(at).await;
+        inner.sleep_until(at).await;
         // Connecting is a few round trips (TCP, TLS, AUTH, three SCRIPT LOADs): bounded as a whole.
         let connected = tokio::time::timeout(inner.timeout * 8, connect(&inner)).await;
         let result = match connected {
@@ -93,7 +93,7 @@ async fn probe(inner: Arc<Inner>) {
 /// Renews leases in one call: `all` (after a reconnect) writes back every lease of a
 /// running attempt; otherwise the due ones (see `schedule`) and those Redis does not have.
 async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -> Result<(), String> {
-    let now = inner.clock.now_ms();
+    let now = inner.now_ms();
     // (id, keys, restore) of the leases to send, and when the renewer should look again.
     let (batch, _) = plan(inner, now, all);
     if batch.is_empty() {
@@ -212,7 +212,7 @@ async fn renew(inner: Arc<Inner>) {
         }
         let next = {
             let leases = inner.lock_leases();
-            let (_, next) = plan_in(&inner.schedule, &leases, inner.clock.now_ms(), false);
+            let (_, next) = plan_in(&inner.schedule, &leases, inner.now_ms(), false);
             // Under the registry's lock, so that a lease added after this plan sees it and
             // rings `lease_added` (see `Inner::hold`).
             inner.renewer_idle.store(next.is_none(), Ordering::Release);
@@ -221,7 +221,7 @@ async fn renew(inner: Arc<Inner>) {
         match next {
             Some(at) => {
                 tokio::select! {
-                    _ = inner.clock.sleep_until(at) => {}
+                    _ = inner.sleep_until(at) => {}
                     _ = inner.lease_added.notified() => {}
                     _ = up.wait_for(|up| !*up) => {}
                 }
@@ -247,7 +247,7 @@ async fn subscribe(inner: Arc<Inner>) {
             // Commands work but the subscription does not (yet): the waiting messages'
             // timers still wake them; try again later.
             tracing::debug!("fleet: subscribing to lease releases failed; retrying");
-            inner.clock.sleep_until(inner.clock.now_ms() + PROBE_MAX_MS).await;
+            inner.sleep_until(inner.now_ms() + PROBE_MAX_MS).await;
             continue;
         };
         // Releases published while not subscribed were missed.
@@ -265,10 +265,7 @@ async fn subscribe(inner: Arc<Inner>) {
         if inner.up.load(Ordering::Acquire) {
             // The subscription ended while commands still work (Redis closed it): not a
             // reason to spin; reconnect after a pause.
-            inner
-                .clock
-                .sleep_until(inner.clock.now_ms() + super::health::PROBE_BASE_MS)
-                .await;
+            inner.sleep_until(inner.now_ms() + super::health::PROBE_BASE_MS).await;
         }
     }
 }
