@@ -64,6 +64,12 @@ async fn wait_redis_up(c: &Courier, want: f64) {
     .await;
 }
 
+/// The Redis key of `host`'s lease set: named by a hash, never the host (see docs/fleet.md).
+fn host_set(prefix: &str, host: &str) -> String {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(host.as_bytes());
+    format!("{prefix}:host:{}", hex::encode(&digest[..16]))
+}
+
 /// Every body seen once: nothing lost, nothing doubled.
 fn assert_each_once(seen: &[Seen], expected: usize) {
     let bodies: HashSet<&[u8]> = seen.iter().map(|s| s.body.as_slice()).collect();
@@ -83,10 +89,7 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
     }
     send_in_turn(&cs, &rx.url("/hook"), 20).await;
     // While leases are held, Redis names the host by a hash only (see docs/fleet.md).
-    let host_set = format!(
-        "cap:host:{}",
-        hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(rx.addr.to_string().as_bytes())[..16])
-    );
+    let host_set = host_set("cap", &rx.addr.to_string());
     let names: Vec<String> = eventually("leases in Redis under the hashed host", || async {
         let names: Vec<String> = redis.query(&["KEYS", "cap:*"]);
         names.contains(&host_set).then_some(names)
@@ -403,4 +406,81 @@ async fn a_rotated_password_file_is_read_again_when_courier_reconnects() {
     let log = c.log.all();
     assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
     assert!(!log.contains("first-secret") && !log.contains("second-secret"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_redis_loses_while_reachable_are_written_back_and_renewal_goes_on() {
+    let Some(redis) = RedisServer::start() else { return };
+    let held = Gate::new();
+    let gate = held.clone();
+    // The first courier's attempts (/a…) hang until the end; the second's answer at once.
+    let rx = Receiver::scripted(move |_, seen| {
+        if seen.path.starts_with("/a") {
+            Reply::status(200).until(&gate)
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &redis,
+        "lost",
+        "[delivery]\nmax_in_flight_per_host = 2\n",
+        "lease_ttl = \"2s\"",
+    );
+    let cs = couriers(&dir, 2, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    let set = host_set("lost", &rx.addr.to_string());
+    send(&cs[0], &rx.url("/a1"), "a1", 1).await;
+    eventually("the first attempt in flight", || async {
+        (rx.in_flight_on("/a1") == 1).then_some(())
+    })
+    .await;
+    // Redis loses the lease while it stays reachable (a flush, an eviction, a failover to a
+    // replica that had not seen it): no call fails, the next renewal finds it missing.
+    let _: String = redis.query(&["FLUSHALL"]);
+    eventually("the lost lease written back", || async {
+        let n: u64 = redis.query(&["ZCARD", &set]);
+        (n == 1).then_some(())
+    })
+    .await;
+    assert!(metric(&cs[0], "courier_fleet_leases_restored_total", &[]).await >= 1.0);
+    assert!(
+        cs[0].log.all().contains("fleet: Redis no longer had leases"),
+        "{}",
+        cs[0].log.all()
+    );
+    // A second attempt's lease, taken after the loss: it must be renewed too.
+    send(&cs[0], &rx.url("/a2"), "a2", 1).await;
+    eventually("the second attempt in flight", || async {
+        (rx.in_flight_on("/a2") == 1).then_some(())
+    })
+    .await;
+    send(&cs[1], &rx.url("/b"), "b", 3).await;
+    // The second courier is refused and looks again when the first lease in its way would
+    // expire (at most a TTL, 2 s, ahead). Two TTLs later, refused again meanwhile, both of
+    // the first courier's leases were renewed: had either not been, it would have expired
+    // and the second courier got its slot at its next look.
+    let busy = || async { metric(&cs[1], "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await };
+    eventually("the second courier refused", || async {
+        (busy().await > 0.0).then_some(())
+    })
+    .await;
+    let first = busy().await;
+    let since = std::time::Instant::now();
+    eventually("refused again for two lease TTLs, or let through", || async {
+        let refused = since.elapsed() >= Duration::from_secs(4) && busy().await >= first + 2.0;
+        (refused || rx.max_in_flight_on("/b") > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        rx.max_in_flight_on("/b"),
+        0,
+        "the first courier's two leases expired under running attempts: 3 in flight over a cap of 2"
+    );
+    held.open();
+    rx.wait_for(5).await;
 }
