@@ -441,6 +441,10 @@ impl Inner {
                 tracing::warn!(error = %error, expected_replicas = replicas,
                     "fleet: Redis unavailable; each courier keeps to its local limits divided by fleet.expected_replicas until it is back");
             }
+            // Messages the fleet refused sleep until the lease in their way expires (up to
+            // `lease_ttl`) or a release is published, which a dead Redis never does: they may
+            // go now under the fallback limits.
+            self.wake.notify_one();
         }
     }
 
