@@ -280,7 +280,6 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     let fleet = Fleet::start(
         &config.fleet,
         FleetParts {
-            clock: clock.clone(),
             runtime: delivery_rt.handle(),
             wake: wake.clone(),
         },

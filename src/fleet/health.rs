@@ -5,6 +5,11 @@
 //! stop, the fallback limits apply, and a prober connects again at growing intervals
 //! ([`probe_delay_ms`]) until one works. Each transition is reported once, as a [`Change`],
 //! so the caller logs one line per outage and one per recovery, however many calls failed.
+//!
+//! Each connection that works starts a new *generation*. A call's failure names the
+//! generation of the connection it used ([`Health::failed_on`]), and one from an older
+//! connection (a late timeout of a call made before an outage) is ignored: it says nothing
+//! about the connection in use now, and taking it for an outage would drop a working one.
 
 /// First wait between two connection attempts while Redis is down.
 pub const PROBE_BASE_MS: u64 = 500;
@@ -49,11 +54,16 @@ pub enum Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     state: State,
+    /// Of the connection in use (bumped by each [`Health::succeeded`]); 0 before the first.
+    generation: u64,
 }
 
 impl Default for Health {
     fn default() -> Self {
-        Health { state: State::Starting }
+        Health {
+            state: State::Starting,
+            generation: 0,
+        }
     }
 }
 
@@ -75,8 +85,14 @@ impl Health {
         self.state == State::Up
     }
 
-    /// A call (or a connection attempt) worked.
+    /// The generation of the connection in use (see the module doc).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A new connection works: it is the next generation, and fleet limits are on.
     pub fn succeeded(&mut self, now_ms: u64) -> Option<Change> {
+        self.generation = self.generation.wrapping_add(1);
         let change = match self.state {
             State::Up => None,
             State::Starting => Some(Change::Up { down_ms: None }),
@@ -88,7 +104,17 @@ impl Health {
         change
     }
 
-    /// A call (or a connection attempt) failed.
+    /// A call on the connection of `generation` failed: Redis is down, unless that
+    /// connection is no longer the one in use (or it already went down), when nothing
+    /// changes.
+    pub fn failed_on(&mut self, generation: u64, now_ms: u64) -> Option<Change> {
+        if generation != self.generation || self.state != State::Up {
+            return None;
+        }
+        self.failed(now_ms)
+    }
+
+    /// A connection attempt failed (or Redis is otherwise known to be unusable).
     pub fn failed(&mut self, now_ms: u64) -> Option<Change> {
         let (change, since_ms, failures) = match self.state {
             State::Starting => (Some(Change::Down { at_start: true }), now_ms, 1),
@@ -167,6 +193,26 @@ mod tests {
         // The next outage starts its backoff over.
         assert_eq!(h.failed(10_000), Some(Change::Down { at_start: false }));
         assert_eq!(h.next_probe_ms(10_000), Some(10_500));
+    }
+
+    #[test]
+    fn a_late_failure_of_an_old_connection_leaves_the_new_one_up() {
+        let mut h = Health::default();
+        h.succeeded(0);
+        let old = h.generation();
+        assert_eq!(h.failed_on(old, 1_000), Some(Change::Down { at_start: false }));
+        // A second call on the same dead connection: no change, no longer backoff.
+        assert_eq!(h.failed_on(old, 1_001), None);
+        assert_eq!(h.next_probe_ms(1_001), Some(1_500));
+        assert_eq!(h.succeeded(1_500), Some(Change::Up { down_ms: Some(500) }));
+        assert_ne!(h.generation(), old);
+        // A call made on the old connection times out now: the new one stays in use.
+        assert_eq!(h.failed_on(old, 1_600), None);
+        assert!(h.is_up());
+        assert_eq!(
+            h.failed_on(h.generation(), 1_700),
+            Some(Change::Down { at_start: false })
+        );
     }
 
     #[test]

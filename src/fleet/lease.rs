@@ -167,18 +167,30 @@ impl Keys {
 
     pub(super) fn lease(&self, req: &LeaseRequest<'_>) -> LeaseKeys {
         let p = &self.prefix;
+        let host = key_id(req.host);
+        let endpoint = key_id(req.endpoint);
         LeaseKeys {
-            host: format!("{p}:host:{}", req.host),
-            host_wait: format!("{p}:host-wait:{}", req.host),
-            endpoint: format!("{p}:endpoint:{}", req.endpoint),
-            endpoint_wait: format!("{p}:endpoint-wait:{}", req.endpoint),
+            host: format!("{p}:host:{host}"),
+            host_wait: format!("{p}:host-wait:{host}"),
+            endpoint: format!("{p}:endpoint:{endpoint}"),
+            endpoint_wait: format!("{p}:endpoint-wait:{endpoint}"),
             capped: req.endpoint_cap.is_some(),
         }
     }
 
     pub(super) fn rate(&self, endpoint: &str) -> String {
-        format!("{}:rate:{endpoint}", self.prefix)
+        format!("{}:rate:{}", self.prefix, key_id(endpoint))
     }
+}
+
+/// How a host or an endpoint key is named in Redis: the hex of the first 16 bytes of its
+/// SHA-256, never the key itself. An endpoint key is often a URL, and chat-style webhook
+/// URLs carry their credential in the path; key names show in `MONITOR`, `SLOWLOG`,
+/// `KEYS` and every tool reading them. The host is hashed too, so all keys look alike.
+/// 128 bits: a collision (two hosts sharing a cap) is not a practical concern.
+pub(super) fn key_id(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(key.as_bytes())[..16])
 }
 
 /// The acquire call for `req`, as `member` of the sets.
@@ -238,7 +250,7 @@ pub(super) fn release_call(keys: &Keys, lease: &LeaseKeys, member: &str) -> redi
 #[derive(Debug, Clone)]
 pub(super) struct LeaseEntry {
     pub(super) keys: LeaseKeys,
-    /// When it was granted or last renewed (courier's clock).
+    /// When it was granted or last renewed (the fleet's monotonic ms, see `Inner::now_ms`).
     pub(super) renewed_at_ms: u64,
     /// Whether Redis has it: granted by Redis, or written back since. A lease taken while
     /// Redis was unavailable is not, until the first renewal after Redis is back.
@@ -263,5 +275,47 @@ impl std::fmt::Debug for Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.inner.release(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_key_names_never_hold_the_host_or_the_endpoint() {
+        let url = "https://chat.example/hooks/T000/B000/s3cr3tt0ken";
+        let req = LeaseRequest {
+            host: "chat.example:443",
+            endpoint: url,
+            host_cap: 4,
+            endpoint_cap: Some(2),
+            rate: 5,
+        };
+        let keys = Keys::new("fleet");
+        let lease = keys.lease(&req);
+        let rate = keys.rate(url);
+        let names = [
+            &lease.host,
+            &lease.host_wait,
+            &lease.endpoint,
+            &lease.endpoint_wait,
+            &rate,
+        ];
+        for name in names {
+            assert!(!name.contains("s3cr3t") && !name.contains("chat.example"), "{name}");
+        }
+        // sha256("chat.example:443"), first 16 bytes: stable across couriers and versions.
+        assert_eq!(lease.host, format!("fleet:host:{}", key_id("chat.example:443")));
+        assert_eq!(key_id("chat.example:443").len(), 32);
+        assert_eq!(
+            key_id("abc"),
+            "ba7816bf8f01cfea414140de5dae2223",
+            "the SHA-256 of \"abc\", truncated"
+        );
+        assert_eq!(lease.endpoint_wait, format!("fleet:endpoint-wait:{}", key_id(url)));
+        assert_eq!(rate, format!("fleet:rate:{}", key_id(url)));
+        // Different endpoints, different keys.
+        assert_ne!(key_id(url), key_id("https://chat.example/hooks/T000/B000/other"));
     }
 }

@@ -40,7 +40,6 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{watch, Notify};
 
-use crate::clock::SharedClock;
 use crate::config::FleetConfig;
 
 pub use fallback::share;
@@ -99,8 +98,6 @@ pub enum FleetError {
 
 /// What [`Fleet::start`] needs besides the config.
 pub struct FleetParts {
-    /// The clock (lease renewal and probe times).
-    pub clock: SharedClock,
     /// Delivery's runtime: the fleet's tasks and connections run there.
     pub runtime: tokio::runtime::Handle,
     /// The scheduler's wake-up, rung when a lease is released somewhere in the fleet while
@@ -124,11 +121,18 @@ impl std::fmt::Debug for Fleet {
 
 /// Shared by the fleet's handle, its leases and its tasks.
 pub(crate) struct Inner {
-    client: redis::Client,
-    /// The connection while Redis is up (multiplexed: every call shares it).
-    conn: Mutex<Option<MultiplexedConnection>>,
-    health: Mutex<Health>,
-    /// `health.is_up()`, readable without the lock on the hot path.
+    /// The URL's connection settings; the password is set at each connection (see `tasks`).
+    info: redis::ConnectionInfo,
+    /// Where the password comes from (`password_override`): `password_file` is read again
+    /// at each connection, so a rotated secret is used from the next reconnect.
+    config: FleetConfig,
+    /// The client of the last connection that was set up (the subscriber uses it too).
+    client: Mutex<redis::Client>,
+    /// Redis's health and the connection in use: one lock, so that the two, `up` and
+    /// `up_tx` (all four written under it) never disagree, as they could when a late
+    /// failure of an old connection and a recovery interleaved.
+    link: Mutex<Link>,
+    /// `link.health.is_up()`, readable without the lock on the hot path.
     up: AtomicBool,
     /// The same, for the tasks to wait on.
     up_tx: watch::Sender<bool>,
@@ -136,10 +140,19 @@ pub(crate) struct Inner {
     next_lease: AtomicU64,
     /// Rung when the renewer has something new to look at.
     lease_added: Notify,
-    /// Set when an acquire was refused by a cap: a release then wakes the scheduler.
+    /// Whether the renewer's last plan found nothing to renew, so it sleeps with no timer
+    /// until `lease_added` rings (written and read under the registry's lock).
+    renewer_idle: AtomicBool,
+    /// Set when an acquire is sent (it may be refused by a cap): a release then wakes the
+    /// scheduler.
     waiting: AtomicBool,
     wake: Arc<Notify>,
-    clock: SharedClock,
+    /// Origin of the fleet's own times (lease ages, probe delays), in ms since it: the
+    /// monotonic clock, not courier's wall clock, so that a wall clock stepped back cannot
+    /// hold renewals past the lease TTL (or a probe past its delay), nor one stepped
+    /// forward make every lease due at once. Redis's clock decides expiry; these times
+    /// only say when to act.
+    epoch: tokio::time::Instant,
     runtime: tokio::runtime::Handle,
     keys: Keys,
     /// Names this courier's leases (`<courier>:<n>`), random per process.
@@ -151,6 +164,13 @@ pub(crate) struct Inner {
     metrics: FleetMetrics,
 }
 
+/// Redis's health and the connection of its current generation.
+struct Link {
+    health: Health,
+    /// The connection while Redis is up (multiplexed: every call shares it).
+    conn: Option<MultiplexedConnection>,
+}
+
 impl Fleet {
     /// Builds the fleet from `[fleet]` and starts its tasks (connect, renew, subscribe);
     /// `None` when `redis_url` is unset. Returns at once: the first connection is made in
@@ -159,27 +179,30 @@ impl Fleet {
         let Some(url) = &cfg.redis_url else {
             return Ok(None);
         };
-        let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
             .map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
-        if let Some(password) = cfg.password_override()? {
-            let settings = info.redis_settings().clone().set_password(password.expose());
-            info = info.set_redis_settings(settings);
-        }
-        let client = redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
+        // Checked now (an unreadable password file is a config error at start); read again
+        // at each connection.
+        let client = client_with(&info, cfg.password_override()?)?;
         let (up_tx, _) = watch::channel(false);
         let ttl_ms = cfg.lease_ttl.as_millis() as u64;
         let inner = Arc::new(Inner {
-            client,
-            conn: Mutex::new(None),
-            health: Mutex::new(Health::default()),
+            info,
+            config: cfg.clone(),
+            client: Mutex::new(client),
+            link: Mutex::new(Link {
+                health: Health::default(),
+                conn: None,
+            }),
             up: AtomicBool::new(false),
             up_tx,
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(0),
             lease_added: Notify::new(),
+            renewer_idle: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
             wake: parts.wake,
-            clock: parts.clock,
+            epoch: tokio::time::Instant::now(),
             runtime: parts.runtime,
             keys: Keys::new(&cfg.key_prefix),
             courier: format!("{:016x}", rand::random::<u64>()),
@@ -223,12 +246,7 @@ impl Fleet {
     /// scheduler's pass), never from an async task.
     pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
         let inner = &self.inner;
-        let conn = if inner.is_up() {
-            inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        } else {
-            None
-        };
-        let Some(mut conn) = conn else {
+        let Some((generation, mut conn)) = inner.connection() else {
             inner.metrics.acquired(Outcome::Fallback);
             return inner.fallback(req);
         };
@@ -236,6 +254,12 @@ impl Fleet {
         let keys = inner.keys.lease(req);
         let member = inner.member(id);
         let call = lease::acquire_call(&inner.keys, &keys, req, &member, inner.ttl_ms);
+        // Set before the call, not after a refusal: the release that frees the slot may be
+        // published (and reach the subscriber) before the refused reply reaches us, and a
+        // flag set after it would miss that wake-up (leaving the message to its timer, up
+        // to a whole `lease_ttl`). A grant leaves the flag set: at worst the next release
+        // costs the scheduler one pass for nothing.
+        inner.waiting.store(true, Ordering::Release);
         let reply = inner
             .runtime
             .block_on(async { tokio::time::timeout(inner.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await });
@@ -247,14 +271,12 @@ impl Fleet {
             }
             Ok(Ok((1, wait))) => {
                 inner.metrics.acquired(Outcome::HostBusy);
-                inner.waiting.store(true, Ordering::Release);
                 Acquired::HostBusy {
                     retry_ms: retry_ms(wait),
                 }
             }
             Ok(Ok((2, wait))) => {
                 inner.metrics.acquired(Outcome::EndpointBusy);
-                inner.waiting.store(true, Ordering::Release);
                 Acquired::EndpointBusy {
                     retry_ms: retry_ms(wait),
                 }
@@ -272,7 +294,7 @@ impl Fleet {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer within {}ms", inner.timeout.as_millis()),
                 };
-                inner.failed(&error);
+                inner.failed(Some(generation), &error);
                 inner.metrics.acquired(Outcome::Error);
                 inner.fallback(req)
             }
@@ -280,9 +302,43 @@ impl Fleet {
     }
 }
 
+/// A client for `info` with `password` over the URL's own.
+fn client_with(
+    info: &redis::ConnectionInfo,
+    password: Option<crate::signing::Secret>,
+) -> Result<redis::Client, FleetError> {
+    let mut info = info.clone();
+    if let Some(password) = password {
+        let settings = info.redis_settings().clone().set_password(password.expose());
+        info = info.set_redis_settings(settings);
+    }
+    redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))
+}
+
 impl Inner {
     fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
+    }
+
+    /// Monotonic ms since `epoch`.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Completes once [`Inner::now_ms`] reaches `at_ms`.
+    async fn sleep_until(&self, at_ms: u64) {
+        tokio::time::sleep_until(self.epoch + Duration::from_millis(at_ms)).await;
+    }
+
+    fn lock_link(&self) -> std::sync::MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection in use and its generation, while Redis is up.
+    fn connection(&self) -> Option<(u64, MultiplexedConnection)> {
+        let link = self.lock_link();
+        let conn = link.conn.clone()?;
+        link.health.is_up().then(|| (link.health.generation(), conn))
     }
 
     fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LeaseEntry>> {
@@ -305,21 +361,23 @@ impl Inner {
     /// Registers a lease this courier now holds (for renewal and release).
     fn hold(self: &Arc<Self>, id: u64, keys: lease::LeaseKeys, registered: bool) -> Lease {
         let mut leases = self.lock_leases();
-        let first = leases.is_empty();
+        // Read under the lock the renewer plans under: a renewer without a timer never
+        // misses this lease (a `Notify` keeps the ring if it is not waiting yet).
+        let idle = self.renewer_idle.load(Ordering::Acquire);
         if leases.len() < MAX_LEASES {
             leases.insert(
                 id,
                 LeaseEntry {
                     keys,
-                    renewed_at_ms: self.clock.now_ms(),
+                    renewed_at_ms: self.now_ms(),
                     registered,
                 },
             );
         }
         drop(leases);
-        // The renewer sleeps while there is nothing to renew; a lease Redis does not have
-        // yet is written at once when Redis is up.
-        if first || (!registered && self.is_up()) {
+        // The renewer sleeps with no timer while there is nothing to renew; a lease Redis
+        // does not have yet is written at once when Redis is up.
+        if idle || (!registered && self.is_up()) {
             self.lease_added.notify_one();
         }
         Lease {
@@ -340,24 +398,39 @@ impl Inner {
         }
         let inner = self.clone();
         self.runtime.spawn(async move {
-            let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let Some(mut conn) = conn else { return };
+            let Some((generation, mut conn)) = inner.connection() else {
+                return;
+            };
             let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
             match tokio::time::timeout(inner.timeout, call.invoke_async::<i64>(&mut conn)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => inner.failed(&e.to_string()),
-                Err(_) => inner.failed("release: no answer in time"),
+                Ok(Err(e)) => inner.failed(Some(generation), &e.to_string()),
+                Err(_) => inner.failed(Some(generation), "release: no answer in time"),
             }
         });
     }
 
-    /// A call failed: Redis is unavailable until the prober reconnects.
-    fn failed(&self, error: &str) {
-        let now = self.clock.now_ms();
-        let change = self.health.lock().unwrap_or_else(|p| p.into_inner()).failed(now);
+    /// A call on the connection of `generation` failed (`None`: a connection attempt):
+    /// Redis is unavailable until the prober reconnects. A failure of an older connection
+    /// than the one in use changes nothing (see `health`).
+    fn failed(&self, generation: Option<u64>, error: &str) {
+        let now = self.now_ms();
+        let mut link = self.lock_link();
+        let change = match generation {
+            Some(generation) => {
+                let change = link.health.failed_on(generation, now);
+                if change.is_none() {
+                    // Stale, or already down: the state stands as it is.
+                    return;
+                }
+                change
+            }
+            None => link.health.failed(now),
+        };
+        link.conn = None;
         self.up.store(false, Ordering::Release);
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.up_tx.send_replace(false);
+        drop(link);
         if let Some(Change::Down { at_start }) = change {
             let error = crate::redact::clean(error);
             let replicas = self.replicas;
@@ -368,18 +441,22 @@ impl Inner {
                 tracing::warn!(error = %error, expected_replicas = replicas,
                     "fleet: Redis unavailable; each courier keeps to its local limits divided by fleet.expected_replicas until it is back");
             }
+            // Messages the fleet refused sleep until the lease in their way expires (up to
+            // `lease_ttl`) or a release is published, which a dead Redis never does: they may
+            // go now under the fallback limits.
+            self.wake.notify_one();
         }
     }
 
-    /// A connection works and the running attempts' leases are in Redis: fleet limits on.
-    fn recovered(&self) {
-        let change = self
-            .health
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .succeeded(self.clock.now_ms());
+    /// `conn` works and the running attempts' leases are in Redis: fleet limits on, with
+    /// `conn` as the new generation.
+    fn recovered(&self, conn: MultiplexedConnection) {
+        let mut link = self.lock_link();
+        let change = link.health.succeeded(self.now_ms());
+        link.conn = Some(conn);
         self.up.store(true, Ordering::Release);
         self.up_tx.send_replace(true);
+        drop(link);
         if let Some(Change::Up { down_ms }) = change {
             match down_ms {
                 Some(down_ms) => {

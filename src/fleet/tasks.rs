@@ -8,7 +8,7 @@
 //!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
 //!   of the first lease in their way, which the acquire reported.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 
 use super::health::PROBE_MAX_MS;
+use super::lease::LeaseEntry;
 use super::{lease, Inner};
 
 pub(super) fn spawn(inner: &Arc<Inner>) {
@@ -26,17 +27,30 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
 }
 
 /// Connects, with `fleet.timeout` for the connection and each reply, and loads the scripts
-/// so that every later call is one `EVALSHA`.
-async fn connect(inner: &Inner) -> redis::RedisResult<MultiplexedConnection> {
+/// so that every later call is one `EVALSHA`. The password is looked up again first (the
+/// file is read on the blocking pool): a secret rotated since the last connection is the
+/// one sent, as the docs promise.
+async fn connect(inner: &Inner) -> Result<MultiplexedConnection, String> {
+    let config = inner.config.clone();
+    let password = tokio::task::spawn_blocking(move || config.password_override())
+        .await
+        .map_err(|e| format!("reading the password: {e}"))?
+        .map_err(|e| e.to_string())?;
+    let client = super::client_with(&inner.info, password).map_err(|e| e.to_string())?;
+    *inner.client.lock().unwrap_or_else(|p| p.into_inner()) = client.clone();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(inner.timeout))
         .set_response_timeout(Some(inner.timeout));
-    let mut conn = inner
-        .client
+    let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
-        .await?;
+        .await
+        .map_err(|e| e.to_string())?;
     for script in lease::scripts() {
-        script.prepare_invoke().load_async(&mut conn).await?;
+        script
+            .prepare_invoke()
+            .load_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
     }
     Ok(conn)
 }
@@ -44,33 +58,34 @@ async fn connect(inner: &Inner) -> redis::RedisResult<MultiplexedConnection> {
 async fn probe(inner: Arc<Inner>) {
     let mut up = inner.up_tx.subscribe();
     loop {
-        let next = inner
-            .health
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_probe_ms(inner.clock.now_ms());
+        // Marks the flag's current value seen: a change after this read wakes the wait below.
+        up.borrow_and_update();
+        let next = inner.lock_link().health.next_probe_ms(inner.now_ms());
         let Some(at) = next else {
-            // Up: asleep until a call fails.
-            let _ = up.wait_for(|up| !*up).await;
+            // Up: asleep until the flag changes (a call fails). Not `wait_for(down)`, which
+            // returns at once whenever the flag reads down, and would spin if it ever
+            // disagreed with the health; `changed` pends until a new value is sent.
+            if up.changed().await.is_err() {
+                return;
+            }
             continue;
         };
-        inner.clock.sleep_until(at).await;
+        inner.sleep_until(at).await;
         // Connecting is a few round trips (TCP, TLS, AUTH, three SCRIPT LOADs): bounded as a whole.
         let connected = tokio::time::timeout(inner.timeout * 8, connect(&inner)).await;
         let result = match connected {
             Ok(Ok(conn)) => {
-                *inner.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 // The attempts that ran while Redis was away hold leases Redis does not
                 // have (taken under the fallback, or lost with a restarted Redis): written
                 // back before the fleet's limits count on them.
-                write_back(&inner, conn, true).await
+                write_back(&inner, conn.clone(), true).await.map(|()| conn)
             }
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(format!("no connection within {}ms", (inner.timeout * 8).as_millis())),
         };
         match result {
-            Ok(()) => inner.recovered(),
-            Err(e) => inner.failed(&e),
+            Ok(conn) => inner.recovered(conn),
+            Err(e) => inner.failed(None, &e),
         }
     }
 }
@@ -78,7 +93,7 @@ async fn probe(inner: Arc<Inner>) {
 /// Renews leases in one call: `all` (after a reconnect) writes back every lease of a
 /// running attempt; otherwise the due ones (see `schedule`) and those Redis does not have.
 async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -> Result<(), String> {
-    let now = inner.clock.now_ms();
+    let now = inner.now_ms();
     // (id, keys, restore) of the leases to send, and when the renewer should look again.
     let (batch, _) = plan(inner, now, all);
     if batch.is_empty() {
@@ -109,6 +124,7 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
         .collect();
     let mut leases = inner.lock_leases();
     let mut restored = 0;
+    let mut lost_now = 0;
     for (id, _, restore) in &batch {
         let Some(entry) = leases.get_mut(id) else { continue };
         entry.renewed_at_ms = now;
@@ -120,12 +136,20 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
             entry.registered = true;
         } else if lost {
             // It expired (Redis was unreachable longer than the TTL without a call
-            // failing): written back at the next renewal.
+            // failing, or Redis lost it): due at once, written back by the next renewal
+            // (see `plan_in`), and counted now as restored.
             entry.registered = false;
+            lost_now += 1;
         }
     }
     drop(leases);
-    inner.metrics.restored(restored);
+    if lost_now > 0 {
+        tracing::warn!(
+            leases = lost_now,
+            "fleet: Redis no longer had leases of running attempts; writing them back"
+        );
+    }
+    inner.metrics.restored(restored + lost_now);
     Ok(())
 }
 
@@ -134,8 +158,20 @@ type Batch = Vec<(u64, lease::LeaseKeys, bool)>;
 /// The leases to renew now: every one when `all`; else the due ones and those Redis does
 /// not have yet. Also when to look again.
 fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
-    let leases = inner.lock_leases();
-    let plan = inner.schedule.plan(
+    plan_in(&inner.schedule, &inner.lock_leases(), now, all)
+}
+
+/// [`plan`] on the registry itself (pure, time passed in). A lease Redis does not have (lost
+/// while Redis was reachable, found missing by a renewal) is due now: without that, a
+/// registry of only such leases would give the renewer no timer, and nothing would write them
+/// back (or renew the leases taken after them) before they expire under running attempts.
+fn plan_in(
+    schedule: &super::RenewSchedule,
+    leases: &HashMap<u64, LeaseEntry>,
+    now: u64,
+    all: bool,
+) -> (Batch, Option<u64>) {
+    let plan = schedule.plan(
         leases
             .iter()
             .filter(|(_, e)| e.registered)
@@ -148,7 +184,15 @@ fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
         .filter(|(id, e)| all || !e.registered || due.contains(id))
         .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
         .collect();
-    let next = if all { None } else { plan.next_ms };
+    let unregistered = leases.values().any(|e| !e.registered).then_some(now);
+    let next = if all {
+        None
+    } else {
+        match (plan.next_ms, unregistered) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    };
     (batch, next)
 }
 
@@ -160,18 +204,24 @@ async fn renew(inner: Arc<Inner>) {
             let _ = up.wait_for(|up| *up).await;
             continue;
         }
-        let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(conn) = conn {
+        if let Some((generation, conn)) = inner.connection() {
             if let Err(e) = write_back(&inner, conn, false).await {
-                inner.failed(&e);
+                inner.failed(Some(generation), &e);
                 continue;
             }
         }
-        let (_, next) = plan(&inner, inner.clock.now_ms(), false);
+        let next = {
+            let leases = inner.lock_leases();
+            let (_, next) = plan_in(&inner.schedule, &leases, inner.now_ms(), false);
+            // Under the registry's lock, so that a lease added after this plan sees it and
+            // rings `lease_added` (see `Inner::hold`).
+            inner.renewer_idle.store(next.is_none(), Ordering::Release);
+            next
+        };
         match next {
             Some(at) => {
                 tokio::select! {
-                    _ = inner.clock.sleep_until(at) => {}
+                    _ = inner.sleep_until(at) => {}
                     _ = inner.lease_added.notified() => {}
                     _ = up.wait_for(|up| !*up) => {}
                 }
@@ -187,7 +237,8 @@ async fn subscribe(inner: Arc<Inner>) {
     loop {
         let _ = up.wait_for(|up| *up).await;
         let subscribed = tokio::time::timeout(inner.timeout * 8, async {
-            let mut pubsub = inner.client.get_async_pubsub().await?;
+            let client = inner.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)
         })
@@ -196,7 +247,7 @@ async fn subscribe(inner: Arc<Inner>) {
             // Commands work but the subscription does not (yet): the waiting messages'
             // timers still wake them; try again later.
             tracing::debug!("fleet: subscribing to lease releases failed; retrying");
-            inner.clock.sleep_until(inner.clock.now_ms() + PROBE_MAX_MS).await;
+            inner.sleep_until(inner.now_ms() + PROBE_MAX_MS).await;
             continue;
         };
         // Releases published while not subscribed were missed.
@@ -214,10 +265,50 @@ async fn subscribe(inner: Arc<Inner>) {
         if inner.up.load(Ordering::Acquire) {
             // The subscription ended while commands still work (Redis closed it): not a
             // reason to spin; reconnect after a pause.
-            inner
-                .clock
-                .sleep_until(inner.clock.now_ms() + super::health::PROBE_BASE_MS)
-                .await;
+            inner.sleep_until(inner.now_ms() + super::health::PROBE_BASE_MS).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::RenewSchedule;
+
+    fn entry(renewed_at_ms: u64, registered: bool) -> LeaseEntry {
+        LeaseEntry {
+            keys: lease::LeaseKeys {
+                host: "h".into(),
+                host_wait: "hw".into(),
+                endpoint: "e".into(),
+                endpoint_wait: "ew".into(),
+                capped: false,
+            },
+            renewed_at_ms,
+            registered,
+        }
+    }
+
+    #[test]
+    fn leases_redis_lost_are_due_at_once_so_the_renewer_keeps_a_timer() {
+        let s = RenewSchedule::new(9_000);
+        // Every lease found missing by the last renewal: still a timer, and it is now.
+        let leases = HashMap::from([(1, entry(1_000, false)), (2, entry(1_000, false))]);
+        let (batch, next) = plan_in(&s, &leases, 1_500, false);
+        assert_eq!(next, Some(1_500));
+        let mut ids: Vec<(u64, bool)> = batch.iter().map(|(id, _, restore)| (*id, *restore)).collect();
+        ids.sort();
+        assert_eq!(ids, vec![(1, true), (2, true)], "written back, not merely renewed");
+        // With registered leases too: the earlier of the two.
+        let mut leases = leases;
+        leases.insert(3, entry(1_400, true));
+        assert_eq!(plan_in(&s, &leases, 1_500, false).1, Some(1_500));
+        // Only registered leases: their schedule.
+        let leases = HashMap::from([(3, entry(1_400, true))]);
+        let (batch, next) = plan_in(&s, &leases, 1_500, false);
+        assert!(batch.is_empty());
+        assert_eq!(next, Some(4_400));
+        // None at all: no timer (the renewer waits for `lease_added`).
+        assert_eq!(plan_in(&s, &HashMap::new(), 1_500, false).1, None);
     }
 }

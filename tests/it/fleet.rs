@@ -64,6 +64,12 @@ async fn wait_redis_up(c: &Courier, want: f64) {
     .await;
 }
 
+/// The Redis key of `host`'s lease set: named by a hash, never the host (see docs/fleet.md).
+fn host_set(prefix: &str, host: &str) -> String {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(host.as_bytes());
+    format!("{prefix}:host:{}", hex::encode(&digest[..16]))
+}
+
 /// Every body seen once: nothing lost, nothing doubled.
 fn assert_each_once(seen: &[Seen], expected: usize) {
     let bodies: HashSet<&[u8]> = seen.iter().map(|s| s.body.as_slice()).collect();
@@ -82,6 +88,15 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
         wait_redis_up(c, 1.0).await;
     }
     send_in_turn(&cs, &rx.url("/hook"), 20).await;
+    // While leases are held, Redis names the host by a hash only (see docs/fleet.md).
+    let host_set = host_set("cap", &rx.addr.to_string());
+    let names: Vec<String> = eventually("leases in Redis under the hashed host", || async {
+        let names: Vec<String> = redis.query(&["KEYS", "cap:*"]);
+        names.contains(&host_set).then_some(names)
+    })
+    .await;
+    let addr = rx.addr.to_string();
+    assert!(names.iter().all(|n| !n.contains(&addr)), "{names:?}");
     let seen = rx.wait_for(60).await;
     assert_each_once(&seen, 60);
     // Alone, each courier would have 5 in flight: 15 at once. Together they keep to 5.
@@ -105,7 +120,6 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
     }
     assert!(busy > 0.0, "the couriers waited for each other's leases");
     // Every lease released as its answer came (none left to expire).
-    let host_set = format!("cap:host:{}", rx.addr);
     let left = eventually("every lease released", || async {
         let n: u64 = redis.query(&["ZCARD", &host_set]);
         (n == 0).then_some(n)
@@ -179,7 +193,18 @@ async fn a_killed_couriers_leases_expire_and_the_others_get_the_whole_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
     let Some(mut redis) = RedisServer::start() else { return };
-    let rx = Receiver::scripted(|_, _| Reply::status(200).after(Duration::from_millis(200))).await;
+    // Each courier's first message is held until after the outage: its lease, granted by
+    // Redis before the kill, must be written back to the restarted (empty) Redis.
+    let held = Gate::new();
+    let gate = held.clone();
+    let rx = Receiver::scripted(move |_, seen| {
+        if seen.body.ends_with(b"-0") {
+            Reply::status(200).until(&gate)
+        } else {
+            Reply::status(200).after(Duration::from_millis(200))
+        }
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(
         &redis,
@@ -191,27 +216,77 @@ async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
     for c in &cs {
         wait_redis_up(c, 1.0).await;
     }
+    // Both couriers send to the same host (one path each, to tell them apart there): its
+    // cap of 4 is the fleet's, 2 per courier (4 / expected_replicas) while Redis is away.
+    let paths = ["/c0", "/c1"];
     for (i, c) in cs.iter().enumerate() {
-        send(c, &rx.url(&format!("/c{i}")), &format!("c{i}"), 40).await;
+        send(c, &rx.url(paths[i]), &format!("c{i}"), 40).await;
     }
+    eventually("both first messages held in flight", || async {
+        paths.iter().all(|p| rx.in_flight_on(p) >= 1).then_some(())
+    })
+    .await;
     rx.wait_for(10).await;
+    // Fleet phase: the two together within the host's cap (each alone may use all 4).
+    assert!(
+        rx.max_in_flight() <= 4,
+        "{} in flight before the outage",
+        rx.max_in_flight()
+    );
     redis.kill();
     for c in &cs {
         wait_redis_up(c, 0.0).await;
     }
+    // Outage phase, once the attempts started under the fleet's limits have ended: each
+    // courier within its fallback share of 2 (the held attempt included).
+    eventually("attempts of the fleet phase ended", || async {
+        paths.iter().all(|p| rx.in_flight_on(p) <= 2).then_some(())
+    })
+    .await;
+    rx.reset_max_in_flight();
+    let before = rx.seen().len();
+    rx.wait_for(before + 8).await;
+    for path in paths {
+        let max = rx.max_in_flight_on(path);
+        assert!(
+            max <= 2,
+            "{path}: {max} in flight at once under the fallback share of 2"
+        );
+    }
+    eventually("both couriers delivering under the fallback", || async {
+        for c in &cs {
+            if metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await == 0.0 {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
     redis.restart();
     for c in &cs {
         wait_redis_up(c, 1.0).await;
+        // The held attempt's lease, which the restarted Redis lost, was written back.
+        let restored = metric(c, "courier_fleet_leases_restored_total", &[]).await;
+        assert!(restored > 0.0, "leases restored: {restored}");
     }
+    // Fleet phase again, once the fallback's attempts (of a courier still reconnecting
+    // while the other was back) have ended: the two together within the cap.
+    eventually("back within the fleet's cap", || async {
+        (rx.in_flight_on("/c0") + rx.in_flight_on("/c1") <= 4).then_some(())
+    })
+    .await;
+    rx.reset_max_in_flight();
+    let before = rx.seen().len();
+    rx.wait_for(before + 8).await;
+    assert!(
+        rx.max_in_flight() <= 4,
+        "{} in flight after the outage",
+        rx.max_in_flight()
+    );
+    held.open();
     let seen = rx.wait_for(80).await;
     assert_each_once(&seen, 80);
-    for (i, c) in cs.iter().enumerate() {
-        let path = format!("/c{i}");
-        assert!(
-            rx.max_in_flight_on(&path) <= 4,
-            "{path}: {}",
-            rx.max_in_flight_on(&path)
-        );
+    for c in &cs {
         let log = c.log.all();
         assert_eq!(
             log.matches("fleet: Redis unavailable").count(),
@@ -219,7 +294,6 @@ async fn redis_killed_and_restarted_loses_nothing_and_the_fleet_comes_back() {
             "one line per outage:\n{log}"
         );
         assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
-        assert!(metric(c, "courier_fleet_acquires_total", &[("outcome", "fallback")]).await > 0.0);
     }
 }
 
@@ -302,4 +376,119 @@ async fn with_redis_down_from_the_start_accepts_go_on_under_the_fallback_limits(
         "{text}"
     );
     assert!(!text.contains("s3kr1t"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_file_is_read_again_when_courier_reconnects() {
+    let Some(redis) = RedisServer::start() else { return };
+    let _: String = redis.query(&["CONFIG", "SET", "requirepass", "first-secret"]);
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("redis-password");
+    std::fs::write(&secret, "first-secret\n").unwrap();
+    let sub = dir.path().join("c");
+    std::fs::create_dir_all(&sub).unwrap();
+    let cfg = config(
+        &redis,
+        "rotate",
+        "",
+        &format!("password_file = \"{}\"", secret.display()),
+    );
+    let c = Courier::start(&sub, &cfg);
+    wait_redis_up(&c, 1.0).await;
+    // The secret rotates: the file first (as a mounted secret is updated), then Redis, which
+    // then drops every client so that all must authenticate again.
+    std::fs::write(&secret, "second-secret\n").unwrap();
+    let _: String = redis.query_as("first-secret", &["CONFIG", "SET", "requirepass", "second-secret"]);
+    let _: u64 = redis.query_as("second-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+    let _: u64 = redis.query_as("second-secret", &["CLIENT", "KILL", "TYPE", "pubsub"]);
+    // The next acquire finds the connection gone; the reconnect must use the new secret.
+    send(&c, &rx.url("/r"), "r", 3).await;
+    rx.wait_for(3).await;
+    assert!(
+        c.log.wait_for("fleet: Redis unavailable", WAIT).is_some(),
+        "the cut connection was noticed:\n{}",
+        c.log.all()
+    );
+    wait_redis_up(&c, 1.0).await;
+    let log = c.log.all();
+    assert_eq!(log.matches("fleet: Redis is back").count(), 1, "{log}");
+    assert!(!log.contains("first-secret") && !log.contains("second-secret"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_redis_loses_while_reachable_are_written_back_and_renewal_goes_on() {
+    let Some(redis) = RedisServer::start() else { return };
+    let held = Gate::new();
+    let gate = held.clone();
+    // The first courier's attempts (/a…) hang until the end; the second's answer at once.
+    let rx = Receiver::scripted(move |_, seen| {
+        if seen.path.starts_with("/a") {
+            Reply::status(200).until(&gate)
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &redis,
+        "lost",
+        "[delivery]\nmax_in_flight_per_host = 2\n",
+        "lease_ttl = \"2s\"",
+    );
+    let cs = couriers(&dir, 2, &cfg);
+    for c in &cs {
+        wait_redis_up(c, 1.0).await;
+    }
+    let set = host_set("lost", &rx.addr.to_string());
+    send(&cs[0], &rx.url("/a1"), "a1", 1).await;
+    eventually("the first attempt in flight", || async {
+        (rx.in_flight_on("/a1") == 1).then_some(())
+    })
+    .await;
+    // Redis loses the lease while it stays reachable (a flush, an eviction, a failover to a
+    // replica that had not seen it): no call fails, the next renewal finds it missing.
+    let _: String = redis.query(&["FLUSHALL"]);
+    eventually("the lost lease written back", || async {
+        let n: u64 = redis.query(&["ZCARD", &set]);
+        (n == 1).then_some(())
+    })
+    .await;
+    assert!(metric(&cs[0], "courier_fleet_leases_restored_total", &[]).await >= 1.0);
+    assert!(
+        cs[0].log.all().contains("fleet: Redis no longer had leases"),
+        "{}",
+        cs[0].log.all()
+    );
+    // A second attempt's lease, taken after the loss: it must be renewed too.
+    send(&cs[0], &rx.url("/a2"), "a2", 1).await;
+    eventually("the second attempt in flight", || async {
+        (rx.in_flight_on("/a2") == 1).then_some(())
+    })
+    .await;
+    send(&cs[1], &rx.url("/b"), "b", 3).await;
+    // The second courier is refused and looks again when the first lease in its way would
+    // expire (at most a TTL, 2 s, ahead). Two TTLs later, refused again meanwhile, both of
+    // the first courier's leases were renewed: had either not been, it would have expired
+    // and the second courier got its slot at its next look.
+    let busy = || async { metric(&cs[1], "courier_fleet_acquires_total", &[("outcome", "host_busy")]).await };
+    eventually("the second courier refused", || async {
+        (busy().await > 0.0).then_some(())
+    })
+    .await;
+    let first = busy().await;
+    let since = std::time::Instant::now();
+    eventually("refused again for two lease TTLs, or let through", || async {
+        let refused = since.elapsed() >= Duration::from_secs(4) && busy().await >= first + 2.0;
+        (refused || rx.max_in_flight_on("/b") > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        rx.max_in_flight_on("/b"),
+        0,
+        "the first courier's two leases expired under running attempts: 3 in flight over a cap of 2"
+    );
+    held.open();
+    rx.wait_for(5).await;
 }

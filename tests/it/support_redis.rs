@@ -113,6 +113,20 @@ impl RedisServer {
         cmd.query(&mut self.connection().unwrap()).unwrap()
     }
 
+    /// Runs one command as the default user with `password` (a server with `requirepass`).
+    pub fn query_as<T: redis::FromRedisValue>(&self, password: &str, args: &[&str]) -> T {
+        let url = format!("redis://:{password}@{}", self.addr);
+        let mut conn = redis::Client::open(url)
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn).unwrap()
+    }
+
     /// `INFO commandstats` as (command, calls, usec_per_call).
     pub fn command_stats(&self) -> Vec<(String, u64, f64)> {
         let info: String = self.query(&["INFO", "commandstats"]);

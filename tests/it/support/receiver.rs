@@ -252,6 +252,18 @@ impl Receiver {
         self.state.per_path.lock().unwrap().get(path).map_or(0, |p| p.1)
     }
 
+    /// Starts the maxima over (for a new phase of a test): from what is in flight now.
+    pub fn reset_max_in_flight(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut per_path = self.state.per_path.lock().unwrap();
+        for p in per_path.values_mut() {
+            p.1 = p.0;
+        }
+        self.state
+            .max_in_flight
+            .store(self.state.in_flight.load(SeqCst), SeqCst);
+    }
+
     /// Stops accepting new connections.
     pub fn stop(&self) {
         self.stop.notify_waiters();
