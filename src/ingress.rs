@@ -341,8 +341,13 @@ impl Ingress {
         // On a task of its own, counted there: the store commits a message whose sender
         // went away before the 202 (the committer has it), and dropping this handler with
         // the connection must not skip counting it.
+        // The task counts as an accept under way until its commit is answered, like the
+        // request it came from: a drain that waits for accepts must not miss one whose
+        // sender left (the handler's own count ends with the connection).
         let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
+        let under_way = self.in_progress.enter();
         let outcome = tokio::spawn(async move {
+            let _under_way = under_way;
             let outcome = d.accept(msg).await;
             match &outcome {
                 Ok(Accepted::New) => metrics.accepted(),
