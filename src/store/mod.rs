@@ -260,7 +260,7 @@ impl Store {
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
-        self.db.cf_handle(name).expect("column family opened at start")
+        cf_of(&self.db, name)
     }
 
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
@@ -270,13 +270,7 @@ impl Store {
     /// Every stripe the ids need, taken in stripe order so that two callers locking
     /// several never deadlock.
     fn lock_many<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'_, ()>> {
-        let mut stripes: Vec<usize> = ids.map(stripe_of).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
-            .iter()
-            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
-            .collect()
+        lock_stripes(&self.stripes, ids)
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -324,10 +318,7 @@ impl Store {
 
     /// Reads a message record.
     pub fn message(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
-        match self.db.get_pinned_cf(self.cf(keys::MESSAGES), id.as_bytes())? {
-            Some(v) => Ok(Some(decode_message(id, &v)?)),
-            None => Ok(None),
-        }
+        message_in(&self.db, id)
     }
 
     /// Reads a message's payload.
@@ -406,6 +397,31 @@ fn finished_counter(state: State) -> &'static [u8] {
         State::HandedOff => keys::COUNT_HANDED_OFF,
         _ => keys::COUNT_DELIVERED,
     }
+}
+
+/// A column family opened at start.
+fn cf_of<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
+    db.cf_handle(name).expect("column family opened at start")
+}
+
+/// The message record of `id` (for the parts that hold the `DB`, not the `Store`).
+fn message_in(db: &DB, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+    match db.get_pinned_cf(cf_of(db, keys::MESSAGES), id.as_bytes())? {
+        Some(v) => Ok(Some(decode_message(id, &v)?)),
+        None => Ok(None),
+    }
+}
+
+/// The stripes of `keys` (ids, or endpoints for the line locks) out of `stripes`, taken in
+/// stripe order so that two callers locking several never deadlock.
+fn lock_stripes<'a, 'k>(stripes: &'a [Mutex<()>], keys: impl Iterator<Item = &'k str>) -> Vec<MutexGuard<'a, ()>> {
+    let mut picked: Vec<usize> = keys.map(stripe_of).collect();
+    picked.sort_unstable();
+    picked.dedup();
+    picked
+        .iter()
+        .map(|i| stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
+        .collect()
 }
 
 /// The lock stripe of an id (FNV-1a: cheap and good enough to spread ids).

@@ -52,6 +52,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rocksdb::{ReadOptions, WriteBatch, DB};
 
+use super::cf_of as cf;
 use super::codec::{Reader, Writer};
 use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, Routing, State, StoreError};
 
@@ -59,7 +60,8 @@ use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, Routing, State
 mod ops;
 
 const LINE_V1: [u8; 2] = [b'L', 1];
-const LINE_STRIPES: usize = 64;
+/// As many as the id stripes: `stripe_of` picks among them.
+const LINE_STRIPES: usize = super::LOCK_STRIPES;
 
 /// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,13 +128,7 @@ impl Default for LineLocks {
 impl LineLocks {
     /// The stripes of `endpoints`, taken in stripe order.
     pub(super) fn lock<'a>(&'a self, endpoints: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'a, ()>> {
-        let mut stripes: Vec<usize> = endpoints.map(|e| super::stripe_of(e) % LINE_STRIPES).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
-            .iter()
-            .map(|i| self.stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
-            .collect()
+        super::lock_stripes(&self.stripes, endpoints)
     }
 
     fn ghosts(&self) -> MutexGuard<'_, HashMap<String, String>> {
@@ -166,10 +162,6 @@ pub(super) struct LineTx {
     pub(super) ghosted: Vec<(String, String)>,
     /// The earliest due entry this batch writes, for the due floor.
     pub(super) min_due: Option<u64>,
-}
-
-fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
-    db.cf_handle(name).expect("column family opened at start")
 }
 
 impl LineTx {
@@ -261,7 +253,7 @@ impl LineTx {
             self.counters.add(keys::COUNT_LINED, -1);
             self.taken.insert(endpoint.to_string(), pos);
             let next = String::from_utf8_lossy(v).into_owned();
-            if let Some(mut rec) = read_message(db, &next)? {
+            if let Some(mut rec) = super::message_in(db, &next)? {
                 if rec.state == State::Pending && rec.fifo.is_some_and(|f| f.pos == pos) {
                     rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
                     rec.next_attempt_at_ms = now_ms;
@@ -329,12 +321,5 @@ impl LineTx {
         }
         std::mem::take(&mut self.counters).write_into(b, cf(db, keys::META));
         self.settled
-    }
-}
-
-fn read_message(db: &DB, id: &str) -> Result<Option<MessageRecord>, StoreError> {
-    match db.get_pinned_cf(cf(db, keys::MESSAGES), id.as_bytes())? {
-        Some(v) => Ok(Some(super::decode_message(id, &v)?)),
-        None => Ok(None),
     }
 }
