@@ -3,8 +3,6 @@
 //! address from the flag or `COURIER_ADMIN_LISTEN`, the token from the config file, and one
 //! clear error line with a non-zero exit when the API is unreachable or answers an error.
 
-use std::process::Command;
-
 use serde_json::Value;
 
 use crate::admin::{enc, send};
@@ -44,28 +42,12 @@ impl Run {
 /// Runs `courier <args>` off the async runtime (the receiver keeps answering meanwhile),
 /// with no inherited `COURIER_*` settings but `env`.
 async fn cli(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(bin());
-        cmd.args(&args);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("COURIER_") {
-                cmd.env_remove(k);
-            }
-        }
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("run courier");
-        Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    })
-    .await
-    .unwrap()
+    let out = courier_cli(args, env, "").await;
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
 fn header_row(out: &str) -> Vec<&str> {

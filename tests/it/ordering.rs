@@ -50,13 +50,8 @@ fn assert_in_order(path: &str, seen: &[String], prefix: &str, n: usize) {
 }
 
 async fn endpoint(c: &Courier, key: &str) -> Value {
-    let a = get(&c.admin_url("/endpoints")).await;
-    a.json()["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["key"] == key)
-        .cloned()
+    crate::admin::endpoint(c, key)
+        .await
         .unwrap_or_else(|| panic!("{key} not listed"))
 }
 

@@ -10,7 +10,6 @@
 //! and points to with `COURIER_TEST_ED25519_PYTHON`; without it a test prints why and
 //! passes, unless `COURIER_TEST_REQUIRE_VERIFIERS=1` (CI) makes that a failure.
 
-use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use base64::Engine as _;
@@ -25,31 +24,7 @@ const FAST_RETRY: &str = "[retry]\nbase_delay = \"1s\"\njitter = \"none\"\n";
 
 /// Runs `courier <args>` with `stdin`, outside any courier settings of the environment.
 async fn courier_cmd(args: &[&str], stdin: &str) -> Output {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let stdin = stdin.to_string();
-    tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(bin());
-        cmd.args(&args);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("COURIER_") {
-                cmd.env_remove(k);
-            }
-        }
-        run_with_stdin(cmd, &stdin)
-    })
-    .await
-    .unwrap()
-}
-
-fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
+    courier_cli(args, &[], stdin).await
 }
 
 fn text(bytes: &[u8]) -> String {

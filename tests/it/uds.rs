@@ -17,17 +17,7 @@ fn command(dir: &Path, socket: &Path, config: &str) -> (Command, PathBuf, PathBu
     let config_path = dir.join("courier.toml");
     std::fs::write(&config_path, format!("allow_private_targets = true\n{config}")).unwrap();
     let data_dir = dir.join("data");
-    let mut cmd = Command::new(bin());
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&config_path)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
-        .arg("--admin-listen")
-        .arg("127.0.0.1:0")
-        .env("COURIER_LOG", "info");
+    let cmd = serve_command(&config_path, &data_dir, &format!("unix:{}", socket.display()));
     (cmd, config_path, data_dir)
 }
 

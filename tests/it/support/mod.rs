@@ -119,6 +119,58 @@ pub fn dead_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// `courier serve` with `config_path`, `data_dir`, ingress on `listen` (`ip:port` or
+/// `unix:/path`) and admin on an ephemeral port, logging at `info` (the lines tests wait on).
+pub fn serve_command(config_path: &Path, data_dir: &Path, listen: &str) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config_path)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--listen")
+        .arg(listen)
+        .arg("--admin-listen")
+        .arg("127.0.0.1:0")
+        .env("COURIER_LOG", "info");
+    cmd
+}
+
+/// Runs `courier <args>` to the end off the async runtime (receivers keep answering
+/// meanwhile), with no inherited `COURIER_*` setting but `env`, and `stdin` on its input.
+pub async fn courier_cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let stdin = stdin.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(bin());
+        cmd.args(&args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("COURIER_") {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        run_with_stdin(cmd, &stdin)
+    })
+    .await
+    .unwrap()
+}
+
+/// Runs `cmd` to the end with `stdin` on its input; stdout and stderr captured.
+pub fn run_with_stdin(mut cmd: Command, stdin: &str) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Appends `[egress] allow_private_targets = true` unless the config has an egress section.
 fn with_loopback_allowed(cfg: &str) -> String {
     if cfg.contains("[egress]") || cfg.contains("allow_private_targets") || cfg.contains("egress_allow") {
@@ -151,18 +203,8 @@ impl Courier {
     }
 
     fn spawn(config_path: PathBuf, data_dir: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Courier {
-        let mut cmd = Command::new(bin());
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--admin-listen")
-            .arg("127.0.0.1:0")
-            .args(args)
-            .env("COURIER_LOG", "info");
+        let mut cmd = serve_command(&config_path, &data_dir, "127.0.0.1:0");
+        cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
