@@ -250,6 +250,7 @@ impl Metrics {
     }
 
     /// Times a due message waited for its endpoint's `max_in_flight` cap so far.
+    #[cfg(test)]
     pub fn endpoint_capped_count(&self) -> u64 {
         self.endpoint_capped.load(Ordering::Relaxed)
     }
@@ -296,11 +297,6 @@ impl Metrics {
     /// A message was handed off to another courier (the peer answered 202).
     pub fn handed_off(&self) {
         self.handed_off.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Messages handed off so far.
-    pub fn handed_off_count(&self) -> u64 {
-        self.handed_off.load(Ordering::Relaxed)
     }
 
     /// Attempts in progress now.

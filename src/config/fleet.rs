@@ -102,6 +102,7 @@ pub enum PasswordSource {
 
 impl FleetConfig {
     /// Whether fleet limits are on.
+    #[cfg(test)]
     pub fn enabled(&self) -> bool {
         self.redis_url.is_some()
     }

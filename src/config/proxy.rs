@@ -30,6 +30,7 @@ impl EgressProxy {
     }
 
     /// Whether the URL carries credentials (sent as `Proxy-Authorization: Basic`).
+    #[cfg(test)]
     pub fn has_credentials(&self) -> bool {
         self.credentials
     }

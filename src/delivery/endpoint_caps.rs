@@ -9,6 +9,7 @@
 //! pending, and the freed permit wakes the scheduler just as a freed host permit does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -23,6 +24,9 @@ pub struct AtCap;
 #[derive(Debug, Default)]
 pub struct EndpointCaps {
     caps: Mutex<Caps>,
+    /// Whether any endpoint is capped: when none is (nearly always), an attempt's permit
+    /// costs no lock.
+    any: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -63,11 +67,15 @@ impl EndpointCaps {
         }
         retired.extend(live.drain());
         retired.retain(|_, sem| sem.in_use() > 0);
+        self.any.store(!next.is_empty(), Ordering::Release);
         *live = next;
     }
 
     /// A permit for one attempt to `endpoint`: `None` when it has no cap.
     pub fn try_acquire(&self, endpoint: &str) -> Result<Option<OwnedSemaphorePermit>, AtCap> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(None);
+        }
         match self.lock().live.get_mut(endpoint) {
             None => Ok(None),
             Some(sem) => sem.try_acquire().map(Some).ok_or(AtCap),

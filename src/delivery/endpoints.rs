@@ -222,6 +222,12 @@ impl EndpointTable {
     }
 
     fn with_entry<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry) -> T) -> T {
+        self.with_entry_rated(key, now_ms, |e, _| f(e))
+    }
+
+    /// [`EndpointTable::with_entry`], also handing `f` the endpoint's configured rate, read
+    /// under the same lock.
+    fn with_entry_rated<T>(&self, key: &str, now_ms: u64, f: impl FnOnce(&mut Entry, u32) -> T) -> T {
         let mut entries = self.lock();
         if !entries.map.contains_key(key) {
             if entries.map.len() >= entries.prune_at {
@@ -231,9 +237,10 @@ impl EndpointTable {
             let e = Entry::new(EndpointRecord::default(), false, bucket, now_ms);
             entries.map.insert(key.to_string(), e);
         }
+        let rate = entries.rates.of(key);
         let e = entries.map.get_mut(key).expect("inserted above");
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
-        f(e)
+        f(e, rate)
     }
 
     /// Whether the endpoint is paused.
@@ -250,8 +257,8 @@ impl EndpointTable {
     /// (`fleet::share`): the fleet's fallback while Redis is unavailable. The bucket keeps
     /// the tokens it has (up to the lower burst) when its rate changes either way.
     pub fn try_rate_shared(&self, key: &str, now_ms: u64, replicas: u32) -> Result<(), u64> {
-        let rate = crate::fleet::share(self.rate_of(key), replicas);
-        self.with_entry(key, now_ms, |e| {
+        self.with_entry_rated(key, now_ms, |e, configured| {
+            let rate = crate::fleet::share(configured, replicas);
             if e.bucket.rate() != rate {
                 e.bucket.set_rate(rate, now_ms);
             }

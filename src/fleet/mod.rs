@@ -236,11 +236,6 @@ impl Fleet {
         self.inner.metrics.render(out, self.is_up());
     }
 
-    /// Leases this courier holds now.
-    pub fn leases_held(&self) -> usize {
-        self.inner.lock_leases().len()
-    }
-
     /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
     /// trip, at most `fleet.timeout`. Blocks: call it from a blocking thread (the
     /// scheduler's pass), never from an async task.

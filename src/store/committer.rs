@@ -66,7 +66,12 @@ impl Committer {
     pub(super) async fn submit(&self, record: MessageRecord, payload_bytes: Vec<u8>) -> Result<Accepted, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            record_bytes: record.encode(),
+            // An ordered record is encoded on the commit thread, once its place is known.
+            record_bytes: if record.fifo.is_some() {
+                Vec::new()
+            } else {
+                record.encode()
+            },
             payload_bytes,
             record,
             reply,
