@@ -178,11 +178,11 @@ impl Ingress {
         }
         let control = parse_control_headers(req.headers())
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
-        self.check_token(&req, control.token.as_deref())?;
-
-        // One settings value for the whole accept, whatever a reload does meanwhile.
+        // One settings value for the whole accept (the token too), whatever a reload does
+        // meanwhile.
         let settings = self.deliverer.settings();
         let config = &settings.config;
+        check_token(config, &req, control.token.as_deref())?;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
@@ -396,24 +396,28 @@ impl Ingress {
             }
         }
     }
+}
 
-    fn check_token(&self, req: &Request<Incoming>, header_token: Option<&str>) -> Result<(), Refusal> {
-        let config = self.deliverer.config();
-        let Some(expected) = &config.ingress_token else {
-            return Ok(());
-        };
-        let expected = expected.expose().as_bytes();
-        let given = header_token.map(str::to_string).or_else(|| proxy_bearer(req.headers()));
-        let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(expected)));
-        if ok {
-            Ok(())
-        } else {
-            Err(Refusal::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token>",
-            ))
-        }
+/// Whether the request carries `ingress_token` (when one is set).
+fn check_token(
+    config: &crate::config::Config,
+    req: &Request<Incoming>,
+    header_token: Option<&str>,
+) -> Result<(), Refusal> {
+    let Some(expected) = &config.ingress_token else {
+        return Ok(());
+    };
+    let expected = expected.expose().as_bytes();
+    let given = header_token.map(str::to_string).or_else(|| proxy_bearer(req.headers()));
+    let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(expected)));
+    if ok {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token>",
+        ))
     }
 }
 

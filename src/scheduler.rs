@@ -68,7 +68,7 @@ pub(crate) struct Pass {
 
 impl Pass {
     fn wake_no_later_than(&mut self, at: u64) {
-        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+        self.wake_at = earliest(self.wake_at, Some(at));
     }
 }
 
@@ -117,8 +117,7 @@ impl Scheduler {
             let now = self.d.clock.now_ms();
             let mut wake_at = earliest(carried_wake.take(), pass.wake_at);
             if pass.store_error {
-                let retry = now + STORE_ERROR_BACKOFF.as_millis() as u64;
-                wake_at = Some(wake_at.map_or(retry, |w| w.min(retry)));
+                wake_at = earliest(wake_at, Some(now + STORE_ERROR_BACKOFF.as_millis() as u64));
             }
             let sleep = async {
                 match wake_at {
