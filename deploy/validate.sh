@@ -125,7 +125,7 @@ def seconds(d):
 KEYS = {
     "": {"listen", "admin_listen", "ops_listen", "data_dir", "max_body", "shutdown_grace", "retention",
          "dead_retention", "ingress_token", "admin_token", "alert_url", "allow_unauthenticated_network",
-         "ingress", "admin", "retry", "delivery", "signing", "egress", "route", "host", "endpoint"},
+         "ingress", "admin", "retry", "delivery", "signing", "egress", "route", "host", "endpoint", "drain"},
     "ingress": {"allowed_origins", "hosts"},
     "admin": {"allowed_origins", "hosts"},
     "retry": {"base_delay", "max_delay", "jitter", "max_attempts", "give_up_after",
@@ -134,6 +134,7 @@ KEYS = {
                  "pause_after_permanent_failures", "max_response_body"},
     "signing": {"scheme", "secrets", "keys"},
     "egress": {"allow_private_targets", "allow"},
+    "drain": {"to", "peers", "token", "concurrency"},
 }
 
 def check_toml(name, text):
@@ -311,6 +312,8 @@ for fname, w in workloads:
     m = re.fullmatch(r"http://([^/:]+):(\d+)/?", hand.get("--to", ""))
     check(m is not None and m[1] == TIER_SERVICE and int(m[2]) == tier_port,
           f"{where}: the preStop must drain --to http://{TIER_SERVICE}:{tier_port} (the tier's Service)")
+    check(cfg.get("drain", {}).get("to", "").rstrip("/") == hand.get("--to", "").rstrip("/"),
+          f"{where}: the preStop's --to must be the configmap's [drain] to (a running courier drains only to it)")
     check(hand.get("--data-dir") == "/var/lib/courier" and hand.get("--config") == "/etc/courier/courier.toml",
           f"{where}: the preStop must drain the data dir and config serve uses")
     check(secret_key(c, "COURIER_DRAIN_TOKEN") == tier_token,

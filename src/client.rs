@@ -211,11 +211,15 @@ impl HttpTransport {
                 p.origin
             )));
         }
-        let retry_after = response
-            .headers()
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let retry_after = header(http::header::RETRY_AFTER.as_str());
+        let receipt = header(crate::drain::receipt::HEADER);
         let mut body = response.into_body();
         let mut kept = BytesMut::new();
         // Read only what we keep; the rest is dropped with the connection.
@@ -238,6 +242,7 @@ impl HttpTransport {
             status,
             retry_after,
             body: kept.freeze(),
+            receipt,
         })
     }
 }

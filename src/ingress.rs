@@ -363,7 +363,9 @@ impl Ingress {
                 let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());
                 tracing::debug!(delivery_id = %id, event_id = %event_id, trace_id, "accepted");
                 Ok(accepted(
+                    config,
                     &id,
+                    &event_id,
                     serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" }),
                 ))
             }
@@ -377,7 +379,9 @@ impl Ingress {
                     _ => "pending",
                 };
                 Ok(accepted(
+                    config,
                     &first,
+                    &event_id,
                     serde_json::json!({ "id": first, "event_id": event_id, "status": status, "duplicate": true }),
                 ))
             }
@@ -429,10 +433,18 @@ fn too_large(max: u64) -> Refusal {
     )
 }
 
-fn accepted(id: &str, body: serde_json::Value) -> Response<Body> {
+/// The 202 for a message stored as `id`; with `ingress_token` set, its `Courier-Receipt`
+/// (the proof a draining courier checks before it marks a message handed off).
+fn accepted(config: &crate::config::Config, id: &str, event_id: &str, body: serde_json::Value) -> Response<Body> {
     let mut resp = serve::json(StatusCode::ACCEPTED, &body);
     if let Ok(v) = http::HeaderValue::from_str(id) {
         resp.headers_mut().insert("courier-delivery-id", v);
+    }
+    if let Some(token) = &config.ingress_token {
+        let receipt = crate::drain::receipt::receipt(token.expose().as_bytes(), event_id, id);
+        if let Ok(v) = http::HeaderValue::from_str(&receipt) {
+            resp.headers_mut().insert(crate::drain::receipt::HEADER, v);
+        }
     }
     resp
 }

@@ -31,6 +31,9 @@ pub struct InboundResponse {
     pub retry_after: Option<String>,
     /// The start of the body, at most `max_response_body` bytes.
     pub body: Bytes,
+    /// The `Courier-Receipt` header, raw (a courier's ingress proving it stored a
+    /// hand-off: `crate::drain::receipt`).
+    pub receipt: Option<String>,
 }
 
 /// Why an attempt got no response.

@@ -1,10 +1,12 @@
 //! `[drain]`: where `courier drain` hands this courier's open messages over (another
-//! courier's ingress, e.g. a courier tier behind a Service), the token that ingress wants,
-//! and how many messages are forwarded at once. See `crate::drain`.
+//! courier's ingress, e.g. a courier tier behind a Service), the other peers a running
+//! courier may be asked to drain to, the token that ingress wants, and how many messages are
+//! forwarded at once. See `crate::drain`.
 //!
 //! The TOML section deserializes straight into [`DrainConfig`]; `COURIER_DRAIN_TO`,
-//! `COURIER_DRAIN_TOKEN` and `COURIER_DRAIN_CONCURRENCY` override it, and the verb's `--to`
-//! and `--concurrency` override both.
+//! `COURIER_DRAIN_PEERS`, `COURIER_DRAIN_TOKEN` and `COURIER_DRAIN_CONCURRENCY` override it,
+//! and the verb's `--to` and `--concurrency` override both (a running courier's `POST
+//! /drain` takes only `to` or a listed peer: [`DrainConfig::lists`]).
 
 use serde::{Deserialize, Deserializer};
 use url::Url;
@@ -23,6 +25,8 @@ pub const MAX_CONCURRENCY: u32 = 256;
 pub struct DrainConfig {
     /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
     pub to: Option<String>,
+    /// Other peers `POST /drain` may name (besides `to`).
+    pub peers: Vec<String>,
     /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
     #[serde(deserialize_with = "secret")]
     pub token: Option<Secret>,
@@ -34,6 +38,7 @@ impl Default for DrainConfig {
     fn default() -> Self {
         DrainConfig {
             to: None,
+            peers: Vec::new(),
             token: None,
             concurrency: DEFAULT_CONCURRENCY,
         }
@@ -44,6 +49,7 @@ impl std::fmt::Debug for DrainConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrainConfig")
             .field("to", &self.to)
+            .field("peers", &self.peers)
             .field("token", &self.token)
             .field("concurrency", &self.concurrency)
             .finish()
@@ -59,6 +65,9 @@ impl DrainConfig {
         if let Some(to) = &self.to {
             peer_url(to).map_err(|e| ConfigError::invalid("drain.to", e))?;
         }
+        for peer in &self.peers {
+            peer_url(peer).map_err(|e| ConfigError::invalid("drain.peers", format_args!("{peer:?} {e}")))?;
+        }
         if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
             return Err(ConfigError::invalid(
                 "drain.concurrency",
@@ -68,11 +77,25 @@ impl DrainConfig {
         Ok(())
     }
 
+    /// Whether `url` is a peer the operator configured (`to` or one of `peers`), compared
+    /// as [`peer_url`] normalises them.
+    pub fn lists(&self, url: &Url) -> bool {
+        self.to
+            .iter()
+            .chain(&self.peers)
+            .any(|peer| peer_url(peer).is_ok_and(|p| p == *url))
+    }
+
     /// The summary line (the token only as set or not).
     pub(super) fn summary(&self) -> String {
         format!(
-            "drain: to {}, token {}, concurrency {}",
+            "drain: to {}, peers {}, token {}, concurrency {}",
             self.to.as_deref().unwrap_or("(unset: give --to)"),
+            if self.peers.is_empty() {
+                "none".to_string()
+            } else {
+                format!("[{}]", self.peers.join(", "))
+            },
             if self.token.is_some() { "set" } else { "unset" },
             self.concurrency
         )
@@ -119,7 +142,7 @@ mod tests {
         assert!(!c.summary().contains("t0k"));
         assert!(c
             .summary()
-            .contains("drain: to http://courier-tier:8787, token set, concurrency 4"));
+            .contains("drain: to http://courier-tier:8787, peers none, token set, concurrency 4"));
         let only_to = Config::from_toml_str("[drain]\nto = \"http://t:1\"\n", "t").unwrap();
         assert_eq!(
             only_to.drain.concurrency, DEFAULT_CONCURRENCY,
@@ -132,6 +155,7 @@ mod tests {
             ("to = \"ftp://t/\"", "drain.to must be an http:// or https:// URL"),
             ("to = \"http://u:p@t/\"", "drain.to must not carry a user or password"),
             ("to = \"http://t/?x=1\"", "drain.to must not have a query"),
+            ("peers = [\"http://a:1\", \"tier:1\"]", "drain.peers \"tier:1\" must be"),
         ] {
             let c = Config::from_toml_str(&format!("[drain]\n{toml}\n"), "t").unwrap();
             let e = c.validate().unwrap_err().to_string();
@@ -141,6 +165,32 @@ mod tests {
             Config::from_toml_str("[drain]\nconcurency = 3\n", "t").is_err(),
             "unknown key"
         );
+    }
+
+    #[test]
+    fn the_listed_peers_are_to_and_peers_compared_normalised() {
+        let c = Config::from_toml_str(
+            "[drain]\nto = \"http://tier:8787\"\npeers = [\"https://Other.example/c/\", \"http://[::1]:9\"]\ntoken = \"t\"\n",
+            "t",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(c
+            .summary()
+            .contains("drain: to http://tier:8787, peers [https://Other.example/c/, http://[::1]:9], token set"));
+        let lists = |u: &str| c.drain.lists(&peer_url(u).unwrap());
+        for yes in ["http://tier:8787/", "https://other.example:443/c/", "http://[0::1]:9"] {
+            assert!(lists(yes), "{yes}");
+        }
+        for no in [
+            "http://tier:8788",
+            "https://tier:8787",
+            "https://other.example/c",
+            "http://127.0.0.1:9",
+        ] {
+            assert!(!lists(no), "{no}");
+        }
+        assert!(!DrainConfig::default().lists(&peer_url("http://tier:8787").unwrap()));
     }
 
     #[test]

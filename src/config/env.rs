@@ -17,7 +17,7 @@ type Setter = fn(&mut Config, &str) -> Result<(), Problem>;
 
 /// Every variable of the env layer and what it sets, in the order of the config file; one
 /// entry per variable, so a name cannot lose its setter.
-const SETTERS: [(&str, Setter); 51] = [
+const SETTERS: [(&str, Setter); 52] = [
     ("COURIER_LISTEN", |c, v| set(&mut c.listen, Ingress::parse(v))),
     ("COURIER_LISTEN_MODE", |c, v| set(&mut c.listen_mode, Mode::parse(v))),
     ("COURIER_ADMIN_LISTEN", |c, v| set(&mut c.admin_listen, Tcp::parse(v))),
@@ -134,6 +134,12 @@ const SETTERS: [(&str, Setter); 51] = [
             Ok(Some(v.trim().to_string()).filter(|t| !t.is_empty())),
         )
     }),
+    ("COURIER_DRAIN_PEERS", |c, v| {
+        set(
+            &mut c.drain.peers,
+            items(v).map(|p| p.into_iter().map(str::to_string).collect()),
+        )
+    }),
     ("COURIER_DRAIN_TOKEN", |c, v| {
         set(&mut c.drain.token, Ok(Some(secret(v))))
     }),
@@ -168,8 +174,8 @@ const SETTERS: [(&str, Setter); 51] = [
 /// the config file. Any other `COURIER_*` variable is ignored.
 ///
 /// [`CONFIG_ENV`]: super::CONFIG_ENV
-pub const ENV_VARS: [&str; 51] = {
-    let mut names = [""; 51];
+pub const ENV_VARS: [&str; 52] = {
+    let mut names = [""; 52];
     let mut i = 0;
     while i < names.len() {
         names[i] = SETTERS[i].0;

@@ -43,6 +43,7 @@ pub(super) fn status(code: u16) -> Step {
         status: code,
         retry_after: None,
         body: Default::default(),
+        receipt: None,
     })
 }
 
@@ -322,6 +323,7 @@ async fn retry_after_on_429_pushes_the_next_attempt_past_the_backoff() {
         status: 429,
         retry_after: Some("600".into()),
         body: Default::default(),
+        receipt: None,
     });
     let t = Scripted::new(clock.clone(), vec![ra, status(200)]);
     let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());

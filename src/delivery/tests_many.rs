@@ -30,6 +30,7 @@ impl Transport for GoneOneInThree {
                 status,
                 retry_after: None,
                 body: Default::default(),
+                receipt: None,
             })
         })
     }

@@ -3,9 +3,14 @@
 //!
 //! Only a courier's own 202 for this very event counts: a message is marked handed off only
 //! when the peer said it holds it durably (its `event_id` echoes ours; a duplicate answer is
-//! as good, the peer already has it). Anything else that claims success (a proxy's 200, a
-//! 202 without courier's body) stops the drain rather than risk marking a message handed
-//! off that nobody holds.
+//! as good, the peer already has it) and, with `[drain] token` set, proved it: its
+//! `Courier-Receipt` checks for our event id and its delivery id under that token
+//! ([`super::receipt`]), which only a courier whose `ingress_token` it is can make. Anything
+//! else that claims success (a proxy's 200, a 202 without courier's body or receipt) stops
+//! the drain rather than risk marking a message handed off that nobody holds.
+//!
+//! The peer's `error` and `message` reach the operator's terminal and `GET /drain`: they
+//! are cleaned ([`crate::redact::clean`]) and cut to [`PEER_TEXT_CHARS`].
 
 use std::time::Duration;
 
@@ -19,6 +24,8 @@ pub const MAX_TRIES: u32 = 8;
 pub const FIRST_RETRY_DELAY: Duration = Duration::from_millis(250);
 /// The longest wait between tries.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
+/// Most of the peer's `error` or `message` kept.
+pub const PEER_TEXT_CHARS: usize = 200;
 
 /// What one forward came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,18 +54,44 @@ pub enum PeerAnswer {
     Stop(String),
 }
 
-/// The answer for a message with delivery id `own_id` and event id `event_id`.
-pub fn classify(own_id: &str, event_id: &str, result: &Result<InboundResponse, TransportError>) -> PeerAnswer {
+/// The answer for a message with delivery id `own_id` and event id `event_id`; with
+/// `receipt_key` (`[drain] token`), a 202 counts only with a valid receipt.
+pub fn classify(
+    own_id: &str,
+    event_id: &str,
+    receipt_key: Option<&[u8]>,
+    result: &Result<InboundResponse, TransportError>,
+) -> PeerAnswer {
     let resp = match result {
         Ok(resp) => resp,
-        Err(TransportError::EgressDenied(e)) => return PeerAnswer::Stop(format!("the peer cannot be reached: {e}")),
+        Err(TransportError::EgressDenied(e)) => {
+            return PeerAnswer::Stop(format!(
+                "the peer cannot be reached: {e} (a peer not listed in [drain] to or [drain] peers is under [egress])"
+            ))
+        }
         Err(e) => return PeerAnswer::Retry(e.to_string()),
     };
     let body: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or(serde_json::Value::Null);
-    let text = |key: &str| body[key].as_str().unwrap_or_default().to_string();
+    let text = |key: &str| {
+        crate::redact::clean(body[key].as_str().unwrap_or_default())
+            .chars()
+            .take(PEER_TEXT_CHARS)
+            .collect::<String>()
+    };
     match resp.status {
         202 if body["event_id"].as_str() == Some(event_id) && body["id"].is_string() => {
-            let peer_id = text("id");
+            let peer_id = body["id"].as_str().unwrap_or_default().to_string();
+            let proved = |key| {
+                resp.receipt
+                    .as_deref()
+                    .is_some_and(|r| super::receipt::verify(key, event_id, &peer_id, r))
+            };
+            if !receipt_key.is_none_or(proved) {
+                return PeerAnswer::Stop(
+                    "the peer's 202 carries no valid Courier-Receipt: it is not a courier whose ingress_token is [drain] token"
+                        .into(),
+                );
+            }
             if peer_id == own_id {
                 // Only this courier (or a copy of its data dir) holds this delivery id: the
                 // "duplicate" is the message itself, and marking it handed off would lose it.
@@ -111,11 +144,12 @@ mod tests {
             status,
             retry_after: None,
             body: body.to_string().into(),
+            receipt: None,
         })
     }
 
     fn classify_one(status: u16, body: serde_json::Value) -> PeerAnswer {
-        classify("dlv_own", "evt_1", &answer(status, body))
+        classify("dlv_own", "evt_1", None, &answer(status, body))
     }
 
     #[test]
@@ -160,11 +194,11 @@ mod tests {
             TransportError::Network("connection refused".into()),
             TransportError::Timeout("no answer".into()),
         ] {
-            assert!(matches!(classify("d", "e", &Err(e)), PeerAnswer::Retry(_)));
+            assert!(matches!(classify("d", "e", None, &Err(e)), PeerAnswer::Retry(_)));
         }
         assert!(matches!(
-            classify("d", "e", &Err(TransportError::EgressDenied("x".into()))),
-            PeerAnswer::Stop(_)
+            classify("d", "e", None, &Err(TransportError::EgressDenied("x".into()))),
+            PeerAnswer::Stop(e) if e.contains("[drain] peers")
         ));
         assert!(matches!(classify_one(401, err("unauthorized")), PeerAnswer::Stop(e) if e.contains("[drain] token")));
         assert!(
@@ -183,6 +217,52 @@ mod tests {
                     message: "m".into()
                 }
             );
+        }
+    }
+
+    #[test]
+    fn with_a_token_only_a_202_with_the_peers_receipt_counts() {
+        use serde_json::json;
+        let stored = || answer(202, json!({"id": "dlv_peer", "event_id": "evt_1", "status": "pending"}));
+        let with = |receipt: Option<String>| {
+            let mut a = stored();
+            a.as_mut().unwrap().receipt = receipt;
+            classify("dlv_own", "evt_1", Some(b"tier-token"), &a)
+        };
+        let good = super::super::receipt::receipt(b"tier-token", "evt_1", "dlv_peer");
+        assert!(matches!(
+            with(Some(good)),
+            PeerAnswer::Accepted { duplicate: false, .. }
+        ));
+        for bad in [
+            None,
+            Some(super::super::receipt::receipt(b"other-token", "evt_1", "dlv_peer")),
+            Some(super::super::receipt::receipt(b"tier-token", "evt_1", "dlv_x")),
+            Some("00".repeat(32)),
+        ] {
+            assert!(
+                matches!(with(bad.clone()), PeerAnswer::Stop(e) if e.contains("no valid Courier-Receipt")),
+                "{bad:?}"
+            );
+        }
+        // Without a token an https peer's 202 is believed as it is.
+        assert!(matches!(
+            classify("dlv_own", "evt_1", None, &stored()),
+            PeerAnswer::Accepted { .. }
+        ));
+    }
+
+    #[test]
+    fn the_peers_text_is_cleaned_and_cut() {
+        let hostile = format!("\x1b[2J\x1b]0;owned\x07fine\u{202E}{}", "x".repeat(5_000));
+        let body = serde_json::json!({"error": "bad\r\ncode", "message": hostile});
+        match classify_one(413, body) {
+            PeerAnswer::Refused { code, message, .. } => {
+                assert_eq!(code, "badcode");
+                assert!(message.starts_with("[2J]0;ownedfinexxx"), "{message:?}");
+                assert_eq!(message.chars().count(), PEER_TEXT_CHARS);
+            }
+            other => panic!("{other:?}"),
         }
     }
 

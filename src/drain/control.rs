@@ -1,5 +1,11 @@
 //! A running courier's drain: `POST /drain` starts it, `GET /drain` shows it (admin API).
 //!
+//! Who may ask is the admin API's business (its token, or loopback without one); where to
+//! is the config's: only `[drain] to` or a peer listed in `[drain] peers`. Any other peer is
+//! refused (`403 drain_peer_not_allowed`) before anything changes, as is a plain-http peer
+//! without `[drain] token` (`400 drain_peer_unauthenticated`: nothing could prove it stored
+//! what it is sent; see [`super::answer`]).
+//!
 //! The steps, each finished before the next:
 //! 1. ingress answers `503 shutting_down` and `/readyz` 503 (what a shutdown does first):
 //!    nothing new comes in, and a Service stops routing here;
@@ -65,15 +71,34 @@ pub struct DrainPlan {
     pub concurrency: u32,
     /// Delivering first, for up to this long.
     pub deliver_for: Duration,
+    /// The peer is `[drain] to` or one of `[drain] peers`: the operator's choice, so the
+    /// egress policy is open for it ([`super::peer_transport`]).
+    pub listed: bool,
 }
 
 /// A bad `POST /drain` (or `courier drain` flags): the error code and the sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadPlan(pub &'static str, pub String);
 
+/// The code of a peer that is not one of `[drain]`'s (`403`).
+const NOT_ALLOWED: &str = "drain_peer_not_allowed";
+
+impl BadPlan {
+    /// The status `POST /drain` answers with.
+    pub fn status(&self) -> StatusCode {
+        if self.0 == NOT_ALLOWED {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::BAD_REQUEST
+        }
+    }
+}
+
 impl DrainRequest {
-    /// The plan, with `[drain]`'s defaults for what the request leaves out.
-    pub fn plan(self, defaults: &crate::config::DrainConfig) -> Result<DrainPlan, BadPlan> {
+    /// The plan, with `[drain]`'s defaults for what the request leaves out. With
+    /// `listed_only` (a running courier's `POST /drain`) the peer must be one of `[drain]`'s;
+    /// a plain-http peer always needs `[drain] token`.
+    pub fn plan(self, defaults: &crate::config::DrainConfig, listed_only: bool) -> Result<DrainPlan, BadPlan> {
         let to = self.to.or_else(|| defaults.to.clone()).ok_or_else(|| {
             BadPlan(
                 "missing_peer",
@@ -82,6 +107,26 @@ impl DrainRequest {
             )
         })?;
         let to = crate::config::peer_url(&to).map_err(|e| BadPlan("invalid_peer", format!("to {e}")))?;
+        let listed = defaults.lists(&to);
+        if listed_only && !listed {
+            return Err(BadPlan(
+                NOT_ALLOWED,
+                format!(
+                    "{} is not a drain peer of this courier: it drains only to [drain] to or a peer listed in [drain] peers",
+                    url_for_log(to.as_str())
+                ),
+            ));
+        }
+        if to.scheme() == "http" && defaults.token.is_none() {
+            return Err(BadPlan(
+                "drain_peer_unauthenticated",
+                format!(
+                    "{} is plain http and [drain] token is not set, so nothing proves the peer stored what it is sent: \
+                     set [drain] token (COURIER_DRAIN_TOKEN) to the peer's ingress_token, or use https",
+                    url_for_log(to.as_str())
+                ),
+            ));
+        }
         let concurrency = self.concurrency.unwrap_or(defaults.concurrency);
         if !(1..=crate::config::DRAIN_MAX_CONCURRENCY).contains(&concurrency) {
             return Err(BadPlan(
@@ -105,6 +150,7 @@ impl DrainRequest {
             to,
             concurrency,
             deliver_for,
+            listed,
         })
     }
 }
@@ -215,9 +261,10 @@ impl DrainControl {
                 }
             }
         };
-        let plan = match request.plan(&self.d.config().drain) {
+        // Checked before anything changes: a refused peer leaves courier serving.
+        let plan = match request.plan(&self.d.config().drain, true) {
             Ok(plan) => plan,
-            Err(BadPlan(code, message)) => return bad(code, message),
+            Err(e) => return serve::error(e.status(), e.0, e.1),
         };
         match self.start(plan) {
             Ok(status) => serve::json(StatusCode::ACCEPTED, &serde_json::to_value(status).unwrap_or_default()),
@@ -349,7 +396,7 @@ impl DrainControl {
         }
         set(Phase::Forwarding);
         let config = self.d.config();
-        let transport = match super::peer_transport_blocking(config.clone(), plan.concurrency).await {
+        let transport = match super::peer_transport_blocking(config.clone(), plan.concurrency, plan.listed).await {
             Ok(t) => t,
             Err(e) => {
                 progress.fail(format!("cannot make the peer client: {e}"));
@@ -415,21 +462,30 @@ impl DrainControl {
 mod tests {
     use super::*;
     use crate::config::DrainConfig;
+    use crate::signing::Secret;
 
     fn plan(r: DrainRequest, defaults: &DrainConfig) -> Result<DrainPlan, BadPlan> {
-        r.plan(defaults)
+        r.plan(defaults, false)
+    }
+
+    fn to(url: &str) -> DrainRequest {
+        DrainRequest {
+            to: Some(url.into()),
+            ..DrainRequest::default()
+        }
     }
 
     #[test]
     fn a_request_takes_drain_defaults_and_is_checked() {
         let defaults = DrainConfig {
             to: Some("http://tier:8787".into()),
+            token: Some(Secret::new("t".into())),
             ..DrainConfig::default()
         };
         let p = plan(DrainRequest::default(), &defaults).unwrap();
         assert_eq!(
-            (p.to.as_str(), p.concurrency, p.deliver_for),
-            ("http://tier:8787/", 16, Duration::ZERO)
+            (p.to.as_str(), p.concurrency, p.deliver_for, p.listed),
+            ("http://tier:8787/", 16, Duration::ZERO, true)
         );
         let p = plan(
             DrainRequest {
@@ -441,8 +497,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (p.to.as_str(), p.concurrency, p.deliver_for),
-            ("https://other:1/x", 2, Duration::from_secs(20))
+            (p.to.as_str(), p.concurrency, p.deliver_for, p.listed),
+            ("https://other:1/x", 2, Duration::from_secs(20), false)
         );
         let code = |r: DrainRequest, d: &DrainConfig| plan(r, d).unwrap_err().0;
         assert_eq!(code(DrainRequest::default(), &DrainConfig::default()), "missing_peer");
@@ -459,6 +515,66 @@ mod tests {
         assert!(
             serde_json::from_str::<DrainRequest>(r#"{"too": "x"}"#).is_err(),
             "unknown fields"
+        );
+    }
+
+    #[test]
+    fn a_running_courier_drains_only_to_its_configured_peers_and_http_needs_the_token() {
+        let defaults = DrainConfig {
+            to: Some("http://tier:8787".into()),
+            peers: vec!["https://other.example/couriers/".into(), "http://[::1]:9".into()],
+            token: Some(Secret::new("t".into())),
+            ..DrainConfig::default()
+        };
+        let listed = |r: DrainRequest| r.plan(&defaults, true);
+        // Compared as normalised URLs.
+        for ok in [
+            "http://TIER:8787/",
+            " http://tier:8787",
+            "https://other.example:443/couriers/",
+            "http://[0:0::1]:9",
+        ] {
+            assert!(listed(to(ok)).is_ok_and(|p| p.listed), "{ok}");
+        }
+        assert!(listed(DrainRequest::default()).is_ok(), "[drain] to");
+        for not in [
+            "http://127.0.0.1:30999",
+            "http://tier:8788",
+            "https://other.example/couriers/x",
+            "https://tier:8787",
+        ] {
+            let e = listed(to(not)).unwrap_err();
+            assert_eq!(
+                (e.0, e.status()),
+                ("drain_peer_not_allowed", StatusCode::FORBIDDEN),
+                "{not}"
+            );
+        }
+        // The offline verb may name any peer.
+        assert!(to("http://127.0.0.1:30999")
+            .plan(&defaults, false)
+            .is_ok_and(|p| !p.listed));
+
+        // No token: https is believed on its 202, plain http is refused before anything is sent.
+        let no_token = DrainConfig {
+            token: None,
+            ..defaults.clone()
+        };
+        for listed_only in [true, false] {
+            let e = to("http://tier:8787").plan(&no_token, listed_only).unwrap_err();
+            assert_eq!(
+                (e.0, e.status()),
+                ("drain_peer_unauthenticated", StatusCode::BAD_REQUEST)
+            );
+            assert!(e.1.contains("[drain] token") && e.1.contains("https"), "{}", e.1);
+            assert!(to("https://other.example/couriers/")
+                .plan(&no_token, listed_only)
+                .is_ok());
+        }
+        let e = to("http://elsewhere:1").plan(&no_token, true).unwrap_err();
+        assert_eq!(
+            e.0, "drain_peer_not_allowed",
+            "an unlisted peer is refused as such first"
         );
     }
 }

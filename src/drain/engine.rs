@@ -1,5 +1,6 @@
 //! The forwarding pass: every eligible message of a store to the peer, at most
-//! `concurrency` at once, each marked handed off only after the peer's 202.
+//! `concurrency` at once, each marked handed off only after the peer's 202 (and its
+//! receipt, when `[drain] token` is set: [`answer::classify`]).
 //!
 //! Order of work: first each ordered line, walked by one task head first (hand the head
 //! over, which makes the next one the head, and so on), so the peer accepts a line in its
@@ -286,7 +287,8 @@ impl Engine {
             }
             tries += 1;
             let result = self.transport.send(req.clone()).await;
-            match answer::classify(&rec.id, &rec.event_id, &result) {
+            let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
+            match answer::classify(&rec.id, &rec.event_id, receipt_key, &result) {
                 PeerAnswer::Accepted { peer_id, duplicate } => return self.handed_off(&rec, &peer_id, duplicate).await,
                 PeerAnswer::Retry(why) if tries < answer::MAX_TRIES => {
                     tracing::debug!(delivery_id = %rec.id, tries, error = %why, "drain: the peer is busy; trying again");
@@ -383,6 +385,7 @@ mod tests {
                     status: 202,
                     retry_after: None,
                     body: serde_json::to_vec(&body).unwrap().into(),
+                    receipt: None,
                 })
             })
         }

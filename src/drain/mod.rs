@@ -27,6 +27,15 @@
 //! tells which ([`verb`]). A running courier first stops attempting and lets the attempts
 //! in flight finish, so no message is forwarded while an attempt holds it.
 //!
+//! # Where to, and what counts
+//!
+//! A running courier drains only to a peer of its config (`[drain] to`, `[drain] peers`):
+//! `POST /drain` refuses any other before anything changes ([`control`]). A peer proves it
+//! stored each message with a `Courier-Receipt` made from its `ingress_token`, which a drain
+//! with `[drain] token` checks ([`receipt`], [`answer`]); without a token only an https peer
+//! is believed on its 202. The offline verb may name any `--to`; an unlisted one is under
+//! the `[egress]` policy ([`peer_transport`]).
+//!
 //! # What goes, and what stays
 //!
 //! [`eligible`] decides: pending messages (waiting for a retry, held by a paused endpoint,
@@ -43,6 +52,7 @@ pub mod control;
 pub mod eligible;
 pub mod engine;
 pub mod progress;
+pub mod receipt;
 pub mod request;
 pub mod verb;
 
@@ -61,15 +71,22 @@ use crate::transport::Transport;
 /// Most of a peer's answer kept (its JSON is a few hundred bytes).
 const PEER_ANSWER_BYTES: usize = 16 << 10;
 
-/// The HTTP client for the peer: courier's own ([`HttpTransport`]), with the egress policy
-/// open (the peer is the operator's own courier, typically on a private address) and a pool
-/// as large as the forwards running at once, the TLS trust of `[tls]` (a tier behind https
-/// with a private CA), and never the egress proxy (the tier is the operator's own). Fails
-/// when a PEM file of the config no longer loads.
+/// The HTTP client for the peer: courier's own ([`HttpTransport`]), with a pool as large as
+/// the forwards running at once, the TLS trust of `[tls]` (a tier behind https with a
+/// private CA), and never the egress proxy (the tier is the operator's own). A peer listed
+/// in `[drain] to` / `peers` (`listed`) is the operator's explicit choice, typically on a
+/// private address: the egress policy is open for it; any other peer (the offline verb's
+/// `--to`) is under `[egress]`, as a delivery is. Fails when a PEM file of the config no
+/// longer loads.
 ///
 /// It reads the PEM files: call it off the async workers ([`peer_transport_blocking`]).
-pub fn peer_transport(config: &Config, concurrency: u32) -> Result<Arc<dyn Transport>, String> {
+pub fn peer_transport(config: &Config, concurrency: u32, listed: bool) -> Result<Arc<dyn Transport>, String> {
     let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(|e| e.to_string())?);
+    let policy = if listed {
+        EgressPolicy::new(true, Vec::new())
+    } else {
+        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone())
+    };
     Ok(Arc::new(HttpTransport::new(
         ClientSettings {
             connect_timeout: config.delivery.connect_timeout,
@@ -78,7 +95,7 @@ pub fn peer_transport(config: &Config, concurrency: u32) -> Result<Arc<dyn Trans
             idle_timeout: config.delivery.idle_connection_timeout,
             max_idle_connections: concurrency as usize,
         },
-        EgressPolicy::new(true, Vec::new()),
+        policy,
         Arc::new(SystemResolver),
         tls,
         None,
@@ -87,8 +104,12 @@ pub fn peer_transport(config: &Config, concurrency: u32) -> Result<Arc<dyn Trans
 
 /// [`peer_transport`] on a blocking thread: it reads PEM files, which must not stall an
 /// async worker (the running courier's ingress and admin API share them).
-pub async fn peer_transport_blocking(config: Arc<Config>, concurrency: u32) -> Result<Arc<dyn Transport>, String> {
-    tokio::task::spawn_blocking(move || peer_transport(&config, concurrency))
+pub async fn peer_transport_blocking(
+    config: Arc<Config>,
+    concurrency: u32,
+    listed: bool,
+) -> Result<Arc<dyn Transport>, String> {
+    tokio::task::spawn_blocking(move || peer_transport(&config, concurrency, listed))
         .await
         .unwrap_or_else(|e| Err(format!("making the peer client failed: {e}")))
 }

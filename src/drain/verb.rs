@@ -7,7 +7,12 @@
 //!   forwarding pass here;
 //! - locked: a courier runs on it, so the verb asks that courier through its admin API
 //!   (`POST /drain`, found like `courier deliveries`), which stops attempting and runs the
-//!   same pass itself; the verb follows it with `GET /drain?wait=1s`.
+//!   same pass itself; the verb follows it with `GET /drain?wait=1s`. That courier drains
+//!   only to a peer of its `[drain] to` / `peers`: it refuses any other `--to`.
+//!
+//! Offline, `--to` may name any peer; one not listed in `[drain] to` / `peers` is reached
+//! under the `[egress]` policy, as deliveries are. Either way a plain-http peer needs
+//! `[drain] token` (its receipts are what prove it stored a message: `super::receipt`).
 //!
 //! Either way progress goes to stderr once a second (count, rate, remaining), the last line
 //! to stdout, and the exit code is 0 only when every open message was handed off.
@@ -33,7 +38,8 @@ const EVERY: Duration = Duration::from_secs(1);
 /// `courier drain`.
 #[derive(Debug, Args)]
 pub struct DrainArgs {
-    /// The peer courier's ingress, e.g. http://courier-tier:8787 (also [drain] to, COURIER_DRAIN_TO).
+    /// The peer courier's ingress, e.g. http://courier-tier:8787 (also [drain] to, COURIER_DRAIN_TO;
+    /// a running courier takes only [drain] to or one of [drain] peers).
     #[arg(long, value_name = "URL")]
     pub to: Option<String>,
     /// Messages forwarded at once, 1 to 256 (also [drain] concurrency; default 16).
@@ -58,7 +64,7 @@ pub fn run(global: &GlobalArgs, args: DrainArgs) -> ExitCode {
         concurrency: args.concurrency,
         deliver_for: args.deliver_for,
     };
-    let plan = match request.plan(&config.drain) {
+    let plan = match request.plan(&config.drain, false) {
         Ok(plan) => plan,
         Err(BadPlan(_, message)) => return usage(&message),
     };
@@ -133,7 +139,8 @@ async fn offline(config: &Config, store: Arc<Store>, plan: DrainPlan) -> Status 
         progress.fail(format!("preparing the store failed: {e}"));
         return progress.status(Phase::Failed, Some(to), clock.now_ms());
     }
-    let transport = match super::peer_transport_blocking(Arc::new(config.clone()), plan.concurrency).await {
+    let transport = match super::peer_transport_blocking(Arc::new(config.clone()), plan.concurrency, plan.listed).await
+    {
         Ok(t) => t,
         Err(e) => {
             progress.fail(format!("cannot make the peer client: {e}"));
@@ -182,7 +189,13 @@ async fn running(config: &Config, plan: DrainPlan) -> Result<Status, String> {
     let started = admin
         .call_with(http::Method::POST, "/drain", Some(&body))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            crate::operator::OperatorError::Api { code, message, .. } => format!(
+                "the courier running on {} did not start the drain: {message} ({code})",
+                config.data_dir.display()
+            ),
+            e => e.to_string(),
+        })?;
     let mut status = parse(started.1)?;
     let mut printed_refusals = 0;
     loop {

@@ -202,6 +202,7 @@ fn respond(answer: Answer) -> Result<InboundResponse, TransportError> {
             status,
             retry_after,
             body: Default::default(),
+            receipt: None,
         }),
         Answer::Timeout => Err(TransportError::Timeout("simulated".into())),
         Answer::Network => Err(TransportError::Network("simulated reset".into())),

@@ -14,14 +14,22 @@ use crate::support::*;
 use crate::support_drain::*;
 
 /// The drained courier: its receiver is down, so every message waits (an hour) after its
-/// first attempt; a budget of attempts large enough to survive the peer's probes.
+/// first attempt; a budget of attempts large enough to survive the peer's probes. It ends
+/// in `[drain]` with the peer's token: a test appends `to = ...` for a running one.
 const A: &str = "[retry]\nbase_delay = \"1h\"\nmax_delay = \"1h\"\nmax_attempts = 1000\n\
-                 [delivery]\nmax_in_flight_per_host = 64\nrate_per_second = 100000\n";
+                 [delivery]\nmax_in_flight_per_host = 64\nrate_per_second = 100000\n\
+                 [drain]\ntoken = \"tier-token\"\n";
 /// The peer: retries and probes a down receiver quickly and delivers a backlog at once
-/// when it is back.
-const B: &str = "[retry]\nbase_delay = \"100ms\"\nmax_delay = \"500ms\"\njitter = \"none\"\n\
+/// when it is back; its ingress token is A's `[drain] token` (so its 202s carry receipts).
+const B: &str = "ingress_token = \"tier-token\"\n\
+                 [retry]\nbase_delay = \"100ms\"\nmax_delay = \"500ms\"\njitter = \"none\"\n\
                  [delivery]\nmax_in_flight_per_host = 64\nrate_per_second = 100000\n\
                  [circuit]\nprobe_delay = \"100ms\"\nprobe_max_delay = \"500ms\"\n";
+
+/// [`A`] running, with `peer` as its `[drain] to`.
+fn a_draining_to(peer: &str) -> String {
+    format!("{A}to = \"{peer}\"\n")
+}
 /// Long enough for the peer to deliver 10,000 messages in a debug build on a busy machine.
 const BACKLOG_WAIT: Duration = Duration::from_secs(180);
 
@@ -173,11 +181,11 @@ async fn a_running_courier_drains_itself_after_its_attempts_in_flight() {
     let g = gate.clone();
     let held = Receiver::scripted(move |_, _| Reply::status(200).until(&g)).await;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Courier::start(dir_a.path(), A);
+    let b = Courier::start(dir_b.path(), B);
+    let a = Courier::start(dir_a.path(), &a_draining_to(&format!("http://{}", b.ingress)));
     post_many(&a, &format!("http://{down}/hooks"), N, "evt-", &[]).await;
     let in_flight = post(&a.prefixed(&held.url("/slow")), &[], "slow").await.json();
     held.wait_for(1).await;
-    let b = Courier::start(dir_b.path(), B);
 
     let admin = a.admin.to_string();
     let mut cmd = drain_command(
@@ -296,24 +304,21 @@ async fn a_message_the_peer_refuses_stays_pending_and_the_rest_go() {
         .await
         .json();
     assert!(a.signal_and_wait("TERM").success());
-    // The peer takes at most 1 KiB, and wants a token.
-    let b = Courier::start(
-        dir_b.path(),
-        &format!("max_body = \"1KiB\"\ningress_token = \"tier-token\"\n{B}"),
-    );
+    // The peer takes at most 1 KiB.
+    let b = Courier::start(dir_b.path(), &format!("max_body = \"1KiB\"\n{B}"));
     let to = format!("http://{}", b.ingress);
 
-    // Without the token nothing goes, and the drain says why.
-    let out = drain(&a.config_path, &a.data_dir, &to, &[]).await;
+    // With a wrong token nothing goes, and the drain says why.
+    let mut cmd = drain_command(&a.config_path, &a.data_dir, &to, &[]);
+    cmd.env("COURIER_DRAIN_TOKEN", "wrong-token");
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", printed(&out));
     assert!(out_text(&out).contains("refused the token"), "{}", printed(&out));
     assert_eq!(metric(&b, "courier_accepted_total").await, 0);
 
-    let mut cmd = drain_command(&a.config_path, &a.data_dir, &to, &[]);
-    cmd.env("COURIER_DRAIN_TOKEN", "tier-token");
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
+    let out = drain(&a.config_path, &a.data_dir, &to, &[]).await;
     assert_eq!(out.status.code(), Some(1), "not everything went: {}", printed(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -372,10 +377,16 @@ async fn with_deliver_for_a_running_courier_delivers_what_it_can_and_forwards_on
     })
     .await;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Courier::start(dir_a.path(), "[retry]\nbase_delay = \"2s\"\njitter = \"none\"\n");
+    let b = Courier::start(dir_b.path(), B);
+    let a = Courier::start(
+        dir_a.path(),
+        &format!(
+            "[retry]\nbase_delay = \"2s\"\njitter = \"none\"\n[drain]\nto = \"http://{}\"\ntoken = \"tier-token\"\n",
+            b.ingress
+        ),
+    );
     post_many(&a, &rx.url("/retried"), 20, "evt-", &[]).await;
     rx.wait_for(20).await;
-    let b = Courier::start(dir_b.path(), B);
     let admin = a.admin.to_string();
     let started = std::time::Instant::now();
     let out = drain(
@@ -419,8 +430,8 @@ async fn a_drain_waits_for_an_ingress_request_under_way_and_forwards_its_message
     use tokio::io::AsyncWriteExt;
     let down = dead_addr();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Courier::start(dir_a.path(), A);
     let b = Courier::start(dir_b.path(), B);
+    let a = Courier::start(dir_a.path(), &a_draining_to(&format!("http://{}", b.ingress)));
     // A request past ingress's checks: courier asked for its body (100 Continue), which the
     // client holds back until the drain has begun.
     let mut held = tokio::net::TcpStream::connect(a.ingress).await.unwrap();
@@ -467,10 +478,10 @@ async fn a_drain_waits_for_an_ingress_request_under_way_and_forwards_its_message
 async fn a_failed_drain_says_that_delivery_stays_stopped() {
     let down = dead_addr();
     let dir = tempfile::tempdir().unwrap();
-    let a = Courier::start(dir.path(), A);
-    post_many(&a, &format!("http://{down}/hooks"), 1, "evt-", &[]).await;
     // Not a courier: its 200 stops the drain.
     let proxy = Receiver::scripted(|_, _| Reply::status(200)).await;
+    let a = Courier::start(dir.path(), &a_draining_to(&proxy.url("/")));
+    post_many(&a, &format!("http://{down}/hooks"), 1, "evt-", &[]).await;
     let to = format!("{{\"to\": \"{}\"}}", proxy.url("/"));
     let started = post(&a.admin_url("/drain"), &[("content-type", "application/json")], to).await;
     assert_eq!(started.status, 202, "{:?}", started.json());
@@ -495,8 +506,8 @@ async fn a_drain_is_refused_once_courier_is_shutting_down() {
     let g = gate.clone();
     let held = Receiver::scripted(move |_, _| Reply::status(200).until(&g)).await;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = Courier::start(dir_a.path(), A);
     let b = Courier::start(dir_b.path(), B);
+    let mut a = Courier::start(dir_a.path(), &a_draining_to(&format!("http://{}", b.ingress)));
     // An attempt in flight keeps the shutdown (and the admin API) going until the gate opens.
     post(&a.prefixed(&held.url("/slow")), &[], "slow").await;
     held.wait_for(1).await;
@@ -516,4 +527,163 @@ async fn a_drain_is_refused_once_courier_is_shutting_down() {
     gate.open();
     assert!(a.wait_exit().success());
     assert_eq!(metric(&b, "courier_accepted_total").await, 0, "nothing forwarded");
+}
+
+/// `POST /drain` with `body`, as JSON.
+async fn post_drain(a: &Courier, body: serde_json::Value) -> Answer {
+    post(
+        &a.admin_url("/drain"),
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+/// After a refused drain: nothing reached `peer`, no drain ran, ingress takes a message and
+/// delivery delivers it.
+async fn still_serving(a: &Courier, peer: &Untouched) {
+    let rx = Receiver::start().await;
+    let after = post(&a.prefixed(&rx.url("/after")), &[], "after").await;
+    assert_eq!(after.status, 202, "ingress still takes messages: {}", after.text());
+    wait_state(a, after.json()["id"].as_str().unwrap(), "delivered").await;
+    assert_eq!(get(&a.admin_url("/drain")).await.json()["state"], "idle");
+    assert_eq!(peer.connections(), 0, "nothing was sent to the peer");
+}
+
+#[tokio::test]
+async fn a_drain_to_a_peer_not_in_the_config_is_refused_and_courier_goes_on_serving() {
+    let down = dead_addr();
+    let attacker = Untouched::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Courier::start(dir.path(), &a_draining_to(&format!("http://{down}")));
+    post_many(&a, &format!("http://{down}/hooks"), 3, "evt-", &[]).await;
+
+    let to = format!("http://{}", attacker.addr);
+    let refused = post_drain(&a, serde_json::json!({ "to": to })).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "drain_peer_not_allowed", "{}", refused.text());
+    assert!(refused.json()["message"].is_string());
+    // The verb against the running courier goes through the same door, and says so.
+    let admin = a.admin.to_string();
+    let out = drain(&a.config_path, &a.data_dir, &to, &["--admin-listen", &admin]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", printed(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("did not start the drain") && stderr.contains("drain_peer_not_allowed"),
+        "{}",
+        printed(&out)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    still_serving(&a, &attacker).await;
+    assert_eq!(metric(&a, "courier_handed_off_total").await, 0);
+}
+
+#[tokio::test]
+async fn an_http_peer_without_a_token_is_refused_before_anything_is_sent() {
+    let down = dead_addr();
+    let peer = Untouched::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("[retry]\nbase_delay = \"1h\"\n[drain]\nto = \"http://{}\"\n", peer.addr);
+    let mut a = Courier::start(dir.path(), &config);
+    post_many(&a, &format!("http://{down}/hooks"), 2, "evt-", &[]).await;
+
+    let refused = post_drain(&a, serde_json::json!({})).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(
+        refused.json()["error"],
+        "drain_peer_unauthenticated",
+        "{}",
+        refused.text()
+    );
+    still_serving(&a, &peer).await;
+
+    // The offline verb on the stopped data dir: the same rule, one line, nothing sent.
+    assert!(a.signal_and_wait("TERM").success());
+    let out = drain(&a.config_path, &a.data_dir, &format!("http://{}", peer.addr), &[]).await;
+    assert!(!out.status.success(), "{}", printed(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[drain] token") && stderr.contains("https"),
+        "{}",
+        printed(&out)
+    );
+    assert_eq!(peer.connections(), 0, "nothing was sent to the peer");
+}
+
+#[tokio::test]
+async fn a_202_without_the_peers_receipt_hands_nothing_off() {
+    let down = dead_addr();
+    // Looks like a courier's ingress: 202, its own delivery id, our event id echoed.
+    let fake = Receiver::scripted(|_, seen| {
+        let event = seen.header("webhook-id").unwrap_or_default();
+        let body = serde_json::json!({"id": "dlv_x", "event_id": event, "status": "pending"});
+        Reply::status(202)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Courier::start(dir.path(), &a_draining_to(&fake.url("/")));
+    let id = post(&a.prefixed(&format!("http://{down}/hooks")), &[], "x")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_state(&a, &id, "pending").await;
+
+    let started = post_drain(&a, serde_json::json!({})).await;
+    assert_eq!(started.status, 202, "{}", started.text());
+    let failed = eventually("the drain to end", || async {
+        let s = get(&a.admin_url("/drain?wait=1s")).await.json();
+        (s["state"] == "done" || s["state"] == "failed").then_some(s)
+    })
+    .await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no valid Courier-Receipt"),
+        "{failed}"
+    );
+    assert_eq!(failed["handed_off"], 0, "{failed}");
+    assert!(!fake.seen().is_empty(), "the message went to the fake peer");
+    assert_eq!(delivery(&a, &id).await["state"], "pending", "not marked handed off");
+    assert_eq!(metric(&a, "courier_handed_off_total").await, 0);
+}
+
+#[tokio::test]
+async fn the_offline_verb_reaches_an_unlisted_peer_only_under_the_egress_policy() {
+    let down = dead_addr();
+    let peer = Untouched::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = Courier::start(dir.path(), A);
+    let id = post(&a.prefixed(&format!("http://{down}/hooks")), &[], "x")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(a.signal_and_wait("TERM").success());
+    // The data dir's config closes private addresses to delivery: an unlisted --to on
+    // loopback is refused like a delivery to it would be.
+    let open = std::fs::read_to_string(&a.config_path).unwrap();
+    std::fs::write(
+        &a.config_path,
+        open.replace("allow_private_targets = true", "allow_private_targets = false"),
+    )
+    .unwrap();
+    let out = drain(&a.config_path, &a.data_dir, &format!("http://{}", peer.addr), &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", printed(&out));
+    assert!(
+        out_text(&out).contains("egress") && out_text(&out).contains("[drain] peers"),
+        "{}",
+        printed(&out)
+    );
+    assert_eq!(peer.connections(), 0, "nothing was sent to the peer");
+
+    std::fs::write(&a.config_path, open).unwrap();
+    a.restart();
+    assert_eq!(delivery(&a, &id).await["state"], "pending");
 }

@@ -1,9 +1,12 @@
 //! Test support for `courier drain`: many messages posted through one pooled client at a
-//! bounded concurrency (10,000 in seconds), the verb run as its own process, and a counter
-//! read from `/metrics`.
+//! bounded concurrency (10,000 in seconds), the verb run as its own process, a counter
+//! read from `/metrics`, and a listener that counts who connects to it.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -95,4 +98,33 @@ pub fn printed(out: &Output) -> String {
 /// A counter or gauge of `c`'s `/metrics` (0 when courier exports no such sample).
 pub async fn metric(c: &Courier, name: &str) -> u64 {
     crate::metrics::scrape(c).await.value(name, &[]).unwrap_or(0.0) as u64
+}
+
+/// A TCP listener on loopback that counts the connections made to it and answers none: a
+/// peer a drain must not reach.
+pub struct Untouched {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Untouched {
+    /// Starts listening.
+    pub async fn start() -> Untouched {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let count = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((_socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        Untouched { addr, connections }
+    }
+
+    /// Connections made to it so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
 }

@@ -122,6 +122,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_DRAIN_TO", "http://courier-tier:8787", |c| {
         c.drain.to.as_deref() == Some("http://courier-tier:8787")
     }),
+    ("COURIER_DRAIN_PEERS", "http://a:1, https://b", |c| {
+        c.drain.peers == ["http://a:1", "https://b"]
+    }),
     ("COURIER_DRAIN_TOKEN", "tier-t0k", |c| {
         c.drain.token.as_ref().is_some_and(|t| t.expose() == "tier-t0k")
     }),
