@@ -53,6 +53,13 @@ if ! command -v tinyproxy >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null; }
 fi
 
+# A slow disk for tests/it/ingress_limits.rs: strace delays courier's fsync calls.
+if ! command -v strace >/dev/null; then
+  echo "verifiers: installing strace" >&2
+  apt-get install -y -qq strace >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null; }
+fi
+
 # Fleet-wide limits (tests/it/fleet.rs): a real redis-server, started by the tests themselves
 # on free loopback ports (the package's own service is not used).
 redis_server=/usr/bin/redis-server

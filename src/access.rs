@@ -26,12 +26,21 @@
 //!   `hosts`: otherwise 421 `misdirected_request`. Absolute-form
 //!   requests (`POST http://receiver/… HTTP/1.1`, as an app with `HTTP_PROXY` sends) carry
 //!   the target as their authority and cannot come from a browser, so they are not checked.
+//!   Nor is a Unix-socket listener: no browser can reach a socket file, and clients name its
+//!   host arbitrarily (`http://docker/`, `http://unix/`).
+//! - **Unmarked browser requests.** Older browsers send no Fetch Metadata, and an `<img>`
+//!   or a link makes a `GET` with no `Origin`. Such a request cannot carry a custom header,
+//!   so on ingress an origin-form `GET`/`HEAD` with no `Courier-*` header and no
+//!   `Proxy-Authorization` is refused (403 `cross_site_refused`) unless `ingress.allow_get`
+//!   is set. Any other method of a page without Fetch Metadata (a form's POST) is not
+//!   signed either unless it names a target, which it can only do in the path; those are
+//!   what `allowed_origins` and the token are for.
 //!
 //! Pure: the caller passes the request's parts.
 
 use std::net::IpAddr;
 
-use http::{HeaderMap, Uri};
+use http::{HeaderMap, Method, Uri};
 
 use crate::egress::is_loopback_name;
 
@@ -46,6 +55,10 @@ pub struct AccessPolicy {
     allowed_origins: Vec<String>,
     /// Extra `Host` names (lowercase, optionally `:port`).
     hosts: Vec<String>,
+    /// Skip the `Host` check (a Unix-socket listener).
+    any_host: bool,
+    /// Refuse unmarked origin-form `GET`/`HEAD` (ingress without `allow_get`).
+    refuse_plain_get: bool,
 }
 
 /// Why a request was refused.
@@ -86,14 +99,35 @@ impl AccessPolicy {
             strict: section == "ingress",
             allowed_origins: allowed_origins.into_iter().map(|o| o.to_ascii_lowercase()).collect(),
             hosts: hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+            any_host: false,
+            refuse_plain_get: false,
+        }
+    }
+
+    /// Ingress's rules: strict about Fetch Metadata; `unix_socket` serves any `Host`;
+    /// unless `allow_get`, unmarked `GET`/`HEAD` requests are refused.
+    pub fn ingress(config: &crate::config::IngressConfig, unix_socket: bool) -> Self {
+        AccessPolicy {
+            any_host: unix_socket,
+            refuse_plain_get: !config.allow_get,
+            ..AccessPolicy::new("ingress", config.allowed_origins.clone(), config.hosts.clone())
         }
     }
 
     /// Checks one request.
-    pub fn check(&self, uri: &Uri, headers: &HeaderMap) -> Result<(), AccessRefusal> {
+    pub fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), AccessRefusal> {
         self.check_cross_site(headers)?;
         if uri.authority().is_none() {
-            self.check_host(headers)?;
+            if !self.any_host {
+                self.check_host(headers)?;
+            }
+            if self.refuse_plain_get && is_unmarked_get(method, headers) {
+                return Err(AccessRefusal::CrossSite(
+                    "a GET or HEAD with no Courier-* header may come from a web page (an image or a link); \
+                     send the webhook with its own method and a Courier-* header, or set ingress.allow_get = true"
+                        .into(),
+                ));
+            }
         }
         Ok(())
     }
@@ -168,6 +202,14 @@ impl AccessPolicy {
     }
 }
 
+/// A `GET`/`HEAD` carrying nothing a web page could not send without a preflight: no
+/// `Courier-*` header and no `Proxy-Authorization`.
+fn is_unmarked_get(method: &Method, headers: &HeaderMap) -> bool {
+    (method == Method::GET || method == Method::HEAD)
+        && !headers.contains_key(http::header::PROXY_AUTHORIZATION)
+        && !headers.keys().any(|name| name.as_str().starts_with("courier-"))
+}
+
 /// Whether `origin` (lowercase) is the origin the request was sent to: `http://` and its
 /// `Host`. (The `Host` itself is checked separately against rebinding.)
 fn is_own_origin(origin: &str, headers: &HeaderMap) -> bool {
@@ -206,7 +248,8 @@ mod tests {
     }
 
     fn check(p: &AccessPolicy, uri: &str, pairs: &[(&str, &str)]) -> Result<(), &'static str> {
-        p.check(&uri.parse().unwrap(), &headers(pairs)).map_err(|e| e.code())
+        p.check(&Method::POST, &uri.parse().unwrap(), &headers(pairs))
+            .map_err(|e| e.code())
     }
 
     #[test]
@@ -375,15 +418,84 @@ mod tests {
     fn refusals_have_status_code_and_name_the_setting() {
         let p = AccessPolicy::new("ingress", vec![], vec![]);
         let e = p
-            .check(&"/x".parse().unwrap(), &headers(&[("host", "evil.example")]))
+            .check(
+                &Method::POST,
+                &"/x".parse().unwrap(),
+                &headers(&[("host", "evil.example")]),
+            )
             .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::MISDIRECTED_REQUEST);
         assert!(e.to_string().contains("ingress.hosts"), "{e}");
         let e = p
-            .check(&"/x".parse().unwrap(), &headers(&[("origin", "https://e.example")]))
+            .check(
+                &Method::POST,
+                &"/x".parse().unwrap(),
+                &headers(&[("origin", "https://e.example")]),
+            )
             .unwrap_err();
         assert_eq!(e.status(), http::StatusCode::FORBIDDEN);
         assert!(e.to_string().contains("ingress.allowed_origins"), "{e}");
+    }
+
+    #[test]
+    fn a_unix_socket_serves_any_host_and_plain_gets_are_refused_unless_allowed() {
+        let mut config = crate::config::IngressConfig::default();
+        let tcp = AccessPolicy::ingress(&config, false);
+        let unix = AccessPolicy::ingress(&config, true);
+        for host in ["courier", "docker", "unix", "evil.example:8787"] {
+            let h = [("host", host)];
+            assert_eq!(
+                check(&tcp, "/https://r.example/x", &h),
+                Err("misdirected_request"),
+                "{host}"
+            );
+            assert_eq!(check(&unix, "/https://r.example/x", &h), Ok(()), "{host}");
+        }
+        // Fetch Metadata is still refused on the socket (nothing but a browser sends it).
+        let marked = [("host", "courier"), ("sec-fetch-site", "cross-site")];
+        assert_eq!(check(&unix, "/x", &marked), Err("cross_site_refused"));
+
+        let get = |p: &AccessPolicy, method: Method, uri: &str, pairs: &[(&str, &str)]| {
+            p.check(&method, &uri.parse().unwrap(), &headers(pairs))
+                .map_err(|e| e.code())
+        };
+        let host = ("host", "127.0.0.1:8787");
+        for method in [Method::GET, Method::HEAD] {
+            let m = || method.clone();
+            assert_eq!(
+                get(&tcp, m(), "/https://r.example/x", &[host]),
+                Err("cross_site_refused")
+            );
+            assert_eq!(
+                get(&unix, m(), "/https://r.example/x", &[host]),
+                Err("cross_site_refused")
+            );
+            for mark in [
+                ("courier-endpoint", "e"),
+                ("courier-token", "t"),
+                ("proxy-authorization", "Bearer t"),
+            ] {
+                assert_eq!(
+                    get(&tcp, m(), "/https://r.example/x", &[host, mark]),
+                    Ok(()),
+                    "{mark:?}"
+                );
+            }
+            // Absolute form cannot come from a page.
+            let proxied = [("host", "r.example")];
+            assert_eq!(get(&tcp, m(), "http://r.example/x", &proxied), Ok(()));
+        }
+        assert_eq!(get(&tcp, Method::POST, "/https://r.example/x", &[host]), Ok(()));
+        assert_eq!(get(&tcp, Method::DELETE, "/https://r.example/x", &[host]), Ok(()));
+        config.allow_get = true;
+        let open = AccessPolicy::ingress(&config, false);
+        assert_eq!(get(&open, Method::GET, "/https://r.example/x", &[host]), Ok(()));
+        let admin = AccessPolicy::new("admin", vec![], vec![]);
+        assert_eq!(
+            get(&admin, Method::GET, "/deliveries", &[host]),
+            Ok(()),
+            "admin reads with GET"
+        );
     }
 
     #[test]

@@ -55,8 +55,14 @@ struct ListenerLimits {
 /// Raises the descriptor limit and fits delivery's and the listeners' shares inside it,
 /// keeping the store's reserve (see [`crate::fds`]); says so when a setting is lowered.
 fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
-    let mut ingress = ServeLimits::default();
-    let mut admin = ServeLimits::default();
+    let mut ingress = ServeLimits {
+        idle_timeout: config.ingress.idle_timeout,
+        ..ServeLimits::default()
+    };
+    let mut admin = ServeLimits {
+        idle_timeout: config.admin.idle_timeout,
+        ..ServeLimits::default()
+    };
     let Some(limit) = crate::fds::raise_limit() else {
         return ListenerLimits { ingress, admin };
     };
@@ -282,6 +288,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         FleetParts {
             runtime: delivery_rt.handle(),
             wake: wake.clone(),
+            ca_pem: crate::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
         },
     )?;
     let deliverer = Deliverer::new(DelivererParts {

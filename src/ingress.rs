@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
@@ -33,6 +33,8 @@ pub const MAX_EVENT_ID_LEN: usize = 256;
 pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// What a 503 asks the app to wait, in seconds.
 const RETRY_AFTER_SECS: &str = "5";
+/// What a 503 `overloaded` asks the app to wait: the budget frees as commits answer.
+const OVERLOADED_RETRY_AFTER_SECS: &str = "1";
 
 /// Extra time, past [`BODY_READ_TIMEOUT`], a drain waits for the accepts under way (their
 /// commit after the body).
@@ -98,6 +100,8 @@ pub struct Ingress {
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
     in_progress: Arc<AcceptsInProgress>,
+    /// `ingress.max_pending_bytes`: one permit per body byte held by an accept in progress.
+    pending_bytes: Arc<Semaphore>,
 }
 
 /// A refusal: status, code, message.
@@ -122,12 +126,11 @@ impl Ingress {
         in_progress: Arc<AcceptsInProgress>,
     ) -> Self {
         let config = deliverer.config();
-        let access = AccessPolicy::new(
-            "ingress",
-            config.ingress.allowed_origins.clone(),
-            config.ingress.hosts.clone(),
-        );
+        let unix_socket = matches!(config.listen, crate::config::ListenAddr::Unix(_));
+        let access = AccessPolicy::ingress(&config.ingress, unix_socket);
+        let budget = usize::try_from(config.ingress.max_pending_bytes).unwrap_or(usize::MAX);
         Ingress {
+            pending_bytes: Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS))),
             access,
             deliverer,
             clock,
@@ -147,10 +150,13 @@ impl Ingress {
                 self.metrics.rejected(code);
                 let mut resp = serve::error(status, code, message);
                 if status == StatusCode::SERVICE_UNAVAILABLE {
-                    resp.headers_mut().insert(
-                        http::header::RETRY_AFTER,
-                        http::HeaderValue::from_static(RETRY_AFTER_SECS),
-                    );
+                    let wait = if code == "overloaded" {
+                        OVERLOADED_RETRY_AFTER_SECS
+                    } else {
+                        RETRY_AFTER_SECS
+                    };
+                    resp.headers_mut()
+                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(wait));
                 }
                 resp
             }
@@ -167,7 +173,7 @@ impl Ingress {
         }
         // Browsers are not clients: a web page must not have courier sign for it.
         self.access
-            .check(req.uri(), req.headers())
+            .check(req.method(), req.uri(), req.headers())
             .map_err(|e| Refusal::new(e.status(), e.code(), e.to_string()))?;
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(
@@ -273,15 +279,17 @@ impl Ingress {
         })?;
 
         let event_id = event_id(req.headers())?;
-        if let Some(len) = req
+        let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        {
-            if len > config.max_body {
-                return Err(too_large(config.max_body));
-            }
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > config.max_body) {
+            return Err(too_large(config.max_body));
         }
+        // Held until the commit is answered, also when the sender leaves before: without
+        // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
+        // up without bound.
+        let mut held = self.hold_bytes(declared.unwrap_or(config.max_body))?;
         let method = req.method().as_str().to_string();
         let mut headers = forwardable_headers(req.headers());
         // Kept only when valid: each attempt sends a child of it (see `trace`).
@@ -311,7 +319,12 @@ impl Ingress {
                         format!("reading the request body failed: {e}"),
                     )
                 }
-            })?;
+            })?
+            .to_bytes();
+        // A body shorter than reserved (no Content-Length) gives the rest back now.
+        if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
+            drop(held.split(extra));
+        }
 
         // The give-up limits are fixed now, from the message's own headers, else its
         // endpoint's, route's or the global policy (see `policy::book`).
@@ -329,7 +342,7 @@ impl Ingress {
             event_id,
             method,
             headers,
-            body: body.to_bytes().to_vec(),
+            body: body.to_vec(),
             scheme,
             signing,
         };
@@ -347,7 +360,7 @@ impl Ingress {
         let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
         let under_way = self.in_progress.enter();
         let outcome = tokio::spawn(async move {
-            let _under_way = under_way;
+            let (_under_way, _held) = (under_way, held);
             let outcome = d.accept(msg).await;
             match &outcome {
                 Ok(Accepted::New) => metrics.accepted(),
@@ -399,6 +412,20 @@ impl Ingress {
                 Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, code, message))
             }
         }
+    }
+}
+
+impl Ingress {
+    /// Takes `bytes` from `ingress.max_pending_bytes`, or refuses at once: `503 overloaded`.
+    fn hold_bytes(&self, bytes: u64) -> Result<OwnedSemaphorePermit, Refusal> {
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.pending_bytes.clone().try_acquire_many_owned(n).map_err(|_| {
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the request bodies being accepted fill ingress.max_pending_bytes; retry shortly",
+            )
+        })
     }
 }
 

@@ -9,7 +9,9 @@
 //!
 //! Limits that protect courier from its callers live here: a header read timeout
 //! (slowloris), a cap on header size, and a cap on concurrent connections (beyond it new
-//! connections wait in the kernel's backlog). On stop the loop closes its listener and lets
+//! connections wait in the kernel's backlog), and an idle timeout: a connection with no
+//! request in progress for `idle_timeout` is closed gracefully (HTTP/2: GOAWAY), so idle
+//! pooled clients cannot hold every slot. On stop the loop closes its listener and lets
 //! open connections finish the request they are on.
 
 use std::future::Future;
@@ -54,6 +56,8 @@ pub struct ServeLimits {
     /// After stop, how long open connections may take to finish their request before they
     /// are closed (a stalled client must not hold up shutdown).
     pub drain_timeout: Duration,
+    /// A connection with no request in progress this long is closed gracefully.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -64,6 +68,7 @@ impl Default for ServeLimits {
             max_connections: 4096,
             max_requests: 4096,
             drain_timeout: Duration::from_secs(30),
+            idle_timeout: crate::config::DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -112,7 +117,8 @@ fn builder(limits: &ServeLimits) -> AutoBuilder<TokioExecutor> {
 }
 
 /// Serves `listener` with `handler` until `stop` turns true, then waits for open
-/// connections to finish their current request.
+/// connections to finish their current request (each is closed gracefully: HTTP/2 gets a
+/// GOAWAY), for up to `drain_timeout`.
 pub async fn serve(
     listener: impl Into<Listener>,
     handler: Handler,
@@ -122,7 +128,6 @@ pub async fn serve(
     let listener = listener.into();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let builder = builder(&limits);
     loop {
         let permit = tokio::select! {
@@ -133,14 +138,21 @@ pub async fn serve(
             accepted = accept(&listener) => accepted,
             _ = stop.changed() => break,
         };
+        let conn = Conn {
+            handler: handler.clone(),
+            requests: requests.clone(),
+            limits: limits.clone(),
+            stop: stop.clone(),
+            permit,
+        };
         match accepted {
             Ok(Accepted::Tcp(stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                spawn_conn(stream, peer, &handler, &requests, &builder, &limits, &graceful, permit);
+                tokio::spawn(conn.run(stream, peer, builder.clone()));
             }
-            Ok(Accepted::Unix(stream)) => spawn_conn(
-                stream, UNIX_PEER, &handler, &requests, &builder, &limits, &graceful, permit,
-            ),
+            Ok(Accepted::Unix(stream)) => {
+                tokio::spawn(conn.run(stream, UNIX_PEER, builder.clone()));
+            }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -149,11 +161,13 @@ pub async fn serve(
         }
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
+    // Every connection holds a slot until it ends: all slots back means all closed.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.drain_timeout, slots.acquire_many(all))
         .await
         .is_err()
     {
-        tracing::warn!("connections still open at the end of the drain were closed");
+        tracing::warn!("connections still open at the end of the drain are left to close on their own");
     }
 }
 
@@ -235,61 +249,105 @@ macro_rules! readable_by_peek {
 readable_by_peek!(tokio::net::TcpStream);
 readable_by_peek!(tokio::net::UnixStream);
 
-/// Serves one connection on its own task; the permit is its connection slot, and each
-/// request takes one of `requests` for as long as it is in progress.
-#[allow(clippy::too_many_arguments)]
-fn spawn_conn<S: Readable>(
-    stream: S,
-    peer: SocketAddr,
-    handler: &Handler,
-    requests: &Arc<Semaphore>,
-    builder: &AutoBuilder<TokioExecutor>,
-    limits: &ServeLimits,
-    graceful: &hyper_util::server::graceful::GracefulShutdown,
+/// What one connection task needs: the slot it holds until it ends, and its limits.
+struct Conn {
+    handler: Handler,
+    requests: Arc<Semaphore>,
+    limits: ServeLimits,
+    stop: watch::Receiver<bool>,
     permit: tokio::sync::OwnedSemaphorePermit,
-) {
-    let (handler, requests) = (handler.clone(), requests.clone());
-    // Rung as each request head is complete (a permit is kept until the task looks).
-    let head = Arc::new(tokio::sync::Notify::new());
-    let heard = head.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        heard.notify_one();
-        let handler = handler.clone();
-        let slot = requests.clone().try_acquire_owned();
-        async move {
-            let Ok(_slot) = slot else {
-                return Ok(overloaded());
-            };
-            Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await)
-        }
-    });
-    let (builder, first_bytes) = (builder.clone(), limits.header_read_timeout);
-    let watcher = graceful.watcher();
-    tokio::spawn(async move {
+}
+
+/// A connection's requests: `(in progress, ever started)`, watched by its task.
+type Activity = watch::Sender<(usize, u64)>;
+
+/// Ends one request's count in its connection's [`Activity`], however the request ends.
+struct InProgress(Arc<Activity>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.send_modify(|(open, _)| *open -= 1);
+    }
+}
+
+impl Conn {
+    /// Serves one connection; each request takes one of `requests` for as long as it is in
+    /// progress. The connection is closed gracefully when `stop` turns true or no request
+    /// has been in progress for `idle_timeout`, and dropped when its first head is not
+    /// complete within `header_read_timeout` of the connect.
+    async fn run<S: Readable>(self, stream: S, peer: SocketAddr, builder: AutoBuilder<TokioExecutor>) {
+        let Conn {
+            handler,
+            requests,
+            limits,
+            mut stop,
+            permit,
+        } = self;
+        let activity: Arc<Activity> = Arc::new(watch::Sender::new((0, 0)));
+        let mut seen = activity.subscribe();
+        let counted = activity.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            counted.send_modify(|(open, started)| {
+                *open += 1;
+                *started += 1;
+            });
+            let in_progress = InProgress(counted.clone());
+            let handler = handler.clone();
+            let slot = requests.clone().try_acquire_owned();
+            async move {
+                let _in_progress = in_progress;
+                let Ok(_slot) = slot else {
+                    return Ok(overloaded());
+                };
+                Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await)
+            }
+        });
         // Telling HTTP/1.1 from HTTP/2 waits for the first bytes, and HTTP/1.1's header
         // timeout only starts after that: without this, a client that connects and sends
         // nothing would hold its connection slot for good.
         let connected = tokio::time::Instant::now();
-        if !matches!(tokio::time::timeout(first_bytes, stream.ready()).await, Ok(Ok(()))) {
-            drop(permit);
+        let first_head = connected + limits.header_read_timeout;
+        if !matches!(tokio::time::timeout_at(first_head, stream.ready()).await, Ok(Ok(()))) {
             return;
         }
-        // The first head must be complete within the same timeout, counted from the
-        // connect, not a second one after the first bytes: a client trickling its first
-        // bytes then its head is cut at the same time as one that sends nothing. Later heads
-        // (and idle keep-alive waits) get hyper's own full timeout.
-        let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(conn);
-        tokio::select! {
-            _ = &mut conn => {}
-            _ = head.notified() => {
-                let _ = conn.await;
+        let mut closing = false;
+        let mut idle_since = connected;
+        loop {
+            let (open, started) = *seen.borrow_and_update();
+            // The first head must be complete within the header timeout counted from the
+            // connect, not a second one after the first bytes. Later heads get hyper's own
+            // timeout; a connection with nothing in progress gets `idle_timeout`, so idle
+            // HTTP/2 clients (which no header timeout covers) cannot hold every slot.
+            let deadline = match (started, open) {
+                (0, _) => Some(first_head.min(connected + limits.idle_timeout)),
+                (_, 0) if !closing => Some(idle_since + limits.idle_timeout),
+                _ => None,
+            };
+            tokio::select! {
+                _ = &mut conn => break,
+                changed = seen.changed() => {
+                    if changed.is_ok() && seen.borrow().0 == 0 {
+                        idle_since = tokio::time::Instant::now();
+                    }
+                }
+                _ = stop.changed(), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or(first_head)), if deadline.is_some() => {
+                    if started == 0 {
+                        // No complete head in time: dropping the connection closes it.
+                        break;
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
             }
-            // No complete head in time: the connection is dropped, which closes it.
-            _ = tokio::time::sleep_until(connected + first_bytes) => {}
         }
         drop(permit);
-    });
+    }
 }
 
 /// The answer past [`ServeLimits::max_requests`].

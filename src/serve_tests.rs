@@ -200,3 +200,49 @@ async fn a_connection_whose_first_request_came_late_keeps_the_full_timeout_for_t
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(answer(&mut conn).await.starts_with("HTTP/1.1 200"));
 }
+
+#[tokio::test]
+async fn a_connection_idle_for_the_idle_timeout_is_closed_but_not_while_a_request_runs() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = ServeLimits {
+        idle_timeout: Duration::from_millis(300),
+        ..ServeLimits::default()
+    };
+    // Each request takes 900 ms: three idle timeouts.
+    let slow: Handler = Arc::new(|_peer, _req| {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            text(StatusCode::OK, "text/plain", "done".into())
+        })
+    });
+    let (_stop, rx) = watch::channel(false);
+    tokio::spawn(serve(listener, slow, limits, rx));
+    let h2 = |stream| async move {
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap()
+    };
+    // Idle from the start: closed (GOAWAY) after the idle timeout, which ends the client's
+    // connection future.
+    let started = Instant::now();
+    let (_idle_send, idle_conn) = h2(tokio::net::TcpStream::connect(addr).await.unwrap()).await;
+    let idle = tokio::spawn(idle_conn);
+    // Busy: its request outlives three idle timeouts and is still answered.
+    let (mut send, busy_conn) = h2(tokio::net::TcpStream::connect(addr).await.unwrap()).await;
+    let busy = tokio::spawn(busy_conn);
+    let req = Request::get("http://localhost/")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(idle.is_finished(), "the idle connection was closed meanwhile");
+    let idle_for = started.elapsed();
+    assert!(idle_for >= Duration::from_millis(250), "{idle_for:?}");
+    // Then idle itself: closed one idle timeout after its request.
+    tokio::time::timeout(Duration::from_secs(5), busy)
+        .await
+        .expect("closed once idle")
+        .unwrap()
+        .unwrap();
+}

@@ -101,7 +101,7 @@ impl Admin {
     pub async fn handle(self: Arc<Self>, _peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
         // Browsers first, even for /healthz: a page must not learn that courier is here.
-        if let Err(refused) = self.access.check(req.uri(), req.headers()) {
+        if let Err(refused) = self.access.check(req.method(), req.uri(), req.headers()) {
             return serve::error(refused.status(), refused.code(), refused.to_string());
         }
         if path == "/healthz" {

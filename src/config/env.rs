@@ -17,7 +17,7 @@ type Setter = fn(&mut Config, &str) -> Result<(), Problem>;
 
 /// Every variable of the env layer and what it sets, in the order of the config file; one
 /// entry per variable, so a name cannot lose its setter.
-const SETTERS: [(&str, Setter); 52] = [
+const SETTERS: [(&str, Setter); 56] = [
     ("COURIER_LISTEN", |c, v| set(&mut c.listen, Ingress::parse(v))),
     ("COURIER_LISTEN_MODE", |c, v| set(&mut c.listen_mode, Mode::parse(v))),
     ("COURIER_ADMIN_LISTEN", |c, v| set(&mut c.admin_listen, Tcp::parse(v))),
@@ -51,11 +51,23 @@ const SETTERS: [(&str, Setter); 52] = [
     ("COURIER_INGRESS_HOSTS", |c, v| {
         set(&mut c.ingress.hosts, list::<HostEntry>(v))
     }),
+    ("COURIER_INGRESS_IDLE_TIMEOUT", |c, v| {
+        set(&mut c.ingress.idle_timeout, Dur::parse(v))
+    }),
+    ("COURIER_INGRESS_MAX_PENDING_BYTES", |c, v| {
+        set(&mut c.ingress.max_pending_bytes, Size::parse(v))
+    }),
+    ("COURIER_INGRESS_ALLOW_GET", |c, v| {
+        set(&mut c.ingress.allow_get, bool_of(v))
+    }),
     ("COURIER_ADMIN_ALLOWED_ORIGINS", |c, v| {
         set(&mut c.admin.allowed_origins, list::<Origin>(v))
     }),
     ("COURIER_ADMIN_HOSTS", |c, v| {
         set(&mut c.admin.hosts, list::<HostEntry>(v))
+    }),
+    ("COURIER_ADMIN_IDLE_TIMEOUT", |c, v| {
+        set(&mut c.admin.idle_timeout, Dur::parse(v))
     }),
     ("COURIER_RETRY_BASE_DELAY", |c, v| {
         set(&mut c.retry.base_delay, Dur::parse(v))
@@ -174,8 +186,8 @@ const SETTERS: [(&str, Setter); 52] = [
 /// the config file. Any other `COURIER_*` variable is ignored.
 ///
 /// [`CONFIG_ENV`]: super::CONFIG_ENV
-pub const ENV_VARS: [&str; 52] = {
-    let mut names = [""; 52];
+pub const ENV_VARS: [&str; SETTERS.len()] = {
+    let mut names = [""; SETTERS.len()];
     let mut i = 0;
     while i < names.len() {
         names[i] = SETTERS[i].0;

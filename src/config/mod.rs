@@ -77,7 +77,7 @@ use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 use de::{Dur, Ingress, Link, Mode, Size, Tcp};
 
-pub use access::ListenerAccess;
+pub use access::{IngressConfig, ListenerAccess, DEFAULT_IDLE_TIMEOUT};
 pub use circuit::CircuitConfig;
 pub use delivery::DeliveryConfig;
 pub use drain::{peer_url, DrainConfig, MAX_CONCURRENCY as DRAIN_MAX_CONCURRENCY};
@@ -153,8 +153,9 @@ pub struct Config {
     /// Where endpoint-paused alerts are posted.
     #[serde(deserialize_with = "de::opt::<Link, _>")]
     pub alert_url: Option<Url>,
-    /// `[ingress]`: browser origins and extra `Host` names ingress accepts.
-    pub ingress: ListenerAccess,
+    /// `[ingress]`: browser origins and extra `Host` names ingress accepts, its idle
+    /// timeout and the bytes its accepts in progress may hold.
+    pub ingress: IngressConfig,
     /// `[admin]`: browser origins and extra `Host` names the admin API accepts.
     pub admin: ListenerAccess,
     /// `[retry]`.
@@ -202,7 +203,7 @@ impl Default for Config {
             admin_token: None,
             allow_unauthenticated_network: false,
             alert_url: None,
-            ingress: ListenerAccess::default(),
+            ingress: IngressConfig::default(),
             admin: ListenerAccess::default(),
             retry: RetryConfig::default(),
             delivery: DeliveryConfig::default(),

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use url::Url;
 
 use super::units::format_duration;
-use super::{Config, ListenerAccess};
+use super::Config;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
@@ -83,9 +83,15 @@ impl Config {
                 format_duration(self.dead_retention)
             ),
             format!(
-                "ingress: {}; admin: {}; allow_unauthenticated_network {}",
-                access(&self.ingress),
-                access(&self.admin),
+                "ingress: {}, max_pending_bytes {}, allow_get {}; admin: {}; allow_unauthenticated_network {}",
+                access(
+                    &self.ingress.allowed_origins,
+                    &self.ingress.hosts,
+                    self.ingress.idle_timeout
+                ),
+                self.ingress.max_pending_bytes,
+                self.ingress.allow_get,
+                access(&self.admin.allowed_origins, &self.admin.hosts, self.admin.idle_timeout),
                 self.allow_unauthenticated_network
             ),
             format!(
@@ -286,8 +292,8 @@ fn targets(targets: &[TargetPattern]) -> String {
     format!(", targets [{}]", patterns(targets).join(", "))
 }
 
-/// `allowed_origins [..], hosts [..]` with `none` for an empty list.
-fn access(access: &ListenerAccess) -> String {
+/// `allowed_origins [..], hosts [..], idle_timeout ..` with `none` for an empty list.
+fn access(origins: &[String], hosts: &[String], idle_timeout: std::time::Duration) -> String {
     let list = |items: &[String]| {
         if items.is_empty() {
             "none".to_string()
@@ -296,9 +302,10 @@ fn access(access: &ListenerAccess) -> String {
         }
     };
     format!(
-        "allowed_origins {}, hosts {}",
-        list(&access.allowed_origins),
-        list(&access.hosts)
+        "allowed_origins {}, hosts {}, idle_timeout {}",
+        list(origins),
+        list(hosts),
+        format_duration(idle_timeout)
     )
 }
 

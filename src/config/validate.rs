@@ -66,6 +66,25 @@ impl Config {
         if self.max_body < 1 {
             return Err(ConfigError::invalid("max_body", "must be at least 1 byte"));
         }
+        // An accept takes its body's size from the budget before reading it: a budget
+        // below max_body would refuse the largest bodies max_body allows.
+        if self.ingress.max_pending_bytes < self.max_body {
+            return Err(ConfigError::invalid(
+                "ingress.max_pending_bytes",
+                format_args!(
+                    "({}) must be at least max_body ({})",
+                    self.ingress.max_pending_bytes, self.max_body
+                ),
+            ));
+        }
+        for (key, idle) in [
+            ("ingress.idle_timeout", self.ingress.idle_timeout),
+            ("admin.idle_timeout", self.admin.idle_timeout),
+        ] {
+            if idle < std::time::Duration::from_secs(1) {
+                return Err(ConfigError::invalid(key, "must be at least 1s"));
+            }
+        }
         for (key, token) in [
             ("ingress_token", &self.ingress_token),
             ("admin_token", &self.admin_token),

@@ -103,6 +103,9 @@ pub struct FleetParts {
     /// The scheduler's wake-up, rung when a lease is released somewhere in the fleet while
     /// messages here wait for one.
     pub wake: Arc<Notify>,
+    /// The PEM text of `[tls] ca_file` (the files joined), if set: a `rediss://` connection
+    /// then trusts these CAs (a Redis behind a private CA) instead of the public roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// The fleet-wide limiter (see the module doc).
@@ -123,6 +126,8 @@ impl std::fmt::Debug for Fleet {
 pub(crate) struct Inner {
     /// The URL's connection settings; the password is set at each connection (see `tasks`).
     info: redis::ConnectionInfo,
+    /// CAs a `rediss://` connection trusts (`[tls] ca_file`), if set.
+    ca_pem: Option<Vec<u8>>,
     /// Where the password comes from (`password_override`): `password_file` is read again
     /// at each connection, so a rotated secret is used from the next reconnect.
     config: FleetConfig,
@@ -183,11 +188,12 @@ impl Fleet {
             .map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))?;
         // Checked now (an unreadable password file is a config error at start); read again
         // at each connection.
-        let client = client_with(&info, cfg.password_override()?)?;
+        let client = client_with(&info, cfg.password_override()?, parts.ca_pem.as_deref())?;
         let (up_tx, _) = watch::channel(false);
         let ttl_ms = cfg.lease_ttl.as_millis() as u64;
         let inner = Arc::new(Inner {
             info,
+            ca_pem: parts.ca_pem,
             config: cfg.clone(),
             client: Mutex::new(client),
             link: Mutex::new(Link {
@@ -297,17 +303,30 @@ impl Fleet {
     }
 }
 
-/// A client for `info` with `password` over the URL's own.
+/// A client for `info` with `password` over the URL's own; a `rediss://` one trusts
+/// `ca_pem` when given.
 fn client_with(
     info: &redis::ConnectionInfo,
     password: Option<crate::signing::Secret>,
+    ca_pem: Option<&[u8]>,
 ) -> Result<redis::Client, FleetError> {
     let mut info = info.clone();
     if let Some(password) = password {
         let settings = info.redis_settings().clone().set_password(password.expose());
         info = info.set_redis_settings(settings);
     }
-    redis::Client::open(info).map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))
+    let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+    let client = match ca_pem {
+        Some(pem) if tls => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        ),
+        _ => redis::Client::open(info),
+    };
+    client.map_err(|e| FleetError::Client(crate::redact::clean(&e.to_string())))
 }
 
 impl Inner {

@@ -36,7 +36,7 @@ async fn connect(inner: &Inner) -> Result<MultiplexedConnection, String> {
         .await
         .map_err(|e| format!("reading the password: {e}"))?
         .map_err(|e| e.to_string())?;
-    let client = super::client_with(&inner.info, password).map_err(|e| e.to_string())?;
+    let client = super::client_with(&inner.info, password, inner.ca_pem.as_deref()).map_err(|e| e.to_string())?;
     *inner.client.lock().unwrap_or_else(|p| p.into_inner()) = client.clone();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(inner.timeout))

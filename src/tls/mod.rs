@@ -203,5 +203,19 @@ fn add_native_roots(roots: &mut RootCertStore) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The PEM text of the `[tls] ca_file` bundles joined, for clients that take PEM bytes
+/// (the fleet's `rediss://` connection); `None` when there are none.
+pub fn ca_bundle(files: &[std::path::PathBuf]) -> Result<Option<Vec<u8>>, ConfigError> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut bundle = Vec::new();
+    for file in files {
+        bundle.extend(pem::read("tls.ca_file", file)?);
+        bundle.push(b'\n');
+    }
+    Ok(Some(bundle))
+}
+
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,7 @@ pub(super) fn error(key: &str, path: &Path, problem: impl std::fmt::Display) -> 
     ConfigError::invalid(key, format_args!("({}) {problem}", path.display()))
 }
 
-fn read(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+pub(super) fn read(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
     let file = std::fs::File::open(path).map_err(|e| error(key, path, format_args!("cannot be read: {e}")))?;
     let mut bytes = Vec::new();
     file.take(MAX_PEM_FILE + 1)

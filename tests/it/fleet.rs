@@ -492,3 +492,29 @@ async fn leases_redis_loses_while_reachable_are_written_back_and_renewal_goes_on
     held.open();
     rx.wait_for(5).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_connection_trusts_the_ca_of_tls_ca_file() {
+    let pki = crate::support_tls::Pki::new("redis");
+    let Some(redis) = RedisServer::start_tls(&pki) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = format!("[fleet]\nredis_url = \"{}\"\nkey_prefix = \"tls\"\n", redis.tls_url());
+    // Without the private CA the handshake fails: the public roots do not know it.
+    let untrusted = dir.path().join("untrusted");
+    std::fs::create_dir_all(&untrusted).unwrap();
+    let c = Courier::start(&untrusted, &fleet);
+    assert!(
+        c.log.wait_for("fleet: Redis unavailable", WAIT).is_some(),
+        "{}",
+        c.log.all()
+    );
+    assert_eq!(metric(&c, "courier_fleet_redis_up", &[]).await, 0.0);
+    drop(c);
+    let trusted = dir.path().join("trusted");
+    std::fs::create_dir_all(&trusted).unwrap();
+    let ca = crate::support_tls::toml_path(&pki.ca_file);
+    let c = Courier::start(&trusted, &format!("[tls]\nca_file = {ca}\n{fleet}"));
+    wait_redis_up(&c, 1.0).await;
+}

@@ -498,6 +498,7 @@ fn small_limits() -> ServeLimits {
         max_connections: 64,
         max_requests: 64,
         drain_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(60),
     }
 }
 

@@ -19,6 +19,7 @@ mod fleet;
 mod h2c;
 mod hardening;
 mod ingress;
+mod ingress_limits;
 mod lifecycle;
 mod logging;
 mod metrics;

@@ -17,6 +17,8 @@ pub struct RedisServer {
     /// Where it listens.
     pub addr: SocketAddr,
     child: Option<Child>,
+    /// `--tls-*` arguments: the server speaks only TLS on `addr`.
+    tls: Vec<String>,
 }
 
 /// The redis-server binary, or `None` (after [`skip`], which fails the test under
@@ -49,9 +51,48 @@ impl RedisServer {
             dir: tempfile::tempdir().unwrap(),
             addr,
             child: None,
+            tls: Vec::new(),
         };
         server.launch();
         Some(server)
+    }
+
+    /// Starts a server that speaks only TLS on a free loopback port, presenting a
+    /// certificate for 127.0.0.1 from `pki` (no client certificate asked); `None` when there
+    /// is no redis-server.
+    pub fn start_tls(pki: &crate::support_tls::Pki) -> Option<RedisServer> {
+        let bin = redis_server_bin()?;
+        let leaf = pki.leaf("redis", &["127.0.0.1"]);
+        let addr = crate::support::dead_addr();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let tls = vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            addr.port().to_string(),
+            "--tls-cert-file".into(),
+            path(&leaf.cert_file),
+            "--tls-key-file".into(),
+            path(&leaf.key_file),
+            "--tls-ca-cert-file".into(),
+            path(&pki.ca_file),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        let mut server = RedisServer {
+            bin,
+            dir: tempfile::tempdir().unwrap(),
+            addr,
+            child: None,
+            tls,
+        };
+        server.launch();
+        Some(server)
+    }
+
+    /// `rediss://127.0.0.1:<port>`, for a server from [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("rediss://{}", self.addr)
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -60,8 +101,16 @@ impl RedisServer {
     }
 
     fn launch(&mut self) {
+        let port = self.addr.port().to_string();
+        let plain = ["--port", port.as_str()];
+        let listen: Vec<&str> = if self.tls.is_empty() {
+            plain.to_vec()
+        } else {
+            self.tls.iter().map(String::as_str).collect()
+        };
         let child = Command::new(&self.bin)
-            .args(["--port", &self.addr.port().to_string(), "--bind", "127.0.0.1"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -72,7 +121,12 @@ impl RedisServer {
             .expect("start redis-server");
         self.child = Some(child);
         let deadline = Instant::now() + WAIT;
-        while self.ping().is_err() {
+        // A TLS server is up once its port takes connections (the test client has no TLS).
+        let up = |s: &Self| match s.tls.is_empty() {
+            true => s.ping().is_ok(),
+            false => std::net::TcpStream::connect(s.addr).is_ok(),
+        };
+        while !up(self) {
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not answer on {}",

@@ -21,8 +21,13 @@ fn command(dir: &Path, socket: &Path, config: &str) -> (Command, PathBuf, PathBu
     (cmd, config_path, data_dir)
 }
 
-/// One HTTP/1.1 POST over the socket; `(status, body)`.
+/// One HTTP/1.1 POST over the socket with `Host: localhost`; `(status, body)`.
 async fn post_unix(socket: &Path, uri: &str, body: &'static str) -> (u16, String) {
+    post_unix_as(socket, "localhost", uri, body).await
+}
+
+/// One HTTP/1.1 POST over the socket naming `host`; `(status, body)`.
+async fn post_unix_as(socket: &Path, host: &str, uri: &str, body: &'static str) -> (u16, String) {
     let stream = tokio::net::UnixStream::connect(socket)
         .await
         .expect("connect to the socket");
@@ -30,10 +35,9 @@ async fn post_unix(socket: &Path, uri: &str, body: &'static str) -> (u16, String
         .await
         .unwrap();
     tokio::spawn(conn);
-    // `Host: localhost`, as `curl --unix-socket … http://localhost/…` sends: a socket is
-    // local, so ingress applies the loopback listener's Host rules.
+    // What `curl --unix-socket … http://<host>/…` sends.
     let req = hyper::Request::post(uri)
-        .header("host", "localhost")
+        .header("host", host)
         .body(Full::new(Bytes::from_static(body.as_bytes())))
         .unwrap();
     let resp = tokio::time::timeout(WAIT, send.send_request(req))
@@ -68,6 +72,22 @@ async fn unix_socket_ingress_delivers_with_the_configured_mode_and_is_removed_at
 
     assert!(c.signal_and_wait("TERM").success(), "{}", c.log.all());
     assert!(!socket.exists(), "the socket file is removed at shutdown");
+}
+
+#[tokio::test]
+async fn a_unix_socket_serves_any_host_name_clients_give_it() {
+    let rx = Receiver::start().await;
+    let d = tempfile::tempdir().unwrap();
+    let socket = d.path().join("ingress.sock");
+    let (cmd, config_path, data_dir) = command(d.path(), &socket, "");
+    let _c = Courier::launch(cmd, config_path, data_dir);
+    // `curl --unix-socket ingress.sock http://courier/…`, Docker's and requests-unixsocket's
+    // habits: no browser reaches a socket file, so no name is a rebinding.
+    for host in ["courier", "docker", "unix", "evil.example:80"] {
+        let (status, body) = post_unix_as(&socket, host, &format!("/{}", rx.url("/any-host")), "{}").await;
+        assert_eq!(status, 202, "Host {host}: {body}");
+    }
+    assert_eq!(rx.wait_for(4).await.len(), 4);
 }
 
 #[tokio::test]

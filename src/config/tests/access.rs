@@ -47,6 +47,26 @@ fn the_listener_settings_parse_from_toml() {
 }
 
 #[test]
+fn the_ingress_limits_parse_and_are_checked() {
+    let c = parse("max_body = \"2MiB\"\n[ingress]\nidle_timeout = \"5s\"\nmax_pending_bytes = \"16MiB\"\nallow_get = true\n[admin]\nidle_timeout = \"2m\"\n");
+    c.validate().unwrap();
+    assert_eq!(
+        (c.ingress.idle_timeout, c.ingress.max_pending_bytes, c.ingress.allow_get),
+        (Duration::from_secs(5), 16 << 20, true)
+    );
+    assert_eq!(c.admin.idle_timeout, Duration::from_secs(120));
+    let msg = invalid("max_body = \"2MiB\"\n[ingress]\nmax_pending_bytes = \"1MiB\"\n");
+    assert!(
+        msg.contains("ingress.max_pending_bytes") && msg.contains("max_body"),
+        "{msg}"
+    );
+    let msg = invalid("[admin]\nidle_timeout = \"500ms\"\n");
+    assert!(msg.contains("admin.idle_timeout must be at least 1s"), "{msg}");
+    // Ingress's own keys are not admin's.
+    assert!(Config::from_toml_str("[admin]\nallow_get = true\n", "t").is_err());
+}
+
+#[test]
 fn origins_are_stored_as_their_ascii_serialization() {
     let good: &[(&str, &str)] = &[
         ("https://app.example", "https://app.example"),
@@ -335,8 +355,9 @@ fn summary_shows_the_listener_settings() {
         "listen 127.0.0.1:8787 (ingress), 127.0.0.1:8788 (admin), 0.0.0.0:8789 (ops); data_dir ./courier-data",
         concat!(
             "ingress: allowed_origins https://app.example, http://localhost:3000, https://app.example:8443, ",
-            "hosts courier.internal, 10.0.0.5:8787, [::1]:8787; ",
-            "admin: allowed_origins https://ops.example, hosts admin.example:8788; ",
+            "hosts courier.internal, 10.0.0.5:8787, [::1]:8787, idle_timeout 1m, ",
+            "max_pending_bytes 67108864, allow_get false; ",
+            "admin: allowed_origins https://ops.example, hosts admin.example:8788, idle_timeout 1m; ",
             "allow_unauthenticated_network true"
         ),
     ] {
@@ -345,7 +366,8 @@ fn summary_shows_the_listener_settings() {
     let default = Config::default().summary();
     assert!(
         default.contains(
-            "ingress: allowed_origins none, hosts none; admin: allowed_origins none, hosts none; \
+            "ingress: allowed_origins none, hosts none, idle_timeout 1m, max_pending_bytes 67108864, \
+             allow_get false; admin: allowed_origins none, hosts none, idle_timeout 1m; \
              allow_unauthenticated_network false"
         ),
         "{default}"

@@ -47,11 +47,21 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_INGRESS_HOSTS", "Courier.Internal., 10.0.0.5:8787", |c| {
         c.ingress.hosts == ["courier.internal", "10.0.0.5:8787"]
     }),
+    ("COURIER_INGRESS_IDLE_TIMEOUT", "5s", |c| {
+        c.ingress.idle_timeout == Duration::from_secs(5)
+    }),
+    ("COURIER_INGRESS_MAX_PENDING_BYTES", "16MiB", |c| {
+        c.ingress.max_pending_bytes == 16 << 20
+    }),
+    ("COURIER_INGRESS_ALLOW_GET", "true", |c| c.ingress.allow_get),
     ("COURIER_ADMIN_ALLOWED_ORIGINS", "https://ops.example", |c| {
         c.admin.allowed_origins == ["https://ops.example"]
     }),
     ("COURIER_ADMIN_HOSTS", "[::1]:8788,admin.example", |c| {
         c.admin.hosts == ["[::1]:8788", "admin.example"]
+    }),
+    ("COURIER_ADMIN_IDLE_TIMEOUT", "2m", |c| {
+        c.admin.idle_timeout == Duration::from_secs(120)
     }),
     ("COURIER_RETRY_BASE_DELAY", "2s", |c| {
         c.retry.base_delay == Duration::from_secs(2)

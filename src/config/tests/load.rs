@@ -47,11 +47,13 @@ fn defaults_are_exactly_the_contract() {
     assert!(!d.egress.allow_private_targets && d.egress.allow.is_empty());
     assert!(d.routes.is_empty() && d.hosts.is_empty() && d.endpoints.is_empty());
     assert_eq!((d.ops_listen, d.allow_unauthenticated_network), (None, false));
-    assert_eq!(
-        (&d.ingress, &d.admin),
-        (&ListenerAccess::default(), &ListenerAccess::default())
-    );
+    assert_eq!(d.admin, ListenerAccess::default());
     assert!(d.ingress.allowed_origins.is_empty() && d.ingress.hosts.is_empty());
+    assert_eq!(
+        (d.ingress.idle_timeout, d.admin.idle_timeout, d.ingress.allow_get),
+        (Duration::from_secs(60), Duration::from_secs(60), false)
+    );
+    assert_eq!(d.ingress.max_pending_bytes, 64 << 20);
     assert!(d.unauthenticated_network_listeners().is_empty());
     d.validate().unwrap();
 }
