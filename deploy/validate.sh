@@ -926,7 +926,10 @@ def sidecars(tier_ingress):
             if doc["kind"] not in ("Deployment", "StatefulSet"):
                 continue
             c = next(c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == "courier")
-            ops = run(f"{fname} courier container", c.get("command", []) + c["args"], env_of(c), config,
+            # The Service name resolves to the tier here: [drain] to names it as the cluster
+            # would reach it, and the preStop's --to likewise (see `prestop`).
+            env = dict(env_of(c), COURIER_DRAIN_TO=f"http://{tier_ingress}")
+            ops = run(f"{fname} courier container", c.get("command", []) + c["args"], env, config,
                       prestop(fname, c, tier_ingress))
             if not ops:
                 problems.append(f"{fname}: the pod spec opens no ops listener for its probes")
