@@ -25,7 +25,8 @@ const MAX_BATCH: usize = 1024;
 /// per-host caps bound the attempts in flight to fewer).
 const QUEUE: usize = 8192;
 
-/// What a result means for its endpoint's streak.
+/// What a result means for its endpoint: its streak, and whether it blocks the endpoint's
+/// ordered line (known before the write, so the writer can take the pause gate first).
 #[derive(Debug, Clone)]
 pub(super) struct StreakNote {
     /// Endpoint key.
@@ -34,6 +35,9 @@ pub(super) struct StreakNote {
     pub event: StreakEvent,
     /// The status, for the alert.
     pub status: Option<u16>,
+    /// The result kills the head of an ordered line with `on_dead = "block"` (see
+    /// `worker::blocks_its_line`): written, it blocks the line and pauses the endpoint.
+    pub blocks_line: bool,
 }
 
 /// A written result.
@@ -60,9 +64,10 @@ struct Writer {
     endpoints: Arc<EndpointTable>,
     /// Held across each endpoint write (see `Deliverer::persist_lock`).
     persist_order: Arc<Mutex<()>>,
-    /// `Deliverer::pause_gate`: held from the look at the pause flag to the pause a blocked
-    /// line makes, so a resume cannot fall between them (and leave an active endpoint with
-    /// a blocked line).
+    /// `Deliverer::pause_gate`: held by a batch that blocks a line from before the block is
+    /// written to the pause it makes, so a resume lands before both (the line blocks and
+    /// pauses after it) or after both (it unblocks and resumes), never between them, where
+    /// the pause would undo it.
     pause_gate: Arc<Mutex<()>>,
 }
 
@@ -87,7 +92,9 @@ impl ResultWriter {
             persist_order,
             pause_gate,
         };
-        let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| w.write_batch(jobs));
+        let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| {
+            w.write_batch(jobs, &mut || {})
+        });
         ResultWriter { batcher }
     }
 
@@ -123,7 +130,9 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Writer {
-    fn write_batch(&self, jobs: Vec<Job>) {
+    /// Writes one batch. `between` runs after the results are written and before their
+    /// endpoint changes: tests put an operator's resume there.
+    fn write_batch(&self, jobs: Vec<Job>, between: &mut dyn FnMut()) {
         let (mut items, mut notes, mut replies, mut barriers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for Job { item, reply } in jobs {
             match item {
@@ -135,6 +144,11 @@ impl Writer {
                 None => barriers.push(reply),
             }
         }
+        // Taken before the write that blocks a line, held until its pause is written.
+        let _gate = notes
+            .iter()
+            .any(|n| n.blocks_line)
+            .then(|| self.pause_gate.lock().unwrap_or_else(|p| p.into_inner()));
         // Two results for one message in a batch cannot both apply: the store answers the
         // second as stale, as it would after the first was written.
         // A panic here must not end the thread (every later result would then wait for
@@ -146,6 +160,7 @@ impl Writer {
                 tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
                 items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
             });
+        between();
         let now_ms = items.iter().map(|i| i.now_ms).max().unwrap_or(0);
         let changes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.apply_streaks(&notes, &answers, now_ms)
@@ -169,7 +184,8 @@ impl Writer {
     /// Applies the written results to their endpoints' streaks and writes the endpoints that
     /// changed (synced if one was paused: an alert is about to tell someone). A stale result
     /// is not this attempt's to count. A failed write is logged, as a failed streak write
-    /// always was: it only shortens a streak.
+    /// always was: it only shortens a streak. The caller holds the pause gate when a note
+    /// blocks a line.
     fn apply_streaks(
         &self,
         notes: &[StreakNote],
@@ -182,7 +198,7 @@ impl Writer {
         let mut synced = false;
         for (note, answer) in notes.iter().zip(answers) {
             let change = match answer {
-                Ok(Some(rec)) => {
+                Ok(Some(_)) => {
                     let change = self
                         .endpoints
                         .record(&note.endpoint, note.event, note.status, now_ms, || {
@@ -196,15 +212,10 @@ impl Writer {
                     // The head of an ordered line died with `on_dead = "block"`: the line was
                     // blocked in the result's own batch; the endpoint pauses, as after a
                     // streak (written with this batch's endpoint writes, and alerted).
-                    let dead = rec.state == crate::model::State::Dead;
-                    let blocks = dead && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block);
-                    if blocks && !matches!(change, EndpointChange::Paused(_)) {
-                        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
-                        if self.endpoints.is_paused(&note.endpoint) {
-                            change
-                        } else {
-                            EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
-                        }
+                    let paused =
+                        matches!(change, EndpointChange::Paused(_)) || self.endpoints.is_paused(&note.endpoint);
+                    if note.blocks_line && !paused {
+                        EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
                     } else {
                         change
                     }
@@ -248,208 +259,5 @@ impl Writer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::tests::{claim, message};
-    use crate::store::{AttemptRecord, Counts, StoreOptions, Transition};
-
-    async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
-        for i in 0..n {
-            let id = format!("dlv_{i:03}");
-            store.accept(message(&id, &format!("e{i}"), 100)).await.unwrap();
-            claim(&store, &id);
-        }
-        (dir, store)
-    }
-
-    fn table() -> Arc<EndpointTable> {
-        Arc::new(EndpointTable::new(100, Default::default(), 3, 86_400_000, vec![], 0))
-    }
-
-    fn writer(store: &Arc<Store>, endpoints: &Arc<EndpointTable>) -> Writer {
-        Writer {
-            store: store.clone(),
-            endpoints: endpoints.clone(),
-            persist_order: Default::default(),
-            pause_gate: Default::default(),
-        }
-    }
-
-    fn start(store: &Arc<Store>) -> ResultWriter {
-        ResultWriter::start(store.clone(), table(), Default::default(), Default::default())
-    }
-
-    fn note(endpoint: &str, event: StreakEvent, status: u16) -> StreakNote {
-        StreakNote {
-            endpoint: endpoint.into(),
-            event,
-            status: Some(status),
-        }
-    }
-
-    fn success() -> StreakNote {
-        note("e", StreakEvent::Success, 200)
-    }
-
-    fn delivered(id: &str) -> FinishedAttempt {
-        FinishedAttempt {
-            id: id.into(),
-            attempt: AttemptRecord {
-                at_ms: 200,
-                status: Some(200),
-                error: None,
-                duration_ms: 1,
-                policy_revision: None,
-                span_id: None,
-            },
-            transition: Transition::Delivered,
-            now_ms: 200,
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_results_are_all_recorded() {
-        let (_d, store) = claimed_store(200).await;
-        let writer = Arc::new(start(&store));
-        let tasks: Vec<_> = (0..200)
-            .map(|i| {
-                let w = writer.clone();
-                tokio::spawn(async move { w.record(delivered(&format!("dlv_{i:03}")), success()).await })
-            })
-            .collect();
-        for t in tasks {
-            let rec = t.await.unwrap().unwrap().message.expect("recorded");
-            assert_eq!(rec.state, crate::model::State::Delivered);
-        }
-        assert_eq!(
-            store.counts().unwrap(),
-            Counts {
-                open: 0,
-                delivered: 200,
-                dead: 0,
-                handed_off: 0
-            }
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled() {
-        let (_d, store) = claimed_store(2).await;
-        // Two results for dlv_000 in one batch: the second must be answered stale, not
-        // applied twice.
-        let mut jobs = Vec::new();
-        let mut answers = Vec::new();
-        for id in ["dlv_000", "dlv_001", "dlv_000"] {
-            let (reply, answer) = oneshot::channel();
-            jobs.push(Job {
-                item: Some((delivered(id), success())),
-                reply,
-            });
-            answers.push(answer);
-        }
-        writer(&store, &table()).write_batch(jobs);
-        let mut applied = Vec::new();
-        for a in answers {
-            applied.push(a.await.unwrap().unwrap().message.is_some());
-        }
-        assert_eq!(applied, vec![true, true, false]);
-        assert_eq!(store.history("dlv_000").unwrap().len(), 1);
-        assert_eq!(store.counts().unwrap().delivered, 2);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
-        let (_d, store) = claimed_store(200).await;
-        // Results whose callers no longer wait (as an attempt cut off at shutdown), then a
-        // barrier, in one batch: the barrier must not be answered before the batch is
-        // written (the batch runs on another thread while this one waits for the barrier).
-        let mut jobs = Vec::new();
-        for i in 0..200 {
-            let (reply, _gone) = oneshot::channel();
-            let item = Some((delivered(&format!("dlv_{i:03}")), success()));
-            jobs.push(Job { item, reply });
-        }
-        let (reply, flushed) = oneshot::channel();
-        jobs.push(Job { item: None, reply });
-        let w = writer(&store, &table());
-        let thread = std::thread::spawn(move || w.write_batch(jobs));
-        flushed.await.unwrap().unwrap();
-        assert_eq!(store.counts().unwrap().delivered, 200);
-        thread.join().unwrap();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn dropping_the_writer_ends_its_thread_and_releases_the_store() {
-        let (_d, store) = claimed_store(1).await;
-        let writer = start(&store);
-        assert!(writer
-            .record(delivered("dlv_000"), success())
-            .await
-            .unwrap()
-            .message
-            .is_some());
-        drop(writer);
-        assert_eq!(Arc::strong_count(&store), 1);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
-        let (_d, store) = claimed_store(5).await;
-        // "far" failed twice before courier forgot it in memory: its record is on disk only.
-        let stored = crate::store::EndpointRecord {
-            paused: false,
-            streak: 2,
-            last_status: Some(410),
-        };
-        store.put_endpoint("far", &stored, 50).unwrap();
-        let endpoints = table();
-        let gone = |id: &str| FinishedAttempt {
-            transition: Transition::Dead(crate::model::DeadReason::PermanentStatus),
-            ..delivered(id)
-        };
-        let mut jobs = Vec::new();
-        let mut answers = Vec::new();
-        let batch = [
-            (gone("dlv_000"), note("near", StreakEvent::PermanentFailure, 410)),
-            (gone("dlv_001"), note("far", StreakEvent::PermanentFailure, 410)),
-            // Stale: already in this batch, so it must not count again.
-            (gone("dlv_001"), note("far", StreakEvent::PermanentFailure, 410)),
-            (delivered("dlv_002"), note("healed", StreakEvent::Success, 200)),
-        ];
-        store.put_endpoint("healed", &stored, 50).unwrap();
-        for (item, n) in batch {
-            let (reply, answer) = oneshot::channel();
-            jobs.push(Job {
-                item: Some((item, n)),
-                reply,
-            });
-            answers.push(answer);
-        }
-        writer(&store, &endpoints).write_batch(jobs);
-        let mut changes = Vec::new();
-        for a in answers {
-            changes.push(a.await.unwrap().unwrap().endpoint);
-        }
-        let streak = |n| crate::store::EndpointRecord {
-            paused: n >= 3,
-            streak: n,
-            last_status: Some(410),
-        };
-        assert_eq!(
-            changes,
-            vec![
-                EndpointChange::Changed(streak(1)),
-                EndpointChange::Paused(streak(3)),
-                EndpointChange::None,
-                EndpointChange::Changed(Default::default()),
-            ]
-        );
-        // Written with the batch: the pause (synced), the new streak, the healed one gone.
-        assert_eq!(store.endpoint("far").unwrap(), Some(streak(3)));
-        assert_eq!(store.endpoint("near").unwrap(), Some(streak(1)));
-        assert_eq!(store.endpoint("healed").unwrap(), None);
-        assert!(endpoints.is_paused("far"));
-    }
-}
+#[path = "tests_results.rs"]
+mod tests;

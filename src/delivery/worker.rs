@@ -212,6 +212,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             _ => StreakEvent::Other,
         },
         status,
+        blocks_line: blocks_its_line(rec, transition),
     };
     // The result must reach the store: retry the write (the disk may be full for a while)
     // rather than forget it. Until it lands the message stays in flight. Written by the
