@@ -11,6 +11,8 @@
 #                                starts on loopback (in the foreground, its own config)
 #   COURIER_TEST_REDIS_SERVER    Debian's redis-server, which tests/it/fleet.rs starts on
 #                                loopback ports for the fleet-wide limits
+#   COURIER_TEST_POWERCUT        powercut (tests/powercut, built here), the FUSE filesystem
+#                                that tests/it/power_loss.rs cuts the power under
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
@@ -70,6 +72,18 @@ if [[ ! -x "$redis_server" ]]; then
   "$redis_server" --version >/dev/null
 fi
 
+# Power loss (tests/it/power_loss.rs): powercut, the FUSE filesystem in tests/powercut that
+# drops unsynced writes on a cut. Its own small crate and target folder, so fuser never
+# enters courier's build. As root it mounts through the mount syscall and /dev/fuse;
+# Debian's fuse3 brings fusermount3 for anyone else.
+if ! command -v fusermount3 >/dev/null; then
+  echo "verifiers: installing fuse3" >&2
+  apt-get install -y -qq fuse3 >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null; }
+fi
+cargo build --quiet --release --locked --manifest-path tests/powercut/Cargo.toml \
+  --target-dir "$verifiers_dir/powercut-target"
+
 node_dir="$verifiers_dir/node"
 if ! command -v node >/dev/null; then
   apt-get install -y -qq nodejs npm >/dev/null 2>&1 ||
@@ -101,5 +115,6 @@ export COURIER_TEST_CHROMIUM="$chromium"
 COURIER_TEST_TINYPROXY="$(command -v tinyproxy)"
 export COURIER_TEST_TINYPROXY
 export COURIER_TEST_REDIS_SERVER="$redis_server"
+export COURIER_TEST_POWERCUT="$verifiers_dir/powercut-target/release/powercut"
 export NODE_PATH="$node_dir/node_modules${NODE_PATH:+:$NODE_PATH}"
 export COURIER_TEST_REQUIRE_VERIFIERS=1

@@ -25,6 +25,7 @@ mod logging;
 mod metrics;
 mod ordering;
 mod policy;
+mod power_loss;
 mod proxy;
 mod reload;
 mod responsive;
