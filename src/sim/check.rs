@@ -2,7 +2,7 @@
 
 use super::receiver::{Answer, Seen};
 use super::world::World;
-use crate::model::State;
+use crate::model::{DeadReason, State};
 use crate::store::MessageRecord;
 
 /// After every step: the store is consistent, and every acknowledged message exists (or
@@ -83,16 +83,22 @@ pub fn quiescent(w: &World, disturbed: &[u64]) -> Result<(), String> {
         let attempts: Vec<&Seen> = seen.get(event).map(|v| v.iter().collect()).unwrap_or_default();
         message(w, id, &rec, target, body, &attempts, disturbed)?;
     }
-    // A handed-off message is the peer's: never attempted here again.
+    // A handed-off message is the peer's, a deleted one nobody's: neither is attempted
+    // here again (an attempt under way then was seen before).
     let log = w.rx.log();
-    for (event, seen_then) in &w.model.handed_off {
-        if log
-            .get(*seen_then..)
-            .unwrap_or_default()
-            .iter()
-            .any(|s| s.event_id == *event)
-        {
-            return Err(format!("{event} was attempted after it was handed off"));
+    for (gone, events) in [
+        ("handed off", &w.model.handed_off),
+        ("deleted", &w.model.deleted_events),
+    ] {
+        for (event, seen_then) in events {
+            if log
+                .get(*seen_then..)
+                .unwrap_or_default()
+                .iter()
+                .any(|s| s.event_id == *event)
+            {
+                return Err(format!("{event} was attempted after it was {gone}"));
+            }
         }
     }
     rates(w, disturbed)?;
@@ -163,6 +169,7 @@ fn message(
     if rec.state == State::Delivered && successes == 0 {
         return Err(format!("{id}: delivered, but the receiver never answered 2xx"));
     }
+    dead_reason(w, id, rec)?;
     for s in seen {
         if s.body != body || s.url != target {
             return Err(format!("{id}: the receiver saw another body or target"));
@@ -172,6 +179,56 @@ fn message(
         }
     }
     gaps(w, id, seen, disturbed)
+}
+
+/// A dead message's reason agrees with its record, as `policy::decide` gives it:
+/// `max_attempts` only at its limit (`min(max_attempts_404, max_attempts)` after a 404),
+/// `permanent_status` only after a permanent answer, `expired` only when the longest wait
+/// the policy allows from the last answer passes the give-up time, and never
+/// `egress_denied` (the simulated receivers never refuse an address).
+fn dead_reason(w: &World, id: &str, rec: &MessageRecord) -> Result<(), String> {
+    let Some(reason) = rec.dead_reason.filter(|_| rec.state == State::Dead) else {
+        return Ok(());
+    };
+    let r = &w.config().retry;
+    let longest_wait = r.max_delay.max(r.max_retry_after).as_millis() as u64;
+    let consistent = match reason {
+        DeadReason::MaxAttempts => {
+            rec.attempts == rec.max_attempts
+                || (rec.last_status == Some(404) && rec.attempts >= r.max_attempts_404.min(rec.max_attempts))
+        }
+        DeadReason::PermanentStatus => matches!(rec.last_status, Some(400 | 401 | 403 | 410 | 422)),
+        DeadReason::Expired => rec.attempts < rec.max_attempts && rec.finished_at_ms + longest_wait > rec.give_up_at_ms,
+        DeadReason::EgressDenied => false,
+    };
+    if consistent {
+        return Ok(());
+    }
+    Err(format!(
+        "{id}: dead ({}) after {} of {} attempts, last status {:?}, finished at {} ms, give-up at {} ms",
+        reason.as_str(),
+        rec.attempts,
+        rec.max_attempts,
+        rec.last_status,
+        rec.finished_at_ms,
+        rec.give_up_at_ms
+    ))
+}
+
+/// After a step that began and ended with `paused` endpoints paused: none of them got an
+/// attempt during it (the receivers' log from `log_start`). Attempts started before the
+/// pause were logged before it: every step waits for its attempts to start.
+pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<(), String> {
+    let still: Vec<&str> = w.paused();
+    for s in w.rx.log_from(log_start) {
+        if paused.contains(&s.url.as_str()) && still.contains(&s.url.as_str()) {
+            return Err(format!(
+                "{} attempted at {} ms while its endpoint {} was paused",
+                s.event_id, s.at_ms, s.url
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// No attempt before its time: between two attempts with nothing in between that may move

@@ -92,6 +92,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
     let count = w.rng.random_range(20..100);
     for step in 0..count {
         let now = w.clock.now_ms();
+        let (paused, log_start) = (w.paused(), w.rx.log_len());
         let what = match w.rng.random_range(0..100) {
             0..=26 => {
                 let n = w.rng.random_range(1..6);
@@ -155,6 +156,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         w.settle()?;
         w.forget_unfinished();
         check::step(w)?;
+        check::paused_untouched(w, &paused, log_start)?;
     }
     Ok(())
 }

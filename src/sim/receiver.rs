@@ -153,6 +153,17 @@ impl SimTransport {
         self.lock().log.clone()
     }
 
+    /// How many attempts were seen so far.
+    pub fn log_len(&self) -> usize {
+        self.lock().log.len()
+    }
+
+    /// The attempts seen from the `start`-th on (a step's, when `start` is the length
+    /// before it).
+    pub fn log_from(&self, start: usize) -> Vec<Seen> {
+        self.lock().log.get(start..).unwrap_or_default().to_vec()
+    }
+
     /// Attempts seen per event id.
     pub fn seen_per_event(&self) -> BTreeMap<String, Vec<Seen>> {
         let mut out: BTreeMap<String, Vec<Seen>> = BTreeMap::new();

@@ -66,6 +66,9 @@ pub struct Model {
     /// Handed off (`courier drain`), by event id: how many attempts the receivers had seen
     /// then. The peer delivers them now; none may be attempted here again.
     pub handed_off: BTreeMap<String, usize>,
+    /// Deleted by an operator, by event id: how many attempts the receivers had seen then.
+    /// An attempt already under way may finish; none may start after.
+    pub deleted_events: BTreeMap<String, usize>,
     next_event: u64,
 }
 
@@ -435,7 +438,8 @@ impl World {
         self.rx.order.refresh_from(&d.store);
         let _g = handle.enter();
         let mut note = None;
-        let (_, resume) = crate::scheduler::pass_with(&d, resume, &mut || {
+        let limits = crate::scheduler::Limits::DEFAULT;
+        let (_, resume) = crate::scheduler::pass_with(&d, &limits, resume, &mut || {
             if mid_pass_operator {
                 note = Some(self.operator());
             }
@@ -510,6 +514,9 @@ impl World {
                         let gone = d.store.delete(id, now).expect("delete");
                         if let Some((event, _, _)) = self.model.acked.remove(id) {
                             self.rx.order.deleted(&event);
+                            if gone {
+                                self.model.deleted_events.insert(event, self.rx.log().len());
+                            }
                         }
                         self.model.deleted.insert(id.clone());
                         format!("delete {id}: {gone}")
@@ -572,6 +579,12 @@ impl World {
         let removed = crate::retention::sweep(&self.store(), self.clock.now_ms()).expect("sweep");
         self.d().expire_endpoints().expect("forgetting idle endpoints");
         removed
+    }
+
+    /// The endpoints paused now.
+    pub fn paused(&self) -> Vec<&'static str> {
+        let d = self.d();
+        TARGETS.into_iter().filter(|ep| d.endpoints.is_paused(ep)).collect()
     }
 
     /// The settings.
