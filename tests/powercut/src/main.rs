@@ -15,6 +15,9 @@
 //!          (the machine is off) until `thaw`. Answers `cut <files> <bytes dropped>`.
 //!   thaw   power back on: the filesystem serves what survived. Answers `thawed`.
 //!   stats  `stats <nodes> <durable bytes> <unsynced bytes>`.
+//!   ignore-sync <suffix>
+//!          from now on an fsync of a file whose name ends with <suffix> does nothing (a
+//!          disk that lies; the tests' negative control). Answers `ignoring <suffix>`.
 //!   quit   (or end of input) unmount and exit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -118,6 +121,8 @@ struct State {
     next_fh: u64,
     /// Power is off: every operation fails until `thaw`.
     frozen: bool,
+    /// fsyncs of files named with this suffix are ignored (`ignore-sync`).
+    ignore_sync: Option<OsString>,
 }
 
 impl State {
@@ -236,6 +241,17 @@ impl State {
         self.nodes.retain(|ino, _| reachable.contains(ino));
         self.frozen = true;
         (before - self.nodes.len(), dropped)
+    }
+
+    /// Whether an fsync of `ino` is to be ignored (`ignore-sync`): any of its names ends with
+    /// the suffix.
+    fn lies_about(&self, ino: u64) -> bool {
+        let Some(suffix) = &self.ignore_sync else { return false };
+        self.nodes.values().any(|d| {
+            d.entries
+                .iter()
+                .any(|(name, i)| *i == ino && name.as_encoded_bytes().ends_with(suffix.as_encoded_bytes()))
+        })
     }
 
     fn stats(&self) -> (usize, usize, usize) {
@@ -504,7 +520,9 @@ impl Filesystem for PowerCut {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         self.empty(reply, |s| {
-            s.file(ino.0)?.sync();
+            if !s.lies_about(ino.0) {
+                s.file(ino.0)?.sync();
+            }
             Ok(())
         });
     }
@@ -644,6 +662,11 @@ fn main() {
                 say(&mut out, format!("stats {nodes} {durable} {unsynced}"));
             }
             "quit" => break,
+            other if other.starts_with("ignore-sync ") => {
+                let suffix = other["ignore-sync ".len()..].to_string();
+                state.lock().unwrap().ignore_sync = Some(suffix.clone().into());
+                say(&mut out, format!("ignoring {suffix}"));
+            }
             other => say(&mut out, format!("error unknown command {other:?}")),
         }
     }
