@@ -12,7 +12,8 @@
 //! fusermount3 otherwise), prints `mounted`, and reads commands on stdin, one per line,
 //! answering each with one line:
 //!   cut    drop everything unsynced and freeze: every later operation fails with EIO
-//!          (the machine is off) until `thaw`. Answers `cut <files> <bytes dropped>`.
+//!          (the machine is off) until `thaw`. Answers `cut <files gone> <bytes dropped>`
+//!          and `<name>:<bytes dropped>` for each file that lost unsynced bytes.
 //!   thaw   power back on: the filesystem serves what survived. Answers `thawed`.
 //!   stats  `stats <nodes> <durable bytes> <unsynced bytes>`.
 //!   ignore-sync <suffix>
@@ -215,11 +216,22 @@ impl State {
 
     /// Power cut: every node goes back to its durable version; whatever is no longer
     /// reachable from the root through durable entries is gone. Returns (nodes, bytes) lost.
-    fn cut(&mut self) -> (usize, usize) {
+    fn cut(&mut self) -> (usize, usize, Vec<String>) {
         let before = self.nodes.len();
         let mut dropped = 0;
-        for n in self.nodes.values_mut() {
-            dropped += n.unsynced_bytes();
+        let names: HashMap<u64, OsString> = self
+            .nodes
+            .values()
+            .flat_map(|d| d.entries.iter().map(|(name, ino)| (*ino, name.clone())))
+            .collect();
+        let mut files = Vec::new();
+        for (ino, n) in self.nodes.iter_mut() {
+            let lost = n.unsynced_bytes();
+            if lost > 0 {
+                let name = names.get(ino).map_or("?".into(), |n| n.to_string_lossy().into_owned());
+                files.push(format!("{name}:{lost}"));
+            }
+            dropped += lost;
             if n.dirty.take().is_some() {
                 n.data = n.synced.clone();
             }
@@ -240,7 +252,8 @@ impl State {
         }
         self.nodes.retain(|ino, _| reachable.contains(ino));
         self.frozen = true;
-        (before - self.nodes.len(), dropped)
+        files.sort();
+        (before - self.nodes.len(), dropped, files)
     }
 
     /// Whether an fsync of `ino` is to be ignored (`ignore-sync`): any of its names ends with
@@ -650,8 +663,8 @@ fn main() {
         let Ok(line) = line else { break };
         match line.trim() {
             "cut" => {
-                let (nodes, bytes) = state.lock().unwrap().cut();
-                say(&mut out, format!("cut {nodes} {bytes}"));
+                let (nodes, bytes, files) = state.lock().unwrap().cut();
+                say(&mut out, format!("cut {nodes} {bytes} {}", files.join(" ")));
             }
             "thaw" => {
                 state.lock().unwrap().frozen = false;
