@@ -93,10 +93,32 @@ mod tests {
         );
     }
 
+    fn limits() -> libc::rlimit {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct passed to it.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        lim
+    }
+
     #[test]
     fn the_soft_limit_is_raised_to_the_hard_one() {
+        // Lowered first (by one: the other tests in this process do not notice), so there is
+        // something to raise whatever limits the test runs under.
+        let before = limits();
+        assert!(before.rlim_max > 64, "hard limit {}", before.rlim_max);
+        let lowered = libc::rlimit {
+            rlim_cur: before.rlim_max - 1,
+            rlim_max: before.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct passed to it.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        assert_eq!(limits().rlim_cur, before.rlim_max - 1);
         let soft = raise_limit().expect("getrlimit works");
-        assert!(soft >= 64, "{soft}");
+        assert_eq!(soft, before.rlim_max, "raised to the hard limit");
+        assert_eq!(limits().rlim_cur, before.rlim_max, "in force, not only reported");
         assert_eq!(raise_limit(), Some(soft), "idempotent");
     }
 }

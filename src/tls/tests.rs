@@ -147,12 +147,53 @@ fn bad_files_are_one_line_naming_the_key_and_the_file() {
     }
 }
 
+/// `tls.roots = "both"` against a system store the test sets: `SSL_CERT_FILE` (read before
+/// the platform's store) names a bundle of one CA, then an empty file. Each case runs in a
+/// child process of this test binary: the store is read from the environment, and setting
+/// it in this process would race the other tests.
 #[test]
 fn native_roots_come_from_the_system_store_or_say_why_not() {
-    let c = config("[tls]\nroots = \"both\"\n");
-    match TlsMaterial::from_config(&c) {
-        Ok(m) => assert!(m.for_host("a.example:443").alpn_protocols.len() == 2),
-        Err(e) => assert!(e.to_string().contains("tls.roots asks for the system store"), "{e}"),
+    const NAME: &str = "tls::tests::native_roots_come_from_the_system_store_or_say_why_not";
+    const CASE: &str = "COURIER_TEST_NATIVE_ROOTS_CASE";
+    if let Ok(case) = std::env::var(CASE) {
+        let c = config("[tls]\nroots = \"both\"\n");
+        match (case.as_str(), TlsMaterial::from_config(&c)) {
+            ("one CA", Ok(m)) => assert_eq!(m.for_host("a.example:443").alpn_protocols.len(), 2),
+            ("empty", Err(e)) => assert!(
+                e.to_string()
+                    .contains("tls.roots asks for the system store, and it has no usable certificate"),
+                "{e}"
+            ),
+            (case, Ok(_)) => panic!("{case}: the system store was taken as usable"),
+            (case, Err(e)) => panic!("{case}: {e}"),
+        }
+        eprintln!("native roots case {case:?} checked");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _, _) = write_pki(dir.path(), "roots.test");
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let no_certs = dir.path().join("no-certs");
+    std::fs::create_dir(&no_certs).unwrap();
+    for (case, file) in [("one CA", &ca), ("empty", &empty)] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CASE, case)
+            .env("SSL_CERT_FILE", file)
+            .env("SSL_CERT_DIR", &no_certs)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{case}: {text}");
+        assert!(
+            text.contains(&format!("native roots case {case:?} checked")),
+            "{case} ran: {text}"
+        );
     }
 }
 

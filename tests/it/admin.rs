@@ -36,6 +36,41 @@ pub fn enc(key: &str) -> String {
     percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// Config making `url` an ordered endpoint, so that a message to it never starts at accept
+/// (the fast path a first attempt takes when nothing stands in its way) and is only ever
+/// dispatched by a scheduler pass: a canary for [`send_through_a_pass`].
+pub fn queued(url: &str) -> String {
+    format!("[[endpoint]]\nkey = \"{url}\"\nordering = \"fifo\"\n")
+}
+
+/// `courier_scheduler_passes_total`.
+pub async fn scheduler_passes(c: &Courier) -> f64 {
+    let text = get(&c.admin_url("/metrics")).await.text();
+    crate::metrics::parse(&text)
+        .unwrap()
+        .value("courier_scheduler_passes_total", &[])
+        .expect("courier_scheduler_passes_total is exported")
+}
+
+/// Sends a canary to `url` (made an ordered endpoint by [`queued`]) and waits for it to
+/// reach `state`; returns its id. Only a scheduler pass dispatches it, and that pass walked
+/// every due entry from the floor up to its own (its due time, its accept time, is no
+/// earlier than theirs): once it is dispatched, every message accepted before it has been
+/// looked at by a pass, and one of a paused endpoint parked, not sent. (A canary taking
+/// the fast path proves nothing: it starts at accept, before any pass has run.)
+pub async fn send_through_a_pass(c: &Courier, url: &str, body: &str, state: &str) -> String {
+    let passes = scheduler_passes(c).await;
+    let id = send(c, url, body).await;
+    assert_eq!(delivery(c, &id).await["ordering"], "fifo", "the canary is ordered");
+    wait_state(c, &id, state).await;
+    let after = scheduler_passes(c).await;
+    assert!(
+        after > passes,
+        "the canary went through a scheduler pass ({passes} -> {after})"
+    );
+    id
+}
+
 fn assert_error(a: &Answer, status: u16, code: &str) {
     assert_eq!(a.status, status, "{}", a.text());
     assert_eq!(
@@ -369,7 +404,7 @@ async fn delete_removes_a_delivery() {
 async fn a_paused_endpoint_holds_its_messages_until_resumed() {
     let rx = Receiver::start().await;
     let d = tempfile::tempdir().unwrap();
-    let c = Courier::start(d.path(), FAST);
+    let c = Courier::start(d.path(), &format!("{FAST}{}", queued(&rx.url("/free"))));
     let held_url = rx.url("/held");
     // Courier learns the endpoint from a first delivery; then the operator pauses it.
     let first = send(&c, &held_url, "first").await;
@@ -383,10 +418,9 @@ async fn a_paused_endpoint_holds_its_messages_until_resumed() {
     for i in 0..3 {
         held.push(send(&c, &held_url, &format!("held{i}")).await);
     }
-    // Sent after the held ones, to the same receiver: once it has arrived, courier has
-    // had every chance to send the held ones.
-    let free = send(&c, &rx.url("/free"), "free").await;
-    wait_state(&c, &free, "delivered").await;
+    // Sent after the held ones, to the same receiver, through the scheduler: once it is
+    // delivered, a pass has walked the held ones (and parked them) instead of sending them.
+    send_through_a_pass(&c, &rx.url("/free"), "free", "delivered").await;
     rx.wait_for(2).await;
     let paths: Vec<String> = rx.seen().iter().map(|s| s.path.clone()).collect();
     assert_eq!(paths, ["/held", "/free"], "nothing of a paused endpoint is sent");
@@ -455,8 +489,9 @@ async fn permanent_failures_auto_pause_the_endpoint_and_alert() {
     let rx = Receiver::scripted(|_, _| Reply::status(410)).await;
     let d = tempfile::tempdir().unwrap();
     let cfg = format!(
-        "alert_url = \"{}\"\n{FAST}[delivery]\npause_after_permanent_failures = 3\n",
-        alerts.url("/alerts")
+        "alert_url = \"{}\"\n{FAST}[delivery]\npause_after_permanent_failures = 3\n{}",
+        alerts.url("/alerts"),
+        queued(&rx.url("/other"))
     );
     let c = Courier::start(d.path(), &cfg);
     let gone = rx.url("/gone");
@@ -502,10 +537,9 @@ async fn permanent_failures_auto_pause_the_endpoint_and_alert() {
     assert_eq!(e["permanent_failure_streak"], 3, "{e}");
 
     // The next message is held: the fourth request never reaches the receiver, even
-    // after a message to another endpoint sent later has.
+    // after a message to another endpoint sent later has gone through a scheduler pass.
     let held = send(&c, &gone, "held").await;
-    let other = send(&c, &rx.url("/other"), "other").await;
-    wait_state(&c, &other, "dead").await;
+    send_through_a_pass(&c, &rx.url("/other"), "other", "dead").await;
     assert_eq!(rx.seen().iter().filter(|s| s.path == "/gone").count(), 3);
     assert_eq!(delivery(&c, &held).await["state"], "pending");
     assert_eq!(alerts.seen().len(), 1, "one alert per pause");
@@ -525,7 +559,7 @@ async fn permanent_failures_auto_pause_the_endpoint_and_alert() {
 async fn a_pause_survives_a_restart() {
     let rx = Receiver::start().await;
     let d = tempfile::tempdir().unwrap();
-    let mut c = Courier::start(d.path(), FAST);
+    let mut c = Courier::start(d.path(), &format!("{FAST}{}", queued(&rx.url("/free"))));
     let url = rx.url("/p");
     let first = send(&c, &url, "first").await;
     wait_state(&c, &first, "delivered").await;
@@ -543,8 +577,7 @@ async fn a_pause_survives_a_restart() {
     assert_eq!(e["state"], "paused", "{e}");
     assert_eq!(e["pending"], 1, "{e}");
     let after = send(&c, &url, "after").await;
-    let free = send(&c, &rx.url("/free"), "free").await;
-    wait_state(&c, &free, "delivered").await;
+    send_through_a_pass(&c, &rx.url("/free"), "free", "delivered").await;
     assert_eq!(rx.seen().iter().filter(|s| s.path == "/p").count(), 1);
     assert_eq!(delivery(&c, &held).await["state"], "pending");
     assert_eq!(delivery(&c, &after).await["state"], "pending");

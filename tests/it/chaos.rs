@@ -173,14 +173,16 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
         rx.seen().len(),
         drain_started.elapsed()
     );
+    // Every failure names the seed, to replay its kill schedule.
+    let replay = format!("COURIER_CHAOS_SEED={seed} COURIER_CHAOS_KILLS={kills} COURIER_CHAOS_SECS={secs}");
     assert!(
         acked.len() >= 100,
-        "the senders got too few acks ({}) to mean anything",
+        "the senders got too few acks ({}) to mean anything (replay: {replay})",
         acked.len()
     );
     assert!(
         missing.is_empty(),
-        "{} acknowledged messages never arrived, e.g. {:?}; courier log:\n{}",
+        "{} acknowledged messages never arrived, e.g. {:?} (replay: {replay}); courier log:\n{}",
         missing.len(),
         &missing[..missing.len().min(5)],
         courier.log.all()
@@ -189,6 +191,6 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
     let bound = kills * MAX_IN_FLIGHT;
     assert!(
         duplicates <= bound,
-        "{duplicates} duplicates for {kills} kills (bound {bound})"
+        "{duplicates} duplicates for {kills} kills (bound {bound}; replay: {replay})"
     );
 }

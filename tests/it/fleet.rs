@@ -98,6 +98,7 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
     let addr = rx.addr.to_string();
     assert!(names.iter().all(|n| !n.contains(&addr)), "{names:?}");
     let seen = rx.wait_for(60).await;
+    let all_arrived = std::time::Instant::now();
     assert_each_once(&seen, 60);
     // Alone, each courier would have 5 in flight: 15 at once. Together they keep to 5.
     eprintln!(
@@ -119,13 +120,19 @@ async fn three_couriers_never_send_one_host_more_than_its_cap_together() {
         );
     }
     assert!(busy > 0.0, "the couriers waited for each other's leases");
-    // Every lease released as its answer came (none left to expire).
-    let left = eventually("every lease released", || async {
+    // Every lease released as its answer came (none left to expire): the set is empty
+    // well before the last leases (taken as the last requests went out) could have expired
+    // (lease_ttl, 10 s by default).
+    eventually("every lease released", || async {
         let n: u64 = redis.query(&["ZCARD", &host_set]);
-        (n == 0).then_some(n)
+        (n == 0).then_some(())
     })
     .await;
-    assert_eq!(left, 0);
+    let released_in = all_arrived.elapsed();
+    assert!(
+        released_in < Duration::from_secs(5),
+        "the last leases went {released_in:?} after the last request arrived: expired, not released"
+    );
     // One script call to take a lease and one to release it per attempt, plus the
     // refusals; a release publishes only when someone was refused meanwhile.
     let stats = redis.command_stats();

@@ -804,6 +804,33 @@ async fn secrets_never_appear_in_logs_metrics_admin_or_errors() {
         ingress_token.to_string(),
         admin_token.to_string(),
     ];
+    // The keys as courier holds them once decoded: the text, and the bytes as hex and as a
+    // `{:?}` byte list (the forms a log or an error would print them in). The Stripe secret
+    // is used as written, so its text is its key.
+    let mut needles = needles.to_vec();
+    for key in [
+        "default-signing-key-7c1e",
+        "named-signing-key-44ab",
+        "inline-message-key-5e6d",
+        "stripe_inline_9d0f2b",
+    ] {
+        let bytes = key.as_bytes();
+        needles.push(key.to_string());
+        needles.push(hex::encode(bytes));
+        needles.push(hex::encode_upper(bytes));
+        let list = format!("{:?}", &bytes[..8]);
+        needles.push(list.trim_end_matches(']').to_string());
+        needles.push(format!("{:x?}", &bytes[..8]).trim_end_matches(']').to_string());
+    }
+    for (secret, decoded) in [
+        (&default_secret, "default-signing-key-7c1e"),
+        (&keyed_secret, "named-signing-key-44ab"),
+        (&inline_secret, "inline-message-key-5e6d"),
+    ] {
+        let encoded = &secret["whsec_".len()..];
+        let bytes = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
+        assert_eq!(bytes, decoded.as_bytes(), "the needle is the key courier decodes");
+    }
 
     let rx = Receiver::scripted(|_, seen| match seen.path.as_str() {
         "/ok" => Reply::status(200),
@@ -966,9 +993,9 @@ fn fill(path: &Path) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_answers_503_and_courier_recovers_when_space_returns() {
-    // The only test of "503, never 202, when the write is not durable": under CI
-    // (COURIER_TEST_REQUIRE_VERIFIERS=1) a machine that cannot mount the small filesystem
-    // fails the run instead of passing without having run it.
+    // The only test of "503, never 202, when the write is not durable": a machine that
+    // cannot mount the small filesystem fails the run instead of passing without having
+    // run it (unless COURIER_TEST_ALLOW_SKIP=1, never under CI; see `support::skip`).
     let fs = match SmallFs::mount(48) {
         Ok(fs) => fs,
         Err(why) => {

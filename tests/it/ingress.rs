@@ -206,10 +206,14 @@ async fn event_ids_come_from_webhook_id_then_idempotency_key_and_dedupe() {
 async fn courier_endpoint_keys_pause_rate_limit_and_stats() {
     let rx = Receiver::start().await;
     let d = dir();
-    // Configured, so it can be paused before any traffic; 4 per second, burst 4.
+    // Configured, so it can be paused before any traffic; 4 per second, burst 4. /t0 on its
+    // own is ordered, so the free message below goes through a scheduler pass.
     let c = Courier::start(
         d.path(),
-        "[retry]\nbase_delay = \"100ms\"\njitter = \"none\"\n[[endpoint]]\nkey = \"tenant-42\"\nrate_per_second = 4\n",
+        &format!(
+            "[retry]\nbase_delay = \"100ms\"\njitter = \"none\"\n[[endpoint]]\nkey = \"tenant-42\"\nrate_per_second = 4\n{}",
+            crate::admin::queued(&rx.url("/t0"))
+        ),
     );
     let p = post(&c.admin_url("/endpoints/tenant-42/pause"), &[], "").await;
     assert_eq!(p.status, 204, "{}", p.text());
@@ -224,12 +228,9 @@ async fn courier_endpoint_keys_pause_rate_limit_and_stats() {
         assert_eq!(a.status, 202, "{}", a.text());
         held.push(a.json()["id"].as_str().unwrap().to_string());
     }
-    // The same target as the first held message, without the header: its own endpoint.
-    let free = post(&c.prefixed(&rx.url("/t0")), &[], "free").await.json()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    wait_state(&c, &free, "delivered").await;
+    // The same target as the first held message, without the header: its own endpoint,
+    // dispatched by a scheduler pass that has walked (and parked) the held ones.
+    crate::admin::send_through_a_pass(&c, &rx.url("/t0"), "free", "delivered").await;
     assert_eq!(rx.seen().len(), 1, "only the message outside tenant-42 was sent");
     for id in &held {
         let v = delivery(&c, id).await;
@@ -264,9 +265,12 @@ async fn courier_endpoint_keys_pause_rate_limit_and_stats() {
     let r = post(&c.admin_url("/endpoints/tenant-42/resume"), &[], "").await;
     assert_eq!(r.status, 204, "{}", r.text());
     let seen = rx.wait_for(9).await;
+    // Eight attempts need the burst of 4 and 4 more tokens, 1 s: no sooner. The upper bound
+    // only catches a gross slow-down (a rate of under 1/s); a scheduler late by a second on
+    // a loaded machine is not one, as tokens keep coming while it is late.
     let span = seen[8].at - seen[1].at;
     assert!(
-        span >= Duration::from_millis(900) && span < Duration::from_millis(2500),
+        span >= Duration::from_millis(900) && span < Duration::from_secs(5),
         "8 attempts of one 4/s endpoint (burst 4) took {span:?}, want ~1s"
     );
     for id in &held {

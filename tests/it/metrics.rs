@@ -430,9 +430,11 @@ async fn pending_gauges_describe_a_backlog() {
     let c = Courier::start(d.path(), "[retry]\nbase_delay = \"1h\"\n");
     // The first message 1s before the other two: the oldest is told apart from the newest.
     let first_sent = std::time::Instant::now();
+    let mut ids = Vec::new();
     for n in 0..3 {
         let a = post(&c.prefixed(&format!("http://{down}/x")), &[], "m").await;
         assert_eq!(a.status, 202);
+        ids.push(a.json()["id"].as_str().unwrap().to_string());
         if n == 0 {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
@@ -446,8 +448,21 @@ async fn pending_gauges_describe_a_backlog() {
     })
     .await;
     assert_eq!(e.get("courier_pending", &[]), 3.0);
-    assert_eq!(e.get("courier_in_flight", &[]), 0.0);
     assert_eq!(e.get("courier_delivered_total", &[]), 0.0);
+    // The gauges agree with what the admin API says of each message and of the endpoint:
+    // three pending with one failed attempt each, none in flight.
+    for id in &ids {
+        let v = delivery(&c, id).await;
+        assert_eq!((&v["state"], &v["attempts"]), (&"pending".into(), &1.into()), "{v}");
+    }
+    let endpoint = crate::admin::endpoint(&c, &format!("http://{down}/x"))
+        .await
+        .expect("the endpoint is listed");
+    assert_eq!(
+        (&endpoint["pending"], &endpoint["in_flight"]),
+        (&3.into(), &0.into()),
+        "{endpoint}"
+    );
     let oldest_then = e.get("courier_oldest_pending_seconds", &[]);
     // The age of the first message: at least the 1s it was sent before the others, at
     // most the time since it was sent.

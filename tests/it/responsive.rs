@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use courier::app::{self, Seams};
 use courier::config::Config;
@@ -15,6 +15,9 @@ use courier::store::{AttemptRecord, FinishedAttempt, ScanStep, SigningChoice, St
 use crate::support::*;
 
 const DEAD: usize = 100_000;
+/// The longest an accept or a `/readyz` may take while the replay runs: far below the
+/// replay's length, far above an answer's time on a loaded machine.
+const ANSWER_BOUND: Duration = Duration::from_secs(2);
 const DAY_MS: u64 = 86_400_000;
 
 fn now_ms() -> u64 {
@@ -114,32 +117,64 @@ async fn ingress_keeps_answering_while_100k_dead_messages_are_replayed() {
         .unwrap();
 
     let done = Arc::new(AtomicBool::new(false));
+    let replay_started = Instant::now();
     let replay = {
         let done = done.clone();
         tokio::spawn(async move {
             let a = post(&format!("http://{admin}/deliveries/retry?state=dead"), &[], "").await;
             done.store(true, Ordering::SeqCst);
-            a
+            (a, Instant::now())
         })
     };
-    let mut answered_during = 0;
-    let mut ready_during = 0;
+    // Rounds of one accept and one /readyz, each answer timed, for as long as the replay
+    // runs: (when the round ended, the accept's time, /readyz's time).
+    let mut rounds: Vec<(Instant, Duration, Duration)> = Vec::new();
     while !done.load(Ordering::SeqCst) {
+        let started = Instant::now();
         let a = post(&format!("http://{ingress}/http://127.0.0.1:9/live"), &[], "x").await;
         assert_eq!(a.status, 202, "{}", a.text());
+        let accepted = Instant::now();
         let r = get(&format!("http://{admin}/readyz")).await;
+        let ended = Instant::now();
         if !done.load(Ordering::SeqCst) {
-            answered_during += 1;
-            ready_during += usize::from(r.status == 200);
+            assert_eq!(r.status, 200, "/readyz during the replay: {}", r.text());
+            rounds.push((ended, accepted - started, ended - accepted));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let a = replay.await.unwrap();
+    let (a, replay_ended) = replay.await.unwrap();
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.json()["requeued"], DEAD);
+    let replay_took = replay_ended - replay_started;
+    // Responsive throughout, not once: several rounds, every answer within ANSWER_BOUND,
+    // and no stretch of the replay (from its start, between rounds, to its end) longer
+    // than two answers and the pause between rounds without one.
+    let slowest = rounds.iter().map(|r| r.1.max(r.2)).max().unwrap_or_default();
+    let mut marks: Vec<Instant> = vec![replay_started];
+    marks.extend(rounds.iter().map(|r| r.0));
+    marks.push(replay_ended);
+    let longest_gap = marks
+        .windows(2)
+        .map(|w| w[1].saturating_duration_since(w[0]))
+        .max()
+        .unwrap();
+    eprintln!(
+        "replay of {DEAD} took {replay_took:?}: {} rounds answered meanwhile, slowest answer {slowest:?}, \
+         longest stretch without one {longest_gap:?}",
+        rounds.len()
+    );
     assert!(
-        answered_during >= 1 && ready_during >= 1,
-        "ingress and /readyz answered while the replay ran ({answered_during}, {ready_during})"
+        rounds.len() >= 5,
+        "ingress and /readyz answered {} times while the replay ran ({replay_took:?})",
+        rounds.len()
+    );
+    assert!(
+        slowest < ANSWER_BOUND,
+        "an answer during the replay took {slowest:?} (bound {ANSWER_BOUND:?})"
+    );
+    assert!(
+        longest_gap < 2 * ANSWER_BOUND + Duration::from_millis(100),
+        "{longest_gap:?} of the {replay_took:?} replay went without an answer"
     );
     running.shutdown();
     running.wait().await;

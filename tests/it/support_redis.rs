@@ -1,4 +1,6 @@
-//! A real `redis-server` on loopback for the fleet tests: started on a free port in a temp
+//! A real `redis-server` on loopback for the fleet tests: started on a port reserved for the
+//! whole run (see [`crate::support::reserve_port`]: no other listener or connection of a
+//! parallel test can take it, before the start or between a kill and the restart) in a temp
 //! dir (`--save '' --appendonly no`: nothing on disk), killed and started again on the same
 //! port, and asked for its `INFO commandstats`. The binary is `COURIER_TEST_REDIS_SERVER`
 //! (scripts/verifiers.sh installs Debian's and exports it), else `redis-server` on PATH.
@@ -21,8 +23,8 @@ pub struct RedisServer {
     tls: Vec<String>,
 }
 
-/// The redis-server binary, or `None` (after [`skip`], which fails the test under
-/// `COURIER_TEST_REQUIRE_VERIFIERS=1`) when there is none.
+/// The redis-server binary, or `None` (after [`skip`], which fails the test unless
+/// `COURIER_TEST_ALLOW_SKIP=1`) when there is none.
 pub fn redis_server_bin() -> Option<PathBuf> {
     let from_env = std::env::var_os("COURIER_TEST_REDIS_SERVER").map(PathBuf::from);
     let found = from_env.or_else(|| {
@@ -42,10 +44,10 @@ pub fn redis_server_bin() -> Option<PathBuf> {
 }
 
 impl RedisServer {
-    /// Starts a server on a free loopback port; `None` when there is no redis-server.
+    /// Starts a server on a reserved loopback port; `None` when there is no redis-server.
     pub fn start() -> Option<RedisServer> {
         let bin = redis_server_bin()?;
-        let addr = crate::support::dead_addr();
+        let addr = crate::support::reserve_port();
         let mut server = RedisServer {
             bin,
             dir: tempfile::tempdir().unwrap(),
@@ -63,7 +65,7 @@ impl RedisServer {
     pub fn start_tls(pki: &crate::support_tls::Pki) -> Option<RedisServer> {
         let bin = redis_server_bin()?;
         let leaf = pki.leaf("redis", &["127.0.0.1"]);
-        let addr = crate::support::dead_addr();
+        let addr = crate::support::reserve_port();
         let path = |p: &std::path::Path| p.display().to_string();
         let tls = vec![
             "--port".into(),
@@ -121,12 +123,18 @@ impl RedisServer {
             .expect("start redis-server");
         self.child = Some(child);
         let deadline = Instant::now() + WAIT;
-        // A TLS server is up once its port takes connections (the test client has no TLS).
+        // Up once the server started here answers on the port: a plain one says so by its
+        // pid (nothing else can be on a reserved port, and this checks it); a TLS one once
+        // its port takes connections (the test client has no TLS).
+        let pid = self.child.as_ref().unwrap().id();
         let up = |s: &Self| match s.tls.is_empty() {
-            true => s.ping().is_ok(),
+            true => s.server_pid().is_ok_and(|p| p == pid),
             false => std::net::TcpStream::connect(s.addr).is_ok(),
         };
         while !up(self) {
+            if let Ok(Some(status)) = self.child.as_mut().unwrap().try_wait() {
+                panic!("redis-server on {} exited ({status}) instead of starting", self.addr);
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not answer on {}",
@@ -136,12 +144,18 @@ impl RedisServer {
         }
     }
 
-    fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
+    /// The `process_id` of the server answering on the port.
+    fn server_pid(&self) -> redis::RedisResult<u32> {
+        let info: String = redis::cmd("INFO").arg("server").query(&mut self.connection()?)?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0))
     }
 
-    fn ping(&self) -> redis::RedisResult<String> {
-        redis::cmd("PING").query(&mut self.connection()?)
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
     }
 
     /// SIGKILL: gone at once, with everything it held.
