@@ -351,12 +351,23 @@ async fn acknowledged_messages_survive_power_cuts() {
                 let addr: SocketAddr = *ingress.lock().unwrap();
                 let id = format!("power-{s}-{n}");
                 n += 1;
-                match send(&client, &format!("http://{addr}/{target}"), &id).await {
-                    Ok(delivery) => acked.lock().unwrap().push((id, delivery)),
-                    Err(status) => *other.entry(status).or_default() += 1,
-                }
-                // Load shaping, not synchronisation.
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                // Load shaping, not synchronisation: a short pause, a longer one while courier
+                // is down (so the restart gets the cores rather than refused connections).
+                let pause = match send(&client, &format!("http://{addr}/{target}"), &id).await {
+                    Ok(delivery) => {
+                        acked.lock().unwrap().push((id, delivery));
+                        5
+                    }
+                    Err(status) => {
+                        *other.entry(status).or_default() += 1;
+                        if status.is_none() {
+                            50
+                        } else {
+                            5
+                        }
+                    }
+                };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
             }
             other
         }));
@@ -441,7 +452,7 @@ async fn acknowledged_messages_survive_power_cuts() {
         );
     }
     assert!(
-        acked.len() >= 20 * cuts.min(10),
+        acked.len() >= 100,
         "the senders got too few acks ({}) to mean anything",
         acked.len()
     );
