@@ -9,7 +9,8 @@
 //! on what is left, and checks every message answered 202 is delivered.
 //!
 //! The filesystem's binary comes from `COURIER_TEST_POWERCUT` (scripts/verifiers.sh builds
-//! it); without it, or without the right to mount, the tests skip (fail under
+//! it); without it, or without the right to mount, the tests fail (`support::skip`: only
+//! `COURIER_TEST_ALLOW_SKIP=1` lets them pass without running, never under CI's
 //! `COURIER_TEST_REQUIRE_VERIFIERS=1`). `COURIER_POWER_CUTS` (default 10) sets the number of
 //! cuts, e.g. `COURIER_POWER_CUTS=200` for a soak; the schedule's seed is printed and
 //! `COURIER_POWER_SEED` replays it.
