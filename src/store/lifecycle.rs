@@ -139,11 +139,25 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
         source,
     };
     if !dir.exists() {
+        // The directories about to be made: each one's entry lives in its parent, which
+        // must be synced too, or a power cut soon after the first start loses the whole
+        // store (RocksDB syncs the files it writes inside, never this).
+        let made: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .collect();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
             .map_err(err)?;
+        for new in made.iter().rev() {
+            let parent = match new.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(err)?;
+        }
     }
     let meta = std::fs::metadata(dir).map_err(err)?;
     if !meta.is_dir() {

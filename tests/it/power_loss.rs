@@ -330,11 +330,9 @@ async fn acknowledged_messages_survive_power_cuts() {
         "[retry]\nbase_delay = \"1s\"\nmax_delay = \"{max_delay}\"\njitter = \"full\"\nmax_attempts = 1000\n\
          give_up_after = \"1h\"\n[delivery]\nmax_in_flight_per_host = {MAX_IN_FLIGHT}\nrate_per_second = 10000\n"
     );
-    // The data dir made durable first, as an installer would: courier leaves its creation
-    // to RocksDB, which never syncs the parent (see `a_fresh_data_dir_survives_a_power_cut`).
+    // courier makes the data dir itself and syncs its parent (see
+    // `a_fresh_data_dir_survives_a_power_cut`).
     let data_dir = fs.mnt.join("data");
-    std::fs::create_dir(&data_dir).unwrap();
-    fsync_dir(&fs.mnt);
     let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &config, &[]);
     let ingress = Arc::new(Mutex::new(courier.ingress));
 
@@ -463,8 +461,6 @@ async fn acknowledged_messages_survive_power_cuts() {
 /// courier's first start on a new data dir: the messages it acknowledged must survive a cut
 /// even though nobody made the directory durable beforehand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: RocksDB creates the data dir and never fsyncs its parent, so a cut before \
-            anything else syncs that parent loses the whole store, acknowledged messages included"]
 async fn a_fresh_data_dir_survives_a_power_cut() {
     let dir = tempfile::tempdir().unwrap();
     let Some(mut fs) = mount_or_skip(dir.path()) else {
