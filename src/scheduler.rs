@@ -270,26 +270,24 @@ pub(crate) fn pass_with(
     }
     // Lease everything ready (reads, no write), then dispatch with the permits in hand.
     if !ready.is_empty() {
-        match d.store.lease_many(&ready) {
-            Ok(claims) => {
-                for (permit, claimed) in permits.into_iter().zip(claims) {
-                    match claimed {
-                        Some(claimed) => {
-                            d.dispatch(claimed, permit);
-                            pass.dispatched += 1;
-                        }
-                        // Gone or changed since the scan (a delete, a replay): its permits go
-                        // back unused, and the entries this pass skipped for want of them
-                        // must not wait for the next accept to be looked at again.
-                        None => pass.wake_no_later_than(now),
-                    }
+        let claims = d.store.lease_many(&ready, now);
+        for ((permit, entry), claimed) in permits.into_iter().zip(&ready).zip(claims) {
+            match claimed {
+                Ok(Some(claimed)) => {
+                    d.dispatch(claimed, permit);
+                    pass.dispatched += 1;
                 }
-            }
-            Err(e) => {
-                // Courier's failure, not the receiver's: nothing is counted, and the
-                // messages stay due for the next pass.
-                tracing::error!(error = %e, count = ready.len(), "claiming due messages failed");
-                pass.store_error = true;
+                // Gone or changed since the scan (a delete, a replay): its permits go back
+                // unused, and the entries this pass skipped for want of them must not wait
+                // for the next accept to be looked at again.
+                Ok(None) => pass.wake_no_later_than(now),
+                // Unreadable: courier's failure, not the receiver's. Nothing is counted, the
+                // others go on, and the store holds this one back until its retry time (see
+                // `store::lease`); its permits go back as a stale entry's do.
+                Err(e) => {
+                    tracing::error!(delivery_id = %entry.id, error = %e, "reading a due message failed; it stays due and is tried again later");
+                    pass.wake_no_later_than(now);
+                }
             }
         }
     }

@@ -39,8 +39,14 @@ pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::{HostLimiter, HostPermit, HostRefusal, HostView};
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
-/// missing from the config) before it is tried again.
+/// missing from the config, a result that could not be written) before it is tried again.
 pub const SELF_FAILURE_DELAY: Duration = Duration::from_secs(5);
+
+/// How many times an attempt writes its result, and a requeue its release, before giving
+/// up: the waits between double from `Deliverer::result_retry` (1 s: 15 s in all), long
+/// enough to ride out a short store fault, short enough that a message whose record went
+/// bad does not hold a `max_in_flight` permit for ever.
+const STORE_TRIES: u32 = 5;
 
 /// Shared context of every attempt.
 pub struct Deliverer {
@@ -209,13 +215,7 @@ impl Deliverer {
                 // Cut off while its result waited to be written: let that write land first,
                 // so the release below finds the message no longer in flight and leaves it.
                 d.results.flush().await;
-                let (store, released) = (d.store.clone(), id.clone());
-                let result = tokio::task::spawn_blocking(move || store.release(&released, due)).await;
-                if let Ok(Err(e)) = result {
-                    tracing::error!(delivery_id = %id, error = %e, "requeueing an abandoned attempt failed; it is retried after restart");
-                }
-                // Back in the queue, maybe due before the scheduler's next wake-up.
-                d.wake.notify_one();
+                d.requeue(&id, due).await;
             }
             let mut registry = d.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             registry.remove(&id);
@@ -360,6 +360,38 @@ impl Deliverer {
         Duration::from_millis(self.result_retry_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// The wait before the try after failed try `n` (from 0) of a store write.
+    fn store_backoff(&self, n: u32) -> Duration {
+        self.result_retry().saturating_mul(1 << n.min(16))
+    }
+
+    /// Puts a message back in the queue, due at `due_ms`, after courier's own failure (no
+    /// attempt counted), and wakes the scheduler. A release that fails still ends a lease
+    /// (see `Store::release`): the message is then seen again where it was, and a second
+    /// release could end the lease of an attempt started since, so it is not tried again. A
+    /// message written in flight at accept has no lease and nothing else puts it back: its
+    /// release is tried again a bounded number of times, then left to startup.
+    async fn requeue(&self, id: &str, due_ms: u64) {
+        let leased = self.store.is_leased(id);
+        for n in 0..STORE_TRIES {
+            let (store, released) = (self.store.clone(), id.to_string());
+            let e = match tokio::task::spawn_blocking(move || store.release(&released, due_ms)).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if leased || n + 1 == STORE_TRIES {
+                tracing::error!(delivery_id = %id, error = %e, leased,
+                    "requeueing a message failed; a leased one is retried where it was, one in flight at accept after restart");
+                break;
+            }
+            tracing::error!(delivery_id = %id, error = %e, "requeueing a message failed; trying again");
+            tokio::time::sleep(self.store_backoff(n)).await;
+        }
+        // Back in the queue, maybe due before the scheduler's next wake-up.
+        self.wake.notify_one();
+    }
+
     /// Shortens [`Deliverer::result_retry`] (the simulator does not wait real seconds).
     #[cfg(test)]
     pub(crate) fn set_result_retry(&self, wait: Duration) {
@@ -439,6 +471,8 @@ impl Deliverer {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_faults;
 #[cfg(test)]
 mod tests_many;
 #[cfg(test)]

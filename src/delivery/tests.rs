@@ -124,7 +124,7 @@ impl Harness {
     }
 
     /// A harness whose scheduler the test starts itself (to act between a pass's steps).
-    fn without_scheduler(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
+    pub(super) fn without_scheduler(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
         let d = Self::deliverer(store, config, transport, clock.clone());
@@ -157,7 +157,7 @@ impl Harness {
         .unwrap()
     }
 
-    fn start_scheduler(&self) {
+    pub(super) fn start_scheduler(&self) {
         tokio::spawn(Scheduler::new(self.d.clone()).run(self.stop.subscribe()));
     }
 

@@ -143,10 +143,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             drop(permit);
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
-            let (store, id) = (d.store.clone(), rec.id.clone());
-            let due = started_ms + SELF_FAILURE_DELAY.as_millis() as u64;
-            let _ = tokio::task::spawn_blocking(move || store.release(&id, due)).await;
-            d.wake.notify_one();
+            d.requeue(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64)
+                .await;
             return;
         }
     };
@@ -214,31 +212,19 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         status,
         blocks_line: blocks_its_line(rec, transition),
     };
-    // The result must reach the store: retry the write (the disk may be full for a while)
-    // rather than forget it. Until it lands the message stays in flight. Written by the
-    // result writer, batched with every other attempt that ended meanwhile, which also
-    // applies it to the endpoint's streak once it is written.
-    let endpoint_change = loop {
-        let item = FinishedAttempt {
-            id: rec.id.clone(),
-            attempt: record.clone(),
-            transition,
-            now_ms: now,
-        };
-        match d.results.record(item, streak.clone()).await {
-            Ok(recorded) => {
-                if recorded.message.is_none() {
-                    // Someone else moved the message on first (a delete, or a replay of a
-                    // message this attempt had already finished): this result is not kept.
-                    tracing::debug!(delivery_id = %rec.id, "attempt result was stale; not recorded");
-                }
-                break recorded.endpoint;
-            }
-            Err(e) => {
-                tracing::error!(delivery_id = %rec.id, error = %e, "recording an attempt failed; retrying");
-                tokio::time::sleep(d.result_retry()).await;
-            }
-        }
+    let item = FinishedAttempt {
+        id: rec.id.clone(),
+        attempt: record.clone(),
+        transition,
+        now_ms: now,
+    };
+    let Some(endpoint_change) = record_result(&d, item, streak).await else {
+        // Courier's failure, not the receiver's: no attempt counted, and the message goes
+        // back to the queue (sent again, as after a crash).
+        drop(global);
+        d.metrics.attempt_abandoned();
+        d.requeue(&rec.id, now + SELF_FAILURE_DELAY.as_millis() as u64).await;
+        return;
     };
 
     drop(global);
@@ -309,6 +295,34 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         }
         super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
     }
+}
+
+/// Writes an attempt's result, with the result writer (batched with every other attempt
+/// that ended meanwhile, and applied to the endpoint's streak once written). A failed write
+/// is tried again with backoff (the disk may be full for a while): until it lands the
+/// message stays leased and cannot start again, and a failed write wrote nothing. After
+/// `STORE_TRIES` failures: `None`, and the caller gives the attempt up, so that a message
+/// whose record went bad does not hold its permits for ever.
+async fn record_result(d: &Deliverer, item: FinishedAttempt, streak: StreakNote) -> Option<EndpointChange> {
+    for n in 0..super::STORE_TRIES {
+        if n > 0 {
+            tokio::time::sleep(d.store_backoff(n - 1)).await;
+        }
+        match d.results.record(item.clone(), streak.clone()).await {
+            Ok(recorded) => {
+                if recorded.message.is_none() {
+                    // Someone else moved the message on first (a delete, or a replay of a
+                    // message this attempt had already finished): this result is not kept.
+                    tracing::debug!(delivery_id = %item.id, "attempt result was stale; not recorded");
+                }
+                return Some(recorded.endpoint);
+            }
+            Err(e) => {
+                tracing::error!(delivery_id = %item.id, error = %e, tries = n + 1, "recording an attempt failed")
+            }
+        }
+    }
+    None
 }
 
 /// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).

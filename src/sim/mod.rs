@@ -8,7 +8,8 @@
 //! the pass's scan and its writes;
 //! every class of receiver answer, with `Retry-After` in seconds and as dates, timeouts,
 //! network errors and slow answers held across steps; the clock moved by milliseconds to
-//! hours; failed synced accept writes and failed result writes; crashes (everything dropped,
+//! hours; failed synced accept writes and failed result writes, a message unreadable while a
+//! pass leases it; crashes (everything dropped,
 //! the data dir reopened) and graceful restarts; retention sweeps. Then the receivers heal,
 //! every endpoint is resumed and the clock runs until nothing is open.
 //!
@@ -139,13 +140,27 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
                 "graceful restart".into()
             }
             89..=92 => format!("retention sweep: {} removed", w.sweep()),
-            93..=95 => {
+            93..=94 => {
                 w.store()
                     .faults()
                     .fail_results
                     .store(1, std::sync::atomic::Ordering::SeqCst);
                 w.pass(false);
                 "pass with a failing result write".into()
+            }
+            95 => {
+                // A message whose record cannot be read while the pass leases it: it must
+                // fail alone, strand no lease and hold nobody up, and go once it reads.
+                let pending = w.list(crate::model::State::Pending);
+                let id = (!pending.is_empty()).then(|| pending[w.rng.random_range(0..pending.len())].clone());
+                if let Some(id) = &id {
+                    w.store().faults().make_unreadable(id);
+                }
+                w.pass(false);
+                if let Some(id) = &id {
+                    w.store().faults().heal(id);
+                }
+                format!("pass with {} unreadable", id.as_deref().unwrap_or("nothing"))
             }
             _ => {
                 w.pass(false);

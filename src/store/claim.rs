@@ -34,6 +34,10 @@ impl Store {
     /// goes back to [`Store::raise_due_floor`] after the pass.
     ///
     /// `after` continues an earlier walk just past that entry instead of at the floor.
+    ///
+    /// An entry held back because its message could not be read (see `lease`) is passed
+    /// over until its retry time, which then counts as the next due time; it is reported
+    /// to the floor as a write is, so the raise after this walk stays below it.
     pub fn scan_due(
         &self,
         now_ms: u64,
@@ -58,6 +62,7 @@ impl Store {
             None => it.seek(keys::time_key(floor, &floor_id)),
         }
         let mut seen = 0;
+        let mut held_until: Option<u64> = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if seen >= budget {
                 return Ok((ScanEnd::Cut, mark));
@@ -67,6 +72,12 @@ impl Store {
                 it.next();
                 continue;
             };
+            if let Some(at) = self.leases.held_until(id, now_ms) {
+                self.due_floor.wrote(due_ms);
+                held_until = Some(held_until.map_or(at, |h| h.min(at)));
+                it.next();
+                continue;
+            }
             let routing = Routing::decode(v).map_err(|source| StoreError::Codec {
                 key: id.to_string(),
                 source,
@@ -90,6 +101,10 @@ impl Store {
         it.seek(keys::time_key(now_ms.saturating_add(1), ""));
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
         it.status()?;
+        let next_due_ms = match (next_due_ms, held_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         Ok((ScanEnd::Exhausted { next_due_ms }, mark))
     }
 

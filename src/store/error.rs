@@ -1,4 +1,4 @@
-//! What a store operation can fail with, and the write faults tests inject.
+//! What a store operation can fail with, and the faults tests inject.
 
 use std::path::PathBuf;
 
@@ -40,14 +40,21 @@ pub enum StoreError {
     Injected,
 }
 
-/// Writes to make fail, for tests and the simulator: each counter is how many of the next
-/// writes of its kind fail. Always zero in production.
+/// Store operations to make fail, for tests and the simulator: each counter is how many of
+/// the next writes of its kind fail, and the unreadable set names messages whose record
+/// reads fail until healed. Always empty in production (one relaxed load per read).
 #[derive(Debug, Default)]
 pub struct Faults {
     /// Synced accept batches.
     pub fail_accepts: std::sync::atomic::AtomicUsize,
     /// Attempt-result batches.
     pub fail_results: std::sync::atomic::AtomicUsize,
+    /// Messages whose record reads fail as a record that does not decode would, one at a
+    /// time per item: the per-message read errors the scheduler, the result writer and a
+    /// release must survive without stalling the others.
+    unreadable: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// How many are unreadable: the read path looks at this, not at the lock.
+    unreadable_n: std::sync::atomic::AtomicUsize,
 }
 
 impl Faults {
@@ -55,6 +62,33 @@ impl Faults {
     pub(crate) fn take(&self, counter: &std::sync::atomic::AtomicUsize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Makes every read of `id`'s record fail until [`Faults::heal`].
+    pub fn make_unreadable(&self, id: &str) {
+        let mut set = self.unreadable.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(id.to_string());
+        self.unreadable_n.store(set.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes `id`'s record readable again.
+    pub fn heal(&self, id: &str) {
+        let mut set = self.unreadable.lock().unwrap_or_else(|p| p.into_inner());
+        set.remove(id);
+        self.unreadable_n.store(set.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The error a read of `id`'s record gives now, if it was made unreadable.
+    pub(crate) fn read_of(&self, id: &str) -> Result<(), StoreError> {
+        if self.unreadable_n.load(std::sync::atomic::Ordering::Relaxed) == 0
+            || !self.unreadable.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
+        {
+            return Ok(());
+        }
+        Err(StoreError::Codec {
+            key: id.to_string(),
+            source: CodecError::Corrupt("message", "injected read failure"),
+        })
     }
 }
 

@@ -74,7 +74,7 @@ impl Store {
         }
         // A stale result of a head deleted in flight still moves its line on.
         if !out.iter().any(|r| matches!(r, Ok(Some(_)))) && tx.is_empty() {
-            self.end_leases(items);
+            self.end_leases(items, &out);
             return out;
         }
         counters.write_into(&mut b, self.cf(keys::META));
@@ -98,18 +98,33 @@ impl Store {
         }
         // Only now, with the stripes still held: the scheduler must not lease a message
         // again before its result is visible.
-        self.end_leases(items);
+        self.end_leases(items, &out);
         out
     }
 
-    fn end_leases(&self, items: &[FinishedAttempt]) {
-        for item in items {
+    /// Ends the leases of the items whose result was written (or stale). An item that
+    /// failed wrote nothing (see [`Store::stage_finish`]) and keeps its lease: its worker
+    /// retries the result, which must not then be taken for stale, and the message must not
+    /// start again meanwhile.
+    fn end_leases(&self, items: &[FinishedAttempt], out: &[Result<Option<MessageRecord>, StoreError>]) {
+        let failed: std::collections::HashSet<&str> = items
+            .iter()
+            .zip(out)
+            .filter(|(_, r)| r.is_err())
+            .map(|(item, _)| item.id.as_str())
+            .collect();
+        for item in items.iter().filter(|i| !failed.contains(i.id.as_str())) {
             self.leases.remove(&item.id);
         }
     }
 
     /// Adds one finished attempt's writes to `b` (and its line's to `tx`); the caller holds
     /// the id's stripe and, for an ordered message, its line's.
+    ///
+    /// All or nothing: an item that fails adds nothing, because the batch is still written
+    /// for the others. Everything that can fail (the reads of its line) comes first and
+    /// changes `b` and `tx` only once it has all succeeded (see `LineTx::advance`); the
+    /// writes after it cannot fail.
     fn stage_finish(
         &self,
         b: &mut WriteBatch,
@@ -134,62 +149,77 @@ impl Store {
         // the scheduler): its due entry goes with this write.
         let from = match rec.state {
             State::InFlight => State::InFlight,
-            State::Pending if self.leases.contains(id) => {
-                b.delete_cf(self.cf(keys::DUE), Store::leased_due_key(&rec));
-                State::Pending
-            }
+            State::Pending if self.leases.contains(id) => State::Pending,
             // Deleted and re-created, or released by recovery: this attempt's result is stale.
             _ => return Ok(None),
         };
+        let old_due = Store::leased_due_key(&rec);
         rec.attempts += 1;
         rec.history_len += 1;
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
+        match *transition {
+            Transition::RetryAt(at) => {
+                rec.state = State::Pending;
+                rec.next_attempt_at_ms = at;
+            }
+            Transition::Delivered | Transition::Dead(_) => {
+                rec.state = match *transition {
+                    Transition::Dead(reason) => {
+                        rec.dead_reason = Some(reason);
+                        State::Dead
+                    }
+                    _ => State::Delivered,
+                };
+                rec.next_attempt_at_ms = 0;
+                rec.finished_at_ms = now_ms;
+            }
+        }
+        // The only step that can fail: before any write of this item.
+        self.line_after_attempt(b, tx, &rec, now_ms)?;
+        if from == State::Pending {
+            b.delete_cf(self.cf(keys::DUE), old_due);
+        }
         b.put_cf(
             self.cf(keys::HISTORY),
             keys::history_key(id, rec.history_len),
             attempt.encode(),
         );
-        match *transition {
-            Transition::RetryAt(at) => {
-                rec.state = State::Pending;
-                rec.next_attempt_at_ms = at;
-                self.enqueue(b, &rec);
-                if from != State::Pending {
-                    self.move_state(b, id, from, State::Pending);
-                }
-            }
-            Transition::Delivered | Transition::Dead(_) => {
-                let (state, counter) = match *transition {
-                    Transition::Dead(reason) => {
-                        rec.dead_reason = Some(reason);
-                        (State::Dead, keys::COUNT_DEAD)
-                    }
-                    _ => (State::Delivered, keys::COUNT_DELIVERED),
-                };
-                rec.state = state;
-                rec.next_attempt_at_ms = 0;
-                rec.finished_at_ms = now_ms;
-                self.move_state(b, id, from, state);
-                b.put_cf(
-                    self.cf(keys::EXPIRY),
-                    keys::time_key(now_ms.saturating_add(self.retention_of(state)), id),
-                    [],
-                );
-                counters.add(keys::COUNT_OPEN, -1);
-                counters.add(&keys::endpoint_open_key(&rec.endpoint), -1);
-                counters.add(counter, 1);
-            }
+        if rec.state == State::Pending {
+            self.enqueue(b, &rec);
+        } else {
+            b.put_cf(
+                self.cf(keys::EXPIRY),
+                keys::time_key(now_ms.saturating_add(self.retention_of(rec.state)), id),
+                [],
+            );
+            counters.add(keys::COUNT_OPEN, -1);
+            counters.add(&keys::endpoint_open_key(&rec.endpoint), -1);
+            counters.add(super::finished_counter(rec.state), 1);
         }
-        self.line_after_attempt(b, tx, &rec, now_ms)?;
+        self.move_state(b, id, from, rec.state);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         Ok(Some(rec))
     }
 
     /// Puts an in-flight message back in the queue, due at `now_ms`, without counting an
     /// attempt: for failures of courier itself, and for rate-limit or shutdown hand-backs.
+    ///
+    /// A release that fails (its record unreadable, its write refused) still ends the lease:
+    /// the message is then pending with its due entry where it was, and the floor comes
+    /// down to that entry, so the scheduler sees it again (see `lease`). A message written
+    /// in flight at accept has no lease; the caller retries its release.
     pub fn release(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
         let _g = self.lock(id);
+        let released = self.release_locked(id, due_ms);
+        if released.is_err() {
+            self.end_lease_in_place(id);
+        }
+        released
+    }
+
+    /// [`Store::release`] under the id's stripe.
+    fn release_locked(&self, id: &str, due_ms: u64) -> Result<bool, StoreError> {
         let leased = self.leases.contains(id);
         let Some(mut rec) = self.message(id)? else {
             self.leases.remove(id);

@@ -13,40 +13,125 @@
 //! Bounded: a lease is taken with an attempt permit, and outlives it only while its result
 //! waits in the result writer's bounded queue.
 //!
+//! No lease outlives its attempt, whatever fails. A result that cannot be written keeps its
+//! lease for the worker's retry (the message must not start again meanwhile); a release
+//! ends the lease even when its write fails, and then lowers the due floor to the entry
+//! the lease kept, which is still where it was, so the next pass sees the message again.
+//! That is why a lease remembers its entry's due time.
+//!
+//! A message whose record or payload cannot be read when the scheduler leases it (a record
+//! that does not decode, a missing payload, a read error) is not leased and fails alone:
+//! [`Store::lease_many`] answers the error in its slot and goes on with the others, so the
+//! leases taken in the same call are all handed over. Its entry is then *held back*: the
+//! due walk passes over it without handing it to the scheduler until its retry time (1 s,
+//! doubling to 5 min), keeps the floor below it, and reports that time as a wake-up. So
+//! nothing queued behind it waits for it, no permit or rate token is spent on it, and the
+//! error is logged once per retry, not once per pass. The message stays pending with its
+//! due entry, as a retry would leave it: an operator sees it in the admin API and in the
+//! scheduler's error log, and once it reads it is delivered, its attempts counted from where
+//! they were. It is not dead-lettered: most read errors heal (a disk, a full device), and a
+//! record that does not decode cannot be rewritten as dead without guessing at what it said.
+//! Bounded: at most [`HELD_MAX`] entries are held back; past that a failing entry is tried
+//! again at every pass (still alone), and entries held for messages gone meanwhile are
+//! dropped first.
+//!
 //! Readers that show state (the admin API) see a leased message as `in_flight`.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use super::{keys, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
-/// Ids of messages leased for an attempt.
+/// The first wait before a message that could not be read is tried again; it doubles with
+/// each failure, up to [`HELD_RETRY_MAX_MS`].
+const HELD_RETRY_MS: u64 = 1_000;
+const HELD_RETRY_MAX_MS: u64 = 300_000;
+/// Most entries held back at once.
+pub(super) const HELD_MAX: usize = 1024;
+
+/// Messages leased for an attempt: id → the due time of the entry the lease leaves in the
+/// queue. And the entries held back because their message could not be read.
 #[derive(Debug, Default)]
 pub(super) struct Leases {
-    ids: Mutex<HashSet<String>>,
+    ids: Mutex<HashMap<String, u64>>,
+    held: Mutex<HashMap<String, Held>>,
+    /// How many are held: the due walk looks at this, not at the lock.
+    held_n: AtomicUsize,
+}
+
+/// An entry held back after its message could not be read.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    failures: u32,
+    retry_at_ms: u64,
 }
 
 impl Leases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
         self.ids.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn contains(&self, id: &str) -> bool {
-        self.lock().contains(id)
+        self.lock().contains_key(id)
     }
 
-    pub(super) fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// Ends a lease; answers the due time of the entry it kept, if it was leased.
+    pub(super) fn remove(&self, id: &str) -> Option<u64> {
+        self.lock().remove(id)
     }
 
-    fn insert(&self, id: &str) -> bool {
-        self.lock().insert(id.to_string())
+    fn insert(&self, id: &str, due_ms: u64) {
+        self.lock().insert(id.to_string(), due_ms);
     }
 
     fn sorted(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.lock().iter().cloned().collect();
+        let mut ids: Vec<String> = self.lock().keys().cloned().collect();
         ids.sort_unstable();
         ids
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When a held-back message may be tried again, if that is after `now_ms`.
+    pub(super) fn held_until(&self, id: &str, now_ms: u64) -> Option<u64> {
+        if self.held_n.load(Relaxed) == 0 {
+            return None;
+        }
+        self.held().get(id).map(|h| h.retry_at_ms).filter(|at| *at > now_ms)
+    }
+
+    /// The message could not be read: hold its entry back, longer each time.
+    fn hold(&self, id: &str, now_ms: u64) {
+        let mut held = self.held();
+        if held.len() >= HELD_MAX && !held.contains_key(id) {
+            // Entries whose retry time is long past were not seen since: their message is gone.
+            held.retain(|_, h| h.retry_at_ms.saturating_add(HELD_RETRY_MAX_MS) > now_ms);
+            if held.len() >= HELD_MAX {
+                return;
+            }
+        }
+        let h = held.entry(id.to_string()).or_insert(Held {
+            failures: 0,
+            retry_at_ms: 0,
+        });
+        h.failures = h.failures.saturating_add(1);
+        let wait = HELD_RETRY_MS
+            .saturating_mul(1 << (h.failures - 1).min(20))
+            .min(HELD_RETRY_MAX_MS);
+        h.retry_at_ms = now_ms.saturating_add(wait);
+        self.held_n.store(held.len(), Relaxed);
+    }
+
+    /// The message was read: it is no longer held back.
+    fn release_hold(&self, id: &str) {
+        if self.held_n.load(Relaxed) > 0 {
+            let mut held = self.held();
+            held.remove(id);
+            self.held_n.store(held.len(), Relaxed);
+        }
     }
 }
 
@@ -56,30 +141,50 @@ impl Store {
         self.leases.contains(id)
     }
 
-    /// Leases due entries for an attempt, reading each record and payload: the answer has
-    /// one slot per entry, `None` for an entry that is stale (the message moved on since the
-    /// scan, or is leased already). Writes nothing.
-    pub fn lease_many(&self, entries: &[DueEntry]) -> Result<Vec<Option<Claimed>>, StoreError> {
+    /// Leases due entries for an attempt at `now_ms`, reading each record and payload: the
+    /// answer has one slot per entry, `None` for an entry that is stale (the message moved
+    /// on since the scan, or is leased already), the error for one that cannot be read (not
+    /// leased, and held back: see the module doc). Writes nothing.
+    pub fn lease_many(&self, entries: &[DueEntry], now_ms: u64) -> Vec<Result<Option<Claimed>, StoreError>> {
         let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            if self.leases.contains(&entry.id) {
-                out.push(None);
-                continue;
-            }
-            let Some(Claimed {
-                record: mut rec,
-                payload,
-            }) = self.due_message(entry)?
-            else {
-                out.push(None);
-                continue;
-            };
-            self.leases.insert(&rec.id);
-            rec.state = State::InFlight;
-            out.push(Some(Claimed { record: rec, payload }));
+        entries.iter().map(|entry| self.lease(entry, now_ms)).collect()
+    }
+
+    /// One entry of [`Store::lease_many`]; the caller holds its stripe.
+    fn lease(&self, entry: &DueEntry, now_ms: u64) -> Result<Option<Claimed>, StoreError> {
+        if self.leases.contains(&entry.id) {
+            return Ok(None);
         }
-        Ok(out)
+        let read = match self.due_message(entry) {
+            Ok(read) => read,
+            Err(e) => {
+                self.leases.hold(&entry.id, now_ms);
+                // The pass that handed it over may raise the floor past it (it took the
+                // entry as dispatched): reported as a write is, so the raise stops below it.
+                self.due_floor.wrote(entry.due_ms);
+                return Err(e);
+            }
+        };
+        self.leases.release_hold(&entry.id);
+        let Some(Claimed {
+            record: mut rec,
+            payload,
+        }) = read
+        else {
+            return Ok(None);
+        };
+        self.leases.insert(&rec.id, entry.due_ms);
+        rec.state = State::InFlight;
+        Ok(Some(Claimed { record: rec, payload }))
+    }
+
+    /// Ends a lease whose entry stays in the queue where it was (a release that could not
+    /// be written): the floor comes down to it, or the scheduler, which passed over it
+    /// while leased, would never look at it again.
+    pub(super) fn end_lease_in_place(&self, id: &str) {
+        if let Some(due_ms) = self.leases.remove(id) {
+            self.due_floor.wrote(due_ms);
+        }
     }
 
     /// A message as readers see it: `in_flight` while leased. The lease is looked at before

@@ -318,6 +318,7 @@ impl Store {
 
     /// Reads a message record.
     pub fn message(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+        self.faults.read_of(id)?;
         message_in(&self.db, id)
     }
 

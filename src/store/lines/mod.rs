@@ -217,6 +217,10 @@ impl LineTx {
 
     /// The head `id` of `endpoint`'s line left it: the next member is promoted, due at
     /// `now_ms`, or the line ends. Nothing happens when `id` is not the head.
+    ///
+    /// All or nothing: the members are read first, and `b` and this transaction change only
+    /// once every read has succeeded. A result batch is written for its other items when
+    /// this one fails, and must not carry half of a line's move.
     pub(super) fn advance(
         &mut self,
         db: &DB,
@@ -241,30 +245,19 @@ impl LineTx {
         ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
         let mut it = db.raw_iterator_cf_opt(cf(db, keys::LINES), ro);
         it.seek(&start);
-        let mut line = line;
+        // Member keys leaving the line (the promoted one last), and the promoted record.
+        let mut leaving: Vec<(Vec<u8>, u64)> = Vec::new();
         let mut promoted = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             let Some((_, Some(pos))) = keys::split_line_key(k) else {
                 it.next();
                 continue;
             };
-            b.delete_cf(cf(db, keys::LINES), k);
-            line.waiting = line.waiting.saturating_sub(1);
-            self.counters.add(keys::COUNT_LINED, -1);
-            self.taken.insert(endpoint.to_string(), pos);
+            leaving.push((k.to_vec(), pos));
             let next = String::from_utf8_lossy(v).into_owned();
-            if let Some(mut rec) = super::message_in(db, &next)? {
+            if let Some(rec) = super::message_in(db, &next)? {
                 if rec.state == State::Pending && rec.fifo.is_some_and(|f| f.pos == pos) {
-                    rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
-                    rec.next_attempt_at_ms = now_ms;
-                    let routing = Routing {
-                        host: rec.host.clone(),
-                        endpoint: rec.endpoint.clone(),
-                    };
-                    b.put_cf(cf(db, keys::DUE), keys::time_key(now_ms, &next), routing.encode());
-                    b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
-                    self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
-                    promoted = Some(next);
+                    promoted = Some((next, rec));
                     break;
                 }
             }
@@ -273,11 +266,34 @@ impl LineTx {
             it.next();
         }
         it.status()?;
-        *self.record(db, endpoint)? = promoted.map(|head| LineRecord {
-            head,
-            blocked: false,
-            ..line
+        // Every read succeeded: from here on nothing fails.
+        let mut line = line;
+        for (key, pos) in leaving {
+            b.delete_cf(cf(db, keys::LINES), key);
+            line.waiting = line.waiting.saturating_sub(1);
+            self.counters.add(keys::COUNT_LINED, -1);
+            self.taken.insert(endpoint.to_string(), pos);
+        }
+        let head = promoted.map(|(next, mut rec)| {
+            rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
+            rec.next_attempt_at_ms = now_ms;
+            let routing = Routing {
+                host: rec.host.clone(),
+                endpoint: rec.endpoint.clone(),
+            };
+            b.put_cf(cf(db, keys::DUE), keys::time_key(now_ms, &next), routing.encode());
+            b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
+            self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
+            next
         });
+        self.records.insert(
+            endpoint.to_string(),
+            head.map(|head| LineRecord {
+                head,
+                blocked: false,
+                ..line
+            }),
+        );
         self.dirty.insert(endpoint.to_string());
         Ok(())
     }

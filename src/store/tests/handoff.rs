@@ -70,7 +70,7 @@ async fn messages_in_flight_finished_or_dead_are_left_as_they_are() {
         store.hand_off("dlv_a", 200).unwrap(),
         HandOff::NotPending(State::InFlight)
     );
-    store.lease_many(&[entry(&store, "dlv_b")]).unwrap();
+    store.lease_many(&[entry(&store, "dlv_b")], 0);
     assert_eq!(store.hand_off("dlv_b", 200).unwrap(), HandOff::Leased);
     claim(&store, "dlv_c");
     let dead = Transition::Dead(DeadReason::PermanentStatus);

@@ -23,9 +23,9 @@ async fn a_lease_writes_nothing_and_is_taken_once() {
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
     let e = entry(&store, "dlv_a");
     let leased = store
-        .lease_many(std::slice::from_ref(&e))
-        .unwrap()
+        .lease_many(std::slice::from_ref(&e), 0)
         .pop()
+        .and_then(Result::ok)
         .flatten()
         .expect("leased");
     assert_eq!(leased.record.state, State::InFlight, "handed over as in flight");
@@ -41,7 +41,7 @@ async fn a_lease_writes_nothing_and_is_taken_once() {
     );
     assert!(store.is_leased("dlv_a"));
     assert!(
-        store.lease_many(&[e]).unwrap()[0].is_none(),
+        matches!(store.lease_many(&[e], 0)[0], Ok(None)),
         "a leased message is not leased again"
     );
     let shown = store.shown(store.message("dlv_a").unwrap().unwrap());
@@ -61,7 +61,7 @@ async fn a_lease_writes_nothing_and_is_taken_once() {
 async fn the_result_write_ends_the_lease_and_moves_the_due_entry() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
-    store.lease_many(&[entry(&store, "dlv_a")]).unwrap();
+    store.lease_many(&[entry(&store, "dlv_a")], 0);
     let rec = store
         .finish_attempt("dlv_a", &attempt(503), Transition::RetryAt(700), 150)
         .unwrap()
@@ -73,7 +73,7 @@ async fn the_result_write_ends_the_lease_and_moves_the_due_entry() {
     assert!(!store.is_leased("dlv_a"));
     assert_eq!(due_ids(&store, 699), Vec::<String>::new(), "the old due entry is gone");
     assert_eq!(due_ids(&store, 700), vec!["dlv_a"]);
-    store.lease_many(&[entry(&store, "dlv_a")]).unwrap();
+    store.lease_many(&[entry(&store, "dlv_a")], 0);
     let rec = store
         .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 800)
         .unwrap()
@@ -94,7 +94,7 @@ async fn the_result_write_ends_the_lease_and_moves_the_due_entry() {
 async fn a_failed_result_write_keeps_the_lease_for_the_retry() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
-    store.lease_many(&[entry(&store, "dlv_a")]).unwrap();
+    store.lease_many(&[entry(&store, "dlv_a")], 0);
     store
         .faults()
         .fail_results
@@ -118,9 +118,7 @@ async fn a_release_puts_a_leased_message_back_where_the_scheduler_looks() {
     let (_d, store) = open();
     store.accept(message("dlv_a", "e", 100)).await.unwrap();
     store.accept(message("dlv_b", "f", 100)).await.unwrap();
-    store
-        .lease_many(&[entry(&store, "dlv_a"), entry(&store, "dlv_b")])
-        .unwrap();
+    store.lease_many(&[entry(&store, "dlv_a"), entry(&store, "dlv_b")], 0);
     // A pass saw both leased and raised the floor past them.
     let mark = store.due_floor.mark();
     store.raise_due_floor(mark, 500);
@@ -160,4 +158,94 @@ async fn a_message_claimed_at_accept_is_in_flight_with_no_due_entry_until_its_re
     assert_eq!(store.recover_in_flight(300).unwrap(), 1);
     assert_eq!(due_ids(&store, 300), vec!["dlv_a"]);
     assert_eq!(store.counts().unwrap().open, 1);
+}
+
+/// Issue 24, finding 2: a result that failed alone (its record could not be read) lost its
+/// lease with the batch, so the worker's retry was answered stale and the message was sent
+/// again only after a restart.
+#[tokio::test]
+async fn a_result_that_fails_alone_keeps_its_lease_for_the_retry() {
+    let (_d, store) = open();
+    store.accept(message("dlv_a", "e1", 100)).await.unwrap();
+    store.accept(message("dlv_b", "e2", 100)).await.unwrap();
+    store.lease_many(&[entry(&store, "dlv_a"), entry(&store, "dlv_b")], 0);
+    store.faults().make_unreadable("dlv_b");
+    assert!(store
+        .finish_attempt("dlv_b", &attempt(200), Transition::Delivered, 150)
+        .is_err());
+    assert!(store.is_leased("dlv_b"), "a failed result keeps its lease (alone)");
+    let item = |id: &str| FinishedAttempt {
+        id: id.into(),
+        attempt: attempt(200),
+        transition: Transition::Delivered,
+        now_ms: 160,
+    };
+    let answers = store.finish_attempts(&[item("dlv_a"), item("dlv_b")]);
+    assert!(matches!(answers[0], Ok(Some(_))), "{:?}", answers[0]);
+    assert!(answers[1].is_err());
+    assert!(!store.is_leased("dlv_a"));
+    assert!(
+        store.is_leased("dlv_b"),
+        "a failed result keeps its lease (in a batch that was written)"
+    );
+    store.faults().heal("dlv_b");
+    let rec = store
+        .finish_attempt("dlv_b", &attempt(200), Transition::Delivered, 170)
+        .unwrap()
+        .expect("the retry is not answered stale");
+    assert_eq!((rec.state, rec.attempts), (State::Delivered, 1));
+    assert!(!store.is_leased("dlv_b"));
+}
+
+/// Issue 24, finding 4: a release that failed (its record unreadable, or its write) left
+/// the lease in place, and the scheduler passed over the message for good.
+#[tokio::test]
+async fn a_failed_release_still_ends_the_lease_and_lowers_the_floor() {
+    let (_d, store) = open();
+    store.accept(message("dlv_a", "e1", 100)).await.unwrap();
+    store.lease_many(&[entry(&store, "dlv_a")], 0);
+    // A pass saw it leased and raised the floor past it.
+    let mark = store.due_floor.mark();
+    store.raise_due_floor(mark, 500);
+    store.faults().make_unreadable("dlv_a");
+    assert!(store.release("dlv_a", 5_000).is_err());
+    assert!(!store.is_leased("dlv_a"), "no lease outlives its attempt");
+    assert!(
+        store.due_floor() <= 100,
+        "the floor comes back down to the entry left where it was"
+    );
+    store.faults().heal("dlv_a");
+    assert_eq!(due_ids(&store, 1_000), vec!["dlv_a"], "seen again by the next pass");
+    let rec = store.message("dlv_a").unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempts), (State::Pending, 0));
+}
+
+/// Issue 24, finding 1 (the store's part): an entry that cannot be read fails alone, the
+/// others are leased, and the walk passes over it until its retry time, which it reports.
+#[tokio::test]
+async fn an_unreadable_entry_fails_alone_and_is_held_back_until_its_retry() {
+    let (_d, store) = open();
+    for (id, ev) in [("dlv_a", "e1"), ("dlv_b", "e2"), ("dlv_c", "e3")] {
+        store.accept(message(id, ev, 100)).await.unwrap();
+    }
+    let entries = [entry(&store, "dlv_a"), entry(&store, "dlv_b"), entry(&store, "dlv_c")];
+    store.faults().make_unreadable("dlv_b");
+    let answers = store.lease_many(&entries, 200);
+    assert!(matches!(answers[0], Ok(Some(_))) && matches!(answers[2], Ok(Some(_))));
+    assert!(answers[1].is_err());
+    assert!(!store.is_leased("dlv_b"), "not leased");
+    let (end, _) = store.scan_due(1_000, 100, None, |_| ScanStep::Continue).unwrap();
+    assert_eq!(
+        end,
+        ScanEnd::Exhausted {
+            next_due_ms: Some(1_200)
+        },
+        "held back, with its retry time as a wake-up"
+    );
+    assert_eq!(due_ids(&store, 1_000), vec!["dlv_a", "dlv_c"], "passed over until then");
+    assert_eq!(due_ids(&store, 1_200), vec!["dlv_a", "dlv_b", "dlv_c"]);
+    assert!(store.lease_many(&entries[1..2], 1_200)[0].is_err());
+    assert_eq!(due_ids(&store, 3_000), vec!["dlv_a", "dlv_c"], "longer each time");
+    store.faults().heal("dlv_b");
+    assert!(matches!(store.lease_many(&entries[1..2], 3_200)[0], Ok(Some(_))));
 }

@@ -1,0 +1,88 @@
+//! Store faults under delivery: a message whose record cannot be read, when the scheduler
+//! leases it and when its attempt's result is written. Courier's own failure, so never an
+//! attempt counted, never a lease or a permit held for ever, and never another message
+//! held up behind it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::tests::{config, status, Harness, Scripted, T0};
+use crate::clock::ManualClock;
+use crate::model::{Jitter, State};
+use crate::store::Store;
+use crate::transport::{OutboundRequest, SendFuture, Transport};
+
+/// Answers 200; on its first call makes the message it was told of unreadable, as if its
+/// record went bad while the attempt was out.
+#[derive(Default)]
+struct BreaksOnSend {
+    breaks: Mutex<Option<(Arc<Store>, String)>>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Transport for BreaksOnSend {
+    fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
+        self.calls.lock().unwrap().push(req.url.path().to_string());
+        if let Some((store, id)) = self.breaks.lock().unwrap().take() {
+            store.faults().make_unreadable(&id);
+        }
+        Box::pin(async { status(200) })
+    }
+}
+
+/// Issue 24, finding 1: one unreadable message in a pass's lease batch returned early from
+/// it: the messages leased before it stayed `in_flight` with no attempt, and every later
+/// pass failed on it, so nothing behind it was sent.
+#[tokio::test]
+async fn an_unreadable_due_message_strands_no_lease_and_holds_up_no_other() {
+    let clock = ManualClock::new(T0);
+    let t = Scripted::new(clock.clone(), vec![]);
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    let mut ids = Vec::new();
+    for path in ["a", "b", "c"] {
+        ids.push(h.accept_url(&format!("https://r.example/{path}"), vec![]).await);
+    }
+    h.d.store.faults().make_unreadable(&ids[1]);
+    h.start_scheduler();
+    for id in [&ids[0], &ids[2]] {
+        h.wait_record(id, "delivery", |r| r.state == State::Delivered).await;
+    }
+    assert!(!h.d.store.is_leased(&ids[1]), "no lease without an attempt");
+    h.d.store.faults().heal(&ids[1]);
+    clock.advance(Duration::from_secs(1));
+    h.settle().await;
+    let rec = h
+        .wait_record(&ids[1], "delivery once readable", |r| r.state == State::Delivered)
+        .await;
+    assert_eq!(rec.attempts, 1);
+}
+
+/// Issue 24, finding 2: a result write that kept failing for one message held its attempt
+/// (and its `max_in_flight` permit) in a retry loop for ever. Now the retries are bounded:
+/// then the message goes back to the queue, its attempt not counted (courier's failure).
+#[tokio::test]
+async fn a_result_that_cannot_be_written_gives_its_permit_back_and_counts_no_attempt() {
+    let clock = ManualClock::new(T0);
+    let t = Arc::new(BreaksOnSend::default());
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.max_in_flight = 1;
+    let h = Harness::without_scheduler(cfg, t.clone(), clock.clone());
+    h.d.set_result_retry(Duration::from_millis(1));
+    let a = h.accept_url("https://r.example/a", vec![]).await;
+    *t.breaks.lock().unwrap() = Some((h.d.store.clone(), a.clone()));
+    h.start_scheduler();
+    let b = h.accept_url("https://r.example/b", vec![]).await;
+    h.wait_record(&b, "delivery with the only permit back", |r| {
+        r.state == State::Delivered
+    })
+    .await;
+    assert!(!h.d.store.is_leased(&a), "its lease ended with the attempt");
+    h.d.store.faults().heal(&a);
+    clock.advance(super::SELF_FAILURE_DELAY);
+    h.settle().await;
+    let rec = h
+        .wait_record(&a, "delivery once readable", |r| r.state == State::Delivered)
+        .await;
+    assert_eq!(rec.attempts, 1, "the attempt whose result was lost is not counted");
+    assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a", "/b", "/a"]);
+}
