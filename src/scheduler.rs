@@ -15,7 +15,13 @@
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
 //! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
 //! next pass continues from there, so other hosts' messages behind a blocked backlog are
-//! reached, and no wake-up pays for re-reading the whole blocked run.
+//! reached, and no wake-up pays for re-reading the whole blocked run. What lies before the
+//! resume point is not forgotten: a walk that started there and reaches the end goes on
+//! from the floor, once per wake-up (what woke it, an accept or a freed permit, may sort
+//! before it), and the wake times asked for before it stay owed until a walk from the floor
+//! asks for them again. A wake-up whose [`SCAN_BUDGET`] runs out on blocked runs leaves what
+//! lies past the resume point to the next wake-up, which the blocked attempts give as they
+//! end.
 //!
 //! A pass runs on a blocking thread: it reads the store, and its park writes wait behind the
 //! accepts' fsync, neither of which may hold up the async workers that serve ingress.
@@ -42,11 +48,72 @@ pub const SKIP_RUN: usize = 256;
 /// How long to wait before trying again after the store failed to read or claim.
 const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
+/// How much one pass and one wake-up may do: [`Limits::DEFAULT`] in courier; tests make
+/// them small so a few dozen messages reach the long-backlog paths.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Most due entries one pass looks at, and one wake-up pays for.
+    pub scan_budget: usize,
+    /// Most messages one pass leases (or parks).
+    pub claim_batch: usize,
+    /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
+    pub skip_run: usize,
+}
+
+impl Limits {
+    /// courier's limits.
+    pub(crate) const DEFAULT: Limits = Limits {
+        scan_budget: SCAN_BUDGET,
+        claim_batch: CLAIM_BATCH,
+        skip_run: SKIP_RUN,
+    };
+}
+
 /// The scheduler task.
 pub struct Scheduler {
     d: Arc<Deliverer>,
+    limits: Limits,
     /// Where the last pass stopped on a long blocked run.
     resume: Option<(u64, String)>,
+    /// Tests: whether the loop is asleep, and until when.
+    #[cfg(test)]
+    nap: Option<Nap>,
+}
+
+/// Tests: while the loop waits, until when (`None`: for a wake-up only) and its resume
+/// point; `None` while it works. Set when the wait is first polled and cleared when it
+/// ends, in the same poll as the wake-up's check, so on a current-thread runtime a reader
+/// sees it set only when no wake-up is pending.
+#[cfg(test)]
+pub(crate) type Nap = Arc<std::sync::Mutex<Option<Asleep>>>;
+
+/// Tests: what the loop waits for (see [`Nap`]).
+#[cfg(test)]
+#[derive(Debug, Clone)]
+pub(crate) struct Asleep {
+    /// Its wake time, if any.
+    pub until: Option<u64>,
+    /// Where its next walk starts, if not at the floor.
+    pub resume: Option<(u64, String)>,
+}
+
+/// Marks the loop asleep until dropped (see [`Nap`]).
+#[cfg(test)]
+struct Napping<'a>(&'a Nap);
+
+#[cfg(test)]
+impl<'a> Napping<'a> {
+    fn start(nap: &'a Nap, until: Option<u64>, resume: Option<(u64, String)>) -> Self {
+        *nap.lock().unwrap() = Some(Asleep { until, resume });
+        Napping(nap)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Napping<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = None;
+    }
 }
 
 /// What one pass found.
@@ -59,6 +126,8 @@ pub(crate) struct Pass {
     scanned: usize,
     /// Stopped on a long blocked run (a resume point is set).
     stopped_on_run: bool,
+    /// Walked to the end of what is due.
+    exhausted: bool,
     wake_at: Option<u64>,
     cut: bool,
     store_error: bool,
@@ -75,23 +144,47 @@ impl Pass {
 impl Scheduler {
     /// A scheduler over a delivery context.
     pub fn new(d: Arc<Deliverer>) -> Self {
-        Scheduler { d, resume: None }
+        Scheduler {
+            d,
+            limits: Limits::DEFAULT,
+            resume: None,
+            #[cfg(test)]
+            nap: None,
+        }
+    }
+
+    /// Tests: a scheduler with other limits, reporting its sleeps to `nap`.
+    #[cfg(test)]
+    pub(crate) fn observed(d: Arc<Deliverer>, limits: Limits, nap: Nap) -> Self {
+        Scheduler {
+            limits,
+            nap: Some(nap),
+            ..Scheduler::new(d)
+        }
     }
 
     /// Runs until `stop` turns true.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        // Entries looked at since the last wait: one wake-up pays for at most SCAN_BUDGET.
+        // Entries looked at since the last wait: one wake-up pays for at most the scan budget.
         let mut scanned_since_wait = 0;
-        // The earliest wake-up asked for by passes that went straight on to the next one (a
-        // deeper pass does not see what the one before it asked for).
-        let mut carried_wake: Option<u64> = None;
-        loop {
-            if *stop.borrow() {
-                return;
-            }
+        // The earliest wake-up asked for by the passes since the last walk from the floor. A
+        // pass that starts at a resume point does not see the entries before it, so what
+        // they asked for (a token, a breaker's probe) stays owed, whether the loop went
+        // straight on or slept and was woken early; a walk from the floor sees them again
+        // and asks anew.
+        let mut owed: Option<u64> = None;
+        // Whether a walk since the last wait started at the floor.
+        let mut from_floor = false;
+        let limits = self.limits;
+        while !*stop.borrow() {
             let d = self.d.clone();
             let resume = self.resume.take();
-            let (pass, resume) = match tokio::task::spawn_blocking(move || pass(&d, resume)).await {
+            let resumed = resume.is_some();
+            if !resumed {
+                owed = None;
+                from_floor = true;
+            }
+            let (pass, resume) = match tokio::task::spawn_blocking(move || pass(&d, &limits, resume)).await {
                 Ok(done) => done,
                 Err(e) => {
                     tracing::error!(error = %e, "a scheduler pass panicked");
@@ -107,45 +200,62 @@ impl Scheduler {
             self.resume = resume;
             self.d.metrics.scheduler_pass();
             scanned_since_wait += pass.scanned;
+            owed = earliest(owed, pass.wake_at);
             let more_now = pass.cut && pass.dispatched + pass.parked > 0;
-            let go_deeper = pass.stopped_on_run && scanned_since_wait < SCAN_BUDGET;
-            if more_now || go_deeper {
-                carried_wake = earliest(carried_wake, pass.wake_at);
+            let budget_left = scanned_since_wait < limits.scan_budget;
+            let go_deeper = pass.stopped_on_run && budget_left;
+            // A walk that began at a resume point and reached the end has not seen what lies
+            // before that point, where what woke it may be (an accept that sorts before it,
+            // a freed permit of a host there): it goes on from the floor, once per wake-up.
+            let wrap = resumed && pass.exhausted && !from_floor && budget_left;
+            if more_now || go_deeper || wrap {
                 continue;
             }
             scanned_since_wait = 0;
-            let now = self.d.clock.now_ms();
-            let mut wake_at = earliest(carried_wake.take(), pass.wake_at);
+            from_floor = false;
+            let mut wake_at = owed;
             if pass.store_error {
-                wake_at = earliest(wake_at, Some(now + STORE_ERROR_BACKOFF.as_millis() as u64));
+                let backoff = self.d.clock.now_ms() + STORE_ERROR_BACKOFF.as_millis() as u64;
+                wake_at = earliest(wake_at, Some(backoff));
             }
-            let sleep = async {
-                match wake_at {
-                    Some(at) => self.d.clock.sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = self.d.wake.notified() => {}
-                // A due time (or a breaker's probe time, or a token) came: what it was for
-                // may lie before the last resume point, so the walk starts at the floor.
-                _ = sleep => self.resume = None,
-                _ = stop.changed() => {}
+            self.wait(wake_at, &mut stop).await;
+        }
+    }
+
+    /// Sleeps until `wake_at`, a wake-up, or `stop`.
+    async fn wait(&mut self, wake_at: Option<u64>, stop: &mut watch::Receiver<bool>) {
+        let sleep = async {
+            #[cfg(test)]
+            let _asleep = self
+                .nap
+                .as_ref()
+                .map(|nap| Napping::start(nap, wake_at, self.resume.clone()));
+            match wake_at {
+                Some(at) => self.d.clock.sleep_until(at).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            _ = self.d.wake.notified() => {}
+            // A due time (or a breaker's probe time, or a token) came: what it was for may
+            // lie before the last resume point, so the walk starts at the floor.
+            _ = sleep => self.resume = None,
+            _ = stop.changed() => {}
         }
     }
 }
 
 /// One walk over what is due now (from the due floor, or from where the last pass
 /// stopped); returns what it found and where the next pass should resume.
-fn pass(d: &Arc<Deliverer>, resumed: Option<(u64, String)>) -> (Pass, Option<(u64, String)>) {
-    pass_with(d, resumed, &mut || {})
+fn pass(d: &Arc<Deliverer>, limits: &Limits, resumed: Option<(u64, String)>) -> (Pass, Option<(u64, String)>) {
+    pass_with(d, limits, resumed, &mut || {})
 }
 
 /// [`pass`] with `between` run after the scan decided and before its writes: the simulator
 /// puts operator actions there, the interleaving a real resume or delete can hit.
 pub(crate) fn pass_with(
     d: &Arc<Deliverer>,
+    limits: &Limits,
     resumed: Option<(u64, String)>,
     between: &mut dyn FnMut(),
 ) -> (Pass, Option<(u64, String)>) {
@@ -169,13 +279,13 @@ pub(crate) fn pass_with(
     let mut skipped_in_a_row = 0;
     let mut stopped_at: Option<(u64, String)> = None;
     let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
-    let scanned = d.store.scan_due(now, SCAN_BUDGET, after, |entry| {
+    let scanned = d.store.scan_due(now, limits.scan_budget, after, |entry| {
         let due_ms = entry.due_ms;
         last_seen = Some(due_ms);
         last_id.clear();
         last_id.push_str(&entry.id);
         pass.scanned += 1;
-        if skipped_in_a_row >= SKIP_RUN {
+        if skipped_in_a_row >= limits.skip_run {
             stopped_at = Some((due_ms, entry.id.clone()));
             first_left.get_or_insert_with(|| (due_ms, entry.id.clone()));
             return ScanStep::Stop;
@@ -242,7 +352,7 @@ pub(crate) fn pass_with(
             skipped_in_a_row += 1;
             first_left.get_or_insert_with(|| (due_ms, last_id.clone()));
         }
-        if ready.len() + to_park.len() >= CLAIM_BATCH {
+        if ready.len() + to_park.len() >= limits.claim_batch {
             ScanStep::Stop
         } else {
             ScanStep::Continue
@@ -301,6 +411,7 @@ pub(crate) fn pass_with(
     let mut resume = None;
     match scanned {
         Ok((ScanEnd::Exhausted { next_due_ms }, floor)) => {
+            pass.exhausted = true;
             if let Some(at) = next_due_ms {
                 pass.wake_no_later_than(at);
             }
@@ -347,3 +458,7 @@ fn resume_before(due: u64, id: &str) -> (u64, String) {
     prefix.pop();
     (due, prefix)
 }
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;
