@@ -86,3 +86,29 @@ async fn a_result_that_cannot_be_written_gives_its_permit_back_and_counts_no_att
     assert_eq!(rec.attempts, 1, "the attempt whose result was lost is not counted");
     assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a", "/b", "/a"]);
 }
+
+/// A store that refuses every result write for a while (a full disk) must not turn each
+/// attempt into a stream of copies: giving up on the result and requeueing would send the
+/// message again every few seconds, none of it recorded. The write is retried, the message
+/// stays leased, and the receiver sees it once.
+#[tokio::test]
+async fn a_store_refusing_result_writes_for_a_while_sends_nothing_twice() {
+    let clock = ManualClock::new(T0);
+    let t = Arc::new(BreaksOnSend::default());
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_result_retry(Duration::from_millis(1));
+    // More refusals than the tries a per-message failure gets.
+    let refusals = super::STORE_TRIES as usize + 3;
+    h.d.store
+        .faults()
+        .fail_results
+        .store(refusals, std::sync::atomic::Ordering::SeqCst);
+    let a = h.accept_url("https://r.example/a", vec![]).await;
+    h.start_scheduler();
+    let rec = h.wait_record(&a, "delivery", |r| r.state == State::Delivered).await;
+    assert_eq!(rec.attempts, 1);
+    // Past every wait a requeue would have taken, with passes run: still one send.
+    clock.advance(super::SELF_FAILURE_DELAY * 2);
+    h.settle().await;
+    assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a"]);
+}

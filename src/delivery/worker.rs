@@ -18,7 +18,9 @@ use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
-use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
+use crate::store::{
+    AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, StoreError, Transition,
+};
 use crate::trace::{new_span_id, TraceParent, TRACEPARENT};
 use crate::transport::{OutboundRequest, TransportError};
 
@@ -298,16 +300,21 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
 }
 
 /// Writes an attempt's result, with the result writer (batched with every other attempt
-/// that ended meanwhile, and applied to the endpoint's streak once written). A failed write
-/// is tried again with backoff (the disk may be full for a while): until it lands the
-/// message stays leased and cannot start again, and a failed write wrote nothing. After
-/// `STORE_TRIES` failures: `None`, and the caller gives the attempt up, so that a message
-/// whose record went bad does not hold its permits for ever.
+/// that ended meanwhile, and applied to the endpoint's streak once written). Until it lands
+/// the message stays leased and cannot start again, and a failed write wrote nothing.
+///
+/// What a failure means decides what comes next. A store that refuses writes (a full disk,
+/// an I/O error) refuses them for every message: the write is tried again with backoff (up
+/// to [`MAX_RESULT_WAIT`]) for as long as it takes, the lease and the `max_in_flight`
+/// permit kept, so that nothing is sent again meanwhile and the permits hold dispatch back
+/// (giving up would put the message back in the queue to be sent again every few seconds,
+/// none of it recorded: a flood). A failure of this message alone (its record no longer
+/// reads) does not heal by waiting: after `STORE_TRIES` tries `None`, and the caller gives
+/// the attempt up so that it does not hold its permits for ever. `None` too once the store
+/// is closed (shutdown: the message is in flight at restart).
 async fn record_result(d: &Deliverer, item: FinishedAttempt, streak: StreakNote) -> Option<EndpointChange> {
-    for n in 0..super::STORE_TRIES {
-        if n > 0 {
-            tokio::time::sleep(d.store_backoff(n - 1)).await;
-        }
+    let mut n = 0u32;
+    loop {
         match d.results.record(item.clone(), streak.clone()).await {
             Ok(recorded) => {
                 if recorded.message.is_none() {
@@ -318,12 +325,20 @@ async fn record_result(d: &Deliverer, item: FinishedAttempt, streak: StreakNote)
                 return Some(recorded.endpoint);
             }
             Err(e) => {
-                tracing::error!(delivery_id = %item.id, error = %e, tries = n + 1, "recording an attempt failed")
+                let this_message_only = matches!(e, StoreError::Codec { .. });
+                tracing::error!(delivery_id = %item.id, error = %e, tries = n + 1, "recording an attempt failed");
+                if matches!(e, StoreError::Closed) || (this_message_only && n + 1 >= super::STORE_TRIES) {
+                    return None;
+                }
             }
         }
+        tokio::time::sleep(d.store_backoff(n).min(MAX_RESULT_WAIT)).await;
+        n = n.saturating_add(1);
     }
-    None
 }
+
+/// The longest wait between two tries of a result write the store refused.
+const MAX_RESULT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
 pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {
