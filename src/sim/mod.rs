@@ -64,7 +64,13 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "simulation seed {} failed: {}", self.seed, self.what)?;
-        let from = self.trace.len().saturating_sub(40);
+        // Replaying one seed shows every step; a soak shows the last 40.
+        let keep = if std::env::var_os("COURIER_SIM_SEED").is_some() {
+            usize::MAX
+        } else {
+            40
+        };
+        let from = self.trace.len().saturating_sub(keep);
         for line in &self.trace[from..] {
             writeln!(f, "  {line}")?;
         }
@@ -162,6 +168,15 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
                 }
                 format!("pass with {} unreadable", id.as_deref().unwrap_or("nothing"))
             }
+            96..=97 => {
+                disturbed.push(now);
+                let writes = w.rng.random_range(0..4);
+                w.crash_inside(writes, inside_a_crash)?
+            }
+            98 => {
+                disturbed.push(now);
+                format!("{} attempts cut off", w.cut_off())
+            }
             _ => {
                 w.pass(false);
                 "pass".into()
@@ -174,6 +189,33 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         check::paused_untouched(w, &paused, log_start)?;
     }
     Ok(())
+}
+
+/// What runs while a crash is armed: an accept (the committer's batch), a pass (its park
+/// writes), an operator action (a multi-page resume or bulk replay, a delete, a hand-off), a
+/// retention sweep (its chunks), or held answers released (their results, line promotions).
+fn inside_a_crash(w: &mut World) -> Result<String, String> {
+    Ok(match w.rng.random_range(0..5) {
+        0 => {
+            let n = w.rng.random_range(1..6);
+            w.accept(n, false)?;
+            format!("accept {n}")
+        }
+        1 => {
+            let mid = w.rng.random_bool(0.5);
+            let note = w.pass(mid);
+            format!("pass{}", note.map(|n| format!(" with {n} inside")).unwrap_or_default())
+        }
+        2 => w.operator(),
+        3 => format!("retention sweep: {} removed", w.sweep()),
+        _ => {
+            w.rx.release_all();
+            // Their results are written (or refused, once the crash point passed: a dead
+            // store refuses them for good, so this waits a moment, not for them all).
+            w.let_run(Duration::from_millis(100));
+            "release held answers".into()
+        }
+    })
 }
 
 fn world_start() -> u64 {

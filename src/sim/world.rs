@@ -232,6 +232,7 @@ impl World {
         };
         d.set_result_retry(Duration::from_millis(1));
         d.recover_at_start().expect("startup recovery");
+        self.rx.watch_store(&store);
         self.node = Some(Node {
             rt,
             store,
@@ -272,6 +273,47 @@ impl World {
         self.start_node();
     }
 
+    /// A crash inside the next writes: `writes` more land, then the process dies at the
+    /// next one (whichever component makes it), `step` runs on to its end against the dead
+    /// store, and the node is dropped and reopened. Returns what `step` said.
+    pub fn crash_inside(
+        &mut self,
+        writes: usize,
+        step: impl FnOnce(&mut World) -> Result<String, String>,
+    ) -> Result<String, String> {
+        // Attempts under way at the crash point may have reached their receiver without
+        // their result being written; which ones, only the moment of the crash tells. So
+        // every attempt in flight before the step or started during it counts as cut (an
+        // upper bound: a crash allows these to be seen once more than recorded).
+        let (in_flight, log_start) = (self.in_flight_ids(), self.rx.log_len());
+        self.store().faults().crash_after(writes);
+        let what = step(self)?;
+        let crashed = self.store().faults().crashed();
+        let started = self.rx.log_from(log_start).into_iter().map(|s| s.event_id);
+        for event in in_flight.into_iter().map(|(_, event)| event).chain(started) {
+            *self.model.cut.entry(event).or_default() += 1;
+        }
+        self.crash();
+        Ok(format!(
+            "{what}; crash after {writes} writes{}",
+            if crashed { "" } else { " (after it)" }
+        ))
+    }
+
+    /// Running attempts cut off and put back uncounted, the node running on (what a
+    /// running courier's drain does before it forwards): each message is released where it
+    /// was, its lease ended and the due floor lowered, with no reopen to hide a slip.
+    pub fn cut_off(&mut self) -> usize {
+        for (_, event) in self.in_flight_ids() {
+            *self.model.cut.entry(event).or_default() += 1;
+        }
+        let node = self.node();
+        let d = node.d.clone();
+        let cut = node.rt.block_on(async move { d.drain(Duration::ZERO).await });
+        self.rx.drop_held();
+        cut
+    }
+
     /// SIGTERM with no grace: running attempts are cut off and put back uncounted.
     pub fn graceful_restart(&mut self) {
         for (_, event) in self.in_flight_ids() {
@@ -302,6 +344,21 @@ impl World {
             .await;
             waited.map_err(|_| format!("{} attempts never finished", d.in_flight_count()))
         })
+    }
+
+    /// Lets the node's attempts run for up to `at_most` of real time, or until every one
+    /// that can finish has (see [`World::settle`]).
+    pub fn let_run(&mut self, at_most: Duration) {
+        let node = self.node();
+        let (d, rx) = (node.d.clone(), self.rx.clone());
+        node.rt.block_on(async move {
+            let _ = tokio::time::timeout(at_most, async {
+                while d.in_flight_count() > rx.held() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await;
+        });
     }
 
     /// Accepts `n` messages concurrently (so some share a commit batch), some of them
@@ -397,8 +454,10 @@ impl World {
                     self.model.acked.insert(id, (event, target, body));
                 }
                 Ok(Accepted::Duplicate { id: first }) => duplicates.push((first, event, target)),
-                // Only an injected fault may fail an accept.
-                Err(e) if !fail_write => return Err(format!("accept of {event} failed with no fault: {e}")),
+                // Only an injected fault (a failing write, an armed crash) may fail an accept.
+                Err(e) if !fail_write && !self.store().faults().crashed() => {
+                    return Err(format!("accept of {event} failed with no fault: {e}"))
+                }
                 Err(_) => {}
             }
         }
@@ -461,12 +520,12 @@ impl World {
         match self.rng.random_range(0..7) {
             0 => {
                 let ep = self.endpoint();
-                d.set_paused(&ep, true).expect("pause");
+                self.live(d.set_paused(&ep, true), "pause");
                 format!("pause {ep}")
             }
             1 | 2 => {
                 let ep = self.endpoint();
-                d.set_paused(&ep, false).expect("resume");
+                self.live(d.set_paused(&ep, false), "resume");
                 format!("resume {ep}")
             }
             3 => {
@@ -474,21 +533,34 @@ impl World {
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
                         let ordered = self.rx.order.before_replay(&d.store, std::slice::from_ref(id));
-                        let r = d.store.replay(id, now, |_| give_up).expect("replay");
-                        self.rx.order.after_replay(ordered);
+                        let r = self.live(d.store.replay(id, now, |_| give_up), "replay");
+                        if r.is_some() {
+                            self.rx.order.after_replay(ordered);
+                        }
                         format!("replay {id}: {r:?}")
                     }
                     None => "replay: nothing dead".into(),
                 }
             }
             4 => {
-                let ordered = self.rx.order.before_replay(&d.store, &self.list(State::Dead));
-                let n = d
-                    .store
-                    .replay_dead(&ListFilter::default(), now, |_| give_up)
-                    .expect("bulk replay");
+                let dead = self.list(State::Dead);
+                let mut ordered = self.rx.order.before_replay(&d.store, &dead);
+                let n = self.live(
+                    d.store.replay_dead(&ListFilter::default(), now, |_| give_up),
+                    "bulk replay",
+                );
+                if n.is_none() {
+                    // A crash cut the replay between pages: only what left `dead` was replayed.
+                    let still: BTreeSet<String> = self.list(State::Dead).into_iter().collect();
+                    let replayed: BTreeSet<&String> = dead
+                        .iter()
+                        .filter(|id| !still.contains(*id))
+                        .filter_map(|id| self.model.acked.get(id).map(|(event, _, _)| event))
+                        .collect();
+                    ordered.retain(|(event, _)| replayed.contains(event));
+                }
                 self.rx.order.after_replay(ordered);
-                format!("bulk replay: {n}")
+                format!("bulk replay: {n:?}")
             }
             5 => {
                 // What `courier drain` does after the peer's 202; the store refuses it for a
@@ -496,7 +568,7 @@ impl World {
                 let pending = self.list(State::Pending);
                 match pending.get(self.rng.random_range(0..pending.len().max(1))) {
                     Some(id) => {
-                        let done = matches!(d.store.hand_off(id, now).expect("hand off"), HandOff::Done);
+                        let done = matches!(self.live(d.store.hand_off(id, now), "hand off"), Some(HandOff::Done));
                         if done {
                             if let Some((event, _, _)) = self.model.acked.remove(id) {
                                 self.model.handed_off.insert(event, self.rx.log().len());
@@ -511,7 +583,9 @@ impl World {
                 let ids: Vec<String> = self.model.acked.keys().cloned().collect();
                 match ids.get(self.rng.random_range(0..ids.len().max(1))) {
                     Some(id) => {
-                        let gone = d.store.delete(id, now).expect("delete");
+                        let Some(gone) = self.live(d.store.delete(id, now), "delete") else {
+                            return format!("delete {id}: cut by the crash");
+                        };
                         if let Some((event, _, _)) = self.model.acked.remove(id) {
                             self.rx.order.deleted(&event);
                             if gone {
@@ -576,9 +650,19 @@ impl World {
     /// A retention sweep now.
     pub fn sweep(&mut self) -> usize {
         self.note_finished();
-        let removed = crate::retention::sweep(&self.store(), self.clock.now_ms()).expect("sweep");
-        self.d().expire_endpoints().expect("forgetting idle endpoints");
-        removed
+        let removed = self.live(crate::retention::sweep(&self.store(), self.clock.now_ms()), "sweep");
+        self.live(self.d().expire_endpoints(), "forgetting idle endpoints");
+        removed.unwrap_or(0)
+    }
+
+    /// `r`'s value; an error is a bug, unless an armed crash happened (then the process is
+    /// dead and whatever it was doing fails).
+    fn live<T, E: std::fmt::Display>(&self, r: Result<T, E>, what: &str) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(_) if self.store().faults().crashed() => None,
+            Err(e) => panic!("{what}: {e}"),
+        }
     }
 
     /// The endpoints paused now.

@@ -55,6 +55,7 @@ impl Committer {
                 if faults.take(&faults.fail_accepts) {
                     return Err(StoreError::Injected);
                 }
+                faults.before_write()?;
                 db.write_opt(batch, &synced).map_err(StoreError::Rocks)
             })
         });

@@ -55,6 +55,11 @@ pub struct Faults {
     unreadable: std::sync::Mutex<std::collections::HashSet<String>>,
     /// How many are unreadable: the read path looks at this, not at the lock.
     unreadable_n: std::sync::atomic::AtomicUsize,
+    /// A crash armed by [`Faults::crash_after`]: writes still allowed before it (0: none
+    /// armed).
+    writes_before_crash: std::sync::atomic::AtomicUsize,
+    /// The armed crash happened: from that write on, every write fails (the process is gone).
+    crashed: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {
@@ -76,6 +81,41 @@ impl Faults {
         let mut set = self.unreadable.lock().unwrap_or_else(|p| p.into_inner());
         set.remove(id);
         self.unreadable_n.store(set.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
+    /// a resume page, a replay page, a sweep chunk, a line promotion, a hand-off): `writes`
+    /// more writes land, and the one after them and every later one fail, as if the process
+    /// died right there. The simulator then drops everything in memory and reopens.
+    pub fn crash_after(&self, writes: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.writes_before_crash.store(writes + 1, SeqCst);
+    }
+
+    /// Whether an armed crash happened.
+    pub fn crashed(&self) -> bool {
+        self.crashed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Called before every write: `Err` once an armed crash has happened.
+    pub(crate) fn before_write(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Production: two relaxed loads of zeros.
+        let quiet = std::sync::atomic::Ordering::Relaxed;
+        if self.writes_before_crash.load(quiet) == 0 && !self.crashed.load(quiet) {
+            return Ok(());
+        }
+        let left = self
+            .writes_before_crash
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .unwrap_or(0);
+        if left == 1 {
+            self.crashed.store(true, SeqCst);
+        }
+        if self.crashed() {
+            return Err(StoreError::Injected);
+        }
+        Ok(())
     }
 
     /// The error a read of `id`'s record gives now, if it was made unreadable.

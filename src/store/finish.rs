@@ -78,7 +78,7 @@ impl Store {
             return out;
         }
         counters.write_into(&mut b, self.cf(keys::META));
-        if self.faults.take(&self.faults.fail_results) {
+        if self.faults.take(&self.faults.fail_results) || self.faults.before_write().is_err() {
             return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
         }
         let line_due = tx.min_due;

@@ -274,12 +274,14 @@ impl Store {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.faults.before_write()?;
         self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
     }
 
     /// A write acknowledged to an operator (delete, replay, pause, resume): synced, so a
     /// 204 for a delete is not undone by a power loss. These are rare; the sync is cheap.
     fn write_synced(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.faults.before_write()?;
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
