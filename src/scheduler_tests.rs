@@ -84,6 +84,12 @@ struct Msg {
     due: u64,
 }
 
+/// Message `i`'s id. The last character is the same for all, so a resume point (the id
+/// less its last character) falls just before its entry, as with real ids.
+fn id(i: usize) -> String {
+    format!("dlv_{i:03}z")
+}
+
 enum Event {
     Accept(usize),
     Release,
@@ -95,11 +101,11 @@ fn script(seed: u64) -> (Vec<Msg>, BTreeMap<u64, Vec<Event>>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut msgs = Vec::new();
     let mut events: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
-    let n = rng.random_range(10..40);
+    let n = rng.random_range(20..60);
     for i in 0..n {
         let (kind, url) = match rng.random_range(0..10) {
-            0..4 => (Kind::Free, format!("https://f{}.example/m{i}", rng.random_range(0..3))),
-            4..6 => (Kind::Rated, format!("{RATED}?m={i}")),
+            0..3 => (Kind::Free, format!("https://f{}.example/m{i}", rng.random_range(0..3))),
+            3..5 => (Kind::Rated, format!("{RATED}?m={i}")),
             _ => (Kind::Busy, format!("https://{BUSY}/m{i}")),
         };
         // Bunched in time, so passes meet many due entries at once.
@@ -130,7 +136,8 @@ struct Run {
 }
 
 impl Run {
-    fn start(seed: u64, msgs: Vec<Msg>) -> Run {
+    /// Everything but the loop, which [`Run::start_loop`] starts.
+    fn new(seed: u64, msgs: Vec<Msg>) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
         let clock = ManualClock::new(T0);
@@ -141,7 +148,15 @@ impl Run {
         });
         let mut config = Config::default();
         config.circuit.failures = 0;
-        config.delivery.max_in_flight_per_host = 1;
+        // Only the busy host is capped. Known gap, not covered here: a freed permit of a
+        // host whose entries lie before the resume point wakes the loop, but a walk from
+        // that point that spends the scan budget on runs does not reach them, and they wait
+        // for a later wake-up.
+        config.hosts.push(crate::config::HostConfig {
+            host: format!("{BUSY}:443"),
+            max_in_flight: Some(1),
+            tls: Default::default(),
+        });
         config.signing.secrets = vec![crate::signing::Secret::new("whsec_c2VjcmV0".into())];
         config.endpoints.push(EndpointConfig {
             key: RATED.into(),
@@ -161,26 +176,29 @@ impl Run {
             fleet: None,
         })
         .unwrap();
-        let nap: Nap = Default::default();
-        let (stop, stopped) = watch::channel(false);
-        tokio::spawn(Scheduler::observed(d.clone(), LIMITS, nap.clone()).run(stopped));
+        let (stop, _) = watch::channel(false);
         let accepted = vec![false; msgs.len()];
         Run {
             _dir: dir,
             clock,
             d,
             rx,
-            nap,
+            nap: Default::default(),
             stop,
             msgs,
             accepted,
         }
     }
 
+    fn start_loop(&self) {
+        let scheduler = Scheduler::observed(self.d.clone(), LIMITS, self.nap.clone());
+        tokio::spawn(scheduler.run(self.stop.subscribe()));
+    }
+
     /// Accepts message `i` as ingress does (stored, then the scheduler woken).
     async fn accept(&mut self, i: usize) {
         let m = &self.msgs[i];
-        let mut msg = crate::store::tests::message(&format!("dlv_{i:03}"), &format!("evt_{i}"), m.due);
+        let mut msg = crate::store::tests::message(&id(i), &format!("evt_{i}"), m.due);
         let url = url::Url::parse(&m.url).unwrap();
         msg.record.target = m.url.clone();
         msg.record.endpoint = if m.kind == Kind::Rated {
@@ -267,7 +285,7 @@ impl Run {
             }
             // Past a resume point the scan budget ran out: that waits for the next wake-up
             // (the busy host's held attempts give one when they end).
-            let key = (m.due, format!("dlv_{i:03}"));
+            let key = (m.due, id(i));
             if asleep.resume.as_ref().is_some_and(|p| key >= *p) {
                 continue;
             }
@@ -329,10 +347,20 @@ impl Drop for Run {
     }
 }
 
-/// One seed: returns the first broken check, with the time it broke at.
-async fn run_seed(seed: u64) -> Result<usize, String> {
-    let (msgs, mut events) = script(seed);
-    let mut run = Run::start(seed, msgs);
+/// One script: the messages due at the start are stored before the loop starts (so its
+/// first passes do not depend on how accepts and passes interleave); returns the first
+/// broken check.
+async fn run_script(seed: u64, msgs: Vec<Msg>, mut events: BTreeMap<u64, Vec<Event>>) -> Result<usize, String> {
+    let mut run = Run::new(seed, msgs);
+    if let Some(first) = events.remove(&T0) {
+        for event in first {
+            match event {
+                Event::Accept(i) => run.accept(i).await,
+                Event::Release => events.entry(T0 + 1).or_default().push(Event::Release),
+            }
+        }
+    }
+    run.start_loop();
     let mut stops = 0;
     loop {
         let asleep = run.settle().await;
@@ -371,8 +399,70 @@ async fn the_loop_attempts_every_message_within_one_wake_of_when_it_can_go() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     for seed in 0..seeds {
-        if let Err(e) = run_seed(seed).await {
+        let (msgs, events) = script(seed);
+        if let Err(e) = run_script(seed, msgs, events).await {
             panic!("seed {seed}: {e}");
         }
     }
+}
+
+/// Finding 6 (issue 24), step by step: the first pass takes the rated endpoint's only token
+/// and asks to wake for the next; the busy host's backlog makes it and a deeper pass stop on
+/// runs until the scan budget is spent, so the loop sleeps with a resume point. An accept
+/// wakes it: the walk from the resume point spends the budget on runs again
+/// and sees nothing before that point, and the token time had been dropped with the sleep
+/// it was asked for: the second rated message waited for the busy host's release instead
+/// of its token.
+#[tokio::test]
+async fn a_wake_up_behind_a_resume_point_keeps_the_wake_times_asked_before_it() {
+    let msg = |i: usize, kind| Msg {
+        url: match kind {
+            Kind::Rated => format!("{RATED}?m={i}"),
+            _ => format!("https://{BUSY}/m{i}"),
+        },
+        kind,
+        accept: T0,
+        due: T0,
+    };
+    let mut msgs = vec![msg(0, Kind::Rated), msg(1, Kind::Rated)];
+    // Enough that the walk from the resume point spends the budget again on runs.
+    msgs.extend((2..40).map(|i| msg(i, Kind::Busy)));
+    let mut events: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+    events.insert(T0, (0..msgs.len()).map(Event::Accept).collect());
+    // The wake-up while it sleeps: an accept of a message due much later.
+    msgs.push(Msg {
+        url: "https://f0.example/later".into(),
+        kind: Kind::Free,
+        accept: T0 + 500,
+        due: T0 + 20_000,
+    });
+    events.insert(T0 + 500, vec![Event::Accept(msgs.len() - 1)]);
+    events.insert(T0 + 8_000, (2..40).map(|_| Event::Release).collect());
+    run_script(0, msgs, events).await.unwrap();
+}
+
+/// A wake-up for something behind the resume point: the busy host's backlog leaves the loop
+/// asleep with a resume point; a message accepted due at once sorts before it. The walk
+/// from the resume point reached the end without seeing it, and the loop slept: it waited
+/// for an unrelated wake-up.
+#[tokio::test]
+async fn a_walk_from_a_resume_point_that_reaches_the_end_goes_on_from_the_floor() {
+    let mut msgs = vec![Msg {
+        url: "https://f0.example/behind".into(),
+        kind: Kind::Free,
+        accept: T0 + 500,
+        due: T0,
+    }];
+    // As many as make the walks from the floor and from resume points (one more for the
+    // accepts' wake-up) leave a resume point a short way before the end.
+    msgs.extend((1..17).map(|i| Msg {
+        url: format!("https://{BUSY}/m{i}"),
+        kind: Kind::Busy,
+        accept: T0,
+        due: T0,
+    }));
+    let mut events: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+    events.insert(T0, (1..msgs.len()).map(Event::Accept).collect());
+    events.insert(T0 + 500, vec![Event::Accept(0)]);
+    run_script(0, msgs, events).await.unwrap();
 }
