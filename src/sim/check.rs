@@ -231,6 +231,56 @@ pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<
     Ok(())
 }
 
+/// The hosts whose breaker is open or probing now, with when their probe may go (`None`
+/// while one is out).
+pub fn open_breakers(w: &World) -> std::collections::BTreeMap<String, Option<u64>> {
+    use crate::policy::circuit::CircuitState;
+    w.d()
+        .hosts
+        .snapshot(true)
+        .into_iter()
+        .filter_map(|h| match h.state {
+            CircuitState::Open => Some((h.host, h.next_probe_ms)),
+            CircuitState::Probing => Some((h.host, None)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// During a step that began with `open` breakers: no attempt to such a host but its probe,
+/// at most one, and not before its probe time (none while a probe is out already).
+pub fn breakers_held(
+    w: &World,
+    open: &std::collections::BTreeMap<String, Option<u64>>,
+    log_start: usize,
+) -> Result<(), String> {
+    let mut probes: std::collections::BTreeMap<String, usize> = Default::default();
+    for s in w.rx.log_from(log_start) {
+        let Ok(url) = url::Url::parse(&s.url) else { continue };
+        let host = crate::target::host_key(&url);
+        let Some(probe_at) = open.get(&host) else { continue };
+        let n = probes.entry(host.clone()).or_default();
+        *n += 1;
+        match probe_at {
+            None => {
+                return Err(format!(
+                    "{} attempted at {} ms while {host}'s probe was out",
+                    s.event_id, s.at_ms
+                ))
+            }
+            Some(at) if s.at_ms < *at => {
+                return Err(format!(
+                    "{} attempted at {} ms while {host}'s breaker was open until {at} ms",
+                    s.event_id, s.at_ms
+                ))
+            }
+            Some(_) if *n > 1 => return Err(format!("{n} attempts to {host} with its breaker open: one probe only")),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// No attempt before its time: between two attempts with nothing in between that may move
 /// a message forward (a crash or restart, a resume, a replay), at least the smallest backoff
 /// the policy allows, and at least the receiver's capped `Retry-After`.

@@ -100,6 +100,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
     for step in 0..count {
         let now = w.clock.now_ms();
         let (paused, log_start) = (w.paused(), w.rx.log_len());
+        let open = check::open_breakers(w);
         let what = match w.rng.random_range(0..100) {
             0..=26 => {
                 let n = w.rng.random_range(1..6);
@@ -187,6 +188,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         w.forget_unfinished();
         check::step(w)?;
         check::paused_untouched(w, &paused, log_start)?;
+        check::breakers_held(w, &open, log_start)?;
     }
     Ok(())
 }
