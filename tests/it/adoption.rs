@@ -4,10 +4,10 @@
 //! and third-party libraries (Python `standardwebhooks`, `svix`, `stripe`; npm
 //! `@octokit/webhooks-methods`) verify courier's real outgoing signatures.
 //!
-//! External tools are optional on a developer's machine: a test whose tool is missing
-//! prints why and passes. `scripts/test.sh` installs the verifiers (svix included) under
-//! the target folder and sets `COURIER_TEST_REQUIRE_VERIFIERS=1`, which turns every such
-//! skip into a failure, so CI always runs them. Locations: `COURIER_TEST_PYTHON` (default
+//! A test whose tool is missing fails and says what is missing (with
+//! `COURIER_TEST_ALLOW_SKIP=1` it prints `skipped: …` and passes instead).
+//! `scripts/test.sh` installs the verifiers (svix included) under the target folder and
+//! sets `COURIER_TEST_REQUIRE_VERIFIERS=1`, which allows no skip, so CI always runs them. Locations: `COURIER_TEST_PYTHON` (default
 //! `python3`) and `NODE_PATH` (a `node_modules` folder).
 
 use std::collections::BTreeSet;

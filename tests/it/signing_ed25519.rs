@@ -7,8 +7,9 @@
 //! and ingress.
 //!
 //! The verifier is Debian's `python3-cryptography`, which `scripts/verifiers.sh` installs
-//! and points to with `COURIER_TEST_ED25519_PYTHON`; without it a test prints why and
-//! passes, unless `COURIER_TEST_REQUIRE_VERIFIERS=1` (CI) makes that a failure.
+//! and points to with `COURIER_TEST_ED25519_PYTHON`; without it a test fails and says so
+//! (with `COURIER_TEST_ALLOW_SKIP=1` it prints `skipped: …` and passes, unless CI's
+//! `COURIER_TEST_REQUIRE_VERIFIERS=1` is set).
 
 use std::process::{Command, Output, Stdio};
 
