@@ -413,9 +413,7 @@ impl Ingress {
             }
         }
     }
-}
 
-impl Ingress {
     /// Takes `bytes` from `ingress.max_pending_bytes`, or refuses at once: `503 overloaded`.
     fn hold_bytes(&self, bytes: u64) -> Result<OwnedSemaphorePermit, Refusal> {
         let n = u32::try_from(bytes).unwrap_or(u32::MAX);

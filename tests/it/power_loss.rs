@@ -470,13 +470,7 @@ async fn a_fresh_data_dir_survives_a_power_cut() {
     let config = "[retry]\nbase_delay = \"1h\"\nmax_attempts = 1000\ngive_up_after = \"2h\"\n";
     let data_dir = fs.mnt.join("data");
     let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, config, &[]);
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let mut acked = Vec::new();
-    for n in 0..10 {
-        let id = format!("fresh-{n}");
-        let delivery = send(&client, &courier.prefixed(&rx.url("/fresh")), &id).await;
-        acked.push((id, delivery.expect("accepted")));
-    }
+    let acked = accept_ten(&courier, &rx, "fresh").await;
     let survived = tokio::task::block_in_place(|| {
         fs.cut();
         courier.kill();
@@ -491,13 +485,7 @@ async fn a_fresh_data_dir_survives_a_power_cut() {
         courier.restart();
         survived
     });
-    let mut lost = Vec::new();
-    for (id, delivery) in &acked {
-        let answer = get(&courier.admin_url(&format!("/deliveries/{delivery}"))).await;
-        if answer.status != 200 {
-            lost.push(format!("{id} ({delivery}): {}", answer.status));
-        }
-    }
+    let lost = gone(&courier, &acked).await;
     assert!(
         lost.is_empty(),
         "{} of {} acknowledged messages gone after a cut on a fresh data dir (what the cut left of it: \
@@ -523,28 +511,41 @@ async fn a_cut_loses_what_a_lying_disk_never_synced() {
     fsync_dir(&fs.mnt);
     let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, config, &[]);
     assert_eq!(fs.command("ignore-sync .log"), "ignoring .log");
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let mut acked = Vec::new();
-    for n in 0..10 {
-        let id = format!("lied-{n}");
-        let delivery = send(&client, &courier.prefixed(&rx.url("/lied")), &id).await;
-        acked.push(delivery.expect("accepted"));
-    }
+    let acked = accept_ten(&courier, &rx, "lied").await;
     tokio::task::block_in_place(|| {
         fs.cut();
         courier.kill();
         fs.thaw();
         courier.restart();
     });
-    let mut lost = 0;
-    for delivery in &acked {
-        if get(&courier.admin_url(&format!("/deliveries/{delivery}"))).await.status == 404 {
-            lost += 1;
-        }
-    }
+    let lost = gone(&courier, &acked).await.len();
     eprintln!(
         "power_loss: with the WAL's fsyncs ignored, a cut lost {lost} of {} acknowledged",
         acked.len()
     );
     assert!(lost > 0, "a cut lost nothing although no WAL write was ever synced");
+}
+
+/// Ten messages accepted by `courier` for `rx`, event ids `<tag>-<n>`: (event id, delivery id).
+async fn accept_ten(courier: &Courier, rx: &Receiver, tag: &str) -> Vec<(String, String)> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut acked = Vec::new();
+    for n in 0..10 {
+        let id = format!("{tag}-{n}");
+        let delivery = send(&client, &courier.prefixed(&rx.url(&format!("/{tag}"))), &id).await;
+        acked.push((id, delivery.expect("accepted")));
+    }
+    acked
+}
+
+/// The acknowledged messages `courier` no longer knows, each with what its admin API said.
+async fn gone(courier: &Courier, acked: &[(String, String)]) -> Vec<String> {
+    let mut lost = Vec::new();
+    for (id, delivery) in acked {
+        let answer = get(&courier.admin_url(&format!("/deliveries/{delivery}"))).await;
+        if answer.status != 200 {
+            lost.push(format!("{id} ({delivery}): {}", answer.status));
+        }
+    }
+    lost
 }
