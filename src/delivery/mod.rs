@@ -11,6 +11,7 @@ pub mod alert;
 pub mod endpoint_caps;
 pub mod endpoints;
 pub mod host_limiter;
+mod requeue;
 mod resizable;
 mod results;
 mod settings;
@@ -85,6 +86,8 @@ pub struct Deliverer {
     /// How long an attempt waits before writing its result again after the write failed
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
+    /// Releases waiting for their message to read again (see `requeue`).
+    unreleased: Arc<std::sync::atomic::AtomicUsize>,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
     /// Where attempts are spawned, whichever runtime their message was accepted on.
     runtime: tokio::runtime::Handle,
@@ -175,6 +178,7 @@ impl Deliverer {
             all_attempts,
             persist_lock,
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
+            unreleased: Default::default(),
             in_flight: Mutex::new(HashMap::new()),
             runtime: parts.runtime,
             queue_first: std::sync::atomic::AtomicBool::new(true),
@@ -332,7 +336,7 @@ impl Deliverer {
             .into_iter()
             .partition(|e| self.endpoints.is_paused(&e.routing.endpoint));
         if !still.is_empty() {
-            self.store.park_many(&still)?;
+            self.store.park_many(&still, self.clock.now_ms())?;
         }
         Ok((still.len(), resumed.iter().map(|e| e.due_ms).min()))
     }
@@ -363,33 +367,6 @@ impl Deliverer {
     /// The wait before the try after failed try `n` (from 0) of a store write.
     fn store_backoff(&self, n: u32) -> Duration {
         self.result_retry().saturating_mul(1 << n.min(16))
-    }
-
-    /// Puts a message back in the queue, due at `due_ms`, after courier's own failure (no
-    /// attempt counted), and wakes the scheduler. A release that fails still ends a lease
-    /// (see `Store::release`): the message is then seen again where it was, and a second
-    /// release could end the lease of an attempt started since, so it is not tried again. A
-    /// message written in flight at accept has no lease and nothing else puts it back: its
-    /// release is tried again a bounded number of times, then left to startup.
-    async fn requeue(&self, id: &str, due_ms: u64) {
-        let leased = self.store.is_leased(id);
-        for n in 0..STORE_TRIES {
-            let (store, released) = (self.store.clone(), id.to_string());
-            let e = match tokio::task::spawn_blocking(move || store.release(&released, due_ms)).await {
-                Ok(Ok(_)) => break,
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            };
-            if leased || n + 1 == STORE_TRIES {
-                tracing::error!(delivery_id = %id, error = %e, leased,
-                    "requeueing a message failed; a leased one is retried where it was, one in flight at accept after restart");
-                break;
-            }
-            tracing::error!(delivery_id = %id, error = %e, "requeueing a message failed; trying again");
-            tokio::time::sleep(self.store_backoff(n)).await;
-        }
-        // Back in the queue, maybe due before the scheduler's next wake-up.
-        self.wake.notify_one();
     }
 
     /// Shortens [`Deliverer::result_retry`] (the simulator does not wait real seconds).
@@ -423,26 +400,6 @@ impl Deliverer {
         Ok((forgotten, deleted))
     }
 
-    /// What startup puts right before anything is scheduled: messages left in flight by
-    /// the last process go back to the queue with their attempt count (courier's failure,
-    /// not the receiver's), ordered lines are repaired (see `Store::recover_lines`), an
-    /// endpoint whose line is blocked behind a dead head is paused (a crash can fall between
-    /// the block and its pause), and parked messages of endpoints that are not paused are
-    /// requeued. Returns (requeued in-flight, requeued parked, endpoints paused here).
-    pub fn recover_at_start(&self) -> Result<(usize, usize, Vec<String>), crate::store::StoreError> {
-        let now = self.clock.now_ms();
-        let in_flight = self.store.recover_in_flight(now)?;
-        let mut paused = Vec::new();
-        for endpoint in self.store.recover_lines(now)? {
-            if !self.endpoints.is_paused(&endpoint) {
-                self.endpoints.set_paused(&endpoint, true, now);
-                self.persist_endpoint(&endpoint, true)?;
-                paused.push(endpoint);
-            }
-        }
-        Ok((in_flight, self.recover_parked()?, paused))
-    }
-
     /// Marks an accepted message ordered when its endpoint is configured `fifo` (that wins
     /// over the route's ordering, which ingress set).
     fn order(&self, rec: &mut crate::store::MessageRecord) {
@@ -452,20 +409,6 @@ impl Deliverer {
                 pos: 0,
             });
         }
-    }
-
-    /// At startup: requeues the parked messages of every endpoint that is not paused (a
-    /// crash in the middle of a resume leaves some behind). Returns how many went back.
-    pub fn recover_parked(&self) -> Result<usize, crate::store::StoreError> {
-        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
-        let now = self.clock.now_ms();
-        let mut moved = 0;
-        for endpoint in self.store.parked_endpoints()? {
-            if !self.endpoints.is_paused(&endpoint) {
-                moved += self.store.unpark_endpoint(&endpoint, now)?;
-            }
-        }
-        Ok(moved)
     }
 }
 

@@ -58,10 +58,13 @@ async fn an_unreadable_due_message_strands_no_lease_and_holds_up_no_other() {
 }
 
 /// Issue 24, finding 2: a result write that kept failing for one message held its attempt
-/// (and its `max_in_flight` permit) in a retry loop for ever. Now the retries are bounded:
-/// then the message goes back to the queue, its attempt not counted (courier's failure).
+/// (and its `max_in_flight` permit) in a retry loop for ever; bounding the retries and
+/// requeueing then sent the message again once it read, though its attempt had been
+/// answered (a duplicate with no crash). Now the permit goes back after a few tries, the
+/// message stays leased, and the result is written in the background once the record reads:
+/// the receiver sees it once.
 #[tokio::test]
-async fn a_result_that_cannot_be_written_gives_its_permit_back_and_counts_no_attempt() {
+async fn a_result_that_cannot_be_written_gives_its_permit_back_and_is_written_once_it_reads() {
     let clock = ManualClock::new(T0);
     let t = Arc::new(BreaksOnSend::default());
     let mut cfg = config(Jitter::None);
@@ -76,15 +79,45 @@ async fn a_result_that_cannot_be_written_gives_its_permit_back_and_counts_no_att
         r.state == State::Delivered
     })
     .await;
-    assert!(!h.d.store.is_leased(&a), "its lease ended with the attempt");
+    assert!(h.d.store.is_leased(&a), "leased until its result is written");
+    assert_eq!(h.d.unreleased(), 1, "its result waits in the background");
     h.d.store.faults().heal(&a);
-    clock.advance(super::SELF_FAILURE_DELAY);
-    h.settle().await;
     let rec = h
-        .wait_record(&a, "delivery once readable", |r| r.state == State::Delivered)
+        .wait_record(&a, "its result written once readable", |r| r.state == State::Delivered)
         .await;
-    assert_eq!(rec.attempts, 1, "the attempt whose result was lost is not counted");
-    assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a", "/b", "/a"]);
+    assert_eq!(rec.attempts, 1);
+    clock.advance(super::SELF_FAILURE_DELAY * 2);
+    h.settle().await;
+    assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a", "/b"], "nothing sent twice");
+    assert_eq!(h.d.unreleased(), 0);
+}
+
+/// A message left in flight by a crash whose record does not read at startup: startup used
+/// to fail on it (courier would not start); now the others go, and it goes back to the
+/// queue in the background once it reads, with no restart.
+#[tokio::test]
+async fn an_in_flight_message_unreadable_at_startup_goes_once_it_reads() {
+    let clock = ManualClock::new(T0);
+    let t = Arc::new(BreaksOnSend::default());
+    let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
+    h.d.set_result_retry(Duration::from_millis(1));
+    let mut ids = Vec::new();
+    for (id, event) in [("dlv_a", "e1"), ("dlv_b", "e2")] {
+        let mut m = crate::store::tests::message(id, event, T0);
+        m.record.state = State::InFlight;
+        h.d.store.accept_claimed(m).await.unwrap();
+        ids.push(id);
+    }
+    h.d.store.faults().make_unreadable("dlv_a");
+    let (requeued, _, _) = h.d.recover_at_start().unwrap();
+    assert_eq!((requeued, h.d.unreleased()), (1, 1));
+    h.start_scheduler();
+    h.wait_record("dlv_b", "delivery", |r| r.state == State::Delivered)
+        .await;
+    h.d.store.faults().heal("dlv_a");
+    h.wait_record("dlv_a", "delivery once readable", |r| r.state == State::Delivered)
+        .await;
+    assert_eq!(h.d.unreleased(), 0);
 }
 
 /// A store that refuses every result write for a while (a full disk) must not turn each

@@ -220,13 +220,23 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         transition,
         now_ms: now,
     };
-    let Some(endpoint_change) = record_result(&d, item, streak).await else {
-        // Courier's failure, not the receiver's: no attempt counted, and the message goes
-        // back to the queue (sent again, as after a crash).
-        drop(global);
-        d.metrics.attempt_abandoned();
-        d.requeue(&rec.id, now + SELF_FAILURE_DELAY.as_millis() as u64).await;
-        return;
+    let endpoint_change = match record_result(&d, item, streak).await {
+        Written::Now(change) => change,
+        // Its record does not read: the result is written once it does (the message stays
+        // leased meanwhile, so it is not sent again), and the permits go now.
+        Written::Later => {
+            drop(global);
+            d.wake.notify_one();
+            return;
+        }
+        Written::Not => {
+            // Courier's failure, not the receiver's: no attempt counted, and the message goes
+            // back to the queue (sent again, as after a crash).
+            drop(global);
+            d.metrics.attempt_abandoned();
+            d.requeue(&rec.id, now + SELF_FAILURE_DELAY.as_millis() as u64).await;
+            return;
+        }
     };
 
     drop(global);
@@ -305,14 +315,16 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
 ///
 /// What a failure means decides what comes next. A store that refuses writes (a full disk,
 /// an I/O error) refuses them for every message: the write is tried again with backoff (up
-/// to [`MAX_RESULT_WAIT`]) for as long as it takes, the lease and the `max_in_flight`
+/// to [`MAX_RESULT_WAITS`] result retry waits: 30 s) for as long as it takes, the lease and the `max_in_flight`
 /// permit kept, so that nothing is sent again meanwhile and the permits hold dispatch back
 /// (giving up would put the message back in the queue to be sent again every few seconds,
 /// none of it recorded: a flood). A failure of this message alone (its record no longer
-/// reads) does not heal by waiting: after `STORE_TRIES` tries `None`, and the caller gives
-/// the attempt up so that it does not hold its permits for ever. `None` too once the store
-/// is closed (shutdown: the message is in flight at restart).
-async fn record_result(d: &Deliverer, item: FinishedAttempt, streak: StreakNote) -> Option<EndpointChange> {
+/// reads) does not heal by waiting here: after `STORE_TRIES` tries the write goes on in
+/// the background (`Written::Later`, see `requeue`) so that the attempt's permits are not
+/// held for ever and the message is not sent again; past that background's bound, the
+/// attempt is given up (`Written::Not`). `Not` too once the store is closed (shutdown: the
+/// message is in flight at restart).
+async fn record_result(d: &Arc<Deliverer>, item: FinishedAttempt, streak: StreakNote) -> Written {
     let mut n = 0u32;
     loop {
         match d.results.record(item.clone(), streak.clone()).await {
@@ -322,23 +334,37 @@ async fn record_result(d: &Deliverer, item: FinishedAttempt, streak: StreakNote)
                     // message this attempt had already finished): this result is not kept.
                     tracing::debug!(delivery_id = %item.id, "attempt result was stale; not recorded");
                 }
-                return Some(recorded.endpoint);
+                return Written::Now(recorded.endpoint);
             }
+            Err(StoreError::Closed) => return Written::Not,
             Err(e) => {
-                let this_message_only = matches!(e, StoreError::Codec { .. });
                 tracing::error!(delivery_id = %item.id, error = %e, tries = n + 1, "recording an attempt failed");
-                if matches!(e, StoreError::Closed) || (this_message_only && n + 1 >= super::STORE_TRIES) {
-                    return None;
+                if matches!(e, StoreError::Codec { .. }) && n + 1 >= super::STORE_TRIES {
+                    return match d.record_later(item, streak, e) {
+                        true => Written::Later,
+                        false => Written::Not,
+                    };
                 }
             }
         }
-        tokio::time::sleep(d.store_backoff(n).min(MAX_RESULT_WAIT)).await;
+        tokio::time::sleep(d.store_backoff(n).min(d.result_retry() * MAX_RESULT_WAITS)).await;
         n = n.saturating_add(1);
     }
 }
 
-/// The longest wait between two tries of a result write the store refused.
-const MAX_RESULT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// What became of an attempt's result.
+enum Written {
+    /// Written, with what it did to the endpoint.
+    Now(EndpointChange),
+    /// To be written in the background once its record reads.
+    Later,
+    /// Not written: the attempt is given up.
+    Not,
+}
+
+/// The longest wait between two tries of a result write the store refused, in result retry
+/// waits (1 s each; the simulator shortens them).
+const MAX_RESULT_WAITS: u32 = 30;
 
 /// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
 pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {

@@ -130,7 +130,9 @@ async fn offline(config: &Config, store: Arc<Store>, plan: DrainPlan) -> Status 
     // As a start would: what a crash left in flight is open again, lines are whole.
     let (s, now) = (store.clone(), clock.now_ms());
     let recovered = tokio::task::spawn_blocking(move || {
-        s.recover_in_flight(now)?;
+        for (id, e) in s.recover_in_flight(now)?.1 {
+            eprintln!("drain: message {id} does not read ({e}); it stays here");
+        }
         s.recover_lines(now)
     })
     .await;

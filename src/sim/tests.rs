@@ -10,7 +10,12 @@ fn env_u64(name: &str) -> Option<u64> {
 fn seeds() {
     if let Some(seed) = env_u64("COURIER_SIM_SEED") {
         match super::run(seed) {
-            Ok(steps) => println!("seed {seed}: {steps} steps, every invariant held"),
+            Ok(trace) => {
+                for line in &trace {
+                    println!("  {line}");
+                }
+                println!("seed {seed}: {} steps, every invariant held", trace.len());
+            }
             Err(f) => panic!("{f}"),
         }
         return;

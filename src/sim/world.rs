@@ -28,11 +28,25 @@ use crate::delivery::{Deliverer, DelivererParts};
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
-use crate::store::{Accepted, HandOff, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
+use crate::scheduler::Limits;
+use crate::store::{Accepted, HandOff, ItemFault, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
 
+/// Whether `id` is stored (read past any broken item: the simulator's own look).
 fn store_has(store: &Store, id: &str) -> bool {
-    store.message(id).ok().flatten().is_some()
+    quietly(store, || store.message(id).ok().flatten().is_some())
 }
+
+/// Runs the simulator's own reads of `store` with broken items reading as healthy.
+pub fn quietly<T>(store: &Store, f: impl FnOnce() -> T) -> T {
+    store.faults().suspend(true);
+    let out = f();
+    store.faults().suspend(false);
+    out
+}
+
+/// Most messages broken at once: fewer than the attempt permits, so what a broken message
+/// holds never holds up the rest.
+const BROKEN_MAX: usize = 2;
 
 /// The endpoints of a run: two on one host (its cap is shared), one on another, and one
 /// ordered endpoint on each host (`on_dead = "skip"` on h1, `"block"` on h2).
@@ -49,6 +63,8 @@ pub const ORDERED: [(&str, crate::model::OnDead); 2] = [
     ("https://h2.sim/fifo-block", crate::model::OnDead::Block),
 ];
 const T0: u64 = 1_750_000_000_000;
+/// One seed in this many is a large run.
+pub const LARGE_EVERY: u64 = 25;
 
 /// What the simulator knows must be true.
 #[derive(Debug, Default)]
@@ -79,6 +95,15 @@ struct Node {
     resume: Option<(u64, String)>,
 }
 
+/// Where an armed crash lands: after this many more writes, or record reads.
+#[derive(Debug, Clone, Copy)]
+pub enum CrashAt {
+    /// At the write after this many.
+    Write(usize),
+    /// At the record read after this many.
+    Read(usize),
+}
+
 /// A simulated courier and its receivers.
 pub struct World {
     /// The run's randomness (workload and faults).
@@ -95,6 +120,15 @@ pub struct World {
     pub model: Model,
     /// What happened, one line per step (printed when an invariant breaks).
     pub trace: Vec<String>,
+    /// Messages whose reads fail now: (id, how, the step that heals it).
+    pub broken: Vec<(String, ItemFault, usize)>,
+    /// How much one pass may do: courier's limits, or small ones so a few dozen messages
+    /// reach the long-backlog paths.
+    pub limits: Limits,
+    /// A large run: thousands of messages against courier's own limits.
+    pub large: bool,
+    /// Passes that stopped on a long blocked run and left a resume point.
+    pub resume_points: usize,
 }
 
 /// The settings of every run: short delays so a run covers many retries, small caps so
@@ -160,6 +194,18 @@ impl World {
         let data = dir.path().join("data");
         let clock = ManualClock::new(T0);
         let rx = SimTransport::new(clock.clone(), StdRng::seed_from_u64(seed ^ 0x005e_ed0f_7ece_1e7e));
+        // The run's class, from its own stream (the workload's stays what it was).
+        let mut class = StdRng::seed_from_u64(seed ^ 0x0c1a_55e5);
+        let large = seed.is_multiple_of(LARGE_EVERY);
+        let limits = if !large && class.random_bool(0.3) {
+            Limits {
+                scan_budget: class.random_range(8..64),
+                claim_batch: class.random_range(1..16),
+                skip_run: class.random_range(1..16),
+            }
+        } else {
+            Limits::DEFAULT
+        };
         rx.order.set_ordered(ORDERED.iter().map(|(e, _)| e.to_string()));
         let mut w = World {
             rng: StdRng::seed_from_u64(seed),
@@ -171,7 +217,15 @@ impl World {
             node: None,
             model: Model::default(),
             trace: Vec::new(),
+            broken: Vec::new(),
+            limits,
+            large,
+            resume_points: 0,
         };
+        w.trace.push(format!(
+            "class: {}, limits {limits:?}",
+            if large { "large" } else { "small" }
+        ));
         w.start_node();
         w
     }
@@ -231,6 +285,11 @@ impl World {
             .expect("delivery context")
         };
         d.set_result_retry(Duration::from_millis(1));
+        // What is broken is on the disk: a restarted process reads it broken too (an I/O
+        // error is healed by the restart: see `crash`).
+        for (id, how, _) in &self.broken {
+            store.faults().break_item(id, *how);
+        }
         d.recover_at_start().expect("startup recovery");
         self.rx.watch_store(&store);
         self.node = Some(Node {
@@ -244,6 +303,10 @@ impl World {
     /// Ids in flight now (from the store's state index).
     fn in_flight_ids(&self) -> Vec<(String, String)> {
         let store = self.store();
+        quietly(&store, || self.in_flight_ids_of(&store))
+    }
+
+    fn in_flight_ids_of(&self, store: &Store) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut cursor = None;
         loop {
@@ -266,6 +329,9 @@ impl World {
             *self.model.cut.entry(event).or_default() += 1;
         }
         self.rx.drop_held();
+        // A failing disk is what a restart would not survive: the new process finds it
+        // healed (a record that does not decode stays so).
+        self.heal(usize::MAX, Some(ItemFault::Io));
         let node = self.node.take().expect("running");
         node.rt.shutdown_background();
         drop(node.d);
@@ -278,7 +344,7 @@ impl World {
     /// store, and the node is dropped and reopened. Returns what `step` said.
     pub fn crash_inside(
         &mut self,
-        writes: usize,
+        at: CrashAt,
         step: impl FnOnce(&mut World) -> Result<String, String>,
     ) -> Result<String, String> {
         // Attempts under way at the crash point may have reached their receiver without
@@ -286,7 +352,10 @@ impl World {
         // every attempt in flight before the step or started during it counts as cut (an
         // upper bound: a crash allows these to be seen once more than recorded).
         let (in_flight, log_start) = (self.in_flight_ids(), self.rx.log_len());
-        self.store().faults().crash_after(writes);
+        match at {
+            CrashAt::Write(n) => self.store().faults().crash_after(n),
+            CrashAt::Read(n) => self.store().faults().crash_at_read(n),
+        }
         let what = step(self)?;
         let crashed = self.store().faults().crashed();
         let started = self.rx.log_from(log_start).into_iter().map(|s| s.event_id);
@@ -295,7 +364,7 @@ impl World {
         }
         self.crash();
         Ok(format!(
-            "{what}; crash after {writes} writes{}",
+            "{what}; crash at {at:?}{}",
             if crashed { "" } else { " (after it)" }
         ))
     }
@@ -319,6 +388,7 @@ impl World {
         for (_, event) in self.in_flight_ids() {
             *self.model.cut.entry(event).or_default() += 1;
         }
+        self.heal(usize::MAX, Some(ItemFault::Io));
         let node = self.node.take().expect("running");
         node.rt.block_on(node.d.drain(Duration::ZERO));
         self.rx.drop_held();
@@ -331,13 +401,28 @@ impl World {
         self.start_node();
     }
 
+    /// Attempts that may be waiting on an I/O error of their message's record (their
+    /// result write is tried until the disk heals, holding the attempt: by design, as for a
+    /// store-wide failure): at most the in-flight messages broken so.
+    fn stalled_by_io(&self) -> usize {
+        if !self.broken.iter().any(|(_, how, _)| *how == ItemFault::Io) {
+            return 0;
+        }
+        let in_flight: BTreeSet<String> = self.in_flight_ids().into_iter().map(|(id, _)| id).collect();
+        self.broken
+            .iter()
+            .filter(|(id, how, _)| *how == ItemFault::Io && in_flight.contains(id))
+            .count()
+    }
+
     /// Lets every attempt that can finish finish (held ones stay), and their results land.
     pub fn settle(&mut self) -> Result<(), String> {
+        let stalled = self.stalled_by_io();
         let node = self.node();
         let (d, rx) = (node.d.clone(), self.rx.clone());
         node.rt.block_on(async move {
             let waited = tokio::time::timeout(Duration::from_secs(30), async {
-                while d.in_flight_count() > rx.held() {
+                while d.in_flight_count() > rx.held() + stalled {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             })
@@ -349,16 +434,22 @@ impl World {
     /// Lets the node's attempts run for up to `at_most` of real time, or until every one
     /// that can finish has (see [`World::settle`]).
     pub fn let_run(&mut self, at_most: Duration) {
+        let stalled = self.stalled_by_io();
         let node = self.node();
         let (d, rx) = (node.d.clone(), self.rx.clone());
         node.rt.block_on(async move {
             let _ = tokio::time::timeout(at_most, async {
-                while d.in_flight_count() > rx.held() {
+                while d.in_flight_count() > rx.held() + stalled {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             })
             .await;
         });
+    }
+
+    /// Lets the node's background tasks run for `for_` of real time.
+    pub fn idle(&mut self, for_: Duration) {
+        self.node().rt.block_on(tokio::time::sleep(for_));
     }
 
     /// Accepts `n` messages concurrently (so some share a commit batch), some of them
@@ -464,7 +555,8 @@ impl World {
         for (first, event, target) in duplicates {
             // The original must be stored, under the same event and target: a duplicate is
             // acknowledged only when what it duplicates is durable.
-            let stored = self.store().message(&first).ok().flatten();
+            let store = self.store();
+            let stored = quietly(&store, || store.message(&first).ok().flatten());
             match stored {
                 Some(rec) if rec.event_id == event && rec.target == target => {}
                 Some(rec) => {
@@ -494,15 +586,16 @@ impl World {
         let node = self.node.as_mut().expect("running");
         let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
         // Attempts start only in passes: what is open now is what they must not overtake.
-        self.rx.order.refresh_from(&d.store);
+        quietly(&d.store, || self.rx.order.refresh_from(&d.store));
         let _g = handle.enter();
         let mut note = None;
-        let limits = crate::scheduler::Limits::DEFAULT;
+        let limits = self.limits;
         let (_, resume) = crate::scheduler::pass_with(&d, &limits, resume, &mut || {
             if mid_pass_operator {
                 note = Some(self.operator());
             }
         });
+        self.resume_points += usize::from(resume.is_some());
         self.node.as_mut().expect("running").resume = resume;
         note
     }
@@ -532,7 +625,9 @@ impl World {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
-                        let ordered = self.rx.order.before_replay(&d.store, std::slice::from_ref(id));
+                        let ordered = quietly(&d.store, || {
+                            self.rx.order.before_replay(&d.store, std::slice::from_ref(id))
+                        });
                         let r = self.live(d.store.replay(id, now, |_| give_up), "replay");
                         if r.is_some() {
                             self.rx.order.after_replay(ordered);
@@ -544,7 +639,7 @@ impl World {
             }
             4 => {
                 let dead = self.list(State::Dead);
-                let mut ordered = self.rx.order.before_replay(&d.store, &dead);
+                let mut ordered = quietly(&d.store, || self.rx.order.before_replay(&d.store, &dead));
                 let n = self.live(
                     d.store.replay_dead(&ListFilter::default(), now, |_| give_up),
                     "bulk replay",
@@ -603,6 +698,11 @@ impl World {
 
     /// Ids in `state`.
     pub fn list(&self, state: State) -> Vec<String> {
+        let store = self.store();
+        quietly(&store, || self.list_of(&store, state))
+    }
+
+    fn list_of(&self, store: &Store, state: State) -> Vec<String> {
         let filter = ListFilter {
             state: Some(state),
             ..ListFilter::default()
@@ -610,7 +710,7 @@ impl World {
         let mut out = Vec::new();
         let mut cursor = None;
         loop {
-            let page = self.store().list(&filter, 1000, cursor.as_deref()).expect("list");
+            let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
             out.extend(page.items.into_iter().map(|r| r.id));
             match page.next_cursor {
                 Some(c) => cursor = Some(c),
@@ -623,6 +723,7 @@ impl World {
     /// that losing one of them is seen as the loss it is. Cheap: run after every step.
     pub fn forget_unfinished(&mut self) {
         let store = self.store();
+        store.faults().suspend(true);
         self.model.finished.retain(|id| {
             store
                 .message(id)
@@ -630,6 +731,7 @@ impl World {
                 .flatten()
                 .is_none_or(|r| matches!(r.state, State::Delivered | State::Dead))
         });
+        store.faults().suspend(false);
     }
 
     /// Records which messages are finished (retention may remove them after this). A message
@@ -637,9 +739,11 @@ impl World {
     /// losing it now would be a real loss.
     pub fn note_finished(&mut self) {
         let store = self.store();
+        store.faults().suspend(true);
         self.model
             .finished
             .retain(|id| store.message(id).ok().flatten().is_none());
+        store.faults().suspend(false);
         for state in [State::Delivered, State::Dead] {
             for id in self.list(state) {
                 self.model.finished.insert(id);
@@ -661,8 +765,54 @@ impl World {
         match r {
             Ok(v) => Some(v),
             Err(_) if self.store().faults().crashed() => None,
+            // An action that read a broken message fails, as it does for an operator.
+            Err(_) if self.store().faults().any_broken() => None,
             Err(e) => panic!("{what}: {e}"),
         }
+    }
+
+    /// Breaks one stored message's reads (a record that does not decode, a missing
+    /// payload, an I/O error) until step `heal_at`; whatever state it is in.
+    pub fn break_one(&mut self, heal_at: usize) -> String {
+        if self.broken.len() >= BROKEN_MAX {
+            return "break: enough broken".into();
+        }
+        // Half the time one of a paused endpoint's (parked, or to be parked): few messages
+        // are, and a resume must not leave one behind.
+        let paused = self.paused();
+        let of_paused = self.rng.random_bool(0.5);
+        let ids: Vec<String> = self
+            .model
+            .acked
+            .iter()
+            .filter(|(_, (_, target, _))| !of_paused || paused.contains(&target.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let Some(id) = ids.get(self.rng.random_range(0..ids.len().max(1))).cloned() else {
+            return "break: nothing".into();
+        };
+        if !store_has(&self.store(), &id) || self.broken.iter().any(|(b, _, _)| *b == id) {
+            return format!("break {id}: not stored");
+        }
+        let how = [ItemFault::Corrupt, ItemFault::NoPayload, ItemFault::Io][self.rng.random_range(0..3)];
+        self.store().faults().break_item(&id, how);
+        self.broken.push((id.clone(), how, heal_at));
+        format!("break {id} ({how:?}) until step {heal_at}")
+    }
+
+    /// Heals what is due by `step` (all with `usize::MAX`); `only` narrows it to one kind.
+    pub fn heal(&mut self, step: usize, only: Option<ItemFault>) -> Vec<String> {
+        let store = self.store();
+        let mut healed = Vec::new();
+        self.broken.retain(|(id, how, at)| {
+            let due = *at <= step && only.is_none_or(|k| k == *how);
+            if due {
+                store.faults().heal(id);
+                healed.push(id.clone());
+            }
+            !due
+        });
+        healed
     }
 
     /// The endpoints paused now.

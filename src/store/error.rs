@@ -40,21 +40,38 @@ pub enum StoreError {
     Injected,
 }
 
+/// How one message's reads fail, as [`Faults::break_item`] sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemFault {
+    /// Its record does not decode (a bit flipped on disk): a failure of this message alone.
+    Corrupt,
+    /// Its payload is missing (its record reads).
+    NoPayload,
+    /// Reading its record fails as the storage does on an I/O error: nothing tells it from a
+    /// store-wide failure.
+    Io,
+}
+
 /// Store operations to make fail, for tests and the simulator: each counter is how many of
-/// the next writes of its kind fail, and the unreadable set names messages whose record
-/// reads fail until healed. Always empty in production (one relaxed load per read).
+/// the next writes of its kind fail, and the broken set names messages whose reads fail
+/// until healed. Always empty in production (one relaxed load per read).
 #[derive(Debug, Default)]
 pub struct Faults {
     /// Synced accept batches.
     pub fail_accepts: std::sync::atomic::AtomicUsize,
     /// Attempt-result batches.
     pub fail_results: std::sync::atomic::AtomicUsize,
-    /// Messages whose record reads fail as a record that does not decode would, one at a
-    /// time per item: the per-message read errors the scheduler, the result writer and a
-    /// release must survive without stalling the others.
-    unreadable: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// How many are unreadable: the read path looks at this, not at the lock.
-    unreadable_n: std::sync::atomic::AtomicUsize,
+    /// Messages whose reads fail, and how: the per-message read errors the scheduler, the
+    /// result writer, a release, a resume, a replay and a sweep must survive without
+    /// stalling the others.
+    broken: std::sync::Mutex<std::collections::HashMap<String, ItemFault>>,
+    /// How many are broken: the read path looks at this, not at the lock.
+    broken_n: std::sync::atomic::AtomicUsize,
+    /// Broken items read as healthy, and no armed crash lands on a read, while set: the
+    /// simulator's own checks read through.
+    suspended: std::sync::atomic::AtomicBool,
+    /// A crash armed by [`Faults::crash_at_read`]: record reads still allowed before it.
+    reads_before_crash: std::sync::atomic::AtomicUsize,
     /// A crash armed by [`Faults::crash_after`]: writes still allowed before it (0: none
     /// armed).
     writes_before_crash: std::sync::atomic::AtomicUsize,
@@ -69,18 +86,51 @@ impl Faults {
         counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
     }
 
-    /// Makes every read of `id`'s record fail until [`Faults::heal`].
+    /// Makes every read of `id`'s record fail as one that does not decode, until
+    /// [`Faults::heal`].
     pub fn make_unreadable(&self, id: &str) {
-        let mut set = self.unreadable.lock().unwrap_or_else(|p| p.into_inner());
-        set.insert(id.to_string());
-        self.unreadable_n.store(set.len(), std::sync::atomic::Ordering::SeqCst);
+        self.break_item(id, ItemFault::Corrupt);
     }
 
-    /// Makes `id`'s record readable again.
+    /// Makes reads of `id` fail as `how` says, until [`Faults::heal`].
+    pub fn break_item(&self, id: &str, how: ItemFault) {
+        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(id.to_string(), how);
+        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes `id` read again.
     pub fn heal(&self, id: &str) {
-        let mut set = self.unreadable.lock().unwrap_or_else(|p| p.into_inner());
-        set.remove(id);
-        self.unreadable_n.store(set.len(), std::sync::atomic::Ordering::SeqCst);
+        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(id);
+        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether any item is broken now.
+    pub fn any_broken(&self) -> bool {
+        self.broken_n.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// While `on`, broken items read as healthy (for the simulator's own reads).
+    pub fn suspend(&self, on: bool) {
+        self.suspended.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How `id` is broken now, if it is.
+    fn broken(&self, id: &str) -> Option<ItemFault> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.broken_n.load(Relaxed) == 0 || self.suspended.load(Relaxed) {
+            return None;
+        }
+        self.broken.lock().unwrap_or_else(|p| p.into_inner()).get(id).copied()
+    }
+
+    /// Arms a crash at a record read: `reads` more message reads succeed, and the process
+    /// dies at the next one (it and every later write fail), wherever it is: a pass's
+    /// lease, a result write's read, a resume page, a replay page, a sweep chunk.
+    pub fn crash_at_read(&self, reads: usize) {
+        self.reads_before_crash
+            .store(reads + 1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
@@ -118,17 +168,39 @@ impl Faults {
         Ok(())
     }
 
-    /// The error a read of `id`'s record gives now, if it was made unreadable.
+    /// The error a read of `id`'s record gives now, if it was broken (or an armed crash
+    /// lands on this read).
     pub(crate) fn read_of(&self, id: &str) -> Result<(), StoreError> {
-        if self.unreadable_n.load(std::sync::atomic::Ordering::Relaxed) == 0
-            || !self.unreadable.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
-        {
+        use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+        if self.suspended.load(Relaxed) {
             return Ok(());
         }
-        Err(StoreError::Codec {
-            key: id.to_string(),
-            source: CodecError::Corrupt("message", "injected read failure"),
-        })
+        // The read the crash lands on fails; later reads of the dead process may see what
+        // they like (nothing it does is written any more), and the simulator's own checks
+        // read on.
+        if self.reads_before_crash.load(Relaxed) > 0 {
+            let left = self
+                .reads_before_crash
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .unwrap_or(0);
+            if left == 1 {
+                self.crashed.store(true, SeqCst);
+                return Err(StoreError::Injected);
+            }
+        }
+        match self.broken(id) {
+            Some(ItemFault::Corrupt) => Err(StoreError::Codec {
+                key: id.to_string(),
+                source: CodecError::Corrupt("message", "injected read failure"),
+            }),
+            Some(ItemFault::Io) => Err(StoreError::Injected),
+            Some(ItemFault::NoPayload) | None => Ok(()),
+        }
+    }
+
+    /// Whether `id`'s payload reads as missing now.
+    pub(crate) fn payload_missing(&self, id: &str) -> bool {
+        self.broken(id) == Some(ItemFault::NoPayload)
     }
 }
 

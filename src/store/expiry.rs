@@ -9,6 +9,9 @@ use rocksdb::{ReadOptions, WriteBatch};
 use super::lines::LineTx;
 use super::{keys, Store, StoreError};
 
+/// How long before a retention entry whose record did not read is looked at again.
+const UNREADABLE_AGAIN_MS: u64 = 3_600_000;
+
 impl Store {
     /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or before `now_ms`,
     /// at most `limit` of them. Returns how many were removed.
@@ -34,7 +37,21 @@ impl Store {
             let _g = self.lock(&id);
             let mut b = WriteBatch::default();
             b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(ms, &id));
-            let rec = self.message(&id)?;
+            let rec = match self.message(&id) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    // Looked at again later, after the others: one record that does not
+                    // read must not hold every sweep at its entry.
+                    tracing::error!(delivery_id = %id, error = %e, "retention: a record does not read; looked at again in an hour");
+                    b.put_cf(
+                        self.cf(keys::EXPIRY),
+                        keys::time_key(now_ms.saturating_add(UNREADABLE_AGAIN_MS), &id),
+                        [],
+                    );
+                    self.write(b)?;
+                    continue;
+                }
+            };
             // A dead head its line is blocked behind hands over to the next when it goes.
             let ordered = rec.as_ref().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
             let _line = self.lines.lock(ordered.into_iter());

@@ -261,15 +261,18 @@ impl Store {
     }
 
     /// At start: every message left `in_flight` by a crash goes back to due at `now_ms`
-    /// with its attempt count unchanged. Returns how many.
-    pub fn recover_in_flight(&self, now_ms: u64) -> Result<usize, StoreError> {
+    /// with its attempt count unchanged. Returns how many, and those whose record does not
+    /// decode (they stay in flight; the others go on without them).
+    pub fn recover_in_flight(&self, now_ms: u64) -> Result<(usize, Vec<(String, StoreError)>), StoreError> {
         let ids = self.ids_in_state(State::InFlight, usize::MAX)?;
-        let mut n = 0;
+        let (mut n, mut unreadable) = (0, Vec::new());
         for id in ids {
-            if self.release(&id, now_ms)? {
-                n += 1;
+            match self.release(&id, now_ms) {
+                Ok(released) => n += usize::from(released),
+                Err(e @ StoreError::Codec { .. }) => unreadable.push((id, e)),
+                Err(e) => return Err(e),
             }
         }
-        Ok(n)
+        Ok((n, unreadable))
     }
 }

@@ -158,10 +158,7 @@ impl Store {
         let read = match self.due_message(entry) {
             Ok(read) => read,
             Err(e) => {
-                self.leases.hold(&entry.id, now_ms);
-                // The pass that handed it over may raise the floor past it (it took the
-                // entry as dispatched): reported as a write is, so the raise stops below it.
-                self.due_floor.wrote(entry.due_ms);
+                self.hold_back(entry, now_ms);
                 return Err(e);
             }
         };
@@ -176,6 +173,14 @@ impl Store {
         self.leases.insert(&rec.id, entry.due_ms);
         rec.state = State::InFlight;
         Ok(Some(Claimed { record: rec, payload }))
+    }
+
+    /// Holds back a due entry whose message could not be read (see the module doc).
+    pub(super) fn hold_back(&self, entry: &DueEntry, now_ms: u64) {
+        self.leases.hold(&entry.id, now_ms);
+        // The pass that handed it over may raise the floor past it (it took the entry as
+        // dispatched): reported as a write is, so the raise stops below it.
+        self.due_floor.wrote(entry.due_ms);
     }
 
     /// Ends a lease whose entry stays in the queue where it was (a release that could not

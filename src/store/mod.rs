@@ -75,7 +75,7 @@ use rocksdb::{ColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, Wr
 
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
-pub use error::{Faults, StoreError};
+pub use error::{Faults, ItemFault, StoreError};
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;
@@ -326,6 +326,9 @@ impl Store {
 
     /// Reads a message's payload.
     pub fn payload(&self, id: &str) -> Result<Option<Payload>, StoreError> {
+        if self.faults.payload_missing(id) {
+            return Ok(None);
+        }
         match self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())? {
             Some(v) => Ok(Some(Payload::decode(&v).map_err(|source| StoreError::Codec {
                 key: id.to_string(),

@@ -96,6 +96,7 @@ impl Store {
             let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
             // Re-read under the lock: it may have changed since the listing.
             let mut dead = Vec::new();
+            // (A record that does not decode is not listed: it stays dead, for a later replay.)
             for listed in &page.items {
                 if let Some(rec) = self.message(&listed.id)?.filter(|r| r.state == State::Dead) {
                     dead.push(rec);
@@ -208,10 +209,22 @@ impl Store {
             let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             scanned += 1;
             // Shown as readers see it: a leased message is in flight, not pending.
-            let rec = if filter.state.is_some() {
-                self.message_shown(&id)?
+            let read = if filter.state.is_some() {
+                self.message_shown(&id)
             } else {
-                Some(self.shown(decode_message(&id, it.value().unwrap_or_default())?))
+                self.faults
+                    .read_of(&id)
+                    .and_then(|()| decode_message(&id, it.value().unwrap_or_default()))
+                    .map(|r| Some(self.shown(r)))
+            };
+            let rec = match read {
+                // One record that does not decode hides only itself: reading it by id
+                // answers `corrupt_record`.
+                Err(e @ StoreError::Codec { .. }) => {
+                    tracing::error!(delivery_id = %id, error = %e, "listing: a message record does not decode; left out");
+                    None
+                }
+                other => other?,
             };
             if let Some(rec) = rec.filter(|r| filter.matches(r)) {
                 page.items.push(rec);

@@ -9,10 +9,22 @@
 //! - a resume first persists the endpoint as active, then moves its parked messages back in
 //!   batches; if courier dies in between, [`Store::parked_endpoints`] lets startup find the
 //!   endpoints whose messages are still parked and requeue those of active ones.
+//!
+//! One message that cannot be read holds up no other. A park that cannot read a record
+//! leaves its entry in the queue, held back as the scheduler's lease holds it (see
+//! `lease`), and parks the rest. A parked key keeps the entry it replaced (its due time and
+//! routing), so a resume that cannot read a record puts that entry back as it was (the record was not
+//! changed by the park, so it agrees) instead of leaving the message parked behind an
+//! active endpoint; the scheduler's lease then meets the unreadable record and holds it
+//! back until it reads. Keys written before the entry was kept (an empty value) are left
+//! parked for the next resume or start.
 
 use rocksdb::{ReadOptions, WriteBatch};
 
 use super::{keys, DueEntry, State, Store, StoreError};
+
+/// The due entry a parked key replaced: its due time and encoded routing.
+type ParkedEntry = (u64, Vec<u8>);
 
 /// Messages moved per write when an endpoint resumes.
 const UNPARK_BATCH: usize = 1000;
@@ -21,21 +33,31 @@ impl Store {
     /// Moves a due message of a paused endpoint out of the queue into the endpoint's
     /// parked set, so the scheduler does not see it again until the endpoint resumes.
     pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
-        self.park_many(std::slice::from_ref(entry))
+        self.park_many(std::slice::from_ref(entry), entry.due_ms)
     }
 
-    /// [`Store::park`] for several entries, in one write.
-    pub fn park_many(&self, entries: &[DueEntry]) -> Result<(), StoreError> {
+    /// [`Store::park`] for several entries, in one write, at `now_ms`. An entry whose record
+    /// cannot be read stays in the queue, held back (see the module doc).
+    pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
         let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();
         for entry in entries {
+            let rec = match self.message(&entry.id) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::error!(delivery_id = %entry.id, error = %e,
+                        "parking a message failed: its record does not read; it stays queued and is tried again");
+                    self.hold_back(entry, now_ms);
+                    continue;
+                }
+            };
             b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
-            if let Some(rec) = self.message(&entry.id)? {
+            if let Some(rec) = rec {
                 if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
                     b.put_cf(
                         self.cf(keys::PARKED),
                         keys::pair_key(&entry.routing.endpoint, &entry.id),
-                        [],
+                        [&entry.due_ms.to_be_bytes()[..], &entry.routing.encode()].concat(),
                     );
                 }
             }
@@ -53,16 +75,35 @@ impl Store {
             // Each batch continues after the last one: seeking from the prefix again would
             // step over every parked key already moved (now deletion tombstones), which made
             // resuming a large backlog quadratic.
-            let ids = self.parked_ids(&prefix, after.as_deref())?;
-            let Some(last) = ids.last() else {
+            let parked = self.parked_ids(&prefix, after.as_deref())?;
+            let Some((last, _)) = parked.last() else {
                 return Ok(moved);
             };
             after = Some(last.clone());
-            let _guards = self.lock_many(ids.iter().map(String::as_str));
+            let _guards = self.lock_many(parked.iter().map(|(id, _)| id.as_str()));
             let mut b = WriteBatch::default();
-            for id in &ids {
+            let mut floor = now_ms;
+            for (id, parked_due) in &parked {
+                let rec = match (self.message(id), parked_due) {
+                    (Ok(rec), _) => rec,
+                    (Err(e), Some((due_ms, routing))) => {
+                        // Back in the queue as it was: the record (unchanged by the park)
+                        // still says `due_ms`, and the lease holds it back until it reads.
+                        tracing::error!(delivery_id = %id, error = %e,
+                            "resuming a message whose record does not read: queued again as it was parked");
+                        b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, id));
+                        b.put_cf(self.cf(keys::DUE), keys::time_key(*due_ms, id), routing);
+                        floor = floor.min(*due_ms);
+                        continue;
+                    }
+                    (Err(e), None) => {
+                        tracing::error!(delivery_id = %id, error = %e,
+                            "resuming a message whose record does not read: it stays parked until the next resume or start");
+                        continue;
+                    }
+                };
                 b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, id));
-                if let Some(mut rec) = self.message(id)? {
+                if let Some(mut rec) = rec {
                     if rec.state == State::Pending {
                         rec.next_attempt_at_ms = now_ms;
                         self.enqueue(&mut b, &rec);
@@ -72,12 +113,13 @@ impl Store {
                 }
             }
             self.write(b)?;
-            self.due_floor.wrote(now_ms);
+            self.due_floor.wrote(floor);
         }
     }
 
-    /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given.
-    fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<String>, StoreError> {
+    /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
+    /// the due entry it replaced (due time and encoded routing), if the key kept it.
+    fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
         let mut ro = ReadOptions::default();
         let mut start = prefix.to_vec();
         if let Some(id) = after {
@@ -90,7 +132,14 @@ impl Store {
         it.seek(&start);
         let mut ids = Vec::new();
         while let Some(k) = it.key() {
-            ids.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+            let due = it.value().filter(|v| v.len() > 8).map(|v| {
+                let (ms, routing) = v.split_at(8);
+                (
+                    u64::from_be_bytes(ms.try_into().expect("eight bytes")),
+                    routing.to_vec(),
+                )
+            });
+            ids.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), due));
             if ids.len() >= UNPARK_BATCH {
                 break;
             }

@@ -154,7 +154,20 @@ impl Store {
             let line = tx.record(&self.db, &endpoint)?.clone();
             match line {
                 Some(line) => {
-                    let head = self.message(&line.head)?;
+                    let head = match self.message(&line.head) {
+                        Ok(head) => head,
+                        // One line waits for its head to read; the others and the start
+                        // go on. A blocked line stays paused meanwhile.
+                        Err(e @ StoreError::Codec { .. }) => {
+                            tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint), error = %e,
+                                "the head of an ordered line does not read; the line waits for it");
+                            if line.blocked {
+                                blocked.push(endpoint.clone());
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let open = head
                         .as_ref()
                         .is_some_and(|h| matches!(h.state, State::Pending | State::InFlight));

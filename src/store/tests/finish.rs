@@ -133,7 +133,7 @@ async fn in_flight_messages_are_recovered_with_their_attempt_count() {
     }
     let store = Store::open(&path, StoreOptions::default()).unwrap();
     assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::InFlight);
-    assert_eq!(store.recover_in_flight(5_000).unwrap(), 1);
+    assert_eq!(store.recover_in_flight(5_000).unwrap().0, 1);
     let rec = store.message("dlv_a").unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.attempts, rec.next_attempt_at_ms),

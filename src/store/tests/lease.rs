@@ -155,7 +155,7 @@ async fn a_message_claimed_at_accept_is_in_flight_with_no_due_entry_until_its_re
     assert_eq!(dup, Accepted::Duplicate { id: "dlv_a".into() });
     assert!(none.is_none(), "a duplicate claims nothing");
     // A crash before the result: startup puts it in the queue.
-    assert_eq!(store.recover_in_flight(300).unwrap(), 1);
+    assert_eq!(store.recover_in_flight(300).unwrap().0, 1);
     assert_eq!(due_ids(&store, 300), vec!["dlv_a"]);
     assert_eq!(store.counts().unwrap().open, 1);
 }

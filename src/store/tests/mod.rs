@@ -12,6 +12,7 @@ mod lease;
 mod lines;
 mod operator;
 mod queue;
+mod unreadable;
 
 use rand::SeedableRng;
 

@@ -128,7 +128,7 @@ async fn a_resume_moves_every_parked_message_over_several_batches() {
             ScanStep::Continue
         })
         .unwrap();
-    store.park_many(&entries).unwrap();
+    store.park_many(&entries, 0).unwrap();
     assert!(due_ids(&store, 1_000).is_empty());
     assert_eq!(store.unpark_endpoint("https://r.example/h", 500).unwrap(), n);
     let mut due = 0;
