@@ -8,7 +8,7 @@
 //! once from the config: nothing is added at run time, so the book's maps stay the size of
 //! the config.
 //!
-//! Two kinds of value, read at different times (the README says why):
+//! Two kinds of value, read at different times (docs/configuration.md says why):
 //! - the give-up limits, `max_attempts` and `give_up_after`, are resolved when a message is
 //!   accepted and stored with it;
 //! - everything else (backoff or schedule, jitter, `max_attempts_404`, `max_retry_after`,

@@ -14,6 +14,7 @@ mod cli;
 mod client_limits;
 mod dashboard;
 mod delivery;
+mod docs;
 mod drain;
 mod fleet;
 mod h2c;

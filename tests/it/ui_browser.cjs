@@ -97,7 +97,7 @@ async function unlocked(browser) {
     api: seen.api,
   };
   if (input.screenshot) {
-    // The README's picture: every delivery listed, the replayed one open.
+    // The picture in docs/operations.md (docs/ui.png): every delivery listed, the replayed one open.
     await page.click('#tabs button[data-state=""]');
     await row.waitFor();
     await page.screenshot({ path: input.screenshot, fullPage: true });
