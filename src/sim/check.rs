@@ -231,8 +231,7 @@ pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<
     Ok(())
 }
 
-/// The hosts whose breaker is open or probing now, with when their probe may go (`None`
-/// while one is out).
+/// The hosts whose breaker is open or probing now, with when their (next) probe may go.
 pub fn open_breakers(w: &World) -> std::collections::BTreeMap<String, Option<u64>> {
     use crate::policy::circuit::CircuitState;
     w.d()
@@ -240,15 +239,17 @@ pub fn open_breakers(w: &World) -> std::collections::BTreeMap<String, Option<u64
         .snapshot(true)
         .into_iter()
         .filter_map(|h| match h.state {
-            CircuitState::Open => Some((h.host, h.next_probe_ms)),
-            CircuitState::Probing => Some((h.host, None)),
+            // Probing: the time a probe out that long is taken for lost, and one may replace it.
+            CircuitState::Open | CircuitState::Probing => Some((h.host, h.next_probe_ms)),
             _ => None,
         })
         .collect()
 }
 
 /// During a step that began with `open` breakers: no attempt to such a host but its probe,
-/// at most one, and not before its probe time (none while a probe is out already).
+/// at most one, and not before its probe time (with a probe out already: not before that
+/// probe is taken for lost, its probe timeout after it started; the simulated receivers
+/// can hold an answer far longer than a real request would wait).
 pub fn breakers_held(
     w: &World,
     open: &std::collections::BTreeMap<String, Option<u64>>,
