@@ -1,6 +1,13 @@
-//! The clock seam. Everything that schedules reads time from a [`Clock`], so tests use a
-//! [`ManualClock`] that moves only when the test advances it: retry timing is asserted
-//! exactly, without sleeping.
+//! The clock and randomness seams. Everything that schedules reads time from a [`Clock`],
+//! so tests use a [`ManualClock`] that moves only when the test advances it: retry timing
+//! is asserted exactly, without sleeping. A duration is measured with a [`Stopwatch`], and
+//! randomness nobody replays (ids, jitter of courier's own retries, file names) comes from
+//! [`rng`]; what a test or the simulator must replay takes a seeded RNG instead.
+//!
+//! These are the only places production code reads the wall clock, the monotonic clock
+//! or the thread RNG: `clippy.toml` disallows `SystemTime::now`, `Instant::now`,
+//! `rand::rng` and `rand::random` elsewhere, and a unit test below checks the same on every
+//! build of the suite.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,6 +36,7 @@ pub type SharedClock = Arc<dyn Clock>;
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[allow(clippy::disallowed_methods)] // The seam.
     fn now_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -48,6 +56,30 @@ impl Clock for SystemClock {
             }
         })
     }
+}
+
+/// Measures how long something real took (a request's round trip), on the monotonic
+/// clock: a duration reported, never a time anything is scheduled at.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    /// Starts measuring.
+    #[allow(clippy::disallowed_methods)] // The seam.
+    pub fn start() -> Stopwatch {
+        Stopwatch(std::time::Instant::now())
+    }
+
+    /// How long since [`Stopwatch::start`].
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// The thread's RNG, seeded by the OS: for randomness no test replays.
+#[allow(clippy::disallowed_methods)] // The seam.
+pub fn rng() -> rand::rngs::ThreadRng {
+    rand::rng()
 }
 
 /// A clock for tests: time stands still until [`ManualClock::advance`] or
@@ -102,6 +134,43 @@ impl Clock for ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `clippy.toml` disallows, checked on every run of the suite (the suite does
+    /// not run clippy: that would build RocksDB a second time). Production files only:
+    /// test code measures real time freely.
+    #[test]
+    fn only_the_seams_read_the_clock_or_the_thread_rng() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    if !matches!(name.as_str(), "tests" | "sim") {
+                        dirs.push(path);
+                    }
+                    continue;
+                }
+                let test_file = name == "tests.rs" || name.starts_with("tests_") || name.ends_with("_tests.rs");
+                if !name.ends_with(".rs") || test_file || path == root.join("clock.rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                // A file's unit tests sit at its end, behind `#[cfg(test)] mod`.
+                let production = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+                for (n, line) in production.lines().enumerate() {
+                    let std_instant = line.contains("Instant::now") && !line.contains("tokio::time::Instant::now");
+                    let banned = ["SystemTime::now", "rand::rng(", "rand::random", "thread_rng"];
+                    if std_instant || banned.iter().any(|b| line.contains(b)) {
+                        found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "use the seams in src/clock.rs:\n{}", found.join("\n"));
+    }
 
     #[tokio::test]
     async fn manual_sleepers_wake_only_when_time_reaches_them() {

@@ -347,7 +347,7 @@ impl Ingress {
             signing,
         };
         let now = self.clock.now_ms();
-        let mut msg = envelope.into_message(now, &mut rand::rng(), self.deliverer.store.ids());
+        let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.store.ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());

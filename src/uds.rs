@@ -77,7 +77,10 @@ fn private_dir_beside(path: &Path) -> io::Result<PathBuf> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let dir = parent.join(format!(".courier-bind-{:016x}", rand::random::<u64>()));
+    let dir = parent.join(format!(
+        ".courier-bind-{:016x}",
+        rand::Rng::random::<u64>(&mut crate::clock::rng())
+    ));
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
 }

@@ -42,6 +42,7 @@
 //! [`nginx`] (the servers compared with), [`report`], and one module per group of scenarios:
 //! [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`] and [`many`] (with [`hosts`]
 //! and [`fanout`]).
+#![allow(clippy::disallowed_methods)] // A tool: real time and fresh randomness are what it wants.
 
 mod args;
 mod backlog;

@@ -87,7 +87,7 @@ pub struct Deliverer {
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
     /// Releases waiting for their message to read again (see `requeue`).
-    unreleased: Arc<std::sync::atomic::AtomicUsize>,
+    waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
     /// Where attempts are spawned, whichever runtime their message was accepted on.
     runtime: tokio::runtime::Handle,
@@ -178,7 +178,7 @@ impl Deliverer {
             all_attempts,
             persist_lock,
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
-            unreleased: Default::default(),
+            waiting_to_read: Default::default(),
             in_flight: Mutex::new(HashMap::new()),
             runtime: parts.runtime,
             queue_first: std::sync::atomic::AtomicBool::new(true),

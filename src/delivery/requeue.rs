@@ -9,7 +9,7 @@
 //! by the result retry wait), until it reads or courier stops, so that a record that heals
 //! is delivered without a restart. An attempt's result whose record does not read waits so
 //! too (`record_later`): the message stays leased, so it is not sent again, and the
-//! attempt's permits are free. Bounded: at most [`UNRELEASED_MAX`] wait at once; past that,
+//! attempt's permits are free. Bounded: at most [`WAITING_TO_READ_MAX`] wait at once; past that,
 //! a release is left to the next start, and a result's attempt is given up (the message is
 //! sent again once it reads).
 
@@ -20,10 +20,10 @@ use super::results::StreakNote;
 use super::{Deliverer, STORE_TRIES};
 use crate::store::{FinishedAttempt, StoreError};
 
-/// Most releases waiting in the background for their record to read.
-pub(super) const UNRELEASED_MAX: usize = 1024;
-/// The longest wait between two tries of a background release, in result retry waits.
-const UNRELEASED_MAX_WAIT: u32 = 300;
+/// Most releases and result writes waiting in the background for their record to read.
+pub(super) const WAITING_TO_READ_MAX: usize = 1024;
+/// The longest wait between two tries in the background, in result retry waits (5 min).
+const LONGEST_WAIT: u32 = 300;
 
 impl Deliverer {
     /// Puts a message back in the queue, due at `due_ms`, after courier's own failure (no
@@ -84,21 +84,21 @@ impl Deliverer {
     }
 
     /// Runs `op` in the background until it succeeds or the store closes, 1 result retry
-    /// wait doubling to [`UNRELEASED_MAX_WAIT`] of them; `false` (and nothing run) when
-    /// [`UNRELEASED_MAX`] wait already.
+    /// wait doubling to [`LONGEST_WAIT`] of them; `false` (and nothing run) when
+    /// [`WAITING_TO_READ_MAX`] wait already.
     fn when_it_reads<F, Fut>(&self, id: String, what: &'static str, error: StoreError, mut op: F) -> bool
     where
         F: FnMut() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
     {
-        if self.unreleased.fetch_add(1, Ordering::SeqCst) >= UNRELEASED_MAX {
-            self.unreleased.fetch_sub(1, Ordering::SeqCst);
+        if self.waiting_to_read.fetch_add(1, Ordering::SeqCst) >= WAITING_TO_READ_MAX {
+            self.waiting_to_read.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(delivery_id = %id, %error, "{what} failed: its record does not read");
             return false;
         }
         tracing::error!(delivery_id = %id, %error, "{what} failed: its record does not read; tried again in the background until it does");
-        let (wake, count) = (self.wake.clone(), self.unreleased.clone());
-        let (first, most) = (self.result_retry(), self.result_retry() * UNRELEASED_MAX_WAIT);
+        let (wake, count) = (self.wake.clone(), self.waiting_to_read.clone());
+        let (first, most) = (self.result_retry(), self.result_retry() * LONGEST_WAIT);
         self.runtime.spawn(async move {
             let mut wait = first;
             loop {
@@ -119,8 +119,8 @@ impl Deliverer {
     }
 
     /// Releases and result writes waiting in the background for their record to read.
-    pub fn unreleased(&self) -> usize {
-        self.unreleased.load(Ordering::SeqCst)
+    pub fn waiting_to_read(&self) -> usize {
+        self.waiting_to_read.load(Ordering::SeqCst)
     }
 
     /// What startup puts right before anything is scheduled: messages left in flight by

@@ -80,7 +80,7 @@ async fn a_result_that_cannot_be_written_gives_its_permit_back_and_is_written_on
     })
     .await;
     assert!(h.d.store.is_leased(&a), "leased until its result is written");
-    assert_eq!(h.d.unreleased(), 1, "its result waits in the background");
+    assert_eq!(h.d.waiting_to_read(), 1, "its result waits in the background");
     h.d.store.faults().heal(&a);
     let rec = h
         .wait_record(&a, "its result written once readable", |r| r.state == State::Delivered)
@@ -89,7 +89,7 @@ async fn a_result_that_cannot_be_written_gives_its_permit_back_and_is_written_on
     clock.advance(super::SELF_FAILURE_DELAY * 2);
     h.settle().await;
     assert_eq!(t.calls.lock().unwrap().as_slice(), ["/a", "/b"], "nothing sent twice");
-    assert_eq!(h.d.unreleased(), 0);
+    assert_eq!(h.d.waiting_to_read(), 0);
 }
 
 /// A message left in flight by a crash whose record does not read at startup: startup used
@@ -110,14 +110,14 @@ async fn an_in_flight_message_unreadable_at_startup_goes_once_it_reads() {
     }
     h.d.store.faults().make_unreadable("dlv_a");
     let (requeued, _, _) = h.d.recover_at_start().unwrap();
-    assert_eq!((requeued, h.d.unreleased()), (1, 1));
+    assert_eq!((requeued, h.d.waiting_to_read()), (1, 1));
     h.start_scheduler();
     h.wait_record("dlv_b", "delivery", |r| r.state == State::Delivered)
         .await;
     h.d.store.faults().heal("dlv_a");
     h.wait_record("dlv_a", "delivery once readable", |r| r.state == State::Delivered)
         .await;
-    assert_eq!(h.d.unreleased(), 0);
+    assert_eq!(h.d.waiting_to_read(), 0);
 }
 
 /// A store that refuses every result write for a while (a full disk) must not turn each

@@ -5,7 +5,6 @@
 //! and log and count the outcome in one place.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -154,7 +153,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     // Counted in the endpoint's in-flight number exactly while the request is out: the
     // guard's drop ends it once, whether the send returns, panics or is cut off.
     let counted = InFlight::start(&d, &rec.endpoint, started_ms);
-    let timer = Instant::now();
+    let timer = crate::clock::Stopwatch::start();
     let sent = d.transport.send(req).await;
     let duration = timer.elapsed();
     let now = d.clock.now_ms();

@@ -292,7 +292,7 @@ impl Engine {
                 PeerAnswer::Accepted { peer_id, duplicate } => return self.handed_off(&rec, &peer_id, duplicate).await,
                 PeerAnswer::Retry(why) if tries < answer::MAX_TRIES => {
                     tracing::debug!(delivery_id = %rec.id, tries, error = %why, "drain: the peer is busy; trying again");
-                    let wait = answer::retry_delay(tries, &mut rand::rng());
+                    let wait = answer::retry_delay(tries, &mut crate::clock::rng());
                     self.clock
                         .sleep_until(self.clock.now_ms() + wait.as_millis() as u64)
                         .await;

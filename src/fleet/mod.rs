@@ -211,7 +211,7 @@ impl Fleet {
             epoch: tokio::time::Instant::now(),
             runtime: parts.runtime,
             keys: Keys::new(&cfg.key_prefix),
-            courier: format!("{:016x}", rand::random::<u64>()),
+            courier: format!("{:016x}", rand::Rng::random::<u64>(&mut crate::clock::rng())),
             ttl_ms,
             timeout: cfg.timeout,
             replicas: cfg.expected_replicas,

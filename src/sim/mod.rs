@@ -266,7 +266,7 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
             w.note_finished();
             return check::quiescent(w, disturbed);
         }
-        if w.d().unreleased() > 0 {
+        if w.d().waiting_to_read() > 0 {
             // A release waiting for its record to read tries again in real time.
             w.idle(Duration::from_millis(5));
         }
