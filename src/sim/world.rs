@@ -95,6 +95,19 @@ struct Node {
     resume: Option<(u64, String)>,
 }
 
+/// One wait for attempts to move on: first by yielding (the other tasks, and the result
+/// writer's thread, usually finish within microseconds), then a millisecond at a time
+/// (an attempt that waits on a timer).
+async fn pause(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 200 {
+        tokio::task::yield_now().await;
+        std::thread::yield_now();
+    } else {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Where an armed crash lands: after this many more writes, or record reads.
 #[derive(Debug, Clone, Copy)]
 pub enum CrashAt {
@@ -422,8 +435,9 @@ impl World {
         let (d, rx) = (node.d.clone(), self.rx.clone());
         node.rt.block_on(async move {
             let waited = tokio::time::timeout(Duration::from_secs(30), async {
+                let mut spins = 0u32;
                 while d.in_flight_count() > rx.held() + stalled {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    pause(&mut spins).await;
                 }
             })
             .await;
@@ -439,8 +453,9 @@ impl World {
         let (d, rx) = (node.d.clone(), self.rx.clone());
         node.rt.block_on(async move {
             let _ = tokio::time::timeout(at_most, async {
+                let mut spins = 0u32;
                 while d.in_flight_count() > rx.held() + stalled {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    pause(&mut spins).await;
                 }
             })
             .await;
