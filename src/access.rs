@@ -42,7 +42,7 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, Method, Uri};
 
-use crate::egress::is_loopback_name;
+use crate::outbound::egress::is_loopback_name;
 
 /// The browser rules of one listener.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -21,26 +21,26 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
-use crate::client::{ClientSettings, HttpTransport};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
 use crate::drain::DrainControl;
-use crate::egress::EgressPolicy;
 use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::ingress::Ingress;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
-use crate::priority::DeliveryRuntime;
-use crate::proxy::ProxyRoute;
+use crate::outbound::client::{ClientSettings, HttpTransport};
+use crate::outbound::egress::EgressPolicy;
+use crate::outbound::proxy::ProxyRoute;
+use crate::outbound::resolver::{Resolve, SystemResolver};
+use crate::outbound::tls::{TlsHandle, TlsMaterial};
+use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
-use crate::resolver::{Resolve, SystemResolver};
 use crate::scheduler::Scheduler;
 use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
-use crate::tls::{TlsHandle, TlsMaterial};
-use crate::transport::Transport;
+use crate::sys::priority::DeliveryRuntime;
 use crate::uds::SocketFile;
 
 /// After the drain, how long the listeners at least get to finish the answers in progress.
@@ -53,7 +53,7 @@ struct ListenerLimits {
 }
 
 /// Raises the descriptor limit and fits delivery's and the listeners' shares inside it,
-/// keeping the store's reserve (see [`crate::fds`]); says so when a setting is lowered.
+/// keeping the store's reserve (see [`crate::sys::fds`]); says so when a setting is lowered.
 fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
     let mut ingress = ServeLimits {
         idle_timeout: config.ingress.idle_timeout,
@@ -63,10 +63,10 @@ fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
         idle_timeout: config.admin.idle_timeout,
         ..ServeLimits::default()
     };
-    let Some(limit) = crate::fds::raise_limit() else {
+    let Some(limit) = crate::sys::fds::raise_limit() else {
         return ListenerLimits { ingress, admin };
     };
-    let budget = crate::fds::budget(limit);
+    let budget = crate::sys::fds::budget(limit);
     lower_to_fit(
         limit,
         "delivery.max_in_flight",
@@ -288,7 +288,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         FleetParts {
             runtime: delivery_rt.handle(),
             wake: wake.clone(),
-            ca_pem: crate::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
+            ca_pem: crate::outbound::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
         },
     )?;
     let deliverer = Deliverer::new(DelivererParts {

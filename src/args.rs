@@ -51,7 +51,7 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, ConfigError> {
 /// need the admin address.
 pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
     let config = load_config(global)?;
-    crate::tls::TlsMaterial::from_config(&config)?;
+    crate::outbound::tls::TlsMaterial::from_config(&config)?;
     Ok(config)
 }
 

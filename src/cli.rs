@@ -89,7 +89,7 @@ fn serve(global: &GlobalArgs) -> ExitCode {
     // on a runtime of its own (see `priority`).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_start(crate::priority::lower_current_thread)
+        .on_thread_start(crate::sys::priority::lower_current_thread)
         .build()
     {
         Ok(rt) => rt,

@@ -18,10 +18,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
 use crate::delivery::Deliverer;
-use crate::egress::{known_without_dns, KnownHost};
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::metrics::Metrics;
+use crate::outbound::egress::{known_without_dns, KnownHost};
 use crate::serve::{self, Body};
 use crate::signing::{self, scope};
 use crate::store::{Accepted, SigningChoice};
@@ -293,7 +293,7 @@ impl Ingress {
         let method = req.method().as_str().to_string();
         let mut headers = forwardable_headers(req.headers());
         // Kept only when valid: each attempt sends a child of it (see `trace`).
-        let trace = crate::trace::keep_valid(&mut headers);
+        let trace = crate::outbound::trace::keep_valid(&mut headers);
         // A client that stops sending mid-body must not hold a connection (and shutdown)
         // forever: the whole body has BODY_READ_TIMEOUT to arrive.
         let reading = Limited::new(req.into_body(), config.max_body as usize).collect();

@@ -16,10 +16,12 @@
 //! ```
 //!
 //! Layers (a module uses only modules above it in this list):
-//! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`egress`], [`policy`], [`signing`],
-//!    [`envelope`], [`timefmt`], [`redact`], `store::keys`, `store::codec`, [`config::units`].
-//! 2. Seams: [`clock`], [`transport`], [`resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`tls`], [`proxy`], [`client`], [`serve`], [`uds`], [`fleet`] (Redis).
+//! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`outbound::egress`],
+//!    [`policy`], [`signing`], [`envelope`], [`timefmt`], [`redact`], `store::keys`,
+//!    `store::codec`, [`config::units`].
+//! 2. Seams: [`clock`], [`outbound::transport`], [`outbound::resolver`], [`config`].
+//! 3. I/O: [`batcher`], [`store`], [`outbound`] (TLS, proxies, the pooled client), [`serve`],
+//!    [`uds`], [`fleet`] (Redis), [`sys`] (file descriptors, CPU priority, heap trimming).
 //! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
 //! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`], [`reload`], [`drain`] (the hand-off to another
 //!    courier at scale-down: its pure parts are `drain::{eligible, request, answer, progress}`).
@@ -34,16 +36,12 @@ pub mod app;
 pub mod args;
 pub mod batcher;
 pub mod cli;
-pub mod client;
 pub mod clock;
 pub mod config;
-pub mod conn_cap;
 pub mod delivery;
 pub mod drain;
-pub mod egress;
 pub mod endpoint_page;
 pub mod envelope;
-pub mod fds;
 pub mod fleet;
 pub mod headers;
 pub mod ingress;
@@ -52,12 +50,10 @@ pub mod metrics;
 pub mod model;
 pub mod operator;
 pub mod ops;
+pub mod outbound;
 pub mod policy;
-pub mod priority;
-pub mod proxy;
 pub mod redact;
 pub mod reload;
-pub mod resolver;
 pub mod retention;
 pub mod scheduler;
 pub mod serve;
@@ -65,11 +61,8 @@ pub mod signing;
 #[cfg(test)]
 mod sim;
 pub mod store;
+pub mod sys;
 pub mod target;
 pub mod timefmt;
-pub mod tls;
-pub mod trace;
-pub mod transport;
-pub mod trim;
 pub mod uds;
 pub mod ui;

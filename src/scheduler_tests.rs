@@ -26,9 +26,9 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::{Config, EndpointConfig};
 use crate::delivery::DelivererParts;
 use crate::metrics::Metrics;
+use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
 use crate::policy::rate::TokenBucket;
 use crate::store::{Store, StoreOptions};
-use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
 
 const T0: u64 = 1_700_000_000_000;
 const RATED: &str = "https://rated.example/x";

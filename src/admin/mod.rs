@@ -18,11 +18,11 @@ use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
 use crate::model::State;
 use crate::ops::Probes;
+use crate::outbound::trace::TraceParent;
 use crate::reload::{ReloadError, Reloader};
 use crate::serve::{self, Body};
 use crate::store::{ListFilter, MessageRecord, StoreError};
 use crate::timefmt::parse_rfc3339;
-use crate::trace::TraceParent;
 
 mod views;
 

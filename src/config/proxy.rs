@@ -1,5 +1,5 @@
 //! `egress.proxy` and `egress.no_proxy`: the HTTP proxy attempts go through, and the
-//! targets that go direct. Parsed here; used by [`crate::proxy`].
+//! targets that go direct. Parsed here; used by [`crate::outbound::proxy`].
 //!
 //! The proxy URL may carry `user:pass@` credentials, so it is held as a [`Secret`]: its
 //! `Debug`, the `check-config` summary and every error show the proxy's origin at most,

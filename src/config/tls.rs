@@ -2,7 +2,7 @@
 //! extra CA bundles, client certificates (mTLS) per host, and the lowest TLS version.
 //!
 //! Values only (config is below the I/O layer). The PEM files are read, parsed and matched
-//! (a key against its certificate) by `crate::tls::TlsMaterial::from_config`, which
+//! (a key against its certificate) by `crate::outbound::tls::TlsMaterial::from_config`, which
 //! `courier serve` and `courier check-config` run right after loading the configuration
 //! (`crate::args::load_checked`), so a bad file is refused at start, not at the first
 //! delivery.
@@ -113,7 +113,7 @@ impl HostTls {
 
 impl TlsConfig {
     /// The rules the types cannot express; the files themselves are checked by
-    /// [`crate::tls::TlsMaterial::from_config`].
+    /// [`crate::outbound::tls::TlsMaterial::from_config`].
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         check_paths("tls.ca_file", &self.ca_file)
     }

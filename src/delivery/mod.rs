@@ -28,8 +28,8 @@ use tokio::task::AbortHandle;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::outbound::transport::Transport;
 use crate::store::{Claimed, Store};
-use crate::transport::Transport;
 
 pub use settings::Settings;
 use settings::{endpoint_rates, host_caps};
@@ -97,7 +97,7 @@ pub struct Deliverer {
     queue_first: std::sync::atomic::AtomicBool,
     idle: Notify,
     results: results::ResultWriter,
-    trimmer: crate::trim::Trimmer,
+    trimmer: crate::sys::trim::Trimmer,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -228,7 +228,7 @@ impl Deliverer {
                 // A burst is over: give its freed heap back (see `trim`).
                 if d.trimmer.due(d.clock.now_ms()) {
                     drop(registry);
-                    d.runtime.spawn_blocking(crate::trim::trim);
+                    d.runtime.spawn_blocking(crate::sys::trim::trim);
                 }
             }
         });

@@ -23,7 +23,7 @@ pub struct Settings {
     /// once per accept (a route's ordering comes with the message from ingress).
     pub(super) fifo: HashMap<String, crate::model::OnDead>,
     /// Which targets ingress refuses without DNS (the transport applies its own copy).
-    pub egress: crate::egress::EgressPolicy,
+    pub egress: crate::outbound::egress::EgressPolicy,
 }
 
 impl Settings {
@@ -34,7 +34,10 @@ impl Settings {
             .filter_map(|e| Some((e.key.clone(), e.fifo?)))
             .collect();
         Settings {
-            egress: crate::egress::EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
+            egress: crate::outbound::egress::EgressPolicy::new(
+                config.egress.allow_private_targets,
+                config.egress.allow.clone(),
+            ),
             policies: config.policy_book(),
             config,
             fifo,

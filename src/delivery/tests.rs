@@ -16,9 +16,9 @@ use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
+use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 use crate::scheduler::Scheduler;
 use crate::store::{MessageRecord, SigningChoice, Store, StoreOptions};
-use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 pub(super) const T0: u64 = 1_700_000_000_000;
 pub(super) const WAIT: Duration = Duration::from_secs(10);

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::tests::{config, status, Harness, Scripted, T0};
 use crate::clock::ManualClock;
 use crate::model::{Jitter, State};
+use crate::outbound::transport::{OutboundRequest, SendFuture, Transport};
 use crate::store::Store;
-use crate::transport::{OutboundRequest, SendFuture, Transport};
 
 /// Answers 200; on its first call makes the message it was told of unreadable, as if its
 /// record went bad while the attempt was out.

@@ -8,7 +8,7 @@ use super::endpoints::PRUNE_ABOVE;
 use super::tests::{config, Harness, T0, WAIT};
 use crate::clock::ManualClock;
 use crate::model::Jitter;
-use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
+use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
 
 const ENDPOINTS: usize = 50_000;
 const HOSTS: usize = 1_000;

@@ -15,8 +15,8 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::model::{DeadReason, State};
+use crate::outbound::transport::{OutboundRequest, SendFuture, Transport};
 use crate::store::SigningChoice;
-use crate::transport::{OutboundRequest, SendFuture, Transport};
 
 fn config(toml: &str) -> Config {
     let c = Config::from_toml_str(toml, "test.toml").unwrap();

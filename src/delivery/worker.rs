@@ -13,6 +13,8 @@ use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::config::Config;
 use crate::metrics::AttemptOutcome;
+use crate::outbound::trace::{new_span_id, TraceParent, TRACEPARENT};
+use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
 use crate::redact::url_for_log;
@@ -20,8 +22,6 @@ use crate::signing::{self, Secret};
 use crate::store::{
     AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, StoreError, Transition,
 };
-use crate::trace::{new_span_id, TraceParent, TRACEPARENT};
-use crate::transport::{OutboundRequest, TransportError};
 
 /// Logs an attempt's outcome with the fields that identify it; `trace_id` and `span_id`
 /// only when the message carries a trace context, so its log lines can be found from the app's trace.
@@ -395,7 +395,7 @@ fn host_outcome(
     config: &Config,
     host: &str,
     epoch: u64,
-    sent: &Result<crate::transport::InboundResponse, TransportError>,
+    sent: &Result<crate::outbound::transport::InboundResponse, TransportError>,
     now: u64,
 ) {
     let outcome = match sent {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::transport::{InboundResponse, TransportError};
+use crate::outbound::transport::{InboundResponse, TransportError};
 
 /// Tries of one message before the drain gives up on the peer.
 pub const MAX_TRIES: u32 = 8;

@@ -25,9 +25,9 @@ use super::request::{forward_request, PeerAddr};
 use crate::clock::SharedClock;
 use crate::metrics::Metrics;
 use crate::model::State;
+use crate::outbound::transport::Transport;
 use crate::redact::url_for_log;
 use crate::store::{HandOff, MessageRecord, Payload, Store, StoreError};
-use crate::transport::Transport;
 
 /// Ids read per page of the pending index.
 const PAGE: usize = 512;
@@ -355,9 +355,9 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::model::DeadReason;
+    use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture};
     use crate::store::tests::{claim, message};
     use crate::store::{AttemptRecord, StoreOptions, Transition};
-    use crate::transport::{InboundResponse, OutboundRequest, SendFuture};
 
     /// A courier peer that takes everything, and on its first forward replays a dead
     /// message here: an operator's `deliveries retry` racing the drain, made deterministic.

@@ -61,12 +61,12 @@ use std::sync::Arc;
 pub use control::DrainControl;
 pub use verb::DrainArgs;
 
-use crate::client::{ClientSettings, HttpTransport};
 use crate::config::Config;
-use crate::egress::EgressPolicy;
-use crate::resolver::SystemResolver;
-use crate::tls::{TlsHandle, TlsMaterial};
-use crate::transport::Transport;
+use crate::outbound::client::{ClientSettings, HttpTransport};
+use crate::outbound::egress::EgressPolicy;
+use crate::outbound::resolver::SystemResolver;
+use crate::outbound::tls::{TlsHandle, TlsMaterial};
+use crate::outbound::transport::Transport;
 
 /// Most of a peer's answer kept (its JSON is a few hundred bytes).
 const PEER_ANSWER_BYTES: usize = 16 << 10;

@@ -31,9 +31,9 @@ use crate::headers::{
     COURIER_ENDPOINT, COURIER_GIVE_UP_AFTER, COURIER_MAX_ATTEMPTS, COURIER_SIGNATURE_SCHEME, COURIER_SIGNING_KEY,
     COURIER_SIGNING_SECRET, COURIER_TARGET, COURIER_TOKEN, MAX_ATTEMPTS_LIMIT,
 };
+use crate::outbound::transport::OutboundRequest;
 use crate::signing::Secret;
 use crate::store::{MessageRecord, Payload, SigningChoice};
-use crate::transport::OutboundRequest;
 
 /// The event id header the peer's ingress reads first.
 const WEBHOOK_ID: &str = "webhook-id";

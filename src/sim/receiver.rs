@@ -10,7 +10,7 @@ use rand::Rng;
 use tokio::sync::oneshot;
 
 use crate::clock::{Clock, ManualClock};
-use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
+use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 /// What one receiver saw of one attempt.
 #[derive(Debug, Clone)]

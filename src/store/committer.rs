@@ -48,7 +48,7 @@ impl Committer {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
         // The commit thread works for ingest: it runs at ingest's priority (see `priority`).
-        let lower = crate::priority::lower_current_thread;
+        let lower = crate::sys::priority::lower_current_thread;
         let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
             let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
             commit(&db, &due_floor, &lines, jobs, |batch| {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use courier::app::{self, Running, Seams};
 use courier::config::Config;
-use courier::resolver::StaticResolver;
+use courier::outbound::resolver::StaticResolver;
 use courier::serve::{self, Handler, ServeLimits};
 
 use crate::support::*;

@@ -7,7 +7,7 @@
 /// Descriptors kept for the store (RocksDB's `max_open_files` of 256 for its tables, plus
 /// its WAL, MANIFEST, LOG and LOCK), logs, epoll and everything that is not a connection.
 /// Idle pooled connections have a share of their own below: the pool as a whole is bounded
-/// by `delivery.max_idle_connections` ([`crate::conn_cap`]), lowered to fit that share.
+/// by `delivery.max_idle_connections` ([`crate::outbound::conn_cap`]), lowered to fit that share.
 pub const RESERVED: u64 = 256 + 64;
 
 /// How many connections and attempts each user may hold at once.

@@ -33,7 +33,7 @@ pub use connect::{MaybeTls, TlsConnector, TlsError};
 pub struct TlsMaterial {
     /// For every host without TLS keys of its own.
     default: Arc<ClientConfig>,
-    /// By `host:port`, as `[[host]] host` is normalised (and `crate::conn_cap::host_key`
+    /// By `host:port`, as `[[host]] host` is normalised (and `crate::outbound::conn_cap::host_key`
     /// names a target).
     hosts: HashMap<String, Arc<ClientConfig>>,
 }

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 
 use hyper_util::client::legacy::connect::dns::Name;
 
-use crate::egress::{is_loopback_name, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
+use crate::outbound::egress::{is_loopback_name, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
 
 /// A boxed resolve future.
 pub type ResolveFuture = Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>;

@@ -2,10 +2,10 @@
 //! such as Smokescreen, Squid or tinyproxy).
 //!
 //! - An `https` target goes through an HTTP CONNECT tunnel (hyper-util's [`Tunnel`]); TLS
-//!   then runs end to end inside it (`crate::tls`), with the target's name as SNI.
+//!   then runs end to end inside it (`crate::outbound::tls`), with the target's name as SNI.
 //! - An `http` target is sent to the proxy in absolute form (`POST http://…/ HTTP/1.1`):
 //!   the connection is marked proxied so hyper writes the absolute URI, and
-//!   `crate::client` rewrites the URI and adds `Proxy-Authorization` (see there).
+//!   `crate::outbound::client` rewrites the URI and adds `Proxy-Authorization` (see there).
 //! - `egress.no_proxy` targets go direct. Which targets the proxy intercepts is hyper-util's
 //!   [`Matcher`] (curl's `NO_PROXY` rules: a host also covers its subdomains, `.suffix`,
 //!   IP addresses and CIDR networks, `*`).
@@ -33,8 +33,8 @@ use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
 
 use crate::config::EgressProxy;
-use crate::egress::{is_loopback_name, LOOPBACK_NAME_ADDRS};
-use crate::resolver::{GuardedResolver, Resolve};
+use crate::outbound::egress::{is_loopback_name, LOOPBACK_NAME_ADDRS};
+use crate::outbound::resolver::{GuardedResolver, Resolve};
 
 /// `hyper::rt::Write` for a wrapper whose field `io` does the writing: every call passed
 /// through unchanged (the wrappers here only look at, or label, what is read).

@@ -1,6 +1,6 @@
 //! The transport seam: what a delivery worker sends through. The worker sees only the
 //! [`Transport`] trait, so component tests inject a scripted fake and the real
-//! [`crate::client::HttpTransport`] stays out of the retry logic.
+//! [`crate::outbound::client::HttpTransport`] stays out of the retry logic.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -153,7 +153,12 @@ fn bad_files_are_one_line_naming_the_key_and_the_file() {
 /// it in this process would race the other tests.
 #[test]
 fn native_roots_come_from_the_system_store_or_say_why_not() {
-    const NAME: &str = "tls::tests::native_roots_come_from_the_system_store_or_say_why_not";
+    // The test's own name, as the harness knows it (the crate's name left out): it moves
+    // with the module.
+    let name = format!(
+        "{}::native_roots_come_from_the_system_store_or_say_why_not",
+        module_path!().trim_start_matches("courier::")
+    );
     const CASE: &str = "COURIER_TEST_NATIVE_ROOTS_CASE";
     if let Ok(case) = std::env::var(CASE) {
         let c = config("[tls]\nroots = \"both\"\n");
@@ -178,7 +183,7 @@ fn native_roots_come_from_the_system_store_or_say_why_not() {
     std::fs::create_dir(&no_certs).unwrap();
     for (case, file) in [("one CA", &ca), ("empty", &empty)] {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
             .env(CASE, case)
             .env("SSL_CERT_FILE", file)
             .env("SSL_CERT_DIR", &no_certs)

@@ -21,7 +21,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
 use super::TlsHandle;
-use crate::conn_cap::host_key;
+use crate::outbound::conn_cap::host_key;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 

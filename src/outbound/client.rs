@@ -1,6 +1,6 @@
 //! The real transport: a pooled hyper-util client over tokio-rustls (the roots, CAs and
-//! client certificates of `crate::tls`, ALPN h2 and http/1.1), direct or through
-//! `egress.proxy` (`crate::proxy`), with the egress policy enforced where connections are
+//! client certificates of `crate::outbound::tls`, ALPN h2 and http/1.1), direct or through
+//! `egress.proxy` (`crate::outbound::proxy`), with the egress policy enforced where connections are
 //! made.
 //!
 //! The connector, outermost first: [`TlsConnector`] (TLS for https targets, per-host
@@ -20,7 +20,7 @@
 //! receiver's answer.
 //!
 //! Idle pooled connections are bounded per host by hyper-util's pool and, all hosts
-//! together, by [`crate::conn_cap`] (`delivery.max_idle_connections`).
+//! together, by [`crate::outbound::conn_cap`] (`delivery.max_idle_connections`).
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -33,13 +33,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::conn_cap::{CappedConnector, ConnCap};
-use crate::egress::{literal_ip, EgressDenied, EgressPolicy};
-use crate::proxy::{EgressConnector, ProxyResolver, ProxyRoute};
-pub use crate::resolver::GuardedResolver;
-use crate::resolver::Resolve;
-use crate::tls::{TlsConnector, TlsHandle, TlsMaterial};
-use crate::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
+use crate::outbound::conn_cap::{CappedConnector, ConnCap};
+use crate::outbound::egress::{literal_ip, EgressDenied, EgressPolicy};
+use crate::outbound::proxy::{EgressConnector, ProxyResolver, ProxyRoute};
+pub use crate::outbound::resolver::GuardedResolver;
+use crate::outbound::resolver::Resolve;
+use crate::outbound::tls::{TlsConnector, TlsHandle, TlsMaterial};
+use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
 
 /// Settings of the HTTP client.
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ pub struct ClientSettings {
     pub pool_max_idle_per_host: usize,
     /// How long a pooled connection may sit idle before it is closed.
     pub idle_timeout: Duration,
-    /// Idle connections kept, all hosts together (see [`crate::conn_cap`]).
+    /// Idle connections kept, all hosts together (see [`crate::outbound::conn_cap`]).
     pub max_idle_connections: usize,
 }
 

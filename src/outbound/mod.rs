@@ -1,0 +1,17 @@
+//! Outbound HTTP: everything between a delivery worker's request and the receiver's answer.
+//!
+//! - [`transport`]: the seam a worker sends through; [`client`] is the real one, a pooled
+//!   hyper-util client.
+//! - [`resolver`]: the DNS seam, and [`egress`]: which addresses courier may connect to (pure).
+//! - [`proxy`]: each connection's route, direct or through `egress.proxy`; [`tls`]: TLS toward
+//!   receivers; [`conn_cap`]: the cap on idle pooled connections.
+//! - [`trace`]: W3C Trace Context carried through to the receiver.
+
+pub mod client;
+pub mod conn_cap;
+pub mod egress;
+pub mod proxy;
+pub mod resolver;
+pub mod tls;
+pub mod trace;
+pub mod transport;
