@@ -27,7 +27,9 @@ use crate::config::ListenAddr;
 use crate::delivery::{Deliverer, DelivererParts};
 use crate::drain::DrainControl;
 use crate::fleet::{Fleet, FleetError, FleetParts};
-use crate::ingress::Ingress;
+use crate::inbound::ingress::Ingress;
+use crate::inbound::serve::{self, Handler, Listener, ServeLimits};
+use crate::inbound::uds::SocketFile;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::outbound::client::{ClientSettings, HttpTransport};
@@ -38,10 +40,8 @@ use crate::outbound::tls::{TlsHandle, TlsMaterial};
 use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
 use crate::scheduler::Scheduler;
-use crate::serve::{self, Handler, Listener, ServeLimits};
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::sys::priority::DeliveryRuntime;
-use crate::uds::SocketFile;
 
 /// After the drain, how long the listeners at least get to finish the answers in progress.
 const HTTP_DRAIN_MIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -330,7 +330,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     }
 
     let draining = Arc::new(AtomicBool::new(false));
-    let accepts = Arc::new(crate::ingress::AcceptsInProgress::default());
+    let accepts = Arc::new(crate::inbound::ingress::AcceptsInProgress::default());
     // Stops retention, and the scheduler at shutdown.
     let (stop_sched, sched_rx) = watch::channel(false);
     // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,

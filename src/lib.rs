@@ -16,21 +16,23 @@
 //! ```
 //!
 //! Layers (a module uses only modules above it in this list):
-//! 1. Pure, no I/O: [`access`], [`model`], [`target`], [`headers`], [`outbound::egress`],
-//!    [`policy`], [`signing`], [`envelope`], [`timefmt`], [`redact`], `store::keys`,
+//! 1. Pure, no I/O: [`inbound::access`], [`model`], [`target`], [`headers`], [`outbound::egress`],
+//!    [`policy`], [`signing`], [`timefmt`], [`redact`], `store::keys`,
 //!    `store::codec`, [`config::units`].
 //! 2. Seams: [`clock`], [`outbound::transport`], [`outbound::resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`outbound`] (TLS, proxies, the pooled client), [`serve`],
-//!    [`uds`], [`fleet`] (Redis), [`sys`] (file descriptors, CPU priority, heap trimming).
-//! 4. Components: [`ingress`], [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`].
-//! 5. Wiring: [`app`], [`cli`], [`operator`], [`keys`], [`reload`], [`drain`] (the hand-off to another
+//! 3. I/O: [`batcher`], [`store`], [`outbound`] (TLS, proxies, the pooled client), [`inbound::serve`],
+//!    [`inbound::uds`], [`fleet`] (Redis), [`sys`] (file descriptors, CPU priority, heap trimming).
+//! 4. Components: [`envelope`] (a request made into the first stored record), [`inbound::ingress`],
+//!    [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`],
+//!    [`endpoint_page`].
+//! 5. Wiring: [`app`], [`args`] (the flags and config every command loads), [`cli`] (with
+//!    `cli::keys`), [`operator`], [`reload`], [`drain`] (the hand-off to another
 //!    courier at scale-down: its pure parts are `drain::{eligible, request, answer, progress}`).
 
 #![warn(missing_docs)]
 // Test code measures real time and draws fresh randomness freely (see `clock`).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
-pub mod access;
 pub mod admin;
 pub mod app;
 pub mod args;
@@ -44,8 +46,7 @@ pub mod endpoint_page;
 pub mod envelope;
 pub mod fleet;
 pub mod headers;
-pub mod ingress;
-pub mod keys;
+pub mod inbound;
 pub mod metrics;
 pub mod model;
 pub mod operator;
@@ -56,7 +57,6 @@ pub mod redact;
 pub mod reload;
 pub mod retention;
 pub mod scheduler;
-pub mod serve;
 pub mod signing;
 #[cfg(test)]
 mod sim;
@@ -64,5 +64,4 @@ pub mod store;
 pub mod sys;
 pub mod target;
 pub mod timefmt;
-pub mod uds;
 pub mod ui;

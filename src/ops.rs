@@ -14,9 +14,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
 use crate::delivery::Deliverer;
+use crate::inbound::serve::{self, Body};
 use crate::metrics::Gauges;
 use crate::policy::circuit::CircuitState;
-use crate::serve::{self, Body};
 
 /// Health, readiness and metrics.
 pub struct Probes {

@@ -12,15 +12,15 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
-use crate::access::AccessPolicy;
 use crate::delivery::Deliverer;
 use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
+use crate::inbound::access::AccessPolicy;
+use crate::inbound::serve::{self, Body};
 use crate::model::State;
 use crate::ops::Probes;
 use crate::outbound::trace::TraceParent;
 use crate::reload::{ReloadError, Reloader};
-use crate::serve::{self, Body};
 use crate::store::{ListFilter, MessageRecord, StoreError};
 use crate::timefmt::parse_rfc3339;
 

@@ -39,9 +39,9 @@ use super::engine::Engine;
 use super::progress::{Phase, Progress, Status};
 use super::request::PeerAddr;
 use crate::delivery::Deliverer;
-use crate::ingress::AcceptsInProgress;
+use crate::inbound::ingress::AcceptsInProgress;
+use crate::inbound::serve::{self, Body};
 use crate::redact::url_for_log;
-use crate::serve::{self, Body};
 
 /// Longest `POST /drain` body.
 const MAX_BODY: usize = 16 << 10;
@@ -243,7 +243,7 @@ impl DrainControl {
         let bad = |code: &str, message: String| serve::error(StatusCode::BAD_REQUEST, code, message);
         // Bounded in size and time: a client that stops sending must not hold the request.
         let reading = Limited::new(req.into_body(), MAX_BODY).collect();
-        let body = match tokio::time::timeout(crate::ingress::BODY_READ_TIMEOUT, reading).await {
+        let body = match tokio::time::timeout(crate::inbound::ingress::BODY_READ_TIMEOUT, reading).await {
             Ok(Ok(body)) => body.to_bytes(),
             Ok(Err(e)) => return bad("invalid_request", format!("reading the body failed: {e}")),
             Err(_) => return bad("invalid_request", "the body did not arrive in time".into()),
@@ -380,7 +380,7 @@ impl DrainControl {
         if under_way > 0 {
             tracing::info!(count = under_way, "drain: waiting for ingress requests under way");
         }
-        let limit = crate::ingress::BODY_READ_TIMEOUT + crate::ingress::ACCEPT_COMMIT_MARGIN;
+        let limit = crate::inbound::ingress::BODY_READ_TIMEOUT + crate::inbound::ingress::ACCEPT_COMMIT_MARGIN;
         if !self.accepts.wait_idle(limit).await {
             tracing::warn!(
                 count = self.accepts.count(),

@@ -15,7 +15,7 @@
 //!   browser send the token for it (no CSRF surface), and the API stays exactly as guarded
 //!   as it is for the CLI.
 //! - **Only this origin may call.** Admin refuses browser requests from other origins as
-//!   before; it accepts the page's own, same-origin ones (see [`crate::access`]).
+//!   before; it accepts the page's own, same-origin ones (see [`crate::inbound::access`]).
 //! - **Strict headers** on every UI answer ([`SECURITY_HEADERS`]): a CSP that allows only
 //!   this origin's script, style and API (no inline script, no `eval`, no framing, no other
 //!   host), `X-Frame-Options: DENY`, `Referrer-Policy: no-referrer`, `Cache-Control:
@@ -30,7 +30,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Response, StatusCode};
 
-use crate::serve::{self, Body};
+use crate::inbound::serve::{self, Body};
 
 /// The page: markup only; script and style are separate files, so the CSP needs no
 /// `'unsafe-inline'`.

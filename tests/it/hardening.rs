@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use courier::app::{self, Running, Seams};
 use courier::config::Config;
+use courier::inbound::serve::{self, Handler, ServeLimits};
 use courier::outbound::resolver::StaticResolver;
-use courier::serve::{self, Handler, ServeLimits};
 
 use crate::support::*;
 

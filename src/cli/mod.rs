@@ -3,6 +3,8 @@
 //! hands a courier's open messages to another courier, and `keys`, which makes Ed25519
 //! signing keys offline.
 
+pub mod keys;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -43,7 +45,7 @@ pub enum Command {
     Reload,
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
-    Keys(crate::keys::KeysCommand),
+    Keys(crate::cli::keys::KeysCommand),
     /// Hand every open message of this courier's data dir to another courier's ingress
     /// (the data dir's courier drains itself when it is running).
     Drain(crate::drain::DrainArgs),
@@ -70,7 +72,7 @@ pub fn main() -> ExitCode {
         Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
         Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
-        Some(Command::Keys(cmd)) => crate::keys::run(cmd),
+        Some(Command::Keys(cmd)) => crate::cli::keys::run(cmd),
         Some(Command::Drain(args)) => crate::drain::verb::run(&cli.global, args),
     }
 }

@@ -15,14 +15,14 @@ use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::access::AccessPolicy;
 use crate::clock::SharedClock;
 use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
+use crate::inbound::access::AccessPolicy;
+use crate::inbound::serve::{self, Body};
 use crate::metrics::Metrics;
 use crate::outbound::egress::{known_without_dns, KnownHost};
-use crate::serve::{self, Body};
 use crate::signing::{self, scope};
 use crate::store::{Accepted, SigningChoice};
 use crate::target::resolve_target;

@@ -176,7 +176,7 @@ pub async fn serve(
 /// hyper gives an HTTP/2 request an absolute URI built from `:scheme` and `:authority`,
 /// which name courier itself. Left as is, ingress would read every HTTP/2 request as a
 /// proxy (absolute-form) request addressed to courier, and the `Host` checks in
-/// [`crate::access`] (skipped for absolute-form) would never run. So the URI keeps only its
+/// [`crate::inbound::access`] (skipped for absolute-form) would never run. So the URI keeps only its
 /// path and query, and `:authority` becomes `Host` (RFC 9113 §8.3.1: they carry the same
 /// thing) unless the client also sent a `Host`.
 fn as_origin_form<B>(req: Request<B>) -> Request<B> {
