@@ -160,7 +160,12 @@ mod tests {
                 endpoint: "https://r.example/h".into(),
             },
         };
-        store.claim(&entry).unwrap().expect("claimable");
+        store
+            .lease_many(&[entry], 0)
+            .pop()
+            .unwrap()
+            .unwrap()
+            .expect("claimable");
         let status = if end == Transition::Delivered { 200 } else { 410 };
         let attempt = AttemptRecord {
             at_ms: at,
@@ -205,7 +210,12 @@ mod tests {
                 endpoint: "https://r.example/h".into(),
             },
         };
-        store.claim(&entry).unwrap().expect("claimable");
+        store
+            .lease_many(&[entry], 0)
+            .pop()
+            .unwrap()
+            .unwrap()
+            .expect("claimable");
 
         // One millisecond before the delivered ones' retention ends: nothing goes.
         assert_eq!(

@@ -3,11 +3,9 @@
 //!
 //! Courier takes a due message for an attempt with an in-memory lease (`lease`), or writes
 //! it in flight at accept (`Store::accept_claimed`); what happens after the attempt is in
-//! `finish`. The write-claim here ([`Store::claim_many`]) is not on courier's own path; tests
-//! use it to put a message in the state claim-at-accept and a crash leave it in (in flight
-//! on disk, no due entry), so the result and recovery paths are tested from there.
+//! `finish`.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::ReadOptions;
 
 use super::{keys, Claimed, CodecError, DueEntry, FloorMark, Routing, ScanEnd, ScanStep, State, Store, StoreError};
 
@@ -141,37 +139,5 @@ impl Store {
             });
         };
         Ok(Some(Claimed { record, payload }))
-    }
-
-    /// Claims a due entry for an attempt: removes it from the queue and marks the message
-    /// `in_flight`. `None` when the entry is stale (the message moved on meanwhile).
-    pub fn claim(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
-        Ok(self.claim_many(std::slice::from_ref(entry))?.pop().flatten())
-    }
-
-    /// Claims several due entries in one write (one wait for the WAL, however many):
-    /// the answer has one slot per entry, `None` for a stale one.
-    pub fn claim_many(&self, entries: &[DueEntry]) -> Result<Vec<Option<Claimed>>, StoreError> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
-        let mut b = WriteBatch::default();
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let due_key = keys::time_key(entry.due_ms, &entry.id);
-            b.delete_cf(self.cf(keys::DUE), &due_key);
-            let Some(Claimed {
-                record: mut rec,
-                payload,
-            }) = self.due_message(entry)?
-            else {
-                out.push(None);
-                continue;
-            };
-            rec.state = State::InFlight;
-            self.move_state(&mut b, &rec.id, State::Pending, State::InFlight);
-            b.put_cf(self.cf(keys::MESSAGES), rec.id.as_bytes(), rec.encode());
-            out.push(Some(Claimed { record: rec, payload }));
-        }
-        self.write(b)?;
-        Ok(out)
     }
 }

@@ -68,10 +68,10 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
         if due.is_empty() {
             return;
         }
-        let claimed = s.claim_many(&due).unwrap();
-        let finished: Vec<FinishedAttempt> = claimed
+        let leased = s.lease_many(&due, later);
+        let finished: Vec<FinishedAttempt> = leased
             .into_iter()
-            .flatten()
+            .filter_map(|r| r.unwrap())
             .map(|c| FinishedAttempt {
                 id: c.record.id,
                 attempt: AttemptRecord {

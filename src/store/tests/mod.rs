@@ -90,9 +90,19 @@ fn entry(store: &Store, id: &str) -> DueEntry {
     }
 }
 
-/// Claims a pending message as the scheduler would (shared with other modules' tests).
+/// Puts a due message in flight on disk (shared with other modules' tests).
 pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
-    store.claim(&entry(store, id)).unwrap().expect("claimable")
+    // What an accept that starts its attempt at once, or a crash mid-attempt, leaves on
+    // disk: no due entry, the record in flight (courier itself leases in memory).
+    let entry = entry(store, id);
+    let Claimed { mut record, payload } = store.due_message(&entry).unwrap().expect("claimable");
+    let mut b = rocksdb::WriteBatch::default();
+    b.delete_cf(store.cf(keys::DUE), keys::time_key(entry.due_ms, id));
+    store.move_state(&mut b, id, State::Pending, State::InFlight);
+    record.state = State::InFlight;
+    b.put_cf(store.cf(keys::MESSAGES), id.as_bytes(), record.encode());
+    store.write(b).unwrap();
+    Claimed { record, payload }
 }
 
 fn attempt(status: u16) -> AttemptRecord {
