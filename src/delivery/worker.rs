@@ -112,7 +112,8 @@ fn build(
     })
 }
 
-/// Runs one attempt of a claimed message.
+/// Runs one attempt of a claimed message: build the request, send it, judge the answer,
+/// record the result, report it.
 ///
 /// The host part of `permit` is given back the moment the receiver has answered (or the
 /// send failed): the host's cap limits requests at the receiver, and the result write that
@@ -131,14 +132,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let ids = (trace.as_ref().map(|t| t.trace_id.as_str()), span_id.as_deref());
-    let req = match build(
-        &settings.config,
-        rec,
-        payload,
-        started_ms,
-        policy.request_timeout(),
-        traceparent,
-    ) {
+    let timeout = policy.request_timeout();
+    let req = match build(&settings.config, rec, payload, started_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -149,77 +144,24 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             return;
         }
     };
-    d.metrics.attempt_started();
-    // Counted in the endpoint's in-flight number exactly while the request is out: the
-    // guard's drop ends it once, whether the send returns, panics or is cut off.
-    let counted = InFlight::start(&d, &rec.endpoint, started_ms);
-    let timer = crate::clock::Stopwatch::start();
-    let sent = d.transport.send(req).await;
-    let duration = timer.elapsed();
-    let now = d.clock.now_ms();
-    drop(counted);
-    host_outcome(&d, &settings.config, &rec.host, permit.host_epoch(), &sent, now);
-    let global = d.host_permit_returned(permit);
-
-    let (result, status, error) = match &sent {
-        Ok(resp) => (
-            AttemptResult::Status {
-                code: resp.status,
-                retry_after: resp.retry_after.clone(),
-            },
-            Some(resp.status),
-            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body)),
-        ),
-        Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
-        Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
-    };
-    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
-    let error = error.map(|e| crate::redact::clean(&e));
-    let attempts_made = rec.attempts + 1;
-    let limits = Limits {
-        max_attempts: rec.max_attempts,
-        give_up_at_ms: rec.give_up_at_ms,
-    };
+    let (sent, global) = send(&d, &settings.config, rec, req, permit, started_ms).await;
     let retry_policy = policy.retry_policy();
-    let decision = d.with_rng(|rng| decide(&result, attempts_made, &limits, &retry_policy, now, rng));
-    let transition = match decision {
-        Decision::Delivered => Transition::Delivered,
-        Decision::RetryAt { at_ms } => Transition::RetryAt(at_ms),
-        Decision::Dead(reason) => Transition::Dead(reason),
-    };
-    let record = AttemptRecord {
+    let verdict = d.with_rng(|rng| judge(rec, &sent, &retry_policy, rng));
+    let attempt = AttemptRecord {
         at_ms: started_ms,
-        status,
-        error: error.clone(),
-        duration_ms: duration.as_millis().min(u32::MAX as u128) as u32,
+        status: sent.status,
+        error: sent.error.clone(),
+        duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
         policy_revision: Some(policy.revision()),
         span_id: span_id.clone(),
     };
-
-    // Counted by what the policy made of the status (a 409 ruled success is delivered).
-    let outcome = match (&result, status.map(|s| retry_policy.statuses.classify(s))) {
-        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
-        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
-        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
-        _ => AttemptOutcome::Retry,
-    };
-    let streak = StreakNote {
-        endpoint: rec.endpoint.clone(),
-        event: match outcome {
-            AttemptOutcome::Delivered => StreakEvent::Success,
-            AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
-            _ => StreakEvent::Other,
-        },
-        status,
-        blocks_line: blocks_its_line(rec, transition),
-    };
     let item = FinishedAttempt {
         id: rec.id.clone(),
-        attempt: record.clone(),
-        transition,
-        now_ms: now,
+        attempt,
+        transition: verdict.transition,
+        now_ms: sent.now,
     };
-    let endpoint_change = match record_result(&d, item, streak).await {
+    let endpoint_change = match record_result(&d, item, verdict.streak(rec, sent.status)).await {
         Written::Now(change) => change,
         // Its record does not read: the result is written once it does (the message stays
         // leased meanwhile, so it is not sent again), and the permits go now.
@@ -233,38 +175,151 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             // back to the queue (sent again, as after a crash).
             drop(global);
             d.metrics.attempt_abandoned();
-            d.requeue(&rec.id, now + SELF_FAILURE_DELAY.as_millis() as u64).await;
+            d.requeue(&rec.id, sent.now + SELF_FAILURE_DELAY.as_millis() as u64)
+                .await;
             return;
         }
     };
-
     drop(global);
-    if let Transition::RetryAt(_) = transition {
-        // A new due entry, maybe earlier than the scheduler's next wake-up.
-        d.wake.notify_one();
-    } else if rec.fifo.is_some() {
-        // The next of its line was promoted with this result, due now.
+    if matches!(verdict.transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
+        // A new due entry, or the next of its line promoted with this result: maybe
+        // earlier than the scheduler's next wake-up.
         d.wake.notify_one();
     } else {
         d.wake_if_waiting();
     }
+    report(&d, rec, ids, &sent, &verdict, endpoint_change).await;
+}
 
-    d.metrics.attempt_finished(outcome, duration.as_micros() as u64);
-    // One line per outcome. Successes and retries are debug: at thousands of messages a
-    // second an info line each would cost more than the delivery (metrics count them);
-    // a dead letter is always worth a warning.
-    match transition {
+/// What came back from one attempt's send.
+struct Sent {
+    result: AttemptResult,
+    status: Option<u16>,
+    /// What went wrong, cleaned for operators' terminals.
+    error: Option<String>,
+    duration: std::time::Duration,
+    /// When the answer came.
+    now: u64,
+}
+
+/// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
+/// gives the host permit back once answered and returns the global one.
+async fn send(
+    d: &Deliverer,
+    config: &Config,
+    rec: &MessageRecord,
+    req: OutboundRequest,
+    permit: AttemptPermit,
+    started_ms: u64,
+) -> (Sent, tokio::sync::OwnedSemaphorePermit) {
+    d.metrics.attempt_started();
+    // The guard's drop ends the count once, whether the send returns, panics or is cut off.
+    let counted = InFlight::start(d, &rec.endpoint, started_ms);
+    let timer = crate::clock::Stopwatch::start();
+    let answer = d.transport.send(req).await;
+    let duration = timer.elapsed();
+    let now = d.clock.now_ms();
+    drop(counted);
+    host_outcome(d, config, &rec.host, permit.host_epoch(), &answer, now);
+    let global = d.host_permit_returned(permit);
+    let (result, status, error) = match &answer {
+        Ok(resp) => (
+            AttemptResult::Status {
+                code: resp.status,
+                retry_after: resp.retry_after.clone(),
+            },
+            Some(resp.status),
+            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body)),
+        ),
+        Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
+        Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
+    };
+    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
+    let error = error.map(|e| crate::redact::clean(&e));
+    let sent = Sent {
+        result,
+        status,
+        error,
+        duration,
+        now,
+    };
+    (sent, global)
+}
+
+/// What the policy makes of an attempt: where the message goes, and how it counts.
+struct Verdict {
+    transition: Transition,
+    outcome: AttemptOutcome,
+    attempts_made: u32,
+}
+
+impl Verdict {
+    /// How the endpoint's streak sees it.
+    fn streak(&self, rec: &MessageRecord, status: Option<u16>) -> StreakNote {
+        StreakNote {
+            endpoint: rec.endpoint.clone(),
+            event: match self.outcome {
+                AttemptOutcome::Delivered => StreakEvent::Success,
+                AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
+                _ => StreakEvent::Other,
+            },
+            status,
+            blocks_line: blocks_its_line(rec, self.transition),
+        }
+    }
+}
+
+/// Judges an attempt by the policy (pure but for the jitter's randomness).
+fn judge(
+    rec: &MessageRecord,
+    sent: &Sent,
+    retry_policy: &crate::policy::RetryPolicy,
+    rng: &mut rand::rngs::StdRng,
+) -> Verdict {
+    let attempts_made = rec.attempts + 1;
+    let limits = Limits {
+        max_attempts: rec.max_attempts,
+        give_up_at_ms: rec.give_up_at_ms,
+    };
+    let transition = match decide(&sent.result, attempts_made, &limits, retry_policy, sent.now, rng) {
+        Decision::Delivered => Transition::Delivered,
+        Decision::RetryAt { at_ms } => Transition::RetryAt(at_ms),
+        Decision::Dead(reason) => Transition::Dead(reason),
+    };
+    // Counted by what the policy made of the status (a 409 ruled success is delivered).
+    let outcome = match (&sent.result, sent.status.map(|s| retry_policy.statuses.classify(s))) {
+        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
+        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
+        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
+        _ => AttemptOutcome::Retry,
+    };
+    Verdict {
+        transition,
+        outcome,
+        attempts_made,
+    }
+}
+
+/// Metrics, one log line per outcome, and a pause's warning and alert. Successes and
+/// retries log at debug: at thousands of messages a second an info line each would cost
+/// more than the delivery (metrics count them); a dead letter is always worth a warning.
+async fn report(
+    d: &Arc<Deliverer>,
+    rec: &MessageRecord,
+    ids: (Option<&str>, Option<&str>),
+    sent: &Sent,
+    verdict: &Verdict,
+    endpoint_change: EndpointChange,
+) {
+    let (now, status, attempts_made) = (sent.now, sent.status, verdict.attempts_made);
+    let error = sent.error.as_deref();
+    d.metrics
+        .attempt_finished(verdict.outcome, sent.duration.as_micros() as u64);
+    match verdict.transition {
         Transition::Delivered => {
             d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
-            attempt_event!(
-                debug,
-                rec,
-                ids,
-                attempts_made,
-                status,
-                duration_ms = record.duration_ms,
-                "delivered"
-            );
+            let duration_ms = sent.duration.as_millis() as u64;
+            attempt_event!(debug, rec, ids, attempts_made, status, duration_ms, "delivered");
         }
         Transition::RetryAt(at) => {
             let retry_in_ms = at.saturating_sub(now);
@@ -274,7 +329,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
                 ids,
                 attempts_made,
                 status,
-                error = error.as_deref(),
+                error,
                 retry_in_ms,
                 "retry scheduled"
             );
@@ -282,29 +337,19 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         Transition::Dead(reason) => {
             d.metrics.dead(reason);
             let reason = reason.as_str();
-            attempt_event!(
-                warn,
-                rec,
-                ids,
-                attempts_made,
-                status,
-                error = error.as_deref(),
-                reason,
-                "dead-lettered"
-            );
+            attempt_event!(warn, rec, ids, attempts_made, status, error, reason, "dead-lettered");
         }
     }
-
     // The streak was written with the result; a pause is worth a warning and an alert.
     if let EndpointChange::Paused(ep) = endpoint_change {
-        if blocks_its_line(rec, transition) {
+        if blocks_its_line(rec, verdict.transition) {
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), delivery_id = %rec.id,
                 "endpoint paused: the head of its ordered line is dead (on_dead = block); resume it with `courier endpoints resume` or replay the message");
         } else {
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
         }
-        super::alert::endpoint_paused(&d, &rec.endpoint, &ep, now).await;
+        super::alert::endpoint_paused(d, &rec.endpoint, &ep, now).await;
     }
 }
 
