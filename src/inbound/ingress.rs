@@ -23,8 +23,7 @@ use crate::inbound::access::AccessPolicy;
 use crate::inbound::serve::{self, Body};
 use crate::metrics::Metrics;
 use crate::outbound::egress::{known_without_dns, KnownHost};
-use crate::signing::{self, scope};
-use crate::store::{Accepted, SigningChoice};
+use crate::store::Accepted;
 use crate::target::resolve_target;
 
 /// Longest event id accepted from `webhook-id` / `Idempotency-Key`.
@@ -104,13 +103,29 @@ pub struct Ingress {
     pending_bytes: Arc<Semaphore>,
 }
 
+/// What an accept read from its request.
+struct Read {
+    method: String,
+    headers: Vec<(String, Vec<u8>)>,
+    trace: Option<crate::outbound::trace::TraceParent>,
+    body: bytes::Bytes,
+    /// Its bytes of `ingress.max_pending_bytes`, until the commit is answered.
+    held: OwnedSemaphorePermit,
+}
+
 /// A refusal: status, code, message.
 #[derive(Debug)]
-struct Refusal(StatusCode, &'static str, String);
+pub(super) struct Refusal(StatusCode, &'static str, String);
 
 impl Refusal {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Refusal(status, code, message.into())
+    }
+
+    /// Its machine-readable code.
+    #[cfg(test)]
+    pub(super) fn code(&self) -> &'static str {
+        self.1
     }
 }
 
@@ -208,123 +223,15 @@ impl Ingress {
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
         let route_fifo = route.and_then(|r| r.fifo);
-
-        // A route bound to targets delivers (and signs) only inside them, whatever extra
-        // path the caller appended.
-        if let Some(r) = route {
-            if !scope::allowed(&r.targets, &resolved.url) {
-                return Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "signing_key_not_allowed",
-                    format!(
-                        "route {:?} may not sign for {}: it is bound to other targets",
-                        r.name,
-                        crate::redact::url_for_log(resolved.url.as_str())
-                    ),
-                ));
-            }
-        }
-        // Signing: the message's own header wins, then the route's, then the defaults.
-        let scheme = control.scheme.or(route.and_then(|r| r.scheme));
-        let effective_scheme = scheme.unwrap_or(config.signing.scheme);
-        let signing = if let Some(secret) = control.signing_secret {
-            signing::validate_secret(effective_scheme, &secret).map_err(|e| {
-                Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    e.code(),
-                    format!("Courier-Signing-Secret: {e}"),
-                )
-            })?;
-            SigningChoice::Inline(secret)
-        } else if let Some(name) = control
-            .signing_key
-            .or_else(|| route.and_then(|r| r.signing_key.clone()))
-        {
-            if config.signing_key(&name).is_none() {
-                return Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "unknown_signing_key",
-                    format!("no signing key named {name:?} in [signing.keys]"),
-                ));
-            }
-            // A named key signs only for its targets: otherwise whoever reaches ingress
-            // could have any payload signed with a partner's key and replay it there.
-            if !scope::allowed(config.signing_key_targets(&name), &resolved.url) {
-                return Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "signing_key_not_allowed",
-                    format!(
-                        "signing key {name:?} may not sign for {}: it is bound to other targets in [signing.keys]",
-                        crate::redact::url_for_log(resolved.url.as_str())
-                    ),
-                ));
-            }
-            SigningChoice::Key(name)
-        } else {
-            SigningChoice::Default
-        };
-        // A configured list holding an Ed25519 key cannot sign with an HMAC-only scheme the
-        // message picked: refuse now rather than store a message no attempt could sign.
-        let listed = match &signing {
-            SigningChoice::Key(name) => config.signing_key(name).unwrap_or_default(),
-            SigningChoice::Default => config.signing.secrets.as_slice(),
-            SigningChoice::Inline(_) => &[],
-        };
-        signing::check_scheme(effective_scheme, listed).map_err(|e| {
-            let source = match &signing {
-                SigningChoice::Key(name) => format!("signing key {name:?}"),
-                _ => "signing.secrets".to_string(),
-            };
-            Refusal::new(StatusCode::BAD_REQUEST, e.code(), format!("{source}: {e}"))
-        })?;
-
+        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)?;
         let event_id = event_id(req.headers())?;
-        let declared = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > config.max_body) {
-            return Err(too_large(config.max_body));
-        }
-        // Held until the commit is answered, also when the sender leaves before: without
-        // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
-        // up without bound.
-        let mut held = self.hold_bytes(declared.unwrap_or(config.max_body))?;
-        let method = req.method().as_str().to_string();
-        let mut headers = forwardable_headers(req.headers());
-        // Kept only when valid: each attempt sends a child of it (see `trace`).
-        let trace = crate::outbound::trace::keep_valid(&mut headers);
-        // A client that stops sending mid-body must not hold a connection (and shutdown)
-        // forever: the whole body has BODY_READ_TIMEOUT to arrive.
-        let reading = Limited::new(req.into_body(), config.max_body as usize).collect();
-        let body = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
-            .await
-            .map_err(|_| {
-                Refusal::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_read_timeout",
-                    format!(
-                        "the request body did not arrive within {}s",
-                        BODY_READ_TIMEOUT.as_secs()
-                    ),
-                )
-            })?
-            .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    too_large(config.max_body)
-                } else {
-                    Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "body_read_failed",
-                        format!("reading the request body failed: {e}"),
-                    )
-                }
-            })?
-            .to_bytes();
-        // A body shorter than reserved (no Content-Length) gives the rest back now.
-        if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
-            drop(held.split(extra));
-        }
+        let Read {
+            method,
+            headers,
+            trace,
+            body,
+            held,
+        } = self.read(req, config.max_body).await?;
 
         // The give-up limits are fixed now, from the message's own headers, else its
         // endpoint's, route's or the global policy (see `policy::book`).
@@ -350,6 +257,76 @@ impl Ingress {
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.store.ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
+        self.commit(msg, held, config, trace).await
+    }
+
+    /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
+    /// held from `ingress.max_pending_bytes`, and the headers to forward.
+    async fn read(&self, req: Request<Incoming>, max_body: u64) -> Result<Read, Refusal> {
+        let declared = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > max_body) {
+            return Err(too_large(max_body));
+        }
+        // Held until the commit is answered, also when the sender leaves before: without
+        // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
+        // up without bound.
+        let mut held = self.hold_bytes(declared.unwrap_or(max_body))?;
+        let method = req.method().as_str().to_string();
+        let mut headers = forwardable_headers(req.headers());
+        // Kept only when valid: each attempt sends a child of it (see `trace`).
+        let trace = crate::outbound::trace::keep_valid(&mut headers);
+        // A client that stops sending mid-body must not hold a connection (and shutdown)
+        // forever: the whole body has BODY_READ_TIMEOUT to arrive.
+        let reading = Limited::new(req.into_body(), max_body as usize).collect();
+        let body = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
+            .await
+            .map_err(|_| {
+                Refusal::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_read_timeout",
+                    format!(
+                        "the request body did not arrive within {}s",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                )
+            })?
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    too_large(max_body)
+                } else {
+                    Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "body_read_failed",
+                        format!("reading the request body failed: {e}"),
+                    )
+                }
+            })?
+            .to_bytes();
+        // A body shorter than reserved (no Content-Length) gives the rest back now.
+        if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
+            drop(held.split(extra));
+        }
+        Ok(Read {
+            method,
+            headers,
+            trace,
+            body,
+            held,
+        })
+    }
+
+    /// Stores the message and answers: 202 (new or duplicate), or 503 when it could not be
+    /// made durable.
+    async fn commit(
+        &self,
+        msg: crate::store::NewMessage,
+        held: OwnedSemaphorePermit,
+        config: &crate::config::Config,
+        trace: Option<crate::outbound::trace::TraceParent>,
+    ) -> Result<Response<Body>, Refusal> {
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
         // On a task of its own, counted there: the store commits a message whose sender
         // went away before the 202 (the committer has it), and dropping this handler with

@@ -5,4 +5,5 @@
 pub mod access;
 pub mod ingress;
 pub mod serve;
+mod signing_choice;
 pub mod uds;
