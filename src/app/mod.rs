@@ -43,60 +43,11 @@ use crate::scheduler::Scheduler;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::sys::priority::DeliveryRuntime;
 
-/// After the drain, how long the listeners at least get to finish the answers in progress.
-const HTTP_DRAIN_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+mod listen;
+mod stop;
 
-/// The listeners' limits after [`fit_to_fd_limit`].
-struct ListenerLimits {
-    ingress: ServeLimits,
-    admin: ServeLimits,
-}
-
-/// Raises the descriptor limit and fits delivery's and the listeners' shares inside it,
-/// keeping the store's reserve (see [`crate::sys::fds`]); says so when a setting is lowered.
-fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
-    let mut ingress = ServeLimits {
-        idle_timeout: config.ingress.idle_timeout,
-        ..ServeLimits::default()
-    };
-    let mut admin = ServeLimits {
-        idle_timeout: config.admin.idle_timeout,
-        ..ServeLimits::default()
-    };
-    let Some(limit) = crate::sys::fds::raise_limit() else {
-        return ListenerLimits { ingress, admin };
-    };
-    let budget = crate::sys::fds::budget(limit);
-    lower_to_fit(
-        limit,
-        "delivery.max_in_flight",
-        &mut config.delivery.max_in_flight,
-        budget.attempts,
-    );
-    lower_to_fit(
-        limit,
-        "delivery.max_idle_connections",
-        &mut config.delivery.max_idle_connections,
-        budget.idle,
-    );
-    ingress.max_connections = ingress.max_connections.min(budget.ingress as usize);
-    admin.max_connections = admin.max_connections.min(budget.admin as usize);
-    ListenerLimits { ingress, admin }
-}
-
-/// Lowers `value` (the setting `key`) to `share` of the descriptor limit if it is above,
-/// saying so.
-fn lower_to_fit(limit: u64, key: &str, value: &mut u32, share: u64) {
-    if u64::from(*value) > share {
-        tracing::warn!(
-            fd_limit = limit,
-            configured = *value,
-            effective = share,
-            "{key} lowered to fit the file descriptor limit (raise LimitNOFILE / ulimit -n)"
-        );
-        *value = share as u32;
-    }
-}
+use listen::{fit_to_fd_limit, Listeners};
+use stop::Stopping;
 
 /// Why courier could not start.
 #[derive(Debug, thiserror::Error)]
@@ -181,34 +132,6 @@ impl Running {
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|source| AppError::Bind {
-        what,
-        addr: addr.into(),
-        source,
-    })
-}
-
-/// Binds ingress: TCP, or the socket file with its mode (kept to remove at shutdown).
-async fn bind_ingress(config: &Config) -> Result<(Listener, ListenAddr, Option<SocketFile>), AppError> {
-    let err = |source| AppError::Bind {
-        what: "ingress",
-        addr: config.listen.clone(),
-        source,
-    };
-    match &config.listen {
-        ListenAddr::Tcp(addr) => {
-            let l = bind("ingress", *addr).await?;
-            let bound = l.local_addr().map_err(err)?;
-            Ok((Listener::Tcp(l), ListenAddr::Tcp(bound), None))
-        }
-        ListenAddr::Unix(path) => {
-            let (l, file) = SocketFile::bind(path, config.listen_mode).map_err(err)?;
-            Ok((Listener::Unix(l), config.listen.clone(), Some(file)))
-        }
-    }
-}
-
 /// Starts courier: returns once both listeners are bound and the store is open.
 pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError> {
     let loaded = config.clone();
@@ -222,25 +145,15 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             ..StoreOptions::default()
         },
     )?);
-    let (ingress_listener, ingress_addr, socket_file) = bind_ingress(&config).await?;
-    let admin_listener = bind("admin", config.admin_listen).await?;
-    let admin_addr = admin_listener.local_addr().map_err(|source| AppError::Bind {
-        what: "admin",
-        addr: config.admin_listen.into(),
-        source,
-    })?;
-    let ops_listener = match config.ops_listen {
-        Some(addr) => Some(bind("ops", addr).await?),
-        None => None,
-    };
-    let ops_addr = match (&ops_listener, config.ops_listen) {
-        (Some(l), Some(addr)) => Some(l.local_addr().map_err(|source| AppError::Bind {
-            what: "ops",
-            addr: addr.into(),
-            source,
-        })?),
-        _ => None,
-    };
+    let Listeners {
+        ingress: ingress_listener,
+        ingress_addr,
+        socket_file,
+        admin: admin_listener,
+        admin_addr,
+        ops: ops_listener,
+        ops_addr,
+    } = Listeners::bind(&config).await?;
     // Validation refused this unless the operator said so on purpose: say it once, loudly.
     for (key, addr) in config.unauthenticated_network_listeners() {
         tracing::warn!(
@@ -255,26 +168,9 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     // Built before the transport whether or not it is used, so a bad PEM file stops the
     // start in tests with a scripted transport too; a reload replaces its material.
     let tls = TlsHandle::new(TlsMaterial::from_config(&config).map_err(AppError::Tls)?);
-    let transport: Arc<dyn Transport> = match seams.transport {
-        Some(t) => t,
-        None => Arc::new(HttpTransport::new(
-            ClientSettings {
-                connect_timeout: config.delivery.connect_timeout,
-                max_response_body: config.delivery.max_response_body as usize,
-                pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
-                idle_timeout: config.delivery.idle_connection_timeout,
-                max_idle_connections: config.delivery.max_idle_connections as usize,
-            },
-            EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
-            seams.resolver,
-            tls.clone(),
-            config
-                .egress
-                .proxy
-                .as_ref()
-                .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
-        )),
-    };
+    let transport = seams
+        .transport
+        .unwrap_or_else(|| http_transport(&config, seams.resolver, tls.clone()));
     let rng = match seams.rng_seed {
         Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
         None => rand::rngs::StdRng::from_os_rng(),
@@ -305,29 +201,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an
     // endpoint that is active. The simulator runs this same recovery.
-    let (recovered, unparked, blocked) = deliverer.recover_at_start()?;
-    for endpoint in blocked {
-        // The pause of a line blocked just before the last stop: said now, and alerted.
-        tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint),
-            "endpoint paused: its ordered line is blocked behind a dead message; resume it with `courier endpoints resume`");
-        let (d, now) = (deliverer.clone(), clock.now_ms());
-        delivery_rt.handle().spawn(async move {
-            let rec = d.endpoints.get(&endpoint).map(|v| v.rec).unwrap_or_default();
-            crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, now).await;
-        });
-    }
-    if recovered > 0 {
-        tracing::warn!(
-            count = recovered,
-            "requeued messages that were in flight when courier last stopped"
-        );
-    }
-    if unparked > 0 {
-        tracing::warn!(
-            count = unparked,
-            "requeued messages left parked for endpoints that are not paused"
-        );
-    }
+    recover(&deliverer, &clock, &delivery_rt)?;
 
     let draining = Arc::new(AtomicBool::new(false));
     let accepts = Arc::new(crate::inbound::ingress::AcceptsInProgress::default());
@@ -411,54 +285,28 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     }
 
     let trigger = Arc::new(Notify::new());
+    let stopping = Stopping {
+        deliverer: deliverer.clone(),
+        grace: config.shutdown_grace,
+        draining,
+        drain,
+        stop_sched,
+        stop_scheduler,
+        scheduler_task,
+        retention_task,
+        stop_http,
+        http_tasks: [Some(ingress_task), Some(admin_task), ops_task]
+            .into_iter()
+            .flatten()
+            .collect(),
+        socket_file,
+        store,
+        delivery_rt,
+    };
     let t = trigger.clone();
-    let d = deliverer.clone();
-    let grace = config.shutdown_grace;
     let done = tokio::spawn(async move {
         t.notified().await;
-        tracing::info!(
-            grace_ms = grace.as_millis() as u64,
-            in_flight = d.in_flight_count(),
-            "shutting down: draining"
-        );
-        // The whole stop is bounded by shutdown_grace (plus the store's close): a stalled
-        // upload, a long retention sweep or a slow receiver cannot keep courier running.
-        let deadline = tokio::time::Instant::now() + grace;
-        draining.store(true, Ordering::SeqCst);
-        // A drain under way stops here: what it has not handed off stays pending.
-        drain.abort();
-        let _ = stop_sched.send(true);
-        let _ = stop_scheduler.send(true);
-        let _ = scheduler_task.await;
-        // A sweep stops at its next batch; one family's compaction cannot be cut short, so
-        // the wait for it is bounded by the grace too (RocksDB finishes or drops it at close).
-        let _ = tokio::time::timeout_at(deadline, retention_task).await;
-        let cut = d
-            .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            .await;
-        if cut > 0 {
-            tracing::warn!(
-                count = cut,
-                "attempts still running at the end of shutdown_grace were cut off; they are retried after restart"
-            );
-        }
-        let _ = stop_http.send(true);
-        // The listeners let open requests finish until the deadline (at least a moment,
-        // so answers already being written get out), then close what is left.
-        let http_deadline = deadline.max(tokio::time::Instant::now() + HTTP_DRAIN_MIN);
-        for task in [Some(ingress_task), Some(admin_task), ops_task].into_iter().flatten() {
-            let abort = task.abort_handle();
-            if tokio::time::timeout_at(http_deadline, task).await.is_err() {
-                abort.abort();
-            }
-        }
-        if let Some(file) = socket_file {
-            file.remove();
-        }
-        let s = store.clone();
-        let _ = tokio::task::spawn_blocking(move || s.close()).await;
-        drop(delivery_rt);
-        tracing::info!("stopped");
+        stopping.run().await;
     });
     Ok(Running {
         ingress_addr,
@@ -469,6 +317,58 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         trigger,
         done,
     })
+}
+
+/// The real transport: the pooled client, under the egress policy, through the proxy.
+fn http_transport(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Arc<dyn Transport> {
+    Arc::new(HttpTransport::new(
+        ClientSettings {
+            connect_timeout: config.delivery.connect_timeout,
+            max_response_body: config.delivery.max_response_body as usize,
+            pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
+            idle_timeout: config.delivery.idle_connection_timeout,
+            max_idle_connections: config.delivery.max_idle_connections as usize,
+        },
+        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
+        resolver,
+        tls,
+        config
+            .egress
+            .proxy
+            .as_ref()
+            .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
+    ))
+}
+
+/// Startup's recovery (see `Deliverer::recover_at_start`), said in the log: a crash leaves
+/// messages in flight, and (in the middle of a resume) parked for an endpoint that is
+/// active. The simulator runs this same recovery.
+fn recover(deliverer: &Arc<Deliverer>, clock: &SharedClock, delivery_rt: &DeliveryRuntime) -> Result<(), AppError> {
+    let (recovered, unparked, blocked) = deliverer.recover_at_start()?;
+    for endpoint in blocked {
+        // The pause of a line blocked just before the last stop: said now, and alerted.
+        tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint),
+            "endpoint paused: its ordered line is blocked behind a dead message; resume it with `courier endpoints resume`");
+        let (d, now) = (deliverer.clone(), clock.now_ms());
+        delivery_rt.handle().spawn(async move {
+            let rec = d.endpoints.get(&endpoint).map(|v| v.rec).unwrap_or_default();
+            crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, now).await;
+        });
+    }
+    if recovered > 0 {
+        tracing::warn!(
+            count = recovered,
+            "requeued messages that were in flight when courier last stopped"
+        );
+    }
+    if unparked > 0 {
+        tracing::warn!(
+            count = unparked,
+            "requeued messages left parked for endpoints that are not paused"
+        );
+    }
+
+    Ok(())
 }
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down cleanly; SIGHUP reloads the
