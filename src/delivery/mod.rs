@@ -413,7 +413,7 @@ impl Deliverer {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_faults;
 #[cfg(test)]

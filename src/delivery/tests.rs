@@ -20,14 +20,14 @@ use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, T
 use crate::scheduler::Scheduler;
 use crate::store::{MessageRecord, SigningChoice, Store, StoreOptions};
 
-pub(super) const T0: u64 = 1_700_000_000_000;
+pub(crate) const T0: u64 = 1_700_000_000_000;
 pub(super) const WAIT: Duration = Duration::from_secs(10);
 
 pub(super) type Step = Result<InboundResponse, TransportError>;
 
 /// A transport that answers from a script, records each call with the clock's time, and
 /// can hold calls until the test releases them.
-pub(super) struct Scripted {
+pub(crate) struct Scripted {
     clock: Arc<ManualClock>,
     script: Mutex<VecDeque<Step>>,
     calls: Mutex<Vec<(u64, OutboundRequest)>>,
@@ -48,7 +48,7 @@ pub(super) fn status(code: u16) -> Step {
 }
 
 impl Scripted {
-    pub(super) fn new(clock: Arc<ManualClock>, script: Vec<Step>) -> Arc<Self> {
+    pub(crate) fn new(clock: Arc<ManualClock>, script: Vec<Step>) -> Arc<Self> {
         Self::build(clock, script, None, false)
     }
 
@@ -109,15 +109,15 @@ impl Transport for Scripted {
     }
 }
 
-pub(super) struct Harness {
+pub(crate) struct Harness {
     _dir: tempfile::TempDir,
     pub(super) clock: Arc<ManualClock>,
-    pub(super) d: Arc<Deliverer>,
+    pub(crate) d: Arc<Deliverer>,
     stop: watch::Sender<bool>,
 }
 
 impl Harness {
-    pub(super) fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
+    pub(crate) fn start(config: Config, transport: Arc<dyn Transport>, clock: Arc<ManualClock>) -> Harness {
         let h = Self::without_scheduler(config, transport, clock);
         h.start_scheduler();
         h
@@ -248,7 +248,7 @@ impl Drop for Harness {
     }
 }
 
-pub(super) fn config(jitter: Jitter) -> Config {
+pub(crate) fn config(jitter: Jitter) -> Config {
     let mut c = Config::default();
     c.retry.base_delay = Duration::from_secs(60);
     c.retry.max_delay = Duration::from_secs(3600);
