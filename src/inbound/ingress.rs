@@ -115,17 +115,11 @@ struct Read {
 
 /// A refusal: status, code, message.
 #[derive(Debug)]
-pub(super) struct Refusal(StatusCode, &'static str, String);
+struct Refusal(StatusCode, &'static str, String);
 
 impl Refusal {
-    pub(super) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Refusal(status, code, message.into())
-    }
-
-    /// Its machine-readable code.
-    #[cfg(test)]
-    pub(super) fn code(&self) -> &'static str {
-        self.1
     }
 }
 
@@ -223,7 +217,8 @@ impl Ingress {
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
         let route_fifo = route.and_then(|r| r.fifo);
-        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)?;
+        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)
+            .map_err(|(code, message)| Refusal::new(StatusCode::BAD_REQUEST, code, message))?;
         let event_id = event_id(req.headers())?;
         let Read {
             method,
