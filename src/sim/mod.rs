@@ -383,7 +383,21 @@ pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
                 if seed >= first + seeds {
                     return;
                 }
-                match run(seed) {
+                // A panic in the harness or in courier names its seed, as a failure does.
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed))).unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Err(Failure {
+                            seed,
+                            what: format!("panicked: {what}"),
+                            trace: Vec::new(),
+                        })
+                    });
+                match outcome {
                     Ok(_) => {
                         ran.fetch_add(1, Ordering::SeqCst);
                     }

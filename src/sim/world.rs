@@ -464,7 +464,8 @@ impl World {
 
     /// Lets the node's background tasks run for `for_` of real time.
     pub fn idle(&mut self, for_: Duration) {
-        self.node().rt.block_on(tokio::time::sleep(for_));
+        // Made inside the runtime: a timer needs its reactor.
+        self.node().rt.block_on(async move { tokio::time::sleep(for_).await });
     }
 
     /// Accepts `n` messages concurrently (so some share a commit batch), some of them
