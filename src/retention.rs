@@ -123,7 +123,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::model::DeadReason;
-    use crate::store::{AttemptRecord, DueEntry, NewMessage, Routing};
+    use crate::store::{AttemptRecord, NewMessage};
     use crate::store::{StoreOptions, Transition};
     use rand::{RngCore, SeedableRng};
 
@@ -152,20 +152,8 @@ mod tests {
     async fn add(store: &Store, id: &str, at: u64, end: Option<Transition>, body: Vec<u8>) {
         store.accept(message(id, at, body)).await.unwrap();
         let Some(end) = end else { return };
-        let entry = DueEntry {
-            due_ms: at,
-            id: id.into(),
-            routing: Routing {
-                host: "r.example:443".into(),
-                endpoint: "https://r.example/h".into(),
-            },
-        };
-        store
-            .lease_many(&[entry], 0)
-            .pop()
-            .unwrap()
-            .unwrap()
-            .expect("claimable");
+        // In flight on disk, as a crash mid-attempt leaves it.
+        crate::store::tests::claim(store, id);
         let status = if end == Transition::Delivered { 200 } else { 410 };
         let attempt = AttemptRecord {
             at_ms: at,
@@ -202,20 +190,8 @@ mod tests {
         }
         add(&store, "dlv_pending", 10_000, None, vec![]).await;
         add(&store, "dlv_in_flight", 10_000, None, vec![]).await;
-        let entry = DueEntry {
-            due_ms: 10_000,
-            id: "dlv_in_flight".into(),
-            routing: Routing {
-                host: "r.example:443".into(),
-                endpoint: "https://r.example/h".into(),
-            },
-        };
-        store
-            .lease_many(&[entry], 0)
-            .pop()
-            .unwrap()
-            .unwrap()
-            .expect("claimable");
+        // In flight on disk, as a crash mid-attempt leaves it.
+        crate::store::tests::claim(&store, "dlv_in_flight");
 
         // One millisecond before the delivered ones' retention ends: nothing goes.
         assert_eq!(
