@@ -14,15 +14,18 @@ impl Store {
     /// rules that hold only when nothing is running: no message in flight.
     pub fn audit(&self, quiescent: bool) -> Result<Vec<String>, StoreError> {
         let mut problems = Vec::new();
+        // One snapshot for every family: a write landing between two reads (a background
+        // release, a result) must not look like a record and its index disagreeing.
+        let snap = self.db.snapshot();
         let mut records: BTreeMap<String, MessageRecord> = BTreeMap::new();
-        for item in self.db.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
+        for item in snap.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
             let (k, v) = item?;
             let id = String::from_utf8_lossy(&k).into_owned();
             records.insert(id.clone(), decode_message(&id, &v)?);
         }
         let keys_of = |cf: &str| -> Result<Vec<Vec<u8>>, StoreError> {
             let mut out = Vec::new();
-            for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
+            for item in snap.iterator_cf(self.cf(cf), IteratorMode::Start) {
                 out.push(item?.0.to_vec());
             }
             Ok(out)
@@ -48,7 +51,7 @@ impl Store {
             parked.insert(id, endpoint);
         }
 
-        let lines = self.audit_lines(&records, quiescent, &mut problems)?;
+        let lines = self.audit_lines(&snap, &records, quiescent, &mut problems)?;
 
         let mut open = 0u64;
         let (mut delivered, mut dead, mut handed_off) = (0u64, 0u64, 0u64);
@@ -113,25 +116,36 @@ impl Store {
                 problems.push(format!("{id}: an index entry without its record"));
             }
         }
-        let lined = self.lined()?;
-        if lined != lines {
-            problems.push(format!("lined counter {lined} but {lines} members in lines"));
+        // Raw values, from the snapshot: a counter gone negative is a bug the clamped gauges
+        // would hide.
+        let mut meta: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+        for item in snap.iterator_cf(self.cf(keys::META), IteratorMode::Start) {
+            let (k, v) = item?;
+            meta.insert(k.to_vec(), super::counters::decode_counter(&v));
         }
-        let counts = self.counts()?;
-        let counted = (counts.open, counts.delivered, counts.dead, counts.handed_off);
+        let count = |k: &[u8]| meta.get(k).copied().unwrap_or(0).max(0) as u64;
+        if count(keys::COUNT_LINED) != lines {
+            problems.push(format!(
+                "lined counter {} but {lines} members in lines",
+                count(keys::COUNT_LINED)
+            ));
+        }
+        let counted = (
+            count(keys::COUNT_OPEN),
+            count(keys::COUNT_DELIVERED),
+            count(keys::COUNT_DEAD),
+            count(keys::COUNT_HANDED_OFF),
+        );
         if counted != (open, delivered, dead, handed_off) {
             problems.push(format!(
                 "counters open/delivered/dead/handed off {counted:?} but records {:?}",
                 (open, delivered, dead, handed_off)
             ));
         }
-        // Raw values: a counter gone negative is a bug the clamped gauges would hide.
         let mut stored: BTreeMap<String, u64> = BTreeMap::new();
-        for item in self.db.iterator_cf(self.cf(keys::META), IteratorMode::Start) {
-            let (k, v) = item?;
-            let value = super::counters::decode_counter(&v);
+        for (k, &value) in &meta {
             if value < 0 {
-                problems.push(format!("counter {} is {value}", String::from_utf8_lossy(&k)));
+                problems.push(format!("counter {} is {value}", String::from_utf8_lossy(k)));
             }
             if let Some(endpoint) = k.strip_prefix(keys::COUNT_OPEN_ENDPOINT) {
                 if value > 0 {
@@ -153,18 +167,18 @@ impl Store {
     /// message is in its line. Returns the number of members.
     fn audit_lines(
         &self,
+        snap: &rocksdb::Snapshot<'_>,
         records: &BTreeMap<String, MessageRecord>,
         quiescent: bool,
         problems: &mut Vec<String>,
     ) -> Result<u64, StoreError> {
         let mut heads: BTreeMap<String, super::LineRecord> = BTreeMap::new();
         let mut members: BTreeMap<(String, u64), String> = BTreeMap::new();
-        for item in self.db.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
+        for item in snap.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
             let (k, v) = item?;
             match keys::split_line_key(&k) {
                 Some((endpoint, None)) => {
-                    let line = self.line(endpoint)?.expect("just listed");
-                    heads.insert(endpoint.to_string(), line);
+                    heads.insert(endpoint.to_string(), super::lines::decode_line(endpoint, &v)?);
                 }
                 Some((endpoint, Some(pos))) => {
                     members.insert((endpoint.to_string(), pos), String::from_utf8_lossy(&v).into_owned());

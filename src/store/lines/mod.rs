@@ -100,7 +100,7 @@ impl LineRecord {
     }
 }
 
-fn decode_line(endpoint: &str, v: &[u8]) -> Result<LineRecord, StoreError> {
+pub(super) fn decode_line(endpoint: &str, v: &[u8]) -> Result<LineRecord, StoreError> {
     LineRecord::decode(v).map_err(|source| StoreError::Codec {
         key: format!("line {endpoint}"),
         source,
