@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::delivery::{Deliverer, EndpointView};
+use crate::context::endpoints::EndpointView;
+use crate::context::Context;
 use crate::store::{EndpointRecord, StoreError};
 
 /// What a page asks for.
@@ -53,7 +54,7 @@ struct Known {
 }
 
 /// Reads one page (blocking: it reads the store).
-pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError> {
+pub fn page(d: &Context, q: &EndpointQuery) -> Result<EndpointPage, StoreError> {
     let after = q.cursor.as_deref();
     let want = q.limit + 1;
     let mut known: BTreeMap<String, Known> = BTreeMap::new();
@@ -61,7 +62,7 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     // source, so the page may go that far and no further (a filtered-out run of one source
     // must not let the page skip past keys another source has not reached yet).
     let mut stop: Option<String> = None;
-    let views = d.endpoints.page(d.clock.now_ms(), after, &q.prefix, q.paused, want);
+    let views = d.endpoints().page(d.clock().now_ms(), after, &q.prefix, q.paused, want);
     if views.len() >= want {
         lower(&mut stop, views.last().map(|v| v.key.clone()));
     }
@@ -71,12 +72,12 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
     }
     // A paused endpoint is always in the table: only the active ones need the others.
     if q.paused != Some(true) {
-        let (stored, stopped_at) = d.store.endpoint_records_page(after, &q.prefix, want)?;
+        let (stored, stopped_at) = d.store().endpoint_records_page(after, &q.prefix, want)?;
         lower(&mut stop, stopped_at);
         for (key, rec) in stored {
             known.entry(key).or_default().stored = Some(rec);
         }
-        let (open, stopped_at) = d.store.open_endpoints_page(after, &q.prefix, want)?;
+        let (open, stopped_at) = d.store().open_endpoints_page(after, &q.prefix, want)?;
         lower(&mut stop, stopped_at);
         for (key, n) in open {
             known.entry(key).or_default().open = Some(n);
@@ -98,7 +99,7 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
             cut = true;
             break;
         }
-        let view = k.view.or_else(|| d.endpoints.get(&key));
+        let view = k.view.or_else(|| d.endpoints().get(&key));
         let paused = view.as_ref().is_some_and(|v| v.rec.paused);
         // The cursor may pass a key the filter leaves out.
         last = Some(key.clone());
@@ -107,13 +108,13 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
         }
         let open = match k.open {
             Some(n) => n,
-            None => d.store.open_of_endpoint(&key)?,
+            None => d.store().open_of_endpoint(&key)?,
         };
         // Memory's record is the whole state once loaded; before that, the store's is.
         let streak = match (&view, k.stored) {
             (Some(v), _) if v.loaded => v.rec.streak,
             (_, Some(rec)) => rec.streak,
-            _ => d.store.endpoint(&key)?.map_or(0, |r| r.streak),
+            _ => d.store().endpoint(&key)?.map_or(0, |r| r.streak),
         };
         let in_flight = view.as_ref().map_or(0, |v| v.in_flight);
         let mut item = json!({
@@ -126,7 +127,7 @@ pub fn page(d: &Deliverer, q: &EndpointQuery) -> Result<EndpointPage, StoreError
         // An ordered endpoint (configured so, or with a line: a route's ordered messages,
         // or ones from before the config changed) adds its line; an unordered one's item is
         // exactly as before. One point read per item.
-        let line = d.store.line(&key)?;
+        let line = d.store().line(&key)?;
         if line.is_some() || d.config().endpoints.iter().any(|e| e.key == key && e.fifo.is_some()) {
             item["ordering"] = json!("fifo");
             item["line_head"] = json!(line.as_ref().map(|l| l.head.clone()));
@@ -152,11 +153,11 @@ fn lower(stop: &mut Option<String>, key: Option<String>) {
 
 /// Whether courier knows the endpoint (for pause and resume): in the table, with open
 /// messages, with a stored record, or configured.
-pub fn is_known(d: &Deliverer, key: &str) -> Result<bool, StoreError> {
-    Ok(d.endpoints.get(key).is_some()
+pub fn is_known(d: &Context, key: &str) -> Result<bool, StoreError> {
+    Ok(d.endpoints().get(key).is_some()
         || d.config().endpoints.iter().any(|e| e.key == key)
-        || d.store.open_of_endpoint(key)? > 0
-        || d.store.endpoint(key)?.is_some())
+        || d.store().open_of_endpoint(key)? > 0
+        || d.store().endpoint(key)?.is_some())
 }
 
 #[cfg(test)]
@@ -177,16 +178,16 @@ mod tests {
             clock.clone(),
         );
         for k in ["a", "b", "c"] {
-            h.d.set_paused(k, true).unwrap();
+            h.d.context().set_paused(k, true).unwrap();
         }
         let failing = crate::store::EndpointRecord {
             paused: false,
             streak: 2,
             last_status: Some(410),
         };
-        h.d.store.put_endpoint("d", &failing, T0).unwrap();
+        h.d.context().store().put_endpoint("d", &failing, T0).unwrap();
         for k in ["e", "f", "g"] {
-            h.d.endpoints.try_rate(k, T0).unwrap();
+            h.d.context().endpoints().try_rate(k, T0).unwrap();
         }
         let mut seen = Vec::new();
         let mut cursor = None;
@@ -197,7 +198,7 @@ mod tests {
                 paused: Some(false),
                 limit: 2,
             };
-            let page = page(&h.d, &q).unwrap();
+            let page = page(h.d.context(), &q).unwrap();
             seen.extend(page.items.iter().map(|i| i["key"].as_str().unwrap().to_string()));
             match page.next_cursor {
                 Some(c) => cursor = Some(c),

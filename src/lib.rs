@@ -22,7 +22,9 @@
 //! 2. Seams: [`clock`], [`outbound::transport`], [`outbound::resolver`], [`config`].
 //! 3. I/O: [`batcher`], [`store`], [`outbound`] (TLS, proxies, the pooled client), [`inbound::serve`],
 //!    [`inbound::uds`], [`fleet`] (Redis), [`sys`] (file descriptors, CPU priority, heap trimming).
-//! 4. Components: [`envelope`] (a request made into the first stored record), [`inbound::ingress`],
+//! 4. Components: [`context`] (what they all share: store, clock, metrics, the reloadable
+//!    settings, endpoint state, the scheduler's wake-up), [`envelope`] (a request made into
+//!    the first stored record), [`inbound::ingress`],
 //!    [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`],
 //!    [`endpoint_page`].
 //! 5. Wiring: [`app`], [`args`] (the flags and config every command loads), [`cli`] (with
@@ -40,6 +42,7 @@ pub mod batcher;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod context;
 pub mod delivery;
 pub mod drain;
 pub mod endpoint_page;

@@ -40,7 +40,7 @@ impl Probes {
         if self.draining.load(Ordering::SeqCst) {
             return serve::error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is draining");
         }
-        if !self.d.store.writable() {
+        if !self.d.context().store().writable() {
             return serve::error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "storage_unavailable",
@@ -53,11 +53,12 @@ impl Probes {
     /// `GET /metrics`: the Prometheus text.
     pub fn metrics(&self) -> Response<Body> {
         let d = &self.d;
-        let counts = d.store.counts().unwrap_or_default();
+        let counts = d.context().store().counts().unwrap_or_default();
         let in_flight = d.in_flight_count() as u64;
-        let now = d.clock.now_ms();
+        let now = d.context().clock().now_ms();
         let oldest = d
-            .store
+            .context()
+            .store()
             .oldest_open_ms()
             .ok()
             .flatten()
@@ -67,18 +68,18 @@ impl Probes {
             in_flight,
             oldest_pending_seconds: oldest,
             dead_stored: counts.dead,
-            endpoints_paused: d.endpoints.paused_count(),
+            endpoints_paused: d.context().endpoints().paused_count(),
             circuit_open_hosts: d
-                .hosts
+                .hosts()
                 .snapshot(true)
                 .into_iter()
                 .filter(|h| matches!(h.state, CircuitState::Open | CircuitState::Probing))
                 .map(|h| h.host)
                 .collect(),
-            line_waiting: d.store.lined().unwrap_or_default(),
+            line_waiting: d.context().store().lined().unwrap_or_default(),
         };
-        let mut text = d.metrics.render(&gauges);
-        if let Some(fleet) = &d.fleet {
+        let mut text = d.context().metrics().render(&gauges);
+        if let Some(fleet) = &d.fleet() {
             fleet.render_metrics(&mut text);
         }
         serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)

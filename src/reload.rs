@@ -199,7 +199,7 @@ impl Reloader {
         let source = self.source.as_ref().ok_or(ReloadError::Unavailable)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = source()?;
-        let running = self.deliverer.config();
+        let running = self.deliverer.context().config();
         let (new, restart_required) = merge(&loaded, &running, fresh.clone())?;
         let signing_keys_dropped = signing_keys_dropped(&running, &new);
         self.deliverer

@@ -198,7 +198,7 @@ impl Scheduler {
                 }
             };
             self.resume = resume;
-            self.d.metrics.scheduler_pass();
+            self.d.context().metrics().scheduler_pass();
             scanned_since_wait += pass.scanned;
             owed = earliest(owed, pass.wake_at);
             let more_now = pass.cut && pass.dispatched + pass.parked > 0;
@@ -215,7 +215,7 @@ impl Scheduler {
             from_floor = false;
             let mut wake_at = owed;
             if pass.store_error {
-                let backoff = self.d.clock.now_ms() + STORE_ERROR_BACKOFF.as_millis() as u64;
+                let backoff = self.d.context().clock().now_ms() + STORE_ERROR_BACKOFF.as_millis() as u64;
                 wake_at = earliest(wake_at, Some(backoff));
             }
             self.wait(wake_at, &mut stop).await;
@@ -231,12 +231,12 @@ impl Scheduler {
                 .as_ref()
                 .map(|nap| Napping::start(nap, wake_at, self.resume.clone()));
             match wake_at {
-                Some(at) => self.d.clock.sleep_until(at).await,
+                Some(at) => self.d.context().clock().sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            _ = self.d.wake.notified() => {}
+            _ = self.d.context().wake_signal().notified() => {}
             // A due time (or a breaker's probe time, or a token) came: what it was for may
             // lie before the last resume point, so the walk starts at the floor.
             _ = sleep => self.resume = None,
@@ -259,7 +259,7 @@ pub(crate) fn pass_with(
     resumed: Option<(u64, String)>,
     between: &mut dyn FnMut(),
 ) -> (Pass, Option<(u64, String)>) {
-    let now = d.clock.now_ms();
+    let now = d.context().clock().now_ms();
     let mut pass = Pass::default();
     let mut full_hosts: HashSet<String> = HashSet::new();
     let mut limited: HashSet<String> = HashSet::new();
@@ -279,7 +279,7 @@ pub(crate) fn pass_with(
     let mut skipped_in_a_row = 0;
     let mut stopped_at: Option<(u64, String)> = None;
     let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
-    let scanned = d.store.scan_due(now, limits.scan_budget, after, |entry| {
+    let scanned = d.context().store().scan_due(now, limits.scan_budget, after, |entry| {
         let due_ms = entry.due_ms;
         last_seen = Some(due_ms);
         last_id.clear();
@@ -291,9 +291,9 @@ pub(crate) fn pass_with(
             return ScanStep::Stop;
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
-        let dispatchable = if d.store.is_leased(&entry.id) {
+        let dispatchable = if d.context().store().is_leased(&entry.id) {
             true // its attempt is running: consumed, and nothing to do
-        } else if d.endpoints.is_paused(endpoint) {
+        } else if d.context().endpoints().is_paused(endpoint) {
             to_park.push(entry);
             true // consumed: parked below
         } else if full_hosts.contains(host) || limited.contains(endpoint) || capped.contains(endpoint) {
@@ -307,7 +307,7 @@ pub(crate) fn pass_with(
                     true
                 }
                 Err(Refusal::RateLimited(at)) => {
-                    d.metrics.rate_limited();
+                    d.context().metrics().rate_limited();
                     limited.insert(endpoint.clone());
                     pass.wake_no_later_than(at);
                     false
@@ -331,7 +331,7 @@ pub(crate) fn pass_with(
                     // Waits without a timer for a local cap: its endpoint's permit comes back
                     // when an answer arrives, and that wakes the scheduler (the queue is
                     // waiting). A fleet-wide cap gives a time, as for a host.
-                    d.metrics.endpoint_capped();
+                    d.context().metrics().endpoint_capped();
                     capped.insert(endpoint.clone());
                     if let Some(at) = retry_at {
                         pass.wake_no_later_than(at);
@@ -362,7 +362,7 @@ pub(crate) fn pass_with(
     between();
     if !to_park.is_empty() {
         let count = to_park.len();
-        match d.park_paused(to_park) {
+        match d.context().park_paused(to_park) {
             Ok((n, left)) => {
                 pass.parked = n;
                 // Resumed meanwhile: left in the queue, so the floor must not pass it.
@@ -380,7 +380,7 @@ pub(crate) fn pass_with(
     }
     // Lease everything ready (reads, no write), then dispatch with the permits in hand.
     if !ready.is_empty() {
-        let claims = d.store.lease_many(&ready, now);
+        let claims = d.context().store().lease_many(&ready, now);
         for ((permit, entry), claimed) in permits.into_iter().zip(&ready).zip(claims) {
             match claimed {
                 Ok(Some(claimed)) => {
@@ -419,7 +419,7 @@ pub(crate) fn pass_with(
             if resumed.is_none() && !pass.store_error {
                 let end = (now.saturating_add(1), String::new());
                 let (to, id) = first_left.unwrap_or(end.clone()).min(end);
-                d.store.raise_due_floor_to_key(floor, to, &id);
+                d.context().store().raise_due_floor_to_key(floor, to, &id);
             }
         }
         Ok((ScanEnd::Cut, floor)) => {
@@ -428,7 +428,7 @@ pub(crate) fn pass_with(
                 if let Some(last) = last_seen {
                     let last = (last, last_id.clone());
                     let (to, id) = first_left.clone().map_or(last.clone(), |f| f.min(last));
-                    d.store.raise_due_floor_to_key(floor, to, &id);
+                    d.context().store().raise_due_floor_to_key(floor, to, &id);
                 }
             }
             pass.stopped_on_run = stopped_at.is_some();

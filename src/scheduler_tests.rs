@@ -24,7 +24,6 @@ use tokio::sync::{oneshot, Notify};
 use super::*;
 use crate::clock::{Clock, ManualClock};
 use crate::config::{Config, EndpointConfig};
-use crate::delivery::DelivererParts;
 use crate::metrics::Metrics;
 use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
 use crate::policy::rate::TokenBucket;
@@ -164,18 +163,20 @@ impl Run {
             fifo: None,
             policy: Default::default(),
         });
-        let d = Deliverer::new(DelivererParts {
-            store,
-            transport: rx.clone(),
-            clock: clock.clone(),
-            config: Arc::new(config),
-            metrics: Arc::new(Metrics::default()),
-            wake: Arc::new(Notify::new()),
-            rng: StdRng::seed_from_u64(seed),
-            runtime: tokio::runtime::Handle::current(),
-            fleet: None,
-        })
-        .unwrap();
+        let d = Deliverer::new(
+            crate::context::Context::new(
+                store,
+                clock.clone(),
+                Arc::new(config),
+                Arc::new(Metrics::default()),
+                Arc::new(Notify::new()),
+                tokio::runtime::Handle::current(),
+            )
+            .unwrap(),
+            rx.clone(),
+            StdRng::seed_from_u64(seed),
+            None,
+        );
         let (stop, _) = watch::channel(false);
         let accepted = vec![false; msgs.len()];
         Run {
@@ -209,9 +210,9 @@ impl Run {
         msg.record.host = format!("{}:443", url.host_str().unwrap());
         msg.record.accepted_at_ms = m.accept;
         msg.record.give_up_at_ms = u64::MAX / 2;
-        self.d.store.accept(msg).await.unwrap();
+        self.d.context().store().accept(msg).await.unwrap();
         self.accepted[i] = true;
-        self.d.wake.notify_one();
+        self.d.context().wake();
     }
 
     fn release(&self) {

@@ -12,6 +12,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
+use crate::context::Context;
 use crate::delivery::Deliverer;
 use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
@@ -33,6 +34,8 @@ pub const DEFAULT_PAGE: usize = 100;
 
 /// The admin component.
 pub struct Admin {
+    ctx: Arc<Context>,
+    /// Delivery, for its per-host view.
     d: Arc<Deliverer>,
     probes: Arc<Probes>,
     drain: Arc<DrainControl>,
@@ -67,13 +70,14 @@ impl Admin {
     /// Builds the component: the probes it also serves, the reloader of `POST /reload`, the
     /// drain it starts and shows (`/drain`), and the browser rules of `[admin]`.
     pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, reloader: Arc<Reloader>, drain: Arc<DrainControl>) -> Self {
-        let config = d.config();
+        let config = d.context().config();
         let access = AccessPolicy::new(
             "admin",
             config.admin.allowed_origins.clone(),
             config.admin.hosts.clone(),
         );
         Admin {
+            ctx: d.context().clone(),
             d,
             probes,
             access,
@@ -84,7 +88,7 @@ impl Admin {
 
     fn authorized(&self, req: &Request<Incoming>) -> bool {
         // Read at each request: a reload may rotate the token.
-        let config = self.d.config();
+        let config = self.ctx.config();
         let Some(token) = &config.admin_token else {
             return true;
         };
@@ -107,7 +111,7 @@ impl Admin {
         if path == "/healthz" {
             return self.probes.healthz();
         }
-        if let Some(page) = crate::ui::respond(req.method(), &path, self.d.config().admin_token.is_some()) {
+        if let Some(page) = crate::ui::respond(req.method(), &path, self.ctx.config().admin_token.is_some()) {
             return page;
         }
         if !self.authorized(&req) {
@@ -175,7 +179,7 @@ impl Admin {
     /// have changed since start; this is what signs now).
     fn public_keys(&self) -> Response<Body> {
         let items: Vec<Value> = self
-            .d
+            .ctx
             .config()
             .ed25519_public_keys()
             .into_iter()
@@ -201,13 +205,13 @@ impl Admin {
     }
 
     fn show(&self, id: &str) -> Response<Body> {
-        let shown = self.d.store.message_shown(id);
-        match (shown, self.d.store.history(id)) {
+        let shown = self.ctx.store().message_shown(id);
+        match (shown, self.ctx.store().history(id)) {
             (Ok(Some(rec)), Ok(history)) => {
-                let mut v = delivery_json(&rec, Some(&history), self.d.config().alert_url.as_ref());
+                let mut v = delivery_json(&rec, Some(&history), self.ctx.config().alert_url.as_ref());
                 // The trace the app's traceparent started, kept with the payload's headers
                 // (only this view reads the payload: a list would read every body).
-                v["trace_id"] = match self.d.store.payload(id) {
+                v["trace_id"] = match self.ctx.store().payload(id) {
                     Ok(p) => json!(p
                         .and_then(|p| TraceParent::from_headers(&p.headers))
                         .map(|t| t.trace_id)),
@@ -216,7 +220,7 @@ impl Admin {
                 if let Err(e) = self.line_fields(&rec, &mut v) {
                     return store_failed(&e);
                 }
-                let settings = self.d.settings();
+                let settings = self.ctx.settings();
                 let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
                 v["policy"] = policy_json(&policy);
                 serve::json(StatusCode::OK, &v)
@@ -233,9 +237,9 @@ impl Admin {
         if rec.fifo.is_none() {
             return Ok(());
         }
-        let position = self.d.store.line_position(rec)?;
+        let position = self.ctx.store().line_position(rec)?;
         let head = match position {
-            Some(_) => self.d.store.line(&rec.endpoint)?.map(|l| l.head),
+            Some(_) => self.ctx.store().line(&rec.endpoint)?.map(|l| l.head),
             None => None,
         };
         v["line_position"] = json!(position);
@@ -276,8 +280,8 @@ impl Admin {
             Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
         };
         let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
-        let alert_url = self.d.config().alert_url.clone();
-        match self.d.store.list(&filter, limit, cursor) {
+        let alert_url = self.ctx.config().alert_url.clone();
+        match self.ctx.store().list(&filter, limit, cursor) {
             Ok(page) => {
                 let items: Vec<Value> = page
                     .items
@@ -296,7 +300,7 @@ impl Admin {
     /// A replayed message's new give-up time: its policy's `give_up_after` from now, as
     /// the config says now for its endpoint and route.
     fn give_up_at(&self, now: u64) -> impl Fn(&MessageRecord) -> u64 + '_ {
-        let settings = self.d.settings();
+        let settings = self.ctx.settings();
         move |rec| {
             let after = settings
                 .policies
@@ -307,10 +311,10 @@ impl Admin {
     }
 
     fn retry(&self, id: &str) -> Response<Body> {
-        let now = self.d.clock.now_ms();
-        match self.d.store.replay(id, now, self.give_up_at(now)) {
+        let now = self.ctx.clock().now_ms();
+        match self.ctx.store().replay(id, now, self.give_up_at(now)) {
             Ok(Some(true)) => {
-                self.d.wake.notify_one();
+                self.ctx.wake();
                 tracing::info!(delivery_id = id, "dead message replayed");
                 serve::json(StatusCode::ACCEPTED, &json!({ "id": id, "status": "pending" }))
             }
@@ -332,11 +336,11 @@ impl Admin {
         if filter.state.is_some_and(|s| s != State::Dead) {
             return bad_request("only dead messages can be replayed (state=dead)");
         }
-        let now = self.d.clock.now_ms();
-        match self.d.store.replay_dead(&filter, now, self.give_up_at(now)) {
+        let now = self.ctx.clock().now_ms();
+        match self.ctx.store().replay_dead(&filter, now, self.give_up_at(now)) {
             Ok(n) => {
                 if n > 0 {
-                    self.d.wake.notify_one();
+                    self.ctx.wake();
                 }
                 tracing::info!(
                     requeued = n,
@@ -350,10 +354,10 @@ impl Admin {
     }
 
     fn delete(&self, id: &str) -> Response<Body> {
-        match self.d.store.delete(id, self.d.clock.now_ms()) {
+        match self.ctx.store().delete(id, self.ctx.clock().now_ms()) {
             Ok(true) => {
                 // A deleted head of an ordered line hands over to the next, due now.
-                self.d.wake.notify_one();
+                self.ctx.wake();
                 tracing::info!(delivery_id = id, "delivery deleted");
                 serve::empty(StatusCode::NO_CONTENT)
             }
@@ -382,7 +386,7 @@ impl Admin {
             paused,
             limit,
         };
-        match crate::endpoint_page::page(&self.d, &query) {
+        match crate::endpoint_page::page(&self.ctx, &query) {
             Ok(page) => serve::json(
                 StatusCode::OK,
                 &json!({ "items": page.items, "next_cursor": page.next_cursor }),
@@ -402,7 +406,7 @@ impl Admin {
         };
         let items: Vec<Value> = self
             .d
-            .hosts
+            .hosts()
             .snapshot(open_only)
             .into_iter()
             .map(|h| {
@@ -420,14 +424,14 @@ impl Admin {
     }
 
     fn set_paused(&self, key: &str, paused: bool) -> Response<Body> {
-        let known = match crate::endpoint_page::is_known(&self.d, key) {
+        let known = match crate::endpoint_page::is_known(&self.ctx, key) {
             Ok(known) => known,
             Err(e) => return store_failed(&e),
         };
         if !known {
             return not_found(&format!("endpoint {key:?}"));
         }
-        match self.d.set_paused(key, paused) {
+        match self.ctx.set_paused(key, paused) {
             Ok(()) => serve::empty(StatusCode::NO_CONTENT),
             Err(e) => store_failed(&e),
         }

@@ -24,7 +24,8 @@ use crate::admin::Admin;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::config::ListenAddr;
-use crate::delivery::{Deliverer, DelivererParts};
+use crate::context::Context;
+use crate::delivery::Deliverer;
 use crate::drain::DrainControl;
 use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::inbound::ingress::Ingress;
@@ -187,17 +188,15 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             ca_pem: crate::outbound::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
         },
     )?;
-    let deliverer = Deliverer::new(DelivererParts {
-        store: store.clone(),
-        transport,
-        clock: clock.clone(),
-        config: config.clone(),
-        metrics: metrics.clone(),
-        wake: wake.clone(),
-        rng,
-        runtime: delivery_rt.handle(),
-        fleet,
-    })?;
+    let ctx = Context::new(
+        store.clone(),
+        clock.clone(),
+        config.clone(),
+        metrics.clone(),
+        wake.clone(),
+        delivery_rt.handle(),
+    )?;
+    let deliverer = Deliverer::new(ctx, transport, rng, fleet);
 
     // A crash leaves messages in flight, and (in the middle of a resume) parked for an
     // endpoint that is active. The simulator runs this same recovery.
@@ -260,7 +259,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     });
     let d = deliverer.clone();
     let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || {
-        match d.expire_endpoints() {
+        match d.context().expire_endpoints() {
         Ok((forgotten, deleted)) if forgotten + deleted > 0 => tracing::info!(
             forgotten,
             deleted,
@@ -351,7 +350,12 @@ fn recover(deliverer: &Arc<Deliverer>, clock: &SharedClock, delivery_rt: &Delive
             "endpoint paused: its ordered line is blocked behind a dead message; resume it with `courier endpoints resume`");
         let (d, now) = (deliverer.clone(), clock.now_ms());
         delivery_rt.handle().spawn(async move {
-            let rec = d.endpoints.get(&endpoint).map(|v| v.rec).unwrap_or_default();
+            let rec = d
+                .context()
+                .endpoints()
+                .get(&endpoint)
+                .map(|v| v.rec)
+                .unwrap_or_default();
             crate::delivery::alert::endpoint_paused(&d, &endpoint, &rec, now).await;
         });
     }

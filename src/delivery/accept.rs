@@ -35,13 +35,13 @@ impl Deliverer {
     pub async fn accept(self: &Arc<Self>, mut msg: NewMessage) -> Result<Accepted, StoreError> {
         self.order(&mut msg.record);
         let Some(permit) = self.start_at_accept(&msg.record) else {
-            let accepted = self.store.accept(msg).await?;
+            let accepted = self.ctx.store().accept(msg).await?;
             if accepted == Accepted::New {
-                self.wake.notify_one();
+                self.ctx.wake();
             }
             return Ok(accepted);
         };
-        let (accepted, claimed) = self.store.accept_claimed(msg).await?;
+        let (accepted, claimed) = self.ctx.store().accept_claimed(msg).await?;
         if let Some(claimed) = claimed {
             self.dispatch(claimed, permit);
         }
@@ -60,14 +60,16 @@ impl Deliverer {
         if rec.fifo.is_some()
             || self.fleet.is_some()
             || self.queue_first.load(Ordering::Acquire)
-            || self.endpoints.is_paused(&rec.endpoint)
+            || self.ctx.endpoints().is_paused(&rec.endpoint)
         {
             return None;
         }
-        let taken = self
-            .attempt_permit(&rec.host, &rec.endpoint)
-            .ok()
-            .filter(|_| self.endpoints.try_rate(&rec.endpoint, self.clock.now_ms()).is_ok());
+        let taken = self.attempt_permit(&rec.host, &rec.endpoint).ok().filter(|_| {
+            self.ctx
+                .endpoints()
+                .try_rate(&rec.endpoint, self.ctx.clock().now_ms())
+                .is_ok()
+        });
         if taken.is_none() {
             // This one waits in the queue: later ones must not overtake it.
             self.queue_first.store(true, Ordering::Release);
@@ -86,7 +88,7 @@ impl Deliverer {
     /// Wakes the scheduler when messages wait for a permit that was just freed.
     pub(super) fn wake_if_waiting(&self) {
         if self.queue_first.load(Ordering::Acquire) {
-            self.wake.notify_one();
+            self.ctx.wake();
         }
     }
 

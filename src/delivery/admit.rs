@@ -105,7 +105,7 @@ impl Deliverer {
             .map_err(|_| PermitRefused::EndpointBusy)?;
         let host = self
             .hosts
-            .try_acquire(host, self.clock.now_ms())
+            .try_acquire(host, self.ctx.clock().now_ms())
             .map_err(|refused| match refused {
                 HostRefusal::Busy => PermitRefused::HostBusy,
                 HostRefusal::Open(at) => PermitRefused::CircuitOpen(at),
@@ -132,7 +132,8 @@ impl Deliverer {
         // Taken before the fleet's slot: a local refusal costs no round trip. A token taken
         // for a message the fleet then refuses is not given back, which only makes this
         // courier's own bound stricter for a moment.
-        self.endpoints
+        self.ctx
+            .endpoints()
             .try_rate_shared(endpoint, now_ms, divisor)
             .map_err(|wait| Refusal::RateLimited(now_ms + wait))?;
         let Some(fleet) = &self.fleet else {
@@ -145,7 +146,7 @@ impl Deliverer {
             endpoint,
             host_cap,
             endpoint_cap,
-            rate: self.endpoints.rate_of(endpoint),
+            rate: self.ctx.endpoints().rate_of(endpoint),
         };
         match fleet.acquire(&req) {
             Acquired::Granted(lease) => {

@@ -24,7 +24,7 @@ pub fn alert_body(endpoint: &str, rec: &EndpointRecord, now_ms: u64) -> Vec<u8> 
 /// Enqueues the alert for a paused endpoint, if `alert_url` is set. The alert endpoint
 /// itself never alerts about itself (that would loop).
 pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec: &EndpointRecord, now_ms: u64) {
-    let Some(url) = d.config().alert_url.clone() else {
+    let Some(url) = d.ctx.config().alert_url.clone() else {
         return;
     };
     // The alert's own endpoint key is the redacted form of alert_url, so neither
@@ -34,7 +34,7 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
         return;
     }
     // Alerts are courier's own messages: whatever [[endpoint]] matches the alert key.
-    let settings = d.settings();
+    let settings = d.ctx.settings();
     let policy = settings.policies.resolve(None, &key);
     let env = Envelope {
         target: url,
@@ -49,9 +49,9 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
         max_attempts: policy.max_attempts(),
         give_up_after: policy.give_up_after(),
     };
-    let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.store.ids()));
+    let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.ctx.store().ids()));
     match d.accept(msg).await {
-        Ok(Accepted::New) => d.metrics.accepted(),
+        Ok(Accepted::New) => d.ctx.metrics().accepted(),
         Ok(Accepted::Duplicate { .. }) => {}
         Err(e) => {
             tracing::error!(endpoint = %crate::redact::url_for_log(endpoint), error = %e, "storing the pause alert failed")

@@ -9,7 +9,6 @@ mod accept;
 mod admit;
 pub mod alert;
 pub mod endpoint_caps;
-pub mod endpoints;
 pub mod host_limiter;
 mod requeue;
 mod resizable;
@@ -25,18 +24,14 @@ use rand::rngs::StdRng;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::clock::SharedClock;
-use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::context::Context;
 use crate::outbound::transport::Transport;
-use crate::store::{Claimed, Store};
+use crate::store::Claimed;
 
-pub use settings::Settings;
-use settings::{endpoint_rates, host_caps};
+use settings::host_caps;
 
 pub use admit::{AttemptPermit, PermitRefused, Refusal};
 pub use endpoint_caps::EndpointCaps;
-pub use endpoints::{EndpointChange, EndpointTable, EndpointView, StreakEvent};
 pub use host_limiter::{HostLimiter, HostPermit, HostRefusal, HostView};
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
@@ -49,48 +44,26 @@ pub const SELF_FAILURE_DELAY: Duration = Duration::from_secs(5);
 /// bad does not hold a `max_in_flight` permit for ever.
 const STORE_TRIES: u32 = 5;
 
-/// Shared context of every attempt.
+/// The attempt machinery: permits, limits, the in-flight registry and the result writer,
+/// over the shared [`Context`].
 pub struct Deliverer {
-    /// The store.
-    pub store: Arc<Store>,
-    /// The transport attempts go through.
-    pub transport: Arc<dyn Transport>,
-    /// The clock.
-    pub clock: SharedClock,
-    /// What a reload may change, swapped whole (see [`Settings`]): read at each attempt.
-    settings: arc_swap::ArcSwap<Settings>,
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// Per-endpoint state.
-    pub endpoints: Arc<EndpointTable>,
-    /// Per-host caps.
-    pub hosts: HostLimiter,
+    ctx: Arc<Context>,
+    transport: Arc<dyn Transport>,
+    /// Per-host caps and breakers.
+    hosts: HostLimiter,
     /// Per-endpoint caps (`[[endpoint]] max_in_flight`).
-    pub endpoint_caps: EndpointCaps,
+    endpoint_caps: EndpointCaps,
     /// Fleet-wide limits on Redis (`[fleet]`), when configured.
-    pub fleet: Option<crate::fleet::Fleet>,
-    /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
-    pub wake: Arc<Notify>,
+    fleet: Option<crate::fleet::Fleet>,
     rng: Mutex<StdRng>,
-    /// Held by a pause or resume across its whole change, and by the scheduler from its
-    /// last look at the pause flag to its park write: a resume can then never land between
-    /// the scheduler's decision to park and the park, which would strand messages in the
-    /// parked set of an active endpoint.
-    pause_gate: Arc<Mutex<()>>,
     /// `delivery.max_in_flight` permits: every attempt holds one with its host's.
     all_attempts: Arc<tokio::sync::Semaphore>,
-    /// Serialises endpoint-state writes, each of which writes the state current when it
-    /// runs: the last write is always the latest state, whatever order the changes'
-    /// writers reached the store in.
-    persist_lock: Arc<Mutex<()>>,
     /// How long an attempt waits before writing its result again after the write failed
     /// (the disk may be full for a while); the simulator shortens it.
     result_retry_ms: std::sync::atomic::AtomicU64,
     /// Releases waiting for their message to read again (see `requeue`).
     waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
     in_flight: Mutex<HashMap<String, AbortHandle>>,
-    /// Where attempts are spawned, whichever runtime their message was accepted on.
-    runtime: tokio::runtime::Handle,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -106,48 +79,18 @@ impl std::fmt::Debug for Deliverer {
     }
 }
 
-/// Everything [`Deliverer::new`] takes.
-pub struct DelivererParts {
-    /// The store.
-    pub store: Arc<Store>,
-    /// The transport.
-    pub transport: Arc<dyn Transport>,
-    /// The clock.
-    pub clock: SharedClock,
-    /// The settings.
-    pub config: Arc<Config>,
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// The scheduler's wake-up.
-    pub wake: Arc<Notify>,
-    /// Randomness for jitter (seeded in tests).
-    pub rng: StdRng,
-    /// Where attempts run: courier gives delivery a runtime of its own (see `priority`);
-    /// tests pass the one they run on.
-    pub runtime: tokio::runtime::Handle,
-    /// Fleet-wide limits (`[fleet]`), started by the caller on `runtime`; `None`: local only.
-    pub fleet: Option<crate::fleet::Fleet>,
-}
-
 impl Deliverer {
-    /// Builds the context; loads persisted endpoint state from the store.
-    pub fn new(parts: DelivererParts) -> Result<Arc<Self>, crate::store::StoreError> {
-        let cfg = &parts.config;
-        let now = parts.clock.now_ms();
-        let endpoints = EndpointTable::new(
-            cfg.delivery.rate_per_second,
-            endpoint_rates(cfg),
-            cfg.delivery.pause_after_permanent_failures,
-            // Listed as long as the messages delivered to them are kept.
-            cfg.retention.as_millis() as u64,
-            parts.store.paused_endpoints()?,
-            now,
-        );
-        let endpoints = Arc::new(endpoints);
-        let settings = Settings::new(parts.config.clone());
-        let persist_lock = Arc::new(Mutex::new(()));
-        let pause_gate = Arc::new(Mutex::new(()));
-        let all_attempts = Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize));
+    /// The attempt machinery over `ctx`: attempts go through `transport`, draw their
+    /// jitter from `rng` (seeded in tests), and respect `fleet`'s limits when configured
+    /// (started by the caller on delivery's runtime).
+    pub fn new(
+        ctx: Arc<Context>,
+        transport: Arc<dyn Transport>,
+        rng: StdRng,
+        fleet: Option<crate::fleet::Fleet>,
+    ) -> Arc<Self> {
+        let settings = ctx.settings();
+        let cfg = &settings.config;
         // A probe is taken for lost after twice the longest an attempt may take, which a
         // route or endpoint may set above delivery.request_timeout.
         let hosts = HostLimiter::new(
@@ -155,36 +98,37 @@ impl Deliverer {
             host_caps(cfg),
             cfg.circuit.settings(settings.policies.longest_request_timeout()),
         );
-        let endpoint_caps = EndpointCaps::new(settings.policies.endpoint_caps());
-        Ok(Arc::new(Deliverer {
-            results: results::ResultWriter::start(
-                parts.store.clone(),
-                endpoints.clone(),
-                persist_lock.clone(),
-                pause_gate.clone(),
-            ),
-            store: parts.store,
-            transport: parts.transport,
-            clock: parts.clock,
-            settings: arc_swap::ArcSwap::from_pointee(settings),
-            metrics: parts.metrics,
-            endpoints,
+        Arc::new(Deliverer {
+            results: results::ResultWriter::start(ctx.clone()),
+            all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
+            endpoint_caps: EndpointCaps::new(settings.policies.endpoint_caps()),
             hosts,
-            endpoint_caps,
-            fleet: parts.fleet,
-            wake: parts.wake,
-            rng: Mutex::new(parts.rng),
-            pause_gate,
-            all_attempts,
-            persist_lock,
+            ctx,
+            transport,
+            fleet,
+            rng: Mutex::new(rng),
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             waiting_to_read: Default::default(),
             in_flight: Mutex::new(HashMap::new()),
-            runtime: parts.runtime,
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
             trimmer: Default::default(),
-        }))
+        })
+    }
+
+    /// The shared context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Fleet-wide limits, when configured.
+    pub fn fleet(&self) -> Option<&crate::fleet::Fleet> {
+        self.fleet.as_ref()
+    }
+
+    /// What the per-host limiter shows (admin, metrics).
+    pub fn hosts(&self) -> &HostLimiter {
+        &self.hosts
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
@@ -200,16 +144,16 @@ impl Deliverer {
         // The attempt gives its host permit back as soon as the receiver has answered (the
         // result write that follows does not occupy the receiver); cut off, it drops both
         // with its future.
-        let inner = self.runtime.spawn(worker::attempt(d.clone(), claimed, permit));
+        let inner = self.ctx.runtime().spawn(worker::attempt(d.clone(), claimed, permit));
         registry.insert(id.clone(), inner.abort_handle());
         drop(registry);
-        self.runtime.spawn(async move {
+        self.ctx.runtime().spawn(async move {
             let outcome = inner.await;
             if let Err(e) = outcome {
                 // The attempt did not finish (panic, or cut off at shutdown): not the
                 // receiver's failure, so no attempt is counted.
-                d.metrics.attempt_abandoned();
-                let now = d.clock.now_ms();
+                d.ctx.metrics().attempt_abandoned();
+                let now = d.ctx.clock().now_ms();
                 let due = if e.is_panic() {
                     tracing::error!(delivery_id = %id, "delivery worker panicked; message requeued without counting an attempt");
                     now + SELF_FAILURE_DELAY.as_millis() as u64
@@ -226,9 +170,9 @@ impl Deliverer {
             if registry.is_empty() {
                 d.idle.notify_waiters();
                 // A burst is over: give its freed heap back (see `trim`).
-                if d.trimmer.due(d.clock.now_ms()) {
+                if d.trimmer.due(d.ctx.clock().now_ms()) {
                     drop(registry);
-                    d.runtime.spawn_blocking(crate::sys::trim::trim);
+                    d.ctx.runtime().spawn_blocking(crate::sys::trim::trim);
                 }
             }
         });
@@ -276,89 +220,9 @@ impl Deliverer {
             idle.await;
         }
     }
-
-    /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
-    /// messages back in the queue at once and wakes the scheduler. A resume of an ordered
-    /// endpoint blocked behind a dead head lets the next message go.
-    pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), crate::store::StoreError> {
-        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
-        let now = self.clock.now_ms();
-        if !paused {
-            // Before the endpoint is active again (and durably so): a crash in between
-            // leaves it paused with its line moved on, never active with its line blocked,
-            // which startup would take for a block whose pause was lost.
-            let (store, key) = (self.store.clone(), endpoint.to_string());
-            if self.on_delivery_threads(move || store.unblock_line(&key, now))? {
-                tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "ordered line unblocked: the next message goes");
-            }
-        }
-        self.endpoints.set_paused(endpoint, paused, now);
-        self.persist_endpoint(endpoint, true)?;
-        if paused {
-            tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "endpoint paused");
-        } else {
-            // A resume can release a whole outage's backlog: that is delivery's work, so it
-            // runs on delivery's threads, at delivery's priority (see `priority`), not on the
-            // admin request's.
-            let (store, key) = (self.store.clone(), endpoint.to_string());
-            let n = self.on_delivery_threads(move || store.unpark_endpoint(&key, now))?;
-            tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), released = n, "endpoint resumed");
-            self.wake.notify_one();
-        }
-        Ok(())
-    }
 }
 
 impl Deliverer {
-    /// Runs a blocking store call on delivery's runtime's blocking threads and waits for
-    /// it (from a blocking thread).
-    fn on_delivery_threads<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
-    ) -> Result<T, crate::store::StoreError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn_blocking(move || {
-            let _ = tx.send(f());
-        });
-        rx.recv().unwrap_or(Err(crate::store::StoreError::Closed))
-    }
-
-    /// Parks the due entries of paused endpoints. Under the pause gate, each entry's
-    /// endpoint is checked again: an entry whose endpoint was resumed since the scheduler
-    /// looked stays in the queue for the next pass. Returns (parked, the due time of the
-    /// earliest entry left in the queue).
-    pub fn park_paused(
-        &self,
-        entries: Vec<crate::store::DueEntry>,
-    ) -> Result<(usize, Option<u64>), crate::store::StoreError> {
-        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
-        let (still, resumed): (Vec<_>, Vec<_>) = entries
-            .into_iter()
-            .partition(|e| self.endpoints.is_paused(&e.routing.endpoint));
-        if !still.is_empty() {
-            self.store.park_many(&still, self.clock.now_ms())?;
-        }
-        Ok((still.len(), resumed.iter().map(|e| e.due_ms).min()))
-    }
-
-    /// Writes the endpoint's current in-memory state to the store (synced when an operator
-    /// or an alert was told about it). A blocking call.
-    pub fn persist_endpoint(&self, endpoint: &str, synced: bool) -> Result<(), crate::store::StoreError> {
-        let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
-        // Held until written (see `EndpointTable::saved`), so it is still here.
-        let Some((rec, changes)) = self.endpoints.loaded_record(endpoint) else {
-            return Ok(());
-        };
-        let now = self.clock.now_ms();
-        if synced {
-            self.store.put_endpoint_synced(endpoint, &rec, now)?;
-        } else {
-            self.store.put_endpoint(endpoint, &rec, now)?;
-        }
-        self.endpoints.saved(endpoint, changes);
-        Ok(())
-    }
-
     /// The wait before writing a result again after a failed write.
     pub(crate) fn result_retry(&self) -> Duration {
         Duration::from_millis(self.result_retry_ms.load(std::sync::atomic::Ordering::Relaxed))
@@ -376,34 +240,10 @@ impl Deliverer {
             .store(wait.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Bounds per-endpoint state by the retention window: endpoints not seen within it (and
-    /// not paused) are forgotten in memory, records not written within it (and not paused)
-    /// are deleted from the store, and zero per-endpoint counters are removed. A blocking
-    /// call, run after each retention sweep. Returns (forgotten in memory, deleted).
-    pub fn expire_endpoints(&self) -> Result<(usize, usize), crate::store::StoreError> {
-        let now = self.clock.now_ms();
-        let forgotten = self.endpoints.expire(now);
-        let before = now.saturating_sub(self.endpoints.listed_for_ms());
-        let (mut deleted, mut from) = (0, None);
-        loop {
-            // No endpoint write may land between a record's read and its delete; a chunk at
-            // a time, so the result writer's endpoint writes wait for one chunk at most.
-            let _order = self.persist_lock.lock().unwrap_or_else(|p| p.into_inner());
-            let (n, next) = self.store.expire_endpoints_chunk(from.as_deref(), before)?;
-            deleted += n;
-            match next {
-                Some(k) => from = Some(k),
-                None => break,
-            }
-        }
-        self.store.drop_zero_counters()?;
-        Ok((forgotten, deleted))
-    }
-
     /// Marks an accepted message ordered when its endpoint is configured `fifo` (that wins
     /// over the route's ordering, which ingress set).
     fn order(&self, rec: &mut crate::store::MessageRecord) {
-        if let Some(on_dead) = self.settings.load().fifo.get(&rec.endpoint) {
+        if let Some(on_dead) = self.ctx.settings().fifo.get(&rec.endpoint) {
             rec.fifo = Some(crate::store::Fifo {
                 on_dead: *on_dead,
                 pos: 0,

@@ -33,9 +33,9 @@ impl Deliverer {
     /// message written in flight at accept has no lease: its release is tried again a few
     /// times, then in the background (see the module doc).
     pub(super) async fn requeue(&self, id: &str, due_ms: u64) {
-        let leased = self.store.is_leased(id);
+        let leased = self.ctx.store().is_leased(id);
         for n in 0..STORE_TRIES {
-            let (store, released) = (self.store.clone(), id.to_string());
+            let (store, released) = (self.ctx.store().clone(), id.to_string());
             let e = match tokio::task::spawn_blocking(move || store.release(&released, due_ms)).await {
                 Ok(Ok(_)) => break,
                 Ok(Err(StoreError::Closed)) | Err(_) => break,
@@ -53,12 +53,12 @@ impl Deliverer {
             tokio::time::sleep(self.store_backoff(n)).await;
         }
         // Back in the queue, maybe due before the scheduler's next wake-up.
-        self.wake.notify_one();
+        self.ctx.wake();
     }
 
     /// Releases `id` once it reads again, in the background (see the module doc).
     fn release_later(&self, id: String, due_ms: u64, error: StoreError) {
-        let store = self.store.clone();
+        let store = self.ctx.store().clone();
         let went = self.when_it_reads(id.clone(), "requeueing a message", error, move || {
             let (s, i) = (store.clone(), id.clone());
             async move {
@@ -97,9 +97,9 @@ impl Deliverer {
             return false;
         }
         tracing::error!(delivery_id = %id, %error, "{what} failed: its record does not read; tried again in the background until it does");
-        let (wake, count) = (self.wake.clone(), self.waiting_to_read.clone());
+        let (wake, count) = (self.ctx.wake_signal().clone(), self.waiting_to_read.clone());
         let (first, most) = (self.result_retry(), self.result_retry() * LONGEST_WAIT);
-        self.runtime.spawn(async move {
+        self.ctx.runtime().spawn(async move {
             let mut wait = first;
             loop {
                 tokio::time::sleep(wait).await;
@@ -131,33 +131,19 @@ impl Deliverer {
     /// its pause), and parked messages of endpoints that are not paused are requeued.
     /// Returns (requeued in-flight, requeued parked, endpoints paused here).
     pub fn recover_at_start(&self) -> Result<(usize, usize, Vec<String>), StoreError> {
-        let now = self.clock.now_ms();
-        let (in_flight, unreadable) = self.store.recover_in_flight(now)?;
+        let now = self.ctx.clock().now_ms();
+        let (in_flight, unreadable) = self.ctx.store().recover_in_flight(now)?;
         for (id, e) in unreadable {
             self.release_later(id, now, e);
         }
         let mut paused = Vec::new();
-        for endpoint in self.store.recover_lines(now)? {
-            if !self.endpoints.is_paused(&endpoint) {
-                self.endpoints.set_paused(&endpoint, true, now);
-                self.persist_endpoint(&endpoint, true)?;
+        for endpoint in self.ctx.store().recover_lines(now)? {
+            if !self.ctx.endpoints().is_paused(&endpoint) {
+                self.ctx.endpoints().set_paused(&endpoint, true, now);
+                self.ctx.persist_endpoint(&endpoint, true)?;
                 paused.push(endpoint);
             }
         }
-        Ok((in_flight, self.recover_parked()?, paused))
-    }
-
-    /// At startup: requeues the parked messages of every endpoint that is not paused (a
-    /// crash in the middle of a resume leaves some behind). Returns how many went back.
-    pub fn recover_parked(&self) -> Result<usize, StoreError> {
-        let _gate = self.pause_gate.lock().unwrap_or_else(|p| p.into_inner());
-        let now = self.clock.now_ms();
-        let mut moved = 0;
-        for endpoint in self.store.parked_endpoints()? {
-            if !self.endpoints.is_paused(&endpoint) {
-                moved += self.store.unpark_endpoint(&endpoint, now)?;
-            }
-        }
-        Ok(moved)
+        Ok((in_flight, self.ctx.recover_parked()?, paused))
     }
 }

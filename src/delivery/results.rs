@@ -11,13 +11,14 @@
 //! async workers.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::endpoints::{EndpointChange, EndpointTable, StreakEvent};
 use crate::batcher::Batcher;
-use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, Store, StoreError};
+use crate::context::endpoints::{EndpointChange, StreakEvent};
+use crate::context::Context;
+use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
 
 /// The most results one batch carries.
 const MAX_BATCH: usize = 1024;
@@ -58,17 +59,13 @@ struct Job {
     reply: oneshot::Sender<Answer>,
 }
 
-/// What the writer thread works with.
+/// What the writer thread works with. A batch that blocks a line holds the pause gate from
+/// before the block is written to the pause it makes, so a resume lands before both (the
+/// line blocks and pauses after it) or after both (it unblocks and resumes), never between
+/// them, where the pause would undo it; endpoint writes hold the persist lock as every
+/// endpoint write does (see `context`).
 struct Writer {
-    store: Arc<Store>,
-    endpoints: Arc<EndpointTable>,
-    /// Held across each endpoint write (see `Deliverer::persist_lock`).
-    persist_order: Arc<Mutex<()>>,
-    /// `Deliverer::pause_gate`: held by a batch that blocks a line from before the block is
-    /// written to the pause it makes, so a resume lands before both (the line blocks and
-    /// pauses after it) or after both (it unblocks and resumes), never between them, where
-    /// the pause would undo it.
-    pause_gate: Arc<Mutex<()>>,
+    ctx: Arc<Context>,
 }
 
 /// Handle to the result-writing thread. Dropping it stops the thread once the queued
@@ -78,20 +75,9 @@ pub(super) struct ResultWriter {
 }
 
 impl ResultWriter {
-    /// Starts the thread. Endpoint writes take `persist_order` as every endpoint write does;
-    /// a pause for a blocked line takes `pause_gate` as every pause does.
-    pub(super) fn start(
-        store: Arc<Store>,
-        endpoints: Arc<EndpointTable>,
-        persist_order: Arc<Mutex<()>>,
-        pause_gate: Arc<Mutex<()>>,
-    ) -> ResultWriter {
-        let w = Writer {
-            store,
-            endpoints,
-            persist_order,
-            pause_gate,
-        };
+    /// Starts the thread.
+    pub(super) fn start(ctx: Arc<Context>) -> ResultWriter {
+        let w = Writer { ctx };
         let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| {
             w.write_batch(jobs, &mut || {})
         });
@@ -145,21 +131,20 @@ impl Writer {
             }
         }
         // Taken before the write that blocks a line, held until its pause is written.
-        let _gate = notes
-            .iter()
-            .any(|n| n.blocks_line)
-            .then(|| self.pause_gate.lock().unwrap_or_else(|p| p.into_inner()));
+        let _gate = notes.iter().any(|n| n.blocks_line).then(|| self.ctx.pause_gate());
         // Two results for one message in a batch cannot both apply: the store answers the
         // second as stale, as it would after the first was written.
         // A panic here must not end the thread (every later result would then wait for
         // ever): it fails this batch, whose attempts retry their results as after a failed
         // write, as they did when each result had a blocking task of its own.
-        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.store.finish_attempts(&items)))
-            .unwrap_or_else(|panic| {
-                let why = panic_text(panic.as_ref());
-                tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
-                items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
-            });
+        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.ctx.store().finish_attempts(&items)
+        }))
+        .unwrap_or_else(|panic| {
+            let why = panic_text(panic.as_ref());
+            tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
+            items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
+        });
         between();
         let now_ms = items.iter().map(|i| i.now_ms).max().unwrap_or(0);
         let changes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -200,9 +185,10 @@ impl Writer {
             let change = match answer {
                 Ok(Some(_)) => {
                     let change = self
-                        .endpoints
+                        .ctx
+                        .endpoints()
                         .record(&note.endpoint, note.event, note.status, now_ms, || {
-                            self.store.endpoint(&note.endpoint)
+                            self.ctx.store().endpoint(&note.endpoint)
                         })
                         .unwrap_or_else(|e| {
                             tracing::error!(endpoint = %crate::redact::url_for_log(&note.endpoint), error = %e,
@@ -213,9 +199,9 @@ impl Writer {
                     // blocked in the result's own batch; the endpoint pauses, as after a
                     // streak (written with this batch's endpoint writes, and alerted).
                     let paused =
-                        matches!(change, EndpointChange::Paused(_)) || self.endpoints.is_paused(&note.endpoint);
+                        matches!(change, EndpointChange::Paused(_)) || self.ctx.endpoints().is_paused(&note.endpoint);
                     if note.blocks_line && !paused {
-                        EndpointChange::Paused(self.endpoints.set_paused(&note.endpoint, true, now_ms))
+                        EndpointChange::Paused(self.ctx.endpoints().set_paused(&note.endpoint, true, now_ms))
                     } else {
                         change
                     }
@@ -229,7 +215,7 @@ impl Writer {
             changes.push(change);
         }
         if !dirty.is_empty() {
-            let _order = self.persist_order.lock().unwrap_or_else(|p| p.into_inner());
+            let _order = self.ctx.persist_order();
             // The state as it is now, not as each result left it: a resume may have
             // overtaken it, and the last write must be the latest state. (An entry with an
             // unwritten change is never forgotten, so the fallback is for safety only.)
@@ -237,17 +223,18 @@ impl Writer {
                 .into_iter()
                 .map(|(k, last)| {
                     let (rec, n) = self
-                        .endpoints
+                        .ctx
+                        .endpoints()
                         .loaded_record(k)
                         .map_or((last, None), |(r, n)| (r, Some(n)));
                     ((k.to_string(), rec), n)
                 })
                 .unzip();
-            match self.store.put_endpoints(&recs, now_ms, synced) {
+            match self.ctx.store().put_endpoints(&recs, now_ms, synced) {
                 Ok(()) => {
                     for ((key, _), n) in recs.iter().zip(changes) {
                         if let Some(n) = n {
-                            self.endpoints.saved(key, n);
+                            self.ctx.endpoints().saved(key, n);
                         }
                     }
                 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use tokio::sync::{watch, Notify, Semaphore};
 
-use super::{Deliverer, DelivererParts};
+use super::Deliverer;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::envelope::Envelope;
@@ -143,18 +143,16 @@ impl Harness {
         transport: Arc<dyn Transport>,
         clock: Arc<ManualClock>,
     ) -> Arc<Deliverer> {
-        Deliverer::new(DelivererParts {
+        let ctx = crate::context::Context::new(
             store,
-            transport,
             clock,
-            config: Arc::new(config),
-            metrics: Arc::new(Metrics::default()),
-            wake: Arc::new(Notify::new()),
-            rng: rand::rngs::StdRng::seed_from_u64(42),
-            runtime: tokio::runtime::Handle::current(),
-            fleet: None,
-        })
-        .unwrap()
+            Arc::new(config),
+            Arc::new(Metrics::default()),
+            Arc::new(Notify::new()),
+            tokio::runtime::Handle::current(),
+        )
+        .unwrap();
+        Deliverer::new(ctx, transport, rand::rngs::StdRng::seed_from_u64(42), None)
     }
 
     pub(super) fn start_scheduler(&self) {
@@ -165,7 +163,8 @@ impl Harness {
     fn due_now(&self) -> Vec<crate::store::DueEntry> {
         let mut out = Vec::new();
         self.d
-            .store
+            .context()
+            .store()
             .scan_due(self.clock.now_ms(), 1000, None, |e| {
                 out.push(e);
                 crate::store::ScanStep::Continue
@@ -189,24 +188,24 @@ impl Harness {
             body: b"{\"n\":1}".to_vec(),
             scheme: None,
             signing: SigningChoice::Default,
-            max_attempts: self.d.config().retry.max_attempts,
-            give_up_after: self.d.config().retry.give_up_after,
+            max_attempts: self.d.context().config().retry.max_attempts,
+            give_up_after: self.d.context().config().retry.give_up_after,
         };
-        let msg = env.into_message(self.clock.now_ms(), &mut rand::rng(), self.d.store.ids());
+        let msg = env.into_message(self.clock.now_ms(), &mut rand::rng(), self.d.context().store().ids());
         let id = msg.record.id.clone();
-        self.d.store.accept(msg).await.unwrap();
-        self.d.wake.notify_one();
+        self.d.context().store().accept(msg).await.unwrap();
+        self.d.context().wake();
         id
     }
 
     /// Wakes the scheduler and waits until a whole pass has run since: what it would do
     /// with the current clock and permits has been done.
     pub(super) async fn settle(&self) {
-        let before = self.d.metrics.scheduler_passes();
+        let before = self.d.context().metrics().scheduler_passes();
         tokio::time::timeout(WAIT, async {
             // Two passes: the first may have started before the test changed anything.
-            while self.d.metrics.scheduler_passes() < before + 2 {
-                self.d.wake.notify_one();
+            while self.d.context().metrics().scheduler_passes() < before + 2 {
+                self.d.context().wake();
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
@@ -216,7 +215,7 @@ impl Harness {
 
     /// The record as readers see it (a leased message is in flight).
     pub(super) fn record(&self, id: &str) -> MessageRecord {
-        self.d.store.message_shown(id).unwrap().unwrap()
+        self.d.context().store().message_shown(id).unwrap().unwrap()
     }
 
     /// Waits until the message's stored record satisfies `pred` (the worker records
@@ -450,13 +449,13 @@ async fn a_paused_endpoint_holds_its_messages_until_resumed() {
     let clock = ManualClock::new(T0);
     let t = Scripted::new(clock.clone(), vec![]);
     let h = Harness::start(config(Jitter::None), t.clone(), clock.clone());
-    h.d.set_paused("https://r.example/held", true).unwrap();
+    h.d.context().set_paused("https://r.example/held", true).unwrap();
     let held = h.accept("/held", vec![]).await;
     let free = h.accept("/free", vec![]).await;
     h.wait_record(&free, "delivery", |r| r.state == State::Delivered).await;
     assert_eq!(t.calls().len(), 1);
     assert_eq!(h.record(&held).state, State::Pending);
-    h.d.set_paused("https://r.example/held", false).unwrap();
+    h.d.context().set_paused("https://r.example/held", false).unwrap();
     h.wait_record(&held, "delivery after resume", |r| r.state == State::Delivered)
         .await;
 }
@@ -497,17 +496,17 @@ async fn a_resume_between_the_park_decision_and_the_park_write_strands_nothing()
     let clock = ManualClock::new(T0);
     let t = Scripted::new(clock.clone(), vec![]);
     let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
-    h.d.set_paused(HELD, true).unwrap();
+    h.d.context().set_paused(HELD, true).unwrap();
     let held = h.accept("/held", vec![]).await;
     // The pass: it scans while the endpoint is paused and decides to park...
     let decided = h.due_now();
     assert_eq!(decided.len(), 1);
     // ...the operator resumes before the park is written...
-    h.d.set_paused(HELD, false).unwrap();
+    h.d.context().set_paused(HELD, false).unwrap();
     // ...and the park write re-checks under the pause gate: nothing parked.
-    let (parked, left) = h.d.park_paused(decided).unwrap();
+    let (parked, left) = h.d.context().park_paused(decided).unwrap();
     assert_eq!((parked, left), (0, Some(T0)));
-    assert!(h.d.store.parked_endpoints().unwrap().is_empty());
+    assert!(h.d.context().store().parked_endpoints().unwrap().is_empty());
     h.start_scheduler();
     h.wait_record(&held, "delivery", |r| r.state == State::Delivered).await;
 }
@@ -519,20 +518,26 @@ async fn messages_left_parked_for_an_active_endpoint_are_requeued_at_startup() {
     let clock = ManualClock::new(T0);
     let t = Scripted::new(clock.clone(), vec![]);
     let mut h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
-    h.d.set_paused(HELD, true).unwrap();
+    h.d.context().set_paused(HELD, true).unwrap();
     let held = h.accept("/held", vec![]).await;
-    let (parked, _) = h.d.park_paused(h.due_now()).unwrap();
+    let (parked, _) = h.d.context().park_paused(h.due_now()).unwrap();
     assert_eq!(parked, 1);
     // The resume's first write lands, then courier dies before the unpark.
-    h.d.store
+    h.d.context()
+        .store()
         .put_endpoint(HELD, &crate::store::EndpointRecord::default(), T0)
         .unwrap();
     assert!(h.due_now().is_empty());
     // Restart: a new delivery context over the same store.
-    let d = Harness::deliverer(h.d.store.clone(), config(Jitter::None), t.clone(), clock.clone());
-    assert!(!d.endpoints.is_paused(HELD));
-    assert_eq!(d.recover_parked().unwrap(), 1);
-    assert!(d.store.parked_endpoints().unwrap().is_empty());
+    let d = Harness::deliverer(
+        h.d.context().store().clone(),
+        config(Jitter::None),
+        t.clone(),
+        clock.clone(),
+    );
+    assert!(!d.context().endpoints().is_paused(HELD));
+    assert_eq!(d.context().recover_parked().unwrap(), 1);
+    assert!(d.context().store().parked_endpoints().unwrap().is_empty());
     h.d = d;
     assert_eq!(h.due_now().len(), 1);
     h.start_scheduler();
@@ -545,12 +550,12 @@ async fn a_paused_endpoint_keeps_its_parked_messages_across_a_restart() {
     let clock = ManualClock::new(T0);
     let t = Scripted::new(clock.clone(), vec![]);
     let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
-    h.d.set_paused(HELD, true).unwrap();
+    h.d.context().set_paused(HELD, true).unwrap();
     h.accept("/held", vec![]).await;
-    assert_eq!(h.d.park_paused(h.due_now()).unwrap().0, 1);
-    let d = Harness::deliverer(h.d.store.clone(), config(Jitter::None), t, clock);
-    assert_eq!(d.recover_parked().unwrap(), 0);
-    assert_eq!(d.store.parked_endpoints().unwrap(), vec![HELD.to_string()]);
+    assert_eq!(h.d.context().park_paused(h.due_now()).unwrap().0, 1);
+    let d = Harness::deliverer(h.d.context().store().clone(), config(Jitter::None), t, clock);
+    assert_eq!(d.context().recover_parked().unwrap(), 0);
+    assert_eq!(d.context().store().parked_endpoints().unwrap(), vec![HELD.to_string()]);
 }
 
 /// Finding: an attempt's endpoint write carried the snapshot it computed; a resume landing
@@ -564,18 +569,26 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     let h = Harness::without_scheduler(cfg.clone(), t.clone(), clock.clone());
     // The attempt's result pauses the endpoint in memory...
     let change =
-        h.d.endpoints
-            .record(HELD, super::StreakEvent::PermanentFailure, Some(410), T0, || {
-                h.d.store.endpoint(HELD)
-            })
+        h.d.context()
+            .endpoints()
+            .record(
+                HELD,
+                crate::context::endpoints::StreakEvent::PermanentFailure,
+                Some(410),
+                T0,
+                || h.d.context().store().endpoint(HELD),
+            )
             .unwrap();
-    assert!(matches!(change, super::EndpointChange::Paused(_)));
+    assert!(matches!(change, crate::context::endpoints::EndpointChange::Paused(_)));
     // ...the operator resumes (and that is written)...
-    h.d.set_paused(HELD, false).unwrap();
+    h.d.context().set_paused(HELD, false).unwrap();
     // ...then the attempt's write lands, late: it writes the state as it is now.
-    h.d.persist_endpoint(HELD, true).unwrap();
-    let restarted = Harness::deliverer(h.d.store.clone(), cfg, t, clock);
-    assert!(!restarted.endpoints.is_paused(HELD), "the resume survives a restart");
+    h.d.context().persist_endpoint(HELD, true).unwrap();
+    let restarted = Harness::deliverer(h.d.context().store().clone(), cfg, t, clock);
+    assert!(
+        !restarted.context().endpoints().is_paused(HELD),
+        "the resume survives a restart"
+    );
 }
 
 /// Finding: an endpoint that ever failed was never forgotten (its last status kept it
@@ -586,41 +599,63 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let t = Scripted::new(clock.clone(), vec![]);
     let h = Harness::without_scheduler(config(Jitter::None), t.clone(), clock.clone());
     let failing = "https://r.example/failing";
-    h.d.endpoints
-        .record(failing, super::StreakEvent::PermanentFailure, Some(410), T0, || {
-            h.d.store.endpoint(failing)
-        })
+    h.d.context()
+        .endpoints()
+        .record(
+            failing,
+            crate::context::endpoints::StreakEvent::PermanentFailure,
+            Some(410),
+            T0,
+            || h.d.context().store().endpoint(failing),
+        )
         .unwrap();
-    h.d.persist_endpoint(failing, false).unwrap();
-    h.d.set_paused(HELD, true).unwrap();
+    h.d.context().persist_endpoint(failing, false).unwrap();
+    h.d.context().set_paused(HELD, true).unwrap();
     let healed = "https://r.example/healed";
-    h.d.endpoints
-        .record(healed, super::StreakEvent::PermanentFailure, Some(410), T0, || {
-            h.d.store.endpoint(healed)
-        })
+    h.d.context()
+        .endpoints()
+        .record(
+            healed,
+            crate::context::endpoints::StreakEvent::PermanentFailure,
+            Some(410),
+            T0,
+            || h.d.context().store().endpoint(healed),
+        )
         .unwrap();
-    h.d.endpoints
-        .record(healed, super::StreakEvent::Success, Some(200), T0, || {
-            h.d.store.endpoint(healed)
-        })
+    h.d.context()
+        .endpoints()
+        .record(
+            healed,
+            crate::context::endpoints::StreakEvent::Success,
+            Some(200),
+            T0,
+            || h.d.context().store().endpoint(healed),
+        )
         .unwrap();
-    h.d.persist_endpoint(healed, false).unwrap();
+    h.d.context().persist_endpoint(healed, false).unwrap();
     assert_eq!(
-        h.d.store.endpoints().unwrap().len(),
+        h.d.context().store().endpoints().unwrap().len(),
         2,
         "the failing and the paused one"
     );
     // Within the window nothing is forgotten.
-    clock.advance(h.d.config().retention);
-    assert_eq!(h.d.expire_endpoints().unwrap(), (0, 0));
+    clock.advance(h.d.context().config().retention);
+    assert_eq!(h.d.context().expire_endpoints().unwrap(), (0, 0));
     clock.advance(Duration::from_millis(1));
     assert_eq!(
-        h.d.expire_endpoints().unwrap(),
+        h.d.context().expire_endpoints().unwrap(),
         (2, 1),
         "the failing and the healed one in memory; the failing one's record on disk"
     );
-    assert!(h.d.endpoints.get(failing).is_none() && h.d.endpoints.get(healed).is_none());
-    let kept: Vec<String> = h.d.store.endpoints().unwrap().into_iter().map(|(k, _)| k).collect();
+    assert!(h.d.context().endpoints().get(failing).is_none() && h.d.context().endpoints().get(healed).is_none());
+    let kept: Vec<String> =
+        h.d.context()
+            .store()
+            .endpoints()
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
     assert_eq!(kept, vec![HELD.to_string()], "a paused endpoint is kept however old");
 }
 
@@ -652,9 +687,9 @@ async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
         max_attempts: 16,
         give_up_after: Duration::from_secs(3600),
     };
-    let msg = env.into_message(T0, &mut rand::rng(), h.d.store.ids());
+    let msg = env.into_message(T0, &mut rand::rng(), h.d.context().store().ids());
     let id = msg.record.id.clone();
-    h.d.store.accept(msg).await.unwrap();
+    h.d.context().store().accept(msg).await.unwrap();
     h.settle().await;
     assert!(t.calls().is_empty(), "nothing was signed or sent");
     let rec = h.record(&id);

@@ -42,13 +42,13 @@ async fn an_unreadable_due_message_strands_no_lease_and_holds_up_no_other() {
     for path in ["a", "b", "c"] {
         ids.push(h.accept_url(&format!("https://r.example/{path}"), vec![]).await);
     }
-    h.d.store.faults().make_unreadable(&ids[1]);
+    h.d.context().store().faults().make_unreadable(&ids[1]);
     h.start_scheduler();
     for id in [&ids[0], &ids[2]] {
         h.wait_record(id, "delivery", |r| r.state == State::Delivered).await;
     }
-    assert!(!h.d.store.is_leased(&ids[1]), "no lease without an attempt");
-    h.d.store.faults().heal(&ids[1]);
+    assert!(!h.d.context().store().is_leased(&ids[1]), "no lease without an attempt");
+    h.d.context().store().faults().heal(&ids[1]);
     clock.advance(Duration::from_secs(1));
     h.settle().await;
     let rec = h
@@ -72,16 +72,19 @@ async fn a_result_that_cannot_be_written_gives_its_permit_back_and_is_written_on
     let h = Harness::without_scheduler(cfg, t.clone(), clock.clone());
     h.d.set_result_retry(Duration::from_millis(1));
     let a = h.accept_url("https://r.example/a", vec![]).await;
-    *t.breaks.lock().unwrap() = Some((h.d.store.clone(), a.clone()));
+    *t.breaks.lock().unwrap() = Some((h.d.context().store().clone(), a.clone()));
     h.start_scheduler();
     let b = h.accept_url("https://r.example/b", vec![]).await;
     h.wait_record(&b, "delivery with the only permit back", |r| {
         r.state == State::Delivered
     })
     .await;
-    assert!(h.d.store.is_leased(&a), "leased until its result is written");
+    assert!(
+        h.d.context().store().is_leased(&a),
+        "leased until its result is written"
+    );
     assert_eq!(h.d.waiting_to_read(), 1, "its result waits in the background");
-    h.d.store.faults().heal(&a);
+    h.d.context().store().faults().heal(&a);
     let rec = h
         .wait_record(&a, "its result written once readable", |r| r.state == State::Delivered)
         .await;
@@ -105,16 +108,16 @@ async fn an_in_flight_message_unreadable_at_startup_goes_once_it_reads() {
     for (id, event) in [("dlv_a", "e1"), ("dlv_b", "e2")] {
         let mut m = crate::store::tests::message(id, event, T0);
         m.record.state = State::InFlight;
-        h.d.store.accept_claimed(m).await.unwrap();
+        h.d.context().store().accept_claimed(m).await.unwrap();
         ids.push(id);
     }
-    h.d.store.faults().make_unreadable("dlv_a");
+    h.d.context().store().faults().make_unreadable("dlv_a");
     let (requeued, _, _) = h.d.recover_at_start().unwrap();
     assert_eq!((requeued, h.d.waiting_to_read()), (1, 1));
     h.start_scheduler();
     h.wait_record("dlv_b", "delivery", |r| r.state == State::Delivered)
         .await;
-    h.d.store.faults().heal("dlv_a");
+    h.d.context().store().faults().heal("dlv_a");
     h.wait_record("dlv_a", "delivery once readable", |r| r.state == State::Delivered)
         .await;
     assert_eq!(h.d.waiting_to_read(), 0);
@@ -132,7 +135,8 @@ async fn a_store_refusing_result_writes_for_a_while_sends_nothing_twice() {
     h.d.set_result_retry(Duration::from_millis(1));
     // More refusals than the tries a per-message failure gets.
     let refusals = super::STORE_TRIES as usize + 3;
-    h.d.store
+    h.d.context()
+        .store()
         .faults()
         .fail_results
         .store(refusals, std::sync::atomic::Ordering::SeqCst);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::endpoints::PRUNE_ABOVE;
 use super::tests::{config, Harness, T0, WAIT};
 use crate::clock::ManualClock;
+use crate::context::endpoints::PRUNE_ABOVE;
 use crate::model::Jitter;
 use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport};
 
@@ -56,27 +56,27 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
             a.await.unwrap();
         }
         clock.advance(Duration::from_millis(500));
-        most_endpoints = most_endpoints.max(h.d.endpoints.len());
-        most_hosts = most_hosts.max(h.d.hosts.held());
+        most_endpoints = most_endpoints.max(h.d.context().endpoints().len());
+        most_hosts = most_hosts.max(h.d.hosts().held());
     }
     tokio::time::timeout(Duration::from_secs(120), async {
         loop {
-            let c = h.d.store.counts().unwrap();
+            let c = h.d.context().store().counts().unwrap();
             if c.delivered + c.dead == ENDPOINTS as u64 {
                 return;
             }
-            most_endpoints = most_endpoints.max(h.d.endpoints.len());
+            most_endpoints = most_endpoints.max(h.d.context().endpoints().len());
             // Time goes on while the backlog drains: with the clock stood still, every
             // endpoint attempted meanwhile would count as seen within the last second (its
             // token bucket may be short), which the table must keep whatever its bound.
             clock.advance(Duration::from_millis(100));
-            h.d.wake.notify_one();
+            h.d.context().wake();
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await
     .expect("every message finished");
-    let c = h.d.store.counts().unwrap();
+    let c = h.d.context().store().counts().unwrap();
     let dead = (0..ENDPOINTS).filter(|n| gone(*n)).count();
     assert!(dead > PRUNE_ABOVE);
     assert_eq!((c.delivered as usize, c.dead as usize), (ENDPOINTS - dead, dead));
@@ -94,7 +94,7 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
     // be on their way when the counts say every message finished.
     let on_disk = tokio::time::timeout(WAIT, async {
         loop {
-            let n = h.d.store.endpoints().unwrap().len();
+            let n = h.d.context().store().endpoints().unwrap().len();
             if n >= dead {
                 return n;
             }
@@ -102,15 +102,19 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
         }
     })
     .await
-    .unwrap_or_else(|_| h.d.store.endpoints().unwrap().len());
+    .unwrap_or_else(|_| h.d.context().store().endpoints().unwrap().len());
     assert_eq!(on_disk, dead);
-    assert!(h.d.endpoints.len() <= cap);
+    assert!(h.d.context().endpoints().len() <= cap);
 
     // Past the retention window, the records expire and memory lets go of everything.
     clock.advance(retention + Duration::from_millis(1));
-    let (_, deleted) = h.d.expire_endpoints().unwrap();
+    let (_, deleted) = h.d.context().expire_endpoints().unwrap();
     assert_eq!(deleted, dead);
-    assert!(h.d.store.endpoints().unwrap().is_empty());
-    assert!(h.d.endpoints.is_empty(), "{} endpoints still held", h.d.endpoints.len());
-    assert_eq!(h.d.store.open_per_endpoint().unwrap(), vec![]);
+    assert!(h.d.context().store().endpoints().unwrap().is_empty());
+    assert!(
+        h.d.context().endpoints().is_empty(),
+        "{} endpoints still held",
+        h.d.context().endpoints().len()
+    );
+    assert_eq!(h.d.context().store().open_per_endpoint().unwrap(), vec![]);
 }

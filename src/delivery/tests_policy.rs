@@ -29,7 +29,7 @@ fn config(toml: &str) -> Config {
 async fn accept(h: &Harness, url: &str, route: Option<&str>) -> String {
     let target = url::Url::parse(url).unwrap();
     let endpoint = crate::target::default_endpoint_key(&target);
-    let settings = h.d.settings();
+    let settings = h.d.context().settings();
     let policy = settings.policies.resolve(route, &endpoint);
     let env = Envelope {
         max_attempts: policy.max_attempts(),
@@ -44,7 +44,7 @@ async fn accept(h: &Harness, url: &str, route: Option<&str>) -> String {
         scheme: None,
         signing: SigningChoice::Default,
     };
-    let msg = env.into_message(h.clock.now_ms(), &mut rand::rng(), h.d.store.ids());
+    let msg = env.into_message(h.clock.now_ms(), &mut rand::rng(), h.d.context().store().ids());
     let id = msg.record.id.clone();
     h.d.accept(msg).await.unwrap();
     id
@@ -90,17 +90,21 @@ jitter = "none"
     assert_eq!((rec.attempts, rec.dead_reason), (3, Some(DeadReason::MaxAttempts)));
 
     let revision =
-        h.d.settings()
+        h.d.context()
+            .settings()
             .policies
             .resolve(Some("billing"), "https://r.example/billing")
             .revision();
-    let history = h.d.store.history(&id).unwrap();
+    let history = h.d.context().store().history(&id).unwrap();
     assert_eq!(history.len(), 3);
     assert!(
         history.iter().all(|a| a.policy_revision == Some(revision)),
         "{history:?}"
     );
-    assert_ne!(revision, h.d.settings().policies.resolve(None, "x").revision());
+    assert_ne!(
+        revision,
+        h.d.context().settings().policies.resolve(None, "x").revision()
+    );
     // The same target outside the route gets the global policy.
     assert_eq!(t.calls()[0].1.timeout, Duration::from_secs(30));
 }
@@ -144,7 +148,7 @@ statuses = { success = [409], permanent = [404] }
     ];
     let counted = tokio::time::timeout(WAIT, async {
         loop {
-            let metrics = h.d.metrics.render(&Default::default());
+            let metrics = h.d.context().metrics().render(&Default::default());
             if wants.iter().all(|w| metrics.contains(w)) {
                 return;
             }
@@ -155,7 +159,7 @@ statuses = { success = [409], permanent = [404] }
     assert!(
         counted.is_ok(),
         "{wants:?} in\n{}",
-        h.d.metrics.render(&Default::default())
+        h.d.context().metrics().render(&Default::default())
     );
 }
 
@@ -247,13 +251,17 @@ max_in_flight = 1
         2,
         "held back unclaimed: {states:?}"
     );
-    assert!(h.d.metrics.endpoint_capped_count() > 0);
+    assert!(h.d.context().metrics().endpoint_capped_count() > 0);
     assert_eq!(h.d.endpoint_caps.usage("https://r.example/cap"), Some((1, 1)));
 
     // Waiting costs nothing: no timer, so no pass runs until something happens.
-    let passes = h.d.metrics.scheduler_passes();
+    let passes = h.d.context().metrics().scheduler_passes();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(h.d.metrics.scheduler_passes(), passes, "the scheduler polled");
+    assert_eq!(
+        h.d.context().metrics().scheduler_passes(),
+        passes,
+        "the scheduler polled"
+    );
 
     // Each answer frees the permit and wakes the scheduler: the clock never moves.
     t.gate.add_permits(10);

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::store::tests::{claim, message};
+use crate::store::Store;
 use crate::store::{AttemptRecord, Counts, StoreOptions, Transition};
 
 async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
@@ -16,21 +17,29 @@ async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
     (dir, store)
 }
 
-fn table() -> Arc<EndpointTable> {
-    Arc::new(EndpointTable::new(100, Default::default(), 3, 86_400_000, vec![], 0))
+/// A context over `store` whose endpoints pause after 3 permanent failures.
+fn context(store: &Arc<Store>) -> Arc<Context> {
+    let mut config = crate::config::Config::default();
+    config.delivery.pause_after_permanent_failures = 3;
+    config.retention = std::time::Duration::from_secs(86_400);
+    let clock: crate::clock::SharedClock = crate::clock::ManualClock::new(0);
+    Context::new(
+        store.clone(),
+        clock,
+        Arc::new(config),
+        Default::default(),
+        Default::default(),
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap()
 }
 
-fn writer(store: &Arc<Store>, endpoints: &Arc<EndpointTable>) -> Writer {
-    Writer {
-        store: store.clone(),
-        endpoints: endpoints.clone(),
-        persist_order: Default::default(),
-        pause_gate: Default::default(),
-    }
+fn writer(ctx: &Arc<Context>) -> Writer {
+    Writer { ctx: ctx.clone() }
 }
 
 fn start(store: &Arc<Store>) -> ResultWriter {
-    ResultWriter::start(store.clone(), table(), Default::default(), Default::default())
+    ResultWriter::start(context(store))
 }
 
 fn note(endpoint: &str, event: StreakEvent, status: u16) -> StreakNote {
@@ -102,7 +111,7 @@ async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled(
         });
         answers.push(answer);
     }
-    writer(&store, &table()).write_batch(jobs, &mut || {});
+    writer(&context(&store)).write_batch(jobs, &mut || {});
     let mut applied = Vec::new();
     for a in answers {
         applied.push(a.await.unwrap().unwrap().message.is_some());
@@ -126,7 +135,7 @@ async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
     }
     let (reply, flushed) = oneshot::channel();
     jobs.push(Job { item: None, reply });
-    let w = writer(&store, &table());
+    let w = writer(&context(&store));
     let thread = std::thread::spawn(move || w.write_batch(jobs, &mut || {}));
     flushed.await.unwrap().unwrap();
     assert_eq!(store.counts().unwrap().delivered, 200);
@@ -157,7 +166,8 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
         last_status: Some(410),
     };
     store.put_endpoint("far", &stored, 50).unwrap();
-    let endpoints = table();
+    let ctx = context(&store);
+    let endpoints = ctx.endpoints();
     let gone = |id: &str| FinishedAttempt {
         transition: Transition::Dead(crate::model::DeadReason::PermanentStatus),
         ..delivered(id)
@@ -180,7 +190,7 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
         });
         answers.push(answer);
     }
-    writer(&store, &endpoints).write_batch(jobs, &mut || {});
+    writer(&ctx).write_batch(jobs, &mut || {});
     let mut changes = Vec::new();
     for a in answers {
         changes.push(a.await.unwrap().unwrap().endpoint);
@@ -224,26 +234,26 @@ async fn a_resume_between_a_line_s_block_and_its_pause_is_not_undone() {
         store.accept(m).await.unwrap();
     }
     claim(&store, "dlv_1");
-    let endpoints = table();
-    let w = writer(&store, &endpoints);
-    // The operator's resume, as `Deliverer::set_paused` makes it: under the pause gate,
+    let ctx = context(&store);
+    let endpoints = ctx.endpoints();
+    let w = writer(&ctx);
+    // The operator's resume, as `Context::set_paused` makes it: under the pause gate,
     // the line goes on with its next message, then the endpoint is active (and written).
     let resume = {
-        let (gate, order) = (w.pause_gate.clone(), w.persist_order.clone());
-        let (store, endpoints) = (store.clone(), endpoints.clone());
+        let ctx = ctx.clone();
         move || {
-            let _gate = gate.lock().unwrap();
-            store.unblock_line(EP, 300).unwrap();
-            let rec = endpoints.set_paused(EP, false, 300);
-            let _order = order.lock().unwrap();
-            store.put_endpoint(EP, &rec, 300).unwrap();
+            let _gate = ctx.pause_gate();
+            ctx.store().unblock_line(EP, 300).unwrap();
+            let rec = ctx.endpoints().set_paused(EP, false, 300);
+            let _order = ctx.persist_order();
+            ctx.store().put_endpoint(EP, &rec, 300).unwrap();
         }
     };
     // It arrives once the block is written: it runs at once if the gate is free, else on
     // its own thread as soon as the gate is.
     let mut waiting = None;
     let mut between = || {
-        if w.pause_gate.try_lock().is_ok() {
+        if w.ctx.pause_gate_is_free() {
             resume.clone()();
         } else {
             waiting = Some(std::thread::spawn(resume.clone()));

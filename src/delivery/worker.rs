@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::endpoints::{EndpointChange, StreakEvent};
 use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::config::Config;
+use crate::context::endpoints::{EndpointChange, StreakEvent};
 use crate::metrics::AttemptOutcome;
 use crate::outbound::trace::{new_span_id, TraceParent, TRACEPARENT};
 use crate::outbound::transport::{OutboundRequest, TransportError};
@@ -122,10 +122,10 @@ fn build(
 pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit) {
     let Claimed { record: rec, payload } = claimed;
     let rec = &rec;
-    let started_ms = d.clock.now_ms();
+    let started_ms = d.ctx.clock().now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
     // One settings value for the whole attempt, whatever a reload does meanwhile.
-    let settings = d.settings();
+    let settings = d.ctx.settings();
     let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
     // A span of its own per attempt, so retries show as siblings under the app's span.
     let trace = TraceParent::from_headers(&payload.headers);
@@ -167,14 +167,14 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         // leased meanwhile, so it is not sent again), and the permits go now.
         Written::Later => {
             drop(global);
-            d.wake.notify_one();
+            d.ctx.wake();
             return;
         }
         Written::Not => {
             // Courier's failure, not the receiver's: no attempt counted, and the message goes
             // back to the queue (sent again, as after a crash).
             drop(global);
-            d.metrics.attempt_abandoned();
+            d.ctx.metrics().attempt_abandoned();
             d.requeue(&rec.id, sent.now + SELF_FAILURE_DELAY.as_millis() as u64)
                 .await;
             return;
@@ -184,7 +184,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     if matches!(verdict.transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
         // A new due entry, or the next of its line promoted with this result: maybe
         // earlier than the scheduler's next wake-up.
-        d.wake.notify_one();
+        d.ctx.wake();
     } else {
         d.wake_if_waiting();
     }
@@ -212,13 +212,13 @@ async fn send(
     permit: AttemptPermit,
     started_ms: u64,
 ) -> (Sent, tokio::sync::OwnedSemaphorePermit) {
-    d.metrics.attempt_started();
+    d.ctx.metrics().attempt_started();
     // The guard's drop ends the count once, whether the send returns, panics or is cut off.
     let counted = InFlight::start(d, &rec.endpoint, started_ms);
     let timer = crate::clock::Stopwatch::start();
     let answer = d.transport.send(req).await;
     let duration = timer.elapsed();
-    let now = d.clock.now_ms();
+    let now = d.ctx.clock().now_ms();
     drop(counted);
     host_outcome(d, config, &rec.host, permit.host_epoch(), &answer, now);
     let global = d.host_permit_returned(permit);
@@ -313,11 +313,12 @@ async fn report(
 ) {
     let (now, status, attempts_made) = (sent.now, sent.status, verdict.attempts_made);
     let error = sent.error.as_deref();
-    d.metrics
+    d.ctx
+        .metrics()
         .attempt_finished(verdict.outcome, sent.duration.as_micros() as u64);
     match verdict.transition {
         Transition::Delivered => {
-            d.metrics.delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
+            d.ctx.metrics().delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
             let duration_ms = sent.duration.as_millis() as u64;
             attempt_event!(debug, rec, ids, attempts_made, status, duration_ms, "delivered");
         }
@@ -335,7 +336,7 @@ async fn report(
             );
         }
         Transition::Dead(reason) => {
-            d.metrics.dead(reason);
+            d.ctx.metrics().dead(reason);
             let reason = reason.as_str();
             attempt_event!(warn, rec, ids, attempts_made, status, error, reason, "dead-lettered");
         }
@@ -423,14 +424,17 @@ struct InFlight<'a> {
 
 impl<'a> InFlight<'a> {
     fn start(d: &'a Deliverer, endpoint: &'a str, now_ms: u64) -> Self {
-        d.endpoints.started(endpoint, now_ms);
+        d.ctx.endpoints().started(endpoint, now_ms);
         InFlight { d, endpoint }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.d.endpoints.finished(self.endpoint, self.d.clock.now_ms());
+        self.d
+            .ctx
+            .endpoints()
+            .finished(self.endpoint, self.d.ctx.clock().now_ms());
     }
 }
 
@@ -452,7 +456,7 @@ fn host_outcome(
     match d.hosts.record(host, outcome, epoch, now) {
         None => {}
         Some(CircuitChange::Opened { probe_at_ms }) => {
-            d.metrics.circuit_opened();
+            d.ctx.metrics().circuit_opened();
             tracing::warn!(
                 host,
                 probe_in_ms = probe_at_ms.saturating_sub(now),
@@ -461,11 +465,11 @@ fn host_outcome(
         }
         Some(CircuitChange::Recovering) => {
             tracing::info!(host, "host answered the probe; circuit ramping up to its cap");
-            d.wake.notify_one();
+            d.ctx.wake();
         }
         Some(CircuitChange::Closed) => {
             tracing::info!(host, "host circuit closed");
-            d.wake.notify_one();
+            d.ctx.wake();
         }
     }
 }

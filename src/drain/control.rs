@@ -262,7 +262,7 @@ impl DrainControl {
             }
         };
         // Checked before anything changes: a refused peer leaves courier serving.
-        let plan = match request.plan(&self.d.config().drain, true) {
+        let plan = match request.plan(&self.d.context().config().drain, true) {
             Ok(plan) => plan,
             Err(e) => return serve::error(e.status(), e.0, e.1),
         };
@@ -300,9 +300,11 @@ impl DrainControl {
             None => Status::default(),
             Some(c) => {
                 let phase = c.phase();
-                let mut status = c
-                    .progress
-                    .status(phase, Some(url_for_log(c.to.as_str())), self.d.clock.now_ms());
+                let mut status = c.progress.status(
+                    phase,
+                    Some(url_for_log(c.to.as_str())),
+                    self.d.context().clock().now_ms(),
+                );
                 // Nothing undoes the drain's stop short of a restart: say so where it is read.
                 status.delivery_stopped = phase == Phase::Failed;
                 status
@@ -387,7 +389,7 @@ impl DrainControl {
                 "drain: ingress requests were still under way after the body timeout; forwarding anyway"
             );
         }
-        let cut = self.d.drain(self.d.config().shutdown_grace).await;
+        let cut = self.d.drain(self.d.context().config().shutdown_grace).await;
         if cut > 0 {
             tracing::warn!(
                 count = cut,
@@ -395,7 +397,7 @@ impl DrainControl {
             );
         }
         set(Phase::Forwarding);
-        let config = self.d.config();
+        let config = self.d.context().config();
         let transport = match super::peer_transport_blocking(config.clone(), plan.concurrency, plan.listed).await {
             Ok(t) => t,
             Err(e) => {
@@ -405,21 +407,21 @@ impl DrainControl {
             }
         };
         let engine = Arc::new(Engine {
-            store: self.d.store.clone(),
+            store: self.d.context().store().clone(),
             transport,
             peer: PeerAddr {
                 url: plan.to,
                 token: config.drain.token.clone(),
                 timeout: config.delivery.request_timeout,
             },
-            clock: self.d.clock.clone(),
-            metrics: self.d.metrics.clone(),
+            clock: self.d.context().clock().clone(),
+            metrics: self.d.context().metrics().clone(),
             concurrency: plan.concurrency as usize,
             progress: progress.clone(),
         });
         let finished = if engine.run().await { Phase::Done } else { Phase::Failed };
         set(finished);
-        let status = progress.status(finished, Some(to), self.d.clock.now_ms());
+        let status = progress.status(finished, Some(to), self.d.context().clock().now_ms());
         tracing::info!(
             handed_off = status.handed_off,
             already_at_peer = status.already_at_peer,
@@ -441,7 +443,7 @@ impl DrainControl {
         let deadline = tokio::time::Instant::now() + budget;
         loop {
             let idle = self.d.next_idle();
-            let store = self.d.store.clone();
+            let store = self.d.context().store().clone();
             let open = tokio::task::spawn_blocking(move || store.counts().map(|c| c.open))
                 .await
                 .ok()

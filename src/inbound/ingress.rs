@@ -134,7 +134,7 @@ impl Ingress {
         draining: Arc<AtomicBool>,
         in_progress: Arc<AcceptsInProgress>,
     ) -> Self {
-        let config = deliverer.config();
+        let config = deliverer.context().config();
         let unix_socket = matches!(config.listen, crate::config::ListenAddr::Unix(_));
         let access = AccessPolicy::ingress(&config.ingress, unix_socket);
         let budget = usize::try_from(config.ingress.max_pending_bytes).unwrap_or(usize::MAX);
@@ -195,7 +195,7 @@ impl Ingress {
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         // One settings value for the whole accept (the token too), whatever a reload does
         // meanwhile.
-        let settings = self.deliverer.settings();
+        let settings = self.deliverer.context().settings();
         let config = &settings.config;
         check_token(config, &req, control.token.as_deref())?;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
@@ -249,7 +249,7 @@ impl Ingress {
             signing,
         };
         let now = self.clock.now_ms();
-        let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.store.ids());
+        let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
         self.commit(msg, held, config, trace).await
@@ -356,7 +356,7 @@ impl Ingress {
             }
             Ok(Accepted::Duplicate { id: first }) => {
                 // A point read, but still a store call: off the async workers.
-                let store = self.deliverer.store.clone();
+                let store = self.deliverer.context().store().clone();
                 let looked_up = first.clone();
                 let read = move || store.message_shown(&looked_up);
                 let status = match tokio::task::spawn_blocking(read).await {

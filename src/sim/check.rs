@@ -15,7 +15,7 @@ pub fn step(w: &World) -> Result<(), String> {
     }
     // Between steps no pass is half done: a parked message belongs to a paused endpoint.
     for endpoint in store.parked_endpoints().map_err(|e| e.to_string())? {
-        if !w.d().endpoints.is_paused(&endpoint) {
+        if !w.d().context().endpoints().is_paused(&endpoint) {
             return Err(format!("messages parked for {endpoint}, which is not paused"));
         }
     }
@@ -235,7 +235,7 @@ pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<
 pub fn open_breakers(w: &World) -> std::collections::BTreeMap<String, Option<u64>> {
     use crate::policy::circuit::CircuitState;
     w.d()
-        .hosts
+        .hosts()
         .snapshot(true)
         .into_iter()
         .filter_map(|h| match h.state {

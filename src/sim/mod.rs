@@ -286,8 +286,8 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
 fn resume_all(w: &mut World, tolerate: bool) -> Result<Vec<&'static str>, String> {
     let mut still = Vec::new();
     for ep in TARGETS {
-        if w.d().endpoints.is_paused(ep) {
-            match w.d().set_paused(ep, false) {
+        if w.d().context().endpoints().is_paused(ep) {
+            match w.d().context().set_paused(ep, false) {
                 Ok(()) => {}
                 Err(_) if tolerate => still.push(ep),
                 Err(e) => return Err(e.to_string()),

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use super::receiver::SimTransport;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
-use crate::delivery::{Deliverer, DelivererParts};
+use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
@@ -284,18 +284,16 @@ impl World {
             .expect("runtime");
         let d = {
             let _g = rt.enter();
-            Deliverer::new(DelivererParts {
-                store: store.clone(),
-                transport: self.rx.clone(),
-                clock: self.clock.clone(),
-                config: self.config.clone(),
-                metrics: Arc::new(Metrics::default()),
-                wake: Arc::new(tokio::sync::Notify::new()),
-                rng: StdRng::seed_from_u64(self.rng.random()),
-                runtime: rt.handle().clone(),
-                fleet: None,
-            })
-            .expect("delivery context")
+            let ctx = crate::context::Context::new(
+                store.clone(),
+                self.clock.clone(),
+                self.config.clone(),
+                Arc::new(Metrics::default()),
+                Arc::new(tokio::sync::Notify::new()),
+                rt.handle().clone(),
+            )
+            .expect("delivery context");
+            Deliverer::new(ctx, self.rx.clone(), StdRng::seed_from_u64(self.rng.random()), None)
         };
         d.set_result_retry(Duration::from_millis(1));
         // What is broken is on the disk: a restarted process reads it broken too (an I/O
@@ -602,7 +600,9 @@ impl World {
         let node = self.node.as_mut().expect("running");
         let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
         // Attempts start only in passes: what is open now is what they must not overtake.
-        quietly(&d.store, || self.rx.order.refresh_from(&d.store));
+        quietly(&d.context().store(), || {
+            self.rx.order.refresh_from(&d.context().store())
+        });
         let _g = handle.enter();
         let mut note = None;
         let limits = self.limits;
@@ -629,22 +629,24 @@ impl World {
         match self.rng.random_range(0..7) {
             0 => {
                 let ep = self.endpoint();
-                self.live(d.set_paused(&ep, true), "pause");
+                self.live(d.context().set_paused(&ep, true), "pause");
                 format!("pause {ep}")
             }
             1 | 2 => {
                 let ep = self.endpoint();
-                self.live(d.set_paused(&ep, false), "resume");
+                self.live(d.context().set_paused(&ep, false), "resume");
                 format!("resume {ep}")
             }
             3 => {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
-                        let ordered = quietly(&d.store, || {
-                            self.rx.order.before_replay(&d.store, std::slice::from_ref(id))
+                        let ordered = quietly(&d.context().store(), || {
+                            self.rx
+                                .order
+                                .before_replay(&d.context().store(), std::slice::from_ref(id))
                         });
-                        let r = self.live(d.store.replay(id, now, |_| give_up), "replay");
+                        let r = self.live(d.context().store().replay(id, now, |_| give_up), "replay");
                         if r.is_some() {
                             self.rx.order.after_replay(ordered);
                         }
@@ -655,9 +657,13 @@ impl World {
             }
             4 => {
                 let dead = self.list(State::Dead);
-                let mut ordered = quietly(&d.store, || self.rx.order.before_replay(&d.store, &dead));
+                let mut ordered = quietly(&d.context().store(), || {
+                    self.rx.order.before_replay(&d.context().store(), &dead)
+                });
                 let n = self.live(
-                    d.store.replay_dead(&ListFilter::default(), now, |_| give_up),
+                    d.context()
+                        .store()
+                        .replay_dead(&ListFilter::default(), now, |_| give_up),
                     "bulk replay",
                 );
                 if n.is_none() {
@@ -679,7 +685,10 @@ impl World {
                 let pending = self.list(State::Pending);
                 match pending.get(self.rng.random_range(0..pending.len().max(1))) {
                     Some(id) => {
-                        let done = matches!(self.live(d.store.hand_off(id, now), "hand off"), Some(HandOff::Done));
+                        let done = matches!(
+                            self.live(d.context().store().hand_off(id, now), "hand off"),
+                            Some(HandOff::Done)
+                        );
                         if done {
                             if let Some((event, _, _)) = self.model.acked.remove(id) {
                                 self.model.handed_off.insert(event, self.rx.log().len());
@@ -694,7 +703,7 @@ impl World {
                 let ids: Vec<String> = self.model.acked.keys().cloned().collect();
                 match ids.get(self.rng.random_range(0..ids.len().max(1))) {
                     Some(id) => {
-                        let Some(gone) = self.live(d.store.delete(id, now), "delete") else {
+                        let Some(gone) = self.live(d.context().store().delete(id, now), "delete") else {
                             return format!("delete {id}: cut by the crash");
                         };
                         if let Some((event, _, _)) = self.model.acked.remove(id) {
@@ -771,7 +780,7 @@ impl World {
     pub fn sweep(&mut self) -> usize {
         self.note_finished();
         let removed = self.live(crate::retention::sweep(&self.store(), self.clock.now_ms()), "sweep");
-        self.live(self.d().expire_endpoints(), "forgetting idle endpoints");
+        self.live(self.d().context().expire_endpoints(), "forgetting idle endpoints");
         removed.unwrap_or(0)
     }
 
@@ -834,7 +843,10 @@ impl World {
     /// The endpoints paused now.
     pub fn paused(&self) -> Vec<&'static str> {
         let d = self.d();
-        TARGETS.into_iter().filter(|ep| d.endpoints.is_paused(ep)).collect()
+        TARGETS
+            .into_iter()
+            .filter(|ep| d.context().endpoints().is_paused(ep))
+            .collect()
     }
 
     /// The settings.

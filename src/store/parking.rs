@@ -4,7 +4,7 @@
 //!
 //! What keeps a parked message from being forgotten:
 //! - the caller decides to park and writes the park under the same gate as a resume
-//!   ([`crate::delivery::Deliverer::set_paused`]), so a resume cannot slip between the
+//!   ([`crate::context::Context::set_paused`]), so a resume cannot slip between the
 //!   decision and the write;
 //! - a resume first persists the endpoint as active, then moves its parked messages back in
 //!   batches; if courier dies in between, [`Store::parked_endpoints`] lets startup find the

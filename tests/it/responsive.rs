@@ -105,13 +105,13 @@ async fn ingress_keeps_answering_while_100k_dead_messages_are_replayed() {
     config.data_dir = dir.path().join("data");
     let running = app::start(config, Seams::default()).await.unwrap();
     let (ingress, admin) = (running.ingress_addr.tcp().expect("a TCP listener"), running.admin_addr);
-    let store = running.deliverer.store.clone();
+    let store = running.deliverer.context().store().clone();
     let dead_target = "http://127.0.0.1:9/dead";
     fill_dead(&store, dead_target, DEAD).await;
     assert_eq!(store.counts().unwrap().dead, DEAD as u64);
     // Replayed messages park at once: the test measures the replay, not their delivery.
     let d = running.deliverer.clone();
-    tokio::task::spawn_blocking(move || d.set_paused(dead_target, true))
+    tokio::task::spawn_blocking(move || d.context().set_paused(dead_target, true))
         .await
         .unwrap()
         .unwrap();

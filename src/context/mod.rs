@@ -1,0 +1,158 @@
+//! What the components share: the store, the clock, the metrics, the reloadable settings,
+//! the per-endpoint state and the scheduler's wake-up ([`Context`]). Ingress, admin, ops,
+//! endpoint pages, drain and delivery each take this, not each other: delivery keeps only
+//! its attempt machinery (permits, the in-flight registry, the result writer).
+//!
+//! Endpoint state changes (pause, resume, park, persist, expire) live here too, because
+//! admin, the scheduler and the result writer all make them and must serialise on the
+//! same two locks (see `pause`).
+
+pub mod endpoints;
+mod pause;
+pub mod settings;
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
+use endpoints::EndpointTable;
+use settings::{endpoint_rates, Settings};
+
+/// The shared context (see the module doc).
+pub struct Context {
+    store: Arc<Store>,
+    clock: SharedClock,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+    /// What a reload may change, swapped whole: read at each attempt and accept.
+    settings: arc_swap::ArcSwap<Settings>,
+    endpoints: EndpointTable,
+    /// Held by a pause or resume across its whole change, and by the scheduler from its
+    /// last look at the pause flag to its park write: a resume can then never land between
+    /// the scheduler's decision to park and the park, which would strand messages in the
+    /// parked set of an active endpoint.
+    pause_gate: Mutex<()>,
+    /// Serialises endpoint-state writes, each of which writes the state current when it
+    /// runs: the last write is always the latest state, whatever order the changes'
+    /// writers reached the store in.
+    persist_lock: Mutex<()>,
+    /// Delivery's runtime: a resume's backlog is delivery's work and runs at its priority.
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// The context over `store`; loads the persisted paused endpoints. `runtime` is
+    /// delivery's (see `sys::priority`).
+    pub fn new(
+        store: Arc<Store>,
+        clock: SharedClock,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Arc<Context>, StoreError> {
+        let now = clock.now_ms();
+        let endpoints = EndpointTable::new(
+            config.delivery.rate_per_second,
+            endpoint_rates(&config),
+            config.delivery.pause_after_permanent_failures,
+            // Listed as long as the messages delivered to them are kept.
+            config.retention.as_millis() as u64,
+            store.paused_endpoints()?,
+            now,
+        );
+        Ok(Arc::new(Context {
+            store,
+            clock,
+            metrics,
+            wake,
+            settings: arc_swap::ArcSwap::from_pointee(Settings::new(config)),
+            endpoints,
+            pause_gate: Mutex::new(()),
+            persist_lock: Mutex::new(()),
+            runtime,
+        }))
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The scheduler's wake-up itself, to wait on.
+    pub fn wake_signal(&self) -> &Arc<Notify> {
+        &self.wake
+    }
+
+    /// Per-endpoint state.
+    pub fn endpoints(&self) -> &EndpointTable {
+        &self.endpoints
+    }
+
+    /// The settings now: hold the returned value for as long as one decision needs them
+    /// consistent (an attempt, an accept).
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    /// The config now (a shorthand of [`Context::settings`]).
+    pub fn config(&self) -> Arc<Config> {
+        self.settings.load().config.clone()
+    }
+
+    /// Puts reloaded settings in place (delivery's `reconfigure` resizes its limits first).
+    pub(crate) fn set_settings(&self, settings: Settings) {
+        self.endpoints.set_rates(
+            settings.config.delivery.rate_per_second,
+            endpoint_rates(&settings.config),
+            self.clock.now_ms(),
+        );
+        self.settings.store(Arc::new(settings));
+    }
+
+    /// The pause gate (see the field), held while the guard lives.
+    pub(crate) fn pause_gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.pause_gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The persist lock (see the field), held while the guard lives.
+    pub(crate) fn persist_order(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.persist_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the pause gate is free now (tests race a resume against a batch with it).
+    #[cfg(test)]
+    pub(crate) fn pause_gate_is_free(&self) -> bool {
+        self.pause_gate.try_lock().is_ok()
+    }
+
+    /// Delivery's runtime.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+}
