@@ -27,22 +27,11 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use url::Url;
 
-use super::plan::{BadPlan, DrainPlan, DrainRequest};
+use super::plan::{DrainPlan, DrainRequest, NotStarted};
 use super::progress::{Phase, Progress, Status};
 use crate::delivery::Deliverer;
 use crate::inbound::ingress::{AcceptsInProgress, ACCEPT_COMMIT_MARGIN, BODY_READ_TIMEOUT};
 use crate::redact::url_for_log;
-
-/// Why a drain did not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotStarted {
-    /// The request is bad, or names a peer this courier may not drain to.
-    Refused(BadPlan),
-    /// A drain to this other peer (as shown in logs) is under way.
-    Running(String),
-    /// Courier is shutting down: a drain started now would be cut off at once.
-    ShuttingDown,
-}
 
 /// The drain under way (or the last one).
 struct Current {
@@ -63,6 +52,11 @@ pub struct DrainControl {
     closed: AtomicBool,
     /// Bumped when a drain ends: `GET /drain?wait=` returns then.
     ended: watch::Sender<u64>,
+}
+
+/// The drain under way, if one is.
+fn under_way(current: &Option<Current>) -> Option<&Current> {
+    current.as_ref().filter(|c| !c.progress.update(|s| s.state.ended()))
 }
 
 impl DrainControl {
@@ -106,30 +100,32 @@ impl DrainControl {
     /// The status once the drain under way has ended, or `wait` is over.
     pub async fn status_after(&self, wait: Duration) -> Status {
         let mut ended = self.ended.subscribe();
-        let running = self
-            .lock()
-            .as_ref()
-            .is_some_and(|c| !c.progress.update(|s| s.state.ended()));
-        if running && !wait.is_zero() {
+        if under_way(&self.lock()).is_some() && !wait.is_zero() {
             let _ = tokio::time::timeout(wait, ended.changed()).await;
         }
         self.status()
     }
 
-    /// Starts a drain, or joins the one under way to the same peer.
+    /// Starts a drain, or joins the one under way to the same peer; the request is checked
+    /// before anything changes.
     pub fn start(self: &Arc<Self>, request: DrainRequest) -> Result<Status, NotStarted> {
-        let plan = request
-            .plan(&self.d.config().drain, true)
-            .map_err(NotStarted::Refused)?;
+        let plan = request.plan(&self.d.config().drain, true)?;
         let mut current = self.lock();
         // Read under the lock `abort` takes after setting it: a drain either starts before
         // the abort (which then stops it) or not at all.
         if self.closed.load(Ordering::SeqCst) {
-            return Err(NotStarted::ShuttingDown);
+            // A drain started now would be cut off at once.
+            let why = "courier is shutting down; drain its data dir once it has stopped (courier drain --data-dir)";
+            return Err(NotStarted("shutting_down", why.into()));
         }
-        if let Some(c) = current.as_ref().filter(|c| !c.progress.update(|s| s.state.ended())) {
+        if let Some(c) = under_way(&current) {
             if c.to != plan.to {
-                return Err(NotStarted::Running(url_for_log(c.to.as_str())));
+                let why = "wait for it (GET /drain) or drain to the same peer";
+                let running = url_for_log(c.to.as_str());
+                return Err(NotStarted(
+                    "drain_running",
+                    format!("a drain to {running} is under way; {why}"),
+                ));
             }
         } else {
             let first = if plan.deliver_for.is_zero() {
@@ -150,7 +146,7 @@ impl DrainControl {
     /// Stops a drain under way (shutdown): what is not handed off stays pending.
     pub fn abort(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        if let Some(c) = self.lock().as_ref().filter(|c| !c.progress.update(|s| s.state.ended())) {
+        if let Some(c) = under_way(&self.lock()) {
             c.task.abort();
             c.progress.fail("courier is shutting down".into());
             c.progress.set(Phase::Failed);

@@ -25,8 +25,8 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::control::{DrainControl, NotStarted};
-use super::plan::{BadPlan, DrainPlan, DrainRequest};
+use super::control::DrainControl;
+use super::plan::{DrainPlan, DrainRequest, NotStarted};
 use super::progress::{Phase, Progress, Status};
 use crate::args::GlobalArgs;
 use crate::clock::{SharedClock, SystemClock};
@@ -45,36 +45,20 @@ const EVERY: Duration = Duration::from_secs(1);
 impl DrainControl {
     /// Handles `/drain` (the admin API has checked the token).
     pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let bad = |message: String| serve::error(StatusCode::BAD_REQUEST, "invalid_request", message);
         let ok = |status: StatusCode, s: Status| serve::json(status, &serde_json::to_value(s).unwrap_or_default());
         match *req.method() {
             Method::GET => {
                 let query = req.uri().query().unwrap_or_default().as_bytes();
                 let wait = url::form_urlencoded::parse(query).find(|(k, _)| k == "wait");
                 match wait.map(|(_, v)| crate::config::units::parse_duration(&v)) {
-                    Some(Err(e)) => bad(format!("wait: {e}")),
+                    Some(Err(e)) => serve::error(StatusCode::BAD_REQUEST, "invalid_request", format!("wait: {e}")),
                     Some(Ok(wait)) => ok(StatusCode::OK, self.status_after(wait.min(MAX_WAIT)).await),
                     None => ok(StatusCode::OK, self.status()),
                 }
             }
-            Method::POST => match read_request(req).await {
-                Err(message) => bad(message),
-                Ok(request) => match self.start(request) {
-                    Ok(status) => ok(StatusCode::ACCEPTED, status),
-                    Err(NotStarted::Refused(e)) => serve::error(e.status(), e.0, e.1),
-                    Err(NotStarted::Running(running_to)) => serve::error(
-                        StatusCode::CONFLICT,
-                        "drain_running",
-                        format!(
-                            "a drain to {running_to} is under way; wait for it (GET /drain) or drain to the same peer"
-                        ),
-                    ),
-                    Err(NotStarted::ShuttingDown) => serve::error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "shutting_down",
-                        "courier is shutting down; drain its data dir once it has stopped (courier drain --data-dir)",
-                    ),
-                },
+            Method::POST => match read_request(req).await.and_then(|request| self.start(request)) {
+                Ok(status) => ok(StatusCode::ACCEPTED, status),
+                Err(e) => serve::error(e.status(), e.0, e.1),
             },
             _ => serve::error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -86,19 +70,23 @@ impl DrainControl {
 }
 
 /// The `POST /drain` body (empty: every default), or why it is bad.
-async fn read_request(req: Request<Incoming>) -> Result<DrainRequest, String> {
+async fn read_request(req: Request<Incoming>) -> Result<DrainRequest, NotStarted> {
+    let bad = |message: String| NotStarted("invalid_request", message);
     // Bounded in size and time: a client that stops sending must not hold the request.
     let reading = Limited::new(req.into_body(), MAX_BODY).collect();
     let body = match tokio::time::timeout(crate::inbound::ingress::BODY_READ_TIMEOUT, reading).await {
         Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e)) => return Err(format!("reading the body failed: {e}")),
-        Err(_) => return Err("the body did not arrive in time".into()),
+        Ok(Err(e)) => return Err(bad(format!("reading the body failed: {e}"))),
+        Err(_) => return Err(bad("the body did not arrive in time".into())),
     };
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DrainRequest::default());
     }
-    serde_json::from_slice(&body)
-        .map_err(|e| format!("the body must be JSON like {{\"to\": \"http://courier-tier:8787\"}}: {e}"))
+    serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "the body must be JSON like {{\"to\": \"http://courier-tier:8787\"}}: {e}"
+        ))
+    })
 }
 
 /// Runs `courier drain`; the exit code is 0 when everything open was handed off, 1 when some
@@ -115,7 +103,7 @@ pub fn run(global: &GlobalArgs, request: DrainRequest) -> ExitCode {
     crate::args::init_logging(config.log.format, "warn");
     let plan = match request.plan(&config.drain, false) {
         Ok(plan) => plan,
-        Err(BadPlan(_, message)) => return usage(&message),
+        Err(NotStarted(_, message)) => return usage(&message),
     };
     let status = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(drain(config, plan)),
@@ -124,11 +112,7 @@ pub fn run(global: &GlobalArgs, request: DrainRequest) -> ExitCode {
     match status {
         Ok(status) => {
             println!("{}", status.line());
-            if status.complete() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            ExitCode::from(u8::from(!status.complete()))
         }
         Err(e) => {
             eprintln!("courier: {}", crate::redact::escape(&e));

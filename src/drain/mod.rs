@@ -22,21 +22,11 @@
 //! # One engine, one front
 //!
 //! The front ([`front`]) takes one request ([`plan`]: the `POST /drain` body and the verb's
-//! flags are the same struct) by the admin API or the CLI. The engine is one forwarding
-//! pass ([`engine`]), run either by the verb on the data dir of a stopped courier, or by the
-//! running courier that owns the data dir once it has stopped attempting ([`control`]);
-//! RocksDB's lock on the data dir tells the verb which. [`progress`] is what either shows.
-//!
-//! # Where to, and what counts
-//!
-//! A running courier drains only to a peer of its config (`[drain] to`, `[drain] peers`),
-//! refusing any other before anything changes. A peer proves it stored each message with a
-//! `Courier-Receipt` made from its `ingress_token`, which a drain with `[drain] token`
-//! checks ([`receipt`], [`answer`]); without a token only an https peer is believed on its
-//! 202. The offline verb may name any `--to`; an unlisted one is under the `[egress]` policy.
-//! A message the peer refuses (a 4xx) stays pending here and is reported; a busy or
-//! unreachable peer is retried with backoff; a peer that is not a courier, a wrong token,
-//! or a peer that stays down stops the drain.
+//! flags are the same struct, checked the same way, with the guard on where a drain may
+//! send) through the admin API or the CLI. The engine is one forwarding pass ([`engine`]),
+//! run either by the verb on the data dir of a stopped courier, or by the running courier
+//! that owns the data dir once it has stopped attempting ([`control`]). The peer proves
+//! what it stored ([`answer`], [`receipt`]); [`progress`] is what either run shows.
 
 pub mod answer;
 pub mod control;

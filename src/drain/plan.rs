@@ -19,9 +19,6 @@ use crate::redact::url_for_log;
 /// Longest `deliver_for`.
 pub const MAX_DELIVER_FOR: Duration = Duration::from_secs(3600);
 
-/// The code of a peer that is not one of `[drain]`'s (`403`).
-const NOT_ALLOWED: &str = "drain_peer_not_allowed";
-
 /// The body of `POST /drain` and the flags of `courier drain`; every field optional.
 #[derive(Debug, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,17 +50,19 @@ pub struct DrainPlan {
     pub listed: bool,
 }
 
-/// A bad request (or bad flags): the error code and the sentence.
+/// Why a drain did not start (a bad request or flags, a peer not allowed, another drain
+/// under way, a shutdown): the error code and the sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadPlan(pub &'static str, pub String);
+pub struct NotStarted(pub &'static str, pub String);
 
-impl BadPlan {
+impl NotStarted {
     /// The status `POST /drain` answers with.
     pub fn status(&self) -> StatusCode {
-        if self.0 == NOT_ALLOWED {
-            StatusCode::FORBIDDEN
-        } else {
-            StatusCode::BAD_REQUEST
+        match self.0 {
+            "drain_peer_not_allowed" => StatusCode::FORBIDDEN,
+            "drain_running" => StatusCode::CONFLICT,
+            "shutting_down" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_REQUEST,
         }
     }
 }
@@ -72,25 +71,25 @@ impl DrainRequest {
     /// The plan, with `[drain]`'s defaults for what the request leaves out. With
     /// `listed_only` (a running courier's `POST /drain`) the peer must be one of `[drain]`'s;
     /// a plain-http peer always needs `[drain] token`.
-    pub fn plan(self, defaults: &DrainConfig, listed_only: bool) -> Result<DrainPlan, BadPlan> {
+    pub fn plan(self, defaults: &DrainConfig, listed_only: bool) -> Result<DrainPlan, NotStarted> {
         let to = self.to.or_else(|| defaults.to.clone()).ok_or_else(|| {
-            BadPlan(
+            NotStarted(
                 "missing_peer",
                 "no peer to drain to: give \"to\" (courier drain --to URL), or set [drain] to / COURIER_DRAIN_TO"
                     .into(),
             )
         })?;
-        let to = crate::config::peer_url(&to).map_err(|e| BadPlan("invalid_peer", format!("to {e}")))?;
+        let to = crate::config::peer_url(&to).map_err(|e| NotStarted("invalid_peer", format!("to {e}")))?;
         let (listed, shown) = (defaults.lists(&to), url_for_log(to.as_str()));
         if listed_only && !listed {
             let why = "it drains only to [drain] to or a peer listed in [drain] peers";
-            return Err(BadPlan(
-                NOT_ALLOWED,
+            return Err(NotStarted(
+                "drain_peer_not_allowed",
                 format!("{shown} is not a drain peer of this courier: {why}"),
             ));
         }
         if to.scheme() == "http" && defaults.token.is_none() {
-            return Err(BadPlan(
+            return Err(NotStarted(
                 "drain_peer_unauthenticated",
                 format!(
                     "{shown} is plain http and [drain] token is not set, so nothing proves the peer stored what it is sent: \
@@ -101,7 +100,7 @@ impl DrainRequest {
         let concurrency = self.concurrency.unwrap_or(defaults.concurrency);
         if !(1..=DRAIN_MAX_CONCURRENCY).contains(&concurrency) {
             let message = format!("concurrency must be 1 to {DRAIN_MAX_CONCURRENCY}");
-            return Err(BadPlan("invalid_request", message));
+            return Err(NotStarted("invalid_request", message));
         }
         let deliver_for = match self.deliver_for {
             None => Duration::ZERO,
@@ -110,7 +109,7 @@ impl DrainRequest {
                 .filter(|d| *d <= MAX_DELIVER_FOR)
                 .ok_or_else(|| {
                     let message = format!("deliver_for {text:?} must be a duration up to 1h, like 20s");
-                    BadPlan("invalid_request", message)
+                    NotStarted("invalid_request", message)
                 })?,
         };
         Ok(DrainPlan {
@@ -127,7 +126,7 @@ mod tests {
     use crate::config::DrainConfig;
     use crate::signing::Secret;
 
-    fn plan(r: DrainRequest, defaults: &DrainConfig) -> Result<DrainPlan, BadPlan> {
+    fn plan(r: DrainRequest, defaults: &DrainConfig) -> Result<DrainPlan, NotStarted> {
         r.plan(defaults, false)
     }
 
