@@ -1,20 +1,16 @@
 //! The one front of a drain, the same request either way ([`DrainRequest`]): the admin
-//! API's `/drain` route, and `courier drain --to <URL>`.
+//! API's `/drain` route ([`DrainControl::handle`]), and `courier drain --to <URL>`.
 //!
-//! Which courier's messages the verb hands over: the data dir of the usual settings
-//! (`--data-dir`, `COURIER_DATA_DIR`, `data_dir`). Its RocksDB lock says whether a courier
-//! runs on it:
+//! The verb hands over the messages of the data dir of the usual settings (`--data-dir`,
+//! `COURIER_DATA_DIR`, `data_dir`), and its RocksDB lock says how:
 //! - free: nobody serves it (a stopped courier, a volume left by a scaled-down replica), so
-//!   the verb opens the store itself, puts back what a crash left in flight, and runs the
-//!   forwarding pass here ([`super::engine::forward`]);
-//! - locked: a courier runs on it, so the verb asks that courier through its admin API
-//!   (`POST /drain`, found like `courier deliveries`), which stops attempting and runs the
-//!   same pass itself ([`DrainControl`]); the verb follows it with `GET /drain?wait=1s`.
-//!   That courier drains only to a peer of its `[drain] to` / `peers`.
+//!   the verb opens the store, puts back what a crash left in flight, and runs the pass
+//!   here; `--to` may name any peer (an unlisted one under the `[egress]` policy);
+//! - locked: the courier running on it is asked through its admin API (`POST /drain`, found
+//!   like `courier deliveries`) and followed with `GET /drain?wait=1s`; it drains only to a
+//!   peer of its `[drain] to` / `peers`.
 //!
-//! Offline, `--to` may name any peer; one not listed in `[drain] to` / `peers` is reached
-//! under the `[egress]` policy, as deliveries are. Either way progress goes to stderr once a
-//! second (count, rate, remaining), the last line to stdout, and the exit code is 0 only
+//! Progress goes to stderr once a second, the last line to stdout; the exit code is 0 only
 //! when every open message was handed off.
 
 use std::process::ExitCode;

@@ -170,7 +170,8 @@ impl Progress {
         (counts.0.total, counts.1) = (total, now_ms);
     }
 
-    /// One message refused by the peer; numbered on from the last one kept, across passes.
+    /// One message refused by the peer; numbered on from the last one kept, across passes
+    /// (whatever `refusal.seq` says).
     pub fn refused(&self, mut refusal: Refusal) {
         self.update(|s| {
             s.refused += 1;
@@ -348,5 +349,12 @@ mod tests {
         assert_eq!(json["state"], "failed");
         assert_eq!(json["refusals"][0]["code"], "body_too_large");
         assert_eq!(serde_json::from_value::<Status>(json).unwrap(), s);
+        let p = Progress::default();
+        p.begin(10, 0);
+        let line = at(&p, Phase::Forwarding, 0).line();
+        assert_eq!(
+            line, "drain: forwarding: 0 of 10 handed off, 10 remaining, 0/s",
+            "no rate, no estimate"
+        );
     }
 }
