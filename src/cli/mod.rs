@@ -73,7 +73,7 @@ pub fn main() -> ExitCode {
         Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
         Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
         Some(Command::Keys(cmd)) => crate::cli::keys::run(cmd),
-        Some(Command::Drain(args)) => crate::drain::verb::run(&cli.global, args),
+        Some(Command::Drain(args)) => crate::drain::run(&cli.global, args),
     }
 }
 

@@ -1,6 +1,12 @@
-//! The forwarding pass: every eligible message of a store to the peer, at most
-//! `concurrency` at once, each marked handed off only after the peer's 202 (and its
-//! receipt, when `[drain] token` is set: [`answer::classify`]).
+//! The one forwarding pass both a running courier's drain and the offline verb run
+//! ([`forward`]): every eligible message of a store to the peer, at most `concurrency` at
+//! once, each marked handed off only after the peer's 202 (and its receipt, when `[drain]
+//! token` is set: [`answer::classify`]).
+//!
+//! What goes: every open message no attempt holds — pending (due now or later), held by a
+//! paused endpoint, or waiting in an ordered line. A message whose attempt is running stays
+//! (its result decides; counted as left), and so do dead letters: a dead message is not owed
+//! another attempt, and its record is what an operator replays from (replay it first).
 //!
 //! Order of work: first each ordered line, walked by one task head first (hand the head
 //! over, which makes the next one the head, and so on), so the peer accepts a line in its
@@ -19,12 +25,17 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 
 use super::answer::{self, PeerAnswer};
-use super::eligible::{verdict, Verdict, Why};
-use super::progress::{Progress, Refusal};
+use super::plan::DrainPlan;
+use super::progress::{Phase, Progress, Refusal};
 use super::request::{forward_request, PeerAddr};
 use crate::clock::SharedClock;
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::model::State;
+use crate::outbound::client::{ClientSettings, HttpTransport};
+use crate::outbound::egress::EgressPolicy;
+use crate::outbound::resolver::SystemResolver;
+use crate::outbound::tls::{TlsHandle, TlsMaterial};
 use crate::outbound::transport::Transport;
 use crate::redact::url_for_log;
 use crate::store::{HandOff, MessageRecord, Payload, Store, StoreError};
@@ -34,39 +45,101 @@ const PAGE: usize = 512;
 /// Walks over the store at most (more than one only when messages became open during the
 /// drain, e.g. replayed): a replay loop cannot keep a drain going forever.
 pub const MAX_PASSES: usize = 4;
+/// Most of a peer's answer kept (its JSON is a few hundred bytes).
+const PEER_ANSWER_BYTES: usize = 16 << 10;
 
-/// Everything one pass needs.
-pub struct Engine {
-    /// The store whose messages go.
-    pub store: Arc<Store>,
-    /// How requests reach the peer.
-    pub transport: Arc<dyn Transport>,
-    /// The peer.
-    pub peer: PeerAddr,
-    /// Time, for the budget left and the waits between tries.
-    pub clock: SharedClock,
-    /// `courier_handed_off_total`.
-    pub metrics: Arc<Metrics>,
-    /// Messages forwarded at once (1 or more).
-    pub concurrency: usize,
-    /// What the pass has done so far.
-    pub progress: Arc<Progress>,
+/// Forwards `store`'s open messages as `plan` says, with `progress` showing it: from
+/// [`Phase::Forwarding`] to `Done`, or `Failed` with the reason. Returns whether it went
+/// to the end.
+pub async fn forward(
+    store: Arc<Store>,
+    config: Arc<Config>,
+    plan: DrainPlan,
+    clock: SharedClock,
+    metrics: Arc<Metrics>,
+    progress: Arc<Progress>,
+) -> bool {
+    progress.set(Phase::Forwarding);
+    let peer = PeerAddr {
+        url: plan.to,
+        token: config.drain.token.clone(),
+        timeout: config.delivery.request_timeout,
+    };
+    // Reading the PEM files must not stall an async worker (a running courier's ingress
+    // and admin API share them).
+    let (concurrency, listed) = (plan.concurrency, plan.listed);
+    let transport = tokio::task::spawn_blocking(move || peer_transport(&config, concurrency, listed)).await;
+    let ok = match transport.unwrap_or_else(|e| Err(e.to_string())) {
+        Ok(transport) => {
+            let engine = Engine {
+                store,
+                transport,
+                peer,
+                clock,
+                metrics,
+                concurrency: concurrency as usize,
+                progress: progress.clone(),
+            };
+            Arc::new(engine).run().await
+        }
+        Err(e) => {
+            progress.fail(format!("cannot make the peer client: {e}"));
+            false
+        }
+    };
+    progress.set(if ok { Phase::Done } else { Phase::Failed });
+    ok
 }
 
-/// Runs a store call on a blocking thread.
-async fn blocking<T: Send + 'static>(
-    store: &Arc<Store>,
-    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Panicked(e.to_string())))
+/// The HTTP client for the peer: courier's own, with a pool as large as the forwards
+/// running at once, the TLS trust of `[tls]` (a tier behind https with a private CA), and
+/// never the egress proxy (the tier is the operator's own). A `listed` peer is the
+/// operator's explicit choice, typically on a private address: the egress policy is open
+/// for it; any other (the offline verb's `--to`) is under `[egress]`, as a delivery is.
+fn peer_transport(config: &Config, concurrency: u32, listed: bool) -> Result<Arc<dyn Transport>, String> {
+    let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(|e| e.to_string())?);
+    let policy = if listed {
+        EgressPolicy::new(true, Vec::new())
+    } else {
+        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone())
+    };
+    let settings = ClientSettings {
+        connect_timeout: config.delivery.connect_timeout,
+        max_response_body: PEER_ANSWER_BYTES,
+        pool_max_idle_per_host: concurrency as usize,
+        idle_timeout: config.delivery.idle_connection_timeout,
+        max_idle_connections: concurrency as usize,
+    };
+    let resolver = Arc::new(SystemResolver);
+    Ok(Arc::new(HttpTransport::new(settings, policy, resolver, tls, None)))
+}
+
+/// Whether `rec` goes: `Some(true)` now, `Some(false)` not while an attempt holds it
+/// (`leased`: the scheduler claimed it), `None` never (dead, or finished).
+fn goes(rec: &MessageRecord, leased: bool) -> Option<bool> {
+    match rec.state {
+        State::InFlight => Some(false),
+        State::Pending => Some(!leased),
+        State::Dead | State::Delivered | State::HandedOff => None,
+    }
+}
+
+/// Everything one pass needs.
+struct Engine {
+    store: Arc<Store>,
+    transport: Arc<dyn Transport>,
+    peer: PeerAddr,
+    /// Time, for the budget left and the waits between tries.
+    clock: SharedClock,
+    /// `courier_handed_off_total`.
+    metrics: Arc<Metrics>,
+    concurrency: usize,
+    progress: Arc<Progress>,
 }
 
 impl Engine {
     /// Forwards until nothing eligible is left. Returns whether it went to the end;
-    /// otherwise `progress.error()` says why it stopped.
+    /// otherwise the progress says why it stopped.
     ///
     /// One pass walks the ids in acceptance order, so a message that becomes open behind the
     /// cursor (a dead message replayed during the drain keeps its id; an ordered line gets a
@@ -74,26 +147,33 @@ impl Engine {
     /// open count is read again: while more are open than the pass refused or left, another
     /// pass runs, up to [`MAX_PASSES`]. What is still open then shows as remaining, and the
     /// drain is not complete.
-    pub async fn run(self: Arc<Self>) -> bool {
-        let total = match self.open().await {
-            Some(open) => open,
-            None => return false,
+    async fn run(self: Arc<Self>) -> bool {
+        let Some(total) = self.store(|s| s.counts()).await else {
+            return false;
         };
-        self.progress.begin(total, self.clock.now_ms());
-        tracing::info!(to = %url_for_log(self.peer.url.as_str()), open = total, concurrency = self.concurrency,
+        self.progress.begin(total.open, self.clock.now_ms());
+        tracing::info!(to = %url_for_log(self.peer.url.as_str()), open = total.open, concurrency = self.concurrency,
             "drain: forwarding open messages to the peer");
         self.warn_of_paused().await;
         for pass in 1..=MAX_PASSES {
             if pass > 1 {
-                self.progress.new_pass();
+                // It meets again what the last one refused or left: those counts start over.
+                self.progress.update(|s| (s.refused, s.left) = (0, 0));
             }
             self.clone().pass().await;
             if self.progress.stopped() {
                 return false;
             }
-            let Some(open) = self.open().await else { return false };
-            self.progress.recount(open);
-            let stayed = self.progress.stayed();
+            let Some(counts) = self.store(|s| s.counts()).await else {
+                return false;
+            };
+            let open = counts.open;
+            // The total becomes what was handed off plus what is open here, so a message
+            // that became open during the drain counts.
+            let stayed = self.progress.update(|s| {
+                s.total = s.handed_off + open;
+                s.refused + s.left
+            });
             if open <= stayed {
                 return true;
             }
@@ -111,26 +191,33 @@ impl Engine {
         true
     }
 
-    /// The store's open count; `None` (and the drain failed) when the store fails.
-    async fn open(&self) -> Option<u64> {
-        match blocking(&self.store, |s| s.counts()).await {
-            Ok(counts) => Some(counts.open),
-            Err(e) => {
-                self.store_failed(e);
-                None
-            }
-        }
+    /// A store call on a blocking thread.
+    async fn try_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Panicked(e.to_string())))
+    }
+
+    /// [`Engine::try_store`]; `None`, and the drain stops, when the store fails.
+    async fn store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Option<T> {
+        let result = self.try_store(f).await;
+        result
+            .map_err(|e| self.progress.fail(format!("the store failed: {e}")))
+            .ok()
     }
 
     /// One walk over the store: every ordered line, then every other pending message.
     async fn pass(self: Arc<Self>) {
         let mut tasks = JoinSet::new();
-        let lines = match blocking(&self.store, |s| s.line_endpoints()).await {
-            Ok(lines) => lines,
-            Err(e) => {
-                self.store_failed(e);
-                return;
-            }
+        let Some(lines) = self.store(|s| s.line_endpoints()).await else {
+            return;
         };
         for endpoint in lines {
             let engine = self.clone();
@@ -138,18 +225,9 @@ impl Engine {
         }
         let mut after: Option<String> = None;
         while !self.progress.stopped() {
-            let cursor = after.clone();
-            let page = match blocking(&self.store, move |s| {
-                s.ids_after(State::Pending, cursor.as_deref(), PAGE)
-            })
-            .await
-            {
-                Ok(page) => page,
-                Err(e) => {
-                    self.store_failed(e);
-                    break;
-                }
-            };
+            let cursor = after.take();
+            let page = self.store(move |s| s.ids_after(State::Pending, cursor.as_deref(), PAGE));
+            let Some(page) = page.await else { break };
             let Some(last) = page.last() else { break };
             after = Some(last.clone());
             for id in page {
@@ -170,7 +248,7 @@ impl Engine {
     /// The peer does not know which endpoints are paused here: their held messages go, and
     /// the peer delivers them unless the endpoint is paused there too. Said once per endpoint.
     async fn warn_of_paused(&self) {
-        let paused = blocking(&self.store, |s| {
+        let paused = self.try_store(|s| {
             let mut out = Vec::new();
             for (endpoint, _) in s.paused_endpoints()? {
                 let open = s.open_of_endpoint(&endpoint)?;
@@ -196,38 +274,27 @@ impl Engine {
         tasks.spawn(task);
     }
 
-    fn store_failed(&self, e: StoreError) -> bool {
-        self.progress.fail(format!("the store failed: {e}"));
-        false
-    }
-
     /// The message, its payload and whether an attempt holds it; `None` when it is gone.
     async fn read(&self, id: String) -> Option<(MessageRecord, Payload, bool)> {
-        let read = blocking(&self.store, move |s| {
+        let read = self.store(move |s| {
             let leased = s.is_leased(&id);
             let Some(rec) = s.message(&id)? else { return Ok(None) };
             Ok(s.payload(&id)?.map(|payload| (rec, payload, leased)))
         });
-        match read.await {
-            Ok(found) => found,
-            Err(e) => {
-                self.store_failed(e);
-                None
-            }
-        }
+        read.await.flatten()
     }
 
-    /// One unordered message (an ordered one is its line's).
+    /// One unordered message (an ordered one goes with its line, head first).
     async fn one(self: Arc<Self>, id: String) {
         let Some((rec, payload, leased)) = self.read(id).await else {
             return;
         };
-        match verdict(&rec, leased, false) {
-            Verdict::Forward => {
+        match goes(&rec, leased) {
+            Some(false) => self.progress.update(|s| s.left += 1),
+            Some(true) if rec.fifo.is_none() => {
                 self.forward(rec, payload).await;
             }
-            Verdict::Leave(Why::InFlight) => self.progress.left(1),
-            Verdict::WithItsLine | Verdict::Leave(_) => {}
+            _ => {}
         }
     }
 
@@ -235,37 +302,26 @@ impl Engine {
     async fn line(self: Arc<Self>, endpoint: String) {
         while !self.progress.stopped() {
             let key = endpoint.clone();
-            let line = match blocking(&self.store, move |s| s.line(&key)).await {
-                Ok(Some(line)) => line,
-                Ok(None) => return,
-                Err(e) => {
-                    self.store_failed(e);
-                    return;
-                }
+            let Some(Some(line)) = self.store(move |s| s.line(&key)).await else {
+                return;
             };
             // The line's members behind the head stay with it if the head does not go.
             let behind = line.waiting;
             if line.blocked {
                 tracing::warn!(endpoint = %url_for_log(&endpoint), waiting = behind, head = %line.head,
                     "drain: an ordered line is blocked behind a dead message; its messages stay here (resume the endpoint or replay the head, then drain again)");
-                self.progress.left(behind);
-                return;
+                return self.progress.update(|s| s.left += behind);
             }
             let Some((rec, payload, leased)) = self.read(line.head).await else {
                 return;
             };
-            match verdict(&rec, leased, true) {
-                Verdict::Forward => {
-                    if !self.forward(rec, payload).await {
-                        self.progress.left(behind);
-                        return;
-                    }
-                }
-                Verdict::Leave(Why::InFlight) => {
-                    self.progress.left(1 + behind);
-                    return;
-                }
-                Verdict::WithItsLine | Verdict::Leave(_) => return,
+            let handed_off = match goes(&rec, leased) {
+                Some(true) => self.forward(rec, payload).await,
+                Some(false) => return self.progress.update(|s| s.left += 1 + behind),
+                None => return,
+            };
+            if !handed_off {
+                return self.progress.update(|s| s.left += behind);
             }
         }
     }
@@ -275,19 +331,14 @@ impl Engine {
     async fn forward(&self, rec: MessageRecord, payload: Payload) -> bool {
         let req = match forward_request(&self.peer, &rec, payload, self.clock.now_ms()) {
             Ok(req) => req,
-            Err(e) => {
-                self.refused(&rec, 0, "unreadable_record", e.to_string());
-                return false;
-            }
+            Err(e) => return self.refused(&rec, 0, "unreadable_record", e.to_string()),
         };
-        let mut tries = 0;
-        loop {
+        let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
+        for tries in 1.. {
             if self.progress.stopped() {
-                return false;
+                break;
             }
-            tries += 1;
             let result = self.transport.send(req.clone()).await;
-            let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
             match answer::classify(&rec.id, &rec.event_id, receipt_key, &result) {
                 PeerAnswer::Accepted { peer_id, duplicate } => return self.handed_off(&rec, &peer_id, duplicate).await,
                 PeerAnswer::Retry(why) if tries < answer::MAX_TRIES => {
@@ -298,53 +349,58 @@ impl Engine {
                         .await;
                 }
                 PeerAnswer::Retry(why) => {
-                    self.progress
-                        .fail(format!("the peer did not take {} after {tries} tries: {why}", rec.id));
-                    return false;
+                    let why = format!("the peer did not take {} after {tries} tries: {why}", rec.id);
+                    self.progress.fail(why);
+                    break;
                 }
-                PeerAnswer::Refused { status, code, message } => {
-                    self.refused(&rec, status, &code, message);
-                    return false;
-                }
+                PeerAnswer::Refused { status, code, message } => return self.refused(&rec, status, &code, message),
                 PeerAnswer::Stop(why) => {
                     self.progress.fail(why);
-                    return false;
+                    break;
                 }
             }
         }
+        false
     }
 
     async fn handed_off(&self, rec: &MessageRecord, peer_id: &str, duplicate: bool) -> bool {
         let (id, now) = (rec.id.clone(), self.clock.now_ms());
-        match blocking(&self.store, move |s| s.hand_off(&id, now)).await {
-            Ok(HandOff::Done) => {
+        match self.store(move |s| s.hand_off(&id, now)).await {
+            Some(HandOff::Done) => {
                 self.metrics.handed_off();
-                self.progress.handed_off(duplicate);
+                self.progress.update(|s| {
+                    s.handed_off += 1;
+                    s.already_at_peer += u64::from(duplicate);
+                });
                 tracing::debug!(delivery_id = %rec.id, event_id = %rec.event_id, peer_delivery_id = peer_id, duplicate, "drain: handed off");
                 true
             }
-            Ok(other) => {
+            Some(other) => {
                 // The peer has it and will deliver it; here it moved on meanwhile (deleted, or
                 // an attempt took it): at-least-once either way.
                 tracing::warn!(delivery_id = %rec.id, now = ?other, "drain: the peer took a message that changed here meanwhile");
-                self.progress.left(1);
+                self.progress.update(|s| s.left += 1);
                 false
             }
-            Err(e) => self.store_failed(e),
+            None => false,
         }
     }
 
-    fn refused(&self, rec: &MessageRecord, status: u16, code: &str, message: String) {
+    /// Counts a message the peer refused (it stays pending here); always `false`.
+    fn refused(&self, rec: &MessageRecord, status: u16, code: &str, message: String) -> bool {
         tracing::warn!(delivery_id = %rec.id, event_id = %rec.event_id, status, code, message = %message,
             "drain: the peer refused a message; it stays pending here");
-        self.progress.refused(Refusal {
+        let (id, event_id, code) = (rec.id.clone(), rec.event_id.clone(), code.to_string());
+        let refusal = Refusal {
             seq: 0,
-            id: rec.id.clone(),
-            event_id: rec.event_id.clone(),
+            id,
+            event_id,
             status,
-            code: code.to_string(),
+            code,
             message,
-        });
+        };
+        self.progress.refused(refusal);
+        false
     }
 }
 
@@ -388,6 +444,24 @@ mod tests {
                     receipt: None,
                 })
             })
+        }
+    }
+
+    #[test]
+    fn open_messages_no_attempt_holds_go_and_dead_letters_stay() {
+        let mut rec = message("dlv_1", "evt_1", 1).record;
+        let cases = [
+            // (state, leased) → goes
+            (State::Pending, false, Some(true)),
+            (State::Pending, true, Some(false)),
+            (State::InFlight, false, Some(false)),
+            (State::Dead, false, None),
+            (State::Delivered, false, None),
+            (State::HandedOff, false, None),
+        ];
+        for (state, leased, want) in cases {
+            rec.state = state;
+            assert_eq!(goes(&rec, leased), want, "{state:?} leased {leased}");
         }
     }
 
@@ -436,7 +510,8 @@ mod tests {
         );
         assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::HandedOff);
         assert_eq!(store.counts().unwrap().open, 0);
-        let status = progress.status(super::super::progress::Phase::Done, None, 1_000);
+        progress.set(Phase::Done);
+        let status = progress.status(1_000);
         assert_eq!((status.total, status.handed_off, status.remaining), (2, 2, 0));
         assert!(status.complete());
     }

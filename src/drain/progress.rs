@@ -1,9 +1,6 @@
-//! A drain's progress: the counters the forwarding tasks bump ([`Progress`]), the status
-//! both `GET /drain` and the offline verb show ([`Status`]), and its arithmetic and wording
-//! (remaining, rate, the progress line), which are pure.
+//! What a drain has done ([`Status`]): what `GET /drain` answers and the verb prints (count,
+//! rate, remaining), kept by [`Progress`] while the forwarding tasks count.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -110,187 +107,121 @@ impl Status {
 
     /// One line for stderr: count, rate, remaining.
     pub fn line(&self) -> String {
-        let mut s = format!("drain: {}", self.state.as_str());
-        if matches!(self.state, Phase::Delivering | Phase::Stopping | Phase::Idle) {
-            s.push_str(match self.state {
-                Phase::Delivering => " (delivering what it can first)",
-                Phase::Stopping => " (waiting for attempts in flight)",
-                _ => "",
-            });
-            return s;
+        let state = self.state.as_str();
+        match self.state {
+            Phase::Idle => return format!("drain: {state}"),
+            Phase::Delivering => return format!("drain: {state} (delivering what it can first)"),
+            Phase::Stopping => return format!("drain: {state} (waiting for attempts in flight)"),
+            Phase::Forwarding | Phase::Done | Phase::Failed => {}
         }
-        s.push_str(&format!(": {} of {} handed off", self.handed_off, self.total));
-        if self.already_at_peer > 0 {
-            s.push_str(&format!(" ({} already at the peer)", self.already_at_peer));
-        }
-        s.push_str(&format!(
-            ", {} remaining, {:.0}/s",
-            self.remaining, self.rate_per_second
-        ));
-        if let Some(eta) = eta_secs(self.remaining, self.rate_per_second).filter(|_| self.state == Phase::Forwarding) {
-            s.push_str(&format!(", about {eta}s left"));
-        }
-        if self.refused > 0 {
-            s.push_str(&format!(", {} refused by the peer (still pending here)", self.refused));
-        }
-        if self.left > 0 {
-            s.push_str(&format!(
-                ", {} left here (held by an attempt, or behind an ordered line's head that stayed)",
-                self.left
-            ));
-        }
-        if let Some(e) = &self.error {
-            s.push_str(&format!("; stopped: {e}"));
-        }
-        if self.delivery_stopped {
-            s.push_str(
+        let eta = (self.rate_per_second > 0.0 && self.state == Phase::Forwarding)
+            .then(|| (self.remaining as f64 / self.rate_per_second).ceil() as u64);
+        let parts = [
+            (self.already_at_peer > 0).then(|| format!(" ({} already at the peer)", self.already_at_peer)),
+            Some(format!(", {} remaining, {:.0}/s", self.remaining, self.rate_per_second)),
+            eta.map(|eta| format!(", about {eta}s left")),
+            (self.refused > 0).then(|| format!(", {} refused by the peer (still pending here)", self.refused)),
+            (self.left > 0).then(|| {
+                let why = "held by an attempt, or behind an ordered line's head that stayed";
+                format!(", {} left here ({why})", self.left)
+            }),
+            self.error.as_ref().map(|e| format!("; stopped: {e}")),
+            self.delivery_stopped.then(|| {
                 "; delivery there stays stopped until courier restarts (ingress refuses, nothing is attempted): \
-                 restart it, or drain again",
-            );
-        }
-        s
+                 restart it, or drain again"
+                    .to_string()
+            }),
+        ];
+        let (done, total) = (self.handed_off, self.total);
+        let parts: String = parts.into_iter().flatten().collect();
+        format!("drain: {state}: {done} of {total} handed off{parts}")
     }
 }
 
-/// Seconds until `remaining` are done at `rate` per second (rounded up); `None` without a rate.
-pub fn eta_secs(remaining: u64, rate: f64) -> Option<u64> {
-    (rate > 0.0).then(|| (remaining as f64 / rate).ceil() as u64)
-}
-
-/// Hand-offs per second over `elapsed_ms` (0 before a millisecond has passed).
-pub fn rate(done: u64, elapsed_ms: u64) -> f64 {
-    if elapsed_ms == 0 {
-        0.0
-    } else {
-        done as f64 * 1000.0 / elapsed_ms as f64
-    }
-}
-
-/// The counters of one drain, bumped by its forwarding tasks.
+/// One drain's status while its forwarding tasks count (a lock taken for a few counter
+/// bumps per message forwarded), and when forwarding began.
 #[derive(Debug, Default)]
-pub struct Progress {
-    total: AtomicU64,
-    handed_off: AtomicU64,
-    already: AtomicU64,
-    refused: AtomicU64,
-    /// Numbers the refusals across passes (`refused` counts one pass's).
-    refusal_seq: AtomicU64,
-    left: AtomicU64,
-    started_ms: AtomicU64,
-    refusals: Mutex<VecDeque<Refusal>>,
-    stopped: AtomicBool,
-    error: Mutex<Option<String>>,
-}
+pub struct Progress(Mutex<(Status, u64)>);
 
 impl Progress {
+    /// A drain to `to` (as shown in logs), starting in `phase`.
+    pub fn new(to: String, phase: Phase) -> Self {
+        let status = Status {
+            state: phase,
+            to: Some(to),
+            ..Status::default()
+        };
+        Progress(Mutex::new((status, 0)))
+    }
+
+    /// Changes the counts.
+    pub fn update<T>(&self, f: impl FnOnce(&mut Status) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()).0)
+    }
+
+    /// The drain moves on to `phase`.
+    pub fn set(&self, phase: Phase) {
+        self.update(|s| s.state = phase);
+    }
+
     /// Forwarding begins at `now_ms` with `total` open messages.
     pub fn begin(&self, total: u64, now_ms: u64) {
-        self.total.store(total, Ordering::Relaxed);
-        self.started_ms.store(now_ms, Ordering::Relaxed);
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (counts.0.total, counts.1) = (total, now_ms);
     }
 
-    /// Another pass begins: it meets again what the last one refused or left, so those
-    /// counts start over (hand-offs and the refusals' numbering go on).
-    pub fn new_pass(&self) {
-        self.refused.store(0, Ordering::Relaxed);
-        self.left.store(0, Ordering::Relaxed);
-    }
-
-    /// A pass ended with `open` messages still open here: the total becomes what was
-    /// handed off plus those, so a message that became open during the drain counts.
-    pub fn recount(&self, open: u64) {
-        let handed_off = self.handed_off.load(Ordering::Relaxed);
-        self.total.store(handed_off + open, Ordering::Relaxed);
-    }
-
-    /// What this pass refused or left here (both stay open).
-    pub fn stayed(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed) + self.left.load(Ordering::Relaxed)
-    }
-
-    /// One message handed off (`already`: the peer had it).
-    pub fn handed_off(&self, already: bool) {
-        self.handed_off.fetch_add(1, Ordering::Relaxed);
-        if already {
-            self.already.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// One message refused by the peer.
+    /// One message refused by the peer; numbered on from the last one kept, across passes
+    /// (whatever `refusal.seq` says).
     pub fn refused(&self, mut refusal: Refusal) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        let seq = self.refusal_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        refusal.seq = seq;
-        let mut kept = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.len() == REFUSALS_KEPT {
-            kept.pop_front();
-        }
-        kept.push_back(refusal);
-    }
-
-    /// `n` messages left here (an attempt holds them, or their line's head stays).
-    pub fn left(&self, n: u64) {
-        self.left.fetch_add(n, Ordering::Relaxed);
+        self.update(|s| {
+            s.refused += 1;
+            refusal.seq = s.refusals.last().map_or(0, |r| r.seq) + 1;
+            if s.refusals.len() == REFUSALS_KEPT {
+                s.refusals.remove(0);
+            }
+            s.refusals.push(refusal);
+        });
     }
 
     /// The drain stops early: why (the first reason is kept).
     pub fn fail(&self, why: String) {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(why);
-        self.stopped.store(true, Ordering::Relaxed);
+        self.update(|s| s.error = s.error.take().or(Some(why)));
     }
 
     /// Whether the drain stopped early: no new forwards start.
     pub fn stopped(&self) -> bool {
-        self.stopped.load(Ordering::Relaxed)
+        self.update(|s| s.error.is_some())
     }
 
-    /// Why it stopped early, if it did.
-    pub fn error(&self) -> Option<String> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// The status in `state` at `now_ms`.
-    pub fn status(&self, state: Phase, to: Option<String>, now_ms: u64) -> Status {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (total, handed_off, refused, left) = (
-            load(&self.total),
-            load(&self.handed_off),
-            load(&self.refused),
-            load(&self.left),
-        );
-        let forwarding = matches!(state, Phase::Forwarding | Phase::Done | Phase::Failed);
-        let elapsed_ms = if forwarding {
-            now_ms.saturating_sub(load(&self.started_ms))
-        } else {
-            0
-        };
-        Status {
-            state,
-            to,
-            total,
-            handed_off,
-            already_at_peer: load(&self.already),
-            refused,
-            left,
-            remaining: total.saturating_sub(handed_off + refused + left),
-            elapsed_ms,
-            rate_per_second: rate(handed_off, elapsed_ms),
-            error: self.error(),
-            refusals: self
-                .refusals
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .cloned()
-                .collect(),
-            delivery_stopped: false,
+    /// The status at `now_ms`.
+    pub fn status(&self, now_ms: u64) -> Status {
+        let (mut s, started_ms) = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        s.remaining = s.total.saturating_sub(s.handed_off + s.refused + s.left);
+        if matches!(s.state, Phase::Forwarding | Phase::Done | Phase::Failed) {
+            s.elapsed_ms = now_ms.saturating_sub(started_ms);
         }
+        if s.elapsed_ms > 0 {
+            s.rate_per_second = s.handed_off as f64 * 1000.0 / s.elapsed_ms as f64;
+        }
+        s
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(p: &Progress, phase: Phase, now_ms: u64) -> Status {
+        p.set(phase);
+        p.status(now_ms)
+    }
+
+    fn handed_off(p: &Progress, already: bool) {
+        p.update(|s| {
+            s.handed_off += 1;
+            s.already_at_peer += u64::from(already);
+        });
+    }
 
     fn refusal(id: &str) -> Refusal {
         Refusal {
@@ -308,11 +239,11 @@ mod tests {
         let p = Progress::default();
         p.begin(100, 1_000);
         for i in 0..40 {
-            p.handed_off(i < 5);
+            handed_off(&p, i < 5);
         }
         p.refused(refusal("dlv_r"));
-        p.left(1);
-        let s = p.status(Phase::Forwarding, Some("http://tier:8787/".into()), 3_000);
+        p.update(|s| s.left += 1);
+        let s = at(&p, Phase::Forwarding, 3_000);
         assert_eq!(
             (s.total, s.handed_off, s.already_at_peer, s.refused, s.left, s.remaining),
             (100, 40, 5, 1, 1, 58)
@@ -328,18 +259,18 @@ mod tests {
         assert!(!s.complete());
         // More hand-offs than the total (messages replayed meanwhile) never underflow.
         for _ in 0..100 {
-            p.handed_off(false);
+            handed_off(&p, false);
         }
-        assert_eq!(p.status(Phase::Done, None, 3_000).remaining, 0);
+        assert_eq!(at(&p, Phase::Done, 3_000).remaining, 0);
     }
 
     #[test]
     fn a_clean_pass_is_complete_and_an_early_stop_says_why() {
         let p = Progress::default();
         p.begin(2, 0);
-        p.handed_off(false);
-        p.handed_off(true);
-        let done = p.status(Phase::Done, None, 500);
+        handed_off(&p, false);
+        handed_off(&p, true);
+        let done = at(&p, Phase::Done, 500);
         assert!(done.complete());
         assert_eq!(
             done.line(),
@@ -347,7 +278,7 @@ mod tests {
         );
         p.fail("the peer refused the token".into());
         p.fail("a later reason".into());
-        let failed = p.status(Phase::Failed, None, 500);
+        let failed = at(&p, Phase::Failed, 500);
         assert!(!failed.complete());
         assert!(
             failed.line().ends_with("; stopped: the peer refused the token"),
@@ -371,25 +302,22 @@ mod tests {
             "nothing to count before forwarding"
         );
         assert_eq!(
-            p.status(Phase::Stopping, None, 9).line(),
+            at(&p, Phase::Stopping, 9).line(),
             "drain: stopping (waiting for attempts in flight)"
         );
     }
 
     #[test]
-    fn another_pass_counts_again_what_stays_and_the_total_follows_what_is_open() {
+    fn refusals_are_numbered_across_passes() {
         let p = Progress::default();
         p.begin(3, 0);
-        p.handed_off(false);
+        handed_off(&p, false);
         p.refused(refusal("dlv_r"));
-        // A replayed message became open: after the pass 2 are open, 1 of them refused.
-        p.recount(2);
-        assert_eq!((p.stayed(), p.status(Phase::Forwarding, None, 0).total), (1, 3));
-        p.new_pass();
+        // Another pass meets the refused message again: its counts start over.
+        p.update(|s| (s.refused, s.left) = (0, 0));
         p.refused(refusal("dlv_r"));
-        p.handed_off(false);
-        p.recount(1);
-        let s = p.status(Phase::Done, None, 0);
+        handed_off(&p, false);
+        let s = at(&p, Phase::Done, 0);
         assert_eq!((s.total, s.handed_off, s.refused, s.remaining), (3, 2, 1, 0));
         assert_eq!(
             s.refusals.iter().map(|r| r.seq).collect::<Vec<_>>(),
@@ -404,7 +332,7 @@ mod tests {
         for i in 0..(REFUSALS_KEPT + 5) {
             p.refused(refusal(&format!("dlv_{i}")));
         }
-        let s = p.status(Phase::Done, None, 0);
+        let s = at(&p, Phase::Done, 0);
         assert_eq!(s.refused, (REFUSALS_KEPT + 5) as u64);
         assert_eq!(s.refusals.len(), REFUSALS_KEPT);
         assert_eq!(s.refusals.first().map(|r| r.seq), Some(6));
@@ -416,12 +344,17 @@ mod tests {
         let p = Progress::default();
         p.begin(3, 0);
         p.refused(refusal("dlv_x"));
-        let s = p.status(Phase::Failed, Some("http://t/".into()), 10);
+        let s = at(&p, Phase::Failed, 10);
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["state"], "failed");
         assert_eq!(json["refusals"][0]["code"], "body_too_large");
         assert_eq!(serde_json::from_value::<Status>(json).unwrap(), s);
-        assert_eq!(eta_secs(10, 4.0), Some(3));
-        assert_eq!(eta_secs(10, 0.0), None);
+        let p = Progress::default();
+        p.begin(10, 0);
+        let line = at(&p, Phase::Forwarding, 0).line();
+        assert_eq!(
+            line, "drain: forwarding: 0 of 10 handed off, 10 remaining, 0/s",
+            "no rate, no estimate"
+        );
     }
 }
