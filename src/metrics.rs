@@ -51,36 +51,7 @@ pub const DELIVERY_LATENCY_SECONDS: &str = "courier_delivery_latency_seconds";
 pub const ATTEMPT_DURATION_SECONDS: &str = "courier_attempt_duration_seconds";
 
 /// The outcome label of one attempt (the decision column of the contract's table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    /// 2xx.
-    Delivered,
-    /// A status or network failure that is retried.
-    Retry,
-    /// A permanent status.
-    Permanent,
-    /// Refused by the egress policy.
-    EgressDenied,
-}
-
-impl AttemptOutcome {
-    const ALL: [AttemptOutcome; 4] = [
-        AttemptOutcome::Delivered,
-        AttemptOutcome::Retry,
-        AttemptOutcome::Permanent,
-        AttemptOutcome::EgressDenied,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Delivered => "delivered",
-            AttemptOutcome::Retry => "retry",
-            AttemptOutcome::Permanent => "permanent",
-            AttemptOutcome::EgressDenied => "egress_denied",
-        }
-    }
-}
+pub use crate::policy::Outcome as AttemptOutcome;
 
 const LATENCY_BOUNDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0,

@@ -135,6 +135,17 @@ impl FromStr for State {
     }
 }
 
+/// Where an attempt leaves its message: the policy's verdict, as the store records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// Try again at this time.
+    RetryAt(u64),
+    /// Delivered.
+    Delivered,
+    /// Dead-lettered.
+    Dead(DeadReason),
+}
+
 /// Why a message was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeadReason {

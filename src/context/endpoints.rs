@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::policy::rate::TokenBucket;
+use crate::policy::Outcome;
 use crate::store::EndpointRecord;
 
 /// What an attempt's result did to its endpoint.
@@ -34,17 +35,6 @@ pub enum EndpointChange {
     Changed(EndpointRecord),
     /// The streak reached the threshold and the endpoint is now paused.
     Paused(EndpointRecord),
-}
-
-/// The class of an attempt, as the streak sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreakEvent {
-    /// 2xx: the streak resets.
-    Success,
-    /// A permanent status: the streak grows.
-    PermanentFailure,
-    /// Anything else leaves the streak alone.
-    Other,
 }
 
 /// Entries above which the table forgets endpoints with nothing to remember.
@@ -287,12 +277,12 @@ impl EndpointTable {
     pub fn record<E>(
         &self,
         key: &str,
-        event: StreakEvent,
+        outcome: Outcome,
         status: Option<u16>,
         now_ms: u64,
         stored: impl FnOnce() -> Result<Option<EndpointRecord>, E>,
     ) -> Result<EndpointChange, E> {
-        if event == StreakEvent::Other {
+        if !matches!(outcome, Outcome::Delivered | Outcome::Permanent) {
             self.with_entry(key, now_ms, |_| ());
             return Ok(EndpointChange::None);
         }
@@ -307,8 +297,8 @@ impl EndpointTable {
             });
         }
         let pause_after = self.pause_after;
-        Ok(self.with_entry(key, now_ms, |e| match event {
-            StreakEvent::Success if e.rec.streak > 0 || e.rec.last_status.is_some() => {
+        Ok(self.with_entry(key, now_ms, |e| match outcome {
+            Outcome::Delivered if e.rec.streak > 0 || e.rec.last_status.is_some() => {
                 // Nothing left to remember of the failures: the record is the default again
                 // (the store deletes it).
                 e.rec.streak = 0;
@@ -316,7 +306,7 @@ impl EndpointTable {
                 e.changes += 1;
                 EndpointChange::Changed(e.rec.clone())
             }
-            StreakEvent::PermanentFailure => {
+            Outcome::Permanent => {
                 e.rec.streak = e.rec.streak.saturating_add(1);
                 e.rec.last_status = status;
                 e.changes += 1;
@@ -452,7 +442,7 @@ mod tests {
     const DAY: u64 = 86_400_000;
 
     /// A result for an endpoint whose store holds nothing.
-    fn record(t: &EndpointTable, key: &str, event: StreakEvent, status: Option<u16>, now: u64) -> EndpointChange {
+    fn record(t: &EndpointTable, key: &str, event: Outcome, status: Option<u16>, now: u64) -> EndpointChange {
         t.record(key, event, status, now, || Ok::<_, ()>(None)).unwrap()
     }
 
@@ -515,33 +505,33 @@ mod tests {
     fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
         let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
         assert_eq!(
-            record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
+            record(&t, "e", Outcome::Permanent, Some(410), 0),
             EndpointChange::Changed(EndpointRecord {
                 paused: false,
                 streak: 1,
                 last_status: Some(410)
             })
         );
-        assert_eq!(record(&t, "e", StreakEvent::Other, Some(500), 0), EndpointChange::None);
+        assert_eq!(record(&t, "e", Outcome::Retry, Some(500), 0), EndpointChange::None);
         assert!(
-            matches!(record(&t, "e", StreakEvent::Success, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
+            matches!(record(&t, "e", Outcome::Delivered, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
             "a success clears the streak and its last status"
         );
         for _ in 0..2 {
             assert!(matches!(
-                record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
+                record(&t, "e", Outcome::Permanent, Some(410), 0),
                 EndpointChange::Changed(_)
             ));
         }
         assert!(!t.is_paused("e"));
         assert!(
-            matches!(record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
+            matches!(record(&t, "e", Outcome::Permanent, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
         );
         assert!(t.is_paused("e"));
         assert_eq!(t.paused_count(), 1);
         // Already paused: later failures do not pause (or alert) again.
         assert!(matches!(
-            record(&t, "e", StreakEvent::PermanentFailure, Some(410), 0),
+            record(&t, "e", Outcome::Permanent, Some(410), 0),
             EndpointChange::Changed(_)
         ));
         let r = t.set_paused("e", false, 0);
@@ -591,22 +581,16 @@ mod tests {
         };
         t.try_rate("far", 0).unwrap();
         assert_eq!(t.get("far").map(|v| v.loaded), Some(false));
-        let change = t
-            .record("far", StreakEvent::PermanentFailure, Some(410), 0, read)
-            .unwrap();
+        let change = t.record("far", Outcome::Permanent, Some(410), 0, read).unwrap();
         assert!(
             matches!(change, EndpointChange::Paused(r) if r.streak == 3),
             "counted on from the store"
         );
         assert_eq!(reads.get(), 1);
         // Loaded now: no more reads, and the pause keeps it in memory.
-        t.record(
-            "far",
-            StreakEvent::PermanentFailure,
-            Some(410),
-            0,
-            || -> Result<_, ()> { panic!("no read once loaded") },
-        )
+        t.record("far", Outcome::Permanent, Some(410), 0, || -> Result<_, ()> {
+            panic!("no read once loaded")
+        })
         .unwrap();
         // "recent" used its one token just now: a flood of new endpoints must not make the
         // table forget it (a new entry would start with a full bucket).

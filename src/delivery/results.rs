@@ -16,8 +16,9 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::batcher::Batcher;
-use crate::context::endpoints::{EndpointChange, StreakEvent};
+use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
+use crate::policy::Outcome;
 use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
 
 /// The most results one batch carries.
@@ -32,8 +33,8 @@ const QUEUE: usize = 8192;
 pub(super) struct StreakNote {
     /// Endpoint key.
     pub endpoint: String,
-    /// How the streak sees the attempt.
-    pub event: StreakEvent,
+    /// How the attempt counts (a success resets the streak, a permanent failure grows it).
+    pub outcome: Outcome,
     /// The status, for the alert.
     pub status: Option<u16>,
     /// The result kills the head of an ordered line with `on_dead = "block"` (see
@@ -187,7 +188,7 @@ impl Writer {
                     let change = self
                         .ctx
                         .endpoints()
-                        .record(&note.endpoint, note.event, note.status, now_ms, || {
+                        .record(&note.endpoint, note.outcome, note.status, now_ms, || {
                             self.ctx.store().endpoint(&note.endpoint)
                         })
                         .unwrap_or_else(|e| {

@@ -571,13 +571,9 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     let change =
         h.d.context()
             .endpoints()
-            .record(
-                HELD,
-                crate::context::endpoints::StreakEvent::PermanentFailure,
-                Some(410),
-                T0,
-                || h.d.context().store().endpoint(HELD),
-            )
+            .record(HELD, crate::policy::Outcome::Permanent, Some(410), T0, || {
+                h.d.context().store().endpoint(HELD)
+            })
             .unwrap();
     assert!(matches!(change, crate::context::endpoints::EndpointChange::Paused(_)));
     // ...the operator resumes (and that is written)...
@@ -601,36 +597,24 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let failing = "https://r.example/failing";
     h.d.context()
         .endpoints()
-        .record(
-            failing,
-            crate::context::endpoints::StreakEvent::PermanentFailure,
-            Some(410),
-            T0,
-            || h.d.context().store().endpoint(failing),
-        )
+        .record(failing, crate::policy::Outcome::Permanent, Some(410), T0, || {
+            h.d.context().store().endpoint(failing)
+        })
         .unwrap();
     h.d.context().persist_endpoint(failing, false).unwrap();
     h.d.context().set_paused(HELD, true).unwrap();
     let healed = "https://r.example/healed";
     h.d.context()
         .endpoints()
-        .record(
-            healed,
-            crate::context::endpoints::StreakEvent::PermanentFailure,
-            Some(410),
-            T0,
-            || h.d.context().store().endpoint(healed),
-        )
+        .record(healed, crate::policy::Outcome::Permanent, Some(410), T0, || {
+            h.d.context().store().endpoint(healed)
+        })
         .unwrap();
     h.d.context()
         .endpoints()
-        .record(
-            healed,
-            crate::context::endpoints::StreakEvent::Success,
-            Some(200),
-            T0,
-            || h.d.context().store().endpoint(healed),
-        )
+        .record(healed, crate::policy::Outcome::Delivered, Some(200), T0, || {
+            h.d.context().store().endpoint(healed)
+        })
         .unwrap();
     h.d.context().persist_endpoint(healed, false).unwrap();
     assert_eq!(

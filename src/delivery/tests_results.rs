@@ -42,17 +42,17 @@ fn start(store: &Arc<Store>) -> ResultWriter {
     ResultWriter::start(context(store))
 }
 
-fn note(endpoint: &str, event: StreakEvent, status: u16) -> StreakNote {
+fn note(endpoint: &str, outcome: Outcome, status: u16) -> StreakNote {
     StreakNote {
         endpoint: endpoint.into(),
-        event,
+        outcome,
         status: Some(status),
         blocks_line: false,
     }
 }
 
 fn success() -> StreakNote {
-    note("e", StreakEvent::Success, 200)
+    note("e", Outcome::Delivered, 200)
 }
 
 fn delivered(id: &str) -> FinishedAttempt {
@@ -175,11 +175,11 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
     let mut jobs = Vec::new();
     let mut answers = Vec::new();
     let batch = [
-        (gone("dlv_000"), note("near", StreakEvent::PermanentFailure, 410)),
-        (gone("dlv_001"), note("far", StreakEvent::PermanentFailure, 410)),
+        (gone("dlv_000"), note("near", Outcome::Permanent, 410)),
+        (gone("dlv_001"), note("far", Outcome::Permanent, 410)),
         // Stale: already in this batch, so it must not count again.
-        (gone("dlv_001"), note("far", StreakEvent::PermanentFailure, 410)),
-        (delivered("dlv_002"), note("healed", StreakEvent::Success, 200)),
+        (gone("dlv_001"), note("far", Outcome::Permanent, 410)),
+        (delivered("dlv_002"), note("healed", Outcome::Delivered, 200)),
     ];
     store.put_endpoint("healed", &stored, 50).unwrap();
     for (item, n) in batch {
@@ -266,7 +266,7 @@ async fn a_resume_between_a_line_s_block_and_its_pause_is_not_undone() {
     };
     let blocks = StreakNote {
         blocks_line: true,
-        ..note(EP, StreakEvent::PermanentFailure, 410)
+        ..note(EP, Outcome::Permanent, 410)
     };
     let item = Some((dead, blocks));
     w.write_batch(vec![Job { item, reply }], &mut between);

@@ -11,12 +11,11 @@ use bytes::Bytes;
 use super::results::StreakNote;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::config::Config;
-use crate::context::endpoints::{EndpointChange, StreakEvent};
-use crate::metrics::AttemptOutcome;
+use crate::context::endpoints::EndpointChange;
 use crate::outbound::trace::{new_span_id, TraceParent, TRACEPARENT};
 use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
-use crate::policy::{decide, AttemptResult, Class, Decision, Limits};
+use crate::policy::{decide, AttemptResult, Limits, Verdict};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
 use crate::store::{
@@ -146,7 +145,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     };
     let (sent, global) = send(&d, &settings.config, rec, req, permit, started_ms).await;
     let retry_policy = policy.retry_policy();
-    let verdict = d.with_rng(|rng| judge(rec, &sent, &retry_policy, rng));
+    let limits = Limits {
+        max_attempts: rec.max_attempts,
+        give_up_at_ms: rec.give_up_at_ms,
+    };
+    let verdict = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &retry_policy, sent.now, rng));
     let attempt = AttemptRecord {
         at_ms: started_ms,
         status: sent.status,
@@ -161,7 +164,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         transition: verdict.transition,
         now_ms: sent.now,
     };
-    let endpoint_change = match record_result(&d, item, verdict.streak(rec, sent.status)).await {
+    let endpoint_change = match record_result(&d, item, streak_note(rec, sent.status, &verdict)).await {
         Written::Now(change) => change,
         // Its record does not read: the result is written once it does (the message stays
         // leased meanwhile, so it is not sent again), and the permits go now.
@@ -246,57 +249,13 @@ async fn send(
     (sent, global)
 }
 
-/// What the policy makes of an attempt: where the message goes, and how it counts.
-struct Verdict {
-    transition: Transition,
-    outcome: AttemptOutcome,
-    attempts_made: u32,
-}
-
-impl Verdict {
-    /// How the endpoint's streak sees it.
-    fn streak(&self, rec: &MessageRecord, status: Option<u16>) -> StreakNote {
-        StreakNote {
-            endpoint: rec.endpoint.clone(),
-            event: match self.outcome {
-                AttemptOutcome::Delivered => StreakEvent::Success,
-                AttemptOutcome::Permanent => StreakEvent::PermanentFailure,
-                _ => StreakEvent::Other,
-            },
-            status,
-            blocks_line: blocks_its_line(rec, self.transition),
-        }
-    }
-}
-
-/// Judges an attempt by the policy (pure but for the jitter's randomness).
-fn judge(
-    rec: &MessageRecord,
-    sent: &Sent,
-    retry_policy: &crate::policy::RetryPolicy,
-    rng: &mut rand::rngs::StdRng,
-) -> Verdict {
-    let attempts_made = rec.attempts + 1;
-    let limits = Limits {
-        max_attempts: rec.max_attempts,
-        give_up_at_ms: rec.give_up_at_ms,
-    };
-    let transition = match decide(&sent.result, attempts_made, &limits, retry_policy, sent.now, rng) {
-        Decision::Delivered => Transition::Delivered,
-        Decision::RetryAt { at_ms } => Transition::RetryAt(at_ms),
-        Decision::Dead(reason) => Transition::Dead(reason),
-    };
-    // Counted by what the policy made of the status (a 409 ruled success is delivered).
-    let outcome = match (&sent.result, sent.status.map(|s| retry_policy.statuses.classify(s))) {
-        (AttemptResult::EgressDenied, _) => AttemptOutcome::EgressDenied,
-        (_, Some(Class::Delivered)) => AttemptOutcome::Delivered,
-        (_, Some(Class::Permanent)) => AttemptOutcome::Permanent,
-        _ => AttemptOutcome::Retry,
-    };
-    Verdict {
-        transition,
-        outcome,
-        attempts_made,
+/// The endpoint's streak note for an attempt's verdict.
+fn streak_note(rec: &MessageRecord, status: Option<u16>, verdict: &Verdict) -> StreakNote {
+    StreakNote {
+        endpoint: rec.endpoint.clone(),
+        outcome: verdict.outcome,
+        status,
+        blocks_line: blocks_its_line(rec, verdict.transition),
     }
 }
 
@@ -311,7 +270,7 @@ async fn report(
     verdict: &Verdict,
     endpoint_change: EndpointChange,
 ) {
-    let (now, status, attempts_made) = (sent.now, sent.status, verdict.attempts_made);
+    let (now, status, attempts_made) = (sent.now, sent.status, rec.attempts + 1);
     let error = sent.error.as_deref();
     d.ctx
         .metrics()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::backoff::Backoff;
 use super::classify::{Class, Statuses};
 use super::retry_after::parse_retry_after;
-use crate::model::{DeadReason, Jitter};
+use crate::model::{DeadReason, Jitter, Transition};
 
 /// What one attempt produced, as far as the policy cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +52,49 @@ pub struct Limits {
     pub give_up_at_ms: u64,
 }
 
-/// What to do with the message after an attempt.
+/// What an attempt counts as, by the class its status was ruled (a 409 ruled success
+/// counts delivered): the outcome label of the metrics, and what the endpoint's
+/// permanent-failure streak sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// The receiver has it.
+pub enum Outcome {
+    /// A success status.
     Delivered,
-    /// Attempt again at this time (unix millis).
-    RetryAt {
-        /// When the next attempt is due.
-        at_ms: u64,
-    },
-    /// Give up and keep it in the dead-letter store.
-    Dead(DeadReason),
+    /// A status or network failure that is retried (or given up on by the limits).
+    Retry,
+    /// A permanent status.
+    Permanent,
+    /// Refused by the egress policy.
+    EgressDenied,
+}
+
+impl Outcome {
+    /// Every outcome, in the order the metrics list them.
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Delivered,
+        Outcome::Retry,
+        Outcome::Permanent,
+        Outcome::EgressDenied,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry => "retry",
+            Outcome::Permanent => "permanent",
+            Outcome::EgressDenied => "egress_denied",
+        }
+    }
+}
+
+/// The one verdict on an attempt that the store, the metrics and the endpoint's streak
+/// all read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Where the message goes.
+    pub transition: Transition,
+    /// How the attempt counts.
+    pub outcome: Outcome,
 }
 
 /// Decides what happens after an attempt. `attempts_made` includes the attempt just made.
@@ -82,25 +113,51 @@ pub fn decide(
     policy: &RetryPolicy<'_>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
-) -> Decision {
-    let retry_after = match result {
-        AttemptResult::EgressDenied => return Decision::Dead(DeadReason::EgressDenied),
-        AttemptResult::NetworkError => None,
-        AttemptResult::Status { code, retry_after } => match policy.statuses.classify(*code) {
-            Class::Delivered => return Decision::Delivered,
-            Class::Permanent => return Decision::Dead(DeadReason::PermanentStatus),
-            Class::RetryLimited if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
-                return Decision::Dead(DeadReason::MaxAttempts)
+) -> Verdict {
+    let (class, retry_after) = match result {
+        AttemptResult::EgressDenied => {
+            return Verdict {
+                transition: Transition::Dead(DeadReason::EgressDenied),
+                outcome: Outcome::EgressDenied,
             }
-            Class::RetryLimited | Class::Retry => match (code, retry_after) {
-                // Only these two statuses carry a meaningful Retry-After (RFC 9110 §10.2.3, RFC 6585).
+        }
+        AttemptResult::NetworkError => (Class::Retry, None),
+        AttemptResult::Status { code, retry_after } => {
+            let class = policy.statuses.classify(*code);
+            // Only these two statuses carry a meaningful Retry-After (RFC 9110 §10.2.3, RFC 6585).
+            let asked = match (code, retry_after) {
                 (429 | 503, Some(value)) => parse_retry_after(value, now_ms),
                 _ => None,
-            },
-        },
+            };
+            (class, asked)
+        }
     };
+    let (transition, outcome) = match class {
+        Class::Delivered => (Transition::Delivered, Outcome::Delivered),
+        Class::Permanent => (Transition::Dead(DeadReason::PermanentStatus), Outcome::Permanent),
+        Class::RetryLimited if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
+            (Transition::Dead(DeadReason::MaxAttempts), Outcome::Retry)
+        }
+        Class::RetryLimited | Class::Retry => (
+            retry(attempts_made, retry_after, limits, policy, now_ms, rng),
+            Outcome::Retry,
+        ),
+    };
+    Verdict { transition, outcome }
+}
+
+/// A retry's transition: dead once the attempts are spent, else at the jittered backoff
+/// (stretched by `retry_after`, capped), or dead if that lands after the give-up time.
+fn retry(
+    attempts_made: u32,
+    retry_after: Option<Duration>,
+    limits: &Limits,
+    policy: &RetryPolicy<'_>,
+    now_ms: u64,
+    rng: &mut impl rand::Rng,
+) -> Transition {
     if attempts_made >= limits.max_attempts {
-        return Decision::Dead(DeadReason::MaxAttempts);
+        return Transition::Dead(DeadReason::MaxAttempts);
     }
     let mut delay = policy.backoff.delay(attempts_made, policy.jitter, rng);
     if let Some(asked) = retry_after {
@@ -109,9 +166,9 @@ pub fn decide(
     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
     let at_ms = now_ms.saturating_add(delay_ms);
     if at_ms > limits.give_up_at_ms {
-        Decision::Dead(DeadReason::Expired)
+        Transition::Dead(DeadReason::Expired)
     } else {
-        Decision::RetryAt { at_ms }
+        Transition::RetryAt(at_ms)
     }
 }
 

@@ -2,7 +2,8 @@
 //! time, the 404 cap, schedules, status rules and jitter, with exact times.
 
 use super::*;
-use crate::model::Jitter;
+use crate::model::{Jitter, Transition};
+use crate::policy::classify::{StatusMatch, StatusRules};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -49,32 +50,36 @@ fn status_ra(code: u16, retry_after: &str) -> AttemptResult {
     }
 }
 
-fn retry_in(ms: u64) -> Decision {
-    Decision::RetryAt { at_ms: NOW + ms }
+fn retry_in(ms: u64) -> Transition {
+    Transition::RetryAt(NOW + ms)
 }
 
-const DEAD_MAX: Decision = Decision::Dead(DeadReason::MaxAttempts);
-const DEAD_EXPIRED: Decision = Decision::Dead(DeadReason::Expired);
-const DEAD_PERMANENT: Decision = Decision::Dead(DeadReason::PermanentStatus);
+const DEAD_MAX: Transition = Transition::Dead(DeadReason::MaxAttempts);
+const DEAD_EXPIRED: Transition = Transition::Dead(DeadReason::Expired);
+const DEAD_PERMANENT: Transition = Transition::Dead(DeadReason::PermanentStatus);
 
-fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy) -> Decision {
-    decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1))
+fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy) -> Transition {
+    decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1)).transition
 }
 
 #[test]
 fn outcome_table_with_default_limits() {
     let p = policy(Jitter::None);
     let l = limits();
-    let table: Vec<(AttemptResult, u32, Decision)> = vec![
-        (status(200), 1, Decision::Delivered),
-        (status(204), 16, Decision::Delivered),
-        (status(299), 99, Decision::Delivered),
+    let table: Vec<(AttemptResult, u32, Transition)> = vec![
+        (status(200), 1, Transition::Delivered),
+        (status(204), 16, Transition::Delivered),
+        (status(299), 99, Transition::Delivered),
         (status(400), 1, DEAD_PERMANENT),
         (status(401), 1, DEAD_PERMANENT),
         (status(403), 1, DEAD_PERMANENT),
         (status(410), 1, DEAD_PERMANENT),
         (status(422), 1, DEAD_PERMANENT),
-        (AttemptResult::EgressDenied, 1, Decision::Dead(DeadReason::EgressDenied)),
+        (
+            AttemptResult::EgressDenied,
+            1,
+            Transition::Dead(DeadReason::EgressDenied),
+        ),
         (AttemptResult::NetworkError, 1, retry_in(MIN)),
         (AttemptResult::NetworkError, 2, retry_in(2 * MIN)),
         (status(500), 3, retry_in(4 * MIN)),
@@ -158,7 +163,7 @@ fn retry_after_is_ignored_on_other_statuses() {
     }
     // And it never rescues a permanent status or a success.
     assert_eq!(run(&status_ra(410, "60"), 1, &l, &p), DEAD_PERMANENT);
-    assert_eq!(run(&status_ra(200, "60"), 1, &l, &p), Decision::Delivered);
+    assert_eq!(run(&status_ra(200, "60"), 1, &l, &p), Transition::Delivered);
 }
 
 #[test]
@@ -239,7 +244,7 @@ fn per_message_max_attempts_override() {
         give_up_at_ms: u64::MAX,
     };
     assert_eq!(run(&status(500), 1, &one, &p), DEAD_MAX);
-    assert_eq!(run(&status(200), 1, &one, &p), Decision::Delivered);
+    assert_eq!(run(&status(200), 1, &one, &p), Transition::Delivered);
     let many = Limits {
         max_attempts: 100,
         give_up_at_ms: u64::MAX,
@@ -259,26 +264,24 @@ fn jittered_delays_with_a_fixed_seed() {
     let equal = policy(Jitter::Equal);
     let full = policy(Jitter::Full);
     let mut rng = StdRng::seed_from_u64(7);
-    let got: Vec<Decision> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng))
+    let got: Vec<Transition> = (1..=4)
+        .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng).transition)
         .collect();
     assert_eq!(got, EQUAL_SEED_7.map(retry_in).to_vec());
     for (n, d) in (1..=4).zip(&got) {
-        let Decision::RetryAt { at_ms } = d else {
-            panic!("{d:?}")
-        };
+        let Transition::RetryAt(at_ms) = d else { panic!("{d:?}") };
         let base = MIN << (n - 1);
         assert!(*at_ms >= NOW + base / 2 && *at_ms <= NOW + base, "n = {n}");
     }
     let mut rng = StdRng::seed_from_u64(7);
-    let got: Vec<Decision> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng))
+    let got: Vec<Transition> = (1..=4)
+        .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng).transition)
         .collect();
     assert_eq!(got, FULL_SEED_7.map(retry_in).to_vec());
     // Retry-After still wins over a jittered (shorter) backoff.
     let mut rng = StdRng::seed_from_u64(7);
     assert_eq!(
-        decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng),
+        decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng).transition,
         retry_in(10 * MIN)
     );
 }
@@ -294,8 +297,8 @@ fn no_overflow_at_the_end_of_time() {
         give_up_at_ms: u64::MAX,
     };
     assert_eq!(
-        decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)),
-        Decision::RetryAt { at_ms: u64::MAX }
+        decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)).transition,
+        Transition::RetryAt(u64::MAX)
     );
 }
 
@@ -370,7 +373,7 @@ fn jitter_applies_to_a_schedule() {
         };
         let mut rng = StdRng::seed_from_u64(11);
         for n in 1..=7 {
-            let Decision::RetryAt { at_ms } = decide(&status(500), n, &l, &p, NOW, &mut rng) else {
+            let Transition::RetryAt(at_ms) = decide(&status(500), n, &l, &p, NOW, &mut rng).transition else {
                 panic!("retry expected")
             };
             let base = schedule.base(n).as_millis() as u64;
@@ -386,7 +389,6 @@ fn jitter_applies_to_a_schedule() {
 
 #[test]
 fn status_rules_change_the_decision() {
-    use crate::policy::classify::{StatusMatch, StatusRules};
     let endpoint = StatusRules::new([
         (StatusMatch::Code(404), Class::Permanent),
         (StatusMatch::Code(409), Class::Delivered),
@@ -401,14 +403,14 @@ fn status_rules_change_the_decision() {
     let l = limits();
     let table = [
         (status(404), 1, DEAD_PERMANENT),
-        (status(409), 1, Decision::Delivered),
+        (status(409), 1, Transition::Delivered),
         (status(410), 1, retry_in(MIN)),
         (status(410), 16, DEAD_MAX),
         (status(500), 4, retry_in(8 * MIN)),
         (status(500), 5, DEAD_MAX),
         (status(503), 5, retry_in(16 * MIN)),
         (status(400), 1, DEAD_PERMANENT),
-        (status(200), 1, Decision::Delivered),
+        (status(200), 1, Transition::Delivered),
         // Retry-After still applies to a 429/503 the rules leave retried.
         (status_ra(429, "600"), 1, retry_in(10 * MIN)),
     ];
@@ -426,6 +428,34 @@ fn status_rules_change_the_decision() {
     assert_eq!(run(&AttemptResult::NetworkError, 1, &l, &p), retry_in(MIN));
     assert_eq!(
         run(&AttemptResult::EgressDenied, 1, &l, &p),
-        Decision::Dead(DeadReason::EgressDenied)
+        Transition::Dead(DeadReason::EgressDenied)
     );
+}
+
+#[test]
+fn the_outcome_follows_the_ruled_class_not_the_transition() {
+    let rules = StatusRules::new([(StatusMatch::Code(409), Class::Delivered)]).unwrap();
+    let p = RetryPolicy {
+        statuses: Statuses::layered([Some(&rules), None, None]),
+        ..policy(Jitter::None)
+    };
+    let l = limits();
+    let outcome = |result: &AttemptResult, attempts: u32| {
+        decide(result, attempts, &l, &p, NOW, &mut StdRng::seed_from_u64(1)).outcome
+    };
+    let table = [
+        (status(200), 1, Outcome::Delivered),
+        // A 409 ruled success counts delivered.
+        (status(409), 1, Outcome::Delivered),
+        (status(410), 1, Outcome::Permanent),
+        (status(500), 1, Outcome::Retry),
+        // Given up on by the limits, it still counts as the retry it was.
+        (status(500), 16, Outcome::Retry),
+        (status(404), 5, Outcome::Retry),
+        (AttemptResult::NetworkError, 1, Outcome::Retry),
+        (AttemptResult::EgressDenied, 1, Outcome::EgressDenied),
+    ];
+    for (result, attempts, want) in table {
+        assert_eq!(outcome(&result, attempts), want, "{result:?} after {attempts}");
+    }
 }

@@ -10,7 +10,8 @@
 //! - [`retry_after`] parses a receiver's `Retry-After` header (seconds or HTTP-date).
 //! - [`rate`] is the per-endpoint token bucket.
 //! - [`circuit`] is the per-host circuit breaker.
-//! - [`decide`] combines them with the give-up limits into one [`Decision`].
+//! - [`decide`] combines them with the give-up limits into one [`Verdict`]: where the
+//!   message goes and how the attempt counts.
 //! - [`book`] says which settings a message gets: the global ones overridden by its
 //!   route's and its endpoint's sections.
 
@@ -25,6 +26,6 @@ pub mod retry_after;
 pub use backoff::{Backoff, BackoffError};
 pub use book::{BasePolicy, Overrides, PolicyBook, Resolved};
 pub use classify::{classify, Class, StatusError, StatusMatch, StatusRules, Statuses};
-pub use decide::{decide, AttemptResult, Decision, Limits, RetryPolicy};
+pub use decide::{decide, AttemptResult, Limits, Outcome, RetryPolicy, Verdict};
 pub use rate::TokenBucket;
 pub use retry_after::parse_retry_after;

@@ -73,6 +73,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rocksdb::{ColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
+pub use crate::model::Transition;
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
 pub use error::{Faults, ItemFault, StoreError};
@@ -81,7 +82,7 @@ pub use floor::FloorMark;
 pub use handoff::HandOff;
 pub use lines::LineRecord;
 
-use crate::model::{DeadReason, State};
+use crate::model::State;
 
 /// Tuning for [`Store::open`].
 #[derive(Debug, Clone)]
@@ -135,17 +136,6 @@ pub struct Claimed {
     pub record: MessageRecord,
     /// What to send.
     pub payload: Payload,
-}
-
-/// How an attempt ended, as the store records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// Try again at this time.
-    RetryAt(u64),
-    /// Delivered.
-    Delivered,
-    /// Dead-lettered.
-    Dead(DeadReason),
 }
 
 /// One finished attempt to record with [`Store::finish_attempts`].

@@ -17,7 +17,7 @@ mod unreadable;
 use rand::SeedableRng;
 
 use super::*;
-use crate::model::SignatureScheme;
+use crate::model::{DeadReason, SignatureScheme};
 
 fn open() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
