@@ -600,8 +600,8 @@ impl World {
         let node = self.node.as_mut().expect("running");
         let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
         // Attempts start only in passes: what is open now is what they must not overtake.
-        quietly(&d.context().store(), || {
-            self.rx.order.refresh_from(&d.context().store())
+        quietly(d.context().store(), || {
+            self.rx.order.refresh_from(d.context().store())
         });
         let _g = handle.enter();
         let mut note = None;
@@ -641,10 +641,10 @@ impl World {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
-                        let ordered = quietly(&d.context().store(), || {
+                        let ordered = quietly(d.context().store(), || {
                             self.rx
                                 .order
-                                .before_replay(&d.context().store(), std::slice::from_ref(id))
+                                .before_replay(d.context().store(), std::slice::from_ref(id))
                         });
                         let r = self.live(d.context().store().replay(id, now, |_| give_up), "replay");
                         if r.is_some() {
@@ -657,8 +657,8 @@ impl World {
             }
             4 => {
                 let dead = self.list(State::Dead);
-                let mut ordered = quietly(&d.context().store(), || {
-                    self.rx.order.before_replay(&d.context().store(), &dead)
+                let mut ordered = quietly(d.context().store(), || {
+                    self.rx.order.before_replay(d.context().store(), &dead)
                 });
                 let n = self.live(
                     d.context()
