@@ -12,19 +12,10 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use url::Url;
 
-use super::parse::{parse_duration_text, parse_u32};
+use super::parse::parse_duration_text;
 use super::units::format_duration;
 use super::ConfigError;
 use crate::signing::Secret;
-
-/// `COURIER_FLEET_REDIS_URL`: `fleet.redis_url`.
-pub const ENV_REDIS_URL: &str = "COURIER_FLEET_REDIS_URL";
-/// `COURIER_FLEET_REDIS_PASSWORD`: the Redis password (over `password_file` and the URL's).
-pub const ENV_REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
-/// `COURIER_FLEET_EXPECTED_REPLICAS`: `fleet.expected_replicas`.
-pub const ENV_EXPECTED_REPLICAS: &str = "COURIER_FLEET_EXPECTED_REPLICAS";
-/// `COURIER_FLEET_KEY_PREFIX`: `fleet.key_prefix`.
-pub const ENV_KEY_PREFIX: &str = "COURIER_FLEET_KEY_PREFIX";
 
 /// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -176,18 +167,6 @@ impl FleetConfig {
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|e| ConfigError::invalid("fleet.redis_url", e))?;
             self.password_override()?;
-        }
-        Ok(())
-    }
-
-    /// Applies one of the `COURIER_FLEET_*` variables.
-    pub(super) fn set_from_env(&mut self, name: &str, v: &str) -> Result<(), String> {
-        match name {
-            ENV_REDIS_URL => self.redis_url = Some(parse_redis_url(v)?),
-            ENV_REDIS_PASSWORD => self.password = Some(Secret::new(v.to_string())),
-            ENV_EXPECTED_REPLICAS => self.expected_replicas = parse_u32(v)?,
-            ENV_KEY_PREFIX => self.key_prefix = v.trim().to_string(),
-            _ => {}
         }
         Ok(())
     }
@@ -355,15 +334,18 @@ mod tests {
 
     #[test]
     fn environment_variables_set_the_section() {
-        let mut f = FleetConfig::default();
-        f.set_from_env(ENV_REDIS_URL, " rediss://r.example:6380 ").unwrap();
-        f.set_from_env(ENV_EXPECTED_REPLICAS, "4").unwrap();
-        f.set_from_env(ENV_KEY_PREFIX, "staging").unwrap();
-        f.set_from_env(ENV_REDIS_PASSWORD, "pw").unwrap();
+        let env = crate::config::tests::env_from(&[
+            ("COURIER_FLEET_REDIS_URL", " rediss://r.example:6380 "),
+            ("COURIER_FLEET_EXPECTED_REPLICAS", "4"),
+            ("COURIER_FLEET_KEY_PREFIX", " staging "),
+            ("COURIER_FLEET_REDIS_PASSWORD", "pw"),
+        ]);
+        let f = Config::layered(None, &env, &Default::default()).unwrap().fleet;
         assert_eq!(f.redis_url.as_ref().map(Url::as_str), Some("rediss://r.example:6380"));
         assert_eq!((f.expected_replicas, f.key_prefix.as_str()), (4, "staging"));
         assert_eq!(f.password_source(), PasswordSource::Env);
-        let e = f.set_from_env(ENV_REDIS_URL, "https://:pw@r.example").unwrap_err();
-        assert!(!e.contains("pw@"), "{e}");
+        let env = crate::config::tests::env_from(&[("COURIER_FLEET_REDIS_URL", "https://:pw@r.example")]);
+        let e = Config::layered(None, &env, &Default::default()).unwrap_err().to_string();
+        assert!(e.starts_with("COURIER_FLEET_REDIS_URL: must be") && !e.contains("pw@"), "{e}");
     }
 }

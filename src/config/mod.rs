@@ -75,7 +75,8 @@ use url::Url;
 
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
-use de::{Dur, Ingress, Link, Mode, Size, Tcp};
+use de::{Dur, Link, Size};
+use listen::{Ingress, Mode, Tcp};
 
 pub use access::{IngressConfig, ListenerAccess, DEFAULT_IDLE_TIMEOUT};
 pub use circuit::CircuitConfig;
@@ -265,18 +266,38 @@ impl Config {
             .config
             .clone()
             .or_else(|| env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from));
-        let mut config = match path {
+        let file = match path {
             Some(path) => {
                 let origin = path.display().to_string();
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| ConfigError::file(&origin, format!("cannot read the file: {e}")))?;
-                Config::from_toml_str(&text, &origin)?
+                Some((text, origin))
             }
-            None => Config::default(),
+            None => None,
         };
-        config.apply_env(env)?;
-        config.apply_flags(flags)?;
+        let config = Config::layered(file.as_ref().map(|(t, o)| (t.as_str(), o.as_str())), env, flags)?;
         config.validate()?;
+        Ok(config)
+    }
+
+    /// The layers over the defaults — the file (`text`, `origin`), the environment, the
+    /// flags — without validation. The file is read alone first, so its errors come first
+    /// and name its keys and lines.
+    pub(super) fn layered(
+        file: Option<(&str, &str)>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let root = match file {
+            Some((text, origin)) => {
+                let root = file::document(text, origin)?;
+                Config::from_document(root.clone(), text, origin)?;
+                root
+            }
+            None => toml_edit::Table::new(),
+        };
+        let mut config = env::overlay(root, env)?;
+        config.apply_flags(flags)?;
         Ok(config)
     }
 
