@@ -48,70 +48,66 @@ const REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
 
 /// Every variable of the env layer: its key, how it reads, whether it is secret. In the
 /// order of the config file, which is the order a bad value is found in.
+#[rustfmt::skip]
 const VARS: [(&str, &str, Kind, bool); 56] = [
-    ("COURIER_LISTEN", "listen", Text, SHOWN),
-    ("COURIER_LISTEN_MODE", "listen_mode", Text, SHOWN),
-    ("COURIER_ADMIN_LISTEN", "admin_listen", Text, SHOWN),
-    ("COURIER_OPS_LISTEN", "ops_listen", Text, SHOWN),
-    ("COURIER_DATA_DIR", "data_dir", Text, SHOWN),
-    ("COURIER_MAX_BODY", "max_body", Text, SHOWN),
-    ("COURIER_SHUTDOWN_GRACE", "shutdown_grace", Text, SHOWN),
-    ("COURIER_RETENTION", "retention", Text, SHOWN),
-    ("COURIER_DEAD_RETENTION", "dead_retention", Text, SHOWN),
-    ("COURIER_INGRESS_TOKEN", "ingress_token", Text, SECRET),
-    ("COURIER_ADMIN_TOKEN", "admin_token", Text, SECRET),
-    ("COURIER_ALLOW_UNAUTHENTICATED_NETWORK", "allow_unauthenticated_network", Bool, SHOWN),
-    ("COURIER_ALERT_URL", "alert_url", Text, SECRET),
-    ("COURIER_INGRESS_ALLOWED_ORIGINS", "ingress.allowed_origins", List, SHOWN),
-    ("COURIER_INGRESS_HOSTS", "ingress.hosts", List, SHOWN),
-    ("COURIER_INGRESS_IDLE_TIMEOUT", "ingress.idle_timeout", Text, SHOWN),
-    ("COURIER_INGRESS_MAX_PENDING_BYTES", "ingress.max_pending_bytes", Text, SHOWN),
-    ("COURIER_INGRESS_ALLOW_GET", "ingress.allow_get", Bool, SHOWN),
-    ("COURIER_ADMIN_ALLOWED_ORIGINS", "admin.allowed_origins", List, SHOWN),
-    ("COURIER_ADMIN_HOSTS", "admin.hosts", List, SHOWN),
-    ("COURIER_ADMIN_IDLE_TIMEOUT", "admin.idle_timeout", Text, SHOWN),
-    ("COURIER_RETRY_BASE_DELAY", "retry.base_delay", Text, SHOWN),
-    ("COURIER_RETRY_MAX_DELAY", "retry.max_delay", Text, SHOWN),
-    ("COURIER_RETRY_JITTER", "retry.jitter", Text, SHOWN),
+    ("COURIER_LISTEN",                                   "listen",                                  Text,      SHOWN),
+    ("COURIER_LISTEN_MODE",                              "listen_mode",                             Text,      SHOWN),
+    ("COURIER_ADMIN_LISTEN",                             "admin_listen",                            Text,      SHOWN),
+    ("COURIER_OPS_LISTEN",                               "ops_listen",                              Text,      SHOWN),
+    ("COURIER_DATA_DIR",                                 "data_dir",                                Text,      SHOWN),
+    ("COURIER_MAX_BODY",                                 "max_body",                                Text,      SHOWN),
+    ("COURIER_SHUTDOWN_GRACE",                           "shutdown_grace",                          Text,      SHOWN),
+    ("COURIER_RETENTION",                                "retention",                               Text,      SHOWN),
+    ("COURIER_DEAD_RETENTION",                           "dead_retention",                          Text,      SHOWN),
+    ("COURIER_INGRESS_TOKEN",                            "ingress_token",                           Text,      SECRET),
+    ("COURIER_ADMIN_TOKEN",                              "admin_token",                             Text,      SECRET),
+    ("COURIER_ALLOW_UNAUTHENTICATED_NETWORK",            "allow_unauthenticated_network",           Bool,      SHOWN),
+    ("COURIER_ALERT_URL",                                "alert_url",                               Text,      SECRET),
+    ("COURIER_INGRESS_ALLOWED_ORIGINS",                  "ingress.allowed_origins",                 List,      SHOWN),
+    ("COURIER_INGRESS_HOSTS",                            "ingress.hosts",                           List,      SHOWN),
+    ("COURIER_INGRESS_IDLE_TIMEOUT",                     "ingress.idle_timeout",                    Text,      SHOWN),
+    ("COURIER_INGRESS_MAX_PENDING_BYTES",                "ingress.max_pending_bytes",               Text,      SHOWN),
+    ("COURIER_INGRESS_ALLOW_GET",                        "ingress.allow_get",                       Bool,      SHOWN),
+    ("COURIER_ADMIN_ALLOWED_ORIGINS",                    "admin.allowed_origins",                   List,      SHOWN),
+    ("COURIER_ADMIN_HOSTS",                              "admin.hosts",                             List,      SHOWN),
+    ("COURIER_ADMIN_IDLE_TIMEOUT",                       "admin.idle_timeout",                      Text,      SHOWN),
+    ("COURIER_RETRY_BASE_DELAY",                         "retry.base_delay",                        Text,      SHOWN),
+    ("COURIER_RETRY_MAX_DELAY",                          "retry.max_delay",                         Text,      SHOWN),
+    ("COURIER_RETRY_JITTER",                             "retry.jitter",                            Text,      SHOWN),
     // A schedule stands for its attempts, unless COURIER_RETRY_MAX_ATTEMPTS is set too.
-    ("COURIER_RETRY_SCHEDULE", "retry.schedule", Schedule, SHOWN),
-    ("COURIER_RETRY_MAX_ATTEMPTS", "retry.max_attempts", Int, SHOWN),
-    ("COURIER_RETRY_GIVE_UP_AFTER", "retry.give_up_after", Text, SHOWN),
-    ("COURIER_RETRY_MAX_ATTEMPTS_404", "retry.max_attempts_404", Int, SHOWN),
-    ("COURIER_RETRY_MAX_RETRY_AFTER", "retry.max_retry_after", Text, SHOWN),
-    ("COURIER_DELIVERY_CONNECT_TIMEOUT", "delivery.connect_timeout", Text, SHOWN),
-    ("COURIER_DELIVERY_REQUEST_TIMEOUT", "delivery.request_timeout", Text, SHOWN),
-    ("COURIER_DELIVERY_MAX_IN_FLIGHT", "delivery.max_in_flight", Int, SHOWN),
-    ("COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST", "delivery.max_in_flight_per_host", Int, SHOWN),
-    ("COURIER_DELIVERY_RATE_PER_SECOND", "delivery.rate_per_second", Int, SHOWN),
-    (
-        "COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES",
-        "delivery.pause_after_permanent_failures",
-        Int,
-        SHOWN,
-    ),
-    ("COURIER_DELIVERY_MAX_RESPONSE_BODY", "delivery.max_response_body", Text, SHOWN),
-    ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT", "delivery.idle_connection_timeout", Text, SHOWN),
-    ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS", "delivery.max_idle_connections", Int, SHOWN),
-    ("COURIER_CIRCUIT_FAILURES", "circuit.failures", Int, SHOWN),
-    ("COURIER_CIRCUIT_PROBE_DELAY", "circuit.probe_delay", Text, SHOWN),
-    ("COURIER_CIRCUIT_PROBE_MAX_DELAY", "circuit.probe_max_delay", Text, SHOWN),
-    ("COURIER_LOG_FORMAT", "log.format", Text, SHOWN),
-    ("COURIER_FLEET_REDIS_URL", "fleet.redis_url", Text, SECRET),
-    (REDIS_PASSWORD, "fleet.password", EnvOnly, SECRET),
-    ("COURIER_FLEET_EXPECTED_REPLICAS", "fleet.expected_replicas", Int, SHOWN),
-    ("COURIER_FLEET_KEY_PREFIX", "fleet.key_prefix", Trim, SHOWN),
-    ("COURIER_DRAIN_TO", "drain.to", Clear, SHOWN),
-    ("COURIER_DRAIN_PEERS", "drain.peers", List, SHOWN),
-    ("COURIER_DRAIN_TOKEN", "drain.token", Text, SECRET),
-    ("COURIER_DRAIN_CONCURRENCY", "drain.concurrency", Int, SHOWN),
-    ("COURIER_SIGNING_SCHEME", "signing.scheme", Text, SHOWN),
-    ("COURIER_SIGNING_SECRETS", "signing.secrets", List, SECRET),
-    ("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS", "egress.allow_private_targets", Bool, SHOWN),
-    ("COURIER_EGRESS_ALLOW", "egress.allow", List, SHOWN),
+    ("COURIER_RETRY_SCHEDULE",                           "retry.schedule",                          Schedule,  SHOWN),
+    ("COURIER_RETRY_MAX_ATTEMPTS",                       "retry.max_attempts",                      Int,       SHOWN),
+    ("COURIER_RETRY_GIVE_UP_AFTER",                      "retry.give_up_after",                     Text,      SHOWN),
+    ("COURIER_RETRY_MAX_ATTEMPTS_404",                   "retry.max_attempts_404",                  Int,       SHOWN),
+    ("COURIER_RETRY_MAX_RETRY_AFTER",                    "retry.max_retry_after",                   Text,      SHOWN),
+    ("COURIER_DELIVERY_CONNECT_TIMEOUT",                 "delivery.connect_timeout",                Text,      SHOWN),
+    ("COURIER_DELIVERY_REQUEST_TIMEOUT",                 "delivery.request_timeout",                Text,      SHOWN),
+    ("COURIER_DELIVERY_MAX_IN_FLIGHT",                   "delivery.max_in_flight",                  Int,       SHOWN),
+    ("COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST",          "delivery.max_in_flight_per_host",         Int,       SHOWN),
+    ("COURIER_DELIVERY_RATE_PER_SECOND",                 "delivery.rate_per_second",                Int,       SHOWN),
+    ("COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES",  "delivery.pause_after_permanent_failures", Int,       SHOWN),
+    ("COURIER_DELIVERY_MAX_RESPONSE_BODY",               "delivery.max_response_body",              Text,      SHOWN),
+    ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT",         "delivery.idle_connection_timeout",        Text,      SHOWN),
+    ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS",            "delivery.max_idle_connections",           Int,       SHOWN),
+    ("COURIER_CIRCUIT_FAILURES",                         "circuit.failures",                        Int,       SHOWN),
+    ("COURIER_CIRCUIT_PROBE_DELAY",                      "circuit.probe_delay",                     Text,      SHOWN),
+    ("COURIER_CIRCUIT_PROBE_MAX_DELAY",                  "circuit.probe_max_delay",                 Text,      SHOWN),
+    ("COURIER_LOG_FORMAT",                               "log.format",                              Text,      SHOWN),
+    ("COURIER_FLEET_REDIS_URL",                          "fleet.redis_url",                         Text,      SECRET),
+    (REDIS_PASSWORD,                                     "fleet.password",                          EnvOnly,   SECRET),
+    ("COURIER_FLEET_EXPECTED_REPLICAS",                  "fleet.expected_replicas",                 Int,       SHOWN),
+    ("COURIER_FLEET_KEY_PREFIX",                         "fleet.key_prefix",                        Trim,      SHOWN),
+    ("COURIER_DRAIN_TO",                                 "drain.to",                                Clear,     SHOWN),
+    ("COURIER_DRAIN_PEERS",                              "drain.peers",                             List,      SHOWN),
+    ("COURIER_DRAIN_TOKEN",                              "drain.token",                             Text,      SECRET),
+    ("COURIER_DRAIN_CONCURRENCY",                        "drain.concurrency",                       Int,       SHOWN),
+    ("COURIER_SIGNING_SCHEME",                           "signing.scheme",                          Text,      SHOWN),
+    ("COURIER_SIGNING_SECRETS",                          "signing.secrets",                         List,      SECRET),
+    ("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",             "egress.allow_private_targets",            Bool,      SHOWN),
+    ("COURIER_EGRESS_ALLOW",                             "egress.allow",                            List,      SHOWN),
     // Its URL may carry a password.
-    ("COURIER_EGRESS_PROXY", "egress.proxy", Clear, SECRET),
-    ("COURIER_EGRESS_NO_PROXY", "egress.no_proxy", List, SHOWN),
+    ("COURIER_EGRESS_PROXY",                             "egress.proxy",                            Clear,     SECRET),
+    ("COURIER_EGRESS_NO_PROXY",                          "egress.no_proxy",                         List,      SHOWN),
 ];
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
@@ -150,7 +146,8 @@ pub(super) fn overlay(mut root: Table, env: &dyn Fn(&str) -> Option<String>) -> 
         put(&mut root, key, value);
     }
     // Every value read alone above: what is left to fail is the file's, already read.
-    let mut config = read(root).map_err(|e| ConfigError::new("environment", serde_message(e.inner().message()).text))?;
+    let mut config =
+        read(root).map_err(|e| ConfigError::new("environment", serde_message(e.inner().message()).text))?;
     if let Some(password) = env(REDIS_PASSWORD) {
         config.fleet.password = Some(Secret::new(password));
     }
@@ -185,7 +182,11 @@ fn put(root: &mut Table, key: &str, value: Option<Value>) {
     let (sections, last) = key.rsplit_once('.').map_or(("", key), |(s, l)| (s, l));
     for section in sections.split('.').filter(|s| !s.is_empty()) {
         // A section that is no table is the file's error, reported when the file was read.
-        let Some(inner) = table.entry(section).or_insert(Item::Table(Table::new())).as_table_like_mut() else {
+        let Some(inner) = table
+            .entry(section)
+            .or_insert(Item::Table(Table::new()))
+            .as_table_like_mut()
+        else {
             return;
         };
         table = inner;

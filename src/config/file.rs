@@ -42,9 +42,8 @@ impl Config {
 
 /// The file `text` parsed, keeping each value's place in the text, and settled by `shape`.
 pub(super) fn document(text: &str, origin: &str) -> Result<Table, ConfigError> {
-    let document = ImDocument::parse(text).map_err(|e| {
-        ConfigError::file(origin, format!("{}{}", e.message(), line_suffix(text, e.span())))
-    })?;
+    let document = ImDocument::parse(text)
+        .map_err(|e| ConfigError::file(origin, format!("{}{}", e.message(), line_suffix(text, e.span()))))?;
     let mut root = document.into_table();
     shape(&mut root).map_err(|problem| ConfigError::file(origin, problem))?;
     Ok(root)

@@ -9,13 +9,19 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use url::Url;
 
+use super::de::{self, text};
 use super::parse::parse_duration_text;
 use super::units::format_duration;
 use super::ConfigError;
 use crate::signing::Secret;
+
+text!(/// A `redis://` or `rediss://` URL (never quoted: it may carry a password).
+    RedisUrl: Url = parse_redis_url);
+text!(/// A duration of `[fleet]` (whose bad durations have no code).
+    Ttl: Duration = parse_duration_text);
 
 /// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -23,7 +29,7 @@ use crate::signing::Secret;
 pub struct FleetConfig {
     /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
     /// system's web PKI roots). Unset: fleet limits off.
-    #[serde(deserialize_with = "redis_url")]
+    #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
     pub redis_url: Option<Url>,
     /// A file holding the Redis password (a mounted Kubernetes secret); its trailing newline
     /// is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
@@ -42,11 +48,11 @@ pub struct FleetConfig {
     pub key_prefix: String,
     /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
     /// Redis): renewed every third of it while the attempt runs.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "de::one::<Ttl, _>")]
     pub lease_ttl: Duration,
     /// The longest one Redis call may take before Redis counts as unavailable and the
     /// fallback limits apply; short, so a stalled Redis does not stall delivery.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "de::one::<Ttl, _>")]
     pub timeout: Duration,
 }
 
@@ -219,16 +225,6 @@ fn check_redis_url(url: &Url) -> Result<(), String> {
     Ok(())
 }
 
-fn redis_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Url>, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_redis_url(&text).map(Some).map_err(serde::de::Error::custom)
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_duration_text(&text).map_err(serde::de::Error::custom)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,7 +341,12 @@ mod tests {
         assert_eq!((f.expected_replicas, f.key_prefix.as_str()), (4, "staging"));
         assert_eq!(f.password_source(), PasswordSource::Env);
         let env = crate::config::tests::env_from(&[("COURIER_FLEET_REDIS_URL", "https://:pw@r.example")]);
-        let e = Config::layered(None, &env, &Default::default()).unwrap_err().to_string();
-        assert!(e.starts_with("COURIER_FLEET_REDIS_URL: must be") && !e.contains("pw@"), "{e}");
+        let e = Config::layered(None, &env, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("COURIER_FLEET_REDIS_URL: must be") && !e.contains("pw@"),
+            "{e}"
+        );
     }
 }

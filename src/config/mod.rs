@@ -10,8 +10,11 @@
 //!   deny_unknown_fields)]` at every level, so a typo is an error instead of a silently
 //!   ignored setting, and an unwritten key keeps its default). Adding a section is one file
 //!   with its struct and one field here.
-//! - Values written as text (durations, sizes, addresses, URLs, ...) are read by the parsers
-//!   of `parse` through the markers of `de`; the environment layer uses the same markers, so
+//! - Values written as text (durations, sizes, addresses, URLs, ...) are read through the
+//!   markers of `de` by their parsers (in `parse`, or beside the type they make: `listen`,
+//!   `log`, `proxy`).
+//! - A variable is another spelling of one key: `env`'s table turns each set variable into
+//!   that key's TOML value, put over the file's document, and serde reads the whole once, so
 //!   a setting reads the same from either.
 //! - The environment is read only through a closure and only for the names in
 //!   [`ENV_VARS`]: tests inject variables without touching the process, and the variables
@@ -30,12 +33,13 @@
 //!   `retry` (with the `schedule` and `statuses` readers), `delivery`, `circuit`, `log`,
 //!   `signing`, `egress` (with `proxy`), `tls`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
 //!   (the retry keys of routes and endpoints, [`PolicyOverrides`], their checks and
-//!   [`Config::policy_book`]), `listen` (the ingress address);
+//!   [`Config::policy_book`]), `listen` (the ingress address and its parsers);
 //! - `file`: the TOML layer ([`Config::from_toml_str`]) and its one-line errors; `shape`: what
 //!   the file's keys mean together (aliases, groups), settled before serde reads them; `de`:
-//!   how values written as text are read; `parse` and [`units`]: the parsers;
-//! - `env`: the environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]);
-//! - `error`: [`ConfigError`]; `validate`: [`Config::validate`] and its rules; `summary`:
+//!   how values written as text are read; `parse` and [`units`]: the shared parsers;
+//! - `env`: the table of variables ([`ENV_VARS`]), the environment layer and the flag layer
+//!   ([`Overrides`]);
+//! - `error`: [`ConfigError`] (a leaf: it asks no other module anything); `validate`: [`Config::validate`] and its rules; `summary`:
 //!   [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
 mod access;

@@ -222,14 +222,20 @@ fn env_booleans_and_lists() {
     ]);
     let c = Config::layered(Some((file, "t")), &env, &Overrides::default()).unwrap();
     assert_eq!((c.drain.to, c.egress.proxy, c.retry.schedule), (None, None, None));
-    assert_eq!(c.retry.max_attempts, 2, "the file's schedule still stood for its attempts");
+    assert_eq!(
+        c.retry.max_attempts, 2,
+        "the file's schedule still stood for its attempts"
+    );
 }
 
 #[test]
 fn a_variable_over_a_bad_file_value_still_reports_the_file() {
     let env = env_from(&[("COURIER_MAX_BODY", "1KiB")]);
     let e = Config::layered(Some(("max_body = \"huge\"\n", "c.toml")), &env, &Overrides::default()).unwrap_err();
-    assert!(e.to_string().starts_with("config c.toml: max_body: invalid size"), "{e}");
+    assert!(
+        e.to_string().starts_with("config c.toml: max_body: invalid size"),
+        "{e}"
+    );
     // The first bad variable in the order of the table is the one reported.
     let env = env_from(&[("COURIER_EGRESS_ALLOW", "x"), ("COURIER_LISTEN", "y")]);
     let e = Config::load(&Overrides::default(), &env).unwrap_err().to_string();
