@@ -10,7 +10,7 @@
 use toml_edit::{Array, Item, Table, Value};
 
 use super::error::Problem;
-use super::file::{read, serde_message};
+use super::file::{dotted, read, serde_message};
 use super::listen::{parse_ingress_listen, parse_listen};
 use super::parse::{parse_bool, parse_u32, split_list};
 use super::retry::implied_attempts;
@@ -136,7 +136,14 @@ pub(super) fn overlay(mut root: Table, env: &dyn Fn(&str) -> Option<String>) -> 
         let value = value(kind, &text).map_err(fail)?;
         let mut alone = Table::new();
         put(&mut alone, key, value.clone());
-        read(alone).map_err(|e| fail(serde_message(e.inner().message())))?;
+        read(alone).map_err(|e| {
+            let problem = serde_message(e.inner().message());
+            match kind {
+                // A schedule's problem says where in it, as the variable's always has.
+                Schedule => fail(problem.at(&format!("the schedule{}", &dotted(e.path())[key.len()..]))),
+                _ => fail(problem),
+            }
+        })?;
         if let (Schedule, Some(Value::Array(steps))) = (kind, &value) {
             if env("COURIER_RETRY_MAX_ATTEMPTS").is_none() {
                 let attempts = i64::from(implied_attempts(steps.len()));

@@ -89,7 +89,7 @@ pub(super) fn serde_message(message: &str) -> Problem {
 }
 
 /// The path as the file writes it: `route[0].url`, without `shape`'s groups.
-fn dotted(path: &Path) -> String {
+pub(super) fn dotted(path: &Path) -> String {
     let mut out = String::new();
     for segment in path {
         match segment {
