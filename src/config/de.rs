@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,13 +16,10 @@ use serde::Deserialize;
 use url::Url;
 
 use super::error::Problem;
-use super::listen::{parse_mode, ListenAddr};
-use super::log::{parse_log_format, LogFormat};
 use super::parse::{
-    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_ingress_listen,
-    parse_jitter, parse_listen, parse_net, parse_origin, parse_size_text, parse_target, parse_url,
+    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_jitter, parse_net,
+    parse_origin, parse_size_text, parse_target, parse_url,
 };
-use super::proxy::{parse_no_proxy, parse_proxy, EgressProxy};
 use crate::model::{Jitter, UnknownName};
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
@@ -78,119 +74,41 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-/// `ip:port` or `localhost:port` (admin and ops listeners).
-pub(super) struct Tcp;
-impl Text for Tcp {
-    type Value = SocketAddr;
-    const PARSE: fn(&str) -> Result<SocketAddr, String> = parse_listen;
+/// Declares a [`Text`] marker: its doc, name, value type, parser, and the code of a bad
+/// value where its rule has one.
+macro_rules! text {
+    ($(#[$doc:meta])* $name:ident: $value:ty = $parse:expr $(, $code:literal)?) => {
+        $(#[$doc])*
+        pub(super) struct $name;
+        impl $crate::config::de::Text for $name {
+            type Value = $value;
+            const PARSE: fn(&str) -> Result<$value, String> = $parse;
+            $(const CODE: Option<&'static str> = Some($code);)?
+        }
+    };
 }
+pub(super) use text;
 
-/// What [`Tcp`] takes, or `unix:/path` (ingress).
-pub(super) struct Ingress;
-impl Text for Ingress {
-    type Value = ListenAddr;
-    const PARSE: fn(&str) -> Result<ListenAddr, String> = parse_ingress_listen;
-}
-
-/// An octal permission string (`0660`).
-pub(super) struct Mode;
-impl Text for Mode {
-    type Value = u32;
-    const PARSE: fn(&str) -> Result<u32, String> = parse_mode;
-}
-
-/// A size (`64KiB`), in bytes.
-pub(super) struct Size;
-impl Text for Size {
-    type Value = u64;
-    const PARSE: fn(&str) -> Result<u64, String> = parse_size_text;
-}
-
-/// A URL (its text is never repeated: it may carry a credential).
-pub(super) struct Link;
-impl Text for Link {
-    type Value = Url;
-    const PARSE: fn(&str) -> Result<Url, String> = parse_url;
-}
-
-/// A CIDR network or a bare address.
-pub(super) struct Net;
-impl Text for Net {
-    type Value = IpNet;
-    const PARSE: fn(&str) -> Result<IpNet, String> = parse_net;
-}
-
-/// A browser origin, as its ASCII serialization.
-pub(super) struct Origin;
-impl Text for Origin {
-    type Value = String;
-    const PARSE: fn(&str) -> Result<String, String> = parse_origin;
-}
-
-/// An extra `Host` name, lowercased.
-pub(super) struct HostEntry;
-impl Text for HostEntry {
-    type Value = String;
-    const PARSE: fn(&str) -> Result<String, String> = parse_host_entry;
-}
-
-/// A signing target pattern.
-pub(super) struct Target;
-impl Text for Target {
-    type Value = TargetPattern;
-    const PARSE: fn(&str) -> Result<TargetPattern, String> = parse_target;
-}
-
-/// `text` or `json`.
-pub(super) struct Format;
-impl Text for Format {
-    type Value = LogFormat;
-    const PARSE: fn(&str) -> Result<LogFormat, String> = parse_log_format;
-}
-
-/// A `[[host]]` key, normalised as live targets' are (`validate` checks its form).
-pub(super) struct HostKey;
-impl Text for HostKey {
-    type Value = String;
-    const PARSE: fn(&str) -> Result<String, String> = |t| Ok(normalize_host_key(t));
-}
-
-/// An `[[endpoint]]` key, normalised as live targets' are.
-pub(super) struct EndpointKey;
-impl Text for EndpointKey {
-    type Value = String;
-    const PARSE: fn(&str) -> Result<String, String> = |t| Ok(normalize_endpoint_key(t));
-}
-
-/// `egress.proxy`: an `http://` URL (never quoted: it may carry a password).
-pub(super) struct Proxy;
-impl Text for Proxy {
-    type Value = EgressProxy;
-    const PARSE: fn(&str) -> Result<EgressProxy, String> = parse_proxy;
-}
-
-/// An `egress.no_proxy` entry: a host, `.domain` suffix, address, network or `*`.
-pub(super) struct NoProxy;
-impl Text for NoProxy {
-    type Value = String;
-    const PARSE: fn(&str) -> Result<String, String> = parse_no_proxy;
-}
-
-/// A duration (`30s`); a bad one is `invalid_duration`, in whichever section.
-pub(super) struct Dur;
-impl Text for Dur {
-    type Value = Duration;
-    const PARSE: fn(&str) -> Result<Duration, String> = parse_duration_text;
-    const CODE: Option<&'static str> = Some("invalid_duration");
-}
-
-/// The jitter mode (`equal`, `full`, `none`, any case); a bad one is `invalid_value`.
-pub(super) struct JitterMode;
-impl Text for JitterMode {
-    type Value = Jitter;
-    const PARSE: fn(&str) -> Result<Jitter, String> = parse_jitter;
-    const CODE: Option<&'static str> = Some("invalid_value");
-}
+text!(/// A size (`64KiB`), in bytes.
+    Size: u64 = parse_size_text);
+text!(/// A URL (its text is never repeated: it may carry a credential).
+    Link: Url = parse_url);
+text!(/// A CIDR network or a bare address.
+    Net: IpNet = parse_net);
+text!(/// A browser origin, as its ASCII serialization.
+    Origin: String = parse_origin);
+text!(/// An extra `Host` name, lowercased.
+    HostEntry: String = parse_host_entry);
+text!(/// A signing target pattern.
+    Target: TargetPattern = parse_target);
+text!(/// A `[[host]]` key, normalised as live targets' are (`validate` checks its form).
+    HostKey: String = |t| Ok(normalize_host_key(t)));
+text!(/// An `[[endpoint]]` key, normalised as live targets' are.
+    EndpointKey: String = |t| Ok(normalize_endpoint_key(t)));
+text!(/// A duration (`30s`); a bad one is `invalid_duration`, in whichever section.
+    Dur: Duration = parse_duration_text, "invalid_duration");
+text!(/// The jitter mode (`equal`, `full`, `none`, any case); a bad one is `invalid_value`.
+    JitterMode: Jitter = parse_jitter, "invalid_value");
 
 /// One of the names of a model enum (`stripe`, `fifo`, `block`), read with its `FromStr`.
 pub(super) struct Name<T>(PhantomData<T>);

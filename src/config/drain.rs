@@ -8,7 +8,7 @@
 //! and the verb's `--to` and `--concurrency` override both (a running courier's `POST
 //! /drain` takes only `to` or a listed peer: [`DrainConfig::lists`]).
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use url::Url;
 
 use super::ConfigError;
@@ -20,7 +20,8 @@ pub const DEFAULT_CONCURRENCY: u32 = 16;
 pub const MAX_CONCURRENCY: u32 = 256;
 
 /// `[drain]`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// `Debug` shows the token as `Secret(***)`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DrainConfig {
     /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
@@ -28,7 +29,6 @@ pub struct DrainConfig {
     /// Other peers `POST /drain` may name (besides `to`).
     pub peers: Vec<String>,
     /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
-    #[serde(deserialize_with = "secret")]
     pub token: Option<Secret>,
     /// Messages forwarded to the peer at once.
     pub concurrency: u32,
@@ -43,21 +43,6 @@ impl Default for DrainConfig {
             concurrency: DEFAULT_CONCURRENCY,
         }
     }
-}
-
-impl std::fmt::Debug for DrainConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DrainConfig")
-            .field("to", &self.to)
-            .field("peers", &self.peers)
-            .field("token", &self.token)
-            .field("concurrency", &self.concurrency)
-            .finish()
-    }
-}
-
-fn secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
-    Ok(Option::<String>::deserialize(d)?.map(Secret::new))
 }
 
 impl DrainConfig {

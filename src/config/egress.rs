@@ -5,8 +5,8 @@
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use super::de::{self, Net, NoProxy, Proxy};
-use super::proxy::EgressProxy;
+use super::de::{self, Net};
+use super::proxy::{EgressProxy, NoProxy, Proxy};
 
 /// Egress policy openings (`[egress]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -1,223 +1,210 @@
-//! The environment layer ([`ENV_VARS`], read only through a closure) and the flag layer
-//! ([`Overrides`]), each overwriting what the layers below set.
+//! The environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]).
+//!
+//! A variable is another spelling of one file key: [`VARS`] says which key, and how the
+//! variable's text becomes that key's TOML value (a string, a number, a boolean, a
+//! comma-separated list). The values are put over the file's document once `shape` has
+//! settled it, and serde reads the whole once, so a variable is read by exactly the parser
+//! of its key. Each set variable is first read on its own, in the order of the table, so a
+//! bad value is reported under the variable's name, and a secret one without its value.
 
-use std::path::PathBuf;
+use toml_edit::{Array, Item, Table, Value};
 
-use super::de::{
-    Dur, Format, HostEntry, Ingress, JitterMode, Link, Mode, Name, Net, NoProxy, Origin, Proxy, Size, Tcp, Text,
-};
 use super::error::Problem;
-use super::parse::{parse_bool, parse_ingress_listen, parse_listen, parse_u32, split_list};
-use super::retry::{check_schedule, implied_attempts};
+use super::file::{dotted, read, serde_message};
+use super::listen::{parse_ingress_listen, parse_listen};
+use super::parse::{parse_bool, parse_u32, split_list};
+use super::retry::implied_attempts;
 use super::{Config, ConfigError, Overrides};
 use crate::signing::Secret;
 
-/// What a variable sets: its field, read with the parser the file uses for it.
-type Setter = fn(&mut Config, &str) -> Result<(), Problem>;
+/// How a variable's text becomes its key's value.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A string, as given (the key's parser trims where it should).
+    Text,
+    /// A string, trimmed.
+    Trim,
+    /// A string, trimmed; blank unsets the key (clears what the file set).
+    Clear,
+    /// A whole number from 0 to `u32::MAX`.
+    Int,
+    /// `true`, `false`, `1` or `0`, any case.
+    Bool,
+    /// Comma-separated items, each trimmed; blank is the empty list.
+    List,
+    /// Comma-separated durations; blank unsets the key (no schedule).
+    Schedule,
+    /// No file key (the file is often checked in): set on the tree after it is read.
+    EnvOnly,
+}
+use Kind::*;
 
-/// Every variable of the env layer and what it sets, in the order of the config file; one
-/// entry per variable, so a name cannot lose its setter.
-const SETTERS: [(&str, Setter); 56] = [
-    ("COURIER_LISTEN", |c, v| set(&mut c.listen, Ingress::parse(v))),
-    ("COURIER_LISTEN_MODE", |c, v| set(&mut c.listen_mode, Mode::parse(v))),
-    ("COURIER_ADMIN_LISTEN", |c, v| set(&mut c.admin_listen, Tcp::parse(v))),
-    ("COURIER_OPS_LISTEN", |c, v| {
-        set(&mut c.ops_listen, Tcp::parse(v).map(Some))
-    }),
-    ("COURIER_DATA_DIR", |c, v| set(&mut c.data_dir, Ok(PathBuf::from(v)))),
-    ("COURIER_MAX_BODY", |c, v| set(&mut c.max_body, Size::parse(v))),
-    ("COURIER_SHUTDOWN_GRACE", |c, v| {
-        set(&mut c.shutdown_grace, Dur::parse(v))
-    }),
-    ("COURIER_RETENTION", |c, v| set(&mut c.retention, Dur::parse(v))),
-    ("COURIER_DEAD_RETENTION", |c, v| {
-        set(&mut c.dead_retention, Dur::parse(v))
-    }),
-    ("COURIER_INGRESS_TOKEN", |c, v| {
-        set(&mut c.ingress_token, Ok(Some(secret(v))))
-    }),
-    ("COURIER_ADMIN_TOKEN", |c, v| {
-        set(&mut c.admin_token, Ok(Some(secret(v))))
-    }),
-    ("COURIER_ALLOW_UNAUTHENTICATED_NETWORK", |c, v| {
-        set(&mut c.allow_unauthenticated_network, bool_of(v))
-    }),
-    ("COURIER_ALERT_URL", |c, v| {
-        set(&mut c.alert_url, Link::parse(v).map(Some))
-    }),
-    ("COURIER_INGRESS_ALLOWED_ORIGINS", |c, v| {
-        set(&mut c.ingress.allowed_origins, list::<Origin>(v))
-    }),
-    ("COURIER_INGRESS_HOSTS", |c, v| {
-        set(&mut c.ingress.hosts, list::<HostEntry>(v))
-    }),
-    ("COURIER_INGRESS_IDLE_TIMEOUT", |c, v| {
-        set(&mut c.ingress.idle_timeout, Dur::parse(v))
-    }),
-    ("COURIER_INGRESS_MAX_PENDING_BYTES", |c, v| {
-        set(&mut c.ingress.max_pending_bytes, Size::parse(v))
-    }),
-    ("COURIER_INGRESS_ALLOW_GET", |c, v| {
-        set(&mut c.ingress.allow_get, bool_of(v))
-    }),
-    ("COURIER_ADMIN_ALLOWED_ORIGINS", |c, v| {
-        set(&mut c.admin.allowed_origins, list::<Origin>(v))
-    }),
-    ("COURIER_ADMIN_HOSTS", |c, v| {
-        set(&mut c.admin.hosts, list::<HostEntry>(v))
-    }),
-    ("COURIER_ADMIN_IDLE_TIMEOUT", |c, v| {
-        set(&mut c.admin.idle_timeout, Dur::parse(v))
-    }),
-    ("COURIER_RETRY_BASE_DELAY", |c, v| {
-        set(&mut c.retry.base_delay, Dur::parse(v))
-    }),
-    ("COURIER_RETRY_MAX_DELAY", |c, v| {
-        set(&mut c.retry.max_delay, Dur::parse(v))
-    }),
-    ("COURIER_RETRY_JITTER", |c, v| {
-        set(&mut c.retry.jitter, JitterMode::parse(v))
-    }),
-    // Before MAX_ATTEMPTS: a schedule sets max_attempts unless that variable is set too.
-    ("COURIER_RETRY_SCHEDULE", set_schedule),
-    ("COURIER_RETRY_MAX_ATTEMPTS", |c, v| {
-        set(&mut c.retry.max_attempts, u32_of(v))
-    }),
-    ("COURIER_RETRY_GIVE_UP_AFTER", |c, v| {
-        set(&mut c.retry.give_up_after, Dur::parse(v))
-    }),
-    ("COURIER_RETRY_MAX_ATTEMPTS_404", |c, v| {
-        set(&mut c.retry.max_attempts_404, u32_of(v))
-    }),
-    ("COURIER_RETRY_MAX_RETRY_AFTER", |c, v| {
-        set(&mut c.retry.max_retry_after, Dur::parse(v))
-    }),
-    ("COURIER_DELIVERY_CONNECT_TIMEOUT", |c, v| {
-        set(&mut c.delivery.connect_timeout, Dur::parse(v))
-    }),
-    ("COURIER_DELIVERY_REQUEST_TIMEOUT", |c, v| {
-        set(&mut c.delivery.request_timeout, Dur::parse(v))
-    }),
-    ("COURIER_DELIVERY_MAX_IN_FLIGHT", |c, v| {
-        set(&mut c.delivery.max_in_flight, u32_of(v))
-    }),
-    ("COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST", |c, v| {
-        set(&mut c.delivery.max_in_flight_per_host, u32_of(v))
-    }),
-    ("COURIER_DELIVERY_RATE_PER_SECOND", |c, v| {
-        set(&mut c.delivery.rate_per_second, u32_of(v))
-    }),
-    ("COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES", |c, v| {
-        set(&mut c.delivery.pause_after_permanent_failures, u32_of(v))
-    }),
-    ("COURIER_DELIVERY_MAX_RESPONSE_BODY", |c, v| {
-        set(&mut c.delivery.max_response_body, Size::parse(v))
-    }),
-    ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT", |c, v| {
-        set(&mut c.delivery.idle_connection_timeout, Dur::parse(v))
-    }),
-    ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS", |c, v| {
-        set(&mut c.delivery.max_idle_connections, u32_of(v))
-    }),
-    ("COURIER_CIRCUIT_FAILURES", |c, v| {
-        set(&mut c.circuit.failures, u32_of(v))
-    }),
-    ("COURIER_CIRCUIT_PROBE_DELAY", |c, v| {
-        set(&mut c.circuit.probe_delay, Dur::parse(v))
-    }),
-    ("COURIER_CIRCUIT_PROBE_MAX_DELAY", |c, v| {
-        set(&mut c.circuit.probe_max_delay, Dur::parse(v))
-    }),
-    ("COURIER_LOG_FORMAT", |c, v| set(&mut c.log.format, Format::parse(v))),
-    ("COURIER_FLEET_REDIS_URL", |c, v| fleet(c, "COURIER_FLEET_REDIS_URL", v)),
-    ("COURIER_FLEET_REDIS_PASSWORD", |c, v| {
-        fleet(c, "COURIER_FLEET_REDIS_PASSWORD", v)
-    }),
-    ("COURIER_FLEET_EXPECTED_REPLICAS", |c, v| {
-        fleet(c, "COURIER_FLEET_EXPECTED_REPLICAS", v)
-    }),
-    ("COURIER_FLEET_KEY_PREFIX", |c, v| {
-        fleet(c, "COURIER_FLEET_KEY_PREFIX", v)
-    }),
-    // Blank: unset (clears what the file set).
-    ("COURIER_DRAIN_TO", |c, v| {
-        set(
-            &mut c.drain.to,
-            Ok(Some(v.trim().to_string()).filter(|t| !t.is_empty())),
-        )
-    }),
-    ("COURIER_DRAIN_PEERS", |c, v| {
-        set(
-            &mut c.drain.peers,
-            items(v).map(|p| p.into_iter().map(str::to_string).collect()),
-        )
-    }),
-    ("COURIER_DRAIN_TOKEN", |c, v| {
-        set(&mut c.drain.token, Ok(Some(secret(v))))
-    }),
-    ("COURIER_DRAIN_CONCURRENCY", |c, v| {
-        set(&mut c.drain.concurrency, u32_of(v))
-    }),
-    ("COURIER_SIGNING_SCHEME", |c, v| {
-        set(&mut c.signing.scheme, Name::parse(v))
-    }),
-    ("COURIER_SIGNING_SECRETS", |c, v| {
-        // The message must not say which secret is empty by quoting it, only where.
-        set(
-            &mut c.signing.secrets,
-            items(v).map(|s| s.into_iter().map(secret).collect()),
-        )
-    }),
-    ("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS", |c, v| {
-        set(&mut c.egress.allow_private_targets, bool_of(v))
-    }),
-    ("COURIER_EGRESS_ALLOW", |c, v| set(&mut c.egress.allow, list::<Net>(v))),
-    // Blank: no proxy (clears what the file set).
-    ("COURIER_EGRESS_PROXY", |c, v| {
-        let proxy = (!v.trim().is_empty()).then(|| Proxy::parse(v)).transpose();
-        set(&mut c.egress.proxy, proxy)
-    }),
-    ("COURIER_EGRESS_NO_PROXY", |c, v| {
-        set(&mut c.egress.no_proxy, list::<NoProxy>(v))
-    }),
+/// A secret variable: its value is never echoed in an error.
+const SECRET: bool = true;
+const SHOWN: bool = false;
+
+/// The variable that sets the Redis password, which only the environment may set.
+const REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
+
+/// Every variable of the env layer: its key, how it reads, whether it is secret. In the
+/// order of the config file, which is the order a bad value is found in.
+#[rustfmt::skip]
+const VARS: [(&str, &str, Kind, bool); 56] = [
+    ("COURIER_LISTEN",                                   "listen",                                  Text,      SHOWN),
+    ("COURIER_LISTEN_MODE",                              "listen_mode",                             Text,      SHOWN),
+    ("COURIER_ADMIN_LISTEN",                             "admin_listen",                            Text,      SHOWN),
+    ("COURIER_OPS_LISTEN",                               "ops_listen",                              Text,      SHOWN),
+    ("COURIER_DATA_DIR",                                 "data_dir",                                Text,      SHOWN),
+    ("COURIER_MAX_BODY",                                 "max_body",                                Text,      SHOWN),
+    ("COURIER_SHUTDOWN_GRACE",                           "shutdown_grace",                          Text,      SHOWN),
+    ("COURIER_RETENTION",                                "retention",                               Text,      SHOWN),
+    ("COURIER_DEAD_RETENTION",                           "dead_retention",                          Text,      SHOWN),
+    ("COURIER_INGRESS_TOKEN",                            "ingress_token",                           Text,      SECRET),
+    ("COURIER_ADMIN_TOKEN",                              "admin_token",                             Text,      SECRET),
+    ("COURIER_ALLOW_UNAUTHENTICATED_NETWORK",            "allow_unauthenticated_network",           Bool,      SHOWN),
+    ("COURIER_ALERT_URL",                                "alert_url",                               Text,      SECRET),
+    ("COURIER_INGRESS_ALLOWED_ORIGINS",                  "ingress.allowed_origins",                 List,      SHOWN),
+    ("COURIER_INGRESS_HOSTS",                            "ingress.hosts",                           List,      SHOWN),
+    ("COURIER_INGRESS_IDLE_TIMEOUT",                     "ingress.idle_timeout",                    Text,      SHOWN),
+    ("COURIER_INGRESS_MAX_PENDING_BYTES",                "ingress.max_pending_bytes",               Text,      SHOWN),
+    ("COURIER_INGRESS_ALLOW_GET",                        "ingress.allow_get",                       Bool,      SHOWN),
+    ("COURIER_ADMIN_ALLOWED_ORIGINS",                    "admin.allowed_origins",                   List,      SHOWN),
+    ("COURIER_ADMIN_HOSTS",                              "admin.hosts",                             List,      SHOWN),
+    ("COURIER_ADMIN_IDLE_TIMEOUT",                       "admin.idle_timeout",                      Text,      SHOWN),
+    ("COURIER_RETRY_BASE_DELAY",                         "retry.base_delay",                        Text,      SHOWN),
+    ("COURIER_RETRY_MAX_DELAY",                          "retry.max_delay",                         Text,      SHOWN),
+    ("COURIER_RETRY_JITTER",                             "retry.jitter",                            Text,      SHOWN),
+    // A schedule stands for its attempts, unless COURIER_RETRY_MAX_ATTEMPTS is set too.
+    ("COURIER_RETRY_SCHEDULE",                           "retry.schedule",                          Schedule,  SHOWN),
+    ("COURIER_RETRY_MAX_ATTEMPTS",                       "retry.max_attempts",                      Int,       SHOWN),
+    ("COURIER_RETRY_GIVE_UP_AFTER",                      "retry.give_up_after",                     Text,      SHOWN),
+    ("COURIER_RETRY_MAX_ATTEMPTS_404",                   "retry.max_attempts_404",                  Int,       SHOWN),
+    ("COURIER_RETRY_MAX_RETRY_AFTER",                    "retry.max_retry_after",                   Text,      SHOWN),
+    ("COURIER_DELIVERY_CONNECT_TIMEOUT",                 "delivery.connect_timeout",                Text,      SHOWN),
+    ("COURIER_DELIVERY_REQUEST_TIMEOUT",                 "delivery.request_timeout",                Text,      SHOWN),
+    ("COURIER_DELIVERY_MAX_IN_FLIGHT",                   "delivery.max_in_flight",                  Int,       SHOWN),
+    ("COURIER_DELIVERY_MAX_IN_FLIGHT_PER_HOST",          "delivery.max_in_flight_per_host",         Int,       SHOWN),
+    ("COURIER_DELIVERY_RATE_PER_SECOND",                 "delivery.rate_per_second",                Int,       SHOWN),
+    ("COURIER_DELIVERY_PAUSE_AFTER_PERMANENT_FAILURES",  "delivery.pause_after_permanent_failures", Int,       SHOWN),
+    ("COURIER_DELIVERY_MAX_RESPONSE_BODY",               "delivery.max_response_body",              Text,      SHOWN),
+    ("COURIER_DELIVERY_IDLE_CONNECTION_TIMEOUT",         "delivery.idle_connection_timeout",        Text,      SHOWN),
+    ("COURIER_DELIVERY_MAX_IDLE_CONNECTIONS",            "delivery.max_idle_connections",           Int,       SHOWN),
+    ("COURIER_CIRCUIT_FAILURES",                         "circuit.failures",                        Int,       SHOWN),
+    ("COURIER_CIRCUIT_PROBE_DELAY",                      "circuit.probe_delay",                     Text,      SHOWN),
+    ("COURIER_CIRCUIT_PROBE_MAX_DELAY",                  "circuit.probe_max_delay",                 Text,      SHOWN),
+    ("COURIER_LOG_FORMAT",                               "log.format",                              Text,      SHOWN),
+    ("COURIER_FLEET_REDIS_URL",                          "fleet.redis_url",                         Text,      SECRET),
+    (REDIS_PASSWORD,                                     "fleet.password",                          EnvOnly,   SECRET),
+    ("COURIER_FLEET_EXPECTED_REPLICAS",                  "fleet.expected_replicas",                 Int,       SHOWN),
+    ("COURIER_FLEET_KEY_PREFIX",                         "fleet.key_prefix",                        Trim,      SHOWN),
+    ("COURIER_DRAIN_TO",                                 "drain.to",                                Clear,     SHOWN),
+    ("COURIER_DRAIN_PEERS",                              "drain.peers",                             List,      SHOWN),
+    ("COURIER_DRAIN_TOKEN",                              "drain.token",                             Text,      SECRET),
+    ("COURIER_DRAIN_CONCURRENCY",                        "drain.concurrency",                       Int,       SHOWN),
+    ("COURIER_SIGNING_SCHEME",                           "signing.scheme",                          Text,      SHOWN),
+    ("COURIER_SIGNING_SECRETS",                          "signing.secrets",                         List,      SECRET),
+    ("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS",             "egress.allow_private_targets",            Bool,      SHOWN),
+    ("COURIER_EGRESS_ALLOW",                             "egress.allow",                            List,      SHOWN),
+    // Its URL may carry a password.
+    ("COURIER_EGRESS_PROXY",                             "egress.proxy",                            Clear,     SECRET),
+    ("COURIER_EGRESS_NO_PROXY",                          "egress.no_proxy",                         List,      SHOWN),
 ];
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of
 /// the config file. Any other `COURIER_*` variable is ignored.
 ///
 /// [`CONFIG_ENV`]: super::CONFIG_ENV
-pub const ENV_VARS: [&str; SETTERS.len()] = {
-    let mut names = [""; SETTERS.len()];
+pub const ENV_VARS: [&str; VARS.len()] = {
+    let mut names = [""; VARS.len()];
     let mut i = 0;
     while i < names.len() {
-        names[i] = SETTERS[i].0;
+        names[i] = VARS[i].0;
         i += 1;
     }
     names
 };
 
-/// Variables whose values are never echoed in an error (credentials, or URLs that may carry one).
-pub(super) const SENSITIVE_ENV_VARS: [&str; 8] = [
-    "COURIER_EGRESS_PROXY",
-    "COURIER_INGRESS_TOKEN",
-    "COURIER_ADMIN_TOKEN",
-    "COURIER_DRAIN_TOKEN",
-    "COURIER_SIGNING_SECRETS",
-    "COURIER_ALERT_URL",
-    "COURIER_FLEET_REDIS_URL",
-    "COURIER_FLEET_REDIS_PASSWORD",
-];
-
-impl Config {
-    pub(super) fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        for (name, setter) in SETTERS {
-            if let Some(value) = env(name) {
-                setter(self, &value).map_err(|problem| ConfigError::env(name, &value, problem))?;
+/// The file's settled document `root` (empty without a file) with the set variables put
+/// over it, read into the tree.
+pub(super) fn overlay(mut root: Table, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    for (name, key, kind, secret) in VARS {
+        let Some(text) = env(name) else { continue };
+        if matches!(kind, EnvOnly) {
+            continue;
+        }
+        let fail = |problem: Problem| ConfigError::env(name, &text, secret, problem);
+        let value = value(kind, &text).map_err(fail)?;
+        let mut alone = Table::new();
+        put(&mut alone, key, value.clone());
+        read(alone).map_err(|e| {
+            let problem = serde_message(e.inner().message());
+            match kind {
+                // A schedule's problem says where in it, as the variable's always has.
+                Schedule => fail(problem.at(&format!("the schedule{}", &dotted(e.path())[key.len()..]))),
+                _ => fail(problem),
+            }
+        })?;
+        if let (Schedule, Some(Value::Array(steps))) = (kind, &value) {
+            if env("COURIER_RETRY_MAX_ATTEMPTS").is_none() {
+                let attempts = i64::from(implied_attempts(steps.len()));
+                put(&mut root, "retry.max_attempts", Some(attempts.into()));
             }
         }
-        Ok(())
+        put(&mut root, key, value);
     }
+    // Every value read alone above: what is left to fail is the file's, already read.
+    let mut config =
+        read(root).map_err(|e| ConfigError::new("environment", serde_message(e.inner().message()).text))?;
+    if let Some(password) = env(REDIS_PASSWORD) {
+        config.fleet.password = Some(Secret::new(password));
+    }
+    Ok(config)
+}
 
+/// The TOML value `text` stands for; `None` unsets the key.
+fn value(kind: Kind, text: &str) -> Result<Option<Value>, Problem> {
+    let blank = text.trim().is_empty();
+    Ok(Some(match kind {
+        Text => text.into(),
+        Trim => text.trim().into(),
+        Clear | Schedule if blank => return Ok(None),
+        Clear => text.trim().into(),
+        Int => i64::from(parse_u32(text)?).into(),
+        Bool => parse_bool(text)?.into(),
+        // The message must not say which item is empty by quoting it, only where.
+        List => Value::Array(
+            split_list(text)
+                .map_err(|i| format!("item {} of the comma-separated list is empty", i + 1))?
+                .into_iter()
+                .collect::<Array>(),
+        ),
+        Schedule => Value::Array(text.split(',').collect::<Array>()),
+        EnvOnly => return Ok(None),
+    }))
+}
+
+/// Sets (or with `None` removes) the dotted `key` in `root`, making its tables as needed.
+fn put(root: &mut Table, key: &str, value: Option<Value>) {
+    let mut table: &mut dyn toml_edit::TableLike = root;
+    let (sections, last) = key.rsplit_once('.').map_or(("", key), |(s, l)| (s, l));
+    for section in sections.split('.').filter(|s| !s.is_empty()) {
+        // A section that is no table is the file's error, reported when the file was read.
+        let Some(inner) = table
+            .entry(section)
+            .or_insert(Item::Table(Table::new()))
+            .as_table_like_mut()
+        else {
+            return;
+        };
+        table = inner;
+    }
+    match value {
+        Some(value) => table.insert(last, Item::Value(value)),
+        None => table.remove(last),
+    };
+}
+
+impl Config {
     pub(super) fn apply_flags(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
         if let Some(listen) = &flags.listen {
             self.listen =
@@ -236,56 +223,4 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// `[fleet]` reads its own variables (`FleetConfig::set_from_env`).
-fn fleet(c: &mut Config, name: &str, v: &str) -> Result<(), Problem> {
-    c.fleet.set_from_env(name, v).map_err(Problem::from)
-}
-
-fn set<T>(slot: &mut T, value: Result<T, Problem>) -> Result<(), Problem> {
-    *slot = value?;
-    Ok(())
-}
-
-fn secret(v: &str) -> Secret {
-    Secret::new(v.to_string())
-}
-
-fn bool_of(v: &str) -> Result<bool, Problem> {
-    parse_bool(v).map_err(Problem::from)
-}
-
-fn u32_of(v: &str) -> Result<u32, Problem> {
-    parse_u32(v).map_err(Problem::from)
-}
-
-/// The items of a comma-separated list (blank: the empty list); an empty item is named by
-/// its position, never quoted.
-fn items(v: &str) -> Result<Vec<&str>, Problem> {
-    split_list(v).map_err(|i| Problem::from(format!("item {} of the comma-separated list is empty", i + 1)))
-}
-
-/// Each item of a comma-separated list read with `P`.
-fn list<P: Text>(v: &str) -> Result<Vec<P::Value>, Problem> {
-    items(v)?.into_iter().map(P::parse).collect()
-}
-
-/// Comma-separated durations; blank means no schedule (the exponential backoff). A
-/// schedule stands for its attempts, unless `COURIER_RETRY_MAX_ATTEMPTS` (read after it)
-/// says otherwise.
-fn set_schedule(c: &mut Config, v: &str) -> Result<(), Problem> {
-    if v.trim().is_empty() {
-        c.retry.schedule = None;
-        return Ok(());
-    }
-    let steps = v
-        .split(',')
-        .enumerate()
-        .map(|(i, item)| Dur::parse(item).map_err(|p| p.at(&format!("the schedule[{i}]"))))
-        .collect::<Result<Vec<_>, _>>()?;
-    check_schedule(&steps).map_err(|p| p.at("the schedule"))?;
-    c.retry.max_attempts = implied_attempts(steps.len());
-    c.retry.schedule = Some(steps);
-    Ok(())
 }

@@ -3,8 +3,6 @@
 
 use std::fmt;
 
-use super::env::SENSITIVE_ENV_VARS;
-
 /// A configuration problem: one line naming what is wrong and where (file and key,
 /// environment variable, flag, or setting), ending in `[code]` when the rule broken has a
 /// machine-readable code (see [`ConfigError::code`]). Never contains a secret.
@@ -132,9 +130,9 @@ impl ConfigError {
         ConfigError::new(format!("config {origin}"), problem.text).with_code(problem.code)
     }
 
-    pub(super) fn env(name: &str, value: &str, problem: impl Into<Problem>) -> Self {
-        let problem = problem.into();
-        let place = if SENSITIVE_ENV_VARS.contains(&name) {
+    /// A bad value of the variable `name`; a `secret` one's value is not echoed.
+    pub(super) fn env(name: &str, value: &str, secret: bool, problem: Problem) -> Self {
+        let place = if secret {
             name.to_string()
         } else {
             format!("{name}={value:?}")

@@ -5,28 +5,30 @@
 //! the wrong key); the parsers' messages show a value only where it cannot be one.
 
 use serde_path_to_error::{Path, Segment};
-use toml_edit::{DocumentMut, ImDocument};
+use toml_edit::{DocumentMut, ImDocument, Table};
 
 use super::error::Problem;
 use super::shape::{is_group, shape};
 use super::{Config, ConfigError};
 
+/// What serde says of a document it could not read, with the path of the key.
+pub(super) type ReadError = serde_path_to_error::Error<toml_edit::de::Error>;
+
 impl Config {
     /// The defaults overlaid with the TOML `text`; `origin` (usually the file path) names it
     /// in errors. Does not validate: call [`Config::validate`].
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let at = |span: Option<std::ops::Range<usize>>| line_suffix(text, span);
-        let document = ImDocument::parse(text)
-            .map_err(|e| ConfigError::file(origin, format!("{}{}", e.message(), at(e.span()))))?;
-        let mut root = document.into_table();
-        shape(&mut root).map_err(|problem| ConfigError::file(origin, problem))?;
-        let reader = toml_edit::de::Deserializer::from(DocumentMut::from(root));
-        let config: Config = serde_path_to_error::deserialize(reader).map_err(|e| {
+        Config::from_document(document(text, origin)?, text, origin)
+    }
+
+    /// The settled document `root` of the file `text`, read into the tree.
+    pub(super) fn from_document(root: Table, text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config = read(root).map_err(|e| {
             let problem = serde_problem(e.path(), e.inner().message());
             ConfigError::file(
                 origin,
                 Problem {
-                    text: format!("{}{}", problem.text, at(e.inner().span())),
+                    text: format!("{}{}", problem.text, line_suffix(text, e.inner().span())),
                     ..problem
                 },
             )
@@ -36,6 +38,20 @@ impl Config {
             .map_err(|problem| ConfigError::file(origin, problem))?;
         Ok(config)
     }
+}
+
+/// The file `text` parsed, keeping each value's place in the text, and settled by `shape`.
+pub(super) fn document(text: &str, origin: &str) -> Result<Table, ConfigError> {
+    let document = ImDocument::parse(text)
+        .map_err(|e| ConfigError::file(origin, format!("{}{}", e.message(), line_suffix(text, e.span()))))?;
+    let mut root = document.into_table();
+    shape(&mut root).map_err(|problem| ConfigError::file(origin, problem))?;
+    Ok(root)
+}
+
+/// A settled document read by serde into the tree, tracking the key it is at.
+pub(super) fn read(root: Table) -> Result<Config, ReadError> {
+    serde_path_to_error::deserialize(toml_edit::de::Deserializer::from(DocumentMut::from(root)))
 }
 
 /// ` (line N)` for a place in `text`, or nothing.
@@ -49,9 +65,6 @@ fn line_suffix(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 /// quoted string removed.
 fn serde_problem(path: &Path, message: &str) -> Problem {
     let key = dotted(path);
-    if let Some(problem) = Problem::from_serde(message) {
-        return problem.at(&key);
-    }
     let field = |prefix: &str| message.strip_prefix(prefix).and_then(|rest| rest.split('`').next());
     if let Some(field) = field("unknown field `") {
         // The path already ends with the key when serde's wrapper saw it before the struct
@@ -66,11 +79,17 @@ fn serde_problem(path: &Path, message: &str) -> Problem {
     if let Some(field) = field("missing field `") {
         return Problem::from(format!("missing key {field:?}")).at(&key);
     }
-    Problem::from(redact_quoted_string(message)).at(&key)
+    serde_message(message).at(&key)
+}
+
+/// The problem of serde's `message`, not yet placed: a [`Problem`] of ours keeps its code;
+/// serde's own messages lose the string they quote.
+pub(super) fn serde_message(message: &str) -> Problem {
+    Problem::from_serde(message).unwrap_or_else(|| Problem::from(redact_quoted_string(message)))
 }
 
 /// The path as the file writes it: `route[0].url`, without `shape`'s groups.
-fn dotted(path: &Path) -> String {
+pub(super) fn dotted(path: &Path) -> String {
     let mut out = String::new();
     for segment in path {
         match segment {

@@ -9,22 +9,19 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use url::Url;
 
-use super::parse::{parse_duration_text, parse_u32};
+use super::de::{self, text};
+use super::parse::parse_duration_text;
 use super::units::format_duration;
 use super::ConfigError;
 use crate::signing::Secret;
 
-/// `COURIER_FLEET_REDIS_URL`: `fleet.redis_url`.
-pub const ENV_REDIS_URL: &str = "COURIER_FLEET_REDIS_URL";
-/// `COURIER_FLEET_REDIS_PASSWORD`: the Redis password (over `password_file` and the URL's).
-pub const ENV_REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
-/// `COURIER_FLEET_EXPECTED_REPLICAS`: `fleet.expected_replicas`.
-pub const ENV_EXPECTED_REPLICAS: &str = "COURIER_FLEET_EXPECTED_REPLICAS";
-/// `COURIER_FLEET_KEY_PREFIX`: `fleet.key_prefix`.
-pub const ENV_KEY_PREFIX: &str = "COURIER_FLEET_KEY_PREFIX";
+text!(/// A `redis://` or `rediss://` URL (never quoted: it may carry a password).
+    RedisUrl: Url = parse_redis_url);
+text!(/// A duration of `[fleet]` (whose bad durations have no code).
+    Ttl: Duration = parse_duration_text);
 
 /// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -32,7 +29,7 @@ pub const ENV_KEY_PREFIX: &str = "COURIER_FLEET_KEY_PREFIX";
 pub struct FleetConfig {
     /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
     /// system's web PKI roots). Unset: fleet limits off.
-    #[serde(deserialize_with = "redis_url")]
+    #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
     pub redis_url: Option<Url>,
     /// A file holding the Redis password (a mounted Kubernetes secret); its trailing newline
     /// is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
@@ -51,11 +48,11 @@ pub struct FleetConfig {
     pub key_prefix: String,
     /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
     /// Redis): renewed every third of it while the attempt runs.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "de::one::<Ttl, _>")]
     pub lease_ttl: Duration,
     /// The longest one Redis call may take before Redis counts as unavailable and the
     /// fallback limits apply; short, so a stalled Redis does not stall delivery.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "de::one::<Ttl, _>")]
     pub timeout: Duration,
 }
 
@@ -180,18 +177,6 @@ impl FleetConfig {
         Ok(())
     }
 
-    /// Applies one of the `COURIER_FLEET_*` variables.
-    pub(super) fn set_from_env(&mut self, name: &str, v: &str) -> Result<(), String> {
-        match name {
-            ENV_REDIS_URL => self.redis_url = Some(parse_redis_url(v)?),
-            ENV_REDIS_PASSWORD => self.password = Some(Secret::new(v.to_string())),
-            ENV_EXPECTED_REPLICAS => self.expected_replicas = parse_u32(v)?,
-            ENV_KEY_PREFIX => self.key_prefix = v.trim().to_string(),
-            _ => {}
-        }
-        Ok(())
-    }
-
     /// The `check-config` line: the Redis origin (never the password), the password's
     /// source, and the settings.
     pub(super) fn summary(&self) -> String {
@@ -238,16 +223,6 @@ fn check_redis_url(url: &Url) -> Result<(), String> {
         return Err("has no host".to_string());
     }
     Ok(())
-}
-
-fn redis_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Url>, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_redis_url(&text).map(Some).map_err(serde::de::Error::custom)
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_duration_text(&text).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]
@@ -355,15 +330,23 @@ mod tests {
 
     #[test]
     fn environment_variables_set_the_section() {
-        let mut f = FleetConfig::default();
-        f.set_from_env(ENV_REDIS_URL, " rediss://r.example:6380 ").unwrap();
-        f.set_from_env(ENV_EXPECTED_REPLICAS, "4").unwrap();
-        f.set_from_env(ENV_KEY_PREFIX, "staging").unwrap();
-        f.set_from_env(ENV_REDIS_PASSWORD, "pw").unwrap();
+        let env = crate::config::tests::env_from(&[
+            ("COURIER_FLEET_REDIS_URL", " rediss://r.example:6380 "),
+            ("COURIER_FLEET_EXPECTED_REPLICAS", "4"),
+            ("COURIER_FLEET_KEY_PREFIX", " staging "),
+            ("COURIER_FLEET_REDIS_PASSWORD", "pw"),
+        ]);
+        let f = Config::layered(None, &env, &Default::default()).unwrap().fleet;
         assert_eq!(f.redis_url.as_ref().map(Url::as_str), Some("rediss://r.example:6380"));
         assert_eq!((f.expected_replicas, f.key_prefix.as_str()), (4, "staging"));
         assert_eq!(f.password_source(), PasswordSource::Env);
-        let e = f.set_from_env(ENV_REDIS_URL, "https://:pw@r.example").unwrap_err();
-        assert!(!e.contains("pw@"), "{e}");
+        let env = crate::config::tests::env_from(&[("COURIER_FLEET_REDIS_URL", "https://:pw@r.example")]);
+        let e = Config::layered(None, &env, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("COURIER_FLEET_REDIS_URL: must be") && !e.contains("pw@"),
+            "{e}"
+        );
     }
 }

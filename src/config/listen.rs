@@ -6,9 +6,18 @@
 //! CLI and the kubelet's probes, speak TCP).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
+
+use super::de::text;
+
+text!(/// `ip:port` or `localhost:port` (admin and ops listeners).
+    Tcp: SocketAddr = parse_listen);
+text!(/// What [`Tcp`] takes, or `unix:/path` (ingress).
+    Ingress: ListenAddr = parse_ingress_listen);
+text!(/// An octal permission string (`0660`).
+    Mode: u32 = parse_mode);
 
 /// Where ingress listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +71,7 @@ impl FromStr for ListenAddr {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        super::parse::parse_ingress_listen(text)
+        parse_ingress_listen(text)
     }
 }
 
@@ -77,5 +86,29 @@ pub(super) fn parse_mode(text: &str) -> Result<u32, String> {
     match u32::from_str_radix(digits, 8) {
         Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(mode),
         _ => Err("expected an octal mode from 0000 to 0777, like \"0660\"".to_string()),
+    }
+}
+
+/// `ip:port`, `[v6]:port`, or `localhost:port` (meaning 127.0.0.1).
+pub(super) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Some(port) = text.strip_prefix("localhost:") {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+        }
+    }
+    text.parse()
+        .map_err(|_| "expected ip:port, like 127.0.0.1:8787".to_string())
+}
+
+/// What [`parse_listen`] takes, or `unix:/absolute/path` (ingress only). The path must be
+/// absolute: a relative one would depend on the working directory of whoever starts courier.
+pub(super) fn parse_ingress_listen(text: &str) -> Result<ListenAddr, String> {
+    match text.trim().strip_prefix("unix:") {
+        Some(path) if path.starts_with('/') && path.len() > 1 => Ok(ListenAddr::Unix(PathBuf::from(path))),
+        Some(_) => Err("expected unix:/absolute/path, like unix:/run/courier/ingress.sock".to_string()),
+        None => parse_listen(text)
+            .map(ListenAddr::Tcp)
+            .map_err(|_| "expected ip:port, like 127.0.0.1:8787, or unix:/path".to_string()),
     }
 }

@@ -2,7 +2,10 @@
 
 use serde::Deserialize;
 
-use super::de::{self, Format};
+use super::de::{self, text};
+
+text!(/// `text` or `json`.
+    Format: LogFormat = parse_log_format);
 
 /// The shape of each log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,8 +10,11 @@
 //!   deny_unknown_fields)]` at every level, so a typo is an error instead of a silently
 //!   ignored setting, and an unwritten key keeps its default). Adding a section is one file
 //!   with its struct and one field here.
-//! - Values written as text (durations, sizes, addresses, URLs, ...) are read by the parsers
-//!   of `parse` through the markers of `de`; the environment layer uses the same markers, so
+//! - Values written as text (durations, sizes, addresses, URLs, ...) are read through the
+//!   markers of `de` by their parsers (in `parse`, or beside the type they make: `listen`,
+//!   `log`, `proxy`).
+//! - A variable is another spelling of one key: `env`'s table turns each set variable into
+//!   that key's TOML value, put over the file's document, and serde reads the whole once, so
 //!   a setting reads the same from either.
 //! - The environment is read only through a closure and only for the names in
 //!   [`ENV_VARS`]: tests inject variables without touching the process, and the variables
@@ -30,12 +33,13 @@
 //!   `retry` (with the `schedule` and `statuses` readers), `delivery`, `circuit`, `log`,
 //!   `signing`, `egress` (with `proxy`), `tls`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
 //!   (the retry keys of routes and endpoints, [`PolicyOverrides`], their checks and
-//!   [`Config::policy_book`]), `listen` (the ingress address);
+//!   [`Config::policy_book`]), `listen` (the ingress address and its parsers);
 //! - `file`: the TOML layer ([`Config::from_toml_str`]) and its one-line errors; `shape`: what
 //!   the file's keys mean together (aliases, groups), settled before serde reads them; `de`:
-//!   how values written as text are read; `parse` and [`units`]: the parsers;
-//! - `env`: the environment layer ([`ENV_VARS`]) and the flag layer ([`Overrides`]);
-//! - `error`: [`ConfigError`]; `validate`: [`Config::validate`] and its rules; `summary`:
+//!   how values written as text are read; `parse` and [`units`]: the shared parsers;
+//! - `env`: the table of variables ([`ENV_VARS`]), the environment layer and the flag layer
+//!   ([`Overrides`]);
+//! - `error`: [`ConfigError`] (a leaf: it asks no other module anything); `validate`: [`Config::validate`] and its rules; `summary`:
 //!   [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
 mod access;
@@ -75,7 +79,8 @@ use url::Url;
 
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
-use de::{Dur, Ingress, Link, Mode, Size, Tcp};
+use de::{Dur, Link, Size};
+use listen::{Ingress, Mode, Tcp};
 
 pub use access::{IngressConfig, ListenerAccess, DEFAULT_IDLE_TIMEOUT};
 pub use circuit::CircuitConfig;
@@ -265,18 +270,38 @@ impl Config {
             .config
             .clone()
             .or_else(|| env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from));
-        let mut config = match path {
+        let file = match path {
             Some(path) => {
                 let origin = path.display().to_string();
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| ConfigError::file(&origin, format!("cannot read the file: {e}")))?;
-                Config::from_toml_str(&text, &origin)?
+                Some((text, origin))
             }
-            None => Config::default(),
+            None => None,
         };
-        config.apply_env(env)?;
-        config.apply_flags(flags)?;
+        let config = Config::layered(file.as_ref().map(|(t, o)| (t.as_str(), o.as_str())), env, flags)?;
         config.validate()?;
+        Ok(config)
+    }
+
+    /// The layers over the defaults — the file (`text`, `origin`), the environment, the
+    /// flags — without validation. The file is read alone first, so its errors come first
+    /// and name its keys and lines.
+    pub(super) fn layered(
+        file: Option<(&str, &str)>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let root = match file {
+            Some((text, origin)) => {
+                let root = file::document(text, origin)?;
+                Config::from_document(root.clone(), text, origin)?;
+                root
+            }
+            None => toml_edit::Table::new(),
+        };
+        let mut config = env::overlay(root, env)?;
+        config.apply_flags(flags)?;
         Ok(config)
     }
 

@@ -1,41 +1,15 @@
 //! Text-to-value conversions shared by the file, environment and flag layers. Each returns
 //! a problem sentence without the place; the caller adds the key, variable or flag.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use url::Url;
 
-use super::listen::ListenAddr;
 use super::units::{parse_duration, parse_size};
 use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
-
-/// `ip:port`, `[v6]:port`, or `localhost:port` (meaning 127.0.0.1).
-pub(super) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Some(port) = text.strip_prefix("localhost:") {
-        if let Ok(port) = port.parse::<u16>() {
-            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
-        }
-    }
-    text.parse()
-        .map_err(|_| "expected ip:port, like 127.0.0.1:8787".to_string())
-}
-
-/// What [`parse_listen`] takes, or `unix:/absolute/path` (ingress only). The path must be
-/// absolute: a relative one would depend on the working directory of whoever starts courier.
-pub(super) fn parse_ingress_listen(text: &str) -> Result<ListenAddr, String> {
-    match text.trim().strip_prefix("unix:") {
-        Some(path) if path.starts_with('/') && path.len() > 1 => Ok(ListenAddr::Unix(PathBuf::from(path))),
-        Some(_) => Err("expected unix:/absolute/path, like unix:/run/courier/ingress.sock".to_string()),
-        None => parse_listen(text)
-            .map(ListenAddr::Tcp)
-            .map_err(|_| "expected ip:port, like 127.0.0.1:8787, or unix:/path".to_string()),
-    }
-}
 
 pub(super) fn parse_duration_text(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())

@@ -11,7 +11,13 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use url::Url;
 
+use super::de::text;
 use crate::signing::Secret;
+
+text!(/// `egress.proxy`: an `http://` URL (never quoted: it may carry a password).
+    Proxy: EgressProxy = parse_proxy);
+text!(/// An `egress.no_proxy` entry: a host, `.domain` suffix, address, network or `*`.
+    NoProxy: String = parse_no_proxy);
 
 /// `egress.proxy`: an `http://[user:pass@]host[:port]` URL.
 #[derive(Clone, PartialEq, Eq)]

@@ -4,7 +4,8 @@ use std::cell::RefCell;
 use std::path::Path;
 
 use super::*;
-use crate::config::parse::{parse_listen, parse_net};
+use crate::config::listen::parse_listen;
+use crate::config::parse::parse_net;
 
 type Check = fn(&Config) -> bool;
 
@@ -184,10 +185,9 @@ fn every_env_var_sets_its_key() {
 
 #[test]
 fn env_values_override_the_file() {
-    let base = parse(&full_toml());
+    let file = full_toml();
     for (name, value, check) in ENV_CASES {
-        let mut c = base.clone();
-        c.apply_env(&env_from(&[(name, value)]))
+        let c = Config::layered(Some((&file, "t")), &env_from(&[(name, value)]), &Overrides::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(check(&c), "{name}={value:?} did not override the file");
     }
@@ -204,25 +204,42 @@ fn env_booleans_and_lists() {
         (" False ", false),
     ];
     for (text, want) in cases {
-        let mut c = Config {
-            egress: EgressConfig {
-                allow_private_targets: !want,
-                ..EgressConfig::default()
-            },
-            ..Config::default()
-        };
-        c.apply_env(&env_from(&[("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS", text)]))
-            .unwrap();
+        let file = format!("[egress]\nallow_private_targets = {}\n", !want);
+        let env = env_from(&[("COURIER_EGRESS_ALLOW_PRIVATE_TARGETS", text)]);
+        let c = Config::layered(Some((&file, "t")), &env, &Overrides::default()).unwrap();
         assert_eq!(c.egress.allow_private_targets, *want, "{text}");
     }
     // A blank list clears what the file set.
-    let mut c = parse(&full_toml());
-    c.apply_env(&env_from(&[
-        ("COURIER_EGRESS_ALLOW", ""),
-        ("COURIER_SIGNING_SECRETS", " "),
-    ]))
-    .unwrap();
+    let env = env_from(&[("COURIER_EGRESS_ALLOW", ""), ("COURIER_SIGNING_SECRETS", " ")]);
+    let c = Config::layered(Some((&full_toml(), "t")), &env, &Overrides::default()).unwrap();
     assert!(c.egress.allow.is_empty() && c.signing.secrets.is_empty());
+    // A blank peer or proxy unsets what the file set; a blank schedule too.
+    let file = "[drain]\nto = \"http://t:1\"\n[egress]\nproxy = \"http://p:3128\"\n[retry]\nschedule = [\"1s\"]\n";
+    let env = env_from(&[
+        ("COURIER_DRAIN_TO", " "),
+        ("COURIER_EGRESS_PROXY", ""),
+        ("COURIER_RETRY_SCHEDULE", ""),
+    ]);
+    let c = Config::layered(Some((file, "t")), &env, &Overrides::default()).unwrap();
+    assert_eq!((c.drain.to, c.egress.proxy, c.retry.schedule), (None, None, None));
+    assert_eq!(
+        c.retry.max_attempts, 2,
+        "the file's schedule still stood for its attempts"
+    );
+}
+
+#[test]
+fn a_variable_over_a_bad_file_value_still_reports_the_file() {
+    let env = env_from(&[("COURIER_MAX_BODY", "1KiB")]);
+    let e = Config::layered(Some(("max_body = \"huge\"\n", "c.toml")), &env, &Overrides::default()).unwrap_err();
+    assert!(
+        e.to_string().starts_with("config c.toml: max_body: invalid size"),
+        "{e}"
+    );
+    // The first bad variable in the order of the table is the one reported.
+    let env = env_from(&[("COURIER_EGRESS_ALLOW", "x"), ("COURIER_LISTEN", "y")]);
+    let e = Config::load(&Overrides::default(), &env).unwrap_err().to_string();
+    assert!(e.starts_with("COURIER_LISTEN=\"y\""), "{e}");
 }
 
 #[test]

@@ -190,7 +190,7 @@ fn no_env(_: &str) -> Option<String> {
     None
 }
 
-fn env_from(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+pub(super) fn env_from(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     move |name| map.get(name).cloned()
 }

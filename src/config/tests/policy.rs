@@ -237,7 +237,22 @@ fn the_schedule_variable_sets_the_schedule_and_its_attempts() {
     assert_eq!(c.retry.schedule, None, "blank: no schedule");
     let e = load(&[("COURIER_RETRY_SCHEDULE", "1s,soon")]).unwrap_err();
     assert_eq!(e.code(), Some("invalid_duration"));
-    assert!(e.to_string().starts_with("COURIER_RETRY_SCHEDULE=\"1s,soon\": "), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("COURIER_RETRY_SCHEDULE=\"1s,soon\": the schedule[1]: invalid duration"),
+        "{e}"
+    );
+    let long = vec!["1s"; 1001].join(",");
+    for (value, want) in [
+        ("0s", "the schedule[0] must be at least 1ms [invalid_duration]"),
+        (
+            long.as_str(),
+            "the schedule lists 1001 delays; at most 1000 are allowed [schedule_too_long]",
+        ),
+    ] {
+        let e = load(&[("COURIER_RETRY_SCHEDULE", value)]).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
 }
 
 #[test]
