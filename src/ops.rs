@@ -76,11 +76,9 @@ impl Probes {
                 .map(|h| h.host)
                 .collect(),
             line_waiting: d.store.lined().unwrap_or_default(),
+            fleet_up: d.fleet.as_ref().map(|fleet| fleet.is_up()),
         };
-        let mut text = d.metrics.render(&gauges);
-        if let Some(fleet) = &d.fleet {
-            fleet.render_metrics(&mut text);
-        }
+        let text = d.metrics.render(&gauges);
         serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
     }
 

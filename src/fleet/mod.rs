@@ -27,7 +27,6 @@
 mod fallback;
 mod health;
 mod lease;
-mod metrics;
 mod rate;
 mod schedule;
 mod tasks;
@@ -41,11 +40,11 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::{watch, Notify};
 
 use crate::config::FleetConfig;
+use crate::metrics::{FleetOutcome as Outcome, Metrics};
 
 pub use fallback::share;
 pub use health::{Change, Health, State};
 pub use lease::{Lease, LeaseRequest};
-pub use metrics::{FleetMetrics, Outcome};
 pub use schedule::{RenewPlan, RenewSchedule};
 
 use lease::{Keys, LeaseEntry};
@@ -106,6 +105,8 @@ pub struct FleetParts {
     /// The PEM text of `[tls] ca_file` (the files joined), if set: a `rediss://` connection
     /// then trusts these CAs (a Redis behind a private CA) instead of the public roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// The process's metrics: the fleet counts its acquires and restored leases there.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The fleet-wide limiter (see the module doc).
@@ -166,7 +167,7 @@ pub(crate) struct Inner {
     timeout: Duration,
     replicas: u32,
     schedule: RenewSchedule,
-    metrics: FleetMetrics,
+    metrics: Arc<Metrics>,
 }
 
 /// Redis's health and the connection of its current generation.
@@ -216,7 +217,7 @@ impl Fleet {
             timeout: cfg.timeout,
             replicas: cfg.expected_replicas,
             schedule: RenewSchedule::new(ttl_ms),
-            metrics: FleetMetrics::default(),
+            metrics: parts.metrics,
         });
         tasks::spawn(&inner);
         Ok(Some(Fleet { inner }))
@@ -232,23 +233,13 @@ impl Fleet {
         self.inner.replicas
     }
 
-    /// The counters.
-    pub fn metrics(&self) -> &FleetMetrics {
-        &self.inner.metrics
-    }
-
-    /// Appends the fleet's metric families to a Prometheus exposition.
-    pub fn render_metrics(&self, out: &mut String) {
-        self.inner.metrics.render(out, self.is_up());
-    }
-
     /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
     /// trip, at most `fleet.timeout`. Blocks: call it from a blocking thread (the
     /// scheduler's pass), never from an async task.
     pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
         let inner = &self.inner;
         let Some((generation, mut conn)) = inner.connection() else {
-            inner.metrics.acquired(Outcome::Fallback);
+            inner.metrics.fleet_acquired(Outcome::Fallback);
             return inner.fallback(req);
         };
         let id = inner.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -267,23 +258,23 @@ impl Fleet {
         let retry_ms = |wait: i64| u64::try_from(wait).unwrap_or(1).max(1);
         match reply {
             Ok(Ok((0, _))) => {
-                inner.metrics.acquired(Outcome::Granted);
+                inner.metrics.fleet_acquired(Outcome::Granted);
                 Acquired::Granted(inner.hold(id, keys, true))
             }
             Ok(Ok((1, wait))) => {
-                inner.metrics.acquired(Outcome::HostBusy);
+                inner.metrics.fleet_acquired(Outcome::HostBusy);
                 Acquired::HostBusy {
                     retry_ms: retry_ms(wait),
                 }
             }
             Ok(Ok((2, wait))) => {
-                inner.metrics.acquired(Outcome::EndpointBusy);
+                inner.metrics.fleet_acquired(Outcome::EndpointBusy);
                 Acquired::EndpointBusy {
                     retry_ms: retry_ms(wait),
                 }
             }
             Ok(Ok((_, wait))) => {
-                inner.metrics.acquired(Outcome::RateLimited);
+                inner.metrics.fleet_acquired(Outcome::RateLimited);
                 Acquired::RateLimited {
                     retry_ms: retry_ms(wait),
                 }
@@ -296,7 +287,7 @@ impl Fleet {
                     _ => format!("no answer within {}ms", inner.timeout.as_millis()),
                 };
                 inner.failed(Some(generation), &error);
-                inner.metrics.acquired(Outcome::Error);
+                inner.metrics.fleet_acquired(Outcome::Error);
                 inner.fallback(req)
             }
         }

@@ -149,7 +149,7 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
             "fleet: Redis no longer had leases of running attempts; writing them back"
         );
     }
-    inner.metrics.restored(restored + lost_now);
+    inner.metrics.fleet_restored(restored + lost_now);
     Ok(())
 }
 
