@@ -1,57 +1,100 @@
-//! Prometheus metrics. Counters and histograms are plain atomics updated on the hot path
-//! (no lock, no allocation); gauges that describe the store are computed at scrape time
-//! from the store's counters and the first keys of its indexes, never from a scan.
+//! Prometheus metrics: the process's one registry, courier's families and the fleet's
+//! (these only when `[fleet]` is on). Counters and histograms are plain atomics updated on
+//! the hot path (no lock, no allocation); gauges that describe the store are computed at
+//! scrape time from the store's counters and the first keys of its indexes, never from a scan.
+//!
+//! The text format (0.0.4) is written here rather than by `prometheus-client`: that crate
+//! writes OpenMetrics, where a counter's HELP and TYPE name the family without `_total`
+//! and the exposition ends in `# EOF`, so every counter's family would change its name for
+//! a scraper of the 0.0.4 format, and the scrape-time gauges would need a collector of
+//! their own; the format is a handful of `writeln!` lines.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::fmt::{Display, Write as _};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use crate::model::DeadReason;
 
-/// `courier_accepted_total`: messages durably accepted.
-pub const ACCEPTED_TOTAL: &str = "courier_accepted_total";
-/// `courier_duplicates_total`: accepts answered as duplicates (nothing stored).
-pub const DUPLICATES_TOTAL: &str = "courier_duplicates_total";
-/// `courier_attempts_total{outcome}`: delivery attempts by outcome.
-pub const ATTEMPTS_TOTAL: &str = "courier_attempts_total";
-/// `courier_delivered_total`: messages delivered.
-pub const DELIVERED_TOTAL: &str = "courier_delivered_total";
-/// `courier_dead_letters_total{reason}`: messages dead-lettered, by reason.
-pub const DEAD_LETTERS_TOTAL: &str = "courier_dead_letters_total";
-/// `courier_handed_off_total`: messages handed off to another courier by `courier drain`.
-pub const HANDED_OFF_TOTAL: &str = "courier_handed_off_total";
-/// `courier_rate_limited_total`: times a due message waited for its endpoint's rate limit.
-pub const RATE_LIMITED_TOTAL: &str = "courier_rate_limited_total";
-/// `courier_circuit_opened_total`: times a host's circuit breaker opened (or opened again
-/// after a failed probe).
-pub const CIRCUIT_OPENED_TOTAL: &str = "courier_circuit_opened_total";
-/// `courier_host_circuit_open{host}`: 1 for each host whose breaker is open or probing.
-pub const HOST_CIRCUIT_OPEN: &str = "courier_host_circuit_open";
-/// `courier_endpoint_capped_total`: times a due message waited for its endpoint's
-/// `max_in_flight` cap.
-pub const ENDPOINT_CAPPED_TOTAL: &str = "courier_endpoint_capped_total";
-/// `courier_scheduler_passes_total`: walks of the due queue (each after a wake-up or a due time).
-pub const SCHEDULER_PASSES_TOTAL: &str = "courier_scheduler_passes_total";
-/// `courier_ingress_rejected_total{code}`: ingress requests refused, by error code.
-pub const INGRESS_REJECTED_TOTAL: &str = "courier_ingress_rejected_total";
-/// `courier_pending`: messages waiting for an attempt.
-pub const PENDING: &str = "courier_pending";
-/// `courier_in_flight`: attempts in progress.
-pub const IN_FLIGHT: &str = "courier_in_flight";
-/// `courier_oldest_pending_seconds`: age of the oldest undelivered message.
-pub const OLDEST_PENDING_SECONDS: &str = "courier_oldest_pending_seconds";
-/// `courier_dead_letters`: dead messages currently stored.
-pub const DEAD_STORED: &str = "courier_dead_letters";
-/// `courier_endpoints_paused`: endpoints currently paused.
-pub const ENDPOINTS_PAUSED: &str = "courier_endpoints_paused";
-/// `courier_line_waiting`: ordered messages waiting behind the head of their endpoint's line.
-pub const LINE_WAITING: &str = "courier_line_waiting";
-/// `courier_delivery_latency_seconds`: acceptance to delivery.
-pub const DELIVERY_LATENCY_SECONDS: &str = "courier_delivery_latency_seconds";
-/// `courier_attempt_duration_seconds`: one attempt, start to answer.
-pub const ATTEMPT_DURATION_SECONDS: &str = "courier_attempt_duration_seconds";
-
 /// The outcome label of one attempt (the decision column of the contract's table).
 pub use crate::policy::Outcome as AttemptOutcome;
+
+/// What one fleet acquire decided (`courier_fleet_acquires_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetOutcome {
+    /// A lease (and a rate slot) from Redis.
+    Granted,
+    /// The host is at its fleet-wide cap.
+    HostBusy,
+    /// The endpoint is at its fleet-wide `max_in_flight` cap.
+    EndpointBusy,
+    /// The endpoint's fleet-wide rate limit says wait.
+    RateLimited,
+    /// Redis unavailable: decided by the fallback limits.
+    Fallback,
+    /// The call to Redis failed (timed out, refused, an error reply); the fallback decided.
+    Error,
+}
+
+impl FleetOutcome {
+    /// The label values, in declaration order.
+    const LABELS: [&'static str; 6] = [
+        "granted",
+        "host_busy",
+        "endpoint_busy",
+        "rate_limited",
+        "fallback",
+        "error",
+    ];
+}
+
+// Each family as `"<name> <HELP>"`: the names are what dashboards, alert rules and the
+// contract know; never rename one.
+
+/// The counters without labels, by [`Count`]; the fleet's last (rendered with the fleet).
+const COUNTS: [&str; 9] = [
+    "courier_accepted_total Messages durably accepted.",
+    "courier_duplicates_total Accepts answered as duplicates.",
+    "courier_delivered_total Messages delivered.",
+    "courier_handed_off_total Messages handed off to another courier (courier drain).",
+    "courier_rate_limited_total Due messages held by an endpoint rate limit.",
+    "courier_circuit_opened_total Times a host's circuit breaker opened.",
+    "courier_endpoint_capped_total Due messages held by an endpoint's max_in_flight cap.",
+    "courier_scheduler_passes_total Walks of the due queue (no walks while nothing is due: no polling).",
+    "courier_fleet_leases_restored_total Leases of running attempts written back after Redis lost them.",
+];
+const ATTEMPTS: &str = "courier_attempts_total Delivery attempts by outcome.";
+const DEAD: &str = "courier_dead_letters_total Messages dead-lettered by reason.";
+const REJECTED: &str = "courier_ingress_rejected_total Ingress requests refused by error code.";
+/// The gauges without labels, in the order `Metrics::render` reads them from [`Gauges`].
+const GAUGES: [&str; 6] = [
+    "courier_pending Messages waiting for an attempt.",
+    "courier_in_flight Attempts in progress.",
+    "courier_oldest_pending_seconds Age of the oldest undelivered message.",
+    "courier_dead_letters Dead messages in the dead-letter store.",
+    "courier_endpoints_paused Endpoints currently paused.",
+    "courier_line_waiting Ordered messages waiting behind the head of their endpoint's line.",
+];
+const HOST_CIRCUIT_OPEN: &str = "courier_host_circuit_open Hosts whose circuit breaker is open or probing (1 each).";
+const LATENCY: &str = "courier_delivery_latency_seconds Time from acceptance to delivery.";
+const ATTEMPT_DURATION: &str = "courier_attempt_duration_seconds Duration of one delivery attempt.";
+const REDIS_UP: &str =
+    "courier_fleet_redis_up 1 while fleet-wide limits are in force, 0 while Redis is unavailable (fallback limits).";
+const FLEET_ACQUIRES: &str = "courier_fleet_acquires_total Fleet lease and rate acquires by outcome.";
+
+/// The counters without labels: each one's index in [`COUNTS`] and `Metrics::counts`.
+#[derive(Debug, Clone, Copy)]
+enum Count {
+    Accepted,
+    Duplicates,
+    Delivered,
+    HandedOff,
+    RateLimited,
+    CircuitOpened,
+    EndpointCapped,
+    SchedulerPasses,
+    FleetLeasesRestored,
+}
 
 const LATENCY_BOUNDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0,
@@ -63,7 +106,7 @@ const ATTEMPT_BOUNDS: &[f64] = &[
 
 /// A fixed-bucket histogram of seconds, recorded in microseconds.
 #[derive(Debug)]
-pub struct Histogram {
+struct Histogram {
     bounds: &'static [f64],
     buckets: Vec<AtomicU64>,
     count: AtomicU64,
@@ -80,45 +123,58 @@ impl Histogram {
         }
     }
 
-    /// Records one observation.
-    pub fn observe_micros(&self, micros: u64) {
+    fn observe_micros(&self, micros: u64) {
         let secs = micros as f64 / 1e6;
         if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            self.buckets[i].fetch_add(1, Relaxed);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(micros, Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str) {
+    fn render(&self, out: &mut String, spec: &str) {
+        let name = head(out, "histogram", spec);
         let mut cumulative = 0;
         for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
+            cumulative += bucket.load(Relaxed);
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
         }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let count = self.count.load(Relaxed);
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
         let _ = writeln!(
             out,
-            "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
         );
-        let _ = writeln!(out, "{name}_count {count}");
     }
 }
 
-/// Writes one counter family with a single label.
-fn labelled_counter<'a>(
+/// Writes the HELP and TYPE lines of the family `spec` (`"<name> <HELP>"`); returns its name.
+fn head<'a>(out: &mut String, kind: &str, spec: &'a str) -> &'a str {
+    let (name, help) = spec.split_once(' ').unwrap_or((spec, ""));
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    name
+}
+
+/// Writes the family `spec`, whose samples all carry `label` (none when it is empty).
+fn family<'a, V: Display>(
     out: &mut String,
-    name: &str,
-    help: &str,
+    kind: &str,
+    spec: &str,
     label: &str,
-    samples: impl IntoIterator<Item = (&'a str, u64)>,
+    samples: impl IntoIterator<Item = (&'a str, V)>,
 ) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    let name = head(out, kind, spec);
     for (value, n) in samples {
-        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+        let _ = match label {
+            "" => writeln!(out, "{name} {n}"),
+            _ => writeln!(out, "{name}{{{label}=\"{}\"}} {n}", label_value(value)),
+        };
     }
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// Values read at scrape time.
@@ -138,22 +194,19 @@ pub struct Gauges {
     pub circuit_open_hosts: Vec<String>,
     /// Ordered messages waiting behind their line's head.
     pub line_waiting: u64,
+    /// Whether fleet-wide limits are in force (Redis usable); `None` without `[fleet]`,
+    /// and then no fleet family is rendered.
+    pub fleet_up: Option<bool>,
 }
 
-/// Every counter and histogram of the process.
+/// Every counter and histogram of the process, the fleet's included.
 #[derive(Debug)]
 pub struct Metrics {
-    accepted: AtomicU64,
-    duplicates: AtomicU64,
+    counts: [AtomicU64; 9],
     attempts: [AtomicU64; 4],
-    delivered: AtomicU64,
     dead: [AtomicU64; 4],
-    handed_off: AtomicU64,
-    rate_limited: AtomicU64,
-    circuit_opened: AtomicU64,
-    endpoint_capped: AtomicU64,
-    scheduler_passes: AtomicU64,
-    rejected: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    fleet_acquires: [AtomicU64; 6],
+    rejected: Mutex<BTreeMap<&'static str, u64>>,
     in_flight: AtomicI64,
     latency: Histogram,
     attempt_duration: Histogram,
@@ -162,16 +215,10 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
-            accepted: AtomicU64::new(0),
-            duplicates: AtomicU64::new(0),
+            counts: Default::default(),
             attempts: Default::default(),
-            delivered: AtomicU64::new(0),
             dead: Default::default(),
-            handed_off: AtomicU64::new(0),
-            rate_limited: AtomicU64::new(0),
-            circuit_opened: AtomicU64::new(0),
-            endpoint_capped: AtomicU64::new(0),
-            scheduler_passes: AtomicU64::new(0),
+            fleet_acquires: Default::default(),
             rejected: Default::default(),
             in_flight: AtomicI64::new(0),
             latency: Histogram::new(LATENCY_BOUNDS),
@@ -180,19 +227,23 @@ impl Default for Metrics {
     }
 }
 
-fn reason_index(r: DeadReason) -> usize {
-    DeadReason::ALL.iter().position(|x| *x == r).unwrap_or(0)
-}
-
 impl Metrics {
+    fn add(&self, c: Count, n: u64) {
+        self.counts[c as usize].fetch_add(n, Relaxed);
+    }
+
+    fn get(&self, c: Count) -> u64 {
+        self.counts[c as usize].load(Relaxed)
+    }
+
     /// A message was accepted.
     pub fn accepted(&self) {
-        self.accepted.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::Accepted, 1);
     }
 
     /// An accept was a duplicate.
     pub fn duplicate(&self) {
-        self.duplicates.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::Duplicates, 1);
     }
 
     /// An ingress request was refused with `code`.
@@ -207,208 +258,137 @@ impl Metrics {
 
     /// A due message waited for its endpoint's rate limit.
     pub fn rate_limited(&self) {
-        self.rate_limited.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::RateLimited, 1);
     }
 
-    /// A host's circuit breaker opened.
+    /// A host's circuit breaker opened (or opened again after a failed probe).
     pub fn circuit_opened(&self) {
-        self.circuit_opened.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::CircuitOpened, 1);
     }
 
     /// A due message waited for its endpoint's `max_in_flight` cap.
     pub fn endpoint_capped(&self) {
-        self.endpoint_capped.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::EndpointCapped, 1);
     }
 
     /// Times a due message waited for its endpoint's `max_in_flight` cap so far.
     #[cfg(test)]
     pub fn endpoint_capped_count(&self) -> u64 {
-        self.endpoint_capped.load(Ordering::Relaxed)
+        self.get(Count::EndpointCapped)
     }
 
     /// The scheduler finished a walk of the due queue.
     pub fn scheduler_pass(&self) {
-        self.scheduler_passes.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::SchedulerPasses, 1);
     }
 
     /// Walks of the due queue so far.
     pub fn scheduler_passes(&self) -> u64 {
-        self.scheduler_passes.load(Ordering::Relaxed)
+        self.get(Count::SchedulerPasses)
     }
 
     /// An attempt started.
     pub fn attempt_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Relaxed);
     }
 
     /// An attempt ended with `outcome` after `micros`.
     pub fn attempt_finished(&self, outcome: AttemptOutcome, micros: u64) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let i = AttemptOutcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
-        self.attempts[i].fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Relaxed);
+        self.attempts[outcome as usize].fetch_add(1, Relaxed);
         self.attempt_duration.observe_micros(micros);
     }
 
     /// An attempt was abandoned without an outcome (courier's own failure or shutdown).
     pub fn attempt_abandoned(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Relaxed);
     }
 
     /// A message was delivered `latency_micros` after acceptance.
     pub fn delivered(&self, latency_micros: u64) {
-        self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::Delivered, 1);
         self.latency.observe_micros(latency_micros);
     }
 
     /// A message was dead-lettered.
     pub fn dead(&self, reason: DeadReason) {
-        self.dead[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+        let i = DeadReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.dead[i].fetch_add(1, Relaxed);
     }
 
     /// A message was handed off to another courier (the peer answered 202).
     pub fn handed_off(&self) {
-        self.handed_off.fetch_add(1, Ordering::Relaxed);
+        self.add(Count::HandedOff, 1);
     }
 
     /// Attempts in progress now.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed).max(0) as u64
+        self.in_flight.load(Relaxed).max(0) as u64
+    }
+
+    /// One fleet acquire decided `outcome`.
+    pub fn fleet_acquired(&self, outcome: FleetOutcome) {
+        self.fleet_acquires[outcome as usize].fetch_add(1, Relaxed);
+    }
+
+    /// `n` leases of running attempts were written back after Redis lost them.
+    pub fn fleet_restored(&self, n: u64) {
+        self.add(Count::FleetLeasesRestored, n);
     }
 
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self, g: &Gauges) -> String {
-        let mut out = String::with_capacity(4096);
-        let mut counter = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
-        };
-        counter(
-            ACCEPTED_TOTAL,
-            "Messages durably accepted.",
-            self.accepted.load(Ordering::Relaxed),
-        );
-        counter(
-            DUPLICATES_TOTAL,
-            "Accepts answered as duplicates.",
-            self.duplicates.load(Ordering::Relaxed),
-        );
-        counter(
-            DELIVERED_TOTAL,
-            "Messages delivered.",
-            self.delivered.load(Ordering::Relaxed),
-        );
-        counter(
-            HANDED_OFF_TOTAL,
-            "Messages handed off to another courier (courier drain).",
-            self.handed_off.load(Ordering::Relaxed),
-        );
-        counter(
-            RATE_LIMITED_TOTAL,
-            "Due messages held by an endpoint rate limit.",
-            self.rate_limited.load(Ordering::Relaxed),
-        );
-        counter(
-            CIRCUIT_OPENED_TOTAL,
-            "Times a host's circuit breaker opened.",
-            self.circuit_opened.load(Ordering::Relaxed),
-        );
-        counter(
-            ENDPOINT_CAPPED_TOTAL,
-            "Due messages held by an endpoint's max_in_flight cap.",
-            self.endpoint_capped.load(Ordering::Relaxed),
-        );
-        counter(
-            SCHEDULER_PASSES_TOTAL,
-            "Walks of the due queue (no walks while nothing is due: no polling).",
-            self.scheduler_passes.load(Ordering::Relaxed),
-        );
-
-        let attempts = AttemptOutcome::ALL
+        let mut text = String::with_capacity(4096);
+        let out = &mut text;
+        let load = |c: &AtomicU64| c.load(Relaxed);
+        for (spec, n) in COUNTS
             .iter()
-            .zip(&self.attempts)
-            .map(|(o, v)| (o.as_str(), v.load(Ordering::Relaxed)));
-        labelled_counter(
-            &mut out,
-            ATTEMPTS_TOTAL,
-            "Delivery attempts by outcome.",
-            "outcome",
-            attempts,
-        );
-        let dead = DeadReason::ALL
-            .iter()
-            .zip(&self.dead)
-            .map(|(r, v)| (r.as_str(), v.load(Ordering::Relaxed)));
-        labelled_counter(
-            &mut out,
-            DEAD_LETTERS_TOTAL,
-            "Messages dead-lettered by reason.",
-            "reason",
-            dead,
-        );
-        let rejected: Vec<(&str, u64)> = self
-            .rejected
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(c, n)| (*c, *n))
-            .collect();
-        labelled_counter(
-            &mut out,
-            INGRESS_REJECTED_TOTAL,
-            "Ingress requests refused by error code.",
-            "code",
-            rejected,
-        );
-
-        let mut gauge = |name: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
-        };
-        gauge(PENDING, "Messages waiting for an attempt.", g.pending.to_string());
-        gauge(IN_FLIGHT, "Attempts in progress.", g.in_flight.to_string());
-        gauge(
-            OLDEST_PENDING_SECONDS,
-            "Age of the oldest undelivered message.",
-            format!("{:.3}", g.oldest_pending_seconds),
-        );
-        gauge(
-            DEAD_STORED,
-            "Dead messages in the dead-letter store.",
-            g.dead_stored.to_string(),
-        );
-        gauge(
-            ENDPOINTS_PAUSED,
-            "Endpoints currently paused.",
-            g.endpoints_paused.to_string(),
-        );
-        gauge(
-            LINE_WAITING,
-            "Ordered messages waiting behind the head of their endpoint's line.",
-            g.line_waiting.to_string(),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP {HOST_CIRCUIT_OPEN} Hosts whose circuit breaker is open or probing (1 each).\n# TYPE {HOST_CIRCUIT_OPEN} gauge"
-        );
-        for host in &g.circuit_open_hosts {
-            let _ = writeln!(out, "{HOST_CIRCUIT_OPEN}{{host=\"{}\"}} 1", label_value(host));
+            .zip(&self.counts)
+            .take(Count::FleetLeasesRestored as usize)
+        {
+            family(out, "counter", spec, "", [("", load(n))]);
         }
-
-        let _ = writeln!(
-            out,
-            "# HELP {DELIVERY_LATENCY_SECONDS} Time from acceptance to delivery.\n# TYPE {DELIVERY_LATENCY_SECONDS} histogram"
-        );
-        self.latency.render(&mut out, DELIVERY_LATENCY_SECONDS);
-        let _ = writeln!(
-            out,
-            "# HELP {ATTEMPT_DURATION_SECONDS} Duration of one delivery attempt.\n# TYPE {ATTEMPT_DURATION_SECONDS} histogram"
-        );
-        self.attempt_duration.render(&mut out, ATTEMPT_DURATION_SECONDS);
-        out
+        let attempts = AttemptOutcome::ALL
+            .map(AttemptOutcome::as_str)
+            .into_iter()
+            .zip(self.attempts.iter().map(load));
+        family(out, "counter", ATTEMPTS, "outcome", attempts);
+        let reasons = DeadReason::ALL.map(DeadReason::as_str).into_iter();
+        family(out, "counter", DEAD, "reason", reasons.zip(self.dead.iter().map(load)));
+        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        family(out, "counter", REJECTED, "code", rejected);
+        let gauges = [
+            g.pending.to_string(),
+            g.in_flight.to_string(),
+            format!("{:.3}", g.oldest_pending_seconds),
+            g.dead_stored.to_string(),
+            g.endpoints_paused.to_string(),
+            g.line_waiting.to_string(),
+        ];
+        for (spec, value) in GAUGES.iter().zip(gauges) {
+            family(out, "gauge", spec, "", [("", value)]);
+        }
+        let hosts = g.circuit_open_hosts.iter().map(|h| (h.as_str(), 1));
+        family(out, "gauge", HOST_CIRCUIT_OPEN, "host", hosts);
+        self.latency.render(out, LATENCY);
+        self.attempt_duration.render(out, ATTEMPT_DURATION);
+        if let Some(up) = g.fleet_up {
+            family(out, "gauge", REDIS_UP, "", [("", u8::from(up))]);
+            let acquires = FleetOutcome::LABELS
+                .into_iter()
+                .zip(self.fleet_acquires.iter().map(load));
+            family(out, "counter", FLEET_ACQUIRES, "outcome", acquires);
+            let restored = self.get(Count::FleetLeasesRestored);
+            family(
+                out,
+                "counter",
+                COUNTS[Count::FleetLeasesRestored as usize],
+                "",
+                [("", restored)],
+            );
+        }
+        text
     }
-}
-
-/// A label value in the text format: backslash, double quote and newline escaped.
-fn label_value(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -424,29 +404,18 @@ mod tests {
         m.dead(DeadReason::Expired);
         m.delivered(2_000_000);
         m.rejected("invalid_target");
-        let text = m.render(&Gauges {
+        let gauges = Gauges {
             pending: 3,
             circuit_open_hosts: vec!["down.example:443".into()],
             ..Default::default()
-        });
-        for name in [
-            ACCEPTED_TOTAL,
-            ATTEMPTS_TOTAL,
-            ENDPOINT_CAPPED_TOTAL,
-            DELIVERED_TOTAL,
-            DEAD_LETTERS_TOTAL,
-            PENDING,
-            IN_FLIGHT,
-            OLDEST_PENDING_SECONDS,
-            ENDPOINTS_PAUSED,
-            HOST_CIRCUIT_OPEN,
-            CIRCUIT_OPENED_TOTAL,
-            LINE_WAITING,
-            DELIVERY_LATENCY_SECONDS,
-            ATTEMPT_DURATION_SECONDS,
-        ] {
+        };
+        let text = m.render(&gauges);
+        let specs = COUNTS[..8].iter().chain(&GAUGES);
+        let specs = specs.chain(&[ATTEMPTS, DEAD, REJECTED, HOST_CIRCUIT_OPEN, LATENCY, ATTEMPT_DURATION]);
+        for name in specs.map(|spec| spec.split_once(' ').unwrap().0) {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
+        assert!(!text.contains("courier_fleet_"), "no fleet families without [fleet]");
         assert!(text.contains("courier_accepted_total 1\n"));
         assert!(text.contains("courier_attempts_total{outcome=\"retry\"} 1\n"));
         assert!(text.contains("courier_dead_letters_total{reason=\"expired\"} 1\n"));
@@ -457,5 +426,30 @@ mod tests {
         assert!(text.contains("courier_attempt_duration_seconds_count 1\n"));
         assert!(text.contains("courier_ingress_rejected_total{code=\"invalid_target\"} 1\n"));
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn fleet_families_render_with_help_and_type_when_the_fleet_is_on() {
+        let m = Metrics::default();
+        m.fleet_acquired(FleetOutcome::Granted);
+        m.fleet_acquired(FleetOutcome::Granted);
+        m.fleet_acquired(FleetOutcome::Error);
+        m.fleet_restored(3);
+        let out = m.render(&Gauges {
+            fleet_up: Some(false),
+            ..Default::default()
+        });
+        for name in [
+            "courier_fleet_redis_up",
+            "courier_fleet_acquires_total",
+            "courier_fleet_leases_restored_total",
+        ] {
+            assert!(out.contains(&format!("# TYPE {name} ")), "{name}: {out}");
+        }
+        assert!(out.contains("courier_fleet_redis_up 0\n"));
+        assert!(out.contains("courier_fleet_acquires_total{outcome=\"granted\"} 2\n"));
+        assert!(out.contains("courier_fleet_acquires_total{outcome=\"error\"} 1\n"));
+        assert!(out.contains("courier_fleet_acquires_total{outcome=\"host_busy\"} 0\n"));
+        assert!(out.contains("courier_fleet_leases_restored_total 3\n"));
     }
 }

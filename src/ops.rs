@@ -77,11 +77,9 @@ impl Probes {
                 .map(|h| h.host)
                 .collect(),
             line_waiting: d.context().store().lined().unwrap_or_default(),
+            fleet_up: d.fleet().map(|fleet| fleet.is_up()),
         };
-        let mut text = d.context().metrics().render(&gauges);
-        if let Some(fleet) = &d.fleet() {
-            fleet.render_metrics(&mut text);
-        }
+        let text = d.context().metrics().render(&gauges);
         serve::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
     }
 

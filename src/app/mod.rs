@@ -186,6 +186,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             runtime: delivery_rt.handle(),
             wake: wake.clone(),
             ca_pem: crate::outbound::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
+            metrics: metrics.clone(),
         },
     )?;
     let ctx = Context::new(

@@ -17,9 +17,10 @@ pub const PROBE_BASE_MS: u64 = 500;
 pub const PROBE_MAX_MS: u64 = 5_000;
 
 /// Where Redis stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum State {
     /// Not connected yet.
+    #[default]
     Starting,
     /// Usable: fleet limits are in force.
     Up,
@@ -51,20 +52,11 @@ pub enum Change {
 }
 
 /// Redis's health as this courier sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Health {
     state: State,
     /// Of the connection in use (bumped by each [`Health::succeeded`]); 0 before the first.
     generation: u64,
-}
-
-impl Default for Health {
-    fn default() -> Self {
-        Health {
-            state: State::Starting,
-            generation: 0,
-        }
-    }
 }
 
 /// The wait after the `failures`-th failed connection attempt in a row: doubling from
@@ -76,6 +68,7 @@ pub fn probe_delay_ms(failures: u32) -> u64 {
 
 impl Health {
     /// The state now.
+    #[cfg(test)]
     pub fn state(&self) -> State {
         self.state
     }

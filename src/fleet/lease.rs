@@ -129,11 +129,9 @@ pub(super) fn scripts() -> [&'static Script; 3] {
     [&ACQUIRE, &RENEW, &RELEASE]
 }
 
-/// The Redis keys of one fleet (one `key_prefix`).
+/// The Redis keys of one fleet: its `key_prefix`.
 #[derive(Debug, Clone)]
-pub(super) struct Keys {
-    prefix: String,
-}
+pub(super) struct Keys(pub(super) String);
 
 /// The keys a lease lives under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,19 +152,13 @@ impl LeaseKeys {
 }
 
 impl Keys {
-    pub(super) fn new(prefix: &str) -> Self {
-        Keys {
-            prefix: prefix.to_string(),
-        }
-    }
-
     /// The channel releases are published on.
     pub(super) fn channel(&self) -> String {
-        format!("{}:released", self.prefix)
+        format!("{}:released", self.0)
     }
 
     pub(super) fn lease(&self, req: &LeaseRequest<'_>) -> LeaseKeys {
-        let p = &self.prefix;
+        let p = &self.0;
         let host = key_id(req.host);
         let endpoint = key_id(req.endpoint);
         LeaseKeys {
@@ -179,7 +171,7 @@ impl Keys {
     }
 
     pub(super) fn rate(&self, endpoint: &str) -> String {
-        format!("{}:rate:{}", self.prefix, key_id(endpoint))
+        format!("{}:rate:{}", self.0, key_id(endpoint))
     }
 }
 
@@ -219,18 +211,16 @@ pub(super) fn acquire_call(
 pub(super) fn renew_call<'a>(
     leases: impl IntoIterator<Item = (&'a LeaseKeys, &'a str, bool)>,
     ttl_ms: u64,
-) -> (redis::ScriptInvocation<'static>, usize) {
+) -> redis::ScriptInvocation<'static> {
     let mut call = RENEW.prepare_invoke();
     call.arg(ttl_ms);
-    let mut n = 0;
     for (keys, member, restore) in leases {
         for set in keys.sets() {
             call.key(set)
                 .arg(format!("{}{member}", if restore { '+' } else { '=' }));
-            n += 1;
         }
     }
-    (call, n)
+    call
 }
 
 /// The release call of a lease.
@@ -292,7 +282,7 @@ mod tests {
             endpoint_cap: Some(2),
             rate: 5,
         };
-        let keys = Keys::new("fleet");
+        let keys = Keys("fleet".into());
         let lease = keys.lease(&req);
         let rate = keys.rate(url);
         let names = [

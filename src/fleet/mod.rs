@@ -27,7 +27,6 @@
 mod fallback;
 mod health;
 mod lease;
-mod metrics;
 mod rate;
 mod schedule;
 mod tasks;
@@ -41,12 +40,13 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::{watch, Notify};
 
 use crate::config::FleetConfig;
+use crate::metrics::{FleetOutcome as Outcome, Metrics};
 
 pub use fallback::share;
-pub use health::{Change, Health, State};
 pub use lease::{Lease, LeaseRequest};
-pub use metrics::{FleetMetrics, Outcome};
-pub use schedule::{RenewPlan, RenewSchedule};
+
+use health::{Change, Health};
+use schedule::RenewSchedule;
 
 use lease::{Keys, LeaseEntry};
 
@@ -106,6 +106,8 @@ pub struct FleetParts {
     /// The PEM text of `[tls] ca_file` (the files joined), if set: a `rediss://` connection
     /// then trusts these CAs (a Redis behind a private CA) instead of the public roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// The process's metrics: the fleet counts its acquires and restored leases there.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The fleet-wide limiter (see the module doc).
@@ -133,13 +135,12 @@ pub(crate) struct Inner {
     config: FleetConfig,
     /// The client of the last connection that was set up (the subscriber uses it too).
     client: Mutex<redis::Client>,
-    /// Redis's health and the connection in use: one lock, so that the two, `up` and
-    /// `up_tx` (all four written under it) never disagree, as they could when a late
-    /// failure of an old connection and a recovery interleaved.
+    /// Redis's health and the connection in use: one lock, so that the two and `up_tx`
+    /// (all three written under it) never disagree, as they could when a late failure of
+    /// an old connection and a recovery interleaved.
     link: Mutex<Link>,
-    /// `link.health.is_up()`, readable without the lock on the hot path.
-    up: AtomicBool,
-    /// The same, for the tasks to wait on.
+    /// `link.health.is_up()`, readable without that lock on the hot path, and for the
+    /// tasks to wait on.
     up_tx: watch::Sender<bool>,
     leases: Mutex<HashMap<u64, LeaseEntry>>,
     next_lease: AtomicU64,
@@ -166,7 +167,7 @@ pub(crate) struct Inner {
     timeout: Duration,
     replicas: u32,
     schedule: RenewSchedule,
-    metrics: FleetMetrics,
+    metrics: Arc<Metrics>,
 }
 
 /// Redis's health and the connection of its current generation.
@@ -200,7 +201,6 @@ impl Fleet {
                 health: Health::default(),
                 conn: None,
             }),
-            up: AtomicBool::new(false),
             up_tx,
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(0),
@@ -210,13 +210,13 @@ impl Fleet {
             wake: parts.wake,
             epoch: tokio::time::Instant::now(),
             runtime: parts.runtime,
-            keys: Keys::new(&cfg.key_prefix),
+            keys: Keys(cfg.key_prefix.clone()),
             courier: format!("{:016x}", rand::Rng::random::<u64>(&mut crate::clock::rng())),
             ttl_ms,
             timeout: cfg.timeout,
             replicas: cfg.expected_replicas,
             schedule: RenewSchedule::new(ttl_ms),
-            metrics: FleetMetrics::default(),
+            metrics: parts.metrics,
         });
         tasks::spawn(&inner);
         Ok(Some(Fleet { inner }))
@@ -232,24 +232,13 @@ impl Fleet {
         self.inner.replicas
     }
 
-    /// The counters.
-    pub fn metrics(&self) -> &FleetMetrics {
-        &self.inner.metrics
-    }
-
-    /// Appends the fleet's metric families to a Prometheus exposition.
-    pub fn render_metrics(&self, out: &mut String) {
-        self.inner.metrics.render(out, self.is_up());
-    }
-
     /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
     /// trip, at most `fleet.timeout`. Blocks: call it from a blocking thread (the
     /// scheduler's pass), never from an async task.
     pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
         let inner = &self.inner;
         let Some((generation, mut conn)) = inner.connection() else {
-            inner.metrics.acquired(Outcome::Fallback);
-            return inner.fallback(req);
+            return inner.fallback(req, Outcome::Fallback);
         };
         let id = inner.next_lease.fetch_add(1, Ordering::Relaxed);
         let keys = inner.keys.lease(req);
@@ -264,29 +253,17 @@ impl Fleet {
         let reply = inner
             .runtime
             .block_on(async { tokio::time::timeout(inner.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await });
-        let retry_ms = |wait: i64| u64::try_from(wait).unwrap_or(1).max(1);
         match reply {
-            Ok(Ok((0, _))) => {
-                inner.metrics.acquired(Outcome::Granted);
-                Acquired::Granted(inner.hold(id, keys, true))
-            }
-            Ok(Ok((1, wait))) => {
-                inner.metrics.acquired(Outcome::HostBusy);
-                Acquired::HostBusy {
-                    retry_ms: retry_ms(wait),
-                }
-            }
-            Ok(Ok((2, wait))) => {
-                inner.metrics.acquired(Outcome::EndpointBusy);
-                Acquired::EndpointBusy {
-                    retry_ms: retry_ms(wait),
-                }
-            }
-            Ok(Ok((_, wait))) => {
-                inner.metrics.acquired(Outcome::RateLimited);
-                Acquired::RateLimited {
-                    retry_ms: retry_ms(wait),
-                }
+            Ok(Ok((code, wait))) => {
+                let retry_ms = u64::try_from(wait).unwrap_or(1).max(1);
+                let (outcome, acquired) = match code {
+                    0 => (Outcome::Granted, Acquired::Granted(inner.hold(id, keys, true))),
+                    1 => (Outcome::HostBusy, Acquired::HostBusy { retry_ms }),
+                    2 => (Outcome::EndpointBusy, Acquired::EndpointBusy { retry_ms }),
+                    _ => (Outcome::RateLimited, Acquired::RateLimited { retry_ms }),
+                };
+                inner.metrics.fleet_acquired(outcome);
+                acquired
             }
             failed => {
                 // A timed-out call may still have granted a lease in Redis: never renewed,
@@ -296,8 +273,7 @@ impl Fleet {
                     _ => format!("no answer within {}ms", inner.timeout.as_millis()),
                 };
                 inner.failed(Some(generation), &error);
-                inner.metrics.acquired(Outcome::Error);
-                inner.fallback(req)
+                inner.fallback(req, Outcome::Error)
             }
         }
     }
@@ -331,7 +307,7 @@ fn client_with(
 
 impl Inner {
     fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+        *self.up_tx.borrow()
     }
 
     /// Monotonic ms since `epoch`.
@@ -363,8 +339,9 @@ impl Inner {
         format!("{}:{id}", self.courier)
     }
 
-    /// A lease decided without Redis (it is unavailable).
-    fn fallback(self: &Arc<Self>, req: &LeaseRequest<'_>) -> Acquired {
+    /// A lease decided without Redis (it is unavailable: `outcome` says how it was found).
+    fn fallback(self: &Arc<Self>, req: &LeaseRequest<'_>, outcome: Outcome) -> Acquired {
+        self.metrics.fleet_acquired(outcome);
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         Acquired::Fallback {
             replicas: self.replicas,
@@ -442,19 +419,17 @@ impl Inner {
             None => link.health.failed(now),
         };
         link.conn = None;
-        self.up.store(false, Ordering::Release);
         self.up_tx.send_replace(false);
         drop(link);
         if let Some(Change::Down { at_start }) = change {
             let error = crate::redact::clean(error);
-            let replicas = self.replicas;
-            if at_start {
-                tracing::warn!(error = %error, expected_replicas = replicas,
-                    "fleet: Redis unavailable at start; each courier keeps to its local limits divided by fleet.expected_replicas until it is reachable");
+            let (when, until) = if at_start {
+                (" at start", "reachable")
             } else {
-                tracing::warn!(error = %error, expected_replicas = replicas,
-                    "fleet: Redis unavailable; each courier keeps to its local limits divided by fleet.expected_replicas until it is back");
-            }
+                ("", "back")
+            };
+            tracing::warn!(error = %error, expected_replicas = self.replicas,
+                "fleet: Redis unavailable{when}; each courier keeps to its local limits divided by fleet.expected_replicas until it is {until}");
             // Messages the fleet refused sleep until the lease in their way expires (up to
             // `lease_ttl`) or a release is published, which a dead Redis never does: they may
             // go now under the fallback limits.
@@ -468,7 +443,6 @@ impl Inner {
         let mut link = self.lock_link();
         let change = link.health.succeeded(self.now_ms());
         link.conn = Some(conn);
-        self.up.store(true, Ordering::Release);
         self.up_tx.send_replace(true);
         drop(link);
         if let Some(Change::Up { down_ms }) = change {

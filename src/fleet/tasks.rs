@@ -95,12 +95,12 @@ async fn probe(inner: Arc<Inner>) {
 async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -> Result<(), String> {
     let now = inner.now_ms();
     // (id, keys, restore) of the leases to send, and when the renewer should look again.
-    let (batch, _) = plan(inner, now, all);
+    let (batch, _) = plan_in(&inner.schedule, &inner.lock_leases(), now, all);
     if batch.is_empty() {
         return Ok(());
     }
     let members: Vec<String> = batch.iter().map(|(id, _, _)| inner.member(*id)).collect();
-    let (call, _) = lease::renew_call(
+    let call = lease::renew_call(
         batch
             .iter()
             .zip(&members)
@@ -149,22 +149,18 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
             "fleet: Redis no longer had leases of running attempts; writing them back"
         );
     }
-    inner.metrics.restored(restored + lost_now);
+    inner.metrics.fleet_restored(restored + lost_now);
     Ok(())
 }
 
 type Batch = Vec<(u64, lease::LeaseKeys, bool)>;
 
 /// The leases to renew now: every one when `all`; else the due ones and those Redis does
-/// not have yet. Also when to look again.
-fn plan(inner: &Inner, now: u64, all: bool) -> (Batch, Option<u64>) {
-    plan_in(&inner.schedule, &inner.lock_leases(), now, all)
-}
-
-/// [`plan`] on the registry itself (pure, time passed in). A lease Redis does not have (lost
-/// while Redis was reachable, found missing by a renewal) is due now: without that, a
-/// registry of only such leases would give the renewer no timer, and nothing would write them
-/// back (or renew the leases taken after them) before they expire under running attempts.
+/// not have yet. Also when to look again (pure, time passed in). A lease Redis does not
+/// have (lost while Redis was reachable, found missing by a renewal) is due now: without
+/// that, a registry of only such leases would give the renewer no timer, and nothing would
+/// write them back (or renew the leases taken after them) before they expire under running
+/// attempts.
 fn plan_in(
     schedule: &super::RenewSchedule,
     leases: &HashMap<u64, LeaseEntry>,
@@ -185,14 +181,7 @@ fn plan_in(
         .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
         .collect();
     let unregistered = leases.values().any(|e| !e.registered).then_some(now);
-    let next = if all {
-        None
-    } else {
-        match (plan.next_ms, unregistered) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    };
+    let next = plan.next_ms.into_iter().chain(unregistered).min().filter(|_| !all);
     (batch, next)
 }
 
@@ -262,7 +251,7 @@ async fn subscribe(inner: Arc<Inner>) {
                 _ = up.wait_for(|up| !*up) => break,
             }
         }
-        if inner.up.load(Ordering::Acquire) {
+        if inner.is_up() {
             // The subscription ended while commands still work (Redis closed it): not a
             // reason to spin; reconnect after a pause.
             inner.sleep_until(inner.now_ms() + super::health::PROBE_BASE_MS).await;

@@ -600,9 +600,7 @@ impl World {
         let node = self.node.as_mut().expect("running");
         let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
         // Attempts start only in passes: what is open now is what they must not overtake.
-        quietly(d.context().store(), || {
-            self.rx.order.refresh_from(d.context().store())
-        });
+        quietly(d.context().store(), || self.rx.order.refresh_from(d.context().store()));
         let _g = handle.enter();
         let mut note = None;
         let limits = self.limits;
