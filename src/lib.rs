@@ -29,7 +29,7 @@
 //!    [`endpoint_page`].
 //! 5. Wiring: [`app`], [`args`] (the flags and config every command loads), [`cli`] (with
 //!    `cli::keys`), [`operator`], [`reload`], [`drain`] (the hand-off to another
-//!    courier at scale-down: its pure parts are `drain::{plan, request, answer, receipt}`).
+//!    courier at scale-down: its pure parts are `drain::{plan, request, answer}`).
 
 #![warn(missing_docs)]
 // Test code measures real time and draws fresh randomness freely (see `clock`).

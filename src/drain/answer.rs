@@ -84,7 +84,7 @@ pub fn classify(
             let proved = |key| {
                 resp.receipt
                     .as_deref()
-                    .is_some_and(|r| super::receipt::verify(key, event_id, &peer_id, r))
+                    .is_some_and(|r| crate::signing::receipt::verify(key, event_id, &peer_id, r))
             };
             if !receipt_key.is_none_or(proved) {
                 return PeerAnswer::Stop(
@@ -229,15 +229,15 @@ mod tests {
             a.as_mut().unwrap().receipt = receipt;
             classify("dlv_own", "evt_1", Some(b"tier-token"), &a)
         };
-        let good = super::super::receipt::receipt(b"tier-token", "evt_1", "dlv_peer");
+        let good = crate::signing::receipt::receipt(b"tier-token", "evt_1", "dlv_peer");
         assert!(matches!(
             with(Some(good)),
             PeerAnswer::Accepted { duplicate: false, .. }
         ));
         for bad in [
             None,
-            Some(super::super::receipt::receipt(b"other-token", "evt_1", "dlv_peer")),
-            Some(super::super::receipt::receipt(b"tier-token", "evt_1", "dlv_x")),
+            Some(crate::signing::receipt::receipt(b"other-token", "evt_1", "dlv_peer")),
+            Some(crate::signing::receipt::receipt(b"tier-token", "evt_1", "dlv_x")),
             Some("00".repeat(32)),
         ] {
             assert!(

@@ -26,7 +26,7 @@
 //! send) through the admin API or the CLI. The engine is one forwarding pass ([`engine`]),
 //! run either by the verb on the data dir of a stopped courier, or by the running courier
 //! that owns the data dir once it has stopped attempting ([`control`]). The peer proves
-//! what it stored ([`answer`], [`receipt`]); [`progress`] is what either run shows.
+//! what it stored ([`answer`], with the peer's [`crate::signing::receipt`]); [`progress`] is what either run shows.
 
 pub mod answer;
 pub mod control;
@@ -34,7 +34,6 @@ pub mod engine;
 pub mod front;
 pub mod plan;
 pub mod progress;
-pub mod receipt;
 pub mod request;
 
 pub use control::DrainControl;

@@ -438,9 +438,9 @@ fn accepted(config: &crate::config::Config, id: &str, event_id: &str, body: serd
         resp.headers_mut().insert("courier-delivery-id", v);
     }
     if let Some(token) = &config.ingress_token {
-        let receipt = crate::drain::receipt::receipt(token.expose().as_bytes(), event_id, id);
+        let receipt = crate::signing::receipt::receipt(token.expose().as_bytes(), event_id, id);
         if let Ok(v) = http::HeaderValue::from_str(&receipt) {
-            resp.headers_mut().insert(crate::drain::receipt::HEADER, v);
+            resp.headers_mut().insert(crate::signing::receipt::HEADER, v);
         }
     }
     resp

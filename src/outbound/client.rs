@@ -219,7 +219,7 @@ impl HttpTransport {
                 .map(str::to_string)
         };
         let retry_after = header(http::header::RETRY_AFTER.as_str());
-        let receipt = header(crate::drain::receipt::HEADER);
+        let receipt = header(crate::signing::receipt::HEADER);
         let mut body = response.into_body();
         let mut kept = BytesMut::new();
         // Read only what we keep; the rest is dropped with the connection.

@@ -8,9 +8,13 @@
 //! The standard scheme picks the algorithm per secret from its prefix: a `whsec_` (or bare
 //! base64) secret gives an HMAC `v1,` entry, a `whsk_` key an Ed25519 `v1a,` entry, so one
 //! rotation list may mix them and a receiver migrating to public keys sees both.
+//!
+//! [`receipt`] is the other way round: the proof a courier's ingress gives that it stored a
+//! message, which a drain checks before it marks the message handed off.
 
 pub mod ed25519;
 pub mod github;
+pub mod receipt;
 pub mod scope;
 pub mod standard;
 pub mod stripe;
