@@ -15,21 +15,24 @@
 //!  admin ─reads─▶ store stats, metrics         retention ─sweeps─▶ store
 //! ```
 //!
-//! Layers (a module uses only modules above it in this list):
-//! 1. Pure, no I/O: [`inbound::access`], [`model`], [`target`], [`headers`], [`outbound::egress`],
-//!    [`policy`], [`signing`], [`timefmt`], [`redact`], `store::keys`,
-//!    `store::codec`, [`config::units`].
-//! 2. Seams: [`clock`], [`outbound::transport`], [`outbound::resolver`], [`config`].
-//! 3. I/O: [`batcher`], [`store`], [`outbound`] (TLS, proxies, the pooled client), [`inbound::serve`],
-//!    [`inbound::uds`], [`fleet`] (Redis), [`sys`] (file descriptors, CPU priority, heap trimming).
-//! 4. Components: [`context`] (what they all share: store, clock, metrics, the reloadable
-//!    settings, endpoint state, the scheduler's wake-up), [`envelope`] (a request made into
-//!    the first stored record), [`inbound::ingress`],
-//!    [`scheduler`], [`delivery`], [`ops`], [`admin`], [`ui`], [`retention`], [`metrics`],
-//!    [`endpoint_page`].
-//! 5. Wiring: [`app`], [`args`] (the flags and config every command loads), [`cli`] (with
-//!    `cli::keys`), [`operator`], [`reload`], [`drain`] (the hand-off to another
-//!    courier at scale-down: its pure parts are `drain::{plan, request, answer}`).
+//! Layers, from the ground up (a module uses only modules of the layers below its own):
+//! 1. The vocabulary, no I/O of its own: [`model`], [`target`], [`clock`] (the clock and
+//!    randomness seams), [`timefmt`], [`redact`], [`batcher`] (a thread that handles queued
+//!    jobs in batches), [`sys`] (file descriptors, CPU priority, heap trimming).
+//! 2. [`policy`] (everything decided after an attempt, pure), [`signing`] (outbound
+//!    signatures and the drain receipt, pure), [`store`] (RocksDB).
+//! 3. [`config`] (the typed settings), [`metrics`], [`limits`] (per-host and per-endpoint
+//!    caps), [`envelope`] (a request made into the first stored record), [`retention`].
+//! 4. [`headers`] (the `Courier-*` control headers), [`outbound`] (the HTTP client, egress
+//!    policy, TLS, proxies), [`fleet`] (fleet-wide limits on Redis).
+//! 5. [`context`] (what the components share: store, clock, metrics, the reloadable
+//!    settings, endpoint state, the scheduler's wake-up), [`args`] (the flags and config
+//!    every command loads).
+//! 6. [`delivery`] (attempts), [`endpoint_page`], [`operator`] (the operator commands).
+//! 7. [`scheduler`], [`inbound`] (listeners, access rules, ingress), [`reload`].
+//! 8. [`drain`] (the hand-off to another courier at scale-down), [`ops`] (probes and
+//!    metrics), [`ui`].
+//! 9. [`admin`]; 10. [`app`] (the wiring); 11. [`cli`].
 
 #![warn(missing_docs)]
 // Test code measures real time and draws fresh randomness freely (see `clock`).
@@ -50,6 +53,7 @@ pub mod envelope;
 pub mod fleet;
 pub mod headers;
 pub mod inbound;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod operator;

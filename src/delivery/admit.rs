@@ -21,8 +21,9 @@
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{Deliverer, HostPermit, HostRefusal};
+use super::Deliverer;
 use crate::fleet::{share, Acquired, Lease, LeaseRequest};
+use crate::limits::{HostPermit, HostRefusal};
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
 /// of its host's, one of its endpoint's if the endpoint has a `max_in_flight` cap, and its

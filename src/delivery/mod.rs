@@ -8,10 +8,7 @@
 mod accept;
 mod admit;
 pub mod alert;
-pub mod endpoint_caps;
-pub mod host_limiter;
 mod requeue;
-mod resizable;
 mod results;
 mod settings;
 mod worker;
@@ -30,9 +27,8 @@ use crate::store::Claimed;
 
 use settings::host_caps;
 
+use crate::limits::{EndpointCaps, HostLimiter};
 pub use admit::{AttemptPermit, PermitRefused, Refusal};
-pub use endpoint_caps::EndpointCaps;
-pub use host_limiter::{HostLimiter, HostPermit, HostRefusal, HostView};
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
 /// missing from the config, a result that could not be written) before it is tried again.

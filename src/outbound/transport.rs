@@ -32,7 +32,7 @@ pub struct InboundResponse {
     /// The start of the body, at most `max_response_body` bytes.
     pub body: Bytes,
     /// The `Courier-Receipt` header, raw (a courier's ingress proving it stored a
-    /// hand-off: `crate::drain::receipt`).
+    /// hand-off: `crate::signing::receipt`).
     pub receipt: Option<String>,
 }
 
