@@ -604,7 +604,7 @@ impl World {
         let _g = handle.enter();
         let mut note = None;
         let limits = self.limits;
-        let (_, resume) = crate::scheduler::pass_with(&d, &limits, resume, &mut || {
+        let (_, resume) = crate::scheduler::pass::pass_with(&d, &limits, resume, &mut || {
             if mid_pass_operator {
                 note = Some(self.operator());
             }

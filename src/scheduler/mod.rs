@@ -1,0 +1,232 @@
+//! The scheduler: one task that hands due messages to delivery workers.
+//!
+//! It walks the store's due index from the due floor (never the whole queue: the walk stops
+//! at the first entry that is not yet due, or after a budget), and for each due message
+//! checks, in order: is it leased (its attempt is running: pass over it), is its endpoint
+//! paused (then park it), is its endpoint at its `max_in_flight` cap (skip the endpoint for
+//! this pass: a freed permit wakes the next), is its host at its in-flight cap or its circuit
+//! breaker open (skip the host for this pass; an open breaker's probe time is a wake-up), is
+//! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
+//! attempt is counted), and with `[fleet]` on, does the fleet grant a lease (the same caps
+//! and rate fleet-wide, one round trip to Redis; a refusal skips the host or endpoint like a
+//! local one, with the time the fleet gave as a wake-up). See `delivery::admit`. Messages that pass all of them are leased together (reads only, no
+//! write: see `store::lease`), each with its host permit already in hand, and dispatched.
+//!
+//! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
+//! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
+//! next pass continues from there, so other hosts' messages behind a blocked backlog are
+//! reached, and no wake-up pays for re-reading the whole blocked run. What lies before the
+//! resume point is not forgotten: a walk that started there and reaches the end goes on
+//! from the floor, once per wake-up (what woke it, an accept or a freed permit, may sort
+//! before it), and the wake times asked for before it stay owed until a walk from the floor
+//! asks for them again. A wake-up whose [`SCAN_BUDGET`] runs out on blocked runs leaves what
+//! lies past the resume point to the next wake-up, which the blocked attempts give as they
+//! end.
+//!
+//! A pass runs on a blocking thread: it reads the store, and its park writes wait behind the
+//! accepts' fsync, neither of which may hold up the async workers that serve ingress.
+//!
+//! Between passes it sleeps until the earliest of: the next due time, the next rate-limit
+//! token it waited for, or a wake-up (an accept, a finished attempt freeing a permit, a
+//! resumed endpoint). There is no fixed polling interval: an idle courier does nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub(crate) mod pass;
+
+use crate::delivery::Deliverer;
+use pass::{pass, Pass};
+
+/// Most due entries one pass looks at.
+pub const SCAN_BUDGET: usize = 4096;
+/// Most messages one pass leases.
+pub const CLAIM_BATCH: usize = 256;
+/// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
+pub const SKIP_RUN: usize = 256;
+/// How long to wait before trying again after the store failed to read or claim.
+const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How much one pass and one wake-up may do: [`Limits::DEFAULT`] in courier; tests make
+/// them small so a few dozen messages reach the long-backlog paths.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Most due entries one pass looks at, and one wake-up pays for.
+    pub scan_budget: usize,
+    /// Most messages one pass leases (or parks).
+    pub claim_batch: usize,
+    /// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
+    pub skip_run: usize,
+}
+
+impl Limits {
+    /// courier's limits.
+    pub(crate) const DEFAULT: Limits = Limits {
+        scan_budget: SCAN_BUDGET,
+        claim_batch: CLAIM_BATCH,
+        skip_run: SKIP_RUN,
+    };
+}
+
+/// The scheduler task.
+pub struct Scheduler {
+    d: Arc<Deliverer>,
+    limits: Limits,
+    /// Where the last pass stopped on a long blocked run.
+    resume: Option<(u64, String)>,
+    /// Tests: whether the loop is asleep, and until when.
+    #[cfg(test)]
+    nap: Option<Nap>,
+}
+
+/// Tests: while the loop waits, until when (`None`: for a wake-up only) and its resume
+/// point; `None` while it works. Set when the wait is first polled and cleared when it
+/// ends, in the same poll as the wake-up's check, so on a current-thread runtime a reader
+/// sees it set only when no wake-up is pending.
+#[cfg(test)]
+pub(crate) type Nap = Arc<std::sync::Mutex<Option<Asleep>>>;
+
+/// Tests: what the loop waits for (see [`Nap`]).
+#[cfg(test)]
+#[derive(Debug, Clone)]
+pub(crate) struct Asleep {
+    /// Its wake time, if any.
+    pub until: Option<u64>,
+    /// Where its next walk starts, if not at the floor.
+    pub resume: Option<(u64, String)>,
+}
+
+/// Marks the loop asleep until dropped (see [`Nap`]).
+#[cfg(test)]
+struct Napping<'a>(&'a Nap);
+
+#[cfg(test)]
+impl<'a> Napping<'a> {
+    fn start(nap: &'a Nap, until: Option<u64>, resume: Option<(u64, String)>) -> Self {
+        *nap.lock().unwrap() = Some(Asleep { until, resume });
+        Napping(nap)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Napping<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = None;
+    }
+}
+
+impl Scheduler {
+    /// A scheduler over a delivery context.
+    pub fn new(d: Arc<Deliverer>) -> Self {
+        Scheduler {
+            d,
+            limits: Limits::DEFAULT,
+            resume: None,
+            #[cfg(test)]
+            nap: None,
+        }
+    }
+
+    /// Tests: a scheduler with other limits, reporting its sleeps to `nap`.
+    #[cfg(test)]
+    pub(crate) fn observed(d: Arc<Deliverer>, limits: Limits, nap: Nap) -> Self {
+        Scheduler {
+            limits,
+            nap: Some(nap),
+            ..Scheduler::new(d)
+        }
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        // Entries looked at since the last wait: one wake-up pays for at most the scan budget.
+        let mut scanned_since_wait = 0;
+        // The earliest wake-up asked for by the passes since the last walk from the floor. A
+        // pass that starts at a resume point does not see the entries before it, so what
+        // they asked for (a token, a breaker's probe) stays owed, whether the loop went
+        // straight on or slept and was woken early; a walk from the floor sees them again
+        // and asks anew.
+        let mut owed: Option<u64> = None;
+        // Whether a walk since the last wait started at the floor.
+        let mut from_floor = false;
+        let limits = self.limits;
+        while !*stop.borrow() {
+            let d = self.d.clone();
+            let resume = self.resume.take();
+            let resumed = resume.is_some();
+            if !resumed {
+                owed = None;
+                from_floor = true;
+            }
+            let (pass, resume) = match tokio::task::spawn_blocking(move || pass(&d, &limits, resume)).await {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::error!(error = %e, "a scheduler pass panicked");
+                    (
+                        Pass {
+                            store_error: true,
+                            ..Pass::default()
+                        },
+                        None,
+                    )
+                }
+            };
+            self.resume = resume;
+            self.d.context().metrics().scheduler_pass();
+            scanned_since_wait += pass.scanned;
+            owed = earliest(owed, pass.wake_at);
+            let more_now = pass.cut && pass.dispatched + pass.parked > 0;
+            let budget_left = scanned_since_wait < limits.scan_budget;
+            let go_deeper = pass.stopped_on_run && budget_left;
+            // A walk that began at a resume point and reached the end has not seen what lies
+            // before that point, where what woke it may be (an accept that sorts before it,
+            // a freed permit of a host there): it goes on from the floor, once per wake-up.
+            let wrap = resumed && pass.exhausted && !from_floor && budget_left;
+            if more_now || go_deeper || wrap {
+                continue;
+            }
+            scanned_since_wait = 0;
+            from_floor = false;
+            let mut wake_at = owed;
+            if pass.store_error {
+                let backoff = self.d.context().clock().now_ms() + STORE_ERROR_BACKOFF.as_millis() as u64;
+                wake_at = earliest(wake_at, Some(backoff));
+            }
+            self.wait(wake_at, &mut stop).await;
+        }
+    }
+
+    /// Sleeps until `wake_at`, a wake-up, or `stop`.
+    async fn wait(&mut self, wake_at: Option<u64>, stop: &mut watch::Receiver<bool>) {
+        let sleep = async {
+            #[cfg(test)]
+            let _asleep = self
+                .nap
+                .as_ref()
+                .map(|nap| Napping::start(nap, wake_at, self.resume.clone()));
+            match wake_at {
+                Some(at) => self.d.context().clock().sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.d.context().wake_signal().notified() => {}
+            // A due time (or a breaker's probe time, or a token) came: what it was for may
+            // lie before the last resume point, so the walk starts at the floor.
+            _ = sleep => self.resume = None,
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests;
