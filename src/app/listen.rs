@@ -124,4 +124,27 @@ impl Listeners {
             ops_addr,
         })
     }
+
+    /// Serves ingress, admin and (when bound) ops with their handlers, in that order, until
+    /// `stop` turns true; answers the tasks and the Unix socket file to remove at stop.
+    pub(super) fn serve(
+        self,
+        [ingress, admin, ops]: [Handler; 3],
+        limits: &ListenerLimits,
+        stop: watch::Receiver<bool>,
+    ) -> (Vec<JoinHandle<()>>, Option<SocketFile>) {
+        let mut tasks = vec![
+            tokio::spawn(serve::serve(
+                self.ingress,
+                ingress,
+                limits.ingress.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(serve::serve(self.admin, admin, limits.admin.clone(), stop.clone())),
+        ];
+        if let Some(listener) = self.ops {
+            tasks.push(tokio::spawn(serve::serve(listener, ops, limits.admin.clone(), stop)));
+        }
+        (tasks, self.socket_file)
+    }
 }

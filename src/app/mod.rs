@@ -134,7 +134,7 @@ impl Running {
 }
 
 /// Starts courier: returns once both listeners are bound and the store is open.
-pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError> {
+pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppError> {
     let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
@@ -146,15 +146,7 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             ..StoreOptions::default()
         },
     )?);
-    let Listeners {
-        ingress: ingress_listener,
-        ingress_addr,
-        socket_file,
-        admin: admin_listener,
-        admin_addr,
-        ops: ops_listener,
-        ops_addr,
-    } = Listeners::bind(&config).await?;
+    let listeners = Listeners::bind(&config).await?;
     // Validation refused this unless the operator said so on purpose: say it once, loudly.
     for (key, addr) in config.unauthenticated_network_listeners() {
         tracing::warn!(
@@ -163,15 +155,122 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
             "serving the network without a token (allow_unauthenticated_network = true): anyone who can reach it can use it"
         );
     }
+    let config_source = seams.config_source.take();
+    let (deliverer, delivery_rt) = delivery(&config, &store, seams)?;
+    // A crash leaves messages in flight, and (in the middle of a resume) parked for an
+    // endpoint that is active. The simulator runs this same recovery.
+    recover(&deliverer, &delivery_rt)?;
 
-    let clock = seams.clock;
+    let draining = Arc::new(AtomicBool::new(false));
+    let accepts = Arc::new(crate::inbound::ingress::AcceptsInProgress::default());
+    // Stops retention, and the scheduler at shutdown.
+    let (stop_sched, sched_rx) = watch::channel(false);
+    // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,
+    // and the word that it has returned.
+    let stop_scheduler = Arc::new(watch::channel(false).0);
+    let (scheduler_done, scheduler_stopped) = watch::channel(false);
+    let (stop_http, http_rx) = watch::channel(false);
+    let drain = Arc::new(DrainControl::new(
+        deliverer.clone(),
+        draining.clone(),
+        accepts.clone(),
+        stop_scheduler.clone(),
+        scheduler_stopped,
+    ));
+    let reloader = Arc::new(Reloader::new(config_source, deliverer.clone(), loaded));
+    let (ingress_addr, admin_addr, ops_addr) =
+        (listeners.ingress_addr.clone(), listeners.admin_addr, listeners.ops_addr);
+    let handlers = handlers(&deliverer, &draining, accepts, &reloader, &drain);
+    let (http_tasks, socket_file) = listeners.serve(handlers, &limits, http_rx);
+    let scheduler = Scheduler::new(deliverer.clone()).run(stop_scheduler.subscribe());
+    let scheduler_task = delivery_rt.handle().spawn(async move {
+        scheduler.await;
+        let _ = scheduler_done.send(true);
+    });
+    let retention_task = retention(&deliverer, sched_rx);
+    match ops_addr {
+        Some(ops) => tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = %ops,
+            data_dir = %config.data_dir.display(), "listening"),
+        None => tracing::info!(ingress = %ingress_addr, admin = %admin_addr,
+            data_dir = %config.data_dir.display(), "listening"),
+    }
 
+    let trigger = Arc::new(Notify::new());
+    let stopping = Stopping {
+        deliverer: deliverer.clone(),
+        grace: config.shutdown_grace,
+        draining,
+        drain,
+        stop_sched,
+        stop_scheduler,
+        scheduler_task,
+        retention_task,
+        stop_http,
+        http_tasks,
+        socket_file,
+        store,
+        delivery_rt,
+    };
+    let t = trigger.clone();
+    let done = tokio::spawn(async move {
+        t.notified().await;
+        stopping.run().await;
+    });
+    Ok(Running {
+        ingress_addr,
+        admin_addr,
+        ops_addr,
+        deliverer,
+        reloader,
+        trigger,
+        done,
+    })
+}
+
+/// The request handlers of the three listeners: ingress, admin (which serves the probes
+/// too, and starts reloads and drains) and ops (the probes alone).
+fn handlers(
+    deliverer: &Arc<Deliverer>,
+    draining: &Arc<AtomicBool>,
+    accepts: Arc<crate::inbound::ingress::AcceptsInProgress>,
+    reloader: &Arc<Reloader>,
+    drain: &Arc<DrainControl>,
+) -> [Handler; 3] {
+    let ctx = deliverer.context();
+    let ingress = Arc::new(Ingress::new(
+        deliverer.clone(),
+        ctx.clock().clone(),
+        ctx.metrics().clone(),
+        draining.clone(),
+        accepts,
+    ));
+    let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
+    let admin = Arc::new(Admin::new(
+        deliverer.clone(),
+        probes.clone(),
+        reloader.clone(),
+        drain.clone(),
+    ));
+    [
+        Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req))),
+        Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req))),
+        Arc::new(move |peer, req| Box::pin(probes.clone().handle(peer, req))),
+    ]
+}
+
+/// Delivery and what it stands on: the outbound transport (with its TLS material), the
+/// delivery runtime, the fleet-wide limits and the shared context.
+fn delivery(
+    config: &Arc<Config>,
+    store: &Arc<Store>,
+    seams: Seams,
+) -> Result<(Arc<Deliverer>, DeliveryRuntime), AppError> {
     // Built before the transport whether or not it is used, so a bad PEM file stops the
     // start in tests with a scripted transport too; a reload replaces its material.
-    let tls = TlsHandle::new(TlsMaterial::from_config(&config).map_err(AppError::Tls)?);
+    let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(AppError::Tls)?);
     let transport = seams
         .transport
-        .unwrap_or_else(|| http_transport(&config, seams.resolver, tls.clone()));
+        .unwrap_or_else(|| http_transport(config, seams.resolver, tls.clone()));
     let rng = match seams.rng_seed {
         Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
         None => rand::rngs::StdRng::from_os_rng(),
@@ -191,76 +290,22 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
     )?;
     let ctx = Context::new(
         store.clone(),
-        clock.clone(),
+        seams.clock,
         config.clone(),
-        metrics.clone(),
-        wake.clone(),
+        metrics,
+        wake,
         delivery_rt.handle(),
     )?;
-    let deliverer = Deliverer::new(ctx, transport, rng, fleet);
+    Ok((Deliverer::new(ctx, transport, rng, fleet), delivery_rt))
+}
 
-    // A crash leaves messages in flight, and (in the middle of a resume) parked for an
-    // endpoint that is active. The simulator runs this same recovery.
-    recover(&deliverer, &clock, &delivery_rt)?;
-
-    let draining = Arc::new(AtomicBool::new(false));
-    let accepts = Arc::new(crate::inbound::ingress::AcceptsInProgress::default());
-    // Stops retention, and the scheduler at shutdown.
-    let (stop_sched, sched_rx) = watch::channel(false);
-    // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,
-    // and the word that it has returned.
-    let stop_scheduler = Arc::new(watch::channel(false).0);
-    let (scheduler_done, scheduler_stopped) = watch::channel(false);
-    let (stop_http, http_rx) = watch::channel(false);
-    let drain = Arc::new(DrainControl::new(
-        deliverer.clone(),
-        draining.clone(),
-        accepts.clone(),
-        stop_scheduler.clone(),
-        scheduler_stopped,
-    ));
-
-    let ingress = Arc::new(Ingress::new(
-        deliverer.clone(),
-        clock.clone(),
-        metrics,
-        draining.clone(),
-        accepts,
-    ));
-    let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
-    let reloader = Arc::new(Reloader::new(seams.config_source, deliverer.clone(), loaded));
-    let admin = Arc::new(Admin::new(
-        deliverer.clone(),
-        probes.clone(),
-        reloader.clone(),
-        drain.clone(),
-    ));
-    let ingress_handler: Handler = Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req)));
-    let admin_handler: Handler = Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req)));
-    let ops_task = ops_listener.map(|listener| {
-        let handler: Handler = Arc::new(move |peer, req| Box::pin(probes.clone().handle(peer, req)));
-        tokio::spawn(serve::serve(listener, handler, limits.admin.clone(), http_rx.clone()))
-    });
-    let ingress_task = tokio::spawn(serve::serve(
-        ingress_listener,
-        ingress_handler,
-        limits.ingress.clone(),
-        http_rx.clone(),
-    ));
-    let admin_task = tokio::spawn(serve::serve(
-        admin_listener,
-        admin_handler,
-        limits.admin.clone(),
-        http_rx,
-    ));
-    let scheduler = Scheduler::new(deliverer.clone()).run(stop_scheduler.subscribe());
-    let scheduler_task = delivery_rt.handle().spawn(async move {
-        scheduler.await;
-        let _ = scheduler_done.send(true);
-    });
-    let d = deliverer.clone();
+/// The retention sweeps, each followed by forgetting the endpoints not seen within the
+/// retention window; they stop when `stop` turns true.
+fn retention(deliverer: &Arc<Deliverer>, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    let ctx = deliverer.context().clone();
+    let forget = ctx.clone();
     let forget_endpoints: crate::retention::AfterSweep = Arc::new(move || {
-        match d.context().expire_endpoints() {
+        match forget.expire_endpoints() {
         Ok((forgotten, deleted)) if forgotten + deleted > 0 => tracing::info!(
             forgotten,
             deleted,
@@ -270,53 +315,12 @@ pub async fn start(mut config: Config, seams: Seams) -> Result<Running, AppError
         Err(e) => tracing::error!(error = %e, "forgetting idle endpoints failed; will try again"),
     }
     });
-    let retention_task = tokio::spawn(crate::retention::run(
-        store.clone(),
-        clock.clone(),
-        sched_rx,
+    tokio::spawn(crate::retention::run(
+        ctx.store().clone(),
+        ctx.clock().clone(),
+        stop,
         forget_endpoints,
-    ));
-
-    match ops_addr {
-        Some(ops) => tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = %ops,
-            data_dir = %config.data_dir.display(), "listening"),
-        None => tracing::info!(ingress = %ingress_addr, admin = %admin_addr,
-            data_dir = %config.data_dir.display(), "listening"),
-    }
-
-    let trigger = Arc::new(Notify::new());
-    let stopping = Stopping {
-        deliverer: deliverer.clone(),
-        grace: config.shutdown_grace,
-        draining,
-        drain,
-        stop_sched,
-        stop_scheduler,
-        scheduler_task,
-        retention_task,
-        stop_http,
-        http_tasks: [Some(ingress_task), Some(admin_task), ops_task]
-            .into_iter()
-            .flatten()
-            .collect(),
-        socket_file,
-        store,
-        delivery_rt,
-    };
-    let t = trigger.clone();
-    let done = tokio::spawn(async move {
-        t.notified().await;
-        stopping.run().await;
-    });
-    Ok(Running {
-        ingress_addr,
-        admin_addr,
-        ops_addr,
-        deliverer,
-        reloader,
-        trigger,
-        done,
-    })
+    ))
 }
 
 /// The real transport: the pooled client, under the egress policy, through the proxy.
@@ -343,13 +347,13 @@ fn http_transport(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsHandle) -
 /// Startup's recovery (see `Deliverer::recover_at_start`), said in the log: a crash leaves
 /// messages in flight, and (in the middle of a resume) parked for an endpoint that is
 /// active. The simulator runs this same recovery.
-fn recover(deliverer: &Arc<Deliverer>, clock: &SharedClock, delivery_rt: &DeliveryRuntime) -> Result<(), AppError> {
+fn recover(deliverer: &Arc<Deliverer>, delivery_rt: &DeliveryRuntime) -> Result<(), AppError> {
     let (recovered, unparked, blocked) = deliverer.recover_at_start()?;
     for endpoint in blocked {
         // The pause of a line blocked just before the last stop: said now, and alerted.
         tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint),
             "endpoint paused: its ordered line is blocked behind a dead message; resume it with `courier endpoints resume`");
-        let (d, now) = (deliverer.clone(), clock.now_ms());
+        let (d, now) = (deliverer.clone(), deliverer.context().clock().now_ms());
         delivery_rt.handle().spawn(async move {
             let rec = d
                 .context()
