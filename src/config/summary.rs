@@ -54,10 +54,25 @@ impl Config {
     /// A few human lines describing the effective settings, for `courier check-config`.
     /// Tokens and secrets are reported as set or counted, never shown.
     pub fn summary(&self) -> String {
+        let mut lines = self.settings_lines();
+        lines.push(format!("log: format {}", self.log.format.as_str()));
+        lines.push(self.fleet.summary());
+        lines.push(self.drain.summary());
+        lines.extend(self.signing_lines());
+        lines.extend(self.egress_lines());
+        lines.extend(self.section_lines());
+        // The policy each section ends up with, every inherited value filled in.
+        lines.extend(self.policy_lines());
+        lines.join("\n")
+    }
+
+    /// The top-level settings and the `[ingress]`, `[admin]`, `[retry]`, `[delivery]` and
+    /// `[circuit]` sections, a line each.
+    fn settings_lines(&self) -> Vec<String> {
         let set = |s: &Option<Secret>| if s.is_some() { "set" } else { "unset" };
         let r = &self.retry;
         let d = &self.delivery;
-        let mut lines = vec![
+        vec![
             format!(
                 "listen {} (ingress{}), {} (admin){}; data_dir {}",
                 self.listen,
@@ -142,10 +157,13 @@ impl Config {
                     self.circuit.statuses
                 )
             },
-        ];
-        lines.push(format!("log: format {}", self.log.format.as_str()));
-        lines.push(self.fleet.summary());
-        lines.push(self.drain.summary());
+        ]
+    }
+
+    /// The signing scheme, secrets and named keys (counted, never shown), and the public
+    /// half of each Ed25519 key.
+    fn signing_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         let keys: Vec<String> = self
             .signing
             .keys
@@ -175,6 +193,12 @@ impl Config {
                 entry.source, entry.public_key
             ));
         }
+        lines
+    }
+
+    /// The egress policy, the proxy and the TLS settings.
+    fn egress_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         let allow: Vec<String> = self.egress.allow.iter().map(IpNet::to_string).collect();
         lines.push(format!(
             "egress: private targets {}, allow: {}",
@@ -206,6 +230,12 @@ impl Config {
             self.tls.min_version.as_str(),
             paths(&self.tls.ca_file)
         ));
+        lines
+    }
+
+    /// The `[[route]]`, `[[host]]` and `[[endpoint]]` sections, a line each.
+    fn section_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
         for route in &self.routes {
             lines.push(format!(
                 "route {} -> {} (signing key {}, scheme {}{}{})",
@@ -236,9 +266,7 @@ impl Config {
                 fifo(endpoint.fifo)
             ));
         }
-        // The policy each section ends up with, every inherited value filled in.
-        lines.extend(self.policy_lines());
-        lines.join("\n")
+        lines
     }
 }
 
