@@ -294,15 +294,57 @@ pub fn run(global: &GlobalArgs, op: Operation) -> ExitCode {
 async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorError> {
     let config = crate::args::load_config(global)?;
     let client = AdminClient::new(&config);
-    use http::Method;
     match op {
-        Operation::Deliveries(DeliveriesCommand::List {
+        Operation::Deliveries(command) => deliveries(&client, command).await,
+        Operation::Endpoints(command) => endpoints(&client, command).await,
+        Operation::Hosts(HostsCommand::List { open, out }) => {
+            let path = if open { "/hosts?state=open" } else { "/hosts" };
+            let (_, v) = client.call(http::Method::GET, path).await?;
+            Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
+        }
+        Operation::Reload => reload(&client).await,
+    }
+}
+
+/// `courier reload`: what the running courier applied, and what waits for a restart.
+async fn reload(client: &AdminClient) -> Result<String, OperatorError> {
+    let (_, v) = client.call(http::Method::POST, "/reload").await?;
+    let later: Vec<&str> = v["restart_required"]
+        .as_array()
+        .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+        .unwrap_or_default();
+    let dropped: Vec<&str> = v["signing_keys_dropped"]
+        .as_array()
+        .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
+        .unwrap_or_default();
+    let mut text = if later.is_empty() {
+        "config reloaded".to_string()
+    } else {
+        format!(
+            "config reloaded; changed but applied only at restart: {}",
+            later.join(", ")
+        )
+    };
+    if !dropped.is_empty() {
+        text.push_str(&format!(
+            "\nsigning keys removed or bound to other targets (messages accepted with them wait): {}",
+            dropped.join(", ")
+        ));
+    }
+    Ok(text)
+}
+
+/// `courier deliveries ...`.
+async fn deliveries(client: &AdminClient, command: DeliveriesCommand) -> Result<String, OperatorError> {
+    use http::Method;
+    match command {
+        DeliveriesCommand::List {
             state,
             endpoint,
             limit,
             cursor,
             out,
-        }) => {
+        } => {
             let q = query(&[
                 ("state", state),
                 ("endpoint", endpoint),
@@ -312,18 +354,18 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let (_, v) = client.call(Method::GET, &format!("/deliveries{q}")).await?;
             Ok(if out.json { pretty(&v) } else { deliveries_table(&v) })
         }
-        Operation::Deliveries(DeliveriesCommand::Show { id, out }) => {
+        DeliveriesCommand::Show { id, out } => {
             let (_, v) = client.call(Method::GET, &format!("/deliveries/{}", enc(&id))).await?;
             Ok(if out.json { pretty(&v) } else { delivery_detail(&v) })
         }
-        Operation::Deliveries(DeliveriesCommand::Retry {
+        DeliveriesCommand::Retry {
             id,
             all,
             endpoint,
             since,
             until,
             out,
-        }) => {
+        } => {
             if all {
                 let q = query(&[
                     ("state", Some("dead".into())),
@@ -355,13 +397,20 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
                 })
             }
         }
-        Operation::Deliveries(DeliveriesCommand::Delete { id }) => {
+        DeliveriesCommand::Delete { id } => {
             client
                 .call(Method::DELETE, &format!("/deliveries/{}", enc(&id)))
                 .await?;
             Ok(format!("{} deleted", escape(&id)))
         }
-        Operation::Endpoints(EndpointsCommand::List { out }) => {
+    }
+}
+
+/// `courier endpoints ...`.
+async fn endpoints(client: &AdminClient, command: EndpointsCommand) -> Result<String, OperatorError> {
+    use http::Method;
+    match command {
+        EndpointsCommand::List { out } => {
             // Every page, in key order (the API answers at most 1,000 a page).
             let mut items = Vec::new();
             let mut cursor: Option<String> = None;
@@ -380,44 +429,13 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
             let v = serde_json::json!({ "items": items, "next_cursor": null });
             Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
         }
-        Operation::Hosts(HostsCommand::List { open, out }) => {
-            let path = if open { "/hosts?state=open" } else { "/hosts" };
-            let (_, v) = client.call(Method::GET, path).await?;
-            Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
-        }
-        Operation::Reload => {
-            let (_, v) = client.call(Method::POST, "/reload").await?;
-            let later: Vec<&str> = v["restart_required"]
-                .as_array()
-                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
-                .unwrap_or_default();
-            let dropped: Vec<&str> = v["signing_keys_dropped"]
-                .as_array()
-                .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
-                .unwrap_or_default();
-            let mut text = if later.is_empty() {
-                "config reloaded".to_string()
-            } else {
-                format!(
-                    "config reloaded; changed but applied only at restart: {}",
-                    later.join(", ")
-                )
-            };
-            if !dropped.is_empty() {
-                text.push_str(&format!(
-                    "\nsigning keys removed or bound to other targets (messages accepted with them wait): {}",
-                    dropped.join(", ")
-                ));
-            }
-            Ok(text)
-        }
-        Operation::Endpoints(EndpointsCommand::Pause { key }) => {
+        EndpointsCommand::Pause { key } => {
             client
                 .call(Method::POST, &format!("/endpoints/{}/pause", enc(&key)))
                 .await?;
             Ok(format!("{} paused", escape(&key)))
         }
-        Operation::Endpoints(EndpointsCommand::Resume { key }) => {
+        EndpointsCommand::Resume { key } => {
             client
                 .call(Method::POST, &format!("/endpoints/{}/resume", enc(&key)))
                 .await?;
