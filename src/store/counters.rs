@@ -145,25 +145,6 @@ impl Store {
         Ok((out, stopped_at))
     }
 
-    /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
-    pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        let mut out = Vec::new();
-        let prefix = keys::COUNT_OPEN_ENDPOINT;
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-        it.seek(prefix);
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let n = decode_counter(v);
-            if n > 0 {
-                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), n as u64));
-            }
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
-    }
-
     pub(super) fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
         Ok(self
             .db
@@ -187,7 +168,7 @@ impl Store {
     pub fn oldest_open_ms(&self) -> Result<Option<u64>, StoreError> {
         let mut oldest: Option<u64> = None;
         for state in [State::Pending, State::InFlight] {
-            if let Some(id) = self.ids_in_state(state, 1)?.into_iter().next() {
+            if let Some(id) = self.ids_after(state, None, 1)?.into_iter().next() {
                 if let Some(ms) = crate::model::delivery_id_millis(&id) {
                     oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
                 }

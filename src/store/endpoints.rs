@@ -16,20 +16,18 @@ use super::{keys, EndpointRecord, Store, StoreError};
 const EXPIRE_CHUNK: usize = 4096;
 
 impl Store {
-    /// The persisted state of every endpoint that has one.
-    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
-            let (k, v) = item?;
-            out.push(decode_entry(&k, &v)?);
-        }
-        Ok(out)
-    }
-
     /// The paused endpoints (what delivery must know from the start: every other record is
     /// read back when its endpoint is next seen).
     pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        Ok(self.endpoints()?.into_iter().filter(|(_, r)| r.paused).collect())
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
+            let (k, v) = item?;
+            let entry = decode_entry(&k, &v)?;
+            if entry.1.paused {
+                out.push(entry);
+            }
+        }
+        Ok(out)
     }
 
     /// One endpoint's persisted state, if it has one.
@@ -176,6 +174,6 @@ fn decode_stamped(k: &[u8], v: &[u8]) -> Result<(EndpointRecord, u64), StoreErro
     })
 }
 
-fn decode_entry(k: &[u8], v: &[u8]) -> Result<(String, EndpointRecord), StoreError> {
+pub(super) fn decode_entry(k: &[u8], v: &[u8]) -> Result<(String, EndpointRecord), StoreError> {
     Ok((String::from_utf8_lossy(k).into_owned(), decode_stamped(k, v)?.0))
 }

@@ -40,7 +40,7 @@ pub enum StoreError {
     Injected,
 }
 
-/// How one message's reads fail, as [`Faults::break_item`] sets it.
+/// How one message's reads fail, as a test breaks it (`Faults::break_item`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ItemFault {
     /// Its record does not decode (a bit flipped on disk): a failure of this message alone.
@@ -64,19 +64,19 @@ pub struct Faults {
     /// Messages whose reads fail, and how: the per-message read errors the scheduler, the
     /// result writer, a release, a resume, a replay and a sweep must survive without
     /// stalling the others.
-    broken: std::sync::Mutex<std::collections::HashMap<String, ItemFault>>,
+    pub(super) broken: std::sync::Mutex<std::collections::HashMap<String, ItemFault>>,
     /// How many are broken: the read path looks at this, not at the lock.
-    broken_n: std::sync::atomic::AtomicUsize,
+    pub(super) broken_n: std::sync::atomic::AtomicUsize,
     /// Broken items read as healthy, and no armed crash lands on a read, while set: the
     /// simulator's own checks read through.
-    suspended: std::sync::atomic::AtomicBool,
-    /// A crash armed by [`Faults::crash_at_read`]: record reads still allowed before it.
-    reads_before_crash: std::sync::atomic::AtomicUsize,
-    /// A crash armed by [`Faults::crash_after`]: writes still allowed before it (0: none
+    pub(super) suspended: std::sync::atomic::AtomicBool,
+    /// A crash armed by `Faults::crash_at_read`: record reads still allowed before it.
+    pub(super) reads_before_crash: std::sync::atomic::AtomicUsize,
+    /// A crash armed by `Faults::crash_after`: writes still allowed before it (0: none
     /// armed).
-    writes_before_crash: std::sync::atomic::AtomicUsize,
+    pub(super) writes_before_crash: std::sync::atomic::AtomicUsize,
     /// The armed crash happened: from that write on, every write fails (the process is gone).
-    crashed: std::sync::atomic::AtomicBool,
+    pub(super) crashed: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {
@@ -86,36 +86,6 @@ impl Faults {
         counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
     }
 
-    /// Makes every read of `id`'s record fail as one that does not decode, until
-    /// [`Faults::heal`].
-    pub fn make_unreadable(&self, id: &str) {
-        self.break_item(id, ItemFault::Corrupt);
-    }
-
-    /// Makes reads of `id` fail as `how` says, until [`Faults::heal`].
-    pub fn break_item(&self, id: &str, how: ItemFault) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(id.to_string(), how);
-        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Makes `id` read again.
-    pub fn heal(&self, id: &str) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(id);
-        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether any item is broken now.
-    pub fn any_broken(&self) -> bool {
-        self.broken_n.load(std::sync::atomic::Ordering::SeqCst) > 0
-    }
-
-    /// While `on`, broken items read as healthy (for the simulator's own reads).
-    pub fn suspend(&self, on: bool) {
-        self.suspended.store(on, std::sync::atomic::Ordering::SeqCst);
-    }
-
     /// How `id` is broken now, if it is.
     fn broken(&self, id: &str) -> Option<ItemFault> {
         use std::sync::atomic::Ordering::Relaxed;
@@ -123,28 +93,6 @@ impl Faults {
             return None;
         }
         self.broken.lock().unwrap_or_else(|p| p.into_inner()).get(id).copied()
-    }
-
-    /// Arms a crash at a record read: `reads` more message reads succeed, and the process
-    /// dies at the next one (it and every later write fail), wherever it is: a pass's
-    /// lease, a result write's read, a resume page, a replay page, a sweep chunk.
-    pub fn crash_at_read(&self, reads: usize) {
-        self.reads_before_crash
-            .store(reads + 1, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
-    /// a resume page, a replay page, a sweep chunk, a line promotion, a hand-off): `writes`
-    /// more writes land, and the one after them and every later one fail, as if the process
-    /// died right there. The simulator then drops everything in memory and reopens.
-    pub fn crash_after(&self, writes: usize) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.writes_before_crash.store(writes + 1, SeqCst);
-    }
-
-    /// Whether an armed crash happened.
-    pub fn crashed(&self) -> bool {
-        self.crashed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Called before every write: `Err` once an armed crash has happened.
@@ -162,7 +110,7 @@ impl Faults {
         if left == 1 {
             self.crashed.store(true, SeqCst);
         }
-        if self.crashed() {
+        if self.crashed.load(SeqCst) {
             return Err(StoreError::Injected);
         }
         Ok(())
@@ -214,9 +162,7 @@ impl StoreError {
             other => StoreError::Panicked(other.to_string()),
         }
     }
-}
 
-impl StoreError {
     /// A short machine-readable code.
     pub fn code(&self) -> &'static str {
         match self {

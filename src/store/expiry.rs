@@ -73,13 +73,8 @@ impl Store {
         Ok(removed)
     }
 
-    /// Compacts every column family, so removed records give their disk space back.
-    pub fn compact(&self) {
-        self.compact_until(&|| false);
-    }
-
-    /// [`Store::compact`], one column family at a time, stopping before the next one once
-    /// `stopped()` says so (shutdown must not wait for every family to compact).
+    /// Compacts every column family, so removed records give their disk space back, one at
+    /// a time, stopping before the next one once `stopped()` says so (shutdown must not wait for every family to compact).
     pub fn compact_until(&self, stopped: &dyn Fn() -> bool) {
         for name in keys::CF_NAMES {
             if stopped() {

@@ -8,33 +8,14 @@
 use rocksdb::WriteBatch;
 
 use super::lines::LineTx;
-use super::{keys, AttemptRecord, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::{keys, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
-    /// Records a finished attempt (attempt number `rec.attempts + 1`) and the transition it
-    /// led to. Returns the updated record, or `None` if the message was deleted meanwhile.
-    pub fn finish_attempt(
-        &self,
-        id: &str,
-        attempt: &AttemptRecord,
-        transition: Transition,
-        now_ms: u64,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let item = FinishedAttempt {
-            id: id.to_string(),
-            attempt: attempt.clone(),
-            transition,
-            now_ms,
-        };
-        self.finish_attempts(std::slice::from_ref(&item))
-            .pop()
-            .unwrap_or(Ok(None))
-    }
-
-    /// Records several finished attempts in one write (one trip through RocksDB's write
-    /// queue for however many attempts ended together). One answer per item, as
-    /// [`Store::finish_attempt`] gives it; an item whose record cannot be read fails alone,
-    /// a failed write fails them all. A second item for an id already in the call is
+    /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
+    /// they led to, in one write (one trip through RocksDB's write queue for however many
+    /// attempts ended together). One answer per item: the updated record, or `None` if the
+    /// message was deleted meanwhile; an item whose record cannot be read fails alone, a
+    /// failed write fails them all. A second item for an id already in the call is
     /// answered `None` (stale), as it would be after the first was written.
     pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
         let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
@@ -264,7 +245,7 @@ impl Store {
     /// with its attempt count unchanged. Returns how many, and those whose record does not
     /// decode (they stay in flight; the others go on without them).
     pub fn recover_in_flight(&self, now_ms: u64) -> Result<(usize, Vec<(String, StoreError)>), StoreError> {
-        let ids = self.ids_in_state(State::InFlight, usize::MAX)?;
+        let ids = self.ids_after(State::InFlight, None, usize::MAX)?;
         let (mut n, mut unreadable) = (0, Vec::new());
         for id in ids {
             match self.release(&id, now_ms) {

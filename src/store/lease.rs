@@ -223,7 +223,7 @@ impl Store {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<Page, StoreError> {
-        let mut ids = self.ids_in_state(State::InFlight, usize::MAX)?;
+        let mut ids = self.ids_after(State::InFlight, None, usize::MAX)?;
         ids.extend(self.leases.sorted());
         ids.sort_unstable();
         ids.dedup();

@@ -47,8 +47,6 @@
 // - `handoff`: what `courier drain` reads and the hand-off transition.
 // Accepts go through `committer`; `floor` is the due floor; `keys` and `codec` are the
 // on-disk format.
-#[cfg(test)]
-mod audit;
 mod claim;
 pub mod codec;
 mod committer;
@@ -234,11 +232,6 @@ impl std::fmt::Debug for Store {
 /// Accessors, the write and lock primitives, point reads, and the batch helpers several
 /// operations share. The operations themselves are in the child modules.
 impl Store {
-    /// The fault switches of this store (tests only set them).
-    pub fn faults(&self) -> &Faults {
-        &self.faults
-    }
-
     /// Where ids for new messages come from: one increasing sequence per open store.
     pub fn ids(&self) -> &crate::model::IdSeq {
         &self.ids
@@ -275,11 +268,6 @@ impl Store {
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// How many synced operator writes (delete, replay, pause, resume) were made.
-    pub fn operator_syncs(&self) -> u64 {
-        self.operator_syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
@@ -379,10 +367,6 @@ impl Store {
         } else {
             self.options.retention_ms
         }
-    }
-
-    fn ids_in_state(&self, state: State, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.ids_after(state, None, limit)
     }
 }
 

@@ -30,14 +30,10 @@ type ParkedEntry = (u64, Vec<u8>);
 const UNPARK_BATCH: usize = 1000;
 
 impl Store {
-    /// Moves a due message of a paused endpoint out of the queue into the endpoint's
-    /// parked set, so the scheduler does not see it again until the endpoint resumes.
-    pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
-        self.park_many(std::slice::from_ref(entry), entry.due_ms)
-    }
-
-    /// [`Store::park`] for several entries, in one write, at `now_ms`. An entry whose record
-    /// cannot be read stays in the queue, held back (see the module doc).
+    /// Moves due messages of paused endpoints out of the queue into their endpoints' parked
+    /// sets, in one write, at `now_ms`, so the scheduler does not see them again until the
+    /// endpoint resumes. An entry whose record cannot be read stays in the queue, held back
+    /// (see the module doc).
     pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
         let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();

@@ -4,6 +4,7 @@
 //!
 //! `message` and `claim` are `pub(crate)`: other modules' store-backed tests use them.
 
+mod audit;
 mod endpoints;
 mod expiry;
 mod finish;
@@ -12,6 +13,7 @@ mod lease;
 mod lines;
 mod operator;
 mod queue;
+mod support;
 mod unreadable;
 
 use rand::SeedableRng;
