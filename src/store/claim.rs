@@ -63,10 +63,7 @@ impl Store {
                 it.next();
                 continue;
             }
-            let routing = Routing::decode(v).map_err(|source| StoreError::Codec {
-                key: id.to_string(),
-                source,
-            })?;
+            let routing = Routing::decode(v).map_err(StoreError::codec(id))?;
             if step(DueEntry {
                 due_ms,
                 id: id.to_string(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rocksdb::{WriteBatch, WriteOptions, DB};
 use tokio::sync::oneshot;
 
-use super::codec::{MessageRecord, Routing};
+use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::{LineLocks, LineTx};
 use super::{keys, Accepted, CounterDeltas, Faults, StoreError};
@@ -165,16 +165,8 @@ fn commit(
         // is stored in flight with no due entry, as a claim would leave it; a crash before
         // its result puts it back in the queue like any other attempt in flight.
         if queued {
-            let routing = Routing {
-                host: rec.host.clone(),
-                endpoint: rec.endpoint.clone(),
-            };
             min_due = min_due.min(rec.next_attempt_at_ms);
-            batch.put_cf(
-                cf(keys::DUE),
-                keys::time_key(rec.next_attempt_at_ms, id),
-                routing.encode(),
-            );
+            super::enqueue_in(db, &mut batch, rec);
         }
         batch.put_cf(cf(keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());

@@ -1,11 +1,10 @@
-//! The counters in the `meta` column family (open, delivered, dead, handed off, open per
-//! endpoint):
-//! their merge operator, how a batch sums its changes, and the gauges read from them.
+//! The counters in the `meta` column family: their merge operator, how a batch sums its
+//! changes, and the gauges read from them.
 //!
 //! Counters are merged in the same batch as the transition they count, so a gauge is a
 //! point read, never a scan.
 
-use rocksdb::{ColumnFamily, MergeOperands, ReadOptions, WriteBatch};
+use rocksdb::{ColumnFamily, MergeOperands, WriteBatch};
 
 use super::{keys, Counts, State, Store, StoreError};
 
@@ -69,10 +68,7 @@ impl Store {
         let mut removed = 0;
         loop {
             let _counters = self.counter_gate.write().unwrap_or_else(|p| p.into_inner());
-            let mut ro = ReadOptions::default();
-            ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-            let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-            it.seek(&from);
+            let mut it = self.range(keys::META, &from, Some(keys::prefix_end(prefix)));
             let mut b = WriteBatch::default();
             let (mut looked, mut zero) = (0, 0);
             let mut last = None;
@@ -120,10 +116,8 @@ impl Store {
             start = keys::endpoint_open_key(a);
             start.push(0); // strictly after it
         }
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(&keys::endpoint_open_key(prefix)));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-        it.seek(&start);
+        let until = keys::prefix_end(&keys::endpoint_open_key(prefix));
+        let mut it = self.range(keys::META, &start, Some(until));
         let (mut out, mut looked) = (Vec::new(), 0);
         let mut last_looked = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {

@@ -153,6 +153,12 @@ impl Faults {
 }
 
 impl StoreError {
+    /// Makes a record under `key` that does not decode a store error.
+    pub(crate) fn codec(key: impl Into<String>) -> impl FnOnce(CodecError) -> StoreError {
+        let key = key.into();
+        move |source| StoreError::Codec { key, source }
+    }
+
     /// The same error again, for answering several callers with one failure.
     pub(crate) fn again(&self) -> StoreError {
         match self {

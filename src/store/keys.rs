@@ -6,29 +6,32 @@
 pub const CF_NAMES: [&str; 11] = [
     MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META, LINES,
 ];
-/// id → mutable message record (state, attempts, times, last result).
+/// id → [`MessageRecord`](super::MessageRecord): small, rewritten on every transition.
 pub const MESSAGES: &str = "messages";
-/// id → immutable payload (method, headers, body, signing choice).
+/// id → [`Payload`](super::Payload): written once, so retries never rewrite the body.
 pub const PAYLOADS: &str = "payloads";
-/// be64(due millis) ‖ id → routing (host key, endpoint): the scheduler's queue.
+/// be64(due millis) ‖ id → [`Routing`](super::Routing): the scheduler's queue, in due order;
+/// the routing lets it gate on host and endpoint without a point read.
 pub const DUE: &str = "due";
-/// state byte ‖ id → empty: listing by state, and finding in-flight messages at start.
+/// state byte ‖ id → empty: listing by state in id (= acceptance) order, finding in-flight
+/// messages at start, and the oldest open message.
 pub const STATES: &str = "states";
-/// endpoint ‖ 0 ‖ id → empty: messages held back by a paused endpoint.
+/// endpoint ‖ 0 ‖ id → be64(due millis) ‖ routing of the due entry it replaced (empty in
+/// older keys): messages that came due while their endpoint was paused (`store::parking`).
 pub const PARKED: &str = "parked";
 /// event id ‖ 0 ‖ target → id: ingest dedupe.
 pub const EVENTS: &str = "events";
-/// id ‖ be32(attempt number) → attempt record.
+/// id ‖ be32(attempt number) → [`AttemptRecord`](super::AttemptRecord).
 pub const HISTORY: &str = "history";
-/// endpoint → endpoint record (paused, permanent-failure streak).
+/// endpoint → [`EndpointRecord`](super::EndpointRecord) and when it was written (see
+/// `store::endpoints`).
 pub const ENDPOINTS: &str = "endpoints";
-/// counter name → i64 (little-endian), updated with a merge operator in the same
-/// batch as the transition it counts.
+/// counter name → i64 (little-endian); see `store::counters`.
 pub const META: &str = "meta";
-/// Ordered endpoints' lines: endpoint ‖ 0 → line record (head, blocked, counters), and
-/// endpoint ‖ 0 ‖ be64(position) → id for each message waiting behind the head.
+/// Ordered endpoints' lines: endpoint ‖ 0 → [`LineRecord`](super::LineRecord), endpoint ‖ 0 ‖
+/// be64(position) → id of each message waiting behind the head (see `store::lines`).
 pub const LINES: &str = "lines";
-/// be64(remove-at millis) ‖ id → empty: retention of delivered and dead messages.
+/// be64(remove-at millis) ‖ id → empty: the retention sweep's order.
 pub const EXPIRY: &str = "expiry";
 
 /// `be64(ms) ‖ id`, the layout of `due` and `expiry` keys.

@@ -19,7 +19,7 @@
 //! back until it reads. Keys written before the entry was kept (an empty value) are left
 //! parked for the next resume or start.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::{keys, DueEntry, State, Store, StoreError};
 
@@ -116,16 +116,12 @@ impl Store {
     /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
-        let mut ro = ReadOptions::default();
         let mut start = prefix.to_vec();
         if let Some(id) = after {
             start.extend_from_slice(id.as_bytes());
             start.push(0); // strictly after it
         }
-        ro.set_iterate_lower_bound(start.clone());
-        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
-        it.seek(&start);
+        let mut it = self.range(keys::PARKED, &start, Some(keys::prefix_end(prefix)));
         let mut ids = Vec::new();
         while let Some(k) = it.key() {
             let due = it.value().filter(|v| v.len() > 8).map(|v| {
@@ -148,17 +144,6 @@ impl Store {
     /// Every endpoint with at least one parked message (one seek per endpoint, not one
     /// read per message).
     pub fn parked_endpoints(&self) -> Result<Vec<String>, StoreError> {
-        let mut out = Vec::new();
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::PARKED));
-        it.seek_to_first();
-        while let Some(k) = it.key() {
-            let end = k.iter().position(|b| *b == 0).unwrap_or(k.len());
-            let endpoint = String::from_utf8_lossy(&k[..end]).into_owned();
-            let next = keys::prefix_end(&keys::pair_prefix(&endpoint));
-            out.push(endpoint);
-            it.seek(&next);
-        }
-        it.status()?;
-        Ok(out)
+        self.endpoints_in(keys::PARKED)
     }
 }

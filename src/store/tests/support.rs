@@ -45,8 +45,7 @@ impl Faults {
     /// dies at the next one (it and every later write fail), wherever it is: a pass's
     /// lease, a result write's read, a resume page, a replay page, a sweep chunk.
     pub(crate) fn crash_at_read(&self, reads: usize) {
-        self.reads_before_crash
-            .store(reads + 1, SeqCst);
+        self.reads_before_crash.store(reads + 1, SeqCst);
     }
 
     /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
