@@ -76,11 +76,9 @@ impl Store {
         }
         it.status()?;
         drop(it);
-        // Nothing more is due now: report when the next entry is.
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(keys::time_key(floor, &floor_id));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
-        it.seek(keys::time_key(now_ms.saturating_add(1), ""));
+        // Nothing more is due now: report when the next entry is (at or above the floor).
+        let from = keys::time_key(now_ms.saturating_add(1), "").max(keys::time_key(floor, &floor_id));
+        let it = self.range(keys::DUE, &from, None);
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
         it.status()?;
         let next_due_ms = match (next_due_ms, held_until) {

@@ -209,23 +209,16 @@ impl MessageRecord {
         w.u8(place_byte(&REASONS, self.dead_reason));
         w.opt_u16(self.last_status);
         w.opt_str(self.last_error.as_deref());
-        let fifo = |w: &mut Writer, fifo: Fifo| {
-            w.u8(match fifo.on_dead {
-                OnDead::Skip => 0,
-                OnDead::Block => 1,
-            });
+        // Version 3: a flag, maybe the fifo place, then the route; version 2: the fifo place.
+        if self.route.is_some() {
+            w.u8(u8::from(self.fifo.is_some()));
+        }
+        if let Some(fifo) = self.fifo {
+            w.u8(u8::from(fifo.on_dead == OnDead::Block));
             w.u64(fifo.pos);
-        };
-        match (&self.route, self.fifo) {
-            (Some(route), f) => {
-                w.u8(u8::from(f.is_some()));
-                if let Some(f) = f {
-                    fifo(&mut w, f);
-                }
-                w.str(route);
-            }
-            (None, Some(f)) => fifo(&mut w, f),
-            (None, None) => {}
+        }
+        if let Some(route) = &self.route {
+            w.str(route);
         }
         w.0
     }
@@ -295,16 +288,14 @@ impl Payload {
         }
         w.bytes(&self.body);
         w.u8(place_byte(&SCHEMES, self.scheme));
-        match &self.signing {
-            SigningChoice::Default => w.u8(0),
-            SigningChoice::Key(name) => {
-                w.u8(1);
-                w.str(name);
-            }
-            SigningChoice::Inline(secret) => {
-                w.u8(2);
-                w.str(secret);
-            }
+        let (tag, text) = match &self.signing {
+            SigningChoice::Default => (0, None),
+            SigningChoice::Key(name) => (1, Some(name)),
+            SigningChoice::Inline(secret) => (2, Some(secret)),
+        };
+        w.u8(tag);
+        if let Some(text) = text {
+            w.str(text);
         }
         w.0
     }
@@ -348,12 +339,9 @@ impl AttemptRecord {
         w.opt_u16(self.status);
         w.opt_str(self.error.as_deref());
         w.u32(self.duration_ms);
-        match self.policy_revision {
-            Some(rev) => {
-                w.u8(1);
-                w.u32(rev);
-            }
-            None => w.u8(0),
+        w.u8(u8::from(self.policy_revision.is_some()));
+        if let Some(rev) = self.policy_revision {
+            w.u32(rev);
         }
         w.opt_str(self.span_id.as_deref());
         w.0

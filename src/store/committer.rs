@@ -37,7 +37,6 @@ pub(super) struct Committer {
 }
 
 impl Committer {
-    /// Starts the thread.
     pub(super) fn start(
         db: Arc<DB>,
         due_floor: Arc<DueFloor>,
@@ -52,7 +51,7 @@ impl Committer {
         let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
             let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
             commit(&db, &due_floor, &lines, jobs, |batch| {
-                if faults.take(&faults.fail_accepts) {
+                if faults.fail_accept() {
                     return Err(StoreError::Injected);
                 }
                 faults.before_write()?;
@@ -166,7 +165,7 @@ fn commit(
         // its result puts it back in the queue like any other attempt in flight.
         if queued {
             min_due = min_due.min(rec.next_attempt_at_ms);
-            super::enqueue_in(db, &mut batch, rec);
+            super::enqueue(db, &mut batch, rec);
         }
         batch.put_cf(cf(keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());

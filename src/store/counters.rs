@@ -14,7 +14,6 @@ use super::{keys, Counts, State, Store, StoreError};
 pub(crate) struct CounterDeltas(std::collections::HashMap<Vec<u8>, i64>);
 
 impl CounterDeltas {
-    /// Adds `delta` to the counter `key`.
     pub(crate) fn add(&mut self, key: &[u8], delta: i64) {
         match self.0.get_mut(key) {
             Some(v) => *v += delta,

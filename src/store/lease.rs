@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::{keys, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// The first wait before a message that could not be read is tried again; it doubles with
 /// each failure, up to [`HELD_RETRY_MAX_MS`].
@@ -74,16 +74,6 @@ impl Leases {
     /// Ends a lease; answers the due time of the entry it kept, if it was leased.
     pub(super) fn remove(&self, id: &str) -> Option<u64> {
         self.lock().remove(id)
-    }
-
-    fn insert(&self, id: &str, due_ms: u64) {
-        self.lock().insert(id.to_string(), due_ms);
-    }
-
-    fn sorted(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.lock().keys().cloned().collect();
-        ids.sort_unstable();
-        ids
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -141,7 +131,7 @@ impl Store {
     /// on since the scan, or is leased already), the error for one that cannot be read (not
     /// leased, and held back: see the module doc). Writes nothing.
     pub fn lease_many(&self, entries: &[DueEntry], now_ms: u64) -> Vec<Result<Option<Claimed>, StoreError>> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
         entries.iter().map(|entry| self.lease(entry, now_ms)).collect()
     }
 
@@ -165,7 +155,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        self.leases.insert(&rec.id, entry.due_ms);
+        self.leases.lock().insert(rec.id.clone(), entry.due_ms);
         rec.state = State::InFlight;
         Ok(Some(Claimed { record: rec, payload }))
     }
@@ -219,7 +209,7 @@ impl Store {
         cursor: Option<&str>,
     ) -> Result<Page, StoreError> {
         let mut ids = self.ids_after(State::InFlight, None, usize::MAX)?;
-        ids.extend(self.leases.sorted());
+        ids.extend(self.leases.lock().keys().cloned());
         ids.sort_unstable();
         ids.dedup();
         if let Some(c) = cursor {
@@ -242,10 +232,5 @@ impl Store {
             }
         }
         Ok(page)
-    }
-
-    /// The due entry of a leased message, which its result write removes.
-    pub(super) fn leased_due_key(rec: &MessageRecord) -> Vec<u8> {
-        keys::time_key(rec.next_attempt_at_ms, &rec.id)
     }
 }

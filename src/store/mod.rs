@@ -40,7 +40,7 @@ mod operator;
 mod parking;
 mod wire;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions, DB};
@@ -48,11 +48,15 @@ use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions
 pub use crate::model::Transition;
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
-pub use error::{Faults, ItemFault, StoreError};
+#[cfg(not(test))]
+pub use error::Faults;
+pub use error::StoreError;
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;
 pub use lines::LineRecord;
+#[cfg(test)]
+pub use tests::faults::{Faults, ItemFault};
 
 use crate::model::State;
 
@@ -203,17 +207,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Accessors, the write and lock primitives, point reads, and the batch helpers several
-/// operations share. The operations themselves are in the child modules.
 impl Store {
     /// Where ids for new messages come from: one increasing sequence per open store.
     pub fn ids(&self) -> &crate::model::IdSeq {
         &self.ids
-    }
-
-    /// The data directory.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
@@ -226,11 +223,6 @@ impl Store {
 
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
         self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Every stripe the ids need (see `lock_stripes`).
-    fn lock_many<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'_, ()>> {
-        lock_stripes(&self.stripes, ids)
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -312,10 +304,6 @@ impl Store {
         }
     }
 
-    fn enqueue(&self, b: &mut WriteBatch, rec: &MessageRecord) {
-        enqueue_in(&self.db, b, rec);
-    }
-
     /// The endpoints of the `endpoint ‖ 0 ‖ …` keys of `cf` (`parked`, `lines`), in key
     /// order: one seek per endpoint, past all its keys.
     fn endpoints_in(&self, cf: &str) -> Result<Vec<String>, StoreError> {
@@ -352,7 +340,7 @@ fn finished_counter(state: State) -> &'static [u8] {
 
 /// Adds the due entry of `rec` (at `next_attempt_at_ms`) to `b`; the caller reports it to
 /// the due floor once `b` is written.
-fn enqueue_in(db: &DB, b: &mut WriteBatch, rec: &MessageRecord) {
+fn enqueue(db: &DB, b: &mut WriteBatch, rec: &MessageRecord) {
     let routing = Routing {
         host: rec.host.clone(),
         endpoint: rec.endpoint.clone(),

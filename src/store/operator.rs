@@ -82,7 +82,7 @@ impl Store {
         // An ordered message is queued only when it heads its line again.
         let queued = rec.fifo.is_none() || tx.join(&self.db, b, &mut rec)?;
         if queued {
-            self.enqueue(b, &rec);
+            super::enqueue(&self.db, b, &rec);
         }
         self.move_state(b, id, State::Dead, State::Pending);
         self.count(b, keys::COUNT_DEAD, -1);
@@ -109,7 +109,7 @@ impl Store {
         loop {
             // One synced write per page: a bulk replay of 100,000 messages is 200 writes.
             let page = self.list(&filter, 500, cursor.as_deref())?;
-            let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
+            let guards = super::lock_stripes(&self.stripes, page.items.iter().map(|r| r.id.as_str()));
             // Re-read under the lock: it may have changed since the listing.
             let mut dead = Vec::new();
             // (A record that does not decode is not listed: it stays dead, for a later replay.)

@@ -35,7 +35,7 @@ impl Store {
     /// endpoint resumes. An entry whose record cannot be read stays in the queue, held back
     /// (see the module doc).
     pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();
         for entry in entries {
             let rec = match self.message(&entry.id) {
@@ -76,7 +76,7 @@ impl Store {
                 return Ok(moved);
             };
             after = Some(last.clone());
-            let _guards = self.lock_many(parked.iter().map(|(id, _)| id.as_str()));
+            let _guards = super::lock_stripes(&self.stripes, parked.iter().map(|(id, _)| id.as_str()));
             let mut b = WriteBatch::default();
             let mut floor = now_ms;
             for (id, parked_due) in &parked {
@@ -102,7 +102,7 @@ impl Store {
                 if let Some(mut rec) = rec {
                     if rec.state == State::Pending {
                         rec.next_attempt_at_ms = now_ms;
-                        self.enqueue(&mut b, &rec);
+                        super::enqueue(&self.db, &mut b, &rec);
                         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
                         moved += 1;
                     }

@@ -60,8 +60,6 @@ use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, State, StoreEr
 mod ops;
 
 const LINE_V1: [u8; 2] = [b'L', 1];
-/// As many as the id stripes: `stripe_of` picks among them.
-const LINE_STRIPES: usize = super::LOCK_STRIPES;
 
 /// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,7 +114,7 @@ pub(super) struct LineLocks {
 impl Default for LineLocks {
     fn default() -> Self {
         LineLocks {
-            stripes: (0..LINE_STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..super::LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             ghosts: Mutex::new(HashMap::new()),
         }
     }
@@ -269,7 +267,7 @@ impl LineTx {
         let head = promoted.map(|(next, mut rec)| {
             rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
             rec.next_attempt_at_ms = now_ms;
-            super::enqueue_in(db, b, &rec);
+            super::enqueue(db, b, &rec);
             b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
             self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
             next
@@ -308,7 +306,6 @@ impl LineTx {
         Ok(())
     }
 
-    /// Whether this batch changes no line.
     pub(super) fn is_empty(&self) -> bool {
         self.dirty.is_empty() && self.settled.is_empty()
     }

@@ -7,6 +7,7 @@
 mod audit;
 mod endpoints;
 mod expiry;
+pub(crate) mod faults;
 mod finish;
 mod handoff;
 mod lease;

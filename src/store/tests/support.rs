@@ -1,66 +1,12 @@
-//! What only tests and the simulator call: the fault switches, and store calls production
-//! makes another way (one result at a time, a floor raise to a whole millisecond, the
-//! first due time, one park, every endpoint record, the open counts per endpoint).
-
-use std::sync::atomic::Ordering::SeqCst;
+//! Store calls only tests and the simulator make (production makes them another way): the
+//! fault switches, one result at a time, a floor raise to a whole millisecond, the first due
+//! time, one park, every endpoint record, the open counts per endpoint.
 
 use rocksdb::{IteratorMode, ReadOptions};
 
 use crate::store::counters::decode_counter;
 use crate::store::endpoints::decode_entry;
 use crate::store::*;
-
-impl Faults {
-    /// Makes every read of `id`'s record fail as one that does not decode, until
-    /// [`Faults::heal`].
-    pub(crate) fn make_unreadable(&self, id: &str) {
-        self.break_item(id, ItemFault::Corrupt);
-    }
-
-    /// Makes reads of `id` fail as `how` says, until [`Faults::heal`].
-    pub(crate) fn break_item(&self, id: &str, how: ItemFault) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(id.to_string(), how);
-        self.broken_n.store(map.len(), SeqCst);
-    }
-
-    /// Makes `id` read again.
-    pub(crate) fn heal(&self, id: &str) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(id);
-        self.broken_n.store(map.len(), SeqCst);
-    }
-
-    /// Whether any item is broken now.
-    pub(crate) fn any_broken(&self) -> bool {
-        self.broken_n.load(SeqCst) > 0
-    }
-
-    /// While `on`, broken items read as healthy (for the simulator's own reads).
-    pub(crate) fn suspend(&self, on: bool) {
-        self.suspended.store(on, SeqCst);
-    }
-
-    /// Arms a crash at a record read: `reads` more message reads succeed, and the process
-    /// dies at the next one (it and every later write fail), wherever it is: a pass's
-    /// lease, a result write's read, a resume page, a replay page, a sweep chunk.
-    pub(crate) fn crash_at_read(&self, reads: usize) {
-        self.reads_before_crash.store(reads + 1, SeqCst);
-    }
-
-    /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
-    /// a resume page, a replay page, a sweep chunk, a line promotion, a hand-off): `writes`
-    /// more writes land, and the one after them and every later one fail, as if the process
-    /// died right there. The simulator then drops everything in memory and reopens.
-    pub(crate) fn crash_after(&self, writes: usize) {
-        self.writes_before_crash.store(writes + 1, SeqCst);
-    }
-
-    /// Whether an armed crash happened.
-    pub(crate) fn crashed(&self) -> bool {
-        self.crashed.load(SeqCst)
-    }
-}
 
 impl Store {
     /// The fault switches of this store (tests only set them).
