@@ -45,7 +45,7 @@ pub(super) struct StreakNote {
 /// A written result.
 #[derive(Debug)]
 pub(super) struct Recorded {
-    /// As [`Store::finish_attempt`] answers: the record, or `None` if the result was stale.
+    /// As [`Store::finish_attempts`] answers: the record, or `None` if the result was stale.
     pub message: Option<MessageRecord>,
     /// What it did to the endpoint (already written).
     pub endpoint: EndpointChange,

@@ -10,26 +10,13 @@ use rocksdb::ReadOptions;
 use super::{keys, Claimed, CodecError, DueEntry, FloorMark, Routing, ScanEnd, ScanStep, State, Store, StoreError};
 
 impl Store {
-    /// The earliest due time in the queue, if any.
-    pub fn next_due_ms(&self) -> Result<Option<u64>, StoreError> {
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::DUE));
-        it.seek_to_first();
-        match it.key() {
-            Some(k) => Ok(keys::split_time_key(k).map(|(ms, _)| ms)),
-            None => {
-                it.status()?;
-                Ok(None)
-            }
-        }
-    }
-
     /// Walks the due queue in due order, handing each entry due at or before `now_ms` to
     /// `step`, at most `budget` entries.
     ///
     /// The walk starts at the due floor (see `store::floor`), not at the first key: a queue
     /// consumed from its head leaves a trail of deletion tombstones there, and seeking
     /// through them on every pass would cost more the busier courier is. The returned mark
-    /// goes back to [`Store::raise_due_floor`] after the pass.
+    /// goes back to [`Store::raise_due_floor_to_key`] after the pass.
     ///
     /// `after` continues an earlier walk just past that entry instead of at the floor.
     ///
@@ -76,10 +63,7 @@ impl Store {
                 it.next();
                 continue;
             }
-            let routing = Routing::decode(v).map_err(|source| StoreError::Codec {
-                key: id.to_string(),
-                source,
-            })?;
+            let routing = Routing::decode(v).map_err(StoreError::codec(id))?;
             if step(DueEntry {
                 due_ms,
                 id: id.to_string(),
@@ -92,11 +76,9 @@ impl Store {
         }
         it.status()?;
         drop(it);
-        // Nothing more is due now: report when the next entry is.
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(keys::time_key(floor, &floor_id));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
-        it.seek(keys::time_key(now_ms.saturating_add(1), ""));
+        // Nothing more is due now: report when the next entry is (at or above the floor).
+        let from = keys::time_key(now_ms.saturating_add(1), "").max(keys::time_key(floor, &floor_id));
+        let it = self.range(keys::DUE, &from, None);
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
         it.status()?;
         let next_due_ms = match (next_due_ms, held_until) {
@@ -106,19 +88,9 @@ impl Store {
         Ok((ScanEnd::Exhausted { next_due_ms }, mark))
     }
 
-    /// The current due floor (see [`Store::scan_due`]).
-    pub fn due_floor(&self) -> u64 {
-        self.due_floor.peek()
-    }
-
-    /// Raises the due floor towards `to` after a pass that started at `mark`, but not above
-    /// a due entry written since (the pass may have missed it).
-    pub fn raise_due_floor(&self, mark: FloorMark, to: u64) {
-        self.due_floor.raise(mark, to);
-    }
-
-    /// [`Store::raise_due_floor`] to a key within a millisecond: nothing live is left below
-    /// (`to`, `id`).
+    /// Raises the due floor towards (`to`, `id`) after a pass that started at `mark` (nothing
+    /// live is left below it), but not above a due entry written since (the pass may have
+    /// missed it).
     pub fn raise_due_floor_to_key(&self, mark: FloorMark, to: u64, id: &str) {
         self.due_floor.raise_to_key(mark, to, id);
     }

@@ -152,46 +152,35 @@ pub struct Routing {
     pub endpoint: String,
 }
 
-fn reason_byte(r: Option<DeadReason>) -> u8 {
-    match r {
-        None => 0,
-        Some(DeadReason::MaxAttempts) => 1,
-        Some(DeadReason::Expired) => 2,
-        Some(DeadReason::PermanentStatus) => 3,
-        Some(DeadReason::EgressDenied) => 4,
-    }
-}
+/// Dead reasons and signature schemes are stored as their place in these tables, plus one
+/// (0: none). Append only: a place, once written, is on disk.
+const REASONS: [DeadReason; 4] = [
+    DeadReason::MaxAttempts,
+    DeadReason::Expired,
+    DeadReason::PermanentStatus,
+    DeadReason::EgressDenied,
+];
+const SCHEMES: [SignatureScheme; 4] = [
+    SignatureScheme::Standard,
+    SignatureScheme::Stripe,
+    SignatureScheme::Github,
+    SignatureScheme::None,
+];
 
-fn reason_from(b: u8) -> Result<Option<DeadReason>, CodecError> {
-    Ok(match b {
-        0 => None,
-        1 => Some(DeadReason::MaxAttempts),
-        2 => Some(DeadReason::Expired),
-        3 => Some(DeadReason::PermanentStatus),
-        4 => Some(DeadReason::EgressDenied),
-        _ => return Err(CodecError::Corrupt("message", "unknown dead reason")),
+fn place_byte<T: PartialEq>(table: &[T], v: Option<T>) -> u8 {
+    v.map_or(0, |v| {
+        1 + table.iter().position(|t| *t == v).expect("every value is in its table") as u8
     })
 }
 
-fn scheme_byte(s: Option<SignatureScheme>) -> u8 {
-    match s {
-        None => 0,
-        Some(SignatureScheme::Standard) => 1,
-        Some(SignatureScheme::Stripe) => 2,
-        Some(SignatureScheme::Github) => 3,
-        Some(SignatureScheme::None) => 4,
+fn from_place<T: Copy>(table: &[T], b: u8, kind: &'static str, what: &'static str) -> Result<Option<T>, CodecError> {
+    match b {
+        0 => Ok(None),
+        b => table
+            .get(usize::from(b) - 1)
+            .map(|v| Some(*v))
+            .ok_or(CodecError::Corrupt(kind, what)),
     }
-}
-
-fn scheme_from(b: u8) -> Result<Option<SignatureScheme>, CodecError> {
-    Ok(match b {
-        0 => None,
-        1 => Some(SignatureScheme::Standard),
-        2 => Some(SignatureScheme::Stripe),
-        3 => Some(SignatureScheme::Github),
-        4 => Some(SignatureScheme::None),
-        _ => return Err(CodecError::Corrupt("payload", "unknown signature scheme")),
-    })
 }
 
 impl MessageRecord {
@@ -217,26 +206,19 @@ impl MessageRecord {
         w.u64(self.next_attempt_at_ms);
         w.u64(self.give_up_at_ms);
         w.u64(self.finished_at_ms);
-        w.u8(reason_byte(self.dead_reason));
+        w.u8(place_byte(&REASONS, self.dead_reason));
         w.opt_u16(self.last_status);
         w.opt_str(self.last_error.as_deref());
-        let fifo = |w: &mut Writer, fifo: Fifo| {
-            w.u8(match fifo.on_dead {
-                OnDead::Skip => 0,
-                OnDead::Block => 1,
-            });
+        // Version 3: a flag, maybe the fifo place, then the route; version 2: the fifo place.
+        if self.route.is_some() {
+            w.u8(u8::from(self.fifo.is_some()));
+        }
+        if let Some(fifo) = self.fifo {
+            w.u8(u8::from(fifo.on_dead == OnDead::Block));
             w.u64(fifo.pos);
-        };
-        match (&self.route, self.fifo) {
-            (Some(route), f) => {
-                w.u8(u8::from(f.is_some()));
-                if let Some(f) = f {
-                    fifo(&mut w, f);
-                }
-                w.str(route);
-            }
-            (None, Some(f)) => fifo(&mut w, f),
-            (None, None) => {}
+        }
+        if let Some(route) = &self.route {
+            w.str(route);
         }
         w.0
     }
@@ -266,7 +248,7 @@ impl MessageRecord {
             next_attempt_at_ms: r.u64()?,
             give_up_at_ms: r.u64()?,
             finished_at_ms: r.u64()?,
-            dead_reason: reason_from(r.u8()?)?,
+            dead_reason: from_place(&REASONS, r.u8()?, "message", "unknown dead reason")?,
             last_status: r.opt_u16()?,
             last_error: r.opt_string()?,
             fifo: None,
@@ -305,17 +287,15 @@ impl Payload {
             w.bytes(value);
         }
         w.bytes(&self.body);
-        w.u8(scheme_byte(self.scheme));
-        match &self.signing {
-            SigningChoice::Default => w.u8(0),
-            SigningChoice::Key(name) => {
-                w.u8(1);
-                w.str(name);
-            }
-            SigningChoice::Inline(secret) => {
-                w.u8(2);
-                w.str(secret);
-            }
+        w.u8(place_byte(&SCHEMES, self.scheme));
+        let (tag, text) = match &self.signing {
+            SigningChoice::Default => (0, None),
+            SigningChoice::Key(name) => (1, Some(name)),
+            SigningChoice::Inline(secret) => (2, Some(secret)),
+        };
+        w.u8(tag);
+        if let Some(text) = text {
+            w.str(text);
         }
         w.0
     }
@@ -333,7 +313,7 @@ impl Payload {
             headers.push((name, value));
         }
         let body = r.bytes()?.to_vec();
-        let scheme = scheme_from(r.u8()?)?;
+        let scheme = from_place(&SCHEMES, r.u8()?, "payload", "unknown signature scheme")?;
         let signing = match r.u8()? {
             0 => SigningChoice::Default,
             1 => SigningChoice::Key(r.string()?),
@@ -359,12 +339,9 @@ impl AttemptRecord {
         w.opt_u16(self.status);
         w.opt_str(self.error.as_deref());
         w.u32(self.duration_ms);
-        match self.policy_revision {
-            Some(rev) => {
-                w.u8(1);
-                w.u32(rev);
-            }
-            None => w.u8(0),
+        w.u8(u8::from(self.policy_revision.is_some()));
+        if let Some(rev) = self.policy_revision {
+            w.u32(rev);
         }
         w.opt_str(self.span_id.as_deref());
         w.0
@@ -409,12 +386,8 @@ impl EndpointRecord {
         w.0
     }
 
-    /// Decodes an endpoint state written by [`EndpointRecord::encode_at`].
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        Ok(Self::decode_stamped(buf)?.0)
-    }
-
-    /// Decodes an endpoint state and when it was written. A version-1 record (written
+    /// Decodes an endpoint state written by [`EndpointRecord::encode_at`] and when it was
+    /// written. A version-1 record (written
     /// before records carried the time) reads as written at 0: the next retention sweep
     /// forgets it unless it is paused, which only forgets a streak.
     pub fn decode_stamped(buf: &[u8]) -> Result<(Self, u64), CodecError> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rocksdb::{WriteBatch, WriteOptions, DB};
 use tokio::sync::oneshot;
 
-use super::codec::{MessageRecord, Routing};
+use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::{LineLocks, LineTx};
 use super::{keys, Accepted, CounterDeltas, Faults, StoreError};
@@ -37,7 +37,6 @@ pub(super) struct Committer {
 }
 
 impl Committer {
-    /// Starts the thread.
     pub(super) fn start(
         db: Arc<DB>,
         due_floor: Arc<DueFloor>,
@@ -52,7 +51,7 @@ impl Committer {
         let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
             let _counters = counter_gate.read().unwrap_or_else(|p| p.into_inner());
             commit(&db, &due_floor, &lines, jobs, |batch| {
-                if faults.take(&faults.fail_accepts) {
+                if faults.fail_accept() {
                     return Err(StoreError::Injected);
                 }
                 faults.before_write()?;
@@ -165,16 +164,8 @@ fn commit(
         // is stored in flight with no due entry, as a claim would leave it; a crash before
         // its result puts it back in the queue like any other attempt in flight.
         if queued {
-            let routing = Routing {
-                host: rec.host.clone(),
-                endpoint: rec.endpoint.clone(),
-            };
             min_due = min_due.min(rec.next_attempt_at_ms);
-            batch.put_cf(
-                cf(keys::DUE),
-                keys::time_key(rec.next_attempt_at_ms, id),
-                routing.encode(),
-            );
+            super::enqueue(db, &mut batch, rec);
         }
         batch.put_cf(cf(keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
         batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());

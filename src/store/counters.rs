@@ -1,11 +1,10 @@
-//! The counters in the `meta` column family (open, delivered, dead, handed off, open per
-//! endpoint):
-//! their merge operator, how a batch sums its changes, and the gauges read from them.
+//! The counters in the `meta` column family: their merge operator, how a batch sums its
+//! changes, and the gauges read from them.
 //!
 //! Counters are merged in the same batch as the transition they count, so a gauge is a
 //! point read, never a scan.
 
-use rocksdb::{ColumnFamily, MergeOperands, ReadOptions, WriteBatch};
+use rocksdb::{ColumnFamily, MergeOperands, WriteBatch};
 
 use super::{keys, Counts, State, Store, StoreError};
 
@@ -15,7 +14,6 @@ use super::{keys, Counts, State, Store, StoreError};
 pub(crate) struct CounterDeltas(std::collections::HashMap<Vec<u8>, i64>);
 
 impl CounterDeltas {
-    /// Adds `delta` to the counter `key`.
     pub(crate) fn add(&mut self, key: &[u8], delta: i64) {
         match self.0.get_mut(key) {
             Some(v) => *v += delta,
@@ -69,10 +67,7 @@ impl Store {
         let mut removed = 0;
         loop {
             let _counters = self.counter_gate.write().unwrap_or_else(|p| p.into_inner());
-            let mut ro = ReadOptions::default();
-            ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-            let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-            it.seek(&from);
+            let mut it = self.range(keys::META, &from, Some(keys::prefix_end(prefix)));
             let mut b = WriteBatch::default();
             let (mut looked, mut zero) = (0, 0);
             let mut last = None;
@@ -120,10 +115,8 @@ impl Store {
             start = keys::endpoint_open_key(a);
             start.push(0); // strictly after it
         }
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(&keys::endpoint_open_key(prefix)));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-        it.seek(&start);
+        let until = keys::prefix_end(&keys::endpoint_open_key(prefix));
+        let mut it = self.range(keys::META, &start, Some(until));
         let (mut out, mut looked) = (Vec::new(), 0);
         let mut last_looked = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -143,25 +136,6 @@ impl Store {
         // Stopped early: every key up to the last one looked at is known, none after it.
         let stopped_at = if it.key().is_some() { last_looked } else { None };
         Ok((out, stopped_at))
-    }
-
-    /// Open (pending or in-flight) messages per endpoint, for endpoints that have any.
-    pub fn open_per_endpoint(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        let mut out = Vec::new();
-        let prefix = keys::COUNT_OPEN_ENDPOINT;
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::META), ro);
-        it.seek(prefix);
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            let n = decode_counter(v);
-            if n > 0 {
-                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), n as u64));
-            }
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
     }
 
     pub(super) fn counter(&self, key: &[u8]) -> Result<u64, StoreError> {
@@ -187,7 +161,7 @@ impl Store {
     pub fn oldest_open_ms(&self) -> Result<Option<u64>, StoreError> {
         let mut oldest: Option<u64> = None;
         for state in [State::Pending, State::InFlight] {
-            if let Some(id) = self.ids_in_state(state, 1)?.into_iter().next() {
+            if let Some(id) = self.ids_after(state, None, 1)?.into_iter().next() {
                 if let Some(ms) = crate::model::delivery_id_millis(&id) {
                     oldest = Some(oldest.map_or(ms, |o| o.min(ms)));
                 }

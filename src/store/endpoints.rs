@@ -8,7 +8,7 @@
 //! written within the retention window is deleted unless its endpoint is paused (a pause
 //! lasts until an operator resumes it).
 
-use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
+use rocksdb::{IteratorMode, WriteBatch};
 
 use super::{keys, EndpointRecord, Store, StoreError};
 
@@ -16,28 +16,24 @@ use super::{keys, EndpointRecord, Store, StoreError};
 const EXPIRE_CHUNK: usize = 4096;
 
 impl Store {
-    /// The persisted state of every endpoint that has one.
-    pub fn endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
+    /// The paused endpoints (what delivery must know from the start: every other record is
+    /// read back when its endpoint is next seen).
+    pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
         let mut out = Vec::new();
         for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
             let (k, v) = item?;
-            out.push(decode_entry(&k, &v)?);
+            let entry = decode_entry(&k, &v)?;
+            if entry.1.paused {
+                out.push(entry);
+            }
         }
         Ok(out)
     }
 
-    /// The paused endpoints (what delivery must know from the start: every other record is
-    /// read back when its endpoint is next seen).
-    pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        Ok(self.endpoints()?.into_iter().filter(|(_, r)| r.paused).collect())
-    }
-
     /// One endpoint's persisted state, if it has one.
     pub fn endpoint(&self, key: &str) -> Result<Option<EndpointRecord>, StoreError> {
-        match self.db.get_pinned_cf(self.cf(keys::ENDPOINTS), key.as_bytes())? {
-            Some(v) => Ok(Some(decode_entry(key.as_bytes(), &v)?.1)),
-            None => Ok(None),
-        }
+        let v = self.db.get_pinned_cf(self.cf(keys::ENDPOINTS), key.as_bytes())?;
+        Ok(v.map(|v| decode_entry(key.as_bytes(), &v)).transpose()?.map(|(_, r)| r))
     }
 
     /// Saves endpoint states in one write. Streak changes need no sync (losing one to a
@@ -50,7 +46,11 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut b = WriteBatch::default();
         for (key, rec) in recs {
-            self.endpoint_write(&mut b, key, rec, now_ms);
+            if *rec == EndpointRecord::default() {
+                b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
+            } else {
+                b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode_at(now_ms));
+            }
         }
         if synced {
             self.write_synced(b)
@@ -61,26 +61,12 @@ impl Store {
 
     /// Saves one endpoint's state, not synced.
     pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
-        let mut b = WriteBatch::default();
-        self.endpoint_write(&mut b, key, rec, now_ms);
-        self.write(b)
+        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, false)
     }
 
     /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
     pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
-        let mut b = WriteBatch::default();
-        self.endpoint_write(&mut b, key, rec, now_ms);
-        self.write_synced(b)
-    }
-
-    /// An endpoint with nothing to remember (active, no streak) has no record at all: the
-    /// column family holds paused and failing endpoints only, not every endpoint ever seen.
-    fn endpoint_write(&self, b: &mut WriteBatch, key: &str, rec: &EndpointRecord, now_ms: u64) {
-        if *rec == EndpointRecord::default() {
-            b.delete_cf(self.cf(keys::ENDPOINTS), key.as_bytes());
-        } else {
-            b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode_at(now_ms));
-        }
+        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, true)
     }
 
     /// Deletes the records of endpoints that are not paused and were not written since
@@ -94,34 +80,25 @@ impl Store {
         before_ms: u64,
     ) -> Result<(usize, Option<Vec<u8>>), StoreError> {
         let cf = self.cf(keys::ENDPOINTS);
-        let mut it = self.db.raw_iterator_cf(cf);
-        match from {
-            Some(k) => it.seek(k),
-            None => it.seek_to_first(),
-        }
+        let mut it = self.range(keys::ENDPOINTS, from.unwrap_or_default(), None);
         let mut b = WriteBatch::default();
         let (mut looked, mut removed) = (0, 0);
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if looked >= EXPIRE_CHUNK {
                 break;
             }
-            // A record that cannot be read must not stop every later sweep: it is logged
-            // and left for an operator (it may be paused).
-            let (rec, written_ms) = match decode_stamped(k, v) {
-                Ok(decoded) => decoded,
-                Err(e) => {
-                    tracing::error!(error = %e, "an endpoint record cannot be read; the expiry sweep skips it");
-                    it.next();
-                    looked += 1;
-                    continue;
+            looked += 1;
+            match decode_stamped(k, v) {
+                Ok((rec, written_ms)) if !rec.paused && written_ms < before_ms => {
+                    b.delete_cf(cf, k);
+                    removed += 1;
                 }
-            };
-            if !rec.paused && written_ms < before_ms {
-                b.delete_cf(cf, k);
-                removed += 1;
+                Ok(_) => {}
+                // A record that cannot be read must not stop every later sweep: it is logged
+                // and left for an operator (it may be paused).
+                Err(e) => tracing::error!(error = %e, "an endpoint record cannot be read; the expiry sweep skips it"),
             }
             it.next();
-            looked += 1;
         }
         it.status()?;
         let next = it.key().map(<[u8]>::to_vec);
@@ -145,12 +122,8 @@ impl Store {
             start = a.as_bytes().to_vec();
             start.push(0); // strictly after it
         }
-        let mut ro = ReadOptions::default();
-        if !prefix.is_empty() {
-            ro.set_iterate_upper_bound(keys::prefix_end(prefix.as_bytes()));
-        }
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::ENDPOINTS), ro);
-        it.seek(&start);
+        let until = (!prefix.is_empty()).then(|| keys::prefix_end(prefix.as_bytes()));
+        let mut it = self.range(keys::ENDPOINTS, &start, until);
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if out.len() >= limit {
@@ -170,12 +143,9 @@ impl Store {
 }
 
 fn decode_stamped(k: &[u8], v: &[u8]) -> Result<(EndpointRecord, u64), StoreError> {
-    EndpointRecord::decode_stamped(v).map_err(|source| StoreError::Codec {
-        key: String::from_utf8_lossy(k).into_owned(),
-        source,
-    })
+    EndpointRecord::decode_stamped(v).map_err(StoreError::codec(String::from_utf8_lossy(k)))
 }
 
-fn decode_entry(k: &[u8], v: &[u8]) -> Result<(String, EndpointRecord), StoreError> {
+pub(super) fn decode_entry(k: &[u8], v: &[u8]) -> Result<(String, EndpointRecord), StoreError> {
     Ok((String::from_utf8_lossy(k).into_owned(), decode_stamped(k, v)?.0))
 }

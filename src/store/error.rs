@@ -1,4 +1,4 @@
-//! What a store operation can fail with, and the faults tests inject.
+//! What a store operation can fail with.
 
 use std::path::PathBuf;
 
@@ -40,171 +40,38 @@ pub enum StoreError {
     Injected,
 }
 
-/// How one message's reads fail, as [`Faults::break_item`] sets it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ItemFault {
-    /// Its record does not decode (a bit flipped on disk): a failure of this message alone.
-    Corrupt,
-    /// Its payload is missing (its record reads).
-    NoPayload,
-    /// Reading its record fails as the storage does on an I/O error: nothing tells it from a
-    /// store-wide failure.
-    Io,
-}
-
-/// Store operations to make fail, for tests and the simulator: each counter is how many of
-/// the next writes of its kind fail, and the broken set names messages whose reads fail
-/// until healed. Always empty in production (one relaxed load per read).
+/// Fault injection is for tests and the simulator: test builds have the real switches
+/// (`store::tests::faults`); in production every hook is a no-op.
+#[cfg(not(test))]
 #[derive(Debug, Default)]
-pub struct Faults {
-    /// Synced accept batches.
-    pub fail_accepts: std::sync::atomic::AtomicUsize,
-    /// Attempt-result batches.
-    pub fail_results: std::sync::atomic::AtomicUsize,
-    /// Messages whose reads fail, and how: the per-message read errors the scheduler, the
-    /// result writer, a release, a resume, a replay and a sweep must survive without
-    /// stalling the others.
-    broken: std::sync::Mutex<std::collections::HashMap<String, ItemFault>>,
-    /// How many are broken: the read path looks at this, not at the lock.
-    broken_n: std::sync::atomic::AtomicUsize,
-    /// Broken items read as healthy, and no armed crash lands on a read, while set: the
-    /// simulator's own checks read through.
-    suspended: std::sync::atomic::AtomicBool,
-    /// A crash armed by [`Faults::crash_at_read`]: record reads still allowed before it.
-    reads_before_crash: std::sync::atomic::AtomicUsize,
-    /// A crash armed by [`Faults::crash_after`]: writes still allowed before it (0: none
-    /// armed).
-    writes_before_crash: std::sync::atomic::AtomicUsize,
-    /// The armed crash happened: from that write on, every write fails (the process is gone).
-    crashed: std::sync::atomic::AtomicBool,
-}
+pub struct Faults(());
 
+#[cfg(not(test))]
 impl Faults {
-    /// Whether this write fails (and counts it).
-    pub(crate) fn take(&self, counter: &std::sync::atomic::AtomicUsize) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        counter.load(Relaxed) > 0 && counter.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok()
+    pub(crate) fn fail_accept(&self) -> bool {
+        false
     }
-
-    /// Makes every read of `id`'s record fail as one that does not decode, until
-    /// [`Faults::heal`].
-    pub fn make_unreadable(&self, id: &str) {
-        self.break_item(id, ItemFault::Corrupt);
+    pub(crate) fn fail_result(&self) -> bool {
+        false
     }
-
-    /// Makes reads of `id` fail as `how` says, until [`Faults::heal`].
-    pub fn break_item(&self, id: &str, how: ItemFault) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(id.to_string(), how);
-        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Makes `id` read again.
-    pub fn heal(&self, id: &str) {
-        let mut map = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(id);
-        self.broken_n.store(map.len(), std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether any item is broken now.
-    pub fn any_broken(&self) -> bool {
-        self.broken_n.load(std::sync::atomic::Ordering::SeqCst) > 0
-    }
-
-    /// While `on`, broken items read as healthy (for the simulator's own reads).
-    pub fn suspend(&self, on: bool) {
-        self.suspended.store(on, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// How `id` is broken now, if it is.
-    fn broken(&self, id: &str) -> Option<ItemFault> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.broken_n.load(Relaxed) == 0 || self.suspended.load(Relaxed) {
-            return None;
-        }
-        self.broken.lock().unwrap_or_else(|p| p.into_inner()).get(id).copied()
-    }
-
-    /// Arms a crash at a record read: `reads` more message reads succeed, and the process
-    /// dies at the next one (it and every later write fail), wherever it is: a pass's
-    /// lease, a result write's read, a resume page, a replay page, a sweep chunk.
-    pub fn crash_at_read(&self, reads: usize) {
-        self.reads_before_crash
-            .store(reads + 1, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Arms a crash inside the next writes, wherever they are (a commit batch, a pass's park,
-    /// a resume page, a replay page, a sweep chunk, a line promotion, a hand-off): `writes`
-    /// more writes land, and the one after them and every later one fail, as if the process
-    /// died right there. The simulator then drops everything in memory and reopens.
-    pub fn crash_after(&self, writes: usize) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.writes_before_crash.store(writes + 1, SeqCst);
-    }
-
-    /// Whether an armed crash happened.
-    pub fn crashed(&self) -> bool {
-        self.crashed.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Called before every write: `Err` once an armed crash has happened.
     pub(crate) fn before_write(&self) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        // Production: two relaxed loads of zeros.
-        let quiet = std::sync::atomic::Ordering::Relaxed;
-        if self.writes_before_crash.load(quiet) == 0 && !self.crashed.load(quiet) {
-            return Ok(());
-        }
-        let left = self
-            .writes_before_crash
-            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
-            .unwrap_or(0);
-        if left == 1 {
-            self.crashed.store(true, SeqCst);
-        }
-        if self.crashed() {
-            return Err(StoreError::Injected);
-        }
         Ok(())
     }
-
-    /// The error a read of `id`'s record gives now, if it was broken (or an armed crash
-    /// lands on this read).
-    pub(crate) fn read_of(&self, id: &str) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-        if self.suspended.load(Relaxed) {
-            return Ok(());
-        }
-        // The read the crash lands on fails; later reads of the dead process may see what
-        // they like (nothing it does is written any more), and the simulator's own checks
-        // read on.
-        if self.reads_before_crash.load(Relaxed) > 0 {
-            let left = self
-                .reads_before_crash
-                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
-                .unwrap_or(0);
-            if left == 1 {
-                self.crashed.store(true, SeqCst);
-                return Err(StoreError::Injected);
-            }
-        }
-        match self.broken(id) {
-            Some(ItemFault::Corrupt) => Err(StoreError::Codec {
-                key: id.to_string(),
-                source: CodecError::Corrupt("message", "injected read failure"),
-            }),
-            Some(ItemFault::Io) => Err(StoreError::Injected),
-            Some(ItemFault::NoPayload) | None => Ok(()),
-        }
+    pub(crate) fn read_of(&self, _id: &str) -> Result<(), StoreError> {
+        Ok(())
     }
-
-    /// Whether `id`'s payload reads as missing now.
-    pub(crate) fn payload_missing(&self, id: &str) -> bool {
-        self.broken(id) == Some(ItemFault::NoPayload)
+    pub(crate) fn payload_missing(&self, _id: &str) -> bool {
+        false
     }
 }
 
 impl StoreError {
+    /// Makes a record under `key` that does not decode a store error.
+    pub(crate) fn codec(key: impl Into<String>) -> impl FnOnce(CodecError) -> StoreError {
+        let key = key.into();
+        move |source| StoreError::Codec { key, source }
+    }
+
     /// The same error again, for answering several callers with one failure.
     pub(crate) fn again(&self) -> StoreError {
         match self {
@@ -214,9 +81,7 @@ impl StoreError {
             other => StoreError::Panicked(other.to_string()),
         }
     }
-}
 
-impl StoreError {
     /// A short machine-readable code.
     pub fn code(&self) -> &'static str {
         match self {

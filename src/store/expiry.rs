@@ -4,7 +4,7 @@
 //! Named `expiry` (after the column family it walks) to keep it apart from
 //! `crate::retention`, the background task that calls it.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::lines::LineTx;
 use super::{keys, Store, StoreError};
@@ -16,10 +16,7 @@ impl Store {
     /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or before `now_ms`,
     /// at most `limit` of them. Returns how many were removed.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::EXPIRY), ro);
-        it.seek_to_first();
+        let mut it = self.range(keys::EXPIRY, &[], Some(keys::time_key(now_ms.saturating_add(1), "")));
         let mut entries = Vec::new();
         while let Some(k) = it.key() {
             if entries.len() >= limit {
@@ -73,13 +70,8 @@ impl Store {
         Ok(removed)
     }
 
-    /// Compacts every column family, so removed records give their disk space back.
-    pub fn compact(&self) {
-        self.compact_until(&|| false);
-    }
-
-    /// [`Store::compact`], one column family at a time, stopping before the next one once
-    /// `stopped()` says so (shutdown must not wait for every family to compact).
+    /// Compacts every column family, so removed records give their disk space back, one at
+    /// a time, stopping before the next one once `stopped()` says so (shutdown must not wait for every family to compact).
     pub fn compact_until(&self, stopped: &dyn Fn() -> bool) {
         for name in keys::CF_NAMES {
             if stopped() {

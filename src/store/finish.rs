@@ -8,36 +8,17 @@
 use rocksdb::WriteBatch;
 
 use super::lines::LineTx;
-use super::{keys, AttemptRecord, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::{keys, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
-    /// Records a finished attempt (attempt number `rec.attempts + 1`) and the transition it
-    /// led to. Returns the updated record, or `None` if the message was deleted meanwhile.
-    pub fn finish_attempt(
-        &self,
-        id: &str,
-        attempt: &AttemptRecord,
-        transition: Transition,
-        now_ms: u64,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let item = FinishedAttempt {
-            id: id.to_string(),
-            attempt: attempt.clone(),
-            transition,
-            now_ms,
-        };
-        self.finish_attempts(std::slice::from_ref(&item))
-            .pop()
-            .unwrap_or(Ok(None))
-    }
-
-    /// Records several finished attempts in one write (one trip through RocksDB's write
-    /// queue for however many attempts ended together). One answer per item, as
-    /// [`Store::finish_attempt`] gives it; an item whose record cannot be read fails alone,
-    /// a failed write fails them all. A second item for an id already in the call is
+    /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
+    /// they led to, in one write (one trip through RocksDB's write queue for however many
+    /// attempts ended together). One answer per item: the updated record, or `None` if the
+    /// message was deleted meanwhile; an item whose record cannot be read fails alone, a
+    /// failed write fails them all. A second item for an id already in the call is
     /// answered `None` (stale), as it would be after the first was written.
     pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
-        let _guards = self.lock_many(items.iter().map(|i| i.id.as_str()));
+        let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id.as_str()));
         // Each record is read once, here: the ordered ones say which lines to lock (after
         // the id stripes, as every line change does), before anything is staged.
         let mut seen = std::collections::HashSet::with_capacity(items.len());
@@ -78,10 +59,10 @@ impl Store {
             return out;
         }
         counters.write_into(&mut b, self.cf(keys::META));
-        if self.faults.take(&self.faults.fail_results) || self.faults.before_write().is_err() {
+        if self.faults.fail_result() || self.faults.before_write().is_err() {
             return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
         }
-        let line_due = tx.min_due;
+        let min_due = tx.min_due.map_or(min_retry, |d| d.min(min_retry));
         let settled = tx.write_into(&self.db, &mut b);
         if let Err(e) = self.db.write_opt(b, &self.plain) {
             return out
@@ -90,11 +71,8 @@ impl Store {
                 .collect();
         }
         self.forget_ghosts(&settled);
-        if min_retry != u64::MAX {
-            self.due_floor.wrote(min_retry);
-        }
-        if let Some(due) = line_due {
-            self.due_floor.wrote(due);
+        if min_due != u64::MAX {
+            self.due_floor.wrote(min_due);
         }
         // Only now, with the stripes still held: the scheduler must not lease a message
         // again before its result is visible.
@@ -153,27 +131,18 @@ impl Store {
             // Deleted and re-created, or released by recovery: this attempt's result is stale.
             _ => return Ok(None),
         };
-        let old_due = Store::leased_due_key(&rec);
+        let old_due = keys::time_key(rec.next_attempt_at_ms, id);
         rec.attempts += 1;
         rec.history_len += 1;
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
         match *transition {
-            Transition::RetryAt(at) => {
-                rec.state = State::Pending;
-                rec.next_attempt_at_ms = at;
-            }
-            Transition::Delivered | Transition::Dead(_) => {
-                rec.state = match *transition {
-                    Transition::Dead(reason) => {
-                        rec.dead_reason = Some(reason);
-                        State::Dead
-                    }
-                    _ => State::Delivered,
-                };
-                rec.next_attempt_at_ms = 0;
-                rec.finished_at_ms = now_ms;
-            }
+            Transition::RetryAt(at) => (rec.state, rec.next_attempt_at_ms) = (State::Pending, at),
+            Transition::Delivered => rec.state = State::Delivered,
+            Transition::Dead(reason) => (rec.state, rec.dead_reason) = (State::Dead, Some(reason)),
+        }
+        if rec.state != State::Pending {
+            (rec.next_attempt_at_ms, rec.finished_at_ms) = (0, now_ms);
         }
         // The only step that can fail: before any write of this item.
         self.line_after_attempt(b, tx, &rec, now_ms)?;
@@ -186,7 +155,7 @@ impl Store {
             attempt.encode(),
         );
         if rec.state == State::Pending {
-            self.enqueue(b, &rec);
+            super::enqueue(&self.db, b, &rec);
         } else {
             b.put_cf(
                 self.cf(keys::EXPIRY),
@@ -243,7 +212,7 @@ impl Store {
                     self.due_floor.wrote(due_ms);
                     return Ok(true);
                 }
-                b.delete_cf(self.cf(keys::DUE), Store::leased_due_key(&rec));
+                b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
             }
             _ => {
                 self.leases.remove(id);
@@ -252,7 +221,7 @@ impl Store {
         }
         rec.state = State::Pending;
         rec.next_attempt_at_ms = due_ms;
-        self.enqueue(&mut b, &rec);
+        super::enqueue(&self.db, &mut b, &rec);
         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
         self.write(b)?;
         self.leases.remove(id);
@@ -264,7 +233,7 @@ impl Store {
     /// with its attempt count unchanged. Returns how many, and those whose record does not
     /// decode (they stay in flight; the others go on without them).
     pub fn recover_in_flight(&self, now_ms: u64) -> Result<(usize, Vec<(String, StoreError)>), StoreError> {
-        let ids = self.ids_in_state(State::InFlight, usize::MAX)?;
+        let ids = self.ids_after(State::InFlight, None, usize::MAX)?;
         let (mut n, mut unreadable) = (0, Vec::new());
         for id in ids {
             match self.release(&id, now_ms) {

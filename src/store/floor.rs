@@ -69,6 +69,7 @@ impl DueFloor {
     }
 
     /// The floor now, without starting a new record.
+    #[cfg(test)]
     pub fn peek(&self) -> u64 {
         self.lock().floor
     }
@@ -85,12 +86,14 @@ impl DueFloor {
 
     /// Raises the floor towards `to` (what the pass proved empty below), but never above an
     /// entry written since the mark.
+    #[cfg(test)]
     pub fn raise(&self, mark: FloorMark, to: u64) {
         self.raise_to_key(mark, to, "");
     }
 
-    /// [`DueFloor::raise`] to a key: nothing live sorts below (`to`, `id`). A write since the
-    /// mark in `to`'s millisecond or earlier caps it at the start of that millisecond.
+    /// Raises the floor towards (`to`, `id`), below which the pass proved nothing live, but
+    /// never above an entry written since the mark: a write since the mark in `to`'s
+    /// millisecond or earlier caps it at the start of that millisecond.
     pub fn raise_to_key(&self, _mark: FloorMark, to: u64, id: &str) {
         let mut g = self.lock();
         let (to, id) = if to >= g.written_since_mark {

@@ -10,7 +10,7 @@
 //! a hand-off lost to a power cut leaves the message pending, and the next drain forwards it
 //! again, which the peer's dedupe (event id and target) answers as a duplicate.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::lines::LineTx;
 use super::{keys, State, Store, StoreError};
@@ -37,13 +37,9 @@ impl Store {
             start.extend_from_slice(id.as_bytes());
             start.push(0); // strictly after it
         }
-        let mut ro = ReadOptions::default();
         // From the cursor: the keys handed off behind it are tombstones a seek from the
         // prefix would step over again on every page.
-        ro.set_iterate_lower_bound(start.clone());
-        ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::STATES), ro);
-        it.seek(&start);
+        let mut it = self.range(keys::STATES, &start, Some(keys::prefix_end(&prefix)));
         let mut out = Vec::new();
         while let Some(k) = it.key() {
             if out.len() >= limit {

@@ -6,37 +6,37 @@
 pub const CF_NAMES: [&str; 11] = [
     MESSAGES, PAYLOADS, DUE, STATES, PARKED, EVENTS, HISTORY, ENDPOINTS, EXPIRY, META, LINES,
 ];
-/// id → mutable message record (state, attempts, times, last result).
+/// id → [`MessageRecord`](super::MessageRecord): small, rewritten on every transition.
 pub const MESSAGES: &str = "messages";
-/// id → immutable payload (method, headers, body, signing choice).
+/// id → [`Payload`](super::Payload): written once, so retries never rewrite the body.
 pub const PAYLOADS: &str = "payloads";
-/// be64(due millis) ‖ id → routing (host key, endpoint): the scheduler's queue.
+/// be64(due millis) ‖ id → [`Routing`](super::Routing): the scheduler's queue, in due order;
+/// the routing lets it gate on host and endpoint without a point read.
 pub const DUE: &str = "due";
-/// state byte ‖ id → empty: listing by state, and finding in-flight messages at start.
+/// state byte ‖ id → empty: listing by state in id (= acceptance) order, finding in-flight
+/// messages at start, and the oldest open message.
 pub const STATES: &str = "states";
-/// endpoint ‖ 0 ‖ id → empty: messages held back by a paused endpoint.
+/// endpoint ‖ 0 ‖ id → be64(due millis) ‖ routing of the due entry it replaced (empty in
+/// older keys): messages that came due while their endpoint was paused (`store::parking`).
 pub const PARKED: &str = "parked";
 /// event id ‖ 0 ‖ target → id: ingest dedupe.
 pub const EVENTS: &str = "events";
-/// id ‖ be32(attempt number) → attempt record.
+/// id ‖ be32(attempt number) → [`AttemptRecord`](super::AttemptRecord).
 pub const HISTORY: &str = "history";
-/// endpoint → endpoint record (paused, permanent-failure streak).
+/// endpoint → [`EndpointRecord`](super::EndpointRecord) and when it was written (see
+/// `store::endpoints`).
 pub const ENDPOINTS: &str = "endpoints";
-/// counter name → i64 (little-endian), updated with a merge operator in the same
-/// batch as the transition it counts.
+/// counter name → i64 (little-endian); see `store::counters`.
 pub const META: &str = "meta";
-/// Ordered endpoints' lines: endpoint ‖ 0 → line record (head, blocked, counters), and
-/// endpoint ‖ 0 ‖ be64(position) → id for each message waiting behind the head.
+/// Ordered endpoints' lines: endpoint ‖ 0 → [`LineRecord`](super::LineRecord), endpoint ‖ 0 ‖
+/// be64(position) → id of each message waiting behind the head (see `store::lines`).
 pub const LINES: &str = "lines";
-/// be64(remove-at millis) ‖ id → empty: retention of delivered and dead messages.
+/// be64(remove-at millis) ‖ id → empty: the retention sweep's order.
 pub const EXPIRY: &str = "expiry";
 
 /// `be64(ms) ‖ id`, the layout of `due` and `expiry` keys.
 pub fn time_key(ms: u64, id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + id.len());
-    k.extend_from_slice(&ms.to_be_bytes());
-    k.extend_from_slice(id.as_bytes());
-    k
+    [&ms.to_be_bytes()[..], id.as_bytes()].concat()
 }
 
 /// Splits a `time_key` back into its time and id.
@@ -51,20 +51,13 @@ pub fn split_time_key(key: &[u8]) -> Option<(u64, &str)> {
 
 /// `state byte ‖ id`.
 pub fn state_key(state: u8, id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + id.len());
-    k.push(state);
-    k.extend_from_slice(id.as_bytes());
-    k
+    [&[state][..], id.as_bytes()].concat()
 }
 
 /// `a ‖ 0 ‖ b`, for `parked` (endpoint, id) and `events` (event id, target). Neither
 /// endpoints nor event ids may contain a NUL byte (ingress rejects control characters).
 pub fn pair_key(a: &str, b: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(a.len() + 1 + b.len());
-    k.extend_from_slice(a.as_bytes());
-    k.push(0);
-    k.extend_from_slice(b.as_bytes());
-    k
+    [a.as_bytes(), &[0][..], b.as_bytes()].concat()
 }
 
 /// The prefix of every `pair_key(a, _)`.
@@ -80,9 +73,7 @@ pub fn line_key(endpoint: &str) -> Vec<u8> {
 
 /// `endpoint ‖ 0 ‖ be64(pos)`: a message waiting in an ordered endpoint's line.
 pub fn line_member_key(endpoint: &str, pos: u64) -> Vec<u8> {
-    let mut k = pair_prefix(endpoint);
-    k.extend_from_slice(&pos.to_be_bytes());
-    k
+    [endpoint.as_bytes(), &[0][..], &pos.to_be_bytes()[..]].concat()
 }
 
 /// Splits a `lines` key into its endpoint and, for a member, its position.
@@ -97,10 +88,7 @@ pub fn split_line_key(key: &[u8]) -> Option<(&str, Option<u64>)> {
 
 /// `id ‖ be32(attempt)`.
 pub fn history_key(id: &str, attempt: u32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(id.len() + 4);
-    k.extend_from_slice(id.as_bytes());
-    k.extend_from_slice(&attempt.to_be_bytes());
-    k
+    [id.as_bytes(), &attempt.to_be_bytes()[..]].concat()
 }
 
 /// The smallest key strictly greater than every key that starts with `prefix`
@@ -131,9 +119,7 @@ pub const COUNT_OPEN_ENDPOINT: &[u8] = b"open/";
 
 /// The per-endpoint open counter key.
 pub fn endpoint_open_key(endpoint: &str) -> Vec<u8> {
-    let mut k = COUNT_OPEN_ENDPOINT.to_vec();
-    k.extend_from_slice(endpoint.as_bytes());
-    k
+    [COUNT_OPEN_ENDPOINT, endpoint.as_bytes()].concat()
 }
 
 #[cfg(test)]

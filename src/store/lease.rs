@@ -1,39 +1,34 @@
 //! Leases: how the scheduler takes a due message for an attempt without writing anything.
 //!
 //! A claim used to be a store write (pending → in flight, due entry removed) that every
-//! attempt waited for before it could start; under load that write queued behind the
-//! accepts' fsync while the attempt held its host permit, and the delivery rate fell to the
-//! host cap divided by that wait. The write bought nothing a crash needs: after a crash every
-//! message that is not finished must be tried again anyway, and a pending message with its
-//! due entry is exactly that. So a lease is a mark in memory: the message stays pending with
-//! its due entry on disk, the scheduler skips it while it is leased, and the attempt's result
-//! write moves it on from pending in one step (`finish`). The lease ends when that write
-//! lands, or when the attempt is handed back (`release`).
-//!
-//! Bounded: a lease is taken with an attempt permit, and outlives it only while its result
-//! waits in the result writer's bounded queue.
+//! attempt waited for; under load it queued behind the accepts' fsync while the attempt held
+//! its host permit, and the delivery rate fell to the host cap divided by that wait. The
+//! write bought nothing a crash needs: after a crash every unfinished message must be tried
+//! again anyway, and a pending message with its due entry is exactly that. So a lease is a
+//! mark in memory: the message stays pending with its due entry, the scheduler skips it while
+//! it is leased, and the result write moves it on from pending in one step (`finish`). The
+//! lease ends when that write lands, or when the attempt is handed back (`release`). Bounded:
+//! a lease is taken with an attempt permit, and outlives it only while its result waits in
+//! the result writer's bounded queue.
 //!
 //! No lease outlives its attempt, whatever fails. A result that cannot be written keeps its
-//! lease for the worker's retry (the message must not start again meanwhile); a release
-//! ends the lease even when its write fails, and then lowers the due floor to the entry
-//! the lease kept, which is still where it was, so the next pass sees the message again.
-//! That is why a lease remembers its entry's due time.
+//! lease for the worker's retry (the message must not start again meanwhile); a release ends
+//! the lease even when its write fails, and then lowers the due floor to the entry the lease
+//! kept (still where it was), so the next pass sees the message again: that is why a lease
+//! remembers its entry's due time.
 //!
-//! A message whose record or payload cannot be read when the scheduler leases it (a record
-//! that does not decode, a missing payload, a read error) is not leased and fails alone:
-//! [`Store::lease_many`] answers the error in its slot and goes on with the others, so the
-//! leases taken in the same call are all handed over. Its entry is then *held back*: the
-//! due walk passes over it without handing it to the scheduler until its retry time (1 s,
-//! doubling to 5 min), keeps the floor below it, and reports that time as a wake-up. So
-//! nothing queued behind it waits for it, no permit or rate token is spent on it, and the
-//! error is logged once per retry, not once per pass. The message stays pending with its
-//! due entry, as a retry would leave it: an operator sees it in the admin API and in the
-//! scheduler's error log, and once it reads it is delivered, its attempts counted from where
-//! they were. It is not dead-lettered: most read errors heal (a disk, a full device), and a
-//! record that does not decode cannot be rewritten as dead without guessing at what it said.
-//! Bounded: at most [`HELD_MAX`] entries are held back; past that a failing entry is tried
-//! again at every pass (still alone), and entries held for messages gone meanwhile are
-//! dropped first.
+//! A message whose record or payload cannot be read when the scheduler leases it is not
+//! leased and fails alone ([`Store::lease_many`] answers the error in its slot and hands over
+//! the other leases). Its entry is then *held back*: the due walk passes over it until its
+//! retry time (1 s, doubling to 5 min), keeps the floor below it, and reports that time as a
+//! wake-up. So nothing queued behind it waits for it, no permit or rate token is spent on it,
+//! and the error is logged once per retry, not once per pass. It stays pending with its due
+//! entry, as a retry would leave it (visible in the admin API and the scheduler's log), and
+//! once it reads it is delivered, its attempts counted from where they were. It is not
+//! dead-lettered: most read errors heal (a disk, a full device), and a record that does not
+//! decode cannot be rewritten as dead without guessing at what it said. At most
+//! [`HELD_MAX`] entries are held back; past that a failing entry is tried again at every
+//! pass (still alone), and entries held for messages gone meanwhile are dropped first.
 //!
 //! Readers that show state (the admin API) see a leased message as `in_flight`.
 
@@ -41,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::{keys, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// The first wait before a message that could not be read is tried again; it doubles with
 /// each failure, up to [`HELD_RETRY_MAX_MS`].
@@ -79,16 +74,6 @@ impl Leases {
     /// Ends a lease; answers the due time of the entry it kept, if it was leased.
     pub(super) fn remove(&self, id: &str) -> Option<u64> {
         self.lock().remove(id)
-    }
-
-    fn insert(&self, id: &str, due_ms: u64) {
-        self.lock().insert(id.to_string(), due_ms);
-    }
-
-    fn sorted(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.lock().keys().cloned().collect();
-        ids.sort_unstable();
-        ids
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -146,7 +131,7 @@ impl Store {
     /// on since the scan, or is leased already), the error for one that cannot be read (not
     /// leased, and held back: see the module doc). Writes nothing.
     pub fn lease_many(&self, entries: &[DueEntry], now_ms: u64) -> Vec<Result<Option<Claimed>, StoreError>> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
         entries.iter().map(|entry| self.lease(entry, now_ms)).collect()
     }
 
@@ -170,7 +155,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        self.leases.insert(&rec.id, entry.due_ms);
+        self.leases.lock().insert(rec.id.clone(), entry.due_ms);
         rec.state = State::InFlight;
         Ok(Some(Claimed { record: rec, payload }))
     }
@@ -223,8 +208,8 @@ impl Store {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<Page, StoreError> {
-        let mut ids = self.ids_in_state(State::InFlight, usize::MAX)?;
-        ids.extend(self.leases.sorted());
+        let mut ids = self.ids_after(State::InFlight, None, usize::MAX)?;
+        ids.extend(self.leases.lock().keys().cloned());
         ids.sort_unstable();
         ids.dedup();
         if let Some(c) = cursor {
@@ -247,10 +232,5 @@ impl Store {
             }
         }
         Ok(page)
-    }
-
-    /// The due entry of a leased message, which its result write removes.
-    pub(super) fn leased_due_key(rec: &MessageRecord) -> Vec<u8> {
-        keys::time_key(rec.next_attempt_at_ms, &rec.id)
     }
 }

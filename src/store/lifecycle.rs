@@ -113,11 +113,11 @@ impl Store {
         })
     }
 
-    /// Whether the store can still write (a cheap synced probe write): readiness.
+    /// Whether the store can still write (a cheap unsynced probe write): readiness.
     pub fn writable(&self) -> bool {
-        let mut wo = WriteOptions::default();
-        wo.set_sync(false);
-        self.db.put_cf_opt(self.cf(keys::META), b"probe", b"", &wo).is_ok()
+        self.db
+            .put_cf_opt(self.cf(keys::META), b"probe", b"", &self.plain)
+            .is_ok()
     }
 
     /// Stops accepting, waits for queued accepts to be answered, and flushes the WAL

@@ -1,24 +1,10 @@
 //! The durable store: RocksDB with one column family per concern.
 //!
 //! # Layout
-//! - `messages`: id → [`MessageRecord`] (state, attempts, times, last result). Small, rewritten
-//!   on every transition.
-//! - `payloads`: id → [`Payload`] (method, headers, body, signing choice). Written once, so
-//!   retries never rewrite the body.
-//! - `due`: be64(due ms) ‖ id → [`Routing`]. The scheduler's queue: iteration order is due
-//!   order, and the routing value lets it gate on host and endpoint without a point read.
-//! - `states`: state byte ‖ id → (). Listing by state in id (= acceptance) order, finding
-//!   in-flight messages at start, and the oldest open message.
-//! - `parked`: endpoint ‖ 0 ‖ id → (). Messages that came due while their endpoint was paused.
-//! - `events`: event id ‖ 0 ‖ target → id. Ingest dedupe.
-//! - `history`: id ‖ be32(n) → [`AttemptRecord`].
-//! - `endpoints`: endpoint → [`EndpointRecord`] (pause, permanent-failure streak, when
-//!   written); see `endpoints`.
-//! - `lines`: endpoint ‖ 0 → [`LineRecord`], endpoint ‖ 0 ‖ be64(pos) → id. Ordered endpoints:
-//!   only a line's head has a due entry, the rest wait here in acceptance order; see `lines`.
-//! - `expiry`: be64(remove-at ms) ‖ id → (). Retention sweep order.
-//! - `meta`: counters (open, delivered, dead, handed off, open per endpoint), merged in the
-//!   same batch as the transition they count, so gauges are point reads, never scans.
+//! One column family per concern, each with its key and value layout in [`keys`]: message
+//! records apart from their payloads (a record is rewritten on every transition, a payload
+//! never), indexes by due time, state, paused endpoint, event id and expiry, the attempt
+//! history, endpoint state, ordered endpoints' lines, and counters.
 //!
 //! # Durability
 //! Accepts go through the [`committer`]: one thread that drains every queued accept into one
@@ -34,21 +20,7 @@
 //! one (new ids cannot collide with existing ones).
 
 // The `Store` operations live in one child module per concern, each an `impl Store` block
-// (children see the private fields and helpers below):
-// - `lifecycle`: open (RocksDB tuning), readiness probe, close;
-// - `claim`: the due queue walk, the due floor, claims;
-// - `finish`: attempt results, release, recovery of in-flight messages;
-// - `parking`: messages of paused endpoints;
-// - `operator`: replay, delete, listing (`filter` has its types);
-// - `endpoints`: endpoint state (pause, streak) and its expiry;
-// - `counters`: counter merges and the gauges read from them;
-// - `expiry`: the retention sweep and compaction;
-// - `lines`: ordered endpoints' lines (head, waiting members, blocking);
-// - `handoff`: what `courier drain` reads and the hand-off transition.
-// Accepts go through `committer`; `floor` is the due floor; `keys` and `codec` are the
-// on-disk format.
-#[cfg(test)]
-mod audit;
+// that sees the private fields and helpers below; each module's doc says what it holds.
 mod claim;
 pub mod codec;
 mod committer;
@@ -68,19 +40,23 @@ mod operator;
 mod parking;
 mod wire;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rocksdb::{ColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions, DB};
 
 pub use crate::model::Transition;
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
-pub use error::{Faults, ItemFault, StoreError};
+#[cfg(not(test))]
+pub use error::Faults;
+pub use error::StoreError;
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;
 pub use lines::LineRecord;
+#[cfg(test)]
+pub use tests::faults::{Faults, ItemFault};
 
 use crate::model::State;
 
@@ -231,36 +207,22 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Accessors, the write and lock primitives, point reads, and the batch helpers several
-/// operations share. The operations themselves are in the child modules.
 impl Store {
-    /// The fault switches of this store (tests only set them).
-    pub fn faults(&self) -> &Faults {
-        &self.faults
-    }
-
     /// Where ids for new messages come from: one increasing sequence per open store.
     pub fn ids(&self) -> &crate::model::IdSeq {
         &self.ids
-    }
-
-    /// The data directory.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
         cf_of(&self.db, name)
     }
 
-    fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
-        self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
+    fn range(&self, cf: &str, from: &[u8], until: Option<Vec<u8>>) -> DBRawIterator<'_> {
+        range_in(&self.db, cf, from, until)
     }
 
-    /// Every stripe the ids need, taken in stripe order so that two callers locking
-    /// several never deadlock.
-    fn lock_many<'a>(&self, ids: impl Iterator<Item = &'a str>) -> Vec<MutexGuard<'_, ()>> {
-        lock_stripes(&self.stripes, ids)
+    fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
+        self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -275,11 +237,6 @@ impl Store {
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// How many synced operator writes (delete, replay, pause, resume) were made.
-    pub fn operator_syncs(&self) -> u64 {
-        self.operator_syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
@@ -319,36 +276,24 @@ impl Store {
         if self.faults.payload_missing(id) {
             return Ok(None);
         }
-        match self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())? {
-            Some(v) => Ok(Some(Payload::decode(&v).map_err(|source| StoreError::Codec {
-                key: id.to_string(),
-                source,
-            })?)),
-            None => Ok(None),
-        }
+        let v = self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())?;
+        v.map(|v| Payload::decode(&v).map_err(StoreError::codec(id)))
+            .transpose()
     }
 
     /// A message's attempt history, oldest first.
     pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
         let prefix = id.as_bytes();
         let mut out = Vec::new();
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let iter = self.db.iterator_cf_opt(
-            self.cf(keys::HISTORY),
-            ro,
-            IteratorMode::From(prefix, Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item?;
-            if k.len() != prefix.len() + 4 {
-                continue; // another id that merely starts with this one
+        let mut it = self.range(keys::HISTORY, prefix, Some(keys::prefix_end(prefix)));
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            // (A longer key is another id that merely starts with this one.)
+            if k.len() == prefix.len() + 4 {
+                out.push(AttemptRecord::decode(v).map_err(StoreError::codec(id))?);
             }
-            out.push(AttemptRecord::decode(&v).map_err(|source| StoreError::Codec {
-                key: id.to_string(),
-                source,
-            })?);
+            it.next();
         }
+        it.status()?;
         Ok(out)
     }
 
@@ -359,17 +304,19 @@ impl Store {
         }
     }
 
-    /// Adds the due entry of `rec`; the caller reports it with `due_written` after writing.
-    fn enqueue(&self, b: &mut WriteBatch, rec: &MessageRecord) {
-        let routing = Routing {
-            host: rec.host.clone(),
-            endpoint: rec.endpoint.clone(),
-        };
-        b.put_cf(
-            self.cf(keys::DUE),
-            keys::time_key(rec.next_attempt_at_ms, &rec.id),
-            routing.encode(),
-        );
+    /// The endpoints of the `endpoint ‖ 0 ‖ …` keys of `cf` (`parked`, `lines`), in key
+    /// order: one seek per endpoint, past all its keys.
+    fn endpoints_in(&self, cf: &str) -> Result<Vec<String>, StoreError> {
+        let mut it = self.range(cf, &[], None);
+        let mut out = Vec::new();
+        while let Some(k) = it.key() {
+            let end = k.iter().position(|b| *b == 0).unwrap_or(k.len());
+            out.push(String::from_utf8_lossy(&k[..end]).into_owned());
+            let next = keys::prefix_end(&[&k[..end], &[0][..]].concat());
+            it.seek(next);
+        }
+        it.status()?;
+        Ok(out)
     }
 
     /// How long a finished message of `state` is kept (handed-off ones as delivered ones).
@@ -379,10 +326,6 @@ impl Store {
         } else {
             self.options.retention_ms
         }
-    }
-
-    fn ids_in_state(&self, state: State, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.ids_after(state, None, limit)
     }
 }
 
@@ -395,6 +338,30 @@ fn finished_counter(state: State) -> &'static [u8] {
     }
 }
 
+/// Adds the due entry of `rec` (at `next_attempt_at_ms`) to `b`; the caller reports it to
+/// the due floor once `b` is written.
+fn enqueue(db: &DB, b: &mut WriteBatch, rec: &MessageRecord) {
+    let routing = Routing {
+        host: rec.host.clone(),
+        endpoint: rec.endpoint.clone(),
+    };
+    let key = keys::time_key(rec.next_attempt_at_ms, &rec.id);
+    b.put_cf(cf_of(db, keys::DUE), key, routing.encode());
+}
+
+/// A raw iterator over `cf` from `from` (also its lower bound) to `until` (exclusive; `None`:
+/// the end), positioned at `from`.
+fn range_in<'a>(db: &'a DB, cf: &str, from: &[u8], until: Option<Vec<u8>>) -> DBRawIterator<'a> {
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_lower_bound(from.to_vec());
+    if let Some(until) = until {
+        ro.set_iterate_upper_bound(until);
+    }
+    let mut it = db.raw_iterator_cf_opt(cf_of(db, cf), ro);
+    it.seek(from);
+    it
+}
+
 /// A column family opened at start.
 fn cf_of<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
     db.cf_handle(name).expect("column family opened at start")
@@ -402,10 +369,8 @@ fn cf_of<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
 
 /// The message record of `id` (for the parts that hold the `DB`, not the `Store`).
 fn message_in(db: &DB, id: &str) -> Result<Option<MessageRecord>, StoreError> {
-    match db.get_pinned_cf(cf_of(db, keys::MESSAGES), id.as_bytes())? {
-        Some(v) => Ok(Some(decode_message(id, &v)?)),
-        None => Ok(None),
-    }
+    let v = db.get_pinned_cf(cf_of(db, keys::MESSAGES), id.as_bytes())?;
+    v.map(|v| decode_message(id, &v)).transpose()
 }
 
 /// The stripes of `keys` (ids, or endpoints for the line locks) out of `stripes`, taken in
@@ -430,10 +395,7 @@ fn stripe_of(id: &str) -> usize {
 }
 
 fn decode_message(id: &str, v: &[u8]) -> Result<MessageRecord, StoreError> {
-    MessageRecord::decode(v).map_err(|source| StoreError::Codec {
-        key: id.to_string(),
-        source,
-    })
+    MessageRecord::decode(v).map_err(StoreError::codec(id))
 }
 
 #[cfg(test)]

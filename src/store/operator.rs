@@ -8,7 +8,7 @@
 //! the dead head its line is blocked behind), a delete leaves it; both in the same batch as
 //! the change itself (see `lines`).
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::lines::LineTx;
 use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
@@ -30,15 +30,31 @@ impl Store {
         if rec.state != State::Dead {
             return Ok(Some(false));
         }
-        let mut b = WriteBatch::default();
+        self.replay_all(&[rec], now_ms, &give_up_at)?;
+        Ok(Some(true))
+    }
+
+    /// Replays the dead records `dead` (the caller holds their stripes and has read them
+    /// under them) in one synced write, in order: replayed together, they join their lines
+    /// so.
+    fn replay_all(
+        &self,
+        dead: &[MessageRecord],
+        now_ms: u64,
+        give_up_at: &dyn Fn(&MessageRecord) -> u64,
+    ) -> Result<(), StoreError> {
         let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
-        let _line = self.lines.lock(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
-        let mut tx = LineTx::default();
-        let give_up_at_ms = give_up_at(&rec);
-        self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
+        let _lines = self
+            .lines
+            .lock(dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str()));
+        let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+        for rec in dead {
+            let give_up_at_ms = give_up_at(rec);
+            self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
+        }
         self.write_with_lines(b, tx, true)?;
         self.due_floor.wrote(now_ms);
-        Ok(Some(true))
+        Ok(())
     }
 
     /// Adds the replay of a dead `rec` to `b` (the caller holds its lock, and its line's
@@ -66,7 +82,7 @@ impl Store {
         // An ordered message is queued only when it heads its line again.
         let queued = rec.fifo.is_none() || tx.join(&self.db, b, &mut rec)?;
         if queued {
-            self.enqueue(b, &rec);
+            super::enqueue(&self.db, b, &rec);
         }
         self.move_state(b, id, State::Dead, State::Pending);
         self.count(b, keys::COUNT_DEAD, -1);
@@ -93,7 +109,7 @@ impl Store {
         loop {
             // One synced write per page: a bulk replay of 100,000 messages is 200 writes.
             let page = self.list(&filter, 500, cursor.as_deref())?;
-            let guards = self.lock_many(page.items.iter().map(|r| r.id.as_str()));
+            let guards = super::lock_stripes(&self.stripes, page.items.iter().map(|r| r.id.as_str()));
             // Re-read under the lock: it may have changed since the listing.
             let mut dead = Vec::new();
             // (A record that does not decode is not listed: it stays dead, for a later replay.)
@@ -103,17 +119,8 @@ impl Store {
                 }
             }
             if !dead.is_empty() {
-                let _counters = self.counter_gate.read().unwrap_or_else(|p| p.into_inner());
-                let ordered = dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
-                let _lines = self.lines.lock(ordered);
-                let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
-                // In id (acceptance) order: replayed together, they join their lines so.
-                for rec in &dead {
-                    let give_up_at_ms = give_up_at(rec);
-                    self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
-                }
-                self.write_with_lines(b, tx, true)?;
-                self.due_floor.wrote(now_ms);
+                // In id (acceptance) order, as listed.
+                self.replay_all(&dead, now_ms, &give_up_at)?;
                 n += dead.len();
             }
             drop(guards);
@@ -192,17 +199,12 @@ impl Store {
             Some(s) => (keys::STATES, vec![s.to_byte()]),
             None => (keys::MESSAGES, Vec::new()),
         };
-        let mut ro = ReadOptions::default();
-        if !prefix.is_empty() {
-            ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
-        }
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), ro);
         let mut start = prefix.clone();
         if let Some(c) = cursor {
             start.extend_from_slice(c.as_bytes());
             start.push(0); // strictly after the cursor
         }
-        it.seek(&start);
+        let mut it = self.range(cf, &start, (!prefix.is_empty()).then(|| keys::prefix_end(&prefix)));
         let mut page = Page::default();
         let mut scanned = 0;
         while let Some(k) = it.key() {

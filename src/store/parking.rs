@@ -19,7 +19,7 @@
 //! back until it reads. Keys written before the entry was kept (an empty value) are left
 //! parked for the next resume or start.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::{keys, DueEntry, State, Store, StoreError};
 
@@ -30,16 +30,12 @@ type ParkedEntry = (u64, Vec<u8>);
 const UNPARK_BATCH: usize = 1000;
 
 impl Store {
-    /// Moves a due message of a paused endpoint out of the queue into the endpoint's
-    /// parked set, so the scheduler does not see it again until the endpoint resumes.
-    pub fn park(&self, entry: &DueEntry) -> Result<(), StoreError> {
-        self.park_many(std::slice::from_ref(entry), entry.due_ms)
-    }
-
-    /// [`Store::park`] for several entries, in one write, at `now_ms`. An entry whose record
-    /// cannot be read stays in the queue, held back (see the module doc).
+    /// Moves due messages of paused endpoints out of the queue into their endpoints' parked
+    /// sets, in one write, at `now_ms`, so the scheduler does not see them again until the
+    /// endpoint resumes. An entry whose record cannot be read stays in the queue, held back
+    /// (see the module doc).
     pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
-        let _guards = self.lock_many(entries.iter().map(|e| e.id.as_str()));
+        let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
         let mut b = WriteBatch::default();
         for entry in entries {
             let rec = match self.message(&entry.id) {
@@ -80,7 +76,7 @@ impl Store {
                 return Ok(moved);
             };
             after = Some(last.clone());
-            let _guards = self.lock_many(parked.iter().map(|(id, _)| id.as_str()));
+            let _guards = super::lock_stripes(&self.stripes, parked.iter().map(|(id, _)| id.as_str()));
             let mut b = WriteBatch::default();
             let mut floor = now_ms;
             for (id, parked_due) in &parked {
@@ -106,7 +102,7 @@ impl Store {
                 if let Some(mut rec) = rec {
                     if rec.state == State::Pending {
                         rec.next_attempt_at_ms = now_ms;
-                        self.enqueue(&mut b, &rec);
+                        super::enqueue(&self.db, &mut b, &rec);
                         b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
                         moved += 1;
                     }
@@ -120,16 +116,12 @@ impl Store {
     /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
-        let mut ro = ReadOptions::default();
         let mut start = prefix.to_vec();
         if let Some(id) = after {
             start.extend_from_slice(id.as_bytes());
             start.push(0); // strictly after it
         }
-        ro.set_iterate_lower_bound(start.clone());
-        ro.set_iterate_upper_bound(keys::prefix_end(prefix));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::PARKED), ro);
-        it.seek(&start);
+        let mut it = self.range(keys::PARKED, &start, Some(keys::prefix_end(prefix)));
         let mut ids = Vec::new();
         while let Some(k) = it.key() {
             let due = it.value().filter(|v| v.len() > 8).map(|v| {
@@ -152,17 +144,6 @@ impl Store {
     /// Every endpoint with at least one parked message (one seek per endpoint, not one
     /// read per message).
     pub fn parked_endpoints(&self) -> Result<Vec<String>, StoreError> {
-        let mut out = Vec::new();
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::PARKED));
-        it.seek_to_first();
-        while let Some(k) = it.key() {
-            let end = k.iter().position(|b| *b == 0).unwrap_or(k.len());
-            let endpoint = String::from_utf8_lossy(&k[..end]).into_owned();
-            let next = keys::prefix_end(&keys::pair_prefix(&endpoint));
-            out.push(endpoint);
-            it.seek(&next);
-        }
-        it.status()?;
-        Ok(out)
+        self.endpoints_in(keys::PARKED)
     }
 }

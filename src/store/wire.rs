@@ -33,9 +33,6 @@ impl Writer {
     pub(super) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    pub(super) fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
     pub(super) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
@@ -50,21 +47,15 @@ impl Writer {
         self.bytes(v.as_bytes());
     }
     pub(super) fn opt_u16(&mut self, v: Option<u16>) {
-        match v {
-            Some(s) => {
-                self.u8(1);
-                self.u16(s);
-            }
-            None => self.u8(0),
+        self.u8(u8::from(v.is_some()));
+        if let Some(v) = v {
+            self.0.extend_from_slice(&v.to_le_bytes());
         }
     }
     pub(super) fn opt_str(&mut self, v: Option<&str>) {
-        match v {
-            Some(s) => {
-                self.u8(1);
-                self.str(s);
-            }
-            None => self.u8(0),
+        self.u8(u8::from(v.is_some()));
+        if let Some(v) = v {
+            self.str(v);
         }
     }
 }
@@ -99,9 +90,6 @@ impl<'a> Reader<'a> {
     pub(super) fn u8(&mut self) -> Result<u8, CodecError> {
         Ok(self.take(1)?[0])
     }
-    pub(super) fn u16(&mut self) -> Result<u16, CodecError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
-    }
     pub(super) fn u32(&mut self) -> Result<u32, CodecError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
@@ -124,7 +112,10 @@ impl<'a> Reader<'a> {
         }
     }
     pub(super) fn opt_u16(&mut self) -> Result<Option<u16>, CodecError> {
-        Ok(if self.flag()? { Some(self.u16()?) } else { None })
+        if !self.flag()? {
+            return Ok(None);
+        }
+        Ok(Some(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"))))
     }
     pub(super) fn opt_string(&mut self) -> Result<Option<String>, CodecError> {
         Ok(if self.flag()? { Some(self.string()?) } else { None })

@@ -50,18 +50,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
-use rocksdb::{ReadOptions, WriteBatch, DB};
+use rocksdb::{WriteBatch, DB};
 
 use super::cf_of as cf;
 use super::codec::{Reader, Writer};
-use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, Routing, State, StoreError};
+use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, State, StoreError};
 
 // What the store's operations do with lines (delete, retention, resume, startup, admin).
 mod ops;
 
 const LINE_V1: [u8; 2] = [b'L', 1];
-/// As many as the id stripes: `stripe_of` picks among them.
-const LINE_STRIPES: usize = super::LOCK_STRIPES;
 
 /// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -101,10 +99,7 @@ impl LineRecord {
 }
 
 pub(super) fn decode_line(endpoint: &str, v: &[u8]) -> Result<LineRecord, StoreError> {
-    LineRecord::decode(v).map_err(|source| StoreError::Codec {
-        key: format!("line {endpoint}"),
-        source,
-    })
+    LineRecord::decode(v).map_err(StoreError::codec(format!("line {endpoint}")))
 }
 
 /// The line stripes, and the heads deleted while their attempt was in flight.
@@ -119,7 +114,7 @@ pub(super) struct LineLocks {
 impl Default for LineLocks {
     fn default() -> Self {
         LineLocks {
-            stripes: (0..LINE_STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..super::LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             ghosts: Mutex::new(HashMap::new()),
         }
     }
@@ -167,10 +162,8 @@ pub(super) struct LineTx {
 impl LineTx {
     fn record(&mut self, db: &DB, endpoint: &str) -> Result<&mut Option<LineRecord>, StoreError> {
         if !self.records.contains_key(endpoint) {
-            let stored = match db.get_pinned_cf(cf(db, keys::LINES), keys::line_key(endpoint))? {
-                Some(v) => Some(decode_line(endpoint, &v)?),
-                None => None,
-            };
+            let stored = db.get_pinned_cf(cf(db, keys::LINES), keys::line_key(endpoint))?;
+            let stored = stored.map(|v| decode_line(endpoint, &v)).transpose()?;
             self.records.insert(endpoint.to_string(), stored);
         }
         Ok(self.records.get_mut(endpoint).expect("inserted above"))
@@ -241,10 +234,7 @@ impl LineTx {
             Some(pos) => keys::line_member_key(endpoint, pos.saturating_add(1)),
             None => keys::line_member_key(endpoint, 0),
         };
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::prefix_end(&prefix));
-        let mut it = db.raw_iterator_cf_opt(cf(db, keys::LINES), ro);
-        it.seek(&start);
+        let mut it = super::range_in(db, keys::LINES, &start, Some(keys::prefix_end(&prefix)));
         // Member keys leaving the line (the promoted one last), and the promoted record.
         let mut leaving: Vec<(Vec<u8>, u64)> = Vec::new();
         let mut promoted = None;
@@ -277,11 +267,7 @@ impl LineTx {
         let head = promoted.map(|(next, mut rec)| {
             rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
             rec.next_attempt_at_ms = now_ms;
-            let routing = Routing {
-                host: rec.host.clone(),
-                endpoint: rec.endpoint.clone(),
-            };
-            b.put_cf(cf(db, keys::DUE), keys::time_key(now_ms, &next), routing.encode());
+            super::enqueue(db, b, &rec);
             b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
             self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
             next
@@ -320,7 +306,6 @@ impl LineTx {
         Ok(())
     }
 
-    /// Whether this batch changes no line.
     pub(super) fn is_empty(&self) -> bool {
         self.dirty.is_empty() && self.settled.is_empty()
     }

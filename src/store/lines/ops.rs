@@ -3,9 +3,9 @@
 //! start, and what the admin API reads (a line, a message's place, the waiting count). The
 //! layout and the rules are in the parent module's doc.
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::WriteBatch;
 
-use super::{decode_line, LineRecord, LineTx};
+use super::{LineRecord, LineTx};
 use crate::model::OnDead;
 use crate::store::{keys, MessageRecord, State, Store, StoreError};
 
@@ -89,10 +89,7 @@ impl Store {
 
     /// An ordered endpoint's line, if it has one.
     pub fn line(&self, endpoint: &str) -> Result<Option<LineRecord>, StoreError> {
-        match self.db.get_pinned_cf(self.cf(keys::LINES), keys::line_key(endpoint))? {
-            Some(v) => Ok(Some(decode_line(endpoint, &v)?)),
-            None => Ok(None),
-        }
+        Ok(LineTx::default().record(&self.db, endpoint)?.take())
     }
 
     /// How many messages are ahead of an open ordered message in its line: 0 for the head,
@@ -107,10 +104,8 @@ impl Store {
         if fifo.pos == 0 {
             return Ok(Some(0));
         }
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(keys::line_member_key(&rec.endpoint, fifo.pos));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::LINES), ro);
-        it.seek(keys::line_member_key(&rec.endpoint, 0));
+        let from = keys::line_member_key(&rec.endpoint, 0);
+        let mut it = self.range(keys::LINES, &from, Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
         let mut ahead = 1; // the head
         while it.key().is_some() {
             ahead += 1;
@@ -142,53 +137,43 @@ impl Store {
 
     /// At start, after in-flight messages went back to the queue: every line whose head is
     /// gone (deleted while its attempt was in flight) or finished without blocking goes on
-    /// with its next message. Returns the
-    /// endpoints whose lines are blocked, which must be paused (a crash can fall between
-    /// the blocking write and the pause). One seek per line, not one read per member.
+    /// with its next message. Returns the endpoints whose lines are blocked, which must be
+    /// paused (a crash can fall between the blocking write and the pause).
     pub fn recover_lines(&self, now_ms: u64) -> Result<Vec<String>, StoreError> {
         let mut blocked = Vec::new();
         for endpoint in self.line_endpoints()? {
             let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
             let mut tx = LineTx::default();
-            let mut b = WriteBatch::default();
-            let line = tx.record(&self.db, &endpoint)?.clone();
-            match line {
-                Some(line) => {
-                    let head = match self.message(&line.head) {
-                        Ok(head) => head,
-                        // One line waits for its head to read; the others and the start
-                        // go on. A blocked line stays paused meanwhile.
-                        Err(e @ StoreError::Codec { .. }) => {
-                            tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint), error = %e,
-                                "the head of an ordered line does not read; the line waits for it");
-                            if line.blocked {
-                                blocked.push(endpoint.clone());
-                            }
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    let open = head
-                        .as_ref()
-                        .is_some_and(|h| matches!(h.state, State::Pending | State::InFlight));
-                    let dead = head.as_ref().is_some_and(|h| h.state == State::Dead);
-                    if line.blocked && dead {
+            let Some(line) = tx.record(&self.db, &endpoint)?.clone() else {
+                // Members without a line record: never written so (the audit checks it);
+                // said loudly rather than guessed at.
+                tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint),
+                    "ordered messages wait in a line that has no head record");
+                continue;
+            };
+            let head = match self.message(&line.head) {
+                Ok(head) => head.map(|h| h.state),
+                // One line waits for its head to read; the others and the start go on. A
+                // blocked line stays paused meanwhile.
+                Err(e @ StoreError::Codec { .. }) => {
+                    tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint), error = %e,
+                        "the head of an ordered line does not read; the line waits for it");
+                    if line.blocked {
                         blocked.push(endpoint.clone());
-                        continue;
                     }
-                    if open {
-                        continue;
-                    }
-                    tx.advance(&self.db, &mut b, &endpoint, &line.head, now_ms)?;
-                }
-                None => {
-                    // Members without a line record: never written so (the audit checks it);
-                    // said loudly rather than guessed at.
-                    tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint),
-                        "ordered messages wait in a line that has no head record");
                     continue;
                 }
+                Err(e) => return Err(e),
+            };
+            if line.blocked && head == Some(State::Dead) {
+                blocked.push(endpoint.clone());
+                continue;
             }
+            if matches!(head, Some(State::Pending | State::InFlight)) {
+                continue;
+            }
+            let mut b = WriteBatch::default();
+            tx.advance(&self.db, &mut b, &endpoint, &line.head, now_ms)?;
             tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint), "ordered line repaired at start");
             self.write_with_lines(b, tx, false)?;
         }
@@ -198,20 +183,7 @@ impl Store {
     /// Every endpoint with a line, in key order: one seek per line, not one read per member
     /// (there is a line per ordered endpoint, which the config bounds).
     pub fn line_endpoints(&self) -> Result<Vec<String>, StoreError> {
-        let mut it = self.db.raw_iterator_cf(self.cf(keys::LINES));
-        it.seek_to_first();
-        let mut endpoints = Vec::new();
-        while let Some(k) = it.key() {
-            let Some((endpoint, _)) = keys::split_line_key(k) else {
-                it.next();
-                continue;
-            };
-            let endpoint = endpoint.to_string();
-            it.seek(keys::prefix_end(&keys::line_key(&endpoint)));
-            endpoints.push(endpoint);
-        }
-        it.status()?;
-        Ok(endpoints)
+        self.endpoints_in(keys::LINES)
     }
 
     /// What the result of `rec`'s attempt does to its line (the caller holds the line

@@ -162,7 +162,7 @@ fn message_v1(m: &MessageRecord) -> Vec<u8> {
     w.u64(m.next_attempt_at_ms);
     w.u64(m.give_up_at_ms);
     w.u64(m.finished_at_ms);
-    w.u8(reason_byte(m.dead_reason));
+    w.u8(place_byte(&REASONS, m.dead_reason));
     w.opt_u16(m.last_status);
     w.opt_str(m.last_error.as_deref());
     w.0
@@ -237,4 +237,34 @@ fn version_1_records_still_read() {
     for cut in 0..a.len() {
         assert!(AttemptRecord::decode(&a[..cut]).is_err(), "cut at {cut}");
     }
+}
+
+/// The bytes dead reasons and signature schemes are stored as are on disk: pinned.
+#[test]
+fn reason_and_scheme_bytes_are_pinned() {
+    use crate::model::SignatureScheme;
+    let reasons = [
+        (None, 0),
+        (Some(DeadReason::MaxAttempts), 1),
+        (Some(DeadReason::Expired), 2),
+        (Some(DeadReason::PermanentStatus), 3),
+        (Some(DeadReason::EgressDenied), 4),
+    ];
+    for (r, b) in reasons {
+        assert_eq!(place_byte(&REASONS, r), b);
+        assert_eq!(from_place(&REASONS, b, "message", "x"), Ok(r));
+    }
+    let schemes = [
+        (None, 0),
+        (Some(SignatureScheme::Standard), 1),
+        (Some(SignatureScheme::Stripe), 2),
+        (Some(SignatureScheme::Github), 3),
+        (Some(SignatureScheme::None), 4),
+    ];
+    for (s, b) in schemes {
+        assert_eq!(place_byte(&SCHEMES, s), b);
+        assert_eq!(from_place(&SCHEMES, b, "payload", "x"), Ok(s));
+    }
+    assert!(from_place(&REASONS, 5, "message", "x").is_err());
+    assert!(from_place(&SCHEMES, 5, "payload", "x").is_err());
 }

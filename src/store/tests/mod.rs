@@ -4,14 +4,17 @@
 //!
 //! `message` and `claim` are `pub(crate)`: other modules' store-backed tests use them.
 
+mod audit;
 mod endpoints;
 mod expiry;
+pub(crate) mod faults;
 mod finish;
 mod handoff;
 mod lease;
 mod lines;
 mod operator;
 mod queue;
+mod support;
 mod unreadable;
 
 use rand::SeedableRng;

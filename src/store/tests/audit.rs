@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rocksdb::IteratorMode;
 
-use super::{decode_message, keys, MessageRecord, State, Store, StoreError};
+use crate::store::{decode_message, keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
     /// Every inconsistency found (empty when the store is consistent). `quiescent` adds the
@@ -121,7 +121,7 @@ impl Store {
         let mut meta: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for item in snap.iterator_cf(self.cf(keys::META), IteratorMode::Start) {
             let (k, v) = item?;
-            meta.insert(k.to_vec(), super::counters::decode_counter(&v));
+            meta.insert(k.to_vec(), crate::store::counters::decode_counter(&v));
         }
         let count = |k: &[u8]| meta.get(k).copied().unwrap_or(0).max(0) as u64;
         if count(keys::COUNT_LINED) != lines {
@@ -172,13 +172,13 @@ impl Store {
         quiescent: bool,
         problems: &mut Vec<String>,
     ) -> Result<u64, StoreError> {
-        let mut heads: BTreeMap<String, super::LineRecord> = BTreeMap::new();
+        let mut heads: BTreeMap<String, crate::store::LineRecord> = BTreeMap::new();
         let mut members: BTreeMap<(String, u64), String> = BTreeMap::new();
         for item in snap.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
             let (k, v) = item?;
             match keys::split_line_key(&k) {
                 Some((endpoint, None)) => {
-                    heads.insert(endpoint.to_string(), super::lines::decode_line(endpoint, &v)?);
+                    heads.insert(endpoint.to_string(), crate::store::lines::decode_line(endpoint, &v)?);
                 }
                 Some((endpoint, Some(pos))) => {
                     members.insert((endpoint.to_string(), pos), String::from_utf8_lossy(&v).into_owned());
