@@ -364,11 +364,7 @@ fn overloaded() -> Response<Body> {
 
 /// A JSON answer.
 pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(value.to_string())))
-        .expect("static response parts are valid")
+    text(status, "application/json", value.to_string())
 }
 
 /// The one error shape: `{"error": "<code>", "message": "<sentence>"}`.

@@ -8,7 +8,6 @@
 //! [`TlsMaterial`]: super::TlsMaterial
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -42,16 +41,9 @@ impl<C> TlsConnector<C> {
 
 /// Why a TLS handshake failed: `tls: <rustls's reason>` (e.g. `tls: invalid peer
 /// certificate: UnknownIssuer`), the text an attempt's error shows.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("tls: {0}")]
 pub struct TlsError(String);
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tls: {}", self.0)
-    }
-}
-
-impl StdError for TlsError {}
 
 impl TlsError {
     fn from_io(e: io::Error) -> TlsError {
@@ -142,42 +134,37 @@ impl<T: Connection + Read + Write + Unpin> Connection for MaybeTls<T> {
     }
 }
 
+/// `$e` on the connection inside, whichever kind it is.
+macro_rules! either {
+    ($self:expr, $io:ident => $e:expr) => {
+        match $self {
+            MaybeTls::Plain($io) => $e,
+            MaybeTls::Tls($io) => $e,
+        }
+    };
+}
+
 impl<T: Read + Write + Unpin> Read for MaybeTls<T> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
-        }
+        either!(self.get_mut(), io => Pin::new(io).poll_read(cx, buf))
     }
 }
 
 impl<T: Read + Write + Unpin> Write for MaybeTls<T> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_write(cx, buf),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
-        }
+        either!(self.get_mut(), io => Pin::new(io).poll_write(cx, buf))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_flush(cx),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
-        }
+        either!(self.get_mut(), io => Pin::new(io).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_shutdown(cx),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
-        }
+        either!(self.get_mut(), io => Pin::new(io).poll_shutdown(cx))
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            MaybeTls::Plain(io) => io.is_write_vectored(),
-            MaybeTls::Tls(tls) => tls.is_write_vectored(),
-        }
+        either!(self, io => io.is_write_vectored())
     }
 
     fn poll_write_vectored(
@@ -185,9 +172,6 @@ impl<T: Read + Write + Unpin> Write for MaybeTls<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
-        }
+        either!(self.get_mut(), io => Pin::new(io).poll_write_vectored(cx, bufs))
     }
 }
