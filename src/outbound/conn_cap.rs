@@ -192,24 +192,20 @@ impl Registry {
     }
 }
 
-/// The shared registry of [`Registry`], closing connections outside its lock.
-pub struct ConnCap {
-    registry: Mutex<Registry>,
-}
+/// The shared [`Registry`], closing connections outside its lock.
+pub struct ConnCap(Mutex<Registry>);
 
 impl ConnCap {
     /// A cap of `max_idle` idle connections, all hosts together.
     pub fn new(max_idle: usize) -> Arc<ConnCap> {
-        Arc::new(ConnCap {
-            registry: Mutex::new(Registry::new(max_idle)),
-        })
+        Arc::new(ConnCap(Mutex::new(Registry::new(max_idle))))
     }
 
     /// Marks a request to `uri`'s host in progress until the guard is dropped.
     pub fn begin(self: &Arc<Self>, uri: &Uri) -> Busy {
         let key = host_key(uri);
         if let Some(k) = &key {
-            lock(&self.registry).begin(k);
+            lock(&self.0).begin(k);
         }
         Busy { cap: self.clone(), key }
     }
@@ -236,7 +232,7 @@ pub struct Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(k) = &self.key {
-            let closing = lock(&self.cap.registry).end(k);
+            let closing = lock(&self.cap.0).end(k);
             ConnCap::close(closing);
         }
     }
@@ -279,7 +275,7 @@ where
             let state = Arc::new(ConnState::default());
             let mut registered = None;
             if let Some(key) = key {
-                let (id, closing) = lock(&cap.registry).register(&key, state.clone());
+                let (id, closing) = lock(&cap.0).register(&key, state.clone());
                 ConnCap::close(closing);
                 registered = Some((key, id));
             }
@@ -305,7 +301,7 @@ pub struct CappedIo<T> {
 impl<T> Drop for CappedIo<T> {
     fn drop(&mut self) {
         if let Some((key, id)) = &self.registered {
-            lock(&self.cap.registry).deregister(key, *id);
+            lock(&self.cap.0).deregister(key, *id);
         }
     }
 }
