@@ -53,21 +53,17 @@ impl StaticResolver {
 
     /// Makes `host` resolve to `addrs` from now on.
     pub fn set(&self, host: &str, addrs: Vec<IpAddr>) {
-        self.table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(host.to_ascii_lowercase(), addrs);
+        self.table().insert(host.to_ascii_lowercase(), addrs);
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<IpAddr>>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Resolve for StaticResolver {
     fn resolve(&self, host: &str) -> ResolveFuture {
-        let found = self
-            .table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&host.to_ascii_lowercase())
-            .cloned();
+        let found = self.table().get(&host.to_ascii_lowercase()).cloned();
         let host = host.to_string();
         Box::pin(async move {
             found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {host}")))
