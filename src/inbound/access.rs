@@ -134,8 +134,7 @@ impl AccessPolicy {
 
     fn check_cross_site(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
         let section = self.section;
-        if let Some(origin) = headers.get(http::header::ORIGIN) {
-            let origin = String::from_utf8_lossy(origin.as_bytes()).trim().to_ascii_lowercase();
+        if let Some(origin) = lowercase(headers, http::header::ORIGIN) {
             if self.allowed_origins.contains(&origin) {
                 return Ok(());
             }
@@ -149,21 +148,15 @@ impl AccessPolicy {
                 )));
             }
         }
-        if self.strict {
-            // Only browsers send Sec-Fetch-Site (Node's fetch sends Sec-Fetch-Mode, so that
-            // one cannot be the test); on ingress even `none` is a browser navigation.
-            if let Some(v) = headers.get("sec-fetch-site") {
-                return Err(AccessRefusal::CrossSite(format!(
-                    "requests from browsers are refused (Sec-Fetch-Site {}); ingress serves server-side clients",
-                    crate::redact::escape(&String::from_utf8_lossy(v.as_bytes()))
-                )));
-            }
-        }
         match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
             None => Ok(()),
-            Some(v) if v.eq_ignore_ascii_case(b"none") => Ok(()),
-            // The web view's fetches (ingress, strict, returned above).
-            Some(v) if v.eq_ignore_ascii_case(b"same-origin") => Ok(()),
+            // On ingress even `none` is a browser navigation.
+            Some(v) if self.strict => Err(AccessRefusal::CrossSite(format!(
+                "requests from browsers are refused (Sec-Fetch-Site {}); ingress serves server-side clients",
+                crate::redact::escape(&String::from_utf8_lossy(v))
+            ))),
+            // `same-origin`: the web view's fetches.
+            Some(v) if v.eq_ignore_ascii_case(b"none") || v.eq_ignore_ascii_case(b"same-origin") => Ok(()),
             Some(v) => Err(AccessRefusal::CrossSite(format!(
                 "requests from web pages are refused (Sec-Fetch-Site {}); courier serves \
                  server-side clients",
@@ -174,10 +167,9 @@ impl AccessPolicy {
 
     fn check_host(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
         // HTTP/1.0 clients may send no Host; browsers always send one.
-        let Some(raw) = headers.get(http::header::HOST) else {
+        let Some(raw) = lowercase(headers, http::header::HOST) else {
             return Ok(());
         };
-        let raw = String::from_utf8_lossy(raw.as_bytes()).trim().to_ascii_lowercase();
         let (name, port) = split_host_port(&raw);
         let name = name.strip_suffix('.').unwrap_or(name);
         // Any IP literal: DNS rebinding needs a name, and the listener may be reached at
@@ -195,9 +187,9 @@ impl AccessPolicy {
     }
 
     fn host_listed(&self, name: &str, port: Option<&str>) -> bool {
-        self.hosts.iter().any(|h| match split_host_port(h) {
-            (n, None) => n.strip_suffix('.').unwrap_or(n) == name,
-            (n, Some(p)) => n.strip_suffix('.').unwrap_or(n) == name && Some(p) == port,
+        self.hosts.iter().any(|h| {
+            let (n, p) = split_host_port(h);
+            n.strip_suffix('.').unwrap_or(n) == name && p.is_none_or(|p| Some(p) == port)
         })
     }
 }
@@ -213,11 +205,14 @@ fn is_unmarked_get(method: &Method, headers: &HeaderMap) -> bool {
 /// Whether `origin` (lowercase) is the origin the request was sent to: `http://` and its
 /// `Host`. (The `Host` itself is checked separately against rebinding.)
 fn is_own_origin(origin: &str, headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(http::header::HOST) else {
-        return false;
-    };
-    let host = String::from_utf8_lossy(host.as_bytes()).trim().to_ascii_lowercase();
-    origin.strip_prefix("http://") == Some(host.as_str())
+    let host = lowercase(headers, http::header::HOST);
+    host.is_some_and(|host| origin.strip_prefix("http://") == Some(host.as_str()))
+}
+
+/// The header `name`, trimmed and lowercased.
+fn lowercase(headers: &HeaderMap, name: http::HeaderName) -> Option<String> {
+    let v = headers.get(name)?;
+    Some(String::from_utf8_lossy(v.as_bytes()).trim().to_ascii_lowercase())
 }
 
 /// `name:port`, `[v6]:port`, `name` or `[v6]` → (name without brackets, port).

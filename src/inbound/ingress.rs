@@ -22,7 +22,6 @@ use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::inbound::access::AccessPolicy;
 use crate::inbound::serve::{self, Body};
 use crate::metrics::Metrics;
-use crate::outbound::egress::{known_without_dns, KnownHost};
 use crate::store::Accepted;
 use crate::target::resolve_target;
 
@@ -174,11 +173,7 @@ impl Ingress {
 
     async fn accept(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
         if self.draining.load(Ordering::SeqCst) {
-            return Err(Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "courier is shutting down; retry shortly",
-            ));
+            return Err(shutting_down());
         }
         // Browsers are not clients: a web page must not have courier sign for it.
         self.access
@@ -202,16 +197,10 @@ impl Ingress {
             .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
         // name); the error already says how an operator opens it, once.
-        let denied = match known_without_dns(&resolved.url) {
-            Some(KnownHost::Ip(ip)) => settings.egress.check(ip).err().map(|e| e.to_string()),
-            Some(KnownHost::LoopbackName(host)) => {
-                settings.egress.check_loopback_name(&host).err().map(|e| e.to_string())
-            }
-            None => None,
-        };
-        if let Some(message) = denied {
-            return Err(Refusal::new(StatusCode::FORBIDDEN, "egress_denied", message));
-        }
+        settings
+            .egress
+            .check_without_dns(&resolved.url)
+            .map_err(|message| Refusal::new(StatusCode::FORBIDDEN, "egress_denied", message))?;
         let route = resolved
             .route
             .as_deref()
@@ -220,13 +209,7 @@ impl Ingress {
         let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)
             .map_err(|(code, message)| Refusal::new(StatusCode::BAD_REQUEST, code, message))?;
         let event_id = event_id(req.headers())?;
-        let Read {
-            method,
-            headers,
-            trace,
-            body,
-            held,
-        } = self.read(req, config.max_body).await?;
+        let read = self.read(req, config.max_body).await?;
 
         // The give-up limits are fixed now, from the message's own headers, else its
         // endpoint's, route's or the global policy (see `policy::book`).
@@ -242,9 +225,9 @@ impl Ingress {
             endpoint: Some(endpoint),
             route,
             event_id,
-            method,
-            headers,
-            body: body.to_vec(),
+            method: read.method,
+            headers: read.headers,
+            body: read.body.to_vec(),
             scheme,
             signing,
         };
@@ -252,7 +235,7 @@ impl Ingress {
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
-        self.commit(msg, held, config, trace).await
+        self.commit(msg, read.held, config, read.trace).await
     }
 
     /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
@@ -323,12 +306,10 @@ impl Ingress {
         trace: Option<crate::outbound::trace::TraceParent>,
     ) -> Result<Response<Body>, Refusal> {
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        // On a task of its own, counted there: the store commits a message whose sender
-        // went away before the 202 (the committer has it), and dropping this handler with
-        // the connection must not skip counting it.
-        // The task counts as an accept under way until its commit is answered, like the
-        // request it came from: a drain that waits for accepts must not miss one whose
-        // sender left (the handler's own count ends with the connection).
+        // On a task of its own, counted there and as an accept under way until its commit is
+        // answered: the store commits a message whose sender went away before the 202 (the
+        // committer has it), so neither its count nor a drain waiting for accepts may end
+        // with the handler (dropped with the connection).
         let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
         let under_way = self.in_progress.enter();
         let outcome = tokio::spawn(async move {
@@ -343,47 +324,39 @@ impl Ingress {
         })
         .await
         .unwrap_or_else(|e| Err(crate::store::StoreError::Panicked(e.to_string())));
-        match outcome {
+        let (id, status, duplicate) = match outcome {
             Ok(Accepted::New) => {
                 let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());
                 tracing::debug!(delivery_id = %id, event_id = %event_id, trace_id, "accepted");
-                Ok(accepted(
-                    config,
-                    &id,
-                    &event_id,
-                    serde_json::json!({ "id": id, "event_id": event_id, "status": "pending" }),
-                ))
+                (id, "pending", false)
             }
             Ok(Accepted::Duplicate { id: first }) => {
                 // A point read, but still a store call: off the async workers.
                 let store = self.deliverer.context().store().clone();
                 let looked_up = first.clone();
-                let read = move || store.message_shown(&looked_up);
-                let status = match tokio::task::spawn_blocking(read).await {
+                let status = match tokio::task::spawn_blocking(move || store.message_shown(&looked_up)).await {
                     Ok(Ok(Some(rec))) => rec.state.as_str(),
                     _ => "pending",
                 };
-                Ok(accepted(
-                    config,
-                    &first,
-                    &event_id,
-                    serde_json::json!({ "id": first, "event_id": event_id, "status": status, "duplicate": true }),
-                ))
+                (first, status, true)
             }
             Err(e) => {
                 tracing::error!(error = %e, "could not store an accepted message; answering 503");
-                let (code, message) = match e {
-                    crate::store::StoreError::Closed => {
-                        ("shutting_down", "courier is shutting down; retry shortly".to_string())
-                    }
-                    other => (
+                return Err(match e {
+                    crate::store::StoreError::Closed => shutting_down(),
+                    other => Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
                         "storage_unavailable",
                         format!("the message could not be stored durably ({other}); retry later"),
                     ),
-                };
-                Err(Refusal::new(StatusCode::SERVICE_UNAVAILABLE, code, message))
+                });
             }
+        };
+        let mut body = serde_json::json!({ "id": id, "event_id": event_id, "status": status });
+        if duplicate {
+            body["duplicate"] = true.into();
         }
+        Ok(accepted(config, &id, &event_id, body))
     }
 
     /// Takes `bytes` from `ingress.max_pending_bytes`, or refuses at once: `503 overloaded`.
@@ -420,6 +393,14 @@ fn check_token(
             "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token>",
         ))
     }
+}
+
+fn shutting_down() -> Refusal {
+    Refusal::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "courier is shutting down; retry shortly",
+    )
 }
 
 fn too_large(max: u64) -> Refusal {

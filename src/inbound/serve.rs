@@ -134,10 +134,6 @@ pub async fn serve(
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = stop.changed() => break,
         };
-        let accepted = tokio::select! {
-            accepted = accept(&listener) => accepted,
-            _ = stop.changed() => break,
-        };
         let conn = Conn {
             handler: handler.clone(),
             requests: requests.clone(),
@@ -145,19 +141,14 @@ pub async fn serve(
             stop: stop.clone(),
             permit,
         };
-        match accepted {
-            Ok(Accepted::Tcp(stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(conn.run(stream, peer, builder.clone()));
-            }
-            Ok(Accepted::Unix(stream)) => {
-                tokio::spawn(conn.run(stream, UNIX_PEER, builder.clone()));
-            }
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        let accepted = tokio::select! {
+            accepted = listener.accept(conn, &builder) => accepted,
+            _ = stop.changed() => break,
+        };
+        if let Err(e) = accepted {
+            // EMFILE and friends: back off briefly instead of spinning.
+            tracing::warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     drop(listener);
@@ -199,16 +190,20 @@ fn as_origin_form<B>(req: Request<B>) -> Request<B> {
     Request::from_parts(parts, body)
 }
 
-/// One accepted connection.
-enum Accepted {
-    Tcp(tokio::net::TcpStream, SocketAddr),
-    Unix(tokio::net::UnixStream),
-}
-
-async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
-    match listener {
-        Listener::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer)),
-        Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+impl Listener {
+    /// Accepts one connection and serves it as `conn` on a task of its own.
+    async fn accept(&self, conn: Conn, builder: &AutoBuilder<TokioExecutor>) -> std::io::Result<()> {
+        match self {
+            Listener::Tcp(l) => {
+                let (stream, peer) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(conn.run(stream, peer, builder.clone()));
+            }
+            Listener::Unix(l) => {
+                tokio::spawn(conn.run(l.accept().await?.0, UNIX_PEER, builder.clone()));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -364,11 +359,7 @@ fn overloaded() -> Response<Body> {
 
 /// A JSON answer.
 pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(value.to_string())))
-        .expect("static response parts are valid")
+    text(status, "application/json", value.to_string())
 }
 
 /// The one error shape: `{"error": "<code>", "message": "<sentence>"}`.

@@ -35,7 +35,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::outbound::conn_cap::{CappedConnector, ConnCap};
 use crate::outbound::egress::{literal_ip, EgressDenied, EgressPolicy};
-use crate::outbound::proxy::{EgressConnector, ProxyResolver, ProxyRoute};
+use crate::outbound::proxy::{EgressConnector, ProxyRoute};
 pub use crate::outbound::resolver::GuardedResolver;
 use crate::outbound::resolver::Resolve;
 use crate::outbound::tls::{TlsConnector, TlsHandle, TlsMaterial};
@@ -62,6 +62,11 @@ type HttpsClient = Client<TlsConnector<CappedConnector<EgressConnector>>, Full<B
 pub struct HttpTransport {
     /// The client and the egress policy it was built with, swapped whole by a reload.
     current: ArcSwap<Current>,
+    /// What every client is built from.
+    parts: Parts,
+}
+
+struct Parts {
     resolver: Arc<dyn Resolve>,
     tls: TlsHandle,
     proxy: Option<Arc<ProxyRoute>>,
@@ -87,43 +92,39 @@ impl HttpTransport {
         tls: TlsHandle,
         proxy: Option<ProxyRoute>,
     ) -> Self {
-        let proxy = proxy.map(Arc::new);
-        let cap = ConnCap::new(settings.max_idle_connections);
-        let current = Current::new(&settings, &cap, policy, resolver.clone(), tls.clone(), proxy.clone());
-        HttpTransport {
-            current: ArcSwap::from_pointee(current),
+        let parts = Parts {
             resolver,
             tls,
-            proxy,
+            proxy: proxy.map(Arc::new),
+            cap: ConnCap::new(settings.max_idle_connections),
             settings,
-            cap,
+        };
+        HttpTransport {
+            current: ArcSwap::from_pointee(parts.client(policy)),
+            parts,
         }
     }
 }
 
-impl Current {
-    fn new(
-        settings: &ClientSettings,
-        cap: &Arc<ConnCap>,
-        policy: EgressPolicy,
-        resolver: Arc<dyn Resolve>,
-        tls: TlsHandle,
-        proxy: Option<Arc<ProxyRoute>>,
-    ) -> Self {
+impl Parts {
+    fn client(&self, policy: EgressPolicy) -> Current {
         let policy = Arc::new(policy);
-        let guard = GuardedResolver::new(resolver.clone(), policy.clone());
-        let connect_timeout = settings.connect_timeout;
-        let to_proxy = proxy.map(|route| (route, tcp(ProxyResolver(resolver), connect_timeout)));
+        let guard = GuardedResolver::new(self.resolver.clone(), policy.clone());
+        let connect_timeout = self.settings.connect_timeout;
+        let to_proxy = self.proxy.clone().map(|route| {
+            let to_proxy = GuardedResolver::unguarded(self.resolver.clone());
+            (route, tcp(to_proxy, connect_timeout))
+        });
         let egress = EgressConnector::new(tcp(guard.clone(), connect_timeout), guard.clone(), to_proxy);
         // Under TLS, so the cap counts and closes the TCP connection itself.
-        let https = TlsConnector::new(CappedConnector::new(egress, cap.clone()), tls);
+        let https = TlsConnector::new(CappedConnector::new(egress, self.cap.clone()), self.tls.clone());
         // With a timer the pool closes idle connections when their time is up; without one
         // it only noticed at the next checkout for the same host, so a sweep over many
         // hosts left a socket open to each of them for good.
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(hyper_util::rt::TokioTimer::new())
-            .pool_idle_timeout(settings.idle_timeout)
-            .pool_max_idle_per_host(settings.pool_max_idle_per_host)
+            .pool_idle_timeout(self.settings.idle_timeout)
+            .pool_max_idle_per_host(self.settings.pool_max_idle_per_host)
             .build(https);
         Current { client, policy, guard }
     }
@@ -133,7 +134,7 @@ impl HttpTransport {
     /// For an http target the proxy intercepts: the URL rewritten to the checked address,
     /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
     async fn through_proxy(&self, current: &Current, url: &url::Url) -> Result<Option<ProxiedHttp>, TransportError> {
-        let Some(proxy) = self.proxy.as_ref().filter(|_| url.scheme() == "http") else {
+        let Some(proxy) = self.parts.proxy.as_ref().filter(|_| url.scheme() == "http") else {
             return Ok(None);
         };
         let uri: http::Uri = url
@@ -170,8 +171,8 @@ impl HttpTransport {
         Ok(Some(ProxiedHttp {
             url,
             host: host_header,
-            authorization: proxy.authorization().filter(|_| through).cloned(),
-            origin: proxy.origin().to_string(),
+            authorization: proxy.authorization.clone().filter(|_| through),
+            origin: proxy.origin.clone(),
             through,
         }))
     }
@@ -201,7 +202,7 @@ impl HttpTransport {
             .map_err(|e| TransportError::Network(e.to_string()))?;
         // Held until the body is read: while any request to a host runs, the cap leaves the
         // host's connections alone; its end is when an idle one may be closed.
-        let _busy = self.cap.begin(request.uri());
+        let _busy = self.parts.cap.begin(request.uri());
         let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
         if let Some(p) = proxied.as_ref().filter(|p| p.through && status == 407) {
@@ -223,11 +224,12 @@ impl HttpTransport {
         let mut body = response.into_body();
         let mut kept = BytesMut::new();
         // Read only what we keep; the rest is dropped with the connection.
-        while kept.len() < self.settings.max_response_body {
+        let max = self.parts.settings.max_response_body;
+        while kept.len() < max {
             match body.frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        let room = self.settings.max_response_body - kept.len();
+                        let room = max - kept.len();
                         kept.extend_from_slice(&data[..data.len().min(room)]);
                     }
                 }
@@ -277,16 +279,8 @@ impl Transport for HttpTransport {
     fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
         let material = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
         let policy = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
-        self.tls.swap(material);
-        let current = Current::new(
-            &self.settings,
-            &self.cap,
-            policy,
-            self.resolver.clone(),
-            self.tls.clone(),
-            self.proxy.clone(),
-        );
-        self.current.store(Arc::new(current));
+        self.parts.tls.swap(material);
+        self.current.store(Arc::new(self.parts.client(policy)));
         Ok(())
     }
 

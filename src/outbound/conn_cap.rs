@@ -121,16 +121,6 @@ impl Registry {
         }
     }
 
-    /// Idle connections now (live ones beyond each host's requests in progress).
-    pub fn idle(&self) -> usize {
-        self.idle
-    }
-
-    /// Hosts with an entry (a live connection or a request in progress).
-    pub fn hosts(&self) -> usize {
-        self.hosts.len()
-    }
-
     /// Applies `f` to `key`'s entry (created when `create`), keeping the idle total, the
     /// LRU index and the empty-entry removal in step.
     fn update(&mut self, key: &Arc<str>, create: bool, f: impl FnOnce(&mut Host, u64)) {
@@ -202,24 +192,20 @@ impl Registry {
     }
 }
 
-/// The shared registry of [`Registry`], closing connections outside its lock.
-pub struct ConnCap {
-    registry: Mutex<Registry>,
-}
+/// The shared [`Registry`], closing connections outside its lock.
+pub struct ConnCap(Mutex<Registry>);
 
 impl ConnCap {
     /// A cap of `max_idle` idle connections, all hosts together.
     pub fn new(max_idle: usize) -> Arc<ConnCap> {
-        Arc::new(ConnCap {
-            registry: Mutex::new(Registry::new(max_idle)),
-        })
+        Arc::new(ConnCap(Mutex::new(Registry::new(max_idle))))
     }
 
     /// Marks a request to `uri`'s host in progress until the guard is dropped.
     pub fn begin(self: &Arc<Self>, uri: &Uri) -> Busy {
         let key = host_key(uri);
         if let Some(k) = &key {
-            lock(&self.registry).begin(k);
+            lock(&self.0).begin(k);
         }
         Busy { cap: self.clone(), key }
     }
@@ -246,7 +232,7 @@ pub struct Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(k) = &self.key {
-            let closing = lock(&self.cap.registry).end(k);
+            let closing = lock(&self.cap.0).end(k);
             ConnCap::close(closing);
         }
     }
@@ -289,12 +275,12 @@ where
             let state = Arc::new(ConnState::default());
             let mut registered = None;
             if let Some(key) = key {
-                let (id, closing) = lock(&cap.registry).register(&key, state.clone());
+                let (id, closing) = lock(&cap.0).register(&key, state.clone());
                 ConnCap::close(closing);
                 registered = Some((key, id));
             }
             Ok(CappedIo {
-                inner: io,
+                io,
                 state,
                 cap,
                 registered,
@@ -306,7 +292,7 @@ where
 /// A connection made by [`CappedConnector`]: counted while it lives, and ended (EOF on
 /// read, an error on write) once the cap closes it.
 pub struct CappedIo<T> {
-    inner: T,
+    io: T,
     state: Arc<ConnState>,
     cap: Arc<ConnCap>,
     registered: Option<(Arc<str>, u64)>,
@@ -315,13 +301,9 @@ pub struct CappedIo<T> {
 impl<T> Drop for CappedIo<T> {
     fn drop(&mut self) {
         if let Some((key, id)) = &self.registered {
-            lock(&self.cap.registry).deregister(key, *id);
+            lock(&self.cap.0).deregister(key, *id);
         }
     }
-}
-
-fn closed_error() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "closed: over delivery.max_idle_connections")
 }
 
 impl<T: Read + Unpin> Read for CappedIo<T> {
@@ -330,7 +312,7 @@ impl<T: Read + Unpin> Read for CappedIo<T> {
         if this.state.is_closed() {
             return Poll::Ready(Ok(()));
         }
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Pending => {
                 this.state.park(cx.waker());
                 // A close between the check above and parking would have found no waker.
@@ -344,47 +326,29 @@ impl<T: Read + Unpin> Read for CappedIo<T> {
     }
 }
 
-impl<T: Write + Unpin> Write for CappedIo<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        if self.state.is_closed() {
-            return Poll::Ready(Err(closed_error()));
-        }
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if self.state.is_closed() {
-            return Poll::Ready(Err(closed_error()));
-        }
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-}
+write_through!([T: Write + Unpin] CappedIo<T>, |c: &CappedIo<T>| c.state.is_closed().then(|| {
+    io::Error::new(io::ErrorKind::BrokenPipe, "closed: over delivery.max_idle_connections")
+}));
 
 impl<T: Connection> Connection for CappedIo<T> {
     fn connected(&self) -> Connected {
-        self.inner.connected()
+        self.io.connected()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Registry {
+        fn idle(&self) -> usize {
+            self.idle
+        }
+
+        fn hosts(&self) -> usize {
+            self.hosts.len()
+        }
+    }
 
     fn key(s: &str) -> Arc<str> {
         s.into()

@@ -33,13 +33,6 @@ pub struct EgressDenied {
     pub reason: &'static str,
 }
 
-impl EgressDenied {
-    /// The machine-readable code of the ingress error answer (403) and the dead reason.
-    pub fn code(&self) -> &'static str {
-        "egress_denied"
-    }
-}
-
 impl EgressPolicy {
     /// A policy that allows globally routable addresses, plus everything when
     /// `allow_private_targets`, plus every address inside one of the `allow` networks.
@@ -110,44 +103,22 @@ pub fn is_loopback_name(host: &str) -> bool {
 /// The addresses a loopback name stands for.
 pub const LOOPBACK_NAME_ADDRS: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
 
-/// What is known about a target's address without DNS.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KnownHost {
-    /// An IP literal.
-    Ip(IpAddr),
-    /// A loopback name (`localhost`, `*.localhost`).
-    LoopbackName(String),
-}
-
-/// The target's address when it is known without a DNS lookup: an IP literal or a loopback
-/// name; `None` for any other name (checked after resolution, at delivery).
-pub fn known_without_dns(url: &url::Url) -> Option<KnownHost> {
-    match url.host()? {
-        url::Host::Domain(d) if is_loopback_name(d) => Some(KnownHost::LoopbackName(d.to_string())),
-        url::Host::Domain(_) => None,
-        _ => literal_ip(url).map(KnownHost::Ip),
-    }
-}
-
-/// A loopback name the policy refuses.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the target host {host} is a loopback name; an operator can open it with egress.allow \
-     (127.0.0.1/32 or ::1/128) or egress.allow_private_targets"
-)]
-pub struct LoopbackNameDenied {
-    /// The name as written in the target.
-    pub host: String,
-}
-
 impl EgressPolicy {
-    /// Whether courier may deliver to a loopback name: when either loopback address it
-    /// stands for is allowed.
-    pub fn check_loopback_name(&self, host: &str) -> Result<(), LoopbackNameDenied> {
-        if LOOPBACK_NAME_ADDRS.iter().any(|ip| self.check(*ip).is_ok()) {
-            Ok(())
-        } else {
-            Err(LoopbackNameDenied { host: host.to_string() })
+    /// Checks `url`'s address when it is known without a DNS lookup: an IP literal, or a
+    /// loopback name (allowed when either loopback address it stands for is). Any other name
+    /// passes here and is checked after resolution, at delivery. The error is the message.
+    pub fn check_without_dns(&self, url: &url::Url) -> Result<(), String> {
+        match url.host() {
+            Some(url::Host::Domain(d)) if is_loopback_name(d) => {
+                if LOOPBACK_NAME_ADDRS.iter().any(|ip| self.check(*ip).is_ok()) {
+                    return Ok(());
+                }
+                Err(format!(
+                    "the target host {d} is a loopback name; an operator can open it with egress.allow \
+                     (127.0.0.1/32 or ::1/128) or egress.allow_private_targets"
+                ))
+            }
+            _ => literal_ip(url).map_or(Ok(()), |ip| self.check(ip).map_err(|e| e.to_string())),
         }
     }
 }
@@ -227,11 +198,9 @@ fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
         1 => return Some("loopback"),
         _ => {}
     }
-    if in_v6(n, [0, 0, 0, 0, 0, 0xffff, 0, 0], 96) || in_v6(n, [0; 8], 96) {
-        // IPv4-mapped, and the deprecated IPv4-compatible form.
-        return v4_reason(low32);
-    }
-    if in_v6(n, [0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96) {
+    // IPv4-mapped, the deprecated IPv4-compatible form, and NAT64's well-known prefix.
+    let v4_inside = [[0, 0, 0, 0, 0, 0xffff, 0, 0], [0; 8], [0x64, 0xff9b, 0, 0, 0, 0, 0, 0]];
+    if v4_inside.iter().any(|net| in_v6(n, *net, 96)) {
         return v4_reason(low32);
     }
     if in_v6(n, [0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48) {
@@ -442,7 +411,6 @@ mod tests {
     #[test]
     fn denial_names_address_reason_and_remedy() {
         let err = EgressPolicy::default().check(ip("169.254.169.254")).unwrap_err();
-        assert_eq!(err.code(), "egress_denied");
         assert_eq!(err.reason, "metadata");
         let msg = err.to_string();
         assert!(
@@ -453,7 +421,8 @@ mod tests {
 
     #[test]
     fn loopback_names_are_known_without_dns() {
-        let known = |u: &str| known_without_dns(&url::Url::parse(u).unwrap());
+        let closed = EgressPolicy::default();
+        let check = |u: &str| closed.check_without_dns(&url::Url::parse(u).unwrap());
         for name in [
             "http://localhost/",
             "http://localhost./",
@@ -462,7 +431,8 @@ mod tests {
             "http://a.b.localhost./x",
             "http://Foo.LocalHost/",
         ] {
-            assert!(matches!(known(name), Some(KnownHost::LoopbackName(_))), "{name}");
+            let e = check(name).unwrap_err();
+            assert!(e.contains("is a loopback name"), "{name}: {e}");
         }
         assert!(
             !is_loopback_name("a\u{e9}localhost"),
@@ -476,30 +446,27 @@ mod tests {
             "http://localhostx/",
             "http://example.com/",
         ] {
-            assert_eq!(known(name), None, "{name}");
+            assert_eq!(check(name), Ok(()), "{name}: checked at delivery");
         }
-        assert_eq!(
-            known("http://127.0.0.1/"),
-            Some(KnownHost::Ip("127.0.0.1".parse().unwrap()))
-        );
+        let e = check("http://127.0.0.1/").unwrap_err();
+        assert!(e.contains("127.0.0.1") && e.contains("loopback address"), "{e}");
     }
 
     #[test]
     fn loopback_names_open_with_either_loopback_address() {
-        let closed = EgressPolicy::default();
-        let e = closed.check_loopback_name("localhost.").unwrap_err();
-        assert_eq!(
-            e.to_string().matches("egress.allow").count(),
-            2,
-            "the hint is said once: {e}"
-        );
-        assert!(EgressPolicy::new(true, vec![]).check_loopback_name("localhost").is_ok());
+        let url = |u: &str| url::Url::parse(u).unwrap();
+        let e = EgressPolicy::default()
+            .check_without_dns(&url("http://localhost./"))
+            .unwrap_err();
+        assert_eq!(e.matches("egress.allow").count(), 2, "the hint is said once: {e}");
+        let open = EgressPolicy::new(true, vec![]);
+        assert!(open.check_without_dns(&url("http://localhost/")).is_ok());
         for net in ["127.0.0.0/8", "127.0.0.1/32", "::1/128"] {
             let p = EgressPolicy::new(false, vec![net.parse().unwrap()]);
-            assert!(p.check_loopback_name("x.localhost").is_ok(), "{net}");
+            assert!(p.check_without_dns(&url("http://x.localhost/")).is_ok(), "{net}");
         }
         let other = EgressPolicy::new(false, vec!["10.0.0.0/8".parse().unwrap()]);
-        assert!(other.check_loopback_name("localhost").is_err());
+        assert!(other.check_without_dns(&url("http://localhost/")).is_err());
     }
 
     #[test]

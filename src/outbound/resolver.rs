@@ -53,21 +53,17 @@ impl StaticResolver {
 
     /// Makes `host` resolve to `addrs` from now on.
     pub fn set(&self, host: &str, addrs: Vec<IpAddr>) {
-        self.table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(host.to_ascii_lowercase(), addrs);
+        self.table().insert(host.to_ascii_lowercase(), addrs);
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<IpAddr>>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Resolve for StaticResolver {
     fn resolve(&self, host: &str) -> ResolveFuture {
-        let found = self
-            .table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&host.to_ascii_lowercase())
-            .cloned();
+        let found = self.table().get(&host.to_ascii_lowercase()).cloned();
         let host = host.to_string();
         Box::pin(async move {
             found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {host}")))
@@ -80,22 +76,53 @@ impl Resolve for StaticResolver {
 #[derive(Clone)]
 pub struct GuardedResolver {
     inner: Arc<dyn Resolve>,
-    policy: Arc<EgressPolicy>,
+    /// `None` for the proxy's own name: the operator named it, and it is usually private.
+    policy: Option<Arc<EgressPolicy>>,
 }
 
 impl GuardedResolver {
     /// Resolves through `inner`, keeping only the addresses `policy` allows.
     pub fn new(inner: Arc<dyn Resolve>, policy: Arc<EgressPolicy>) -> Self {
-        GuardedResolver { inner, policy }
+        GuardedResolver {
+            inner,
+            policy: Some(policy),
+        }
+    }
+
+    /// Resolves `egress.proxy`'s own name through `inner`, without the egress policy.
+    pub fn unguarded(inner: Arc<dyn Resolve>) -> Self {
+        GuardedResolver { inner, policy: None }
+    }
+
+    fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
+        self.policy.as_ref().map_or(Ok(()), |p| p.check(ip))
+    }
+
+    /// The first address of `host` (a name, or an IP literal with or without brackets) that
+    /// the policy allows: what a proxy is asked to connect to.
+    pub async fn checked_addr(&self, host: &str) -> Result<IpAddr, BoxError> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            self.check(ip)?;
+            return Ok(ip);
+        }
+        let name: Name = bare.parse()?;
+        let mut addrs = tower_service::Service::call(&mut self.clone(), name).await?;
+        addrs
+            .next()
+            .map(|a| a.ip())
+            .ok_or_else(|| "the name resolved to no address".into())
     }
 }
 
+type BoxError = Box<dyn StdError + Send + Sync>;
+
 impl tower_service::Service<Name> for GuardedResolver {
     type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = Box<dyn StdError + Send + Sync>;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
     }
 
@@ -108,44 +135,25 @@ impl tower_service::Service<Name> for GuardedResolver {
         } else {
             self.inner.resolve(name.as_str())
         };
-        let policy = self.policy.clone();
+        let guard = self.clone();
         Box::pin(async move {
             let ips = resolving.await?;
-            let mut first_denied: Option<EgressDenied> = None;
-            let mut allowed = Vec::with_capacity(ips.len());
+            let (mut allowed, mut first_denied) = (Vec::with_capacity(ips.len()), None);
             for ip in ips {
-                match policy.check(ip) {
+                match guard.check(ip) {
                     Ok(()) => allowed.push(SocketAddr::new(ip, 0)),
                     Err(denied) => {
                         first_denied.get_or_insert(denied);
                     }
                 }
             }
-            if allowed.is_empty() {
-                if let Some(denied) = first_denied {
-                    return Err(Box::new(denied) as Box<dyn StdError + Send + Sync>);
-                }
-                return Err("the name resolved to no address".into());
+            if allowed.is_empty() && guard.policy.is_some() {
+                return Err(match first_denied {
+                    Some(denied) => Box::new(denied) as BoxError,
+                    None => "the name resolved to no address".into(),
+                });
             }
             Ok(allowed.into_iter())
         })
-    }
-}
-
-impl GuardedResolver {
-    /// The first address of `host` (a name, or an IP literal with or without brackets) that
-    /// the policy allows: what a proxy is asked to connect to.
-    pub async fn checked_addr(&self, host: &str) -> Result<IpAddr, Box<dyn StdError + Send + Sync>> {
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = bare.parse::<IpAddr>() {
-            self.policy.check(ip)?;
-            return Ok(ip);
-        }
-        let name: Name = bare.parse()?;
-        let mut addrs = tower_service::Service::call(&mut self.clone(), name).await?;
-        addrs
-            .next()
-            .map(|a| a.ip())
-            .ok_or_else(|| "the name resolved to no address".into())
     }
 }

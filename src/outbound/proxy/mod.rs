@@ -18,7 +18,6 @@
 //! usually a private address.
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -26,51 +25,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Uri};
-use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::client::legacy::connect::dns::Name;
+use hyper::rt::Write;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::config::EgressProxy;
-use crate::outbound::egress::{is_loopback_name, LOOPBACK_NAME_ADDRS};
-use crate::outbound::resolver::{GuardedResolver, Resolve};
-
-/// `hyper::rt::Write` for a wrapper whose field `io` does the writing: every call passed
-/// through unchanged (the wrappers here only look at, or label, what is read).
-macro_rules! write_through {
-    ($t:ty) => {
-        impl Write for $t {
-            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-            }
-
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().io).poll_flush(cx)
-            }
-
-            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-            }
-
-            fn is_write_vectored(&self) -> bool {
-                self.io.is_write_vectored()
-            }
-
-            fn poll_write_vectored(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                bufs: &[io::IoSlice<'_>],
-            ) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-            }
-        }
-    };
-}
+use crate::outbound::resolver::GuardedResolver;
 
 mod sniff;
 
-use sniff::{SniffIo, Sniffing, StatusLine};
+use sniff::{Sniffing, StatusLine};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
@@ -80,10 +47,10 @@ pub struct ProxyRoute {
     matcher: Matcher,
     /// The proxy, `http://host:port/`, without credentials.
     uri: Uri,
-    /// `http://host:port`, for messages.
-    origin: String,
+    /// `http://host:port` of the proxy (no credentials), for messages.
+    pub(crate) origin: String,
     /// `Proxy-Authorization: Basic …` when the URL carries credentials (marked sensitive).
-    authorization: Option<HeaderValue>,
+    pub(crate) authorization: Option<HeaderValue>,
 }
 
 impl ProxyRoute {
@@ -110,47 +77,6 @@ impl ProxyRoute {
     pub fn intercepts(&self, uri: &Uri) -> bool {
         self.matcher.intercept(uri).is_some()
     }
-
-    /// The `Proxy-Authorization` value, when the proxy URL carries credentials.
-    pub fn authorization(&self) -> Option<&HeaderValue> {
-        self.authorization.as_ref()
-    }
-
-    /// `http://host:port` of the proxy (no credentials).
-    pub fn origin(&self) -> &str {
-        &self.origin
-    }
-}
-
-/// Resolves the proxy's own name through the resolver seam, without the egress policy.
-#[derive(Clone)]
-pub struct ProxyResolver(pub std::sync::Arc<dyn Resolve>);
-
-impl tower_service::Service<Name> for ProxyResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let resolving = if is_loopback_name(name.as_str()) {
-            let addrs = LOOPBACK_NAME_ADDRS.to_vec();
-            Box::pin(async move { Ok(addrs) })
-        } else {
-            self.0.resolve(name.as_str())
-        };
-        Box::pin(async move {
-            let ips = resolving.await?;
-            Ok(ips
-                .into_iter()
-                .map(|ip| SocketAddr::new(ip, 0))
-                .collect::<Vec<_>>()
-                .into_iter())
-        })
-    }
 }
 
 /// The bottom of the outbound connector: a TCP connection to the target (through the
@@ -166,15 +92,19 @@ pub struct EgressConnector {
 #[derive(Clone)]
 struct Proxied {
     route: std::sync::Arc<ProxyRoute>,
-    plain: HttpConnector<ProxyResolver>,
+    /// To the proxy itself, through [`GuardedResolver::unguarded`].
+    plain: HttpConnector<GuardedResolver>,
 }
 
 impl Proxied {
     /// A tunnel whose proxy connection records the proxy's status line in `line`.
     fn tunnel(&self, line: StatusLine) -> Tunnel<Sniffing> {
-        let sniffing = Sniffing::new(self.plain.clone(), line);
+        let sniffing = Sniffing {
+            inner: self.plain.clone(),
+            line,
+        };
         let tunnel = Tunnel::new(self.route.uri.clone(), sniffing);
-        match self.route.authorization() {
+        match &self.route.authorization {
             Some(auth) => tunnel.with_auth(auth.clone()),
             None => tunnel,
         }
@@ -187,7 +117,7 @@ impl EgressConnector {
     pub fn new(
         direct: HttpConnector<GuardedResolver>,
         guard: GuardedResolver,
-        proxy: Option<(std::sync::Arc<ProxyRoute>, HttpConnector<ProxyResolver>)>,
+        proxy: Option<(std::sync::Arc<ProxyRoute>, HttpConnector<GuardedResolver>)>,
     ) -> Self {
         let proxy = proxy.map(|(route, plain)| Proxied { route, plain });
         EgressConnector { direct, guard, proxy }
@@ -207,13 +137,7 @@ impl tower_service::Service<Uri> for EgressConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let Some(proxy) = self.proxy.clone().filter(|p| p.route.intercepts(&uri)) else {
             let connecting = self.direct.call(uri);
-            return Box::pin(async move {
-                let io = connecting.await?;
-                Ok(EgressIo {
-                    io: SniffIo::plain(io),
-                    proxied: false,
-                })
-            });
+            return Box::pin(async move { Ok(EgressIo::plain(connecting.await?, false)) });
         };
         let origin = proxy.route.origin.clone();
         if uri.scheme_str() == Some("https") {
@@ -225,50 +149,51 @@ impl tower_service::Service<Uri> for EgressConnector {
                 let ip = guard.checked_addr(host).await?;
                 let to = SocketAddr::new(ip, uri.port_u16().unwrap_or(443));
                 let dst: Uri = format!("https://{to}/").parse()?;
-                let io = tunnel
+                tunnel
                     .call(dst)
                     .await
-                    .map_err(|e| ProxyError::tunnel(e.into(), &line.text(), &origin, to))?;
-                Ok(EgressIo { io, proxied: false })
+                    .map_err(|e| ProxyError::tunnel(e.into(), &line.text(), &origin, to).into())
             })
         } else {
             let connecting = proxy.plain.clone().call(proxy.route.uri.clone());
             Box::pin(async move {
-                let io = connecting.await.map_err(|e| ProxyError {
-                    message: format!("cannot connect to the proxy {origin}"),
-                    source: Some(Box::new(e)),
-                })?;
-                Ok(EgressIo {
-                    io: SniffIo::plain(io),
-                    proxied: true,
-                })
+                let io = connecting
+                    .await
+                    .map_err(|e| ProxyError::new(format!("cannot connect to the proxy {origin}"), Some(Box::new(e))))?;
+                Ok(EgressIo::plain(io, true))
             })
         }
     }
 }
 
 /// Why the proxy did not give a connection; the text an attempt's error shows.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
 pub struct ProxyError {
     message: String,
+    #[source]
     source: Option<BoxError>,
 }
 
 impl ProxyError {
+    fn new(message: String, source: Option<BoxError>) -> ProxyError {
+        ProxyError { message, source }
+    }
+
     /// hyper-util's tunnel error (its type is private; its text is not): a refusal gets a
-    /// sentence of its own with the proxy's status line (`status`, as [`SniffIo`] read
+    /// sentence of its own with the proxy's status line (`status`, as [`EgressIo`] read
     /// it), anything else keeps the tunnel's error (and its causes, such as a connect
     /// timeout) as the source.
     fn tunnel(e: BoxError, status: &str, origin: &str, to: SocketAddr) -> ProxyError {
         let text = e.to_string();
         if text.ends_with("proxy authorization required") {
-            return ProxyError {
-                message: format!(
+            return ProxyError::new(
+                format!(
                     "proxy {origin} answered 407 Proxy Authentication Required to CONNECT {to}: \
                      egress.proxy's credentials are missing or refused"
                 ),
-                source: None,
-            };
+                None,
+            );
         }
         if text.ends_with("unsuccessful") {
             // Some proxies (tinyproxy) answer wrong credentials with 401, not 407.
@@ -282,35 +207,29 @@ impl ProxyError {
             } else {
                 format!("answered {status}")
             };
-            return ProxyError {
-                message: format!("proxy {origin} {answered} to CONNECT {to}{hint}"),
-                source: None,
-            };
+            return ProxyError::new(format!("proxy {origin} {answered} to CONNECT {to}{hint}"), None);
         }
-        ProxyError {
-            message: format!("proxy {origin}, CONNECT {to}"),
-            source: Some(e),
-        }
-    }
-}
-
-impl fmt::Display for ProxyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl StdError for ProxyError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        ProxyError::new(format!("proxy {origin}, CONNECT {to}"), Some(e))
     }
 }
 
 /// A connection made by [`EgressConnector`]: a TCP connection (to the target, or to the
 /// proxy, tunnelled or not), marked proxied when hyper must write absolute-form requests.
+/// While `line` is set (a CONNECT in progress), the bytes read are also given to it.
 pub struct EgressIo {
-    io: SniffIo,
+    io: TokioIo<TcpStream>,
+    line: Option<StatusLine>,
     proxied: bool,
+}
+
+impl EgressIo {
+    fn plain(io: TokioIo<TcpStream>, proxied: bool) -> Self {
+        EgressIo {
+            io,
+            line: None,
+            proxied,
+        }
+    }
 }
 
 impl Connection for EgressIo {
@@ -319,13 +238,7 @@ impl Connection for EgressIo {
     }
 }
 
-impl Read for EgressIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-write_through!(EgressIo);
+write_through!([] EgressIo, |_: &EgressIo| None);
 
 #[cfg(test)]
 mod tests {
@@ -350,10 +263,10 @@ mod tests {
             &[".internal", "direct.example", "10.0.0.0/8", "::1"],
         );
         assert_eq!(r.uri, "http://proxy.internal:3128/");
-        assert_eq!(r.origin(), "http://proxy.internal:3128");
+        assert_eq!(r.origin, "http://proxy.internal:3128");
         // base64("u:p@ss")
-        assert_eq!(r.authorization().unwrap(), "Basic dTpwQHNz");
-        assert!(r.authorization().unwrap().is_sensitive());
+        assert_eq!(r.authorization.as_ref().unwrap(), "Basic dTpwQHNz");
+        assert!(r.authorization.as_ref().unwrap().is_sensitive());
         for (target, proxied) in [
             ("https://hooks.example/x", true),
             ("http://hooks.example/x", true),
@@ -368,7 +281,7 @@ mod tests {
             assert_eq!(r.intercepts(&target.parse().unwrap()), proxied, "{target}");
         }
         let open = route("http://proxy.internal:3128", &[]);
-        assert!(open.authorization().is_none());
+        assert!(open.authorization.is_none());
         assert!(open.intercepts(&"http://localhost/x".parse().unwrap()));
     }
 

@@ -11,12 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::Uri;
-use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use hyper::rt::{Read, ReadBufCursor};
+use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::{BoxError, BoxFuture, ProxyResolver};
+use super::{BoxError, BoxFuture, EgressIo};
+use crate::outbound::resolver::GuardedResolver;
 
 /// The proxy's answer to CONNECT, as far as its status line (hyper-util's tunnel error
 /// does not say which status it was).
@@ -48,21 +47,14 @@ impl StatusLine {
 /// The proxy connector under [`Tunnel`], recording the proxy's status line.
 #[derive(Clone)]
 pub(super) struct Sniffing {
-    inner: HttpConnector<ProxyResolver>,
-    line: StatusLine,
-}
-
-impl Sniffing {
-    /// Connections of `inner` whose first line read goes to `line`.
-    pub(super) fn new(inner: HttpConnector<ProxyResolver>, line: StatusLine) -> Self {
-        Sniffing { inner, line }
-    }
+    pub(super) inner: HttpConnector<GuardedResolver>,
+    pub(super) line: StatusLine,
 }
 
 impl tower_service::Service<Uri> for Sniffing {
-    type Response = SniffIo;
+    type Response = EgressIo;
     type Error = BoxError;
-    type Future = BoxFuture<SniffIo>;
+    type Future = BoxFuture<EgressIo>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -71,35 +63,16 @@ impl tower_service::Service<Uri> for Sniffing {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let (connecting, line) = (self.inner.call(uri), self.line.clone());
         Box::pin(async move {
-            Ok(SniffIo {
+            Ok(EgressIo {
                 io: connecting.await?,
                 line: Some(line),
+                proxied: false,
             })
         })
     }
 }
 
-/// A TCP connection; while `line` is set, the bytes read are also given to it, until the
-/// proxy's status line is complete (then reads go straight through).
-pub struct SniffIo {
-    io: TokioIo<TcpStream>,
-    line: Option<StatusLine>,
-}
-
-impl SniffIo {
-    /// A connection that records nothing.
-    pub(super) fn plain(io: TokioIo<TcpStream>) -> Self {
-        SniffIo { io, line: None }
-    }
-}
-
-impl Connection for SniffIo {
-    fn connected(&self) -> Connected {
-        self.io.connected()
-    }
-}
-
-impl Read for SniffIo {
+impl Read for EgressIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let Some(line) = &this.line else {
@@ -118,8 +91,6 @@ impl Read for SniffIo {
         Poll::Ready(Ok(()))
     }
 }
-
-write_through!(SniffIo);
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,6 @@
 //! [`TlsMaterial`]: super::TlsMaterial
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -42,16 +41,9 @@ impl<C> TlsConnector<C> {
 
 /// Why a TLS handshake failed: `tls: <rustls's reason>` (e.g. `tls: invalid peer
 /// certificate: UnknownIssuer`), the text an attempt's error shows.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("tls: {0}")]
 pub struct TlsError(String);
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tls: {}", self.0)
-    }
-}
-
-impl StdError for TlsError {}
 
 impl TlsError {
     fn from_io(e: io::Error) -> TlsError {
@@ -71,7 +63,7 @@ where
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
 {
-    type Response = MaybeTls<C::Response>;
+    type Response = MaybeTls;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -105,89 +97,58 @@ where
         let connecting = self.inner.call(uri);
         Box::pin(async move {
             let io = connecting.await.map_err(Into::into)?;
-            let Some((name, config)) = tls else {
-                return Ok(MaybeTls::Plain(io));
+            let io: Box<dyn Io> = match tls {
+                None => Box::new(TokioIo::new(io)),
+                Some((name, config)) => Box::new(
+                    tokio_rustls::TlsConnector::from(config)
+                        .connect(name, TokioIo::new(io))
+                        .await
+                        .map_err(TlsError::from_io)?,
+                ),
             };
-            let stream = tokio_rustls::TlsConnector::from(config)
-                .connect(name, TokioIo::new(io))
-                .await
-                .map_err(TlsError::from_io)?;
-            Ok(MaybeTls::Tls(Box::new(TokioIo::new(stream))))
+            Ok(MaybeTls { io: TokioIo::new(io) })
         })
     }
 }
 
 /// A connection made by [`TlsConnector`]: as the inner connector made it, or under TLS.
-pub enum MaybeTls<T> {
-    /// An `http` target's connection.
-    Plain(T),
-    /// An `https` target's connection.
-    Tls(Box<TokioIo<tokio_rustls::client::TlsStream<TokioIo<T>>>>),
+pub struct MaybeTls {
+    io: TokioIo<Box<dyn Io>>,
 }
 
-impl<T: Connection + Read + Write + Unpin> Connection for MaybeTls<T> {
+/// Either kind of connection, which says what it is to hyper.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {
+    fn connected(&self) -> Connected;
+}
+
+impl<T: Read + Write + Connection + Unpin + Send> Io for TokioIo<T> {
     fn connected(&self) -> Connected {
-        match self {
-            MaybeTls::Plain(io) => io.connected(),
-            MaybeTls::Tls(tls) => {
-                let (io, session) = tls.inner().get_ref();
-                let connected = io.inner().connected();
-                if session.alpn_protocol() == Some(b"h2") {
-                    connected.negotiated_h2()
-                } else {
-                    connected
-                }
-            }
+        self.inner().connected()
+    }
+}
+
+impl<T: Read + Write + Connection + Unpin + Send> Io for tokio_rustls::client::TlsStream<TokioIo<T>> {
+    fn connected(&self) -> Connected {
+        let (io, session) = self.get_ref();
+        let connected = io.inner().connected();
+        if session.alpn_protocol() == Some(b"h2") {
+            connected.negotiated_h2()
+        } else {
+            connected
         }
     }
 }
 
-impl<T: Read + Write + Unpin> Read for MaybeTls<T> {
+impl Connection for MaybeTls {
+    fn connected(&self) -> Connected {
+        self.io.inner().connected()
+    }
+}
+
+impl Read for MaybeTls {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
-impl<T: Read + Write + Unpin> Write for MaybeTls<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_write(cx, buf),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_flush(cx),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_shutdown(cx),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            MaybeTls::Plain(io) => io.is_write_vectored(),
-            MaybeTls::Tls(tls) => tls.is_write_vectored(),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            MaybeTls::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            MaybeTls::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
-        }
-    }
-}
+write_through!([] MaybeTls, |_: &MaybeTls| None);

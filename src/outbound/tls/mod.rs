@@ -67,19 +67,17 @@ impl TlsMaterial {
                 add_ca_files(&mut own, &format!("host[{i}].ca_file"), &host.tls.ca_file)?;
                 Arc::new(own)
             };
-            let identity = match (&host.tls.client_cert, &host.tls.client_key) {
-                (Some(cert), Some(key)) => Some(Identity {
-                    chain: pem::certificates(&format!("host[{i}].client_cert"), cert)?,
-                    key: pem::private_key(&format!("host[{i}].client_key"), key)?,
-                    cert_path: cert.clone(),
-                    key_path: key.clone(),
-                }),
-                // Config::validate refuses one without the other.
-                _ => None,
+            // Config::validate refuses one without the other.
+            let paths = host.tls.client_cert.as_ref().zip(host.tls.client_key.as_ref());
+            let identity = match paths {
+                Some((cert, key)) => Some((
+                    pem::certificates(&format!("host[{i}].client_cert"), cert)?,
+                    pem::private_key(&format!("host[{i}].client_key"), key)?,
+                )),
+                None => None,
             };
-            let paths = identity.as_ref().map(|id| (id.cert_path.clone(), id.key_path.clone()));
             let built = client_config(host_roots, tls.min_version, identity).map_err(|e| match paths {
-                Some((cert, key)) => identity_error(i, &cert, &key, &e),
+                Some((cert, key)) => identity_error(i, cert, key, &e),
                 None => ConfigError::invalid(&format!("host[{i}]"), format_args!("cannot be used: {e}")),
             })?;
             hosts.insert(host.host.clone(), Arc::new(built));
@@ -118,13 +116,8 @@ impl TlsHandle {
     }
 }
 
-/// A client certificate chain and its key, with where they came from (for errors).
-struct Identity {
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    cert_path: PathBuf,
-    key_path: PathBuf,
-}
+/// A client certificate chain and its key.
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 fn client_config(
     roots: Arc<RootCertStore>,
@@ -141,7 +134,7 @@ fn client_config(
     let mut config = match identity {
         // Checks that the key is one ring can sign with and that it matches the chain's
         // first certificate.
-        Some(id) => builder.with_client_auth_cert(id.chain, id.key)?,
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
         None => builder.with_no_client_auth(),
     };
     // As before this module: HTTP/2 when the receiver offers it, else HTTP/1.1.
