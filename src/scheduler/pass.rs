@@ -86,7 +86,10 @@ struct Walk {
     /// can rise within a millisecond, which matters when a resume made a whole backlog due
     /// in one.
     first_left: Option<Key>,
-    last_seen: Option<Key>,
+    /// The last entry looked at, in a buffer reused for every entry (the walk's hot path
+    /// allocates nothing per entry it only looks at).
+    last_seen: Option<u64>,
+    last_id: String,
     skipped_in_a_row: usize,
     stopped_at: Option<Key>,
 }
@@ -94,12 +97,14 @@ struct Walk {
 impl Walk {
     /// Decides one due entry.
     fn visit(&mut self, d: &Arc<Deliverer>, limits: &Limits, now: u64, entry: DueEntry) -> ScanStep {
-        let key = (entry.due_ms, entry.id.clone());
-        self.last_seen = Some(key.clone());
+        let due_ms = entry.due_ms;
+        self.last_seen = Some(due_ms);
+        self.last_id.clear();
+        self.last_id.push_str(&entry.id);
         self.pass.scanned += 1;
         if self.skipped_in_a_row >= limits.skip_run {
-            self.first_left.get_or_insert_with(|| key.clone());
-            self.stopped_at = Some(key);
+            self.first_left.get_or_insert_with(|| (due_ms, entry.id.clone()));
+            self.stopped_at = Some((due_ms, entry.id));
             return ScanStep::Stop;
         }
         let (host, endpoint) = (&entry.routing.host, &entry.routing.endpoint);
@@ -122,7 +127,8 @@ impl Walk {
                 Err(Refusal::AllBusy) => {
                     // Nothing more can start this pass; a finishing attempt wakes us.
                     self.pass.global_full = true;
-                    self.first_left.get_or_insert(key);
+                    let id = &self.last_id;
+                    self.first_left.get_or_insert_with(|| (due_ms, id.clone()));
                     return ScanStep::Stop;
                 }
                 Err(refusal) => {
@@ -135,7 +141,8 @@ impl Walk {
             self.skipped_in_a_row = 0;
         } else {
             self.skipped_in_a_row += 1;
-            self.first_left.get_or_insert(key);
+            let id = &self.last_id;
+            self.first_left.get_or_insert_with(|| (due_ms, id.clone()));
         }
         if self.ready.len() + self.to_park.len() >= limits.claim_batch {
             ScanStep::Stop
@@ -260,6 +267,7 @@ impl Walk {
                 pass.cut = !pass.store_error && self.stopped_at.is_none() && !pass.global_full;
                 if !pass.store_error && !resumed {
                     if let Some(last) = self.last_seen {
+                        let last = (last, self.last_id);
                         let (to, id) = self.first_left.map_or(last.clone(), |f| f.min(last));
                         store.raise_due_floor_to_key(floor, to, &id);
                     }
