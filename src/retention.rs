@@ -40,9 +40,12 @@ fn sweep_batched(
         if halted() {
             return Ok(total);
         }
-        let n = store.sweep_expired(now_ms, batch)?;
-        total += n;
-        if n < batch {
+        // A batch ends the sweep when it found fewer entries than it could take, not
+        // when it removed fewer: an entry it moved later (a record that did not read, a
+        // lengthened retention) must not leave the rest for the next sweep.
+        let swept = store.sweep_expired(now_ms, batch)?;
+        total += swept.removed;
+        if swept.looked < batch {
             break;
         }
     }
@@ -221,6 +224,28 @@ mod tests {
         assert!(present(&store, "dlv_pending") && present(&store, "dlv_in_flight"));
         let counts = store.counts().unwrap();
         assert_eq!((counts.open, counts.delivered, counts.dead), (2, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_batch_with_an_entry_it_could_not_remove_does_not_end_the_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        for i in 0..5 {
+            add(&store, &format!("dlv_dead{i}"), 10_000, DEAD, vec![]).await;
+        }
+        // First in line: looked at again in an hour, so the first batch removes one of two.
+        store.faults().make_unreadable("dlv_dead0");
+        let removed = sweep_batched(
+            &store,
+            10_000 + DEAD_RETENTION_MS,
+            2,
+            usize::MAX,
+            &AtomicBool::new(false),
+        );
+        assert_eq!(removed.unwrap(), 4, "every readable one goes in the same sweep");
+        assert!((1..5).all(|i| !present(&store, &format!("dlv_dead{i}"))));
+        store.faults().heal("dlv_dead0");
+        assert!(present(&store, "dlv_dead0"));
     }
 
     /// Bytes in the store's SST files.

@@ -12,10 +12,20 @@ use super::{keys, Store, StoreError};
 /// How long before a retention entry whose record did not read is looked at again.
 const UNREADABLE_AGAIN_MS: u64 = 3_600_000;
 
+/// What one call of [`Store::sweep_expired`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Due entries looked at: each left the due range (removed, or moved later). Fewer
+    /// than the limit means none is left.
+    pub looked: usize,
+    /// Messages removed.
+    pub removed: usize,
+}
+
 impl Store {
-    /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or before `now_ms`,
-    /// at most `limit` of them. Returns how many were removed.
-    pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or
+    /// before `now_ms`, looking at most `limit` due entries.
+    pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<Swept, StoreError> {
         let mut it = self.range(keys::EXPIRY, &[], Some(keys::time_key(now_ms.saturating_add(1), "")));
         let mut entries = Vec::new();
         while let Some(k) = it.key() {
@@ -29,6 +39,7 @@ impl Store {
         }
         it.status()?;
         drop(it);
+        let looked = entries.len();
         let mut removed = 0;
         for (ms, id) in entries {
             let _g = self.lock(&id);
@@ -67,7 +78,7 @@ impl Store {
             }
             self.write_with_lines(b, tx, false)?;
         }
-        Ok(removed)
+        Ok(Swept { looked, removed })
     }
 
     /// Compacts every column family, so removed records give their disk space back, one at

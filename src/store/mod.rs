@@ -51,6 +51,7 @@ pub(crate) use counters::CounterDeltas;
 #[cfg(not(test))]
 pub use error::Faults;
 pub use error::StoreError;
+pub use expiry::Swept;
 pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;

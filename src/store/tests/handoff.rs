@@ -37,8 +37,8 @@ async fn a_queued_message_is_handed_off_kept_for_retention_and_still_dedupes() {
         Accepted::Duplicate { id: "dlv_a".into() }
     );
     // Kept for `retention` (1 s in these tests), like a delivered message; then gone.
-    assert_eq!(store.sweep_expired(1_199, 100).unwrap(), 0);
-    assert_eq!(store.sweep_expired(1_200, 100).unwrap(), 1);
+    assert_eq!(store.sweep_expired(1_199, 100).unwrap().removed, 0);
+    assert_eq!(store.sweep_expired(1_200, 100).unwrap().removed, 1);
     assert!(store.message("dlv_a").unwrap().is_none());
     assert_eq!(store.counts().unwrap().handed_off, 0);
     clean(&store);

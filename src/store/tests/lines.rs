@@ -247,7 +247,7 @@ async fn retention_of_a_blocked_head_lets_the_line_go_on() {
     }
     finish(&store, "dlv_1", Transition::Dead(DeadReason::PermanentStatus), 200);
     // dead_retention is 5 s in these tests.
-    assert_eq!(store.sweep_expired(10_000, 100).unwrap(), 1);
+    assert_eq!(store.sweep_expired(10_000, 100).unwrap().removed, 1);
     assert_eq!(due_ids(&store, 20_000), vec!["dlv_2"]);
     assert_eq!(head(&store), Some(("dlv_2".into(), false, 0)));
     clean(&store);
