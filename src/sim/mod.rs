@@ -399,7 +399,14 @@ pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
                     });
                 match outcome {
                     Ok(_) => {
-                        ran.fetch_add(1, Ordering::SeqCst);
+                        // A soak may be stopped before its end: it says how far it got.
+                        let n = ran.fetch_add(1, Ordering::SeqCst) + 1;
+                        if n.is_multiple_of(1_000) {
+                            eprintln!(
+                                "soak: {n} seeds from {first} passed ({:.0}s)",
+                                started.elapsed().as_secs_f64()
+                            );
+                        }
                     }
                     Err(f) => {
                         stop.store(true, Ordering::SeqCst);
