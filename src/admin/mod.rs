@@ -221,8 +221,7 @@ impl Admin {
                     return store_failed(&e);
                 }
                 let settings = self.ctx.settings();
-                let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
-                v["policy"] = policy_json(&policy);
+                v["policy"] = policy_json(&settings.policies, rec.route.as_deref(), &rec.endpoint);
                 serve::json(StatusCode::OK, &v)
             }
             (Ok(None), _) => not_found(&format!("delivery {id:?}")),
@@ -305,7 +304,7 @@ impl Admin {
             let after = settings
                 .policies
                 .resolve(rec.route.as_deref(), &rec.endpoint)
-                .give_up_after();
+                .give_up_after;
             now.saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
         }
     }

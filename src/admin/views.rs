@@ -6,8 +6,7 @@ use serde_json::{json, Value};
 
 use crate::config::units::format_duration;
 use crate::model::State;
-use crate::policy::book::revision_text;
-use crate::policy::{Backoff, Resolved};
+use crate::policy::{revision_text, Backoff, PolicyBook};
 use crate::store::{AttemptRecord, MessageRecord};
 use crate::timefmt::rfc3339;
 
@@ -87,9 +86,11 @@ pub fn delivery_json(rec: &MessageRecord, history: Option<&[AttemptRecord]>, ale
 /// The policy a message's next attempt is made under, as the config says now: every value
 /// with the sections it came from, and the revision its attempts' `policy_revision` can be
 /// compared with. The give-up limits are the message's own (`max_attempts`, `give_up_at`).
-pub fn policy_json(p: &Resolved<'_>) -> Value {
+pub fn policy_json(book: &PolicyBook, route: Option<&str>, endpoint: &str) -> Value {
+    let p = &book.resolve(route, endpoint);
+    let (endpoint_section, route_section) = book.sections(route, endpoint);
     let d = |ms: u64| format_duration(std::time::Duration::from_millis(ms));
-    let backoff = match p.backoff() {
+    let backoff = match &p.backoff {
         Backoff::Exponential { base_ms, max_ms } => {
             json!({ "kind": "exponential", "base_delay": d(*base_ms), "max_delay": d(*max_ms) })
         }
@@ -98,21 +99,21 @@ pub fn policy_json(p: &Resolved<'_>) -> Value {
         }
     };
     let statuses: Vec<Value> = p
-        .statuses()
+        .statuses
         .layers()
         .flat_map(|rules| rules.iter())
         .map(|(status, class)| json!({ "status": status.to_string(), "class": class.as_str() }))
         .collect();
     json!({
         "revision": revision_text(p.revision()),
-        "endpoint_section": p.endpoint_section(),
-        "route_section": p.route_section(),
+        "endpoint_section": endpoint_section,
+        "route_section": route_section,
         "backoff": backoff,
-        "jitter": p.jitter().as_str(),
-        "max_attempts_404": p.max_attempts_404(),
-        "max_retry_after": format_duration(p.max_retry_after()),
-        "request_timeout": format_duration(p.request_timeout()),
-        "max_in_flight": p.max_in_flight(),
+        "jitter": p.jitter.as_str(),
+        "max_attempts_404": p.max_attempts_404,
+        "max_retry_after": format_duration(p.max_retry_after),
+        "request_timeout": format_duration(p.request_timeout),
+        "max_in_flight": p.max_in_flight,
         "statuses": statuses,
         "summary": crate::config::describe_policy(p),
     })

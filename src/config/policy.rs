@@ -18,8 +18,7 @@ use super::units::format_duration;
 use super::{Config, ConfigError};
 use crate::model::Jitter;
 use crate::policy::backoff::BackoffError;
-use crate::policy::book::revision_text;
-use crate::policy::{Backoff, BasePolicy, Overrides, PolicyBook, Resolved, StatusRules};
+use crate::policy::{revision_text, Backoff, Overrides, PolicyBook, RetryPolicy, StatusRules, Statuses};
 
 /// What a `[[route]]` or `[[endpoint]]` sets of the retry policy, as configured; `None` (or
 /// no rules) inherits from the less specific sections.
@@ -148,7 +147,7 @@ impl Config {
     /// (the rest, at each attempt). Call on a validated config.
     pub fn policy_book(&self) -> PolicyBook {
         let r = &self.retry;
-        let base = BasePolicy {
+        let base = RetryPolicy {
             backoff: self.global_backoff().expect("validated: [retry]'s backoff builds"),
             jitter: r.jitter,
             max_attempts: r.max_attempts,
@@ -156,6 +155,7 @@ impl Config {
             max_attempts_404: r.max_attempts_404,
             max_retry_after: r.max_retry_after,
             request_timeout: self.delivery.request_timeout,
+            max_in_flight: None,
             statuses: r.statuses.clone(),
         };
         let overrides = |p: &PolicyOverrides| Overrides {
@@ -186,7 +186,7 @@ impl Config {
         for route in &self.routes {
             let endpoint = crate::target::default_endpoint_key(&route.url);
             let resolved = book.resolve(Some(&route.name), &endpoint);
-            let with = match resolved.endpoint_section() {
+            let with = match book.sections(Some(&route.name), &endpoint).0 {
                 Some(key) => format!(" with endpoint {key}"),
                 None => String::new(),
             };
@@ -210,9 +210,9 @@ impl Config {
 
 /// One line describing a resolved policy: backoff, jitter, give-up limits, caps, timeout,
 /// status rules (most specific first, then the seed's table) and the revision.
-pub fn describe_policy(r: &Resolved<'_>) -> String {
+pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
     let d = |ms: u64| format_duration(Duration::from_millis(ms));
-    let backoff = match r.backoff() {
+    let backoff = match &r.backoff {
         Backoff::Exponential { base_ms, max_ms } => format!("exponential {}..{}", d(*base_ms), d(*max_ms)),
         Backoff::Schedule(steps) => {
             let shown: Vec<String> = steps.iter().map(|ms| d(*ms)).collect();
@@ -220,7 +220,7 @@ pub fn describe_policy(r: &Resolved<'_>) -> String {
         }
     };
     let mut rules: Vec<String> = Vec::new();
-    for layer in r.statuses().layers() {
+    for layer in r.statuses.layers() {
         rules.extend(
             layer
                 .iter()
@@ -229,7 +229,7 @@ pub fn describe_policy(r: &Resolved<'_>) -> String {
     }
     rules.push("seed table".to_string());
     let cap = r
-        .max_in_flight()
+        .max_in_flight
         .map(|n| format!(", max_in_flight {n}"))
         .unwrap_or_default();
     format!(
@@ -238,12 +238,12 @@ pub fn describe_policy(r: &Resolved<'_>) -> String {
             "request_timeout {}{}, statuses {}; revision {}"
         ),
         backoff,
-        r.jitter().as_str(),
-        r.max_attempts(),
-        format_duration(r.give_up_after()),
-        r.max_attempts_404(),
-        format_duration(r.max_retry_after()),
-        format_duration(r.request_timeout()),
+        r.jitter.as_str(),
+        r.max_attempts,
+        format_duration(r.give_up_after),
+        r.max_attempts_404,
+        format_duration(r.max_retry_after),
+        format_duration(r.request_timeout),
         cap,
         rules.join(", "),
         revision_text(r.revision())

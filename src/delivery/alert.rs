@@ -46,8 +46,8 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
         body: alert_body(endpoint, rec, now_ms),
         scheme: None,
         signing: SigningChoice::Default,
-        max_attempts: policy.max_attempts(),
-        give_up_after: policy.give_up_after(),
+        max_attempts: policy.max_attempts,
+        give_up_after: policy.give_up_after,
     };
     let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.ctx.store().ids()));
     match d.accept(msg).await {

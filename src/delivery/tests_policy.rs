@@ -32,8 +32,8 @@ async fn accept(h: &Harness, url: &str, route: Option<&str>) -> String {
     let settings = h.d.context().settings();
     let policy = settings.policies.resolve(route, &endpoint);
     let env = Envelope {
-        max_attempts: policy.max_attempts(),
-        give_up_after: policy.give_up_after(),
+        max_attempts: policy.max_attempts,
+        give_up_after: policy.give_up_after,
         target,
         endpoint: Some(endpoint),
         route: route.map(str::to_string),

@@ -131,7 +131,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let ids = (trace.as_ref().map(|t| t.trace_id.as_str()), span_id.as_deref());
-    let timeout = policy.request_timeout();
+    let timeout = policy.request_timeout;
     let req = match build(&settings.config, rec, payload, started_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
@@ -144,12 +144,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         }
     };
     let (sent, global) = send(&d, &settings.config, rec, req, permit, started_ms).await;
-    let retry_policy = policy.retry_policy();
     let limits = Limits {
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
     };
-    let verdict = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &retry_policy, sent.now, rng));
+    let verdict = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &policy, sent.now, rng));
     let attempt = AttemptRecord {
         at_ms: started_ms,
         status: sent.status,

@@ -219,8 +219,8 @@ impl Ingress {
         let route = route.map(|r| r.name.clone());
         let policy = settings.policies.resolve(route.as_deref(), &endpoint);
         let envelope = Envelope {
-            max_attempts: control.max_attempts.unwrap_or_else(|| policy.max_attempts()),
-            give_up_after: control.give_up_after.unwrap_or_else(|| policy.give_up_after()),
+            max_attempts: control.max_attempts.unwrap_or(policy.max_attempts),
+            give_up_after: control.give_up_after.unwrap_or(policy.give_up_after),
             target: resolved.url,
             endpoint: Some(endpoint),
             route,

@@ -1,14 +1,14 @@
 //! The whole decision after one attempt (CONTRACT §3): delivered, retry at a given time, or
-//! dead-letter with a reason. Combines the status rules ([`Statuses`]), the [`Backoff`] with
-//! its jitter, [`parse_retry_after`] and the message's give-up limits; pure, so tests assert
+//! dead-letter with a reason. Combines the status rules ([`Statuses`]), the backoff with its
+//! jitter, [`parse_retry_after`] and the message's give-up limits; pure, so tests assert
 //! exact retry times.
 
 use std::time::Duration;
 
-use super::backoff::Backoff;
 use super::classify::{Class, Statuses};
 use super::retry_after::parse_retry_after;
-use crate::model::{DeadReason, Jitter, Transition};
+use super::settings::RetryPolicy;
+use crate::model::{DeadReason, Transition};
 
 /// What one attempt produced, as far as the policy cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,23 +24,6 @@ pub enum AttemptResult {
     NetworkError,
     /// The egress policy refused every address of the target: dead-lettered at once.
     EgressDenied,
-}
-
-/// The settings one attempt's decision is made under: what the config says now for the
-/// message's endpoint and route (see [`super::book`]). Borrowed from the policy book and
-/// `Copy`, so looking it up per attempt allocates nothing.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy<'a> {
-    /// The shape of the wait before the next attempt.
-    pub backoff: &'a Backoff,
-    /// How that wait is randomised.
-    pub jitter: Jitter,
-    /// Attempt cap for messages whose receiver keeps answering a `retry_limited` status (404).
-    pub max_attempts_404: u32,
-    /// The longest wait a `Retry-After` header can impose.
-    pub max_retry_after: Duration,
-    /// What each status means.
-    pub statuses: Statuses<'a>,
 }
 
 /// The give-up limits of one message, with per-message overrides already applied.
@@ -97,7 +80,9 @@ pub struct Verdict {
     pub outcome: Outcome,
 }
 
-/// Decides what happens after an attempt. `attempts_made` includes the attempt just made.
+/// Decides what happens after an attempt, under the settings the config gives the attempt
+/// (see [`super::book`]) and the message's own `limits` (its policy's give-up values are
+/// not read: they were fixed at accept). `attempts_made` includes the attempt just made.
 ///
 /// By the status's class (the seed's table unless the policy's rules say otherwise):
 /// success → delivered; permanent → dead (`permanent_status`); egress refusal → dead
@@ -110,7 +95,7 @@ pub fn decide(
     result: &AttemptResult,
     attempts_made: u32,
     limits: &Limits,
-    policy: &RetryPolicy<'_>,
+    policy: &RetryPolicy<Statuses<'_>>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Verdict {
@@ -152,7 +137,7 @@ fn retry(
     attempts_made: u32,
     retry_after: Option<Duration>,
     limits: &Limits,
-    policy: &RetryPolicy<'_>,
+    policy: &RetryPolicy<Statuses<'_>>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Transition {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::model::{Jitter, Transition};
+use crate::policy::backoff::Backoff;
 use crate::policy::classify::{StatusMatch, StatusRules};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -14,17 +15,20 @@ const HOUR: u64 = 60 * MIN;
 /// `NOW` as an HTTP-date (2023-11-14T22:13:20Z).
 const NOW_DATE: &str = "Tue, 14 Nov 2023 22:13:20 GMT";
 
-static EXPONENTIAL: Backoff = Backoff::Exponential {
-    base_ms: MIN,
-    max_ms: HOUR,
-};
-
-fn policy(jitter: Jitter) -> RetryPolicy<'static> {
+/// The settings of an attempt; its give-up values are not read (the message's [`Limits`] are).
+fn policy(jitter: Jitter) -> RetryPolicy<Statuses<'static>> {
     RetryPolicy {
-        backoff: &EXPONENTIAL,
+        backoff: Backoff::Exponential {
+            base_ms: MIN,
+            max_ms: HOUR,
+        },
         jitter,
+        max_attempts: 1,
+        give_up_after: Duration::ZERO,
         max_attempts_404: 5,
         max_retry_after: Duration::from_millis(24 * HOUR),
+        request_timeout: Duration::from_secs(30),
+        max_in_flight: None,
         statuses: Statuses::seed(),
     }
 }
@@ -58,7 +62,7 @@ const DEAD_MAX: Transition = Transition::Dead(DeadReason::MaxAttempts);
 const DEAD_EXPIRED: Transition = Transition::Dead(DeadReason::Expired);
 const DEAD_PERMANENT: Transition = Transition::Dead(DeadReason::PermanentStatus);
 
-fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy) -> Transition {
+fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy<Statuses>) -> Transition {
     decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1)).transition
 }
 
@@ -311,7 +315,7 @@ fn svix() -> Backoff {
 fn a_schedule_gives_each_retry_its_listed_delay() {
     let schedule = svix();
     let p = RetryPolicy {
-        backoff: &schedule,
+        backoff: schedule.clone(),
         ..policy(Jitter::None)
     };
     let l = Limits {
@@ -344,7 +348,7 @@ fn a_schedule_gives_each_retry_its_listed_delay() {
 fn retry_after_still_wins_over_a_schedule_capped_by_max_retry_after() {
     let schedule = svix();
     let mut p = RetryPolicy {
-        backoff: &schedule,
+        backoff: schedule.clone(),
         ..policy(Jitter::None)
     };
     let l = Limits {
@@ -368,7 +372,7 @@ fn jitter_applies_to_a_schedule() {
     let l = limits();
     for jitter in [Jitter::Equal, Jitter::Full] {
         let p = RetryPolicy {
-            backoff: &schedule,
+            backoff: schedule.clone(),
             ..policy(jitter)
         };
         let mut rng = StdRng::seed_from_u64(11);

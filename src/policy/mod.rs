@@ -12,8 +12,8 @@
 //! - [`circuit`] is the per-host circuit breaker.
 //! - [`decide`] combines them with the give-up limits into one [`Verdict`]: where the
 //!   message goes and how the attempt counts.
-//! - [`book`] says which settings a message gets: the global ones overridden by its
-//!   route's and its endpoint's sections.
+//! - [`settings`] is the full set of retry settings, what a config section overrides of it,
+//!   and how a message's sections lay over the global set; [`book`] looks them up.
 
 pub mod backoff;
 pub mod book;
@@ -22,10 +22,12 @@ pub mod classify;
 pub mod decide;
 pub mod rate;
 pub mod retry_after;
+pub mod settings;
 
 pub use backoff::{Backoff, BackoffError};
-pub use book::{BasePolicy, Overrides, PolicyBook, Resolved};
+pub use book::PolicyBook;
 pub use classify::{classify, Class, StatusError, StatusMatch, StatusRules, Statuses};
-pub use decide::{decide, AttemptResult, Limits, Outcome, RetryPolicy, Verdict};
+pub use decide::{decide, AttemptResult, Limits, Outcome, Verdict};
 pub use rate::TokenBucket;
 pub use retry_after::parse_retry_after;
+pub use settings::{resolve, revision_text, Overrides, RetryPolicy};

@@ -124,7 +124,7 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     /// How long it took.
     pub duration_ms: u32,
-    /// The revision of the policy it was made under (`policy::Resolved::revision`); `None`
+    /// The revision of the policy it was made under (`policy::RetryPolicy::revision`); `None`
     /// for attempts recorded before revisions were.
     pub policy_revision: Option<u32>,
     /// The span id (16 hex digits) of the `traceparent` this attempt sent; `None` when the

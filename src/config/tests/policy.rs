@@ -90,14 +90,14 @@ fn the_book_resolves_endpoint_then_route_then_global() {
     let c = parse(POLICIES);
     let book = c.policy_book();
     let both = book.resolve(Some("billing"), "https://billing.example/hooks");
-    assert_eq!(both.backoff().steps(), Some(&[1_000, 10_000][..]), "route's schedule");
-    assert_eq!(both.jitter(), Jitter::None, "route");
-    assert_eq!(both.max_attempts(), 3, "route's schedule length + 1");
-    assert_eq!(both.give_up_after(), secs(6 * 3600), "route");
-    assert_eq!(both.request_timeout(), secs(5), "endpoint");
-    assert_eq!(both.max_attempts_404(), 1, "endpoint");
-    assert_eq!(both.max_in_flight(), Some(2), "endpoint");
-    let s = both.statuses();
+    assert_eq!(both.backoff.steps(), Some(&[1_000, 10_000][..]), "route's schedule");
+    assert_eq!(both.jitter, Jitter::None, "route");
+    assert_eq!(both.max_attempts, 3, "route's schedule length + 1");
+    assert_eq!(both.give_up_after, secs(6 * 3600), "route");
+    assert_eq!(both.request_timeout, secs(5), "endpoint");
+    assert_eq!(both.max_attempts_404, 1, "endpoint");
+    assert_eq!(both.max_in_flight, Some(2), "endpoint");
+    let s = both.statuses;
     assert_eq!(s.classify(409), Class::RetryLimited, "endpoint over [retry]");
     assert_eq!(s.classify(404), Class::Permanent, "route");
     assert_eq!(s.classify(503), Class::Retry, "route");
@@ -106,20 +106,21 @@ fn the_book_resolves_endpoint_then_route_then_global() {
     // The route's exponential keys fill in from [retry]'s, not from its schedule.
     let bulk = book.resolve(Some("bulk"), "https://bulk.example/in");
     assert_eq!(
-        bulk.backoff(),
-        &Backoff::Exponential {
+        bulk.backoff,
+        Backoff::Exponential {
             base_ms: 10_000,
             max_ms: 3_600_000
         }
     );
-    assert_eq!(bulk.max_attempts(), 30);
-    assert_eq!(bulk.request_timeout(), secs(20), "[delivery]'s");
-    assert_eq!(bulk.statuses().classify(409), Class::Delivered, "[retry]'s rule");
+    assert_eq!(bulk.max_attempts, 30);
+    assert_eq!(bulk.request_timeout, secs(20), "[delivery]'s");
+    assert_eq!(bulk.statuses.classify(409), Class::Delivered, "[retry]'s rule");
 
     let plain = book.resolve(None, "https://slow.example/hook");
-    assert_eq!(plain.endpoint_section(), None, "a rate alone changes no policy");
-    assert_eq!(plain.max_attempts(), 8);
-    assert_eq!(plain.backoff().steps().map(<[u64]>::len), Some(7));
+    let sections = book.sections(None, "https://slow.example/hook");
+    assert_eq!(sections, (None, None), "a rate alone changes no policy");
+    assert_eq!(plain.max_attempts, 8);
+    assert_eq!(plain.backoff.steps().map(<[u64]>::len), Some(7));
     assert_eq!(
         book.endpoint_caps().collect::<Vec<_>>(),
         [("https://billing.example/hooks", 2)]
@@ -260,9 +261,8 @@ fn check_config_prints_each_sections_effective_policy() {
     let c = parse(POLICIES);
     let summary = c.summary();
     let book = c.policy_book();
-    let rev = |route: Option<&str>, endpoint: &str| {
-        crate::policy::book::revision_text(book.resolve(route, endpoint).revision())
-    };
+    let rev =
+        |route: Option<&str>, endpoint: &str| crate::policy::revision_text(book.resolve(route, endpoint).revision());
     for want in [
         "retry: base_delay 1m, max_delay 1h, jitter equal, max_attempts 8, max_attempts_404 5, give_up_after 3d, \
          max_retry_after 1d, schedule [5s, 5m, 30m, 2h, 5h, 10h, 10h]",
