@@ -139,7 +139,8 @@ impl Backoff {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+/// `d` in whole millis, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::backoff::millis;
 use super::classify::{Class, Statuses};
 use super::retry_after::parse_retry_after;
 use super::settings::RetryPolicy;
@@ -148,8 +149,7 @@ fn retry(
     if let Some(asked) = retry_after {
         delay = delay.max(asked.min(policy.max_retry_after));
     }
-    let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-    let at_ms = now_ms.saturating_add(delay_ms);
+    let at_ms = now_ms.saturating_add(millis(delay));
     if at_ms > limits.give_up_at_ms {
         Transition::Dead(DeadReason::Expired)
     } else {

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use super::backoff::Backoff;
+use super::backoff::{millis, Backoff};
 use super::classify::{StatusRules, Statuses};
 use crate::model::Jitter;
 
@@ -143,10 +143,6 @@ impl RetryPolicy<Statuses<'_>> {
         }
         hash
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A revision as the admin API, the CLI and `check-config` print it: 8 hex digits.
