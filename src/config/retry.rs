@@ -71,13 +71,10 @@ pub(super) fn implied_attempts(delays: usize) -> u32 {
 /// `schedule = ["5s", "5m"]`: durations, checked as [`Backoff::schedule`] checks them.
 pub(super) fn schedule<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Duration>>, D::Error> {
     let delays = de::list::<Dur, D>(d)?;
-    check_schedule(&delays).map_err(Problem::into_serde)?;
-    Ok(Some(delays))
-}
-
-/// Whether `delays` make a schedule; the problem continues the key that holds them.
-pub(super) fn check_schedule(delays: &[Duration]) -> Result<(), Problem> {
-    Backoff::schedule(delays).map(drop).map_err(|e| backoff_problem(&e))
+    match Backoff::schedule(&delays) {
+        Ok(_) => Ok(Some(delays)),
+        Err(e) => Err(backoff_problem(&e).into_serde()),
+    }
 }
 
 /// A backoff that does not build, worded to follow its key (`retry.schedule` + ` must ...`).

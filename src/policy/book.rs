@@ -34,11 +34,6 @@ impl PolicyBook {
         }
     }
 
-    /// The global policy.
-    pub fn base(&self) -> &RetryPolicy {
-        &self.base
-    }
-
     /// The policy of a message accepted through `route` (if any) for `endpoint`.
     pub fn resolve(&self, route: Option<&str>, endpoint: &str) -> RetryPolicy<Statuses<'_>> {
         resolve(
@@ -117,7 +112,7 @@ mod tests {
             assert_eq!(b.sections(route, endpoint), (None, None));
             let r = b.resolve(route, endpoint);
             assert_eq!(r.revision(), b.resolve(None, "x").revision());
-            assert_eq!((r.backoff, r.max_attempts), (b.base().backoff.clone(), 16));
+            assert_eq!((r.backoff, r.max_attempts), (base().backoff, 16));
         }
     }
 
