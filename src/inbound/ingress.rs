@@ -212,7 +212,7 @@ impl Ingress {
         let read = self.read(req, config.max_body).await?;
 
         // The give-up limits are fixed now, from the message's own headers, else its
-        // endpoint's, route's or the global policy (see `policy::book`).
+        // endpoint's, route's or the global policy (see `policy::settings`).
         let endpoint = control
             .endpoint
             .unwrap_or_else(|| crate::target::default_endpoint_key(&resolved.url));
