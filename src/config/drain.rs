@@ -19,29 +19,20 @@ pub const DEFAULT_CONCURRENCY: u32 = 16;
 /// Largest `[drain] concurrency`.
 pub const MAX_CONCURRENCY: u32 = 256;
 
-/// `[drain]`.
-/// `Debug` shows the token as `Secret(***)`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DrainConfig {
-    /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
-    pub to: Option<String>,
-    /// Other peers `POST /drain` may name (besides `to`).
-    pub peers: Vec<String>,
-    /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
-    pub token: Option<Secret>,
-    /// Messages forwarded to the peer at once.
-    pub concurrency: u32,
-}
-
-impl Default for DrainConfig {
-    fn default() -> Self {
-        DrainConfig {
-            to: None,
-            peers: Vec::new(),
-            token: None,
-            concurrency: DEFAULT_CONCURRENCY,
-        }
+section! {
+    /// `[drain]`.
+    /// `Debug` shows the token as `Secret(***)`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct DrainConfig {
+        /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
+        pub to: Option<String> = None,
+        /// Other peers `POST /drain` may name (besides `to`).
+        pub peers: Vec<String> = Vec::new(),
+        /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
+        pub token: Option<Secret> = None,
+        /// Messages forwarded to the peer at once.
+        pub concurrency: u32 = DEFAULT_CONCURRENCY,
     }
 }
 

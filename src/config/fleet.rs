@@ -5,7 +5,6 @@
 //! The Redis URL may carry a password, so it is never shown whole: `Debug` and the summary
 //! show its origin only (`rediss://redis.internal:6380`), and where the password came from.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,64 +22,38 @@ text!(/// A `redis://` or `rediss://` URL (never quoted: it may carry a password
 text!(/// A duration of `[fleet]` (whose bad durations have no code).
     Ttl: Duration = parse_duration_text);
 
-/// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FleetConfig {
-    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
-    /// system's web PKI roots). Unset: fleet limits off.
-    #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
-    pub redis_url: Option<Url>,
-    /// A file holding the Redis password (a mounted Kubernetes secret); its trailing newline
-    /// is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
-    pub password_file: Option<PathBuf>,
-    /// `COURIER_FLEET_REDIS_PASSWORD`: set from the environment only (never the file, which
-    /// is often checked in).
-    #[serde(skip)]
-    pub password: Option<Secret>,
-    /// How many couriers share the limits. Used only while Redis is unreachable: each
-    /// courier then keeps to its local limits divided by this (rounded up, at least 1).
-    /// Default 1: an outage of Redis then behaves as courier did before it had a fleet (each
-    /// courier at its own limits), never slower; set it to the replica count to keep the
-    /// receivers' protection through an outage.
-    pub expected_replicas: u32,
-    /// Prefix of every Redis key and channel, so several fleets can share one Redis.
-    pub key_prefix: String,
-    /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
-    /// Redis): renewed every third of it while the attempt runs.
-    #[serde(deserialize_with = "de::one::<Ttl, _>")]
-    pub lease_ttl: Duration,
-    /// The longest one Redis call may take before Redis counts as unavailable and the
-    /// fallback limits apply; short, so a stalled Redis does not stall delivery.
-    #[serde(deserialize_with = "de::one::<Ttl, _>")]
-    pub timeout: Duration,
-}
-
-impl Default for FleetConfig {
-    fn default() -> Self {
-        FleetConfig {
-            redis_url: None,
-            password_file: None,
-            password: None,
-            expected_replicas: 1,
-            key_prefix: "courier".to_string(),
-            lease_ttl: Duration::from_secs(10),
-            timeout: Duration::from_millis(250),
-        }
-    }
-}
-
-impl fmt::Debug for FleetConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FleetConfig")
-            .field("redis_url", &self.redis_url.as_ref().map(redis_origin))
-            .field("password_file", &self.password_file)
-            .field("password", &self.password)
-            .field("expected_replicas", &self.expected_replicas)
-            .field("key_prefix", &self.key_prefix)
-            .field("lease_ttl", &self.lease_ttl)
-            .field("timeout", &self.timeout)
-            .finish()
+section! {
+    /// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct FleetConfig {
+        /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
+        /// system's web PKI roots). Unset: fleet limits off.
+        #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
+        pub redis_url: Option<Url> = None => |url: &Option<Url>| url.as_ref().map(redis_origin),
+        /// A file holding the Redis password (a mounted Kubernetes secret); its trailing
+        /// newline is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
+        pub password_file: Option<PathBuf> = None,
+        /// `COURIER_FLEET_REDIS_PASSWORD`: set from the environment only (never the file,
+        /// which is often checked in).
+        #[serde(skip)]
+        pub password: Option<Secret> = None,
+        /// How many couriers share the limits. Used only while Redis is unreachable: each
+        /// courier then keeps to its local limits divided by this (rounded up, at least 1).
+        /// Default 1: an outage of Redis then behaves as courier did before it had a fleet
+        /// (each courier at its own limits), never slower; set it to the replica count to keep
+        /// the receivers' protection through an outage.
+        pub expected_replicas: u32 = 1,
+        /// Prefix of every Redis key and channel, so several fleets can share one Redis.
+        pub key_prefix: String = "courier".to_string(),
+        /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
+        /// Redis): renewed every third of it while the attempt runs.
+        #[serde(deserialize_with = "de::one::<Ttl, _>")]
+        pub lease_ttl: Duration = Duration::from_secs(10),
+        /// The longest one Redis call may take before Redis counts as unavailable and the
+        /// fallback limits apply; short, so a stalled Redis does not stall delivery.
+        #[serde(deserialize_with = "de::one::<Ttl, _>")]
+        pub timeout: Duration = Duration::from_millis(250),
     }
 }
 

@@ -29,13 +29,15 @@ impl LogFormat {
     }
 }
 
-/// `[log]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogConfig {
-    /// The line format.
-    #[serde(deserialize_with = "de::one::<Format, _>")]
-    pub format: LogFormat,
+section! {
+    /// `[log]`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct LogConfig {
+        /// The line format.
+        #[serde(deserialize_with = "de::one::<Format, _>")]
+        pub format: LogFormat = LogFormat::Text,
+    }
 }
 
 /// `text` or `json`, case-insensitive (an env var is easy to capitalise).

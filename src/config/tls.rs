@@ -13,18 +13,20 @@ use serde::{Deserialize, Deserializer};
 
 use super::ConfigError;
 
-/// `[tls]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsConfig {
-    /// The root certificates trusted for every receiver.
-    pub roots: TlsRoots,
-    /// Extra CA bundles (PEM) trusted for every receiver, besides `roots`: `"ca.pem"` or
-    /// `["a.pem", "b.pem"]`.
-    #[serde(deserialize_with = "one_or_many")]
-    pub ca_file: Vec<PathBuf>,
-    /// The lowest TLS version offered.
-    pub min_version: TlsVersion,
+section! {
+    /// `[tls]`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct TlsConfig {
+        /// The root certificates trusted for every receiver.
+        pub roots: TlsRoots = TlsRoots::Webpki,
+        /// Extra CA bundles (PEM) trusted for every receiver, besides `roots`: `"ca.pem"` or
+        /// `["a.pem", "b.pem"]`.
+        #[serde(deserialize_with = "one_or_many")]
+        pub ca_file: Vec<PathBuf> = Vec::new(),
+        /// The lowest TLS version offered.
+        pub min_version: TlsVersion = TlsVersion::Tls12,
+    }
 }
 
 /// `tls.roots`: where the trusted roots come from.
@@ -74,19 +76,21 @@ impl TlsVersion {
     }
 }
 
-/// The TLS keys of one `[[host]]` entry (written beside its other keys: `shape` gathers
-/// them for this struct). Per host, because connections are pooled per `host:port`: a
-/// pooled connection carries exactly one client identity.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HostTls {
-    /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
-    #[serde(deserialize_with = "one_or_many")]
-    pub ca_file: Vec<PathBuf>,
-    /// The client certificate chain (PEM) presented to this host.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub client_key: Option<PathBuf>,
+section! {
+    /// The TLS keys of one `[[host]]` entry (written beside its other keys: `shape` gathers
+    /// them for this struct). Per host, because connections are pooled per `host:port`: a
+    /// pooled connection carries exactly one client identity.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct HostTls {
+        /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
+        #[serde(deserialize_with = "one_or_many")]
+        pub ca_file: Vec<PathBuf> = Vec::new(),
+        /// The client certificate chain (PEM) presented to this host.
+        pub client_cert: Option<PathBuf> = None,
+        /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+        pub client_key: Option<PathBuf> = None,
+    }
 }
 
 impl HostTls {
