@@ -11,6 +11,8 @@
 use serde::Deserialize;
 use url::Url;
 
+use super::summary::set;
+use super::validate::rule;
 use super::ConfigError;
 use crate::signing::Secret;
 
@@ -44,13 +46,12 @@ impl DrainConfig {
         for peer in &self.peers {
             peer_url(peer).map_err(|e| ConfigError::invalid("drain.peers", format_args!("{peer:?} {e}")))?;
         }
-        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
-            return Err(ConfigError::invalid(
-                "drain.concurrency",
-                format_args!("must be 1 to {MAX_CONCURRENCY}"),
-            ));
-        }
-        Ok(())
+        let problem = format_args!("must be 1 to {MAX_CONCURRENCY}");
+        rule(
+            !(1..=MAX_CONCURRENCY).contains(&self.concurrency),
+            "drain.concurrency",
+            problem,
+        )
     }
 
     /// Whether `url` is a peer the operator configured (`to` or one of `peers`), compared
@@ -64,17 +65,13 @@ impl DrainConfig {
 
     /// The summary line (the token only as set or not).
     pub(super) fn summary(&self) -> String {
-        format!(
-            "drain: to {}, peers {}, token {}, concurrency {}",
-            self.to.as_deref().unwrap_or("(unset: give --to)"),
-            if self.peers.is_empty() {
-                "none".to_string()
-            } else {
-                format!("[{}]", self.peers.join(", "))
-            },
-            if self.token.is_some() { "set" } else { "unset" },
-            self.concurrency
-        )
+        let to = self.to.as_deref().unwrap_or("(unset: give --to)");
+        let peers = match self.peers.is_empty() {
+            true => "none".to_string(),
+            false => format!("[{}]", self.peers.join(", ")),
+        };
+        let (token, concurrency) = (set(&self.token), self.concurrency);
+        format!("drain: to {to}, peers {peers}, token {token}, concurrency {concurrency}")
     }
 }
 

@@ -13,7 +13,8 @@ use url::Url;
 
 use super::de::{self, text};
 use super::parse::parse_duration_text;
-use super::units::format_duration;
+use super::summary::dur;
+use super::validate::rule;
 use super::ConfigError;
 use crate::signing::Secret;
 
@@ -117,32 +118,32 @@ impl FleetConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.expected_replicas == 0 {
-            return Err(ConfigError::invalid("fleet.expected_replicas", "must be at least 1"));
-        }
-        let prefix_ok = !self.key_prefix.is_empty()
-            && self.key_prefix.len() <= 64
-            && self.key_prefix.bytes().all(|b| b.is_ascii_graphic());
-        if !prefix_ok {
-            return Err(ConfigError::invalid(
-                "fleet.key_prefix",
-                "must be 1 to 64 printable ASCII characters without spaces",
-            ));
-        }
-        if self.lease_ttl < Duration::from_secs(1) {
-            return Err(ConfigError::invalid("fleet.lease_ttl", "must be at least 1s"));
-        }
+        rule(
+            self.expected_replicas == 0,
+            "fleet.expected_replicas",
+            "must be at least 1",
+        )?;
+        let prefix = &self.key_prefix;
+        let prefix_ok = !prefix.is_empty() && prefix.len() <= 64 && prefix.bytes().all(|b| b.is_ascii_graphic());
+        rule(
+            !prefix_ok,
+            "fleet.key_prefix",
+            "must be 1 to 64 printable ASCII characters without spaces",
+        )?;
+        rule(
+            self.lease_ttl < Duration::from_secs(1),
+            "fleet.lease_ttl",
+            "must be at least 1s",
+        )?;
         // Renewed every third of the TTL: a renewal must fit in one third, so one that
         // times out still leaves a second chance before the lease expires.
-        if self.timeout.is_zero() || self.timeout * 3 > self.lease_ttl {
-            return Err(ConfigError::invalid(
-                "fleet.timeout",
-                format_args!(
-                    "must be more than 0 and at most a third of fleet.lease_ttl ({})",
-                    format_duration(self.lease_ttl)
-                ),
-            ));
-        }
+        let ttl = dur(&self.lease_ttl);
+        let problem = format_args!("must be more than 0 and at most a third of fleet.lease_ttl ({ttl})");
+        rule(
+            self.timeout.is_zero() || self.timeout * 3 > self.lease_ttl,
+            "fleet.timeout",
+            problem,
+        )?;
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|e| ConfigError::invalid("fleet.redis_url", e))?;
             self.password_override()?;
@@ -163,12 +164,9 @@ impl FleetConfig {
             PasswordSource::None => "none",
         };
         format!(
-            "fleet: redis {} (password {password}), expected_replicas {}, key_prefix {}, lease_ttl {}, timeout {}",
+            "fleet: redis {} (password {password}), {}",
             redis_origin(url),
-            self.expected_replicas,
-            self.key_prefix,
-            format_duration(self.lease_ttl),
-            format_duration(self.timeout)
+            pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur)
         )
     }
 }

@@ -70,6 +70,16 @@ macro_rules! section {
     };
 }
 
+/// `key value, key value, ...`: the named fields of a section as `check-config` shows
+/// them, each through its formatter where one is given (`field: dur`), else `Display`.
+macro_rules! pairs {
+    (@shown $value:expr) => { $value };
+    (@shown $value:expr, $shown:expr) => { ($shown)(&$value) };
+    ($section:expr; $($field:ident $(: $shown:expr)?),* $(,)?) => {
+        [$(format!("{} {}", stringify!($field), pairs!(@shown $section.$field $(, $shown)?))),*].join(", ")
+    };
+}
+
 mod access;
 mod circuit;
 mod de;

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer};
 
+use super::validate::rule;
 use super::ConfigError;
 
 section! {
@@ -101,17 +102,18 @@ impl HostTls {
 
     /// `host[i]`'s rules the types cannot express: a certificate needs its key and back.
     pub(super) fn validate(&self, i: usize) -> Result<(), ConfigError> {
-        match (&self.client_cert, &self.client_key) {
-            (Some(_), None) => Err(ConfigError::invalid(
-                &format!("host[{i}].client_cert"),
-                format_args!("needs host[{i}].client_key"),
-            )),
-            (None, Some(_)) => Err(ConfigError::invalid(
-                &format!("host[{i}].client_key"),
-                format_args!("needs host[{i}].client_cert"),
-            )),
-            _ => check_paths(&format!("host[{i}].ca_file"), &self.ca_file),
-        }
+        let (cert, key) = (format!("host[{i}].client_cert"), format!("host[{i}].client_key"));
+        rule(
+            self.client_key.is_none() && self.client_cert.is_some(),
+            &cert,
+            format_args!("needs {key}"),
+        )?;
+        rule(
+            self.client_cert.is_none() && self.client_key.is_some(),
+            &key,
+            format_args!("needs {cert}"),
+        )?;
+        check_paths(&format!("host[{i}].ca_file"), &self.ca_file)
     }
 }
 
@@ -124,10 +126,8 @@ impl TlsConfig {
 }
 
 fn check_paths(key: &str, paths: &[PathBuf]) -> Result<(), ConfigError> {
-    match paths.iter().position(|p| p.as_os_str().is_empty()) {
-        Some(i) => Err(ConfigError::invalid(&format!("{key}[{i}]"), "must not be empty")),
-        None => Ok(()),
-    }
+    let empty = paths.iter().position(|p| p.as_os_str().is_empty());
+    empty.map_or(Ok(()), |i| rule(true, &format!("{key}[{i}]"), "must not be empty"))
 }
 
 /// A path or a list of paths.
