@@ -100,20 +100,12 @@ impl FleetConfig {
         let Some(path) = &self.password_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(
-                "fleet.password_file",
-                format_args!("{}: cannot read it: {e}", path.display()),
-            )
-        })?;
+        let (key, shown) = ("fleet.password_file", path.display());
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::invalid(key, format_args!("{shown}: cannot read it: {e}")))?;
         let password = text.strip_suffix('\n').unwrap_or(&text);
         let password = password.strip_suffix('\r').unwrap_or(password);
-        if password.is_empty() {
-            return Err(ConfigError::invalid(
-                "fleet.password_file",
-                format_args!("{} is empty", path.display()),
-            ));
-        }
+        rule(password.is_empty(), key, format_args!("{shown} is empty"))?;
         Ok(Some(Secret::new(password.to_string())))
     }
 

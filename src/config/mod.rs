@@ -4,15 +4,15 @@
 //! and the command-line flags ([`Overrides`]) — then checked by [`Config::validate`].
 //!
 //! Shape of the code, and why:
-//! - One definition per setting: the field of its section struct carries its doc comment,
-//!   the section's `Default` its default, and a `#[serde(...)]` attribute how the file
-//!   writes it. The TOML is read straight into this tree (`#[serde(default,
-//!   deny_unknown_fields)]` at every level, so a typo is an error instead of a silently
-//!   ignored setting, and an unwritten key keeps its default). Adding a section is one file
-//!   with its struct and one field here.
+//! - One declaration per setting: the field of its section, declared with `section!`,
+//!   carries its doc comment, its default (`= value`), how `Debug` shows it when it may hold
+//!   a credential (`=> f`), and a `#[serde(...)]` attribute for how the file writes it; the
+//!   summary names it by that field (`pairs!`), reload's restart-only list by its path.
+//!   The TOML is read straight into this tree (`#[serde(default, deny_unknown_fields)]` at
+//!   every level, so a typo is an error instead of a silently ignored setting, and an
+//!   unwritten key keeps its default).
 //! - Values written as text (durations, sizes, addresses, URLs, ...) are read through the
-//!   markers of `de` by their parsers (in `parse`, or beside the type they make: `listen`,
-//!   `log`, `proxy`).
+//!   markers of `de` by their parsers (in `parse`, or beside the type they make).
 //! - A variable is another spelling of one key: `env`'s table turns each set variable into
 //!   that key's TOML value, put over the file's document, and serde reads the whole once, so
 //!   a setting reads the same from either.
@@ -27,20 +27,20 @@
 //!   in the path): `Debug` and [`Config::summary`] show only its origin.
 //!
 //! Where things live:
-//! - this file: the tree ([`Config`]), its defaults and `Debug`, [`Config::load`] (the
-//!   layering), and the lookups the runtime uses;
-//! - the sections, each with its struct and defaults: `access` (`[ingress]`, `[admin]`),
-//!   `retry` (with the `schedule` and `statuses` readers), `delivery`, `circuit`, `log`,
-//!   `signing`, `egress` (with `proxy`), `tls`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
-//!   (the retry keys of routes and endpoints, [`PolicyOverrides`], their checks and
-//!   [`Config::policy_book`]), `listen` (the ingress address and its parsers);
+//! - this file: the tree ([`Config`]), [`Config::load`] (the layering), and the lookups the
+//!   runtime uses;
+//! - the sections, each with its struct: `listen` (the listeners' addresses, `[ingress]`,
+//!   `[admin]`), `retry` (with the `schedule` and `statuses` readers), `delivery`,
+//!   `circuit`, `log`, `fleet`, `drain`, `signing`, `egress` (with the proxy), `tls`,
+//!   `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy` (the retry keys of routes
+//!   and endpoints, [`PolicyOverrides`], their checks and [`Config::policy_book`]);
 //! - `file`: the TOML layer ([`Config::from_toml_str`]) and its one-line errors; `shape`: what
 //!   the file's keys mean together (aliases, groups), settled before serde reads them; `de`:
 //!   how values written as text are read; `parse` and [`units`]: the shared parsers;
 //! - `env`: the table of variables ([`ENV_VARS`]), the environment layer and the flag layer
 //!   ([`Overrides`]);
-//! - `error`: [`ConfigError`] (a leaf: it asks no other module anything); `validate`: [`Config::validate`] and its rules; `summary`:
-//!   [`Config::summary`] and the redacting formatters it shares with `Debug`.
+//! - `error`: [`ConfigError`] (a leaf); `validate`: [`Config::validate`] and its rules;
+//!   `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
 /// Declares a section of the tree: its struct (each field with its doc and how the file
 /// writes it), its `Default` from the value after each field's `=`, and its `Debug`, which
@@ -80,7 +80,6 @@ macro_rules! pairs {
     };
 }
 
-mod access;
 mod circuit;
 mod de;
 mod delivery;
@@ -119,7 +118,6 @@ use crate::signing::Secret;
 use de::{Dur, Link, Size};
 use listen::{Ingress, Mode, Tcp};
 
-pub use access::{IngressConfig, ListenerAccess, DEFAULT_IDLE_TIMEOUT};
 pub use circuit::CircuitConfig;
 pub use delivery::DeliveryConfig;
 pub use drain::{peer_url, DrainConfig, MAX_CONCURRENCY as DRAIN_MAX_CONCURRENCY};
@@ -127,7 +125,7 @@ pub use egress::{EgressConfig, EgressProxy};
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use fleet::{redis_origin, FleetConfig, PasswordSource};
-pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
+pub use listen::{IngressConfig, ListenAddr, ListenerAccess, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
 pub use retry::RetryConfig;
