@@ -53,18 +53,14 @@ impl Config {
     /// Tokens and secrets are reported as set or counted, never shown.
     pub fn summary(&self) -> String {
         let (r, d, c) = (&self.retry, &self.delivery, &self.circuit);
+        let mode = match self.listen {
+            super::ListenAddr::Unix(_) => format!(", mode {:04o}", self.listen_mode),
+            super::ListenAddr::Tcp(_) => String::new(),
+        };
+        let ops = self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default();
+        let (listen, admin, data_dir) = (&self.listen, self.admin_listen, self.data_dir.display());
         let mut lines = vec![
-            format!(
-                "listen {} (ingress{}), {} (admin){}; data_dir {}",
-                self.listen,
-                match self.listen {
-                    super::ListenAddr::Unix(_) => format!(", mode {:04o}", self.listen_mode),
-                    super::ListenAddr::Tcp(_) => String::new(),
-                },
-                self.admin_listen,
-                self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default(),
-                self.data_dir.display()
-            ),
+            format!("listen {listen} (ingress{mode}), {admin} (admin){ops}; data_dir {data_dir}"),
             format!(
                 "max_body {}; ingress_token {}; admin_token {}; alert_url {}",
                 size(&self.max_body),
