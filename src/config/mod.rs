@@ -70,6 +70,26 @@ macro_rules! section {
     };
 }
 
+/// Declares an enum of a setting's values, each with the one spelling the file writes:
+/// serde reads exactly those, and `as_str` gives them back for the summary.
+macro_rules! spelled {
+    ($(#[$attr:meta])* pub enum $name:ident { $($(#[$variant_attr:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+        pub enum $name {
+            $($(#[$variant_attr])* #[serde(rename = $text)] $variant,)*
+        }
+        impl $name {
+            /// The setting as written.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
 /// `key value, key value, ...`: the named fields of a section as `check-config` shows
 /// them, each through its formatter where one is given (`field: dur`), else `Display`.
 macro_rules! pairs {

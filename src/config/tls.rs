@@ -30,50 +30,28 @@ section! {
     }
 }
 
-/// `tls.roots`: where the trusted roots come from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TlsRoots {
-    /// The Mozilla set compiled in (`webpki-roots`): the same on every machine.
-    #[default]
-    Webpki,
-    /// The system's store (`rustls-native-certs`: `/etc/ssl/certs` and friends, or
-    /// `SSL_CERT_FILE`/`SSL_CERT_DIR`), where corporate roots are usually installed.
-    Native,
-    /// Both of them.
-    Both,
-}
-
-impl TlsRoots {
-    /// The setting as written.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TlsRoots::Webpki => "webpki",
-            TlsRoots::Native => "native",
-            TlsRoots::Both => "both",
-        }
+spelled! {
+    /// `tls.roots`: where the trusted roots come from.
+    pub enum TlsRoots {
+        /// The Mozilla set compiled in (`webpki-roots`): the same on every machine.
+        #[default]
+        Webpki = "webpki",
+        /// The system's store (`rustls-native-certs`: `/etc/ssl/certs` and friends, or
+        /// `SSL_CERT_FILE`/`SSL_CERT_DIR`), where corporate roots are usually installed.
+        Native = "native",
+        /// Both of them.
+        Both = "both",
     }
 }
 
-/// `tls.min_version`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub enum TlsVersion {
-    /// TLS 1.2 and 1.3.
-    #[default]
-    #[serde(rename = "1.2")]
-    Tls12,
-    /// TLS 1.3 only.
-    #[serde(rename = "1.3")]
-    Tls13,
-}
-
-impl TlsVersion {
-    /// The setting as written.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TlsVersion::Tls12 => "1.2",
-            TlsVersion::Tls13 => "1.3",
-        }
+spelled! {
+    /// `tls.min_version`.
+    pub enum TlsVersion {
+        /// TLS 1.2 and 1.3.
+        #[default]
+        Tls12 = "1.2",
+        /// TLS 1.3 only.
+        Tls13 = "1.3",
     }
 }
 
