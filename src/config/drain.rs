@@ -3,10 +3,9 @@
 //! courier may be asked to drain to, the token that ingress wants, and how many messages are
 //! forwarded at once. See `crate::drain`.
 //!
-//! The TOML section deserializes straight into [`DrainConfig`]; `COURIER_DRAIN_TO`,
-//! `COURIER_DRAIN_PEERS`, `COURIER_DRAIN_TOKEN` and `COURIER_DRAIN_CONCURRENCY` override it,
-//! and the verb's `--to` and `--concurrency` override both (a running courier's `POST
-//! /drain` takes only `to` or a listed peer: [`DrainConfig::lists`]).
+//! The verb's `--to` and `--concurrency` override the section and its `COURIER_DRAIN_*`
+//! variables; a running courier's `POST /drain` takes only `to` or a listed peer
+//! ([`DrainConfig::lists`]).
 
 use serde::Deserialize;
 use url::Url;

@@ -210,18 +210,17 @@ fn put(root: &mut Table, key: &str, value: Option<Value>) {
 }
 
 impl Config {
+    /// Sets the settings given as flags; a bad value is named by its flag.
     pub(super) fn apply_flags(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
-        if let Some(listen) = &flags.listen {
-            self.listen =
-                parse_ingress_listen(listen).map_err(|e| ConfigError::new(format!("--listen {listen:?}"), e))?;
+        let flag = |name: &str, text: &str, e: String| ConfigError::new(format!("{name} {text:?}"), e);
+        if let Some(text) = &flags.listen {
+            self.listen = parse_ingress_listen(text).map_err(|e| flag("--listen", text, e))?;
         }
-        if let Some(admin) = &flags.admin_listen {
-            self.admin_listen =
-                parse_listen(admin).map_err(|e| ConfigError::new(format!("--admin-listen {admin:?}"), e))?;
+        if let Some(text) = &flags.admin_listen {
+            self.admin_listen = parse_listen(text).map_err(|e| flag("--admin-listen", text, e))?;
         }
-        if let Some(ops) = &flags.ops_listen {
-            self.ops_listen =
-                Some(parse_listen(ops).map_err(|e| ConfigError::new(format!("--ops-listen {ops:?}"), e))?);
+        if let Some(text) = &flags.ops_listen {
+            self.ops_listen = Some(parse_listen(text).map_err(|e| flag("--ops-listen", text, e))?);
         }
         if let Some(dir) = &flags.data_dir {
             self.data_dir = dir.clone();

@@ -162,7 +162,7 @@ impl ConfigError {
     }
 
     /// Where the problem is: `config <file>`, `<VARIABLE>="<value>"`, `--flag "<value>"` or
-    /// `invalid config` (a rule of [`Config::validate`]).
+    /// `invalid config` (a rule of [`Config::validate`](super::Config::validate)).
     pub fn place(&self) -> &str {
         &self.place
     }
