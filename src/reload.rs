@@ -24,70 +24,53 @@ use crate::delivery::Deliverer;
 /// Reads the config again from the layers courier started with.
 pub type ConfigSource = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
 
-/// The settings a reload does not change, by their config key.
-pub const RESTART_ONLY: &[&str] = &[
-    "listen",
-    "listen_mode",
-    "admin_listen",
-    "ops_listen",
-    "data_dir",
-    "retention",
-    "dead_retention",
-    "shutdown_grace",
-    "allow_unauthenticated_network",
-    "ingress",
-    "admin",
-    "log",
-    "circuit",
-    "delivery.connect_timeout",
-    "delivery.max_in_flight",
-    "delivery.max_response_body",
-    "delivery.idle_connection_timeout",
-    "delivery.max_idle_connections",
-    "delivery.pause_after_permanent_failures",
-    "egress.proxy",
-    "egress.no_proxy",
-    "fleet",
-];
+/// Declares the restart-only settings once, by their path in [`Config`]: the list
+/// ([`RESTART_ONLY`]) and the copying ([`keep_restart_only`]) both come from it.
+macro_rules! restart_only {
+    ($($($field:ident).+),* $(,)?) => {
+        /// The settings a reload does not change, by their config key.
+        pub const RESTART_ONLY: &[&str] = &[$(stringify!($($field).+)),*];
 
-/// Copies every [`RESTART_ONLY`] setting of `running` into `new`; returns the keys whose
-/// value `loaded` (the config as last read, before start adjusted it) and `new` disagree on.
-pub fn keep_restart_only(loaded: &Config, running: &Config, new: &mut Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    macro_rules! keep {
-        ($($key:literal => $($field:ident).+;)*) => {$(
-            if loaded.$($field).+ != new.$($field).+ {
-                changed.push($key);
-            }
-            new.$($field).+ = running.$($field).+.clone();
-        )*};
-    }
-    keep! {
-        "listen" => listen;
-        "listen_mode" => listen_mode;
-        "admin_listen" => admin_listen;
-        "ops_listen" => ops_listen;
-        "data_dir" => data_dir;
-        "retention" => retention;
-        "dead_retention" => dead_retention;
-        "shutdown_grace" => shutdown_grace;
-        "allow_unauthenticated_network" => allow_unauthenticated_network;
-        "ingress" => ingress;
-        "admin" => admin;
-        "log" => log;
-        "circuit" => circuit;
-        "delivery.connect_timeout" => delivery.connect_timeout;
-        "delivery.max_in_flight" => delivery.max_in_flight;
-        "delivery.max_response_body" => delivery.max_response_body;
-        "delivery.idle_connection_timeout" => delivery.idle_connection_timeout;
-        "delivery.max_idle_connections" => delivery.max_idle_connections;
-        "delivery.pause_after_permanent_failures" => delivery.pause_after_permanent_failures;
-        "egress.proxy" => egress.proxy;
-        "egress.no_proxy" => egress.no_proxy;
-        "fleet" => fleet;
-    }
-    changed
+        /// Copies every [`RESTART_ONLY`] setting of `running` into `new`; returns the keys
+        /// whose value `loaded` (the config as last read, before start adjusted it) and `new`
+        /// disagree on.
+        pub fn keep_restart_only(loaded: &Config, running: &Config, new: &mut Config) -> Vec<&'static str> {
+            let mut changed = Vec::new();
+            $(
+                if loaded.$($field).+ != new.$($field).+ {
+                    changed.push(stringify!($($field).+));
+                }
+                new.$($field).+ = running.$($field).+.clone();
+            )*
+            changed
+        }
+    };
 }
+
+restart_only!(
+    listen,
+    listen_mode,
+    admin_listen,
+    ops_listen,
+    data_dir,
+    retention,
+    dead_retention,
+    shutdown_grace,
+    allow_unauthenticated_network,
+    ingress,
+    admin,
+    log,
+    circuit,
+    delivery.connect_timeout,
+    delivery.max_in_flight,
+    delivery.max_response_body,
+    delivery.idle_connection_timeout,
+    delivery.max_idle_connections,
+    delivery.pause_after_permanent_failures,
+    egress.proxy,
+    egress.no_proxy,
+    fleet,
+);
 
 /// The config a reload applies: `fresh` (as read) with the running value of every
 /// restart-only setting, and the keys the file changed of those. The result is checked again

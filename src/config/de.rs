@@ -17,9 +17,10 @@ use url::Url;
 
 use super::error::Problem;
 use super::parse::{
-    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_jitter, parse_net,
-    parse_origin, parse_size_text, parse_target, parse_url,
+    normalize_endpoint_key, normalize_host_key, parse_duration_text, parse_host_entry, parse_net, parse_origin,
+    parse_target, parse_url,
 };
+use super::units::parse_size;
 use crate::model::{Jitter, UnknownName};
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
@@ -90,7 +91,7 @@ macro_rules! text {
 pub(super) use text;
 
 text!(/// A size (`64KiB`), in bytes.
-    Size: u64 = parse_size_text);
+    Size: u64 = |t| parse_size(t).map_err(|e| e.to_string()));
 text!(/// A URL (its text is never repeated: it may carry a credential).
     Link: Url = parse_url);
 text!(/// A CIDR network or a bare address.
@@ -108,7 +109,8 @@ text!(/// An `[[endpoint]]` key, normalised as live targets' are.
 text!(/// A duration (`30s`); a bad one is `invalid_duration`, in whichever section.
     Dur: Duration = parse_duration_text, "invalid_duration");
 text!(/// The jitter mode (`equal`, `full`, `none`, any case); a bad one is `invalid_value`.
-    JitterMode: Jitter = parse_jitter, "invalid_value");
+    JitterMode: Jitter = |t| t.trim().to_ascii_lowercase().parse().map_err(|e: UnknownName| e.to_string()),
+    "invalid_value");
 
 /// One of the names of a model enum (`stripe`, `fifo`, `block`), read with its `FromStr`.
 pub(super) struct Name<T>(PhantomData<T>);

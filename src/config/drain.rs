@@ -3,14 +3,15 @@
 //! courier may be asked to drain to, the token that ingress wants, and how many messages are
 //! forwarded at once. See `crate::drain`.
 //!
-//! The TOML section deserializes straight into [`DrainConfig`]; `COURIER_DRAIN_TO`,
-//! `COURIER_DRAIN_PEERS`, `COURIER_DRAIN_TOKEN` and `COURIER_DRAIN_CONCURRENCY` override it,
-//! and the verb's `--to` and `--concurrency` override both (a running courier's `POST
-//! /drain` takes only `to` or a listed peer: [`DrainConfig::lists`]).
+//! The verb's `--to` and `--concurrency` override the section and its `COURIER_DRAIN_*`
+//! variables; a running courier's `POST /drain` takes only `to` or a listed peer
+//! ([`DrainConfig::lists`]).
 
 use serde::Deserialize;
 use url::Url;
 
+use super::summary::set;
+use super::validate::rule;
 use super::ConfigError;
 use crate::signing::Secret;
 
@@ -19,29 +20,20 @@ pub const DEFAULT_CONCURRENCY: u32 = 16;
 /// Largest `[drain] concurrency`.
 pub const MAX_CONCURRENCY: u32 = 256;
 
-/// `[drain]`.
-/// `Debug` shows the token as `Secret(***)`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DrainConfig {
-    /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
-    pub to: Option<String>,
-    /// Other peers `POST /drain` may name (besides `to`).
-    pub peers: Vec<String>,
-    /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
-    pub token: Option<Secret>,
-    /// Messages forwarded to the peer at once.
-    pub concurrency: u32,
-}
-
-impl Default for DrainConfig {
-    fn default() -> Self {
-        DrainConfig {
-            to: None,
-            peers: Vec::new(),
-            token: None,
-            concurrency: DEFAULT_CONCURRENCY,
-        }
+section! {
+    /// `[drain]`.
+    /// `Debug` shows the token as `Secret(***)`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct DrainConfig {
+        /// The peer courier's ingress, `http(s)://host:port` (a path prefix is kept).
+        pub to: Option<String> = None,
+        /// Other peers `POST /drain` may name (besides `to`).
+        pub peers: Vec<String> = Vec::new(),
+        /// The peer's `ingress_token`, sent as `Courier-Token` (a secret: never shown).
+        pub token: Option<Secret> = None,
+        /// Messages forwarded to the peer at once.
+        pub concurrency: u32 = DEFAULT_CONCURRENCY,
     }
 }
 
@@ -53,13 +45,12 @@ impl DrainConfig {
         for peer in &self.peers {
             peer_url(peer).map_err(|e| ConfigError::invalid("drain.peers", format_args!("{peer:?} {e}")))?;
         }
-        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
-            return Err(ConfigError::invalid(
-                "drain.concurrency",
-                format_args!("must be 1 to {MAX_CONCURRENCY}"),
-            ));
-        }
-        Ok(())
+        let problem = format_args!("must be 1 to {MAX_CONCURRENCY}");
+        rule(
+            !(1..=MAX_CONCURRENCY).contains(&self.concurrency),
+            "drain.concurrency",
+            problem,
+        )
     }
 
     /// Whether `url` is a peer the operator configured (`to` or one of `peers`), compared
@@ -73,17 +64,13 @@ impl DrainConfig {
 
     /// The summary line (the token only as set or not).
     pub(super) fn summary(&self) -> String {
-        format!(
-            "drain: to {}, peers {}, token {}, concurrency {}",
-            self.to.as_deref().unwrap_or("(unset: give --to)"),
-            if self.peers.is_empty() {
-                "none".to_string()
-            } else {
-                format!("[{}]", self.peers.join(", "))
-            },
-            if self.token.is_some() { "set" } else { "unset" },
-            self.concurrency
-        )
+        let to = self.to.as_deref().unwrap_or("(unset: give --to)");
+        let peers = match self.peers.is_empty() {
+            true => "none".to_string(),
+            false => format!("[{}]", self.peers.join(", ")),
+        };
+        let (token, concurrency) = (set(&self.token), self.concurrency);
+        format!("drain: to {to}, peers {peers}, token {token}, concurrency {concurrency}")
     }
 }
 

@@ -12,7 +12,6 @@ use toml_edit::{Array, Item, Table, Value};
 use super::error::Problem;
 use super::file::{dotted, read, serde_message};
 use super::listen::{parse_ingress_listen, parse_listen};
-use super::parse::{parse_bool, parse_u32, split_list};
 use super::retry::implied_attempts;
 use super::{Config, ConfigError, Overrides};
 use crate::signing::Secret;
@@ -169,15 +168,21 @@ fn value(kind: Kind, text: &str) -> Result<Option<Value>, Problem> {
         Trim => text.trim().into(),
         Clear | Schedule if blank => return Ok(None),
         Clear => text.trim().into(),
-        Int => i64::from(parse_u32(text)?).into(),
-        Bool => parse_bool(text)?.into(),
+        Int => match text.trim().parse::<u32>() {
+            Ok(n) => i64::from(n).into(),
+            Err(_) => return Err(format!("expected a whole number from 0 to {}", u32::MAX).into()),
+        },
+        Bool => match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" => true.into(),
+            "false" | "0" => false.into(),
+            _ => return Err("expected true, false, 1 or 0".into()),
+        },
+        List if blank => Value::Array(Array::new()),
         // The message must not say which item is empty by quoting it, only where.
-        List => Value::Array(
-            split_list(text)
-                .map_err(|i| format!("item {} of the comma-separated list is empty", i + 1))?
-                .into_iter()
-                .collect::<Array>(),
-        ),
+        List => match text.split(',').map(str::trim).position(str::is_empty) {
+            Some(i) => return Err(format!("item {} of the comma-separated list is empty", i + 1).into()),
+            None => Value::Array(text.split(',').map(str::trim).collect()),
+        },
         Schedule => Value::Array(text.split(',').collect::<Array>()),
         EnvOnly => return Ok(None),
     }))
@@ -205,18 +210,17 @@ fn put(root: &mut Table, key: &str, value: Option<Value>) {
 }
 
 impl Config {
+    /// Sets the settings given as flags; a bad value is named by its flag.
     pub(super) fn apply_flags(&mut self, flags: &Overrides) -> Result<(), ConfigError> {
-        if let Some(listen) = &flags.listen {
-            self.listen =
-                parse_ingress_listen(listen).map_err(|e| ConfigError::new(format!("--listen {listen:?}"), e))?;
+        let flag = |name: &str, text: &str, e: String| ConfigError::new(format!("{name} {text:?}"), e);
+        if let Some(text) = &flags.listen {
+            self.listen = parse_ingress_listen(text).map_err(|e| flag("--listen", text, e))?;
         }
-        if let Some(admin) = &flags.admin_listen {
-            self.admin_listen =
-                parse_listen(admin).map_err(|e| ConfigError::new(format!("--admin-listen {admin:?}"), e))?;
+        if let Some(text) = &flags.admin_listen {
+            self.admin_listen = parse_listen(text).map_err(|e| flag("--admin-listen", text, e))?;
         }
-        if let Some(ops) = &flags.ops_listen {
-            self.ops_listen =
-                Some(parse_listen(ops).map_err(|e| ConfigError::new(format!("--ops-listen {ops:?}"), e))?);
+        if let Some(text) = &flags.ops_listen {
+            self.ops_listen = Some(parse_listen(text).map_err(|e| flag("--ops-listen", text, e))?);
         }
         if let Some(dir) = &flags.data_dir {
             self.data_dir = dir.clone();

@@ -154,18 +154,15 @@ impl ConfigError {
         ConfigError::new("invalid config", problem.text).with_code(problem.code)
     }
 
-    /// The machine-readable code of the rule broken, for the rules that have one (the
-    /// retry-policy rules: `empty_schedule`, `invalid_duration` (any duration, in any
-    /// section), `schedule_too_long`, `conflicting_backoff`, `invalid_status`,
-    /// `status_class_conflict`, `per_endpoint_setting`, `empty_section`,
-    /// `invalid_policy_value`, `invalid_value` (a jitter)). Printed at the end of the line as
-    /// `[code]`.
+    /// The machine-readable code of the rule broken, for the rules that have one (one of
+    /// `CODES`: the retry-policy rules, any bad duration, a bad jitter), printed at the end
+    /// of the line as `[code]`.
     pub fn code(&self) -> Option<&'static str> {
         self.code
     }
 
     /// Where the problem is: `config <file>`, `<VARIABLE>="<value>"`, `--flag "<value>"` or
-    /// `invalid config` (a rule of [`Config::validate`]).
+    /// `invalid config` (a rule of [`Config::validate`](super::Config::validate)).
     pub fn place(&self) -> &str {
         &self.place
     }

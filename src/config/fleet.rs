@@ -5,7 +5,6 @@
 //! The Redis URL may carry a password, so it is never shown whole: `Debug` and the summary
 //! show its origin only (`rediss://redis.internal:6380`), and where the password came from.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,7 +13,8 @@ use url::Url;
 
 use super::de::{self, text};
 use super::parse::parse_duration_text;
-use super::units::format_duration;
+use super::summary::dur;
+use super::validate::rule;
 use super::ConfigError;
 use crate::signing::Secret;
 
@@ -23,64 +23,38 @@ text!(/// A `redis://` or `rediss://` URL (never quoted: it may carry a password
 text!(/// A duration of `[fleet]` (whose bad durations have no code).
     Ttl: Duration = parse_duration_text);
 
-/// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FleetConfig {
-    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
-    /// system's web PKI roots). Unset: fleet limits off.
-    #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
-    pub redis_url: Option<Url>,
-    /// A file holding the Redis password (a mounted Kubernetes secret); its trailing newline
-    /// is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
-    pub password_file: Option<PathBuf>,
-    /// `COURIER_FLEET_REDIS_PASSWORD`: set from the environment only (never the file, which
-    /// is often checked in).
-    #[serde(skip)]
-    pub password: Option<Secret>,
-    /// How many couriers share the limits. Used only while Redis is unreachable: each
-    /// courier then keeps to its local limits divided by this (rounded up, at least 1).
-    /// Default 1: an outage of Redis then behaves as courier did before it had a fleet (each
-    /// courier at its own limits), never slower; set it to the replica count to keep the
-    /// receivers' protection through an outage.
-    pub expected_replicas: u32,
-    /// Prefix of every Redis key and channel, so several fleets can share one Redis.
-    pub key_prefix: String,
-    /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
-    /// Redis): renewed every third of it while the attempt runs.
-    #[serde(deserialize_with = "de::one::<Ttl, _>")]
-    pub lease_ttl: Duration,
-    /// The longest one Redis call may take before Redis counts as unavailable and the
-    /// fallback limits apply; short, so a stalled Redis does not stall delivery.
-    #[serde(deserialize_with = "de::one::<Ttl, _>")]
-    pub timeout: Duration,
-}
-
-impl Default for FleetConfig {
-    fn default() -> Self {
-        FleetConfig {
-            redis_url: None,
-            password_file: None,
-            password: None,
-            expected_replicas: 1,
-            key_prefix: "courier".to_string(),
-            lease_ttl: Duration::from_secs(10),
-            timeout: Duration::from_millis(250),
-        }
-    }
-}
-
-impl fmt::Debug for FleetConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FleetConfig")
-            .field("redis_url", &self.redis_url.as_ref().map(redis_origin))
-            .field("password_file", &self.password_file)
-            .field("password", &self.password)
-            .field("expected_replicas", &self.expected_replicas)
-            .field("key_prefix", &self.key_prefix)
-            .field("lease_ttl", &self.lease_ttl)
-            .field("timeout", &self.timeout)
-            .finish()
+section! {
+    /// `[fleet]`. Without `redis_url` every limit is this courier's own, as before.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct FleetConfig {
+        /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
+        /// system's web PKI roots). Unset: fleet limits off.
+        #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
+        pub redis_url: Option<Url> = None => |url: &Option<Url>| url.as_ref().map(redis_origin),
+        /// A file holding the Redis password (a mounted Kubernetes secret); its trailing
+        /// newline is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
+        pub password_file: Option<PathBuf> = None,
+        /// `COURIER_FLEET_REDIS_PASSWORD`: set from the environment only (never the file,
+        /// which is often checked in).
+        #[serde(skip)]
+        pub password: Option<Secret> = None,
+        /// How many couriers share the limits. Used only while Redis is unreachable: each
+        /// courier then keeps to its local limits divided by this (rounded up, at least 1).
+        /// Default 1: an outage of Redis then behaves as courier did before it had a fleet
+        /// (each courier at its own limits), never slower; set it to the replica count to keep
+        /// the receivers' protection through an outage.
+        pub expected_replicas: u32 = 1,
+        /// Prefix of every Redis key and channel, so several fleets can share one Redis.
+        pub key_prefix: String = "courier".to_string(),
+        /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
+        /// Redis): renewed every third of it while the attempt runs.
+        #[serde(deserialize_with = "de::one::<Ttl, _>")]
+        pub lease_ttl: Duration = Duration::from_secs(10),
+        /// The longest one Redis call may take before Redis counts as unavailable and the
+        /// fallback limits apply; short, so a stalled Redis does not stall delivery.
+        #[serde(deserialize_with = "de::one::<Ttl, _>")]
+        pub timeout: Duration = Duration::from_millis(250),
     }
 }
 
@@ -126,50 +100,42 @@ impl FleetConfig {
         let Some(path) = &self.password_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(
-                "fleet.password_file",
-                format_args!("{}: cannot read it: {e}", path.display()),
-            )
-        })?;
+        let (key, shown) = ("fleet.password_file", path.display());
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::invalid(key, format_args!("{shown}: cannot read it: {e}")))?;
         let password = text.strip_suffix('\n').unwrap_or(&text);
         let password = password.strip_suffix('\r').unwrap_or(password);
-        if password.is_empty() {
-            return Err(ConfigError::invalid(
-                "fleet.password_file",
-                format_args!("{} is empty", path.display()),
-            ));
-        }
+        rule(password.is_empty(), key, format_args!("{shown} is empty"))?;
         Ok(Some(Secret::new(password.to_string())))
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.expected_replicas == 0 {
-            return Err(ConfigError::invalid("fleet.expected_replicas", "must be at least 1"));
-        }
-        let prefix_ok = !self.key_prefix.is_empty()
-            && self.key_prefix.len() <= 64
-            && self.key_prefix.bytes().all(|b| b.is_ascii_graphic());
-        if !prefix_ok {
-            return Err(ConfigError::invalid(
-                "fleet.key_prefix",
-                "must be 1 to 64 printable ASCII characters without spaces",
-            ));
-        }
-        if self.lease_ttl < Duration::from_secs(1) {
-            return Err(ConfigError::invalid("fleet.lease_ttl", "must be at least 1s"));
-        }
+        rule(
+            self.expected_replicas == 0,
+            "fleet.expected_replicas",
+            "must be at least 1",
+        )?;
+        let prefix = &self.key_prefix;
+        let prefix_ok = !prefix.is_empty() && prefix.len() <= 64 && prefix.bytes().all(|b| b.is_ascii_graphic());
+        rule(
+            !prefix_ok,
+            "fleet.key_prefix",
+            "must be 1 to 64 printable ASCII characters without spaces",
+        )?;
+        rule(
+            self.lease_ttl < Duration::from_secs(1),
+            "fleet.lease_ttl",
+            "must be at least 1s",
+        )?;
         // Renewed every third of the TTL: a renewal must fit in one third, so one that
         // times out still leaves a second chance before the lease expires.
-        if self.timeout.is_zero() || self.timeout * 3 > self.lease_ttl {
-            return Err(ConfigError::invalid(
-                "fleet.timeout",
-                format_args!(
-                    "must be more than 0 and at most a third of fleet.lease_ttl ({})",
-                    format_duration(self.lease_ttl)
-                ),
-            ));
-        }
+        let ttl = dur(&self.lease_ttl);
+        let problem = format_args!("must be more than 0 and at most a third of fleet.lease_ttl ({ttl})");
+        rule(
+            self.timeout.is_zero() || self.timeout * 3 > self.lease_ttl,
+            "fleet.timeout",
+            problem,
+        )?;
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|e| ConfigError::invalid("fleet.redis_url", e))?;
             self.password_override()?;
@@ -190,12 +156,9 @@ impl FleetConfig {
             PasswordSource::None => "none",
         };
         format!(
-            "fleet: redis {} (password {password}), expected_replicas {}, key_prefix {}, lease_ttl {}, timeout {}",
+            "fleet: redis {} (password {password}), {}",
             redis_origin(url),
-            self.expected_replicas,
-            self.key_prefix,
-            format_duration(self.lease_ttl),
-            format_duration(self.timeout)
+            pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur)
         )
     }
 }

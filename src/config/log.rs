@@ -7,35 +7,28 @@ use super::de::{self, text};
 text!(/// `text` or `json`.
     Format: LogFormat = parse_log_format);
 
-/// The shape of each log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogFormat {
-    /// Human-readable lines (the default).
-    #[default]
-    Text,
-    /// One JSON object a line, with the stable fields `timestamp`, `level`, `target`,
-    /// `message` and the event's own fields (`delivery_id`, `endpoint`, ...) beside them,
-    /// so a log pipeline can index them without parsing text.
-    Json,
-}
-
-impl LogFormat {
-    /// The config spelling: `text` or `json`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        }
+spelled! {
+    /// The shape of each log line.
+    pub enum LogFormat {
+        /// Human-readable lines (the default).
+        #[default]
+        Text = "text",
+        /// One JSON object a line, with the stable fields `timestamp`, `level`, `target`,
+        /// `message` and the event's own fields (`delivery_id`, `endpoint`, ...) beside them,
+        /// so a log pipeline can index them without parsing text.
+        Json = "json",
     }
 }
 
-/// `[log]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogConfig {
-    /// The line format.
-    #[serde(deserialize_with = "de::one::<Format, _>")]
-    pub format: LogFormat,
+section! {
+    /// `[log]`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct LogConfig {
+        /// The line format.
+        #[serde(deserialize_with = "de::one::<Format, _>")]
+        pub format: LogFormat = LogFormat::Text,
+    }
 }
 
 /// `text` or `json`, case-insensitive (an env var is easy to capitalise).

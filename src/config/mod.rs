@@ -4,15 +4,15 @@
 //! and the command-line flags ([`Overrides`]) — then checked by [`Config::validate`].
 //!
 //! Shape of the code, and why:
-//! - One definition per setting: the field of its section struct carries its doc comment,
-//!   the section's `Default` its default, and a `#[serde(...)]` attribute how the file
-//!   writes it. The TOML is read straight into this tree (`#[serde(default,
-//!   deny_unknown_fields)]` at every level, so a typo is an error instead of a silently
-//!   ignored setting, and an unwritten key keeps its default). Adding a section is one file
-//!   with its struct and one field here.
+//! - One declaration per setting: the field of its section, declared with `section!`,
+//!   carries its doc comment, its default (`= value`), how `Debug` shows it when it may hold
+//!   a credential (`=> f`), and a `#[serde(...)]` attribute for how the file writes it; the
+//!   summary names it by that field (`pairs!`), reload's restart-only list by its path.
+//!   The TOML is read straight into this tree (`#[serde(default, deny_unknown_fields)]` at
+//!   every level, so a typo is an error instead of a silently ignored setting, and an
+//!   unwritten key keeps its default).
 //! - Values written as text (durations, sizes, addresses, URLs, ...) are read through the
-//!   markers of `de` by their parsers (in `parse`, or beside the type they make: `listen`,
-//!   `log`, `proxy`).
+//!   markers of `de` by their parsers (in `parse`, or beside the type they make).
 //! - A variable is another spelling of one key: `env`'s table turns each set variable into
 //!   that key's TOML value, put over the file's document, and serde reads the whole once, so
 //!   a setting reads the same from either.
@@ -27,22 +27,79 @@
 //!   in the path): `Debug` and [`Config::summary`] show only its origin.
 //!
 //! Where things live:
-//! - this file: the tree ([`Config`]), its defaults and `Debug`, [`Config::load`] (the
-//!   layering), and the lookups the runtime uses;
-//! - the sections, each with its struct and defaults: `access` (`[ingress]`, `[admin]`),
-//!   `retry` (with the `schedule` and `statuses` readers), `delivery`, `circuit`, `log`,
-//!   `signing`, `egress` (with `proxy`), `tls`, `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy`
-//!   (the retry keys of routes and endpoints, [`PolicyOverrides`], their checks and
-//!   [`Config::policy_book`]), `listen` (the ingress address and its parsers);
+//! - this file: the tree ([`Config`]), [`Config::load`] (the layering), and the lookups the
+//!   runtime uses;
+//! - the sections, each with its struct: `listen` (the listeners' addresses, `[ingress]`,
+//!   `[admin]`), `retry` (with the `schedule` and `statuses` readers), `delivery`,
+//!   `circuit`, `log`, `fleet`, `drain`, `signing`, `egress` (with the proxy), `tls`,
+//!   `sections` (`[[route]]`, `[[host]]`, `[[endpoint]]`), `policy` (the retry keys of routes
+//!   and endpoints, [`PolicyOverrides`], their checks and [`Config::policy_book`]);
 //! - `file`: the TOML layer ([`Config::from_toml_str`]) and its one-line errors; `shape`: what
 //!   the file's keys mean together (aliases, groups), settled before serde reads them; `de`:
 //!   how values written as text are read; `parse` and [`units`]: the shared parsers;
 //! - `env`: the table of variables ([`ENV_VARS`]), the environment layer and the flag layer
 //!   ([`Overrides`]);
-//! - `error`: [`ConfigError`] (a leaf: it asks no other module anything); `validate`: [`Config::validate`] and its rules; `summary`:
-//!   [`Config::summary`] and the redacting formatters it shares with `Debug`.
+//! - `error`: [`ConfigError`] (a leaf); `validate`: [`Config::validate`] and its rules;
+//!   `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
-mod access;
+/// Declares a section of the tree: its struct (each field with its doc and how the file
+/// writes it), its `Default` from the value after each field's `=`, and its `Debug`, which
+/// shows a field written `=> f` as `f(&value)` (a URL that may carry a credential).
+macro_rules! section {
+    (@shown $value:expr) => { &$value };
+    (@shown $value:expr, $shown:expr) => { &($shown)(&$value) };
+    ($(#[$attr:meta])* pub struct $name:ident {
+        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty = $default:expr $(=> $shown:expr)?,)*
+    }) => {
+        $(#[$attr])*
+        pub struct $name {
+            $($(#[$field_attr])* pub $field: $ty,)*
+        }
+        impl Default for $name {
+            fn default() -> Self {
+                $name { $($field: $default,)* }
+            }
+        }
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    $(.field(stringify!($field), section!(@shown self.$field $(, $shown)?)))*
+                    .finish()
+            }
+        }
+    };
+}
+
+/// Declares an enum of a setting's values, each with the one spelling the file writes:
+/// serde reads exactly those, and `as_str` gives them back for the summary.
+macro_rules! spelled {
+    ($(#[$attr:meta])* pub enum $name:ident { $($(#[$variant_attr:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+        pub enum $name {
+            $($(#[$variant_attr])* #[serde(rename = $text)] $variant,)*
+        }
+        impl $name {
+            /// The setting as written.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
+/// `key value, key value, ...`: the named fields of a section as `check-config` shows
+/// them, each through its formatter where one is given (`field: dur`), else `Display`.
+macro_rules! pairs {
+    (@shown $value:expr) => { $value };
+    (@shown $value:expr, $shown:expr) => { ($shown)(&$value) };
+    ($section:expr; $($field:ident $(: $shown:expr)?),* $(,)?) => {
+        [$(format!("{} {}", stringify!($field), pairs!(@shown $section.$field $(, $shown)?))),*].join(", ")
+    };
+}
+
 mod circuit;
 mod de;
 mod delivery;
@@ -56,7 +113,6 @@ mod listen;
 mod log;
 mod parse;
 mod policy;
-mod proxy;
 mod retry;
 mod sections;
 mod shape;
@@ -70,7 +126,7 @@ mod validate;
 mod tests;
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,18 +138,16 @@ use crate::signing::Secret;
 use de::{Dur, Link, Size};
 use listen::{Ingress, Mode, Tcp};
 
-pub use access::{IngressConfig, ListenerAccess, DEFAULT_IDLE_TIMEOUT};
 pub use circuit::CircuitConfig;
 pub use delivery::DeliveryConfig;
 pub use drain::{peer_url, DrainConfig, MAX_CONCURRENCY as DRAIN_MAX_CONCURRENCY};
-pub use egress::EgressConfig;
+pub use egress::{EgressConfig, EgressProxy};
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use fleet::{redis_origin, FleetConfig, PasswordSource};
-pub use listen::{ListenAddr, DEFAULT_LISTEN_MODE};
+pub use listen::{IngressConfig, ListenAddr, ListenerAccess, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
-pub use proxy::EgressProxy;
 pub use retry::RetryConfig;
 pub use sections::{EndpointConfig, HostConfig, RouteConfig};
 pub use signing::{SigningConfig, SigningKey};
@@ -119,144 +173,87 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
 }
 
-/// The whole configuration: values only; the modules that use them own their meaning.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// Ingress listener: TCP or a Unix domain socket.
-    #[serde(deserialize_with = "de::one::<Ingress, _>")]
-    pub listen: ListenAddr,
-    /// Permission bits of the ingress socket file (`listen_mode`); only used with `unix:`.
-    #[serde(deserialize_with = "de::one::<Mode, _>")]
-    pub listen_mode: u32,
-    /// Admin listener.
-    #[serde(deserialize_with = "de::one::<Tcp, _>")]
-    pub admin_listen: SocketAddr,
-    /// Probes and metrics listener (no token); unset: served on the admin listener only.
-    #[serde(deserialize_with = "de::opt::<Tcp, _>")]
-    pub ops_listen: Option<SocketAddr>,
-    /// Where the store lives.
-    pub data_dir: PathBuf,
-    /// Largest accepted request body, in bytes.
-    #[serde(deserialize_with = "de::one::<Size, _>")]
-    pub max_body: u64,
-    /// How long in-flight attempts may finish after SIGTERM.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub shutdown_grace: Duration,
-    /// How long delivered messages are kept.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub retention: Duration,
-    /// How long dead-lettered messages are kept.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub dead_retention: Duration,
-    /// Required on ingress when set.
-    pub ingress_token: Option<Secret>,
-    /// Required on the admin API (but `/healthz`) when set.
-    pub admin_token: Option<Secret>,
-    /// Serve a non-loopback `listen`/`admin_listen` without its token, on purpose.
-    pub allow_unauthenticated_network: bool,
-    /// Where endpoint-paused alerts are posted.
-    #[serde(deserialize_with = "de::opt::<Link, _>")]
-    pub alert_url: Option<Url>,
-    /// `[ingress]`: browser origins and extra `Host` names ingress accepts, its idle
-    /// timeout and the bytes its accepts in progress may hold.
-    pub ingress: IngressConfig,
-    /// `[admin]`: browser origins and extra `Host` names the admin API accepts.
-    pub admin: ListenerAccess,
-    /// `[retry]`.
-    pub retry: RetryConfig,
-    /// `[delivery]`.
-    pub delivery: DeliveryConfig,
-    /// `[circuit]`: the per-host circuit breaker.
-    pub circuit: CircuitConfig,
-    /// `[log]`: the log line format.
-    pub log: LogConfig,
-    /// `[fleet]`: fleet-wide limits on Redis.
-    pub fleet: FleetConfig,
-    /// `[drain]`: where `courier drain` hands open messages over.
-    pub drain: DrainConfig,
-    /// `[signing]`.
-    pub signing: SigningConfig,
-    /// `[egress]` (also spelled at the top level, CONTRACT §6: see `shape`).
-    pub egress: EgressConfig,
-    /// `[tls]`: trust and versions toward receivers.
-    pub tls: TlsConfig,
-    /// `[[route]]`, in file order.
-    #[serde(rename = "route")]
-    pub routes: Vec<RouteConfig>,
-    /// `[[host]]`, in file order.
-    #[serde(rename = "host")]
-    pub hosts: Vec<HostConfig>,
-    /// `[[endpoint]]`, in file order.
-    #[serde(rename = "endpoint")]
-    pub endpoints: Vec<EndpointConfig>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: ListenAddr::Tcp(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8787)),
-            listen_mode: DEFAULT_LISTEN_MODE,
-            admin_listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8788),
-            ops_listen: None,
-            data_dir: PathBuf::from("./courier-data"),
-            max_body: 1 << 20,
-            shutdown_grace: Duration::from_secs(30),
-            retention: Duration::from_secs(3 * 86_400),
-            dead_retention: Duration::from_secs(30 * 86_400),
-            ingress_token: None,
-            admin_token: None,
-            allow_unauthenticated_network: false,
-            alert_url: None,
-            ingress: IngressConfig::default(),
-            admin: ListenerAccess::default(),
-            retry: RetryConfig::default(),
-            delivery: DeliveryConfig::default(),
-            circuit: CircuitConfig::default(),
-            log: LogConfig::default(),
-            fleet: FleetConfig::default(),
-            drain: DrainConfig::default(),
-            signing: SigningConfig::default(),
-            egress: EgressConfig::default(),
-            tls: TlsConfig::default(),
-            routes: Vec::new(),
-            hosts: Vec::new(),
-            endpoints: Vec::new(),
-        }
+section! {
+    /// The whole configuration: values only; the modules that use them own their meaning.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct Config {
+        /// Ingress listener: TCP or a Unix domain socket.
+        #[serde(deserialize_with = "de::one::<Ingress, _>")]
+        pub listen: ListenAddr = SocketAddr::from(([127, 0, 0, 1], 8787)).into(),
+        /// Permission bits of the ingress socket file (`listen_mode`); only used with `unix:`.
+        #[serde(deserialize_with = "de::one::<Mode, _>")]
+        pub listen_mode: u32 = DEFAULT_LISTEN_MODE => |mode: &u32| Octal(*mode),
+        /// Admin listener.
+        #[serde(deserialize_with = "de::one::<Tcp, _>")]
+        pub admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8788)),
+        /// Probes and metrics listener (no token); unset: served on the admin listener only.
+        #[serde(deserialize_with = "de::opt::<Tcp, _>")]
+        pub ops_listen: Option<SocketAddr> = None,
+        /// Where the store lives.
+        pub data_dir: PathBuf = PathBuf::from("./courier-data"),
+        /// Largest accepted request body, in bytes.
+        #[serde(deserialize_with = "de::one::<Size, _>")]
+        pub max_body: u64 = 1 << 20,
+        /// How long in-flight attempts may finish after SIGTERM.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub shutdown_grace: Duration = Duration::from_secs(30),
+        /// How long delivered messages are kept.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub retention: Duration = Duration::from_secs(3 * 86_400),
+        /// How long dead-lettered messages are kept.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub dead_retention: Duration = Duration::from_secs(30 * 86_400),
+        /// Required on ingress when set.
+        pub ingress_token: Option<Secret> = None,
+        /// Required on the admin API (but `/healthz`) when set.
+        pub admin_token: Option<Secret> = None,
+        /// Serve a non-loopback `listen`/`admin_listen` without its token, on purpose.
+        pub allow_unauthenticated_network: bool = false,
+        /// Where endpoint-paused alerts are posted.
+        #[serde(deserialize_with = "de::opt::<Link, _>")]
+        pub alert_url: Option<Url> = None => |url: &Option<Url>| url.as_ref().map(origin_only),
+        /// `[ingress]`: browser origins and extra `Host` names ingress accepts, its idle
+        /// timeout and the bytes its accepts in progress may hold.
+        pub ingress: IngressConfig = IngressConfig::default(),
+        /// `[admin]`: browser origins and extra `Host` names the admin API accepts.
+        pub admin: ListenerAccess = ListenerAccess::default(),
+        /// `[retry]`.
+        pub retry: RetryConfig = RetryConfig::default(),
+        /// `[delivery]`.
+        pub delivery: DeliveryConfig = DeliveryConfig::default(),
+        /// `[circuit]`: the per-host circuit breaker.
+        pub circuit: CircuitConfig = CircuitConfig::default(),
+        /// `[log]`: the log line format.
+        pub log: LogConfig = LogConfig::default(),
+        /// `[fleet]`: fleet-wide limits on Redis.
+        pub fleet: FleetConfig = FleetConfig::default(),
+        /// `[drain]`: where `courier drain` hands open messages over.
+        pub drain: DrainConfig = DrainConfig::default(),
+        /// `[signing]`.
+        pub signing: SigningConfig = SigningConfig::default(),
+        /// `[egress]` (also spelled at the top level, CONTRACT §6: see `shape`).
+        pub egress: EgressConfig = EgressConfig::default(),
+        /// `[tls]`: trust and versions toward receivers.
+        pub tls: TlsConfig = TlsConfig::default(),
+        /// `[[route]]`, in file order.
+        #[serde(rename = "route")]
+        pub routes: Vec<RouteConfig> = Vec::new(),
+        /// `[[host]]`, in file order.
+        #[serde(rename = "host")]
+        pub hosts: Vec<HostConfig> = Vec::new(),
+        /// `[[endpoint]]`, in file order.
+        #[serde(rename = "endpoint")]
+        pub endpoints: Vec<EndpointConfig> = Vec::new(),
     }
 }
 
-impl fmt::Debug for Config {
+/// A file mode as `Debug` shows it: as the file writes it (`0660`).
+struct Octal(u32);
+
+impl fmt::Debug for Octal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("listen", &self.listen)
-            .field("listen_mode", &format_args!("{:04o}", self.listen_mode))
-            .field("admin_listen", &self.admin_listen)
-            .field("ops_listen", &self.ops_listen)
-            .field("data_dir", &self.data_dir)
-            .field("max_body", &self.max_body)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("retention", &self.retention)
-            .field("dead_retention", &self.dead_retention)
-            .field("ingress_token", &self.ingress_token)
-            .field("admin_token", &self.admin_token)
-            .field("allow_unauthenticated_network", &self.allow_unauthenticated_network)
-            .field("alert_url", &self.alert_url.as_ref().map(origin_only))
-            .field("ingress", &self.ingress)
-            .field("admin", &self.admin)
-            .field("retry", &self.retry)
-            .field("delivery", &self.delivery)
-            .field("circuit", &self.circuit)
-            .field("log", &self.log)
-            .field("fleet", &self.fleet)
-            .field("drain", &self.drain)
-            .field("signing", &self.signing)
-            .field("egress", &self.egress)
-            .field("tls", &self.tls)
-            .field("routes", &self.routes)
-            .field("hosts", &self.hosts)
-            .field("endpoints", &self.endpoints)
-            .finish()
+        write!(f, "{:04o}", self.0)
     }
 }
 

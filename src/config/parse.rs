@@ -7,42 +7,17 @@ use std::time::Duration;
 use ipnet::IpNet;
 use url::Url;
 
-use super::units::{parse_duration, parse_size};
-use crate::model::Jitter;
+use super::units::parse_duration;
 use crate::signing::scope::TargetPattern;
 
+/// A duration (`30s`), as the file and the variables write it.
 pub(super) fn parse_duration_text(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
-}
-
-pub(super) fn parse_size_text(text: &str) -> Result<u64, String> {
-    parse_size(text).map_err(|e| e.to_string())
-}
-
-pub(super) fn parse_u32(text: &str) -> Result<u32, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("expected a whole number from 0 to {}", u32::MAX))
-}
-
-pub(super) fn parse_bool(text: &str) -> Result<bool, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err("expected true, false, 1 or 0".to_string()),
-    }
 }
 
 /// The URL parser's message, without the URL (it may carry a credential).
 pub(super) fn parse_url(text: &str) -> Result<Url, String> {
     Url::parse(text.trim()).map_err(|e| format!("not a valid URL ({e})"))
-}
-
-pub(super) fn parse_jitter(text: &str) -> Result<Jitter, String> {
-    text.trim()
-        .to_ascii_lowercase()
-        .parse()
-        .map_err(|e: crate::model::UnknownName| e.to_string())
 }
 
 /// A CIDR network, or a bare address meaning just that address (/32 or /128).
@@ -51,19 +26,6 @@ pub(super) fn parse_net(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| format!("{text:?} is not an address or CIDR network, like 10.1.0.0/16 or 127.0.0.1"))
-}
-
-/// Splits a comma-separated list; a blank value is the empty list, an empty item is an error
-/// (the index of the empty item).
-pub(super) fn split_list(text: &str) -> Result<Vec<&str>, usize> {
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    text.split(',')
-        .map(str::trim)
-        .enumerate()
-        .map(|(i, item)| if item.is_empty() { Err(i) } else { Ok(item) })
-        .collect()
 }
 
 /// A signing target pattern (see [`crate::signing::scope`]).

@@ -14,17 +14,20 @@ use crate::model::SignatureScheme;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
-/// Signature settings (`[signing]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SigningConfig {
-    /// The scheme used when neither a route nor the message chooses one.
-    #[serde(deserialize_with = "de::one::<Name<SignatureScheme>, _>")]
-    pub scheme: SignatureScheme,
-    /// Default secrets; all of them sign (rotation). Empty: unsigned unless a message brings one.
-    pub secrets: Vec<Secret>,
-    /// Named secret sets, referenced by routes and by `Courier-Signing-Key`.
-    pub keys: BTreeMap<String, SigningKey>,
+section! {
+    /// Signature settings (`[signing]`).
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct SigningConfig {
+        /// The scheme used when neither a route nor the message chooses one.
+        #[serde(deserialize_with = "de::one::<Name<SignatureScheme>, _>")]
+        pub scheme: SignatureScheme = SignatureScheme::default(),
+        /// Default secrets; all of them sign (rotation). Empty: unsigned unless a message
+        /// brings one.
+        pub secrets: Vec<Secret> = Vec::new(),
+        /// Named secret sets, referenced by routes and by `Courier-Signing-Key`.
+        pub keys: BTreeMap<String, SigningKey> = BTreeMap::new(),
+    }
 }
 
 /// One `[signing.keys]` entry: `name = ["whsec_…"]`, or

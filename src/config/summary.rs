@@ -3,11 +3,14 @@
 //! [`Config::ed25519_public_keys`], the public half of every `whsk_` key, which is not a
 //! secret and is shown by `check-config` and the admin API.
 
-use ipnet::IpNet;
+use std::fmt;
+use std::time::Duration;
+
 use url::Url;
 
 use super::units::format_duration;
 use super::Config;
+use crate::model::Jitter;
 use crate::signing::scope::TargetPattern;
 use crate::signing::Secret;
 
@@ -26,23 +29,18 @@ impl Config {
     /// The public keys of the Ed25519 keys among the default secrets and `[signing.keys]`,
     /// in config order. Lets an operator publish exactly the keys courier signs with.
     pub fn ed25519_public_keys(&self) -> Vec<PublicKeyEntry> {
-        let lists = std::iter::once((None, &self.signing.secrets)).chain(
-            self.signing
-                .keys
-                .iter()
-                .map(|(name, key)| (Some(name.clone()), &key.secrets)),
-        );
+        let named = self.signing.keys.iter().map(|(name, key)| (Some(name), &key.secrets));
         let mut out = Vec::new();
-        for (key, secrets) in lists {
+        for (key, secrets) in std::iter::once((None, &self.signing.secrets)).chain(named) {
             for (i, secret) in secrets.iter().enumerate() {
                 if let Some(public_key) = crate::signing::ed25519::public_key(secret.expose()) {
-                    let source = match &key {
+                    let source = match key {
                         Some(name) => format!("signing.keys.{name}[{i}]"),
                         None => format!("signing.secrets[{i}]"),
                     };
                     out.push(PublicKeyEntry {
                         source,
-                        key: key.clone(),
+                        key: key.cloned(),
                         public_key,
                     });
                 }
@@ -54,10 +52,60 @@ impl Config {
     /// A few human lines describing the effective settings, for `courier check-config`.
     /// Tokens and secrets are reported as set or counted, never shown.
     pub fn summary(&self) -> String {
-        let mut lines = self.settings_lines();
-        lines.push(format!("log: format {}", self.log.format.as_str()));
-        lines.push(self.fleet.summary());
-        lines.push(self.drain.summary());
+        let (r, d, c) = (&self.retry, &self.delivery, &self.circuit);
+        let mode = match self.listen {
+            super::ListenAddr::Unix(_) => format!(", mode {:04o}", self.listen_mode),
+            super::ListenAddr::Tcp(_) => String::new(),
+        };
+        let ops = self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default();
+        let (listen, admin, data_dir) = (&self.listen, self.admin_listen, self.data_dir.display());
+        let mut lines = vec![
+            format!("listen {listen} (ingress{mode}), {admin} (admin){ops}; data_dir {data_dir}"),
+            format!(
+                "max_body {}; ingress_token {}; admin_token {}; alert_url {}",
+                size(&self.max_body),
+                set(&self.ingress_token),
+                set(&self.admin_token),
+                self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only)
+            ),
+            format!(
+                "shutdown_grace {}; retention {} (delivered), {} (dead)",
+                dur(&self.shutdown_grace),
+                dur(&self.retention),
+                dur(&self.dead_retention)
+            ),
+            format!(
+                "ingress: {}; admin: {}; allow_unauthenticated_network {}",
+                pairs!(self.ingress; allowed_origins: list, hosts: list, idle_timeout: dur, max_pending_bytes, allow_get),
+                pairs!(self.admin; allowed_origins: list, hosts: list, idle_timeout: dur),
+                self.allow_unauthenticated_network
+            ),
+            format!(
+                "retry: {}{}",
+                pairs!(r; base_delay: dur, max_delay: dur, jitter: |j: &Jitter| j.as_str(), max_attempts,
+                    max_attempts_404, give_up_after: dur, max_retry_after: dur),
+                r.schedule.as_ref().map_or(String::new(), |steps| format!(
+                    ", schedule [{}]",
+                    steps.iter().map(dur).collect::<Vec<_>>().join(", ")
+                ))
+            ),
+            format!(
+                "delivery: {}",
+                pairs!(d; connect_timeout: dur, request_timeout: dur, max_in_flight, max_in_flight_per_host,
+                    rate_per_second, pause_after_permanent_failures, max_response_body: size,
+                    idle_connection_timeout: dur, max_idle_connections)
+            ),
+            match c.failures {
+                0 => "circuit: off (failures 0)".to_string(),
+                _ => format!(
+                    "circuit: {}",
+                    pairs!(c; failures, probe_delay: dur, probe_max_delay: dur, statuses: |s: &Vec<u16>| format!("{s:?}"))
+                ),
+            },
+            format!("log: format {}", self.log.format.as_str()),
+            self.fleet.summary(),
+            self.drain.summary(),
+        ];
         lines.extend(self.signing_lines());
         lines.extend(self.egress_lines());
         lines.extend(self.section_lines());
@@ -66,127 +114,22 @@ impl Config {
         lines.join("\n")
     }
 
-    /// The top-level settings and the `[ingress]`, `[admin]`, `[retry]`, `[delivery]` and
-    /// `[circuit]` sections, a line each.
-    fn settings_lines(&self) -> Vec<String> {
-        let set = |s: &Option<Secret>| if s.is_some() { "set" } else { "unset" };
-        let r = &self.retry;
-        let d = &self.delivery;
-        vec![
-            format!(
-                "listen {} (ingress{}), {} (admin){}; data_dir {}",
-                self.listen,
-                match self.listen {
-                    super::ListenAddr::Unix(_) => format!(", mode {:04o}", self.listen_mode),
-                    super::ListenAddr::Tcp(_) => String::new(),
-                },
-                self.admin_listen,
-                self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default(),
-                self.data_dir.display()
-            ),
-            format!(
-                "max_body {}; ingress_token {}; admin_token {}; alert_url {}",
-                format_size(self.max_body),
-                set(&self.ingress_token),
-                set(&self.admin_token),
-                self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only)
-            ),
-            format!(
-                "shutdown_grace {}; retention {} (delivered), {} (dead)",
-                format_duration(self.shutdown_grace),
-                format_duration(self.retention),
-                format_duration(self.dead_retention)
-            ),
-            format!(
-                "ingress: {}, max_pending_bytes {}, allow_get {}; admin: {}; allow_unauthenticated_network {}",
-                access(
-                    &self.ingress.allowed_origins,
-                    &self.ingress.hosts,
-                    self.ingress.idle_timeout
-                ),
-                self.ingress.max_pending_bytes,
-                self.ingress.allow_get,
-                access(&self.admin.allowed_origins, &self.admin.hosts, self.admin.idle_timeout),
-                self.allow_unauthenticated_network
-            ),
-            format!(
-                concat!(
-                    "retry: base_delay {}, max_delay {}, jitter {}, max_attempts {}, max_attempts_404 {}, ",
-                    "give_up_after {}, max_retry_after {}{}"
-                ),
-                format_duration(r.base_delay),
-                format_duration(r.max_delay),
-                r.jitter.as_str(),
-                r.max_attempts,
-                r.max_attempts_404,
-                format_duration(r.give_up_after),
-                format_duration(r.max_retry_after),
-                match &r.schedule {
-                    Some(steps) => format!(
-                        ", schedule [{}]",
-                        steps.iter().map(|d| format_duration(*d)).collect::<Vec<_>>().join(", ")
-                    ),
-                    None => String::new(),
-                }
-            ),
-            format!(
-                concat!(
-                    "delivery: connect_timeout {}, request_timeout {}, max_in_flight {}, max_in_flight_per_host {}, ",
-                    "rate_per_second {}, ",
-                    "pause_after_permanent_failures {}, max_response_body {}, idle_connection_timeout {}, ",
-                    "max_idle_connections {}"
-                ),
-                format_duration(d.connect_timeout),
-                format_duration(d.request_timeout),
-                d.max_in_flight,
-                d.max_in_flight_per_host,
-                d.rate_per_second,
-                d.pause_after_permanent_failures,
-                format_size(d.max_response_body),
-                format_duration(d.idle_connection_timeout),
-                d.max_idle_connections
-            ),
-            if self.circuit.failures == 0 {
-                "circuit: off (failures 0)".to_string()
-            } else {
-                format!(
-                    "circuit: failures {}, probe_delay {}, probe_max_delay {}, statuses {:?}",
-                    self.circuit.failures,
-                    format_duration(self.circuit.probe_delay),
-                    format_duration(self.circuit.probe_max_delay),
-                    self.circuit.statuses
-                )
-            },
-        ]
-    }
-
     /// The signing scheme, secrets and named keys (counted, never shown), and the public
-    /// half of each Ed25519 key.
+    /// half of each Ed25519 key (not a secret: the whsk_ values themselves are never shown).
     fn signing_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        let keys: Vec<String> = self
-            .signing
-            .keys
-            .iter()
-            .map(|(name, key)| {
-                format!(
-                    "{name} ({}{})",
-                    count(key.secrets.len(), "secret"),
-                    targets(&key.targets)
-                )
-            })
-            .collect();
-        lines.push(format!(
+        let keys = self.signing.keys.iter().map(|(name, key)| {
+            format!(
+                "{name} ({}{})",
+                count(key.secrets.len(), "secret"),
+                targets(&key.targets)
+            )
+        });
+        let mut lines = vec![format!(
             "signing: scheme {}, {} by default, keys: {}",
             self.signing.scheme.as_str(),
             count(self.signing.secrets.len(), "secret"),
-            if keys.is_empty() {
-                "none".to_string()
-            } else {
-                keys.join(", ")
-            }
-        ));
-        // Public keys are not secrets (the whsk_ values themselves are never shown).
+            list(keys)
+        )];
         for entry in self.ed25519_public_keys() {
             lines.push(format!(
                 "signing: {} is Ed25519, public key {}",
@@ -198,30 +141,21 @@ impl Config {
 
     /// The egress policy, the proxy and the TLS settings.
     fn egress_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        let allow: Vec<String> = self.egress.allow.iter().map(IpNet::to_string).collect();
-        lines.push(format!(
-            "egress: private targets {}, allow: {}",
-            if self.egress.allow_private_targets {
-                "allowed"
-            } else {
-                "refused"
-            },
-            if allow.is_empty() {
-                "none".to_string()
-            } else {
-                allow.join(", ")
-            }
-        ));
-        if let Some(proxy) = &self.egress.proxy {
+        let egress = &self.egress;
+        let private = if egress.allow_private_targets {
+            "allowed"
+        } else {
+            "refused"
+        };
+        let mut lines = vec![format!(
+            "egress: private targets {private}, allow: {}",
+            list(&egress.allow)
+        )];
+        if let Some(proxy) = &egress.proxy {
             lines.push(format!(
                 "egress: proxy {}, no_proxy: {}",
                 proxy.describe(),
-                if self.egress.no_proxy.is_empty() {
-                    "none".to_string()
-                } else {
-                    self.egress.no_proxy.join(", ")
-                }
+                list(&egress.no_proxy)
             ));
         }
         lines.push(format!(
@@ -290,13 +224,40 @@ pub(super) fn origin_only(url: &Url) -> String {
     }
 }
 
-fn format_size(bytes: u64) -> String {
+pub(super) fn dur(d: &Duration) -> String {
+    format_duration(*d)
+}
+
+fn size(bytes: &u64) -> String {
     for (unit, factor) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= factor && bytes.is_multiple_of(factor) {
+        if *bytes >= factor && bytes.is_multiple_of(factor) {
             return format!("{}{unit}", bytes / factor);
         }
     }
     format!("{bytes}B")
+}
+
+/// `set` or `unset`: a secret is never shown.
+pub(super) fn set(secret: &Option<Secret>) -> &'static str {
+    if secret.is_some() {
+        "set"
+    } else {
+        "unset"
+    }
+}
+
+/// The items, comma-separated, or `none`.
+pub(super) fn list<T: fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let items: Vec<String> = items.into_iter().map(|item| item.to_string()).collect();
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+fn paths(paths: &[std::path::PathBuf]) -> String {
+    list(paths.iter().map(|p| p.display()))
 }
 
 fn count(n: usize, what: &str) -> String {
@@ -320,35 +281,7 @@ fn targets(targets: &[TargetPattern]) -> String {
     format!(", targets [{}]", patterns(targets).join(", "))
 }
 
-/// `allowed_origins [..], hosts [..], idle_timeout ..` with `none` for an empty list.
-fn access(origins: &[String], hosts: &[String], idle_timeout: std::time::Duration) -> String {
-    let list = |items: &[String]| {
-        if items.is_empty() {
-            "none".to_string()
-        } else {
-            items.join(", ")
-        }
-    };
-    format!(
-        "allowed_origins {}, hosts {}, idle_timeout {}",
-        list(origins),
-        list(hosts),
-        format_duration(idle_timeout)
-    )
-}
-
 /// `, ordering fifo (on_dead skip)` for an ordered endpoint or route, else nothing.
 fn fifo(on_dead: Option<crate::model::OnDead>) -> String {
     on_dead.map_or(String::new(), |d| format!(", ordering fifo (on_dead {})", d.as_str()))
-}
-
-/// Paths for the summary: `none`, or comma-separated.
-fn paths(list: &[std::path::PathBuf]) -> String {
-    if list.is_empty() {
-        return "none".to_string();
-    }
-    list.iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }

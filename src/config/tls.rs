@@ -11,82 +11,65 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer};
 
+use super::validate::rule;
 use super::ConfigError;
 
-/// `[tls]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsConfig {
-    /// The root certificates trusted for every receiver.
-    pub roots: TlsRoots,
-    /// Extra CA bundles (PEM) trusted for every receiver, besides `roots`: `"ca.pem"` or
-    /// `["a.pem", "b.pem"]`.
-    #[serde(deserialize_with = "one_or_many")]
-    pub ca_file: Vec<PathBuf>,
-    /// The lowest TLS version offered.
-    pub min_version: TlsVersion,
-}
-
-/// `tls.roots`: where the trusted roots come from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TlsRoots {
-    /// The Mozilla set compiled in (`webpki-roots`): the same on every machine.
-    #[default]
-    Webpki,
-    /// The system's store (`rustls-native-certs`: `/etc/ssl/certs` and friends, or
-    /// `SSL_CERT_FILE`/`SSL_CERT_DIR`), where corporate roots are usually installed.
-    Native,
-    /// Both of them.
-    Both,
-}
-
-impl TlsRoots {
-    /// The setting as written.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TlsRoots::Webpki => "webpki",
-            TlsRoots::Native => "native",
-            TlsRoots::Both => "both",
-        }
+section! {
+    /// `[tls]`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct TlsConfig {
+        /// The root certificates trusted for every receiver.
+        pub roots: TlsRoots = TlsRoots::Webpki,
+        /// Extra CA bundles (PEM) trusted for every receiver, besides `roots`: `"ca.pem"` or
+        /// `["a.pem", "b.pem"]`.
+        #[serde(deserialize_with = "one_or_many")]
+        pub ca_file: Vec<PathBuf> = Vec::new(),
+        /// The lowest TLS version offered.
+        pub min_version: TlsVersion = TlsVersion::Tls12,
     }
 }
 
-/// `tls.min_version`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub enum TlsVersion {
-    /// TLS 1.2 and 1.3.
-    #[default]
-    #[serde(rename = "1.2")]
-    Tls12,
-    /// TLS 1.3 only.
-    #[serde(rename = "1.3")]
-    Tls13,
-}
-
-impl TlsVersion {
-    /// The setting as written.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TlsVersion::Tls12 => "1.2",
-            TlsVersion::Tls13 => "1.3",
-        }
+spelled! {
+    /// `tls.roots`: where the trusted roots come from.
+    pub enum TlsRoots {
+        /// The Mozilla set compiled in (`webpki-roots`): the same on every machine.
+        #[default]
+        Webpki = "webpki",
+        /// The system's store (`rustls-native-certs`: `/etc/ssl/certs` and friends, or
+        /// `SSL_CERT_FILE`/`SSL_CERT_DIR`), where corporate roots are usually installed.
+        Native = "native",
+        /// Both of them.
+        Both = "both",
     }
 }
 
-/// The TLS keys of one `[[host]]` entry (written beside its other keys: `shape` gathers
-/// them for this struct). Per host, because connections are pooled per `host:port`: a
-/// pooled connection carries exactly one client identity.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HostTls {
-    /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
-    #[serde(deserialize_with = "one_or_many")]
-    pub ca_file: Vec<PathBuf>,
-    /// The client certificate chain (PEM) presented to this host.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub client_key: Option<PathBuf>,
+spelled! {
+    /// `tls.min_version`.
+    pub enum TlsVersion {
+        /// TLS 1.2 and 1.3.
+        #[default]
+        Tls12 = "1.2",
+        /// TLS 1.3 only.
+        Tls13 = "1.3",
+    }
+}
+
+section! {
+    /// The TLS keys of one `[[host]]` entry (written beside its other keys: `shape` gathers
+    /// them for this struct). Per host, because connections are pooled per `host:port`: a
+    /// pooled connection carries exactly one client identity.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct HostTls {
+        /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
+        #[serde(deserialize_with = "one_or_many")]
+        pub ca_file: Vec<PathBuf> = Vec::new(),
+        /// The client certificate chain (PEM) presented to this host.
+        pub client_cert: Option<PathBuf> = None,
+        /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+        pub client_key: Option<PathBuf> = None,
+    }
 }
 
 impl HostTls {
@@ -97,17 +80,18 @@ impl HostTls {
 
     /// `host[i]`'s rules the types cannot express: a certificate needs its key and back.
     pub(super) fn validate(&self, i: usize) -> Result<(), ConfigError> {
-        match (&self.client_cert, &self.client_key) {
-            (Some(_), None) => Err(ConfigError::invalid(
-                &format!("host[{i}].client_cert"),
-                format_args!("needs host[{i}].client_key"),
-            )),
-            (None, Some(_)) => Err(ConfigError::invalid(
-                &format!("host[{i}].client_key"),
-                format_args!("needs host[{i}].client_cert"),
-            )),
-            _ => check_paths(&format!("host[{i}].ca_file"), &self.ca_file),
-        }
+        let (cert, key) = (format!("host[{i}].client_cert"), format!("host[{i}].client_key"));
+        rule(
+            self.client_key.is_none() && self.client_cert.is_some(),
+            &cert,
+            format_args!("needs {key}"),
+        )?;
+        rule(
+            self.client_cert.is_none() && self.client_key.is_some(),
+            &key,
+            format_args!("needs {cert}"),
+        )?;
+        check_paths(&format!("host[{i}].ca_file"), &self.ca_file)
     }
 }
 
@@ -120,10 +104,8 @@ impl TlsConfig {
 }
 
 fn check_paths(key: &str, paths: &[PathBuf]) -> Result<(), ConfigError> {
-    match paths.iter().position(|p| p.as_os_str().is_empty()) {
-        Some(i) => Err(ConfigError::invalid(&format!("{key}[{i}]"), "must not be empty")),
-        None => Ok(()),
-    }
+    let empty = paths.iter().position(|p| p.as_os_str().is_empty());
+    empty.map_or(Ok(()), |i| rule(true, &format!("{key}[{i}]"), "must not be empty"))
 }
 
 /// A path or a list of paths.

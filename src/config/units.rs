@@ -29,11 +29,7 @@ pub enum UnitError {
 /// Parses a duration: a whole number followed by `ms`, `s`, `m`, `h` or `d`
 /// (several parts may be joined: `1h30m`). A bare `0` is zero.
 pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
-    let invalid = || UnitError::Invalid {
-        kind: "duration",
-        given: text.to_string(),
-        example: "250ms, 30s, 1m, 1h, 3d",
-    };
+    let (invalid, too_large) = errors("duration", text, "250ms, 30s, 1m, 1h, 3d");
     let s = text.trim();
     if s == "0" {
         return Ok(Duration::ZERO);
@@ -48,10 +44,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
         if digits == 0 {
             return Err(invalid());
         }
-        let number: u64 = rest[..digits].parse().map_err(|_| UnitError::TooLarge {
-            kind: "duration",
-            given: text.to_string(),
-        })?;
+        let number: u64 = rest[..digits].parse().map_err(|_| too_large())?;
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let factor: u64 = match &rest[..unit_len] {
@@ -66,10 +59,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
         total_ms = number
             .checked_mul(factor)
             .and_then(|ms| total_ms.checked_add(ms))
-            .ok_or_else(|| UnitError::TooLarge {
-                kind: "duration",
-                given: text.to_string(),
-            })?;
+            .ok_or_else(&too_large)?;
     }
     Ok(Duration::from_millis(total_ms))
 }
@@ -77,20 +67,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
 /// Parses a size: a whole number with an optional unit `B`, `KiB`, `MiB`, `GiB`
 /// (binary) or `KB`, `MB`, `GB` (decimal). A bare number is bytes.
 pub fn parse_size(text: &str) -> Result<u64, UnitError> {
-    let invalid = || UnitError::Invalid {
-        kind: "size",
-        given: text.to_string(),
-        example: "64KiB, 1MiB, 512B",
-    };
+    let (invalid, too_large) = errors("size", text, "64KiB, 1MiB, 512B");
     let s = text.trim();
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 {
         return Err(invalid());
     }
-    let number: u64 = s[..digits].parse().map_err(|_| UnitError::TooLarge {
-        kind: "size",
-        given: text.to_string(),
-    })?;
+    let number: u64 = s[..digits].parse().map_err(|_| too_large())?;
     let factor: u64 = match s[digits..].trim_start() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -101,10 +84,22 @@ pub fn parse_size(text: &str) -> Result<u64, UnitError> {
         "GB" => 1_000_000_000,
         _ => return Err(invalid()),
     };
-    number.checked_mul(factor).ok_or_else(|| UnitError::TooLarge {
-        kind: "size",
-        given: text.to_string(),
-    })
+    number.checked_mul(factor).ok_or_else(too_large)
+}
+
+/// The two errors of a `kind` of value given as `text`.
+fn errors<'a>(
+    kind: &'static str,
+    text: &'a str,
+    example: &'static str,
+) -> (impl Fn() -> UnitError + 'a, impl Fn() -> UnitError + 'a) {
+    let given = move || text.to_string();
+    let invalid = move || UnitError::Invalid {
+        kind,
+        given: given(),
+        example,
+    };
+    (invalid, move || UnitError::TooLarge { kind, given: given() })
 }
 
 /// Formats a duration the way config files write it (`1h`, `30s`, `250ms`), choosing the

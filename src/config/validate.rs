@@ -2,7 +2,9 @@
 //! applied. The first broken rule is the error, naming its key.
 
 use std::collections::BTreeSet;
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use base64::Engine as _;
 use url::Url;
@@ -52,70 +54,56 @@ impl Config {
         listeners.extend(self.ops_listen.map(|ops| ("ops_listen", ops)));
         for (j, &(key_b, b)) in listeners.iter().enumerate() {
             for &(key_a, a) in &listeners[..j] {
-                if collide(a, b) {
-                    return Err(ConfigError::invalid(
-                        key_b,
-                        format_args!("({b}) must differ from {key_a} ({a})"),
-                    ));
-                }
+                rule(
+                    collide(a, b),
+                    key_b,
+                    format_args!("({b}) must differ from {key_a} ({a})"),
+                )?;
             }
         }
-        if self.data_dir.as_os_str().is_empty() {
-            return Err(ConfigError::invalid("data_dir", "must not be empty"));
-        }
-        if self.max_body < 1 {
-            return Err(ConfigError::invalid("max_body", "must be at least 1 byte"));
-        }
+        rule(self.data_dir.as_os_str().is_empty(), "data_dir", "must not be empty")?;
+        rule(self.max_body < 1, "max_body", "must be at least 1 byte")?;
         // An accept takes its body's size from the budget before reading it: a budget
         // below max_body would refuse the largest bodies max_body allows.
-        if self.ingress.max_pending_bytes < self.max_body {
-            return Err(ConfigError::invalid(
-                "ingress.max_pending_bytes",
-                format_args!(
-                    "({}) must be at least max_body ({})",
-                    self.ingress.max_pending_bytes, self.max_body
-                ),
-            ));
-        }
+        let (pending, max_body) = (self.ingress.max_pending_bytes, self.max_body);
+        let problem = format_args!("({pending}) must be at least max_body ({max_body})");
+        rule(pending < max_body, "ingress.max_pending_bytes", problem)?;
         for (key, idle) in [
             ("ingress.idle_timeout", self.ingress.idle_timeout),
             ("admin.idle_timeout", self.admin.idle_timeout),
         ] {
-            if idle < std::time::Duration::from_secs(1) {
-                return Err(ConfigError::invalid(key, "must be at least 1s"));
-            }
+            rule(idle < Duration::from_secs(1), key, "must be at least 1s")?;
         }
         for (key, token) in [
             ("ingress_token", &self.ingress_token),
             ("admin_token", &self.admin_token),
         ] {
-            if token.as_ref().is_some_and(|t| t.expose().trim().is_empty()) {
-                return Err(ConfigError::invalid(
-                    key,
-                    "must not be empty (leave it unset to disable auth)",
-                ));
-            }
+            let empty = token.as_ref().is_some_and(|t| t.expose().trim().is_empty());
+            rule(empty, key, "must not be empty (leave it unset to disable auth)")?;
         }
         if let Some(url) = &self.alert_url {
             check_http_url("alert_url", url)?;
         }
-        if !self.allow_unauthenticated_network {
-            if let Some(&(key, addr)) = self.unauthenticated_network_listeners().first() {
+        if self.allow_unauthenticated_network {
+            return Ok(());
+        }
+        match self.unauthenticated_network_listeners().first() {
+            Some(&(key, addr)) => {
                 let token = if key == "listen" {
                     "ingress_token"
                 } else {
                     "admin_token"
                 };
-                return Err(ConfigError::invalid(
+                Err(ConfigError::invalid(
                     key,
                     format_args!(
                         "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
                          or set allow_unauthenticated_network = true to serve the network without a token on purpose"
                     ),
-                ));
+                ))
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
@@ -128,20 +116,11 @@ impl Config {
             ("delivery.idle_connection_timeout", d.idle_connection_timeout),
         ];
         for (key, value) in positive {
-            if value.is_zero() {
-                return Err(ConfigError::invalid(key, "must be greater than 0"));
-            }
+            rule(value.is_zero(), key, "must be greater than 0")?;
         }
-        if r.max_delay < r.base_delay {
-            return Err(ConfigError::invalid(
-                "retry.max_delay",
-                format_args!(
-                    "({}) must be at least retry.base_delay ({})",
-                    format_duration(r.max_delay),
-                    format_duration(r.base_delay)
-                ),
-            ));
-        }
+        let (max, base) = (format_duration(r.max_delay), format_duration(r.base_delay));
+        let problem = format_args!("({max}) must be at least retry.base_delay ({base})");
+        rule(r.max_delay < r.base_delay, "retry.max_delay", problem)?;
         let at_least_one = [
             ("retry.max_attempts", r.max_attempts),
             ("retry.max_attempts_404", r.max_attempts_404),
@@ -155,9 +134,7 @@ impl Config {
             ),
         ];
         for (key, value) in at_least_one {
-            if value < 1 {
-                return Err(ConfigError::invalid(key, "must be at least 1"));
-            }
+            rule(value < 1, key, "must be at least 1")?;
         }
         Ok(())
     }
@@ -167,45 +144,23 @@ impl Config {
         for (i, route) in self.routes.iter().enumerate() {
             let key = |field: &str| format!("route[{i}].{field}");
             let name = &route.name;
-            if name.is_empty() {
-                return Err(ConfigError::invalid(&key("name"), "must not be empty"));
-            }
-            if !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
-                return Err(ConfigError::invalid(
-                    &key("name"),
-                    format_args!("{name:?} may contain only A-Z a-z 0-9 _ -"),
-                ));
-            }
-            if !names.insert(name.as_str()) {
-                return Err(ConfigError::invalid(
-                    &key("name"),
-                    format_args!("{name:?} is used by an earlier route"),
-                ));
-            }
+            rule(name.is_empty(), &key("name"), "must not be empty")?;
+            let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+            let problem = format_args!("{name:?} may contain only A-Z a-z 0-9 _ -");
+            rule(!name.bytes().all(allowed), &key("name"), problem)?;
+            let problem = format_args!("{name:?} is used by an earlier route");
+            rule(!names.insert(name.as_str()), &key("name"), problem)?;
             check_http_url(&key("url"), &route.url)?;
-            let shown = || without_password(&route.url);
-            if !scope::allowed(&route.targets, &route.url) {
-                return Err(ConfigError::invalid(
-                    &key("url"),
-                    format_args!("{:?} is outside route[{i}].targets", shown()),
-                ));
-            }
+            let shown = without_password(&route.url);
+            let problem = format_args!("{shown:?} is outside route[{i}].targets");
+            rule(!scope::allowed(&route.targets, &route.url), &key("url"), problem)?;
             if let Some(signing_key) = &route.signing_key {
                 let Some(signing) = self.signing.keys.get(signing_key) else {
-                    return Err(ConfigError::invalid(
-                        &key("signing_key"),
-                        format_args!("{signing_key:?} is not a name in signing.keys"),
-                    ));
+                    let problem = format_args!("{signing_key:?} is not a name in signing.keys");
+                    return Err(ConfigError::invalid(&key("signing_key"), problem));
                 };
-                if !scope::allowed(&signing.targets, &route.url) {
-                    return Err(ConfigError::invalid(
-                        &key("url"),
-                        format_args!("{:?} is outside the targets of signing key {signing_key:?}", shown()),
-                    ));
-                }
+                let problem = format_args!("{shown:?} is outside the targets of signing key {signing_key:?}");
+                rule(!scope::allowed(&signing.targets, &route.url), &key("url"), problem)?;
             }
         }
         Ok(())
@@ -214,45 +169,33 @@ impl Config {
     fn validate_hosts_and_endpoints(&self) -> Result<(), ConfigError> {
         let mut hosts = BTreeSet::new();
         for (i, host) in self.hosts.iter().enumerate() {
-            let key = format!("host[{i}].host");
-            if !is_host_port(&host.host) {
-                return Err(ConfigError::invalid(
-                    &key,
-                    format_args!("{:?} must be name:port, like api.example:443", host.host),
-                ));
-            }
-            if !hosts.insert(host.host.to_ascii_lowercase()) {
-                return Err(ConfigError::invalid(
-                    &key,
-                    format_args!("{:?} is listed twice", host.host),
-                ));
-            }
+            let (key, name) = (format!("host[{i}].host"), &host.host);
+            let problem = format_args!("{name:?} must be name:port, like api.example:443");
+            rule(!is_host_port(name), &key, problem)?;
+            rule(
+                !hosts.insert(name.to_ascii_lowercase()),
+                &key,
+                format_args!("{name:?} is listed twice"),
+            )?;
             host.tls.validate(i)?;
-            if host.max_in_flight.is_some_and(|m| m < 1) {
-                return Err(ConfigError::invalid(
-                    &format!("host[{i}].max_in_flight"),
-                    "must be at least 1",
-                ));
-            }
+            let key = format!("host[{i}].max_in_flight");
+            rule(host.max_in_flight.is_some_and(|m| m < 1), &key, "must be at least 1")?;
         }
         let mut keys = BTreeSet::new();
         for (i, endpoint) in self.endpoints.iter().enumerate() {
-            let key = format!("endpoint[{i}].key");
-            if endpoint.key.is_empty() {
-                return Err(ConfigError::invalid(&key, "must not be empty"));
-            }
-            if !keys.insert(endpoint.key.as_str()) {
-                return Err(ConfigError::invalid(
-                    &key,
-                    format_args!("{:?} is listed twice", endpoint.key),
-                ));
-            }
-            if endpoint.rate_per_second.is_some_and(|r| r < 1) {
-                return Err(ConfigError::invalid(
-                    &format!("endpoint[{i}].rate_per_second"),
-                    "must be at least 1",
-                ));
-            }
+            let (key, name) = (format!("endpoint[{i}].key"), &endpoint.key);
+            rule(name.is_empty(), &key, "must not be empty")?;
+            rule(
+                !keys.insert(name.as_str()),
+                &key,
+                format_args!("{name:?} is listed twice"),
+            )?;
+            let key = format!("endpoint[{i}].rate_per_second");
+            rule(
+                endpoint.rate_per_second.is_some_and(|r| r < 1),
+                &key,
+                "must be at least 1",
+            )?;
         }
         Ok(())
     }
@@ -276,31 +219,27 @@ impl Config {
         default_users.extend(route_users(None));
         check_secrets("signing.secrets", &signing.secrets, &default_users)?;
         for (name, signing_key) in &signing.keys {
-            let secrets = &signing_key.secrets;
-            let key = format!("signing.keys.{name}");
-            if name.is_empty() {
-                return Err(ConfigError::invalid("signing.keys", "has an entry with an empty name"));
-            }
-            if secrets.is_empty() {
-                return Err(ConfigError::invalid(&key, "must list at least one secret"));
-            }
+            let (secrets, key) = (&signing_key.secrets, format!("signing.keys.{name}"));
+            rule(name.is_empty(), "signing.keys", "has an entry with an empty name")?;
+            rule(secrets.is_empty(), &key, "must list at least one secret")?;
             check_secrets(&key, secrets, &route_users(Some(name)))?;
         }
         Ok(())
     }
 }
 
+/// The error of the rule at `key`, when it is `broken`.
+pub(super) fn rule(broken: bool, key: &str, problem: impl fmt::Display) -> Result<(), ConfigError> {
+    match broken {
+        true => Err(ConfigError::invalid(key, problem)),
+        false => Ok(()),
+    }
+}
+
 fn check_http_url(key: &str, url: &Url) -> Result<(), ConfigError> {
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ConfigError::invalid(
-            key,
-            format_args!("must be an http or https URL (not {:?})", url.scheme()),
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(ConfigError::invalid(key, "must have a host"));
-    }
-    Ok(())
+    let problem = format_args!("must be an http or https URL (not {:?})", url.scheme());
+    rule(!matches!(url.scheme(), "http" | "https"), key, problem)?;
+    rule(url.host_str().is_none_or(str::is_empty), key, "must have a host")
 }
 
 /// Whether two listeners would fight over a port. Port 0 asks the OS for a free port, so
@@ -345,22 +284,17 @@ fn check_secrets(key: &str, secrets: &[Secret], users: &[SchemeUser]) -> Result<
         .iter()
         .find(|(scheme, _)| matches!(scheme, SignatureScheme::Stripe | SignatureScheme::Github));
     for (i, secret) in secrets.iter().enumerate() {
-        if secret.expose().is_empty() {
-            return Err(ConfigError::invalid(&format!("{key}[{i}]"), "must not be empty"));
-        }
+        let (item, secret) = (format!("{key}[{i}]"), secret.expose());
+        rule(secret.is_empty(), &item, "must not be empty")?;
         // A whsk_ key is only ever an Ed25519 key, so it is checked wherever it is listed:
         // a message may still pick it with Courier-Signing-Key.
-        if ed25519::is_secret(secret.expose()) {
-            if ed25519::decode_secret(secret.expose()).is_none() {
-                return Err(ConfigError::invalid(
-                    &format!("{key}[{i}]"),
-                    "is not an Ed25519 secret key: expected whsk_ followed by the base64 of a 32-byte seed, \
-                     as `courier keys generate` prints (value not shown)",
-                ));
-            }
+        if ed25519::is_secret(secret) {
+            let problem = "is not an Ed25519 secret key: expected whsk_ followed by the base64 of a 32-byte seed, \
+                 as `courier keys generate` prints (value not shown)";
+            rule(ed25519::decode_secret(secret).is_none(), &item, problem)?;
             if let Some((scheme, who)) = hmac_only {
                 return Err(ConfigError::invalid(
-                    &format!("{key}[{i}]"),
+                    &item,
                     format_args!(
                         "is an Ed25519 key (whsk_), which signs only with the standard scheme, but {who} \
                          signs with it using the {} scheme (HMAC only); use a separate [signing.keys] entry",
@@ -370,12 +304,9 @@ fn check_secrets(key: &str, secrets: &[Secret], users: &[SchemeUser]) -> Result<
             }
             continue;
         }
-        if standard && !is_standard_secret(secret.expose()) {
-            return Err(ConfigError::invalid(
-                &format!("{key}[{i}]"),
-                "is used with the standard scheme and must be whsec_ followed by base64, or an Ed25519 whsk_ key (value not shown)",
-            ));
-        }
+        let problem = "is used with the standard scheme and must be whsec_ followed by base64, or an Ed25519 \
+             whsk_ key (value not shown)";
+        rule(standard && !is_standard_secret(secret), &item, problem)?;
     }
     Ok(())
 }
