@@ -111,43 +111,8 @@ fn commit(
     for job in jobs {
         gathered.add(db, job);
     }
-    if gathered.stored.is_empty() {
-        return;
-    }
-    let Gathered {
-        mut batch,
-        line_tx,
-        counters,
-        stored,
-        in_batch_duplicates,
-        min_due,
-        ..
-    } = gathered;
-    counters.write_into(&mut batch, cf_of(db, keys::META));
-    // Nothing to settle: accepts only join lines.
-    let _ = line_tx.write_into(db, &mut batch);
-    match write(batch) {
-        Ok(()) => {
-            // Only now are the entries visible: report them to the scheduler's floor.
-            if min_due != u64::MAX {
-                due_floor.wrote(min_due);
-            }
-            for reply in stored {
-                let _ = reply.send(Ok(Accepted::New));
-            }
-            for (reply, id) in in_batch_duplicates {
-                let _ = reply.send(Ok(Accepted::Duplicate { id }));
-            }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, batch = stored.len(), "synced write of accepted messages failed");
-            let replies = stored
-                .into_iter()
-                .chain(in_batch_duplicates.into_iter().map(|(r, _)| r));
-            for reply in replies {
-                let _ = reply.send(Err(e.again()));
-            }
-        }
+    if !gathered.stored.is_empty() {
+        gathered.write(db, due_floor, write);
     }
 }
 
@@ -181,6 +146,37 @@ impl Gathered {
             stored: Vec::with_capacity(jobs.len()),
             in_batch_duplicates: Vec::new(),
             min_due: u64::MAX,
+        }
+    }
+
+    /// Writes the batch with `write` and answers every caller with its result.
+    fn write(mut self, db: &DB, due_floor: &DueFloor, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
+        self.counters.write_into(&mut self.batch, cf_of(db, keys::META));
+        // Nothing to settle: accepts only join lines.
+        let _ = self.line_tx.write_into(db, &mut self.batch);
+        match write(self.batch) {
+            Ok(()) => {
+                // Only now are the entries visible: report them to the scheduler's floor.
+                if self.min_due != u64::MAX {
+                    due_floor.wrote(self.min_due);
+                }
+                for reply in self.stored {
+                    let _ = reply.send(Ok(Accepted::New));
+                }
+                for (reply, id) in self.in_batch_duplicates {
+                    let _ = reply.send(Ok(Accepted::Duplicate { id }));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, batch = self.stored.len(), "synced write of accepted messages failed");
+                let replies = self
+                    .stored
+                    .into_iter()
+                    .chain(self.in_batch_duplicates.into_iter().map(|(r, _)| r));
+                for reply in replies {
+                    let _ = reply.send(Err(e.again()));
+                }
+            }
         }
     }
 
