@@ -55,12 +55,36 @@ struct Known {
 
 /// Reads one page (blocking: it reads the store).
 pub fn page(d: &Context, q: &EndpointQuery) -> Result<EndpointPage, StoreError> {
+    let (known, stop) = gather(d, q)?;
+    let mut items = Vec::new();
+    let mut last = None;
+    let mut cut = stop.is_some();
+    for (key, k) in known {
+        if stop.as_ref().is_some_and(|s| key > *s) {
+            break;
+        }
+        if items.len() >= q.limit {
+            cut = true;
+            break;
+        }
+        // The cursor may pass a key the filter leaves out.
+        last = Some(key.clone());
+        items.extend(item(d, q.paused, key, k)?);
+    }
+    Ok(EndpointPage {
+        items,
+        next_cursor: if cut { last.or(stop) } else { None },
+    })
+}
+
+/// Every source's first keys past the cursor, and the smallest key at which a source
+/// stopped: every key up to it is known from every source, so the page may go that far and
+/// no further (a filtered-out run of one source must not let the page skip past keys
+/// another source has not reached yet).
+fn gather(d: &Context, q: &EndpointQuery) -> Result<(BTreeMap<String, Known>, Option<String>), StoreError> {
     let after = q.cursor.as_deref();
     let want = q.limit + 1;
     let mut known: BTreeMap<String, Known> = BTreeMap::new();
-    // The smallest key at which a source stopped: every key up to it is known from every
-    // source, so the page may go that far and no further (a filtered-out run of one source
-    // must not let the page skip past keys another source has not reached yet).
     let mut stop: Option<String> = None;
     let views = d.endpoints().page(d.clock().now_ms(), after, &q.prefix, q.paused, want);
     if views.len() >= want {
@@ -88,58 +112,47 @@ pub fn page(d: &Context, q: &EndpointQuery) -> Result<EndpointPage, StoreError> 
             }
         }
     }
-    let mut items = Vec::new();
-    let mut last = None;
-    let mut cut = stop.is_some();
-    for (key, k) in known {
-        if stop.as_ref().is_some_and(|s| key > *s) {
-            break;
-        }
-        if items.len() >= q.limit {
-            cut = true;
-            break;
-        }
-        let view = k.view.or_else(|| d.endpoints().get(&key));
-        let paused = view.as_ref().is_some_and(|v| v.rec.paused);
-        // The cursor may pass a key the filter leaves out.
-        last = Some(key.clone());
-        if q.paused.is_some_and(|p| p != paused) {
-            continue;
-        }
-        let open = match k.open {
-            Some(n) => n,
-            None => d.store().open_of_endpoint(&key)?,
-        };
-        // Memory's record is the whole state once loaded; before that, the store's is.
-        let streak = match (&view, k.stored) {
-            (Some(v), _) if v.loaded => v.rec.streak,
-            (_, Some(rec)) => rec.streak,
-            _ => d.store().endpoint(&key)?.map_or(0, |r| r.streak),
-        };
-        let in_flight = view.as_ref().map_or(0, |v| v.in_flight);
-        let mut item = json!({
-            "key": key,
-            "state": if paused { "paused" } else { "active" },
-            "permanent_failure_streak": streak,
-            "in_flight": in_flight,
-            "pending": open.saturating_sub(u64::from(in_flight)),
-        });
-        // An ordered endpoint (configured so, or with a line: a route's ordered messages,
-        // or ones from before the config changed) adds its line; an unordered one's item is
-        // exactly as before. One point read per item.
-        let line = d.store().line(&key)?;
-        if line.is_some() || d.config().endpoints.iter().any(|e| e.key == key && e.fifo.is_some()) {
-            item["ordering"] = json!("fifo");
-            item["line_head"] = json!(line.as_ref().map(|l| l.head.clone()));
-            item["line_blocked"] = json!(line.as_ref().is_some_and(|l| l.blocked));
-            item["line_waiting"] = json!(line.as_ref().map_or(0, |l| l.waiting));
-        }
-        items.push(item);
+    Ok((known, stop))
+}
+
+/// The item for one endpoint, as the admin API shows it; `None` when the state filter
+/// `paused` leaves it out.
+fn item(d: &Context, paused_only: Option<bool>, key: String, k: Known) -> Result<Option<Value>, StoreError> {
+    let view = k.view.or_else(|| d.endpoints().get(&key));
+    let paused = view.as_ref().is_some_and(|v| v.rec.paused);
+    if paused_only.is_some_and(|p| p != paused) {
+        return Ok(None);
     }
-    Ok(EndpointPage {
-        items,
-        next_cursor: if cut { last.or(stop) } else { None },
-    })
+    let open = match k.open {
+        Some(n) => n,
+        None => d.store().open_of_endpoint(&key)?,
+    };
+    // Memory's record is the whole state once loaded; before that, the store's is.
+    let streak = match (&view, k.stored) {
+        (Some(v), _) if v.loaded => v.rec.streak,
+        (_, Some(rec)) => rec.streak,
+        _ => d.store().endpoint(&key)?.map_or(0, |r| r.streak),
+    };
+    let in_flight = view.as_ref().map_or(0, |v| v.in_flight);
+    // An ordered endpoint (configured so, or with a line: a route's ordered messages,
+    // or ones from before the config changed) adds its line; an unordered one's item is
+    // exactly as before. One point read per item.
+    let line = d.store().line(&key)?;
+    let ordered = line.is_some() || d.config().endpoints.iter().any(|e| e.key == key && e.fifo.is_some());
+    let mut item = json!({
+        "key": key,
+        "state": if paused { "paused" } else { "active" },
+        "permanent_failure_streak": streak,
+        "in_flight": in_flight,
+        "pending": open.saturating_sub(u64::from(in_flight)),
+    });
+    if ordered {
+        item["ordering"] = json!("fifo");
+        item["line_head"] = json!(line.as_ref().map(|l| l.head.clone()));
+        item["line_blocked"] = json!(line.as_ref().is_some_and(|l| l.blocked));
+        item["line_waiting"] = json!(line.as_ref().map_or(0, |l| l.waiting));
+    }
+    Ok(Some(item))
 }
 
 /// Lowers `stop` to `key` when `key` is smaller.

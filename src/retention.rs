@@ -20,12 +20,13 @@ const BATCH: usize = 1000;
 const COMPACT_AFTER: usize = 10_000;
 
 /// Runs one sweep to completion; returns how many messages were removed.
+#[cfg(test)]
 pub fn sweep(store: &Store, now_ms: u64) -> Result<usize, crate::store::StoreError> {
     sweep_batched(store, now_ms, BATCH, COMPACT_AFTER, &AtomicBool::new(false))
 }
 
-/// [`sweep`] with its batch size and compaction threshold as parameters (tests use small
-/// ones). It stops between batches, and between the column families it compacts, once
+/// Runs one sweep to completion, with its batch size and compaction threshold as
+/// parameters (tests use small ones); returns how many messages were removed. It stops between batches, and between the column families it compacts, once
 /// `halt` is set: shutdown never waits for a whole sweep (what is left is swept next time).
 fn sweep_batched(
     store: &Store,

@@ -75,11 +75,7 @@ impl Context {
             return Ok(());
         };
         let now = self.clock.now_ms();
-        if synced {
-            self.store.put_endpoint_synced(endpoint, &rec, now)?;
-        } else {
-            self.store.put_endpoint(endpoint, &rec, now)?;
-        }
+        self.store.put_endpoints(&[(endpoint.to_string(), rec)], now, synced)?;
         self.endpoints.saved(endpoint, changes);
         Ok(())
     }

@@ -119,6 +119,7 @@ impl Deliverer {
     }
 
     /// Releases and result writes waiting in the background for their record to read.
+    #[cfg(test)]
     pub fn waiting_to_read(&self) -> usize {
         self.waiting_to_read.load(Ordering::SeqCst)
     }

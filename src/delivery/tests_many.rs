@@ -36,14 +36,10 @@ impl Transport for GoneOneInThree {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expire() {
-    let clock = ManualClock::new(T0);
-    let cfg = config(Jitter::None);
-    let retention = cfg.retention;
-    let h = Arc::new(Harness::start(cfg, Arc::new(GoneOneInThree), clock.clone()));
+/// Accepts one message per endpoint, a thousand endpoints a second of the manual clock, 500
+/// at a time; answers the most endpoints and hosts held in memory meanwhile.
+async fn accept_every_endpoint(h: &Arc<Harness>, clock: &ManualClock) -> (usize, usize) {
     let (mut most_endpoints, mut most_hosts) = (0, 0);
-    // A thousand endpoints a second of the manual clock, accepted 500 at a time.
     for chunk in 0..(ENDPOINTS / 500) {
         let accepts: Vec<_> = (chunk * 500..(chunk + 1) * 500)
             .map(|i| {
@@ -59,6 +55,16 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
         most_endpoints = most_endpoints.max(h.d.context().endpoints().len());
         most_hosts = most_hosts.max(h.d.hosts().held());
     }
+    (most_endpoints, most_hosts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expire() {
+    let clock = ManualClock::new(T0);
+    let cfg = config(Jitter::None);
+    let retention = cfg.retention;
+    let h = Arc::new(Harness::start(cfg, Arc::new(GoneOneInThree), clock.clone()));
+    let (mut most_endpoints, most_hosts) = accept_every_endpoint(&h, &clock).await;
     tokio::time::timeout(Duration::from_secs(120), async {
         loop {
             let c = h.d.context().store().counts().unwrap();

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::{LineLocks, LineTx};
-use super::{keys, Accepted, CounterDeltas, Faults, StoreError};
+use super::{cf_of, keys, Accepted, CounterDeltas, Faults, StoreError};
 use crate::batcher::Batcher;
 use crate::model::State;
 
@@ -28,7 +28,7 @@ pub(super) struct Job {
     record: MessageRecord,
     record_bytes: Vec<u8>,
     payload_bytes: Vec<u8>,
-    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+    reply: Reply,
 }
 
 /// Handle to the committer thread.
@@ -88,6 +88,8 @@ impl Committer {
     }
 }
 
+type Reply = oneshot::Sender<Result<Accepted, StoreError>>;
+
 /// Checks a batch of accepts for duplicates, writes the new ones with `write` (the synced
 /// write; a seam so tests can make it fail as a full disk does) and answers every caller.
 fn commit(
@@ -97,7 +99,6 @@ fn commit(
     jobs: Vec<Job>,
     write: impl FnOnce(WriteBatch) -> Result<(), StoreError>,
 ) {
-    let cf = |name| db.cf_handle(name).expect("column family opened at start");
     // Ordered messages: their lines are locked from the head-or-member decision until the
     // batch is on disk, so no promotion reads a line this batch is changing (see `lines`).
     let ordered: Vec<String> = jobs
@@ -106,102 +107,144 @@ fn commit(
         .map(|j| j.record.endpoint.clone())
         .collect();
     let _lines = lines.lock(ordered.iter().map(String::as_str));
-    let mut line_tx = LineTx::default();
-    // Sized for the records up front: growing the batch's buffer copies it each time.
-    let bytes: usize = jobs
-        .iter()
-        .map(|j| j.record_bytes.len() + j.payload_bytes.len() + 4 * j.record.id.len() + 256)
-        .sum();
-    let mut batch = WriteBatch::with_capacity_bytes(bytes);
-    let mut counters = CounterDeltas::default();
-    let mut in_batch: HashMap<Vec<u8>, String> = HashMap::new();
-    let mut stored = Vec::with_capacity(jobs.len());
-    // A duplicate of a message in this very batch is answered with the batch's result:
-    // a 202 for it before the synced write would acknowledge what may never be stored
-    // (the write can fail, the process can die before the fsync).
-    let mut in_batch_duplicates = Vec::new();
-    let mut min_due = u64::MAX;
-    for mut job in jobs {
-        let event_key = keys::pair_key(&job.record.event_id, &job.record.target);
-        if let Some(id) = in_batch.get(&event_key) {
-            in_batch_duplicates.push((job.reply, id.clone()));
-            continue;
+    let mut gathered = Gathered::new(&jobs);
+    for job in jobs {
+        gathered.add(db, job);
+    }
+    if !gathered.stored.is_empty() {
+        gathered.write(db, due_floor, write);
+    }
+}
+
+/// One commit's write batch as it is gathered, and who to answer once it is durable.
+struct Gathered {
+    batch: WriteBatch,
+    line_tx: LineTx,
+    counters: CounterDeltas,
+    /// Event key to message id, for the accepts already in this batch.
+    in_batch: HashMap<Vec<u8>, String>,
+    stored: Vec<Reply>,
+    /// A duplicate of a message in this very batch is answered with the batch's result:
+    /// a 202 for it before the synced write would acknowledge what may never be stored
+    /// (the write can fail, the process can die before the fsync).
+    in_batch_duplicates: Vec<(Reply, String)>,
+    min_due: u64,
+}
+
+impl Gathered {
+    fn new(jobs: &[Job]) -> Gathered {
+        // Sized for the records up front: growing the batch's buffer copies it each time.
+        let bytes: usize = jobs
+            .iter()
+            .map(|j| j.record_bytes.len() + j.payload_bytes.len() + 4 * j.record.id.len() + 256)
+            .sum();
+        Gathered {
+            batch: WriteBatch::with_capacity_bytes(bytes),
+            line_tx: LineTx::default(),
+            counters: CounterDeltas::default(),
+            in_batch: HashMap::new(),
+            stored: Vec::with_capacity(jobs.len()),
+            in_batch_duplicates: Vec::new(),
+            min_due: u64::MAX,
         }
-        match db.get_pinned_cf(cf(keys::EVENTS), &event_key) {
+    }
+
+    /// Writes the batch with `write` and answers every caller with its result.
+    fn write(mut self, db: &DB, due_floor: &DueFloor, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
+        self.counters.write_into(&mut self.batch, cf_of(db, keys::META));
+        // Nothing to settle: accepts only join lines.
+        let _ = self.line_tx.write_into(db, &mut self.batch);
+        match write(self.batch) {
+            Ok(()) => {
+                // Only now are the entries visible: report them to the scheduler's floor.
+                if self.min_due != u64::MAX {
+                    due_floor.wrote(self.min_due);
+                }
+                for reply in self.stored {
+                    let _ = reply.send(Ok(Accepted::New));
+                }
+                for (reply, id) in self.in_batch_duplicates {
+                    let _ = reply.send(Ok(Accepted::Duplicate { id }));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, batch = self.stored.len(), "synced write of accepted messages failed");
+                let replies = self
+                    .stored
+                    .into_iter()
+                    .chain(self.in_batch_duplicates.into_iter().map(|(r, _)| r));
+                for reply in replies {
+                    let _ = reply.send(Err(e.again()));
+                }
+            }
+        }
+    }
+
+    /// Adds one accept to the batch, or answers it at once (a duplicate of a stored
+    /// message, or a failed read).
+    fn add(&mut self, db: &DB, mut job: Job) {
+        let event_key = keys::pair_key(&job.record.event_id, &job.record.target);
+        if let Some(id) = self.in_batch.get(&event_key) {
+            self.in_batch_duplicates.push((job.reply, id.clone()));
+            return;
+        }
+        match db.get_pinned_cf(cf_of(db, keys::EVENTS), &event_key) {
             Ok(Some(id)) => {
                 let id = String::from_utf8_lossy(&id).into_owned();
                 let _ = job.reply.send(Ok(Accepted::Duplicate { id }));
-                continue;
+                return;
             }
             Ok(None) => {}
             Err(e) => {
                 let _ = job.reply.send(Err(StoreError::Rocks(e)));
-                continue;
+                return;
             }
         }
-        // An ordered message is queued only as the head of its line; otherwise it waits in
-        // the line with no due entry (and its record carries its place).
-        let queued = if job.record.fifo.is_some() {
-            job.record.state = State::Pending;
-            match line_tx.join(db, &mut batch, &mut job.record) {
-                Ok(head) => {
-                    job.record_bytes = job.record.encode();
-                    head
-                }
-                Err(e) => {
-                    let _ = job.reply.send(Err(e));
-                    continue;
-                }
+        let queued = match self.place(db, &mut job) {
+            Ok(queued) => queued,
+            Err(e) => {
+                let _ = job.reply.send(Err(e));
+                return;
             }
-        } else {
-            job.record.state == State::Pending
         };
+        self.put(db, &job, &event_key, queued);
+        self.in_batch.insert(event_key, job.record.id.clone());
+        self.stored.push(job.reply);
+    }
+
+    /// Whether the message is queued (gets a due entry). An ordered message is queued only
+    /// as the head of its line; otherwise it waits in the line with no due entry (and its
+    /// record carries its place).
+    fn place(&mut self, db: &DB, job: &mut Job) -> Result<bool, StoreError> {
+        if job.record.fifo.is_none() {
+            return Ok(job.record.state == State::Pending);
+        }
+        job.record.state = State::Pending;
+        let head = self.line_tx.join(db, &mut self.batch, &mut job.record)?;
+        job.record_bytes = job.record.encode();
+        Ok(head)
+    }
+
+    /// Puts the message's record, payload, due entry (when `queued`), state and event keys.
+    fn put(&mut self, db: &DB, job: &Job, event_key: &[u8], queued: bool) {
         let rec = &job.record;
         let id = rec.id.as_str();
-        batch.put_cf(cf(keys::MESSAGES), id.as_bytes(), &job.record_bytes);
-        batch.put_cf(cf(keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
+        self.batch
+            .put_cf(cf_of(db, keys::MESSAGES), id.as_bytes(), &job.record_bytes);
+        self.batch
+            .put_cf(cf_of(db, keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
         // A message claimed at accept (its first attempt starts once this write is durable)
         // is stored in flight with no due entry, as a claim would leave it; a crash before
         // its result puts it back in the queue like any other attempt in flight.
         if queued {
-            min_due = min_due.min(rec.next_attempt_at_ms);
-            super::enqueue(db, &mut batch, rec);
+            self.min_due = self.min_due.min(rec.next_attempt_at_ms);
+            super::enqueue(db, &mut self.batch, rec);
         }
-        batch.put_cf(cf(keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
-        batch.put_cf(cf(keys::EVENTS), &event_key, id.as_bytes());
-        counters.add(keys::COUNT_OPEN, 1);
-        counters.add(&keys::endpoint_open_key(&rec.endpoint), 1);
-        in_batch.insert(event_key, rec.id.clone());
-        stored.push(job.reply);
-    }
-    if stored.is_empty() {
-        return;
-    }
-    counters.write_into(&mut batch, cf(keys::META));
-    // Nothing to settle: accepts only join lines.
-    let _ = line_tx.write_into(db, &mut batch);
-    match write(batch) {
-        Ok(()) => {
-            // Only now are the entries visible: report them to the scheduler's floor.
-            if min_due != u64::MAX {
-                due_floor.wrote(min_due);
-            }
-            for reply in stored {
-                let _ = reply.send(Ok(Accepted::New));
-            }
-            for (reply, id) in in_batch_duplicates {
-                let _ = reply.send(Ok(Accepted::Duplicate { id }));
-            }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, batch = stored.len(), "synced write of accepted messages failed");
-            let replies = stored
-                .into_iter()
-                .chain(in_batch_duplicates.into_iter().map(|(r, _)| r));
-            for reply in replies {
-                let _ = reply.send(Err(e.again()));
-            }
-        }
+        self.batch
+            .put_cf(cf_of(db, keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
+        self.batch.put_cf(cf_of(db, keys::EVENTS), event_key, id.as_bytes());
+        self.counters.add(keys::COUNT_OPEN, 1);
+        self.counters.add(&keys::endpoint_open_key(&rec.endpoint), 1);
     }
 }
 

@@ -59,16 +59,6 @@ impl Store {
         }
     }
 
-    /// Saves one endpoint's state, not synced.
-    pub fn put_endpoint(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
-        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, false)
-    }
-
-    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
-    pub fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
-        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, true)
-    }
-
     /// Deletes the records of endpoints that are not paused and were not written since
     /// `before_ms`, looking at one chunk of records from `from` (the start when `None`).
     /// The caller keeps endpoint writes out meanwhile (a record written between this read

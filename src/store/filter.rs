@@ -12,7 +12,7 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
-/// Filter for [`Store::list`] and [`Store::replay_dead`].
+/// Filter for [`Store::list`](super::Store::list) and [`Store::replay_dead`](super::Store::replay_dead).
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     /// Only this state.

@@ -16,70 +16,7 @@ impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         create_private_dir(dir)?;
-        let cache = Cache::new_lru_cache(options.block_cache_bytes);
-        let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&cache);
-        table.set_bloom_filter(10.0, false);
-        // Index and filter blocks live in the bounded block cache, not in memory per table
-        // (they grow with the data: a retention window of delivered messages). They are
-        // partitioned, with only their small top level pinned: a point read then loads one
-        // index partition of a few KiB. Unpartitioned, a large table's index block (MiBs) was
-        // evicted by data blocks and read and checksummed again for every lookup, which made
-        // resuming a large backlog cost more than delivering it.
-        table.set_cache_index_and_filter_blocks(true);
-        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
-        table.set_partition_filters(true);
-        table.set_pin_top_level_index_and_filter(true);
-        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-
-        let cf_opts = |name: &str| {
-            let mut o = Options::default();
-            o.set_block_based_table_factory(&table);
-            o.set_write_buffer_size(options.write_buffer_bytes);
-            o.set_max_write_buffer_number(3);
-            o.set_compression_type(if name == keys::PAYLOADS {
-                DBCompressionType::Lz4
-            } else {
-                DBCompressionType::None
-            });
-            o.set_level_compaction_dynamic_level_bytes(true);
-            if name == keys::META {
-                o.set_merge_operator_associative("courier_add_i64", add_counter);
-            }
-            o
-        };
-
-        let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
-        db_opts.create_missing_column_families(true);
-        db_opts.set_max_background_jobs(2);
-        db_opts.set_max_total_wal_size(64 << 20);
-        db_opts.set_db_write_buffer_size(options.write_buffer_bytes * 8);
-        db_opts.set_keep_log_file_num(3);
-        db_opts.set_max_log_file_size(8 << 20);
-        db_opts.set_max_open_files(256);
-        // RocksDB opens each family's tables at start with 16 threads of its own, made and
-        // ended per family (about 200 threads per open here); one per core opens as fast.
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        db_opts.set_max_file_opening_threads(cores.min(16) as i32);
-        db_opts.set_recycle_log_file_num(4);
-        // The unused `default` column family is opened with our small write buffer too:
-        // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
-        // writing after a disk-full error (it reserves the largest write buffer) would be
-        // 64 MiB, and on a small volume courier would never accept again by itself.
-        let descriptors = keys::CF_NAMES
-            .iter()
-            .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
-            .map(|name| ColumnFamilyDescriptor::new(*name, cf_opts(name)));
-        let db = DB::open_cf_descriptors(&db_opts, dir, descriptors).map_err(|e| {
-            let text = e.to_string();
-            if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
-                StoreError::Locked(dir.to_path_buf())
-            } else {
-                StoreError::Rocks(e)
-            }
-        })?;
-        let db = Arc::new(db);
+        let db = Arc::new(open_db(dir, &options)?);
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
         let counter_gate = Arc::new(std::sync::RwLock::new(()));
@@ -133,6 +70,84 @@ impl Store {
             }
         }
     }
+}
+
+/// Opens RocksDB in `dir` with every column family, tuned by `options`.
+fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
+    let table = table_options(options.block_cache_bytes);
+    // The unused `default` column family is opened with our small write buffer too:
+    // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
+    // writing after a disk-full error (it reserves the largest write buffer) would be
+    // 64 MiB, and on a small volume courier would never accept again by itself.
+    let descriptors = keys::CF_NAMES
+        .iter()
+        .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
+        .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes)));
+    DB::open_cf_descriptors(&db_options(options.write_buffer_bytes), dir, descriptors).map_err(|e| {
+        let text = e.to_string();
+        if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
+            StoreError::Locked(dir.to_path_buf())
+        } else {
+            StoreError::Rocks(e)
+        }
+    })
+}
+
+/// The table options every column family shares: one bounded block cache, bloom filters.
+fn table_options(block_cache_bytes: usize) -> BlockBasedOptions {
+    let cache = Cache::new_lru_cache(block_cache_bytes);
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&cache);
+    table.set_bloom_filter(10.0, false);
+    // Index and filter blocks live in the bounded block cache, not in memory per table
+    // (they grow with the data: a retention window of delivered messages). They are
+    // partitioned, with only their small top level pinned: a point read then loads one
+    // index partition of a few KiB. Unpartitioned, a large table's index block (MiBs) was
+    // evicted by data blocks and read and checksummed again for every lookup, which made
+    // resuming a large backlog cost more than delivering it.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+    table.set_partition_filters(true);
+    table.set_pin_top_level_index_and_filter(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    table
+}
+
+/// One column family's options: payloads compressed, counters merged by addition.
+fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize) -> Options {
+    let mut o = Options::default();
+    o.set_block_based_table_factory(table);
+    o.set_write_buffer_size(write_buffer_bytes);
+    o.set_max_write_buffer_number(3);
+    o.set_compression_type(if name == keys::PAYLOADS {
+        DBCompressionType::Lz4
+    } else {
+        DBCompressionType::None
+    });
+    o.set_level_compaction_dynamic_level_bytes(true);
+    if name == keys::META {
+        o.set_merge_operator_associative("courier_add_i64", add_counter);
+    }
+    o
+}
+
+/// The database-wide options: background work, WAL and log sizes, open files.
+fn db_options(write_buffer_bytes: usize) -> Options {
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.set_max_background_jobs(2);
+    db_opts.set_max_total_wal_size(64 << 20);
+    db_opts.set_db_write_buffer_size(write_buffer_bytes * 8);
+    db_opts.set_keep_log_file_num(3);
+    db_opts.set_max_log_file_size(8 << 20);
+    db_opts.set_max_open_files(256);
+    // RocksDB opens each family's tables at start with 16 threads of its own, made and
+    // ended per family (about 200 threads per open here); one per core opens as fast.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    db_opts.set_max_file_opening_threads(cores.min(16) as i32);
+    db_opts.set_recycle_log_file_num(4);
+    db_opts
 }
 
 /// Creates `dir` (mode 0700) or tightens an existing one to 0700.

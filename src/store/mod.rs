@@ -7,7 +7,7 @@
 //! history, endpoint state, ordered endpoints' lines, and counters.
 //!
 //! # Durability
-//! Accepts go through the [`committer`]: one thread that drains every queued accept into one
+//! Accepts go through the `committer`: one thread that drains every queued accept into one
 //! `WriteBatch` written with `sync = true`, then answers them all. Concurrent requests share
 //! one fsync; no caller is answered before its batch is on disk. Every later transition
 //! (claim, attempt result, replay) is a batch written without fsync: the WAL write reaches the

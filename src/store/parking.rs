@@ -62,7 +62,7 @@ impl Store {
     }
 
     /// Puts every parked message of `endpoint` back in the queue, due at `now_ms`, a batch
-    /// of [`UNPARK_BATCH`] per write. Returns how many went back.
+    /// of `UNPARK_BATCH` per write. Returns how many went back.
     pub fn unpark_endpoint(&self, endpoint: &str, now_ms: u64) -> Result<usize, StoreError> {
         let prefix = keys::pair_prefix(endpoint);
         let mut moved = 0;

@@ -9,6 +9,31 @@ use rocksdb::IteratorMode;
 
 use crate::store::{decode_message, keys, MessageRecord, State, Store, StoreError};
 
+/// Every family's keys read from one snapshot, by message id.
+struct Indexes {
+    records: BTreeMap<String, MessageRecord>,
+    payloads: BTreeSet<Vec<u8>>,
+    states: BTreeMap<String, Vec<u8>>,
+    due: BTreeMap<String, Vec<u64>>,
+    parked: BTreeMap<String, String>,
+}
+
+/// What the records count, to hold the counters against.
+#[derive(Default)]
+struct Tally {
+    open: u64,
+    delivered: u64,
+    dead: u64,
+    handed_off: u64,
+    open_per_endpoint: BTreeMap<String, u64>,
+}
+
+/// An ordered endpoint's line records and waiting members, as stored.
+struct Lines {
+    heads: BTreeMap<String, crate::store::LineRecord>,
+    members: BTreeMap<(String, u64), String>,
+}
+
 impl Store {
     /// Every inconsistency found (empty when the store is consistent). `quiescent` adds the
     /// rules that hold only when nothing is running: no message in flight.
@@ -17,6 +42,20 @@ impl Store {
         // One snapshot for every family: a write landing between two reads (a background
         // release, a result) must not look like a record and its index disagreeing.
         let snap = self.db.snapshot();
+        let ix = self.read_indexes(&snap)?;
+        let lines = self.audit_lines(&snap, &ix.records, quiescent, &mut problems)?;
+        let tally = audit_records(&ix, quiescent, &mut problems);
+        for id in ix.states.keys().chain(ix.due.keys()).chain(ix.parked.keys()) {
+            if !ix.records.contains_key(id) {
+                problems.push(format!("{id}: an index entry without its record"));
+            }
+        }
+        self.audit_counters(&snap, &tally, lines, &mut problems)?;
+        Ok(problems)
+    }
+
+    /// The records and the payload, state, due and parked keys, from `snap`.
+    fn read_indexes(&self, snap: &rocksdb::Snapshot<'_>) -> Result<Indexes, StoreError> {
         let mut records: BTreeMap<String, MessageRecord> = BTreeMap::new();
         for item in snap.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
             let (k, v) = item?;
@@ -50,72 +89,23 @@ impl Store {
             let id = String::from_utf8_lossy(&k[(end + 1).min(k.len())..]).into_owned();
             parked.insert(id, endpoint);
         }
+        Ok(Indexes {
+            records,
+            payloads,
+            states,
+            due,
+            parked,
+        })
+    }
 
-        let lines = self.audit_lines(&snap, &records, quiescent, &mut problems)?;
-
-        let mut open = 0u64;
-        let (mut delivered, mut dead, mut handed_off) = (0u64, 0u64, 0u64);
-        let mut open_per_endpoint: BTreeMap<String, u64> = BTreeMap::new();
-        for (id, rec) in &records {
-            let st = states.get(id).cloned().unwrap_or_default();
-            if st != vec![rec.state.to_byte()] {
-                problems.push(format!("{id}: state {:?} but state index {st:?}", rec.state));
-            }
-            if !payloads.contains(id.as_bytes()) {
-                problems.push(format!("{id}: no payload"));
-            }
-            let due_times = due.get(id).cloned().unwrap_or_default();
-            let is_parked = parked.get(id).is_some_and(|e| *e == rec.endpoint);
-            match rec.state {
-                State::Pending if rec.fifo.is_some_and(|f| f.pos > 0) => {
-                    // Waiting in its line: no due entry, not parked (`audit_lines` checks the
-                    // line holds it).
-                    open += 1;
-                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
-                    if !due_times.is_empty() || is_parked {
-                        problems.push(format!("{id}: waiting in its line but queued or parked"));
-                    }
-                }
-                State::Pending => {
-                    open += 1;
-                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
-                    let queued = due_times.contains(&rec.next_attempt_at_ms);
-                    if queued == is_parked {
-                        problems.push(format!(
-                            "{id}: pending but queued={queued} parked={is_parked} (due at {}, entries {due_times:?})",
-                            rec.next_attempt_at_ms
-                        ));
-                    }
-                }
-                State::InFlight => {
-                    open += 1;
-                    *open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
-                    if quiescent {
-                        problems.push(format!("{id}: in flight with nothing running"));
-                    }
-                }
-                State::Delivered | State::Dead | State::HandedOff => {
-                    match rec.state {
-                        State::Dead => {
-                            dead += 1;
-                            if rec.dead_reason.is_none() {
-                                problems.push(format!("{id}: dead without a reason"));
-                            }
-                        }
-                        State::HandedOff => handed_off += 1,
-                        _ => delivered += 1,
-                    }
-                    if is_parked || !due_times.is_empty() {
-                        problems.push(format!("{id}: finished but still queued or parked"));
-                    }
-                }
-            }
-        }
-        for id in states.keys().chain(due.keys()).chain(parked.keys()) {
-            if !records.contains_key(id) {
-                problems.push(format!("{id}: an index entry without its record"));
-            }
-        }
+    /// The counters against what the records count (`tally`) and the members in lines.
+    fn audit_counters(
+        &self,
+        snap: &rocksdb::Snapshot<'_>,
+        tally: &Tally,
+        lines: u64,
+        problems: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
         // Raw values, from the snapshot: a counter gone negative is a bug the clamped gauges
         // would hide.
         let mut meta: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
@@ -136,10 +126,10 @@ impl Store {
             count(keys::COUNT_DEAD),
             count(keys::COUNT_HANDED_OFF),
         );
-        if counted != (open, delivered, dead, handed_off) {
+        let records = (tally.open, tally.delivered, tally.dead, tally.handed_off);
+        if counted != records {
             problems.push(format!(
-                "counters open/delivered/dead/handed off {counted:?} but records {:?}",
-                (open, delivered, dead, handed_off)
+                "counters open/delivered/dead/handed off {counted:?} but records {records:?}"
             ));
         }
         let mut stored: BTreeMap<String, u64> = BTreeMap::new();
@@ -153,12 +143,13 @@ impl Store {
                 }
             }
         }
-        if stored != open_per_endpoint {
+        if stored != tally.open_per_endpoint {
             problems.push(format!(
-                "open per endpoint {stored:?} but records {open_per_endpoint:?}"
+                "open per endpoint {stored:?} but records {:?}",
+                tally.open_per_endpoint
             ));
         }
-        Ok(problems)
+        Ok(())
     }
 
     /// The `lines` family against the records: every line record's head is its endpoint's
@@ -172,53 +163,12 @@ impl Store {
         quiescent: bool,
         problems: &mut Vec<String>,
     ) -> Result<u64, StoreError> {
-        let mut heads: BTreeMap<String, crate::store::LineRecord> = BTreeMap::new();
-        let mut members: BTreeMap<(String, u64), String> = BTreeMap::new();
-        for item in snap.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
-            let (k, v) = item?;
-            match keys::split_line_key(&k) {
-                Some((endpoint, None)) => {
-                    heads.insert(endpoint.to_string(), crate::store::lines::decode_line(endpoint, &v)?);
-                }
-                Some((endpoint, Some(pos))) => {
-                    members.insert((endpoint.to_string(), pos), String::from_utf8_lossy(&v).into_owned());
-                }
-                None => problems.push(format!("lines: a key without an endpoint: {k:?}")),
-            }
+        let lines = self.read_lines(snap, problems)?;
+        for (endpoint, line) in &lines.heads {
+            self.audit_line_record(endpoint, line, &lines, records, quiescent, problems);
         }
-        for (endpoint, line) in &heads {
-            let waiting: Vec<u64> = members.keys().filter(|(e, _)| e == endpoint).map(|(_, p)| *p).collect();
-            if line.waiting != waiting.len() as u64 {
-                problems.push(format!(
-                    "line {endpoint}: waiting {} but {} members",
-                    line.waiting,
-                    waiting.len()
-                ));
-            }
-            if waiting.iter().any(|p| *p > line.tail) {
-                problems.push(format!("line {endpoint}: a member past the tail {}", line.tail));
-            }
-            match records.get(&line.head) {
-                None if !quiescent && self.is_ghost_head(&line.head) => {}
-                None => problems.push(format!("line {endpoint}: head {} does not exist", line.head)),
-                Some(h) if h.endpoint != *endpoint || h.fifo.is_none_or(|f| f.pos != 0) => {
-                    problems.push(format!("line {endpoint}: head {} is not this line's head", line.head))
-                }
-                Some(h) if line.blocked && h.state != State::Dead => problems.push(format!(
-                    "line {endpoint}: blocked behind {} which is {:?}",
-                    line.head, h.state
-                )),
-                Some(h) if !line.blocked && !matches!(h.state, State::Pending | State::InFlight) => {
-                    problems.push(format!(
-                        "line {endpoint}: head {} is {:?} and the line goes on",
-                        line.head, h.state
-                    ))
-                }
-                Some(_) => {}
-            }
-        }
-        for ((endpoint, pos), id) in &members {
-            if !heads.contains_key(endpoint) {
+        for ((endpoint, pos), id) in &lines.members {
+            if !lines.heads.contains_key(endpoint) {
                 problems.push(format!("line {endpoint}: member {id} without a line record"));
             }
             match records.get(id) {
@@ -234,23 +184,157 @@ impl Store {
             }
         }
         for (id, rec) in records {
-            let Some(fifo) = rec.fifo else { continue };
-            let open = matches!(rec.state, State::Pending | State::InFlight);
-            let problem = if !open {
-                None
-            } else if fifo.pos == 0 {
-                let head = heads.get(&rec.endpoint).is_some_and(|l| l.head == *id && !l.blocked);
-                (!head).then(|| format!("{id}: ordered and queued but not its line's head"))
-            } else if rec.state == State::InFlight || members.get(&(rec.endpoint.clone(), fifo.pos)) != Some(id) {
-                Some(format!(
-                    "{id}: {:?} at {} but its line does not hold it",
-                    rec.state, fifo.pos
-                ))
-            } else {
-                None
-            };
-            problems.extend(problem);
+            problems.extend(ordered_problem(id, rec, &lines));
         }
-        Ok(members.len() as u64)
+        Ok(lines.members.len() as u64)
+    }
+
+    /// The line records and members in `snap`.
+    fn read_lines(&self, snap: &rocksdb::Snapshot<'_>, problems: &mut Vec<String>) -> Result<Lines, StoreError> {
+        let mut lines = Lines {
+            heads: BTreeMap::new(),
+            members: BTreeMap::new(),
+        };
+        for item in snap.iterator_cf(self.cf(keys::LINES), IteratorMode::Start) {
+            let (k, v) = item?;
+            match keys::split_line_key(&k) {
+                Some((endpoint, None)) => {
+                    let line = crate::store::lines::decode_line(endpoint, &v)?;
+                    lines.heads.insert(endpoint.to_string(), line);
+                }
+                Some((endpoint, Some(pos))) => {
+                    let id = String::from_utf8_lossy(&v).into_owned();
+                    lines.members.insert((endpoint.to_string(), pos), id);
+                }
+                None => problems.push(format!("lines: a key without an endpoint: {k:?}")),
+            }
+        }
+        Ok(lines)
+    }
+
+    /// One line record against its members and its head's record.
+    fn audit_line_record(
+        &self,
+        endpoint: &str,
+        line: &crate::store::LineRecord,
+        lines: &Lines,
+        records: &BTreeMap<String, MessageRecord>,
+        quiescent: bool,
+        problems: &mut Vec<String>,
+    ) {
+        let waiting: Vec<u64> = lines
+            .members
+            .keys()
+            .filter(|(e, _)| e == endpoint)
+            .map(|(_, p)| *p)
+            .collect();
+        if line.waiting != waiting.len() as u64 {
+            problems.push(format!(
+                "line {endpoint}: waiting {} but {} members",
+                line.waiting,
+                waiting.len()
+            ));
+        }
+        if waiting.iter().any(|p| *p > line.tail) {
+            problems.push(format!("line {endpoint}: a member past the tail {}", line.tail));
+        }
+        match records.get(&line.head) {
+            None if !quiescent && self.is_ghost_head(&line.head) => {}
+            None => problems.push(format!("line {endpoint}: head {} does not exist", line.head)),
+            Some(h) if h.endpoint != *endpoint || h.fifo.is_none_or(|f| f.pos != 0) => {
+                problems.push(format!("line {endpoint}: head {} is not this line's head", line.head))
+            }
+            Some(h) if line.blocked && h.state != State::Dead => problems.push(format!(
+                "line {endpoint}: blocked behind {} which is {:?}",
+                line.head, h.state
+            )),
+            Some(h) if !line.blocked && !matches!(h.state, State::Pending | State::InFlight) => problems.push(format!(
+                "line {endpoint}: head {} is {:?} and the line goes on",
+                line.head, h.state
+            )),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Every record against its state, payload, due and parked entries; answers what they count.
+fn audit_records(ix: &Indexes, quiescent: bool, problems: &mut Vec<String>) -> Tally {
+    let mut tally = Tally::default();
+    for (id, rec) in &ix.records {
+        let st = ix.states.get(id).cloned().unwrap_or_default();
+        if st != vec![rec.state.to_byte()] {
+            problems.push(format!("{id}: state {:?} but state index {st:?}", rec.state));
+        }
+        if !ix.payloads.contains(id.as_bytes()) {
+            problems.push(format!("{id}: no payload"));
+        }
+        let due_times = ix.due.get(id).cloned().unwrap_or_default();
+        let is_parked = ix.parked.get(id).is_some_and(|e| *e == rec.endpoint);
+        if matches!(rec.state, State::Pending | State::InFlight) {
+            tally.open += 1;
+            *tally.open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
+        }
+        match rec.state {
+            State::Pending if rec.fifo.is_some_and(|f| f.pos > 0) => {
+                // Waiting in its line: no due entry, not parked (`audit_lines` checks the
+                // line holds it).
+                if !due_times.is_empty() || is_parked {
+                    problems.push(format!("{id}: waiting in its line but queued or parked"));
+                }
+            }
+            State::Pending => {
+                let queued = due_times.contains(&rec.next_attempt_at_ms);
+                if queued == is_parked {
+                    problems.push(format!(
+                        "{id}: pending but queued={queued} parked={is_parked} (due at {}, entries {due_times:?})",
+                        rec.next_attempt_at_ms
+                    ));
+                }
+            }
+            State::InFlight => {
+                if quiescent {
+                    problems.push(format!("{id}: in flight with nothing running"));
+                }
+            }
+            State::Delivered | State::Dead | State::HandedOff => {
+                match rec.state {
+                    State::Dead => {
+                        tally.dead += 1;
+                        if rec.dead_reason.is_none() {
+                            problems.push(format!("{id}: dead without a reason"));
+                        }
+                    }
+                    State::HandedOff => tally.handed_off += 1,
+                    _ => tally.delivered += 1,
+                }
+                if is_parked || !due_times.is_empty() {
+                    problems.push(format!("{id}: finished but still queued or parked"));
+                }
+            }
+        }
+    }
+    tally
+}
+
+/// An open ordered message its line does not hold as it says (head, or member at its place).
+fn ordered_problem(id: &str, rec: &MessageRecord, lines: &Lines) -> Option<String> {
+    let fifo = rec.fifo?;
+    if !matches!(rec.state, State::Pending | State::InFlight) {
+        None
+    } else if fifo.pos == 0 {
+        let head = lines
+            .heads
+            .get(&rec.endpoint)
+            .is_some_and(|l| l.head == id && !l.blocked);
+        (!head).then(|| format!("{id}: ordered and queued but not its line's head"))
+    } else if rec.state == State::InFlight
+        || lines.members.get(&(rec.endpoint.clone(), fifo.pos)).map(String::as_str) != Some(id)
+    {
+        Some(format!(
+            "{id}: {:?} at {} but its line does not hold it",
+            rec.state, fifo.pos
+        ))
+    } else {
+        None
     }
 }

@@ -27,7 +27,7 @@ fn message() -> MessageRecord {
 }
 
 #[test]
-fn every_record_round_trips() {
+fn every_message_version_round_trips() {
     let m = message();
     assert_eq!(MessageRecord::decode(&m.encode()), Ok(m.clone()));
     let open = MessageRecord {
@@ -63,7 +63,10 @@ fn every_record_round_trips() {
             assert!(MessageRecord::decode(&buf[..cut]).is_err(), "cut at {cut}");
         }
     }
+}
 
+#[test]
+fn payloads_attempts_endpoints_and_routing_round_trip() {
     for signing in [
         SigningChoice::Default,
         SigningChoice::Key("billing".into()),

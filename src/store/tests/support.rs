@@ -1,6 +1,7 @@
 //! Store calls only tests and the simulator make (production makes them another way): the
-//! fault switches, one result at a time, a floor raise to a whole millisecond, the first due
-//! time, one park, every endpoint record, the open counts per endpoint.
+//! fault switches, one endpoint record saved alone, one result at a time, a floor raise to
+//! a whole millisecond, the first due time, one park, every endpoint record, the open
+//! counts per endpoint.
 
 use rocksdb::{IteratorMode, ReadOptions};
 
@@ -12,6 +13,16 @@ impl Store {
     /// The fault switches of this store (tests only set them).
     pub(crate) fn faults(&self) -> &Faults {
         &self.faults
+    }
+
+    /// Saves one endpoint's state, not synced.
+    pub(crate) fn put_endpoint(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
+        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, false)
+    }
+
+    /// Saves a pause or resume, synced: it was acknowledged to an operator (or alerted).
+    pub(crate) fn put_endpoint_synced(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
+        self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, true)
     }
 
     /// How many synced operator writes (delete, replay, pause, resume) were made.
