@@ -310,23 +310,10 @@ fn retention(deliverer: &Arc<Deliverer>, stop: watch::Receiver<bool>) -> JoinHan
 
 /// The real transport: the pooled client, under the egress policy, through the proxy.
 fn http_transport(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Arc<dyn Transport> {
-    Arc::new(HttpTransport::new(
-        ClientSettings {
-            connect_timeout: config.delivery.connect_timeout,
-            max_response_body: config.delivery.max_response_body as usize,
-            pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
-            idle_timeout: config.delivery.idle_connection_timeout,
-            max_idle_connections: config.delivery.max_idle_connections as usize,
-        },
-        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
-        resolver,
-        tls,
-        config
-            .egress
-            .proxy
-            .as_ref()
-            .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
-    ))
+    let proxy = config.egress.proxy.as_ref();
+    let proxy = proxy.map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy));
+    let (settings, policy) = (ClientSettings::from_config(config), EgressPolicy::from_config(config));
+    Arc::new(HttpTransport::new(settings, policy, resolver, tls, proxy))
 }
 
 /// Startup's recovery (see `Deliverer::recover_at_start`), said in the log: a crash leaves
