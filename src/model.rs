@@ -11,6 +11,7 @@ pub const EVENT_ID_PREFIX: &str = "msg_";
 
 /// A new delivery id: `dlv_<ULID>`. ULIDs sort by creation time, which the store's
 /// listing order and the oldest-pending gauge rely on.
+#[cfg(test)]
 pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
     format!("{DELIVERY_ID_PREFIX}{}", ulid_at(now_ms, rng))
 }
