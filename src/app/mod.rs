@@ -41,7 +41,7 @@ use crate::outbound::tls::{TlsHandle, TlsMaterial};
 use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
 use crate::scheduler::Scheduler;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreError};
 use crate::sys::priority::DeliveryRuntime;
 
 mod listen;
@@ -138,12 +138,7 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
-    let options = StoreOptions {
-        retention_ms: config.retention.as_millis() as u64,
-        dead_retention_ms: config.dead_retention.as_millis() as u64,
-        ..StoreOptions::default()
-    };
-    let store = Arc::new(Store::open(&config.data_dir, options)?);
+    let store = Arc::new(Store::open(&config.data_dir, crate::args::store_options(&config))?);
     let listeners = Listeners::bind(&config).await?;
     let config_source = seams.config_source.take();
     let (deliverer, delivery_rt) = delivery(&config, &store, seams)?;
