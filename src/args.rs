@@ -55,6 +55,15 @@ pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// The store's options from the config: how long finished messages are kept.
+pub fn store_options(config: &Config) -> crate::store::StoreOptions {
+    crate::store::StoreOptions {
+        retention_ms: config.retention.as_millis() as u64,
+        dead_retention_ms: config.dead_retention.as_millis() as u64,
+        ..Default::default()
+    }
+}
+
 /// Installs the stderr subscriber in the configured line format, writing `default_filter`
 /// (`info` for `serve`) and above. `COURIER_LOG` (then `RUST_LOG`) sets the filter in either
 /// format, so switching to JSON never changes which lines are written.

@@ -283,6 +283,7 @@ impl Metrics {
     }
 
     /// Walks of the due queue so far.
+    #[cfg(test)]
     pub fn scheduler_passes(&self) -> u64 {
         self.get(Count::SchedulerPasses)
     }
@@ -322,6 +323,7 @@ impl Metrics {
     }
 
     /// Attempts in progress now.
+    #[cfg(test)]
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Relaxed).max(0) as u64
     }

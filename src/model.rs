@@ -4,6 +4,41 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// `ALL`, `as_str` and `FromStr` for an enum of unit variants, each with its one spelling
+/// (after `normalise`, when given); an unknown name is an [`UnknownName`] listing them all.
+macro_rules! names {
+    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        names!($ty, $what, |s| s.to_string(), { $($variant => $name),+ });
+    };
+    ($ty:ident, $what:literal, $normalise:expr, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: [$ty; [$($name),+].len()] = [$($ty::$variant),+];
+
+            /// Its name, as the config, the headers, the admin API, the CLI and the metrics
+            /// spell it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                let normalise: fn(&str) -> String = $normalise;
+                let name = normalise(s);
+                $ty::ALL.into_iter().find(|v| v.as_str() == name).ok_or_else(|| UnknownName {
+                    what: $what,
+                    given: s.to_string(),
+                    expected: [$($name),+].join(", "),
+                })
+            }
+        }
+    };
+}
+
 /// Prefix of delivery ids (courier's own id for one accepted message).
 pub const DELIVERY_ID_PREFIX: &str = "dlv_";
 /// Prefix of generated event ids (used when the app sends neither `webhook-id` nor `Idempotency-Key`).
@@ -11,6 +46,7 @@ pub const EVENT_ID_PREFIX: &str = "msg_";
 
 /// A new delivery id: `dlv_<ULID>`. ULIDs sort by creation time, which the store's
 /// listing order and the oldest-pending gauge rely on.
+#[cfg(test)]
 pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
     format!("{DELIVERY_ID_PREFIX}{}", ulid_at(now_ms, rng))
 }
@@ -69,17 +105,6 @@ pub enum State {
 }
 
 impl State {
-    /// The name used in the admin API and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Pending => "pending",
-            State::InFlight => "in_flight",
-            State::Delivered => "delivered",
-            State::Dead => "dead",
-            State::HandedOff => "handed_off",
-        }
-    }
-
     /// Whether the message is finished here (delivered, dead or handed off): nothing more
     /// happens to it but a replay (dead only) and retention.
     pub fn is_finished(self) -> bool {
@@ -99,24 +124,8 @@ impl State {
 
     /// The inverse of [`State::to_byte`].
     pub fn from_byte(b: u8) -> Option<State> {
-        Some(match b {
-            b'p' => State::Pending,
-            b'f' => State::InFlight,
-            b'd' => State::Delivered,
-            b'x' => State::Dead,
-            b'h' => State::HandedOff,
-            _ => return None,
-        })
+        State::ALL.into_iter().find(|s| s.to_byte() == b)
     }
-
-    /// Every state, in lifecycle order.
-    pub const ALL: [State; 5] = [
-        State::Pending,
-        State::InFlight,
-        State::Delivered,
-        State::Dead,
-        State::HandedOff,
-    ];
 }
 
 impl fmt::Display for State {
@@ -125,15 +134,13 @@ impl fmt::Display for State {
     }
 }
 
-impl FromStr for State {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        State::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| UnknownName::new("state", s, "pending, in_flight, delivered, dead, handed_off"))
-    }
-}
+names!(State, "state", {
+    Pending => "pending",
+    InFlight => "in_flight",
+    Delivered => "delivered",
+    Dead => "dead",
+    HandedOff => "handed_off",
+});
 
 /// Where an attempt leaves its message: the policy's verdict, as the store records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,38 +166,12 @@ pub enum DeadReason {
     EgressDenied,
 }
 
-impl DeadReason {
-    /// The name used in the admin API and the metrics label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadReason::MaxAttempts => "max_attempts",
-            DeadReason::Expired => "expired",
-            DeadReason::PermanentStatus => "permanent_status",
-            DeadReason::EgressDenied => "egress_denied",
-        }
-    }
-
-    /// Every reason, for metric exposition.
-    pub const ALL: [DeadReason; 4] = [
-        DeadReason::MaxAttempts,
-        DeadReason::Expired,
-        DeadReason::PermanentStatus,
-        DeadReason::EgressDenied,
-    ];
-}
-
-impl FromStr for DeadReason {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DeadReason::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| {
-            UnknownName::new(
-                "dead reason",
-                s,
-                "max_attempts, expired, permanent_status, egress_denied",
-            )
-        })
-    }
-}
+names!(DeadReason, "dead reason", {
+    MaxAttempts => "max_attempts",
+    Expired => "expired",
+    PermanentStatus => "permanent_status",
+    EgressDenied => "egress_denied",
+});
 
 /// How attempts are signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -206,36 +187,13 @@ pub enum SignatureScheme {
     None,
 }
 
-impl SignatureScheme {
-    /// The name used in config and in the `Courier-Signature-Scheme` header.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SignatureScheme::Standard => "standard",
-            SignatureScheme::Stripe => "stripe",
-            SignatureScheme::Github => "github",
-            SignatureScheme::None => "none",
-        }
-    }
-}
-
-impl FromStr for SignatureScheme {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "standard" => SignatureScheme::Standard,
-            "stripe" => SignatureScheme::Stripe,
-            "github" => SignatureScheme::Github,
-            "none" => SignatureScheme::None,
-            _ => {
-                return Err(UnknownName::new(
-                    "signature scheme",
-                    s,
-                    "standard, stripe, github, none",
-                ))
-            }
-        })
-    }
-}
+// Read case-insensitively, around spaces too: it comes from a header as well as the config.
+names!(SignatureScheme, "signature scheme", |s| s.trim().to_ascii_lowercase(), {
+    Standard => "standard",
+    Stripe => "stripe",
+    Github => "github",
+    None => "none",
+});
 
 /// How backoff delays are randomised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -249,28 +207,11 @@ pub enum Jitter {
     None,
 }
 
-impl Jitter {
-    /// The name used in the config, the summary and the admin API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Jitter::Equal => "equal",
-            Jitter::Full => "full",
-            Jitter::None => "none",
-        }
-    }
-}
-
-impl FromStr for Jitter {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "equal" => Jitter::Equal,
-            "full" => Jitter::Full,
-            "none" => Jitter::None,
-            _ => return Err(UnknownName::new("jitter", s, "equal, full, none")),
-        })
-    }
-}
+names!(Jitter, "jitter", {
+    Equal => "equal",
+    Full => "full",
+    None => "none",
+});
 
 /// Whether an endpoint's (or a route's) messages keep their order (`ordering`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -282,16 +223,10 @@ pub enum Ordering {
     Fifo,
 }
 
-impl FromStr for Ordering {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "none" => Ordering::None,
-            "fifo" => Ordering::Fifo,
-            _ => return Err(UnknownName::new("ordering", s, "none, fifo")),
-        })
-    }
-}
+names!(Ordering, "ordering", {
+    None => "none",
+    Fifo => "fifo",
+});
 
 /// What an ordered endpoint does when the message at the head of its line dies
 /// (`on_dead`).
@@ -305,26 +240,10 @@ pub enum OnDead {
     Block,
 }
 
-impl OnDead {
-    /// The name used in the config, the admin API and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnDead::Skip => "skip",
-            OnDead::Block => "block",
-        }
-    }
-}
-
-impl FromStr for OnDead {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "skip" => OnDead::Skip,
-            "block" => OnDead::Block,
-            _ => return Err(UnknownName::new("on_dead", s, "skip, block")),
-        })
-    }
-}
+names!(OnDead, "on_dead", {
+    Skip => "skip",
+    Block => "block",
+});
 
 /// A name that is not one of an enum's spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -332,17 +251,7 @@ impl FromStr for OnDead {
 pub struct UnknownName {
     what: &'static str,
     given: String,
-    expected: &'static str,
-}
-
-impl UnknownName {
-    fn new(what: &'static str, given: &str, expected: &'static str) -> Self {
-        UnknownName {
-            what,
-            given: given.to_string(),
-            expected,
-        }
-    }
+    expected: String,
 }
 
 #[cfg(test)]

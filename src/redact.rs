@@ -41,32 +41,22 @@ pub fn clean(text: &str) -> String {
 
 /// `text` with control, bidi and zero-width characters written as `\u{XXXX}`.
 pub fn escape(text: &str) -> String {
-    if !text.chars().any(unsafe_char) {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.push_str(&format!("\\u{{{:04X}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    escape_as(text, unsafe_char, |c| format!("\\u{{{c:04X}}}"))
 }
 
 /// Escapes bidi and zero-width characters in JSON text as `\uXXXX` (still valid JSON;
 /// serde_json already escapes the ASCII control characters).
 pub fn escape_json(text: &str) -> String {
-    if !text.chars().any(is_invisible_control) {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
+    escape_as(text, is_invisible_control, |c| format!("\\u{c:04x}"))
+}
+
+/// `text` with every character `hidden` picks written as `written` says.
+fn escape_as(text: &str, hidden: fn(char) -> bool, written: fn(u32) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if is_invisible_control(c) {
-            out.push_str(&format!("\\u{:04x}", c as u32));
-        } else {
-            out.push(c);
+        match hidden(c) {
+            true => out.push_str(&written(c as u32)),
+            false => out.push(c),
         }
     }
     out

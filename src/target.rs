@@ -21,6 +21,11 @@ use url::Url;
 /// dedupe key, so an unbounded one would be a cheap way to bloat the store.
 pub const MAX_TARGET_LEN: usize = 8192;
 
+// The refusals both the strict check of the text and the check of the parsed URL make.
+const TOO_LONG: &str = "it is longer than 8192 bytes";
+const CREDENTIALS: &str = "it contains credentials (user:password@); send them in an Authorization header instead";
+const FRAGMENT: &str = "it contains a fragment (#...), which is never sent to a server";
+
 /// A request's destination, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedTarget {
@@ -79,31 +84,23 @@ pub fn resolve_target(
     uri: &http::Uri,
     routes: &dyn Fn(&str) -> Option<Url>,
 ) -> Result<ResolvedTarget, TargetError> {
+    let direct = |url| Ok(ResolvedTarget { url, route: None });
     if let Some(text) = courier_target {
         let text = text.trim_matches(|c| c == ' ' || c == '\t');
         if text.is_empty() {
             return Err(TargetError::Invalid("the Courier-Target header is empty"));
         }
-        return Ok(ResolvedTarget {
-            url: parse_target(text, false)?,
-            route: None,
-        });
+        return direct(parse_target(text, false)?);
     }
     if uri.scheme().is_some() {
-        return Ok(ResolvedTarget {
-            url: parse_target(&uri.to_string(), false)?,
-            route: None,
-        });
+        return direct(parse_target(&uri.to_string(), false)?);
     }
     let path_and_query = uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("");
     let rest = path_and_query.strip_prefix('/').unwrap_or(path_and_query);
     if let Some(scheme_len) = scheme_prefix_len(rest) {
         let after = &rest[scheme_len..];
         if after.starts_with(':') {
-            return Ok(ResolvedTarget {
-                url: parse_target(rest, true)?,
-                route: None,
-            });
+            return direct(parse_target(rest, true)?);
         }
         // Compare bytes: the path may hold non-ASCII, and slicing the str at byte 3 could
         // split a character (a panic found by fuzzing; see the regression test).
@@ -115,10 +112,7 @@ pub fn resolve_target(
             let decoded = percent_decode_str(rest)
                 .decode_utf8()
                 .map_err(|_| TargetError::Invalid("the percent-encoded target is not valid UTF-8"))?;
-            return Ok(ResolvedTarget {
-                url: parse_target(&decoded, true)?,
-                route: None,
-            });
+            return direct(parse_target(&decoded, true)?);
         }
     }
     if rest == "r" || rest.starts_with("r/") || rest.starts_with("r?") {
@@ -166,7 +160,7 @@ fn scheme_prefix_len(s: &str) -> Option<usize> {
 /// some proxies produce by merging the double slash of a URL carried in a path.
 fn parse_target(text: &str, from_path: bool) -> Result<Url, TargetError> {
     if text.len() > MAX_TARGET_LEN {
-        return Err(TargetError::Invalid("it is longer than 8192 bytes"));
+        return Err(TargetError::Invalid(TOO_LONG));
     }
     if text.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(TargetError::Invalid("it contains whitespace or control characters"));
@@ -201,18 +195,14 @@ fn parse_target(text: &str, from_path: bool) -> Result<Url, TargetError> {
         return Err(TargetError::Invalid("it has no host"));
     }
     if authority.contains('@') {
-        return Err(TargetError::Invalid(
-            "it contains credentials (user:password@); send them in an Authorization header instead",
-        ));
+        return Err(TargetError::Invalid(CREDENTIALS));
     }
     let before_query = &hier[..hier.find('?').unwrap_or(hier.len())];
     if before_query.contains('\\') {
         return Err(TargetError::Invalid("it contains a backslash before the query"));
     }
     if hier.contains('#') {
-        return Err(TargetError::Invalid(
-            "it contains a fragment (#...), which is never sent to a server",
-        ));
+        return Err(TargetError::Invalid(FRAGMENT));
     }
     let url = if collapsed {
         Url::parse(&format!("{scheme}://{hier}"))
@@ -233,20 +223,16 @@ fn validate_parsed(url: &Url) -> Result<(), TargetError> {
         return Err(TargetError::Invalid("it has no host"));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(TargetError::Invalid(
-            "it contains credentials (user:password@); send them in an Authorization header instead",
-        ));
+        return Err(TargetError::Invalid(CREDENTIALS));
     }
     if url.fragment().is_some() {
-        return Err(TargetError::Invalid(
-            "it contains a fragment (#...), which is never sent to a server",
-        ));
+        return Err(TargetError::Invalid(FRAGMENT));
     }
     if url.port() == Some(0) {
         return Err(TargetError::Invalid("port 0 cannot be connected to"));
     }
     if url.as_str().len() > MAX_TARGET_LEN {
-        return Err(TargetError::Invalid("it is longer than 8192 bytes"));
+        return Err(TargetError::Invalid(TOO_LONG));
     }
     Ok(())
 }

@@ -7,12 +7,11 @@ pub fn rfc3339(ms: u64) -> String {
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
     let rem = secs % 86_400;
     let (hh, mm, ss) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    let frac = ms % 1000;
-    if frac == 0 {
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
-    } else {
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}.{frac:03}Z")
-    }
+    let frac = match ms % 1000 {
+        0 => String::new(),
+        frac => format!(".{frac:03}"),
+    };
+    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}{frac}Z")
 }
 
 /// Parses an RFC 3339 timestamp (`2026-11-30T12:00:00Z`, fractional seconds and numeric
@@ -30,11 +29,7 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let s = std::str::from_utf8(&b[r]).ok()?;
-        if s.bytes().all(|c| c.is_ascii_digit()) {
-            s.parse().ok()
-        } else {
-            None
-        }
+        s.bytes().all(|c| c.is_ascii_digit()).then(|| s.parse().ok())?
     };
     let (y, mo, d, h, mi, s) = (
         num(0..4)?,
@@ -66,12 +61,7 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
         [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
             let hh = (*h1 - b'0') as i64 * 10 + (*h2 - b'0') as i64;
             let mm = (*m1 - b'0') as i64 * 10 + (*m2 - b'0') as i64;
-            let v = hh * 3600 + mm * 60;
-            if *sign == b'+' {
-                v
-            } else {
-                -v
-            }
+            (hh * 3600 + mm * 60) * if *sign == b'+' { 1 } else { -1 }
         }
         _ => return None,
     };

@@ -62,6 +62,15 @@ fn query_map(req: &Request<Incoming>) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
+/// A page's `limit` (1 to 1000, [`DEFAULT_PAGE`] when absent); `None` when out of range.
+fn page_limit(q: &HashMap<String, String>) -> Option<usize> {
+    match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => Some(DEFAULT_PAGE),
+        Some(Ok(n)) => (1..=1000).contains(&n).then_some(n),
+        Some(Err(_)) => None,
+    }
+}
+
 fn decode_segment(s: &str) -> String {
     percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
@@ -273,10 +282,8 @@ impl Admin {
             Ok(f) => f,
             Err(message) => return bad_request(message),
         };
-        let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-            None => DEFAULT_PAGE,
-            Some(Ok(n)) if (1..=1000).contains(&n) => n,
-            Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
+        let Some(limit) = page_limit(q) else {
+            return bad_request("limit must be a whole number from 1 to 1000");
         };
         let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
         let alert_url = self.ctx.config().alert_url.clone();
@@ -368,10 +375,8 @@ impl Admin {
     /// A page of the endpoints courier knows (see `endpoint_page`): `limit` (1–1000,
     /// default 100), `cursor`, `state` (`active` or `paused`), `prefix`.
     fn endpoints(&self, q: &HashMap<String, String>) -> Response<Body> {
-        let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-            None => DEFAULT_PAGE,
-            Some(Ok(n)) if (1..=1000).contains(&n) => n,
-            Some(_) => return bad_request("limit must be a whole number from 1 to 1000"),
+        let Some(limit) = page_limit(q) else {
+            return bad_request("limit must be a whole number from 1 to 1000");
         };
         let paused = match q.get("state").map(String::as_str) {
             None | Some("") => None,

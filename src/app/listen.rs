@@ -55,32 +55,16 @@ pub(super) fn lower_to_fit(limit: u64, key: &str, value: &mut u32, share: u64) {
     }
 }
 
-pub(super) async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|source| AppError::Bind {
+/// Binds `addr` for `what`: the listener and the address it got (the port, when 0 asked).
+pub(super) async fn bind(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AppError> {
+    let err = move |source| AppError::Bind {
         what,
         addr: addr.into(),
         source,
-    })
-}
-
-/// Binds ingress: TCP, or the socket file with its mode (kept to remove at shutdown).
-pub(super) async fn bind_ingress(config: &Config) -> Result<(Listener, ListenAddr, Option<SocketFile>), AppError> {
-    let err = |source| AppError::Bind {
-        what: "ingress",
-        addr: config.listen.clone(),
-        source,
     };
-    match &config.listen {
-        ListenAddr::Tcp(addr) => {
-            let l = bind("ingress", *addr).await?;
-            let bound = l.local_addr().map_err(err)?;
-            Ok((Listener::Tcp(l), ListenAddr::Tcp(bound), None))
-        }
-        ListenAddr::Unix(path) => {
-            let (l, file) = SocketFile::bind(path, config.listen_mode).map_err(err)?;
-            Ok((Listener::Unix(l), config.listen.clone(), Some(file)))
-        }
-    }
+    let l = TcpListener::bind(addr).await.map_err(err)?;
+    let bound = l.local_addr().map_err(err)?;
+    Ok((l, bound))
 }
 
 /// The listeners, bound before anything else starts (a port in use stops the start).
@@ -88,40 +72,47 @@ pub(super) struct Listeners {
     pub(super) ingress: Listener,
     pub(super) ingress_addr: ListenAddr,
     pub(super) socket_file: Option<SocketFile>,
-    pub(super) admin: TcpListener,
-    pub(super) admin_addr: SocketAddr,
-    pub(super) ops: Option<TcpListener>,
-    pub(super) ops_addr: Option<SocketAddr>,
+    pub(super) admin: (TcpListener, SocketAddr),
+    pub(super) ops: Option<(TcpListener, SocketAddr)>,
 }
 
 impl Listeners {
+    /// Binds ingress (TCP, or the socket file with its mode, kept to remove at shutdown),
+    /// admin and ops; warns of each served to the network without a token.
     pub(super) async fn bind(config: &Config) -> Result<Listeners, AppError> {
-        let (ingress, ingress_addr, socket_file) = bind_ingress(config).await?;
-        let local = |what: &'static str, l: &TcpListener, addr: SocketAddr| {
-            l.local_addr().map_err(|source| AppError::Bind {
-                what,
-                addr: addr.into(),
-                source,
-            })
+        let (ingress, ingress_addr, socket_file) = match &config.listen {
+            ListenAddr::Tcp(addr) => {
+                let (l, bound) = bind("ingress", *addr).await?;
+                (Listener::Tcp(l), ListenAddr::Tcp(bound), None)
+            }
+            ListenAddr::Unix(path) => {
+                let (l, file) = SocketFile::bind(path, config.listen_mode).map_err(|source| AppError::Bind {
+                    what: "ingress",
+                    addr: config.listen.clone(),
+                    source,
+                })?;
+                (Listener::Unix(l), config.listen.clone(), Some(file))
+            }
         };
         let admin = bind("admin", config.admin_listen).await?;
-        let admin_addr = local("admin", &admin, config.admin_listen)?;
-        let (ops, ops_addr) = match config.ops_listen {
-            Some(addr) => {
-                let ops = bind("ops", addr).await?;
-                let local_addr = local("ops", &ops, addr)?;
-                (Some(ops), Some(local_addr))
-            }
-            None => (None, None),
+        let ops = match config.ops_listen {
+            Some(addr) => Some(bind("ops", addr).await?),
+            None => None,
         };
+        // Validation refused this unless the operator said so on purpose: say it once, loudly.
+        for (key, addr) in config.unauthenticated_network_listeners() {
+            tracing::warn!(
+                listener = key,
+                addr = %addr,
+                "serving the network without a token (allow_unauthenticated_network = true): anyone who can reach it can use it"
+            );
+        }
         Ok(Listeners {
             ingress,
             ingress_addr,
             socket_file,
             admin,
-            admin_addr,
             ops,
-            ops_addr,
         })
     }
 
@@ -140,9 +131,9 @@ impl Listeners {
                 limits.ingress.clone(),
                 stop.clone(),
             )),
-            tokio::spawn(serve::serve(self.admin, admin, limits.admin.clone(), stop.clone())),
+            tokio::spawn(serve::serve(self.admin.0, admin, limits.admin.clone(), stop.clone())),
         ];
-        if let Some(listener) = self.ops {
+        if let Some((listener, _)) = self.ops {
             tasks.push(tokio::spawn(serve::serve(listener, ops, limits.admin.clone(), stop)));
         }
         (tasks, self.socket_file)

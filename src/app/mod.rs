@@ -41,7 +41,7 @@ use crate::outbound::tls::{TlsHandle, TlsMaterial};
 use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
 use crate::scheduler::Scheduler;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreError};
 use crate::sys::priority::DeliveryRuntime;
 
 mod listen;
@@ -138,27 +138,10 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
-    let store = Arc::new(Store::open(
-        &config.data_dir,
-        StoreOptions {
-            retention_ms: config.retention.as_millis() as u64,
-            dead_retention_ms: config.dead_retention.as_millis() as u64,
-            ..StoreOptions::default()
-        },
-    )?);
+    let store = Arc::new(Store::open(&config.data_dir, crate::args::store_options(&config))?);
     let listeners = Listeners::bind(&config).await?;
-    // Validation refused this unless the operator said so on purpose: say it once, loudly.
-    for (key, addr) in config.unauthenticated_network_listeners() {
-        tracing::warn!(
-            listener = key,
-            addr = %addr,
-            "serving the network without a token (allow_unauthenticated_network = true): anyone who can reach it can use it"
-        );
-    }
     let config_source = seams.config_source.take();
     let (deliverer, delivery_rt) = delivery(&config, &store, seams)?;
-    // A crash leaves messages in flight, and (in the middle of a resume) parked for an
-    // endpoint that is active. The simulator runs this same recovery.
     recover(&deliverer, &delivery_rt)?;
 
     let draining = Arc::new(AtomicBool::new(false));
@@ -168,32 +151,29 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     // The scheduler's own stop, which a drain (`POST /drain`) sends before any shutdown,
     // and the word that it has returned.
     let stop_scheduler = Arc::new(watch::channel(false).0);
-    let (scheduler_done, scheduler_stopped) = watch::channel(false);
+    let scheduler_done = watch::channel(false).0;
     let (stop_http, http_rx) = watch::channel(false);
     let drain = Arc::new(DrainControl::new(
         deliverer.clone(),
         draining.clone(),
         accepts.clone(),
         stop_scheduler.clone(),
-        scheduler_stopped,
+        scheduler_done.subscribe(),
     ));
     let reloader = Arc::new(Reloader::new(config_source, deliverer.clone(), loaded));
-    let (ingress_addr, admin_addr, ops_addr) =
-        (listeners.ingress_addr.clone(), listeners.admin_addr, listeners.ops_addr);
+    let (ingress_addr, admin_addr) = (listeners.ingress_addr.clone(), listeners.admin.1);
+    let ops_addr = listeners.ops.as_ref().map(|o| o.1);
     let handlers = handlers(&deliverer, &draining, accepts, &reloader, &drain);
     let (http_tasks, socket_file) = listeners.serve(handlers, &limits, http_rx);
     let scheduler = Scheduler::new(deliverer.clone()).run(stop_scheduler.subscribe());
     let scheduler_task = delivery_rt.handle().spawn(async move {
         scheduler.await;
-        let _ = scheduler_done.send(true);
+        scheduler_done.send_replace(true);
     });
     let retention_task = retention(&deliverer, sched_rx);
-    match ops_addr {
-        Some(ops) => tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = %ops,
-            data_dir = %config.data_dir.display(), "listening"),
-        None => tracing::info!(ingress = %ingress_addr, admin = %admin_addr,
-            data_dir = %config.data_dir.display(), "listening"),
-    }
+    // `ops` is left out of the line when there is no ops listener.
+    tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = ops_addr.map(tracing::field::display),
+        data_dir = %config.data_dir.display(), "listening");
 
     let trigger = Arc::new(Notify::new());
     let stopping = Stopping {
@@ -325,23 +305,10 @@ fn retention(deliverer: &Arc<Deliverer>, stop: watch::Receiver<bool>) -> JoinHan
 
 /// The real transport: the pooled client, under the egress policy, through the proxy.
 fn http_transport(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Arc<dyn Transport> {
-    Arc::new(HttpTransport::new(
-        ClientSettings {
-            connect_timeout: config.delivery.connect_timeout,
-            max_response_body: config.delivery.max_response_body as usize,
-            pool_max_idle_per_host: config.delivery.max_in_flight_per_host as usize,
-            idle_timeout: config.delivery.idle_connection_timeout,
-            max_idle_connections: config.delivery.max_idle_connections as usize,
-        },
-        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone()),
-        resolver,
-        tls,
-        config
-            .egress
-            .proxy
-            .as_ref()
-            .map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy)),
-    ))
+    let proxy = config.egress.proxy.as_ref();
+    let proxy = proxy.map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy));
+    let (settings, policy) = (ClientSettings::from_config(config), EgressPolicy::from_config(config));
+    Arc::new(HttpTransport::new(settings, policy, resolver, tls, proxy))
 }
 
 /// Startup's recovery (see `Deliverer::recover_at_start`), said in the log: a crash leaves

@@ -53,37 +53,36 @@ pub enum Command {
 
 /// Parses the command line and runs the command; returns the process exit code.
 pub fn main() -> ExitCode {
+    use crate::operator::Operation;
     let cli = Cli::parse();
-    match cli.command {
-        None | Some(Command::Serve) => serve(&cli.global),
-        Some(Command::CheckConfig) => match load_checked(&cli.global) {
-            Ok(cfg) => {
+    let op = match cli.command {
+        None | Some(Command::Serve) => return serve(&cli.global),
+        Some(Command::CheckConfig) => {
+            return load_checked(&cli.global).map_or_else(bad_config, |cfg| {
                 println!("config ok\n{}", cfg.summary());
                 ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("courier: {e}");
-                ExitCode::from(2)
-            }
-        },
-        Some(Command::Deliveries(cmd)) => {
-            crate::operator::run(&cli.global, crate::operator::Operation::Deliveries(cmd))
+            })
         }
-        Some(Command::Endpoints(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Endpoints(cmd)),
-        Some(Command::Hosts(cmd)) => crate::operator::run(&cli.global, crate::operator::Operation::Hosts(cmd)),
-        Some(Command::Reload) => crate::operator::run(&cli.global, crate::operator::Operation::Reload),
-        Some(Command::Keys(cmd)) => crate::cli::keys::run(cmd),
-        Some(Command::Drain(args)) => crate::drain::run(&cli.global, args),
-    }
+        Some(Command::Keys(cmd)) => return keys::run(cmd),
+        Some(Command::Drain(args)) => return crate::drain::run(&cli.global, args),
+        Some(Command::Deliveries(cmd)) => Operation::Deliveries(cmd),
+        Some(Command::Endpoints(cmd)) => Operation::Endpoints(cmd),
+        Some(Command::Hosts(cmd)) => Operation::Hosts(cmd),
+        Some(Command::Reload) => Operation::Reload,
+    };
+    crate::operator::run(&cli.global, op)
+}
+
+/// Settings that do not load or do not check: one line, exit code 2.
+fn bad_config(e: crate::config::ConfigError) -> ExitCode {
+    eprintln!("courier: {e}");
+    ExitCode::from(2)
 }
 
 fn serve(global: &GlobalArgs) -> ExitCode {
     let config = match load_checked(global) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("courier: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return bad_config(e),
     };
     let format = config.log.format;
     crate::args::init_logging(format, "info");

@@ -101,14 +101,13 @@ fn peer_transport(config: &Config, concurrency: u32, listed: bool) -> Result<Arc
     let policy = if listed {
         EgressPolicy::new(true, Vec::new())
     } else {
-        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone())
+        EgressPolicy::from_config(config)
     };
     let settings = ClientSettings {
-        connect_timeout: config.delivery.connect_timeout,
         max_response_body: PEER_ANSWER_BYTES,
         pool_max_idle_per_host: concurrency as usize,
-        idle_timeout: config.delivery.idle_connection_timeout,
         max_idle_connections: concurrency as usize,
+        ..ClientSettings::from_config(config)
     };
     let resolver = Arc::new(SystemResolver);
     Ok(Arc::new(HttpTransport::new(settings, policy, resolver, tls, None)))

@@ -29,7 +29,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::inbound::serve::{self, Body};
 use crate::redact::url_for_log;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreError};
 
 /// Longest `POST /drain` body.
 const MAX_BODY: usize = 16 << 10;
@@ -125,12 +125,7 @@ async fn drain(config: Arc<Config>, plan: DrainPlan) -> Result<Status, String> {
             config.data_dir.display()
         ));
     }
-    let options = StoreOptions {
-        retention_ms: config.retention.as_millis() as u64,
-        dead_retention_ms: config.dead_retention.as_millis() as u64,
-        ..StoreOptions::default()
-    };
-    match Store::open(&config.data_dir, options) {
+    match Store::open(&config.data_dir, crate::args::store_options(&config)) {
         Ok(store) => Ok(offline(config, Arc::new(store), plan).await),
         Err(StoreError::Locked(_)) => running(&config, plan).await,
         Err(e) => Err(e.to_string()),

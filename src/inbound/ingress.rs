@@ -120,6 +120,10 @@ impl Refusal {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Refusal(status, code, message.into())
     }
+
+    fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Refusal(StatusCode::BAD_REQUEST, code, message.into())
+    }
 }
 
 impl Ingress {
@@ -186,15 +190,14 @@ impl Ingress {
                 "CONNECT is not supported: courier must see the body to store and sign it; send the request itself",
             ));
         }
-        let control = parse_control_headers(req.headers())
-            .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+        let control = parse_control_headers(req.headers()).map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
         // One settings value for the whole accept (the token too), whatever a reload does
         // meanwhile.
         let settings = self.deliverer.context().settings();
         let config = &settings.config;
         check_token(config, &req, control.token.as_deref())?;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
-            .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+            .map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
         // name); the error already says how an operator opens it, once.
         settings
@@ -207,7 +210,7 @@ impl Ingress {
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
         let route_fifo = route.and_then(|r| r.fifo);
         let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)
-            .map_err(|(code, message)| Refusal::new(StatusCode::BAD_REQUEST, code, message))?;
+            .map_err(|(code, message)| Refusal::bad(code, message))?;
         let event_id = event_id(req.headers())?;
         let read = self.read(req, config.max_body).await?;
 
@@ -275,11 +278,7 @@ impl Ingress {
                 if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
                     too_large(max_body)
                 } else {
-                    Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "body_read_failed",
-                        format!("reading the request body failed: {e}"),
-                    )
+                    Refusal::bad("body_read_failed", format!("reading the request body failed: {e}"))
                 }
             })?
             .to_bytes();
@@ -433,8 +432,7 @@ fn event_id(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
         let mut values = headers.get_all(name).iter();
         let Some(v) = values.next() else { continue };
         if values.next().is_some() {
-            return Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
+            return Err(Refusal::bad(
                 "invalid_event_id",
                 format!("{name} is given more than once"),
             ));
@@ -446,8 +444,7 @@ fn event_id(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
             .filter(|t| !t.is_empty() && t.len() <= MAX_EVENT_ID_LEN && t.bytes().all(|b| b.is_ascii_graphic()));
         return match text {
             Some(t) => Ok(Some(t.to_string())),
-            None => Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
+            None => Err(Refusal::bad(
                 "invalid_event_id",
                 format!("{name} must be 1 to {MAX_EVENT_ID_LEN} visible ASCII characters"),
             )),

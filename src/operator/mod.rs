@@ -215,11 +215,8 @@ impl AdminClient {
             .await
             .map_err(|e| unreachable(e.to_string()))?
             .to_bytes();
-        let value: Value = if body.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).unwrap_or(Value::Null)
-        };
+        // An empty body (204) reads as null like any body that is not JSON.
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if status >= 400 {
             return Err(OperatorError::Api {
                 status,
@@ -309,14 +306,11 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
 /// `courier reload`: what the running courier applied, and what waits for a restart.
 async fn reload(client: &AdminClient) -> Result<String, OperatorError> {
     let (_, v) = client.call(http::Method::POST, "/reload").await?;
-    let later: Vec<&str> = v["restart_required"]
-        .as_array()
-        .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
-        .unwrap_or_default();
-    let dropped: Vec<&str> = v["signing_keys_dropped"]
-        .as_array()
-        .map(|keys| keys.iter().filter_map(|k| k.as_str()).collect())
-        .unwrap_or_default();
+    let strings = |key: &str| -> Vec<String> {
+        let keys = v[key].as_array().into_iter().flatten();
+        keys.filter_map(|k| k.as_str().map(str::to_string)).collect()
+    };
+    let (later, dropped) = (strings("restart_required"), strings("signing_keys_dropped"));
     let mut text = if later.is_empty() {
         "config reloaded".to_string()
     } else {
@@ -429,19 +423,16 @@ async fn endpoints(client: &AdminClient, command: EndpointsCommand) -> Result<St
             let v = serde_json::json!({ "items": items, "next_cursor": null });
             Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
         }
-        EndpointsCommand::Pause { key } => {
-            client
-                .call(Method::POST, &format!("/endpoints/{}/pause", enc(&key)))
-                .await?;
-            Ok(format!("{} paused", escape(&key)))
-        }
-        EndpointsCommand::Resume { key } => {
-            client
-                .call(Method::POST, &format!("/endpoints/{}/resume", enc(&key)))
-                .await?;
-            Ok(format!("{} resumed", escape(&key)))
-        }
+        EndpointsCommand::Pause { key } => toggle(client, &key, "pause").await,
+        EndpointsCommand::Resume { key } => toggle(client, &key, "resume").await,
     }
+}
+
+/// `courier endpoints pause|resume KEY`.
+async fn toggle(client: &AdminClient, key: &str, verb: &str) -> Result<String, OperatorError> {
+    let path = format!("/endpoints/{}/{verb}", enc(key));
+    client.call(http::Method::POST, &path).await?;
+    Ok(format!("{} {verb}d", escape(key)))
 }
 
 #[cfg(test)]

@@ -37,30 +37,28 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out.join("\n")
 }
 
+/// The cells of `v`'s `fields`, in order.
+fn cells(v: &Value, fields: &[&str]) -> Vec<String> {
+    fields.iter().map(|f| cell(&v[*f])).collect()
+}
+
+/// One row per element of the array `v` (none when it is not one).
+fn rows(v: &Value, row: impl FnMut(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    v.as_array().into_iter().flatten().map(row).collect()
+}
+
 /// `courier deliveries list`: one row per delivery.
 pub(super) fn deliveries_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|d| {
-                    vec![
-                        cell(&d["id"]),
-                        cell(&d["state"]),
-                        cell(&d["attempts"]),
-                        cell(&d["last_status"]),
-                        match d["state"].as_str() {
-                            Some("dead") => cell(&d["dead_reason"]),
-                            Some("pending") => cell(&d["next_attempt_at"]),
-                            _ => "-".into(),
-                        },
-                        cell(&d["endpoint"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows(&v["items"], |d| {
+        let mut row = cells(d, &["id", "state", "attempts", "last_status"]);
+        row.push(match d["state"].as_str() {
+            Some("dead") => cell(&d["dead_reason"]),
+            Some("pending") => cell(&d["next_attempt_at"]),
+            _ => "-".into(),
+        });
+        row.push(cell(&d["endpoint"]));
+        row
+    });
     let mut out = table(&["ID", "STATE", "ATTEMPTS", "LAST", "NEXT/REASON", "ENDPOINT"], &rows);
     if let Some(c) = v["next_cursor"].as_str() {
         out.push_str(&format!("\n(more: --cursor {c})"));
@@ -103,28 +101,17 @@ pub(super) fn delivery_detail(d: &Value) -> String {
     if traced {
         out.push(format!("{:<16}{}", "trace_id", cell(&d["trace_id"])));
     }
-    let rows: Vec<Vec<String>> = d["history"]
-        .as_array()
-        .map(|h| {
-            h.iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let mut row = vec![
-                        (i + 1).to_string(),
-                        cell(&a["at"]),
-                        cell(&a["status"]),
-                        cell(&a["duration_ms"]),
-                        cell(&a["policy_revision"]),
-                    ];
-                    if traced {
-                        row.push(cell(&a["span_id"]));
-                    }
-                    row.push(cell(&a["error"]));
-                    row
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut attempt = 0;
+    let rows = rows(&d["history"], |a| {
+        attempt += 1;
+        let mut row = vec![attempt.to_string()];
+        row.extend(cells(a, &["at", "status", "duration_ms", "policy_revision"]));
+        if traced {
+            row.push(cell(&a["span_id"]));
+        }
+        row.push(cell(&a["error"]));
+        row
+    });
     out.push(String::new());
     let header: &[&str] = if traced {
         &["#", "AT", "STATUS", "MS", "POLICY", "SPAN", "ERROR"]
@@ -144,13 +131,7 @@ pub(super) fn endpoints_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|e| {
-            let mut row = vec![
-                cell(&e["key"]),
-                cell(&e["state"]),
-                cell(&e["permanent_failure_streak"]),
-                cell(&e["in_flight"]),
-                cell(&e["pending"]),
-            ];
+            let mut row = cells(e, &["key", "state", "permanent_failure_streak", "in_flight", "pending"]);
             if ordered {
                 let fifo = e["ordering"] == "fifo";
                 row.push(if fifo { "fifo".into() } else { "none".into() });
@@ -179,24 +160,15 @@ fn line_head(e: &Value) -> String {
 
 /// `courier hosts list`: one row per host.
 pub(super) fn hosts_table(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|h| {
-                    vec![
-                        cell(&h["host"]),
-                        cell(&h["circuit"]),
-                        cell(&h["in_flight"]),
-                        cell(&h["cap"]),
-                        cell(&h["consecutive_failures"]),
-                        cell(&h["next_probe_at"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let fields = [
+        "host",
+        "circuit",
+        "in_flight",
+        "cap",
+        "consecutive_failures",
+        "next_probe_at",
+    ];
+    let rows = rows(&v["items"], |h| cells(h, &fields));
     table(
         &["HOST", "CIRCUIT", "IN_FLIGHT", "CAP", "FAILURES", "NEXT_PROBE"],
         &rows,

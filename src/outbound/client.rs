@@ -56,6 +56,20 @@ pub struct ClientSettings {
     pub max_idle_connections: usize,
 }
 
+impl ClientSettings {
+    /// The settings `[delivery]` gives the delivery client.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        let delivery = &config.delivery;
+        ClientSettings {
+            connect_timeout: delivery.connect_timeout,
+            max_response_body: delivery.max_response_body as usize,
+            pool_max_idle_per_host: delivery.max_in_flight_per_host as usize,
+            idle_timeout: delivery.idle_connection_timeout,
+            max_idle_connections: delivery.max_idle_connections as usize,
+        }
+    }
+}
+
 type HttpsClient = Client<TlsConnector<CappedConnector<EgressConnector>>, Full<Bytes>>;
 
 /// The production [`Transport`].
@@ -278,9 +292,9 @@ impl Transport for HttpTransport {
     /// files) is done before anything is swapped.
     fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
         let material = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
-        let policy = EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone());
         self.parts.tls.swap(material);
-        self.current.store(Arc::new(self.parts.client(policy)));
+        self.current
+            .store(Arc::new(self.parts.client(EgressPolicy::from_config(config))));
         Ok(())
     }
 

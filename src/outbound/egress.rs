@@ -43,6 +43,11 @@ impl EgressPolicy {
         }
     }
 
+    /// The policy `[egress]` sets.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        EgressPolicy::new(config.egress.allow_private_targets, config.egress.allow.clone())
+    }
+
     /// Whether courier may connect to `ip`.
     pub fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
         if self.allow_private_targets {

@@ -66,6 +66,7 @@ pub fn public_key(secret: &str) -> Option<String> {
 
 /// The public key of `whpk_<base64>`: `None` unless it is 32 bytes that decode to a curve
 /// point. For receivers (the example receiver, tests); courier itself only signs.
+#[cfg(test)]
 pub fn decode_public(public: &str) -> Option<VerifyingKey> {
     let encoded = public.strip_prefix(PUBLIC_PREFIX)?;
     let bytes = super::standard::LENIENT_BASE64.decode(encoded).ok()?;

@@ -28,14 +28,7 @@ pub fn decode_secret(secret: &str) -> Option<Vec<u8>> {
 
 /// The content every Standard Webhooks signature covers: `<id>.<timestamp>.<body>`.
 pub fn signed_content(event_id: &str, timestamp: i64, body: &[u8]) -> Vec<u8> {
-    let timestamp = timestamp.to_string();
-    let mut content = Vec::with_capacity(event_id.len() + timestamp.len() + 2 + body.len());
-    content.extend_from_slice(event_id.as_bytes());
-    content.push(b'.');
-    content.extend_from_slice(timestamp.as_bytes());
-    content.push(b'.');
-    content.extend_from_slice(body);
-    content
+    [event_id.as_bytes(), b".", timestamp.to_string().as_bytes(), b".", body].concat()
 }
 
 /// One signature entry, `v1,<base64>`, for the decoded `key`.

@@ -3,24 +3,15 @@
 
 /// One signature entry, `v1=<hex>`; the HMAC key is the secret string exactly as configured.
 pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    let timestamp = timestamp.to_string();
-    format!(
-        "v1={}",
-        hex::encode(super::hmac_sha256(
-            secret.as_bytes(),
-            &[timestamp.as_bytes(), b".", body]
-        ))
-    )
+    let mac = super::hmac_sha256(secret.as_bytes(), &[timestamp.to_string().as_bytes(), b".", body]);
+    format!("v1={}", hex::encode(mac))
 }
 
 /// The full header value for several signature entries: `t=<ts>,v1=..,v1=..`.
 pub fn header_value(timestamp: i64, entries: &[String]) -> String {
-    let mut value = format!("t={timestamp}");
-    for entry in entries {
-        value.push(',');
-        value.push_str(entry);
-    }
-    value
+    entries
+        .iter()
+        .fold(format!("t={timestamp}"), |value, entry| value + "," + entry)
 }
 
 #[cfg(test)]

@@ -15,25 +15,15 @@
 //! cuts, e.g. `COURIER_POWER_CUTS=200` for a soak; the schedule's seed is printed and
 //! `COURIER_POWER_SEED` replays it.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng};
 
+use crate::support::load::{client, config, env_number, seed, send, Acked, Load, Tally};
 use crate::support::*;
-
-const SENDERS: usize = 4;
-const MAX_IN_FLIGHT: usize = 32;
 
 /// A mounted powercut filesystem, driven through its stdin.
 struct PowerFs {
@@ -214,36 +204,6 @@ fn filesystem_keeps_only_what_was_synced() {
     assert!(!at("never-synced").exists(), "a never-synced file survived");
 }
 
-fn env_number(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}")),
-        Err(_) => default,
-    }
-}
-
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
-/// Posts one message; its delivery id when courier answered 202, else the status (`None`
-/// when the connection failed or no answer came: courier was being cut).
-async fn send(client: &HttpClient, url: &str, event_id: &str) -> Result<String, Option<u16>> {
-    let req = hyper::Request::post(url)
-        .header("webhook-id", event_id)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(format!("{{\"id\":\"{event_id}\"}}"))))
-        .unwrap();
-    match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
-        Ok(Ok(resp)) if resp.status() == 202 => {
-            let id = resp.headers()["courier-delivery-id"].to_str().unwrap().to_string();
-            let _ = resp.into_body().collect().await;
-            Ok(id)
-        }
-        Ok(Ok(resp)) => Err(Some(resp.status().as_u16())),
-        _ => Err(None),
-    }
-}
-
 /// One message in `every` is refused until the end, so it must come out of the store after
 /// the last restart; the others are delivered at once (their results are written and cut
 /// too).
@@ -294,83 +254,20 @@ async fn acknowledged_messages_survive_power_cuts() {
         return;
     };
     let cuts = env_number("COURIER_POWER_CUTS", 10) as usize;
-    let seed = env_number(
-        "COURIER_POWER_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-    );
+    let seed = seed("COURIER_POWER_SEED");
     eprintln!("power_loss: seed {seed}, {cuts} cuts (COURIER_POWER_SEED={seed} replays the schedule)");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let started = Instant::now();
     // Half the messages held back in CI's short run; in a soak a tenth, retried less often,
     // so the retries of tens of thousands of held messages do not crowd out the load.
     let (hold_every, max_delay) = if cuts <= 20 { (2, "4s") } else { (10, "20s") };
+    let tally = Tally::start(move |id| Reply::status(if refused_until_calm(id, hold_every) { 503 } else { 200 })).await;
 
-    // The receiver: counts the 2xx answers it gave per event id.
-    let delivered: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let calm = Arc::new(AtomicBool::new(false));
-    let rx = {
-        let (delivered, calm) = (delivered.clone(), calm.clone());
-        Receiver::scripted(move |_, seen| {
-            let Some(id) = seen.header("webhook-id") else {
-                return Reply::status(400);
-            };
-            if !calm.load(Ordering::SeqCst) && refused_until_calm(&id, hold_every) {
-                return Reply::status(503);
-            }
-            *delivered.lock().unwrap().entry(id).or_default() += 1;
-            Reply::status(200)
-        })
-        .await
-    };
-
-    let config = format!(
-        "[retry]\nbase_delay = \"1s\"\nmax_delay = \"{max_delay}\"\njitter = \"full\"\nmax_attempts = 1000\n\
-         give_up_after = \"1h\"\n[delivery]\nmax_in_flight_per_host = {MAX_IN_FLIGHT}\nrate_per_second = 10000\n"
-    );
     // courier makes the data dir itself and syncs its parent (see
     // `a_fresh_data_dir_survives_a_power_cut`).
     let data_dir = fs.mnt.join("data");
-    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &config, &[]);
-    let ingress = Arc::new(Mutex::new(courier.ingress));
-
-    // Senders: each posts its own numbered event ids and records the ones answered 202.
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut senders = Vec::new();
-    for s in 0..SENDERS {
-        let (stop, acked, ingress, target) = (stop.clone(), acked.clone(), ingress.clone(), rx.url(&format!("/s{s}")));
-        senders.push(tokio::spawn(async move {
-            let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-            let mut other = HashMap::<Option<u16>, usize>::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let addr: SocketAddr = *ingress.lock().unwrap();
-                let id = format!("power-{s}-{n}");
-                n += 1;
-                // Load shaping, not synchronisation: a short pause, a longer one while courier
-                // is down (so the restart gets the cores rather than refused connections).
-                let pause = match send(&client, &format!("http://{addr}/{target}"), &id).await {
-                    Ok(delivery) => {
-                        acked.lock().unwrap().push((id, delivery));
-                        5
-                    }
-                    Err(status) => {
-                        *other.entry(status).or_default() += 1;
-                        if status.is_none() {
-                            50
-                        } else {
-                            5
-                        }
-                    }
-                };
-                tokio::time::sleep(Duration::from_millis(pause)).await;
-            }
-            other
-        }));
-    }
+    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &config("1s", max_delay), &[]);
+    let load = Load::start(courier.ingress, &tally.rx, "power", (5, 50));
 
     // The cuts: load for a random while, then power off (unsynced data dropped, courier
     // killed), power on, courier restarted on what is left.
@@ -385,38 +282,14 @@ async fn acknowledged_messages_survive_power_cuts() {
             answer
         });
         dropped.push(answer);
-        *ingress.lock().unwrap() = courier.ingress;
+        load.moved(courier.ingress);
     }
-    stop.store(true, Ordering::SeqCst);
-    let mut refused = HashMap::<Option<u16>, usize>::new();
-    for s in senders {
-        for (k, v) in s.await.unwrap() {
-            *refused.entry(k).or_default() += v;
-        }
-    }
+    let (acked, refused) = load.stop().await;
 
     // Drain: the receiver takes everything; every acknowledged id must arrive.
-    calm.store(true, Ordering::SeqCst);
-    let acked = acked.lock().unwrap().clone();
     let drain_started = Instant::now();
-    let deadline = drain_started + Duration::from_secs(180);
-    let missing = loop {
-        let missing: Vec<(String, String)> = {
-            let got = delivered.lock().unwrap();
-            acked.iter().filter(|(id, _)| !got.contains_key(id)).cloned().collect()
-        };
-        if missing.is_empty() || Instant::now() > deadline {
-            break missing;
-        }
-        // Re-checks the receiver's tally (cheap) rather than its whole request log.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-
-    let got = delivered.lock().unwrap().clone();
-    let duplicates: usize = acked
-        .iter()
-        .map(|(id, _)| got.get(id).copied().unwrap_or(0).saturating_sub(1))
-        .sum();
+    let missing = tally.calm_down(&acked, Duration::from_secs(180)).await;
+    let (duplicates, _) = tally.duplicates(&acked);
     let refused_acked = acked
         .iter()
         .filter(|(id, _)| refused_until_calm(id, hold_every))
@@ -527,8 +400,8 @@ async fn a_cut_loses_what_a_lying_disk_never_synced() {
 }
 
 /// Ten messages accepted by `courier` for `rx`, event ids `<tag>-<n>`: (event id, delivery id).
-async fn accept_ten(courier: &Courier, rx: &Receiver, tag: &str) -> Vec<(String, String)> {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+async fn accept_ten(courier: &Courier, rx: &Receiver, tag: &str) -> Vec<Acked> {
+    let client = client();
     let mut acked = Vec::new();
     for n in 0..10 {
         let id = format!("{tag}-{n}");
@@ -539,7 +412,7 @@ async fn accept_ten(courier: &Courier, rx: &Receiver, tag: &str) -> Vec<(String,
 }
 
 /// The acknowledged messages `courier` no longer knows, each with what its admin API said.
-async fn gone(courier: &Courier, acked: &[(String, String)]) -> Vec<String> {
+async fn gone(courier: &Courier, acked: &[Acked]) -> Vec<String> {
     let mut lost = Vec::new();
     for (id, delivery) in acked {
         let answer = get(&courier.admin_url(&format!("/deliveries/{delivery}"))).await;

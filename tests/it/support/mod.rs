@@ -17,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+pub mod load;
 mod receiver;
 
 pub use receiver::{Gate, Receiver, Reply, Seen};
