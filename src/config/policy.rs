@@ -177,24 +177,14 @@ impl Config {
         let mut lines = vec![format!("policy [retry]: {}", describe_policy(&book.resolve(None, "")))];
         for route in &self.routes {
             let endpoint = crate::target::default_endpoint_key(&route.url);
-            let resolved = book.resolve(Some(&route.name), &endpoint);
-            let with = match book.sections(Some(&route.name), &endpoint).0 {
-                Some(key) => format!(" with endpoint {key}"),
-                None => String::new(),
-            };
-            lines.push(format!(
-                "policy route {}{with}: {}",
-                route.name,
-                describe_policy(&resolved)
-            ));
+            let with = book.sections(Some(&route.name), &endpoint).0;
+            let with = with.map(|key| format!(" with endpoint {key}")).unwrap_or_default();
+            let policy = describe_policy(&book.resolve(Some(&route.name), &endpoint));
+            lines.push(format!("policy route {}{with}: {policy}", route.name));
         }
         for endpoint in &self.endpoints {
-            let resolved = book.resolve(None, &endpoint.key);
-            lines.push(format!(
-                "policy endpoint {}: {}",
-                endpoint.key,
-                describe_policy(&resolved)
-            ));
+            let policy = describe_policy(&book.resolve(None, &endpoint.key));
+            lines.push(format!("policy endpoint {}: {policy}", endpoint.key));
         }
         lines
     }

@@ -87,23 +87,21 @@ impl Config {
         if self.allow_unauthenticated_network {
             return Ok(());
         }
-        match self.unauthenticated_network_listeners().first() {
-            Some(&(key, addr)) => {
-                let token = if key == "listen" {
-                    "ingress_token"
-                } else {
-                    "admin_token"
-                };
-                Err(ConfigError::invalid(
-                    key,
-                    format_args!(
-                        "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
-                         or set allow_unauthenticated_network = true to serve the network without a token on purpose"
-                    ),
-                ))
-            }
-            None => Ok(()),
-        }
+        let Some(&(key, addr)) = self.unauthenticated_network_listeners().first() else {
+            return Ok(());
+        };
+        let token = if key == "listen" {
+            "ingress_token"
+        } else {
+            "admin_token"
+        };
+        Err(ConfigError::invalid(
+            key,
+            format_args!(
+                "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
+                 or set allow_unauthenticated_network = true to serve the network without a token on purpose"
+            ),
+        ))
     }
 
     fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
