@@ -48,21 +48,15 @@ impl CircuitConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        rule(self.probe_delay.is_zero(), "circuit.probe_delay", "must be more than 0")?;
+        let (delay, max) = (self.probe_delay, self.probe_max_delay);
+        rule(delay.is_zero(), "circuit.probe_delay", "must be more than 0")?;
         let problem = "must be at least circuit.probe_delay";
-        rule(
-            self.probe_max_delay < self.probe_delay,
-            "circuit.probe_max_delay",
-            problem,
-        )?;
-        let down = self.statuses.iter().find(|s| !(300..=599).contains(*s));
-        down.map_or(Ok(()), |s| {
-            rule(
-                true,
-                "circuit.statuses",
-                format_args!("has {s}: only 300–599 can say a host is down"),
-            )
-        })
+        rule(max < delay, "circuit.probe_max_delay", problem)?;
+        if let Some(s) = self.statuses.iter().find(|s| !(300..=599).contains(*s)) {
+            let problem = format_args!("has {s}: only 300–599 can say a host is down");
+            return Err(ConfigError::invalid("circuit.statuses", problem));
+        }
+        Ok(())
     }
 }
 

@@ -170,11 +170,8 @@ impl Config {
             let (key, name) = (format!("host[{i}].host"), &host.host);
             let problem = format_args!("{name:?} must be name:port, like api.example:443");
             rule(!is_host_port(name), &key, problem)?;
-            rule(
-                !hosts.insert(name.to_ascii_lowercase()),
-                &key,
-                format_args!("{name:?} is listed twice"),
-            )?;
+            let twice = !hosts.insert(name.to_ascii_lowercase());
+            rule(twice, &key, format_args!("{name:?} is listed twice"))?;
             host.tls.validate(i)?;
             let key = format!("host[{i}].max_in_flight");
             rule(host.max_in_flight.is_some_and(|m| m < 1), &key, "must be at least 1")?;
@@ -189,11 +186,7 @@ impl Config {
                 format_args!("{name:?} is listed twice"),
             )?;
             let key = format!("endpoint[{i}].rate_per_second");
-            rule(
-                endpoint.rate_per_second.is_some_and(|r| r < 1),
-                &key,
-                "must be at least 1",
-            )?;
+            rule(endpoint.rate_per_second == Some(0), &key, "must be at least 1")?;
         }
         Ok(())
     }
