@@ -121,7 +121,6 @@ pub struct Reloaded {
 
 /// The `[signing.keys]` names of `old` that `new` lacks or binds to other targets.
 pub fn signing_keys_dropped(old: &Config, new: &Config) -> Vec<String> {
-    // A pattern is parsed from its text alone, so equal patterns are equal texts.
     let kept = |name: &String, key: &SigningKey| new.signing.keys.get(name).is_some_and(|k| k.targets == key.targets);
     let dropped = old.signing.keys.iter().filter(|(name, key)| !kept(name, key));
     dropped.map(|(name, _)| name.clone()).collect()

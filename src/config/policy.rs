@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::de::{self, Dur, JitterMode};
 use super::retry::{backoff_problem, schedule, statuses};
-use super::summary::dur;
+use super::summary::{dur, list};
 use super::{Config, ConfigError};
 use crate::model::Jitter;
 use crate::policy::backoff::BackoffError;
@@ -195,20 +195,12 @@ impl Config {
 pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
     let backoff = match &r.backoff {
         Backoff::Exponential { base_ms, max_ms } => format!("exponential {}..{}", ms(*base_ms), ms(*max_ms)),
-        Backoff::Schedule(steps) => {
-            let shown: Vec<String> = steps.iter().map(|step| ms(*step)).collect();
-            format!("schedule [{}]", shown.join(", "))
-        }
+        Backoff::Schedule(steps) => format!("schedule [{}]", list(steps.iter().map(|step| ms(*step)))),
     };
     let rules = r.statuses.layers().flat_map(|layer| layer.iter());
-    let mut rules: Vec<String> = rules
-        .map(|(status, class)| format!("{status} {}", class.as_str()))
-        .collect();
-    rules.push("seed table".to_string());
-    let cap = r
-        .max_in_flight
-        .map(|n| format!(", max_in_flight {n}"))
-        .unwrap_or_default();
+    let rules = rules.map(|(status, class)| format!("{status} {}", class.as_str()));
+    let rules = list(rules.chain(["seed table".to_string()]));
+    let cap = r.max_in_flight.map(|n| format!(", max_in_flight {n}"));
     format!(
         concat!(
             "{}, jitter {}, max_attempts {}, give_up_after {}, max_attempts_404 {}, max_retry_after {}, ",
@@ -221,8 +213,8 @@ pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
         r.max_attempts_404,
         dur(&r.max_retry_after),
         dur(&r.request_timeout),
-        cap,
-        rules.join(", "),
+        cap.unwrap_or_default(),
+        rules,
         revision_text(r.revision())
     )
 }

@@ -86,7 +86,7 @@ impl Config {
                     max_attempts_404, give_up_after: dur, max_retry_after: dur),
                 r.schedule.as_ref().map_or(String::new(), |steps| format!(
                     ", schedule [{}]",
-                    steps.iter().map(dur).collect::<Vec<_>>().join(", ")
+                    list(steps.iter().map(dur))
                 ))
             ),
             format!(
