@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::de::{self, Dur, JitterMode};
+use super::error::Problem;
 use super::retry::{backoff_problem, schedule, statuses};
 use super::summary::{dur, list};
 use super::{Config, ConfigError};
@@ -98,11 +99,10 @@ impl Config {
 
     fn check_section(&self, section: &str, p: &PolicyOverrides) -> Result<(), ConfigError> {
         let rule = |broken: bool, key: &str, problem: &dyn fmt::Display| match broken {
-            true => Err(ConfigError::invalid_coded(
+            true => Err(ConfigError::invalid_problem(Problem::coded(
                 "invalid_policy_value",
-                &format!("{section}.{key}"),
-                problem,
-            )),
+                format!("{section}.{key} {problem}"),
+            ))),
             false => Ok(()),
         };
         let counts = [
