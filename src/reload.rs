@@ -18,7 +18,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SigningKey};
 use crate::delivery::Deliverer;
 
 /// Reads the config again from the layers courier started with.
@@ -121,19 +121,9 @@ pub struct Reloaded {
 
 /// The `[signing.keys]` names of `old` that `new` lacks or binds to other targets.
 pub fn signing_keys_dropped(old: &Config, new: &Config) -> Vec<String> {
-    old.signing
-        .keys
-        .iter()
-        .filter(|(name, key)| {
-            new.signing.keys.get(*name).is_none_or(|k| {
-                let targets = |k: &crate::config::SigningKey| {
-                    k.targets.iter().map(|t| t.as_str().to_string()).collect::<Vec<_>>()
-                };
-                targets(k) != targets(key)
-            })
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
+    let kept = |name: &String, key: &SigningKey| new.signing.keys.get(name).is_some_and(|k| k.targets == key.targets);
+    let dropped = old.signing.keys.iter().filter(|(name, key)| !kept(name, key));
+    dropped.map(|(name, _)| name.clone()).collect()
 }
 
 /// Re-reads and applies the config; one reload at a time.

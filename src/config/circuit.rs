@@ -6,34 +6,27 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::de::{self, Dur};
+use super::validate::rule;
 use super::ConfigError;
 use crate::policy::circuit::CircuitSettings;
 
-/// `[circuit]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CircuitConfig {
-    /// Consecutive failures to one host that open its breaker; 0 turns the breaker off.
-    pub failures: u32,
-    /// Wait before the first probe after the breaker opens; doubles after each failed probe.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub probe_delay: Duration,
-    /// The longest wait between probes.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub probe_max_delay: Duration,
-    /// Statuses that count as failures when the answer has no `Retry-After` (a receiver
-    /// that says when to come back is not down, it is busy).
-    pub statuses: Vec<u16>,
-}
-
-impl Default for CircuitConfig {
-    fn default() -> Self {
-        CircuitConfig {
-            failures: 5,
-            probe_delay: Duration::from_secs(5),
-            probe_max_delay: Duration::from_secs(300),
-            statuses: vec![502, 503, 504],
-        }
+section! {
+    /// `[circuit]`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct CircuitConfig {
+        /// Consecutive failures to one host that open its breaker; 0 turns the breaker off.
+        pub failures: u32 = 5,
+        /// Wait before the first probe after the breaker opens; doubles after each failed
+        /// probe.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub probe_delay: Duration = Duration::from_secs(5),
+        /// The longest wait between probes.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub probe_max_delay: Duration = Duration::from_secs(300),
+        /// Statuses that count as failures when the answer has no `Retry-After` (a receiver
+        /// that says when to come back is not down, it is busy).
+        pub statuses: Vec<u16> = vec![502, 503, 504],
     }
 }
 
@@ -55,20 +48,13 @@ impl CircuitConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.probe_delay.is_zero() {
-            return Err(ConfigError::invalid("circuit.probe_delay", "must be more than 0"));
-        }
-        if self.probe_max_delay < self.probe_delay {
-            return Err(ConfigError::invalid(
-                "circuit.probe_max_delay",
-                "must be at least circuit.probe_delay",
-            ));
-        }
+        let (delay, max) = (self.probe_delay, self.probe_max_delay);
+        rule(delay.is_zero(), "circuit.probe_delay", "must be more than 0")?;
+        let problem = "must be at least circuit.probe_delay";
+        rule(max < delay, "circuit.probe_max_delay", problem)?;
         if let Some(s) = self.statuses.iter().find(|s| !(300..=599).contains(*s)) {
-            return Err(ConfigError::invalid(
-                "circuit.statuses",
-                format_args!("has {s}: only 300–599 can say a host is down"),
-            ));
+            let problem = format_args!("has {s}: only 300–599 can say a host is down");
+            return Err(ConfigError::invalid("circuit.statuses", problem));
         }
         Ok(())
     }

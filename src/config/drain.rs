@@ -45,12 +45,8 @@ impl DrainConfig {
         for peer in &self.peers {
             peer_url(peer).map_err(|e| ConfigError::invalid("drain.peers", format_args!("{peer:?} {e}")))?;
         }
-        let problem = format_args!("must be 1 to {MAX_CONCURRENCY}");
-        rule(
-            !(1..=MAX_CONCURRENCY).contains(&self.concurrency),
-            "drain.concurrency",
-            problem,
-        )
+        let (range, problem) = (1..=MAX_CONCURRENCY, format_args!("must be 1 to {MAX_CONCURRENCY}"));
+        rule(!range.contains(&self.concurrency), "drain.concurrency", problem)
     }
 
     /// Whether `url` is a peer the operator configured (`to` or one of `peers`), compared

@@ -120,14 +120,17 @@ impl ConfigError {
         }
     }
 
-    fn with_code(mut self, code: Option<&'static str>) -> Self {
-        self.code = code;
-        self
+    /// `problem` at `place`, keeping its code.
+    fn placed(place: impl Into<String>, problem: Problem) -> Self {
+        let code = problem.code;
+        ConfigError {
+            code,
+            ..ConfigError::new(place, problem.text)
+        }
     }
 
     pub(super) fn file(origin: &str, problem: impl Into<Problem>) -> Self {
-        let problem = problem.into();
-        ConfigError::new(format!("config {origin}"), problem.text).with_code(problem.code)
+        ConfigError::placed(format!("config {origin}"), problem.into())
     }
 
     /// A bad value of the variable `name`; a `secret` one's value is not echoed.
@@ -137,21 +140,16 @@ impl ConfigError {
         } else {
             format!("{name}={value:?}")
         };
-        ConfigError::new(place, problem.text).with_code(problem.code)
+        ConfigError::placed(place, problem)
     }
 
     pub(crate) fn invalid(key: &str, problem: impl fmt::Display) -> Self {
         ConfigError::new("invalid config", format!("{key} {problem}"))
     }
 
-    /// A broken validation rule that has a machine-readable code.
-    pub(super) fn invalid_coded(code: &'static str, key: &str, problem: impl fmt::Display) -> Self {
-        ConfigError::invalid(key, problem).with_code(Some(code))
-    }
-
     /// A broken validation rule, already worded (key first) by the code that found it.
     pub(super) fn invalid_problem(problem: Problem) -> Self {
-        ConfigError::new("invalid config", problem.text).with_code(problem.code)
+        ConfigError::placed("invalid config", problem)
     }
 
     /// The machine-readable code of the rule broken, for the rules that have one (one of

@@ -110,32 +110,17 @@ impl FleetConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        rule(
-            self.expected_replicas == 0,
-            "fleet.expected_replicas",
-            "must be at least 1",
-        )?;
-        let prefix = &self.key_prefix;
+        let (replicas, prefix, ttl, timeout) = (self.expected_replicas, &self.key_prefix, self.lease_ttl, self.timeout);
+        rule(replicas == 0, "fleet.expected_replicas", "must be at least 1")?;
         let prefix_ok = !prefix.is_empty() && prefix.len() <= 64 && prefix.bytes().all(|b| b.is_ascii_graphic());
-        rule(
-            !prefix_ok,
-            "fleet.key_prefix",
-            "must be 1 to 64 printable ASCII characters without spaces",
-        )?;
-        rule(
-            self.lease_ttl < Duration::from_secs(1),
-            "fleet.lease_ttl",
-            "must be at least 1s",
-        )?;
+        let problem = "must be 1 to 64 printable ASCII characters without spaces";
+        rule(!prefix_ok, "fleet.key_prefix", problem)?;
+        rule(ttl < Duration::from_secs(1), "fleet.lease_ttl", "must be at least 1s")?;
         // Renewed every third of the TTL: a renewal must fit in one third, so one that
         // times out still leaves a second chance before the lease expires.
-        let ttl = dur(&self.lease_ttl);
-        let problem = format_args!("must be more than 0 and at most a third of fleet.lease_ttl ({ttl})");
-        rule(
-            self.timeout.is_zero() || self.timeout * 3 > self.lease_ttl,
-            "fleet.timeout",
-            problem,
-        )?;
+        let shown = dur(&ttl);
+        let problem = format_args!("must be more than 0 and at most a third of fleet.lease_ttl ({shown})");
+        rule(timeout.is_zero() || timeout * 3 > ttl, "fleet.timeout", problem)?;
         if let Some(url) = &self.redis_url {
             check_redis_url(url).map_err(|e| ConfigError::invalid("fleet.redis_url", e))?;
             self.password_override()?;

@@ -44,6 +44,7 @@ impl ListenAddr {
     }
 
     /// The TCP port, or `None` for a Unix socket.
+    #[cfg(test)]
     pub fn port(&self) -> Option<u16> {
         self.tcp().map(|a| a.port())
     }

@@ -43,11 +43,21 @@
 //!   `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
 /// Declares a section of the tree: its struct (each field with its doc and how the file
-/// writes it), its `Default` from the value after each field's `=`, and its `Debug`, which
-/// shows a field written `=> f` as `f(&value)` (a URL that may carry a credential).
+/// writes it), its `Default` from the value after each field's `=` (a section with keys the
+/// file must write has none), and its `Debug`, which shows a field written `=> f` as
+/// `f(&value)` (a URL that may carry a credential).
 macro_rules! section {
     (@shown $value:expr) => { &$value };
     (@shown $value:expr, $shown:expr) => { &($shown)(&$value) };
+    (@debug $name:ident $($field:ident $($shown:expr)?),*) => {
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    $(.field(stringify!($field), section!(@shown self.$field $(, $shown)?)))*
+                    .finish()
+            }
+        }
+    };
     ($(#[$attr:meta])* pub struct $name:ident {
         $($(#[$field_attr:meta])* pub $field:ident: $ty:ty = $default:expr $(=> $shown:expr)?,)*
     }) => {
@@ -60,13 +70,16 @@ macro_rules! section {
                 $name { $($field: $default,)* }
             }
         }
-        impl std::fmt::Debug for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($name))
-                    $(.field(stringify!($field), section!(@shown self.$field $(, $shown)?)))*
-                    .finish()
-            }
+        section!(@debug $name $($field $($shown)?),*);
+    };
+    ($(#[$attr:meta])* pub struct $name:ident {
+        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty $(=> $shown:expr)?,)*
+    }) => {
+        $(#[$attr])*
+        pub struct $name {
+            $($(#[$field_attr])* pub $field: $ty,)*
         }
+        section!(@debug $name $($field $($shown)?),*);
     };
 }
 

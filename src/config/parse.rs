@@ -128,19 +128,13 @@ pub(super) fn parse_host_entry(text: &str) -> Result<String, String> {
 /// to punycode, IPv6 in brackets. Text that is not `name:port` is kept for validation to
 /// refuse with its own message.
 pub(super) fn normalize_host_key(text: &str) -> String {
-    if !super::validate::is_host_port(text) {
-        return text.to_string();
-    }
-    let Some((_, port)) = text.rsplit_once(':') else {
-        return text.to_string();
+    let normalized = || {
+        let (_, port) = text.rsplit_once(':')?;
+        let url = Url::parse(&format!("http://{text}/")).ok()?;
+        Some(format!("{}:{port}", url.host_str()?))
     };
-    match Url::parse(&format!("http://{text}/")) {
-        Ok(url) => match url.host_str() {
-            Some(host) => format!("{host}:{port}"),
-            None => text.to_string(),
-        },
-        Err(_) => text.to_string(),
-    }
+    let normalized = super::validate::is_host_port(text).then(normalized).flatten();
+    normalized.unwrap_or_else(|| text.to_string())
 }
 
 /// An `[[endpoint]]` key: an http(s) URL becomes the default endpoint key of that target

@@ -8,53 +8,57 @@
 //! section's backoff is checked here once and for all). Everything else is inherited field
 //! by field: endpoint, then route, then `[retry]` / `[delivery]`.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::de::{self, Dur, JitterMode};
+use super::error::Problem;
 use super::retry::{backoff_problem, schedule, statuses};
-use super::units::format_duration;
+use super::summary::{dur, list};
 use super::{Config, ConfigError};
 use crate::model::Jitter;
 use crate::policy::backoff::BackoffError;
 use crate::policy::{revision_text, Backoff, Overrides, PolicyBook, RetryPolicy, StatusRules, Statuses};
 
-/// What a `[[route]]` or `[[endpoint]]` sets of the retry policy, as configured; `None` (or
-/// no rules) inherits from the less specific sections.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PolicyOverrides {
-    /// Explicit delays (exclusive with `base_delay`/`max_delay` in one section).
-    #[serde(deserialize_with = "schedule")]
-    pub schedule: Option<Vec<Duration>>,
-    /// Exponential backoff's first delay (unset: `[retry]`'s).
-    #[serde(deserialize_with = "de::opt::<Dur, _>")]
-    pub base_delay: Option<Duration>,
-    /// Exponential backoff's cap (unset: `[retry]`'s).
-    #[serde(deserialize_with = "de::opt::<Dur, _>")]
-    pub max_delay: Option<Duration>,
-    /// The jitter mode.
-    #[serde(deserialize_with = "de::opt::<JitterMode, _>")]
-    pub jitter: Option<Jitter>,
-    /// Attempts before giving up; a `schedule` without it means the schedule's length + 1.
-    pub max_attempts: Option<u32>,
-    /// Time from acceptance before giving up.
-    #[serde(deserialize_with = "de::opt::<Dur, _>")]
-    pub give_up_after: Option<Duration>,
-    /// Attempts while the receiver answers a `retry_limited` status.
-    pub max_attempts_404: Option<u32>,
-    /// Cap of a receiver's `Retry-After`.
-    #[serde(deserialize_with = "de::opt::<Dur, _>")]
-    pub max_retry_after: Option<Duration>,
-    /// Whole-attempt timeout.
-    #[serde(deserialize_with = "de::opt::<Dur, _>")]
-    pub request_timeout: Option<Duration>,
-    /// Attempts in flight to the endpoint at once (`[[endpoint]]` only).
-    pub max_in_flight: Option<u32>,
-    /// Status rules in front of the less specific sections'.
-    #[serde(deserialize_with = "statuses")]
-    pub statuses: StatusRules,
+section! {
+    /// What a `[[route]]` or `[[endpoint]]` sets of the retry policy, as configured; `None`
+    /// (or no rules) inherits from the less specific sections.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct PolicyOverrides {
+        /// Explicit delays (exclusive with `base_delay`/`max_delay` in one section).
+        #[serde(deserialize_with = "schedule")]
+        pub schedule: Option<Vec<Duration>> = None,
+        /// Exponential backoff's first delay (unset: `[retry]`'s).
+        #[serde(deserialize_with = "de::opt::<Dur, _>")]
+        pub base_delay: Option<Duration> = None,
+        /// Exponential backoff's cap (unset: `[retry]`'s).
+        #[serde(deserialize_with = "de::opt::<Dur, _>")]
+        pub max_delay: Option<Duration> = None,
+        /// The jitter mode.
+        #[serde(deserialize_with = "de::opt::<JitterMode, _>")]
+        pub jitter: Option<Jitter> = None,
+        /// Attempts before giving up; a `schedule` without it means the schedule's length + 1.
+        pub max_attempts: Option<u32> = None,
+        /// Time from acceptance before giving up.
+        #[serde(deserialize_with = "de::opt::<Dur, _>")]
+        pub give_up_after: Option<Duration> = None,
+        /// Attempts while the receiver answers a `retry_limited` status.
+        pub max_attempts_404: Option<u32> = None,
+        /// Cap of a receiver's `Retry-After`.
+        #[serde(deserialize_with = "de::opt::<Dur, _>")]
+        pub max_retry_after: Option<Duration> = None,
+        /// Whole-attempt timeout.
+        #[serde(deserialize_with = "de::opt::<Dur, _>")]
+        pub request_timeout: Option<Duration> = None,
+        /// Attempts in flight to the endpoint at once (`[[endpoint]]` only).
+        pub max_in_flight: Option<u32> = None,
+        /// Status rules in front of the less specific sections'.
+        #[serde(deserialize_with = "statuses")]
+        pub statuses: StatusRules = StatusRules::default(),
+    }
 }
 
 impl PolicyOverrides {
@@ -79,64 +83,52 @@ impl Config {
         Backoff::exponential(base, max).map(Some)
     }
 
-    fn global_backoff(&self) -> Result<Backoff, BackoffError> {
-        match &self.retry.schedule {
-            Some(schedule) => Backoff::schedule(schedule),
-            None => Backoff::exponential(self.retry.base_delay, self.retry.max_delay),
-        }
-    }
-
     /// The policy rules no type expresses: every section's backoff builds, its limits are
     /// non-zero.
     pub(super) fn validate_policies(&self) -> Result<(), ConfigError> {
-        if let Err(e) = self.global_backoff() {
+        if let Err(e) = self.retry.backoff() {
             return Err(ConfigError::invalid_problem(backoff_problem(&e).at("retry.schedule")));
         }
-        for (i, route) in self.routes.iter().enumerate() {
-            self.check_section(&format!("route[{i}]"), &route.policy)?;
-        }
-        for (i, endpoint) in self.endpoints.iter().enumerate() {
-            self.check_section(&format!("endpoint[{i}]"), &endpoint.policy)?;
+        let routes = self.routes.iter().map(|r| ("route", &r.policy));
+        let endpoints = self.endpoints.iter().map(|e| ("endpoint", &e.policy));
+        for (i, (array, policy)) in routes.enumerate().chain(endpoints.enumerate()) {
+            self.check_section(&format!("{array}[{i}]"), policy)?;
         }
         Ok(())
     }
 
     fn check_section(&self, section: &str, p: &PolicyOverrides) -> Result<(), ConfigError> {
-        let invalid = |key: &str, problem: &str| {
-            Err(ConfigError::invalid_coded(
+        let rule = |broken: bool, key: &str, problem: &dyn fmt::Display| match broken {
+            true => Err(ConfigError::invalid_problem(Problem::coded(
                 "invalid_policy_value",
-                &format!("{section}.{key}"),
-                problem,
-            ))
+                format!("{section}.{key} {problem}"),
+            ))),
+            false => Ok(()),
         };
-        for (key, value) in [
+        let counts = [
             ("max_attempts", p.max_attempts),
             ("max_attempts_404", p.max_attempts_404),
             ("max_in_flight", p.max_in_flight),
-        ] {
-            if value == Some(0) {
-                return invalid(key, "must be at least 1");
-            }
+        ];
+        for (key, value) in counts {
+            rule(value == Some(0), key, &"must be at least 1")?;
         }
         for (key, value) in [
             ("give_up_after", p.give_up_after),
             ("request_timeout", p.request_timeout),
         ] {
-            if value.is_some_and(|d| d.is_zero()) {
-                return invalid(key, "must be greater than 0");
-            }
+            rule(value.is_some_and(|d| d.is_zero()), key, &"must be greater than 0")?;
         }
         match self.section_backoff(p) {
             Ok(_) => Ok(()),
-            Err(BackoffError::BaseTooSmall) => invalid("base_delay", "must be at least 1ms"),
-            Err(BackoffError::MaxBelowBase { base_ms, max_ms }) => invalid(
-                "max_delay",
-                &format!(
-                    "({}) must be at least the section's base_delay ({}); an unset one is [retry]'s",
-                    format_duration(Duration::from_millis(max_ms)),
-                    format_duration(Duration::from_millis(base_ms))
-                ),
-            ),
+            Err(BackoffError::BaseTooSmall) => rule(true, "base_delay", &"must be at least 1ms"),
+            Err(BackoffError::MaxBelowBase { base_ms, max_ms }) => {
+                let (max, base) = (ms(max_ms), ms(base_ms));
+                let problem = format_args!(
+                    "({max}) must be at least the section's base_delay ({base}); an unset one is [retry]'s"
+                );
+                rule(true, "max_delay", &problem)
+            }
             Err(e) => Err(ConfigError::invalid_problem(
                 backoff_problem(&e).at(&format!("{section}.schedule")),
             )),
@@ -148,7 +140,7 @@ impl Config {
     pub fn policy_book(&self) -> PolicyBook {
         let r = &self.retry;
         let base = RetryPolicy {
-            backoff: self.global_backoff().expect("validated: [retry]'s backoff builds"),
+            backoff: r.backoff().expect("validated: [retry]'s backoff builds"),
             jitter: r.jitter,
             max_attempts: r.max_attempts,
             give_up_after: r.give_up_after,
@@ -185,24 +177,14 @@ impl Config {
         let mut lines = vec![format!("policy [retry]: {}", describe_policy(&book.resolve(None, "")))];
         for route in &self.routes {
             let endpoint = crate::target::default_endpoint_key(&route.url);
-            let resolved = book.resolve(Some(&route.name), &endpoint);
-            let with = match book.sections(Some(&route.name), &endpoint).0 {
-                Some(key) => format!(" with endpoint {key}"),
-                None => String::new(),
-            };
-            lines.push(format!(
-                "policy route {}{with}: {}",
-                route.name,
-                describe_policy(&resolved)
-            ));
+            let with = book.sections(Some(&route.name), &endpoint).0;
+            let with = with.map(|key| format!(" with endpoint {key}")).unwrap_or_default();
+            let policy = describe_policy(&book.resolve(Some(&route.name), &endpoint));
+            lines.push(format!("policy route {}{with}: {policy}", route.name));
         }
         for endpoint in &self.endpoints {
-            let resolved = book.resolve(None, &endpoint.key);
-            lines.push(format!(
-                "policy endpoint {}: {}",
-                endpoint.key,
-                describe_policy(&resolved)
-            ));
+            let policy = describe_policy(&book.resolve(None, &endpoint.key));
+            lines.push(format!("policy endpoint {}: {policy}", endpoint.key));
         }
         lines
     }
@@ -211,27 +193,14 @@ impl Config {
 /// One line describing a resolved policy: backoff, jitter, give-up limits, caps, timeout,
 /// status rules (most specific first, then the seed's table) and the revision.
 pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
-    let d = |ms: u64| format_duration(Duration::from_millis(ms));
     let backoff = match &r.backoff {
-        Backoff::Exponential { base_ms, max_ms } => format!("exponential {}..{}", d(*base_ms), d(*max_ms)),
-        Backoff::Schedule(steps) => {
-            let shown: Vec<String> = steps.iter().map(|ms| d(*ms)).collect();
-            format!("schedule [{}]", shown.join(", "))
-        }
+        Backoff::Exponential { base_ms, max_ms } => format!("exponential {}..{}", ms(*base_ms), ms(*max_ms)),
+        Backoff::Schedule(steps) => format!("schedule [{}]", list(steps.iter().map(|step| ms(*step)))),
     };
-    let mut rules: Vec<String> = Vec::new();
-    for layer in r.statuses.layers() {
-        rules.extend(
-            layer
-                .iter()
-                .map(|(status, class)| format!("{status} {}", class.as_str())),
-        );
-    }
-    rules.push("seed table".to_string());
-    let cap = r
-        .max_in_flight
-        .map(|n| format!(", max_in_flight {n}"))
-        .unwrap_or_default();
+    let rules = r.statuses.layers().flat_map(|layer| layer.iter());
+    let rules = rules.map(|(status, class)| format!("{status} {}", class.as_str()));
+    let rules = list(rules.chain(["seed table".to_string()]));
+    let cap = r.max_in_flight.map(|n| format!(", max_in_flight {n}"));
     format!(
         concat!(
             "{}, jitter {}, max_attempts {}, give_up_after {}, max_attempts_404 {}, max_retry_after {}, ",
@@ -240,12 +209,17 @@ pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
         backoff,
         r.jitter.as_str(),
         r.max_attempts,
-        format_duration(r.give_up_after),
+        dur(&r.give_up_after),
         r.max_attempts_404,
-        format_duration(r.max_retry_after),
-        format_duration(r.request_timeout),
-        cap,
-        rules.join(", "),
+        dur(&r.max_retry_after),
+        dur(&r.request_timeout),
+        cap.unwrap_or_default(),
+        rules,
         revision_text(r.revision())
     )
+}
+
+/// A whole number of milliseconds as the file writes a duration.
+fn ms(ms: u64) -> String {
+    dur(&Duration::from_millis(ms))
 }

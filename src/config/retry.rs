@@ -14,51 +14,47 @@ use crate::model::Jitter;
 use crate::policy::backoff::{BackoffError, MAX_SCHEDULE_LEN};
 use crate::policy::{Backoff, Class, StatusMatch, StatusRules};
 
-/// The give-up and backoff policy (`[retry]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryConfig {
-    /// Explicit delays before the second, third, ... attempt (the last repeats), instead of
-    /// the doubling `base_delay`/`max_delay`. Setting it sets `max_attempts` to its length
-    /// plus one unless `max_attempts` is given alongside.
-    #[serde(deserialize_with = "schedule")]
-    pub schedule: Option<Vec<Duration>>,
-    /// Backoff before the second attempt; doubles per attempt.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub base_delay: Duration,
-    /// Cap of the doubled backoff.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub max_delay: Duration,
-    /// How the backoff is randomised.
-    #[serde(deserialize_with = "de::one::<JitterMode, _>")]
-    pub jitter: Jitter,
-    /// Attempts after which a message is dead-lettered.
-    pub max_attempts: u32,
-    /// Time after acceptance past which no attempt is made.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub give_up_after: Duration,
-    /// Attempts allowed while the receiver answers 404.
-    pub max_attempts_404: u32,
-    /// Cap of a receiver's `Retry-After`.
-    #[serde(deserialize_with = "de::one::<Dur, _>")]
-    pub max_retry_after: Duration,
-    /// Status rules in front of the seed's table (`[retry] statuses`).
-    #[serde(deserialize_with = "statuses")]
-    pub statuses: StatusRules,
+section! {
+    /// The give-up and backoff policy (`[retry]`).
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct RetryConfig {
+        /// Explicit delays before the second, third, ... attempt (the last repeats), instead
+        /// of the doubling `base_delay`/`max_delay`. Setting it sets `max_attempts` to its
+        /// length plus one unless `max_attempts` is given alongside.
+        #[serde(deserialize_with = "schedule")]
+        pub schedule: Option<Vec<Duration>> = None,
+        /// Backoff before the second attempt; doubles per attempt.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub base_delay: Duration = Duration::from_secs(60),
+        /// Cap of the doubled backoff.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub max_delay: Duration = Duration::from_secs(3600),
+        /// How the backoff is randomised.
+        #[serde(deserialize_with = "de::one::<JitterMode, _>")]
+        pub jitter: Jitter = Jitter::Equal,
+        /// Attempts after which a message is dead-lettered.
+        pub max_attempts: u32 = 16,
+        /// Time after acceptance past which no attempt is made.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub give_up_after: Duration = Duration::from_secs(3 * 86_400),
+        /// Attempts allowed while the receiver answers 404.
+        pub max_attempts_404: u32 = 5,
+        /// Cap of a receiver's `Retry-After`.
+        #[serde(deserialize_with = "de::one::<Dur, _>")]
+        pub max_retry_after: Duration = Duration::from_secs(86_400),
+        /// Status rules in front of the seed's table (`[retry] statuses`).
+        #[serde(deserialize_with = "statuses")]
+        pub statuses: StatusRules = StatusRules::default(),
+    }
 }
 
-impl Default for RetryConfig {
-    fn default() -> Self {
-        RetryConfig {
-            schedule: None,
-            base_delay: Duration::from_secs(60),
-            max_delay: Duration::from_secs(3600),
-            jitter: Jitter::Equal,
-            max_attempts: 16,
-            give_up_after: Duration::from_secs(3 * 86_400),
-            max_attempts_404: 5,
-            max_retry_after: Duration::from_secs(86_400),
-            statuses: StatusRules::default(),
+impl RetryConfig {
+    /// The backoff `[retry]` sets: its schedule, else the doubling delays.
+    pub(super) fn backoff(&self) -> Result<Backoff, BackoffError> {
+        match &self.schedule {
+            Some(schedule) => Backoff::schedule(schedule),
+            None => Backoff::exponential(self.base_delay, self.max_delay),
         }
     }
 }

@@ -4,8 +4,6 @@
 //! keys; `shape` gathers those into the `(policy)`, `(ordering)` and `(tls)` groups these
 //! structs read.
 
-use std::fmt;
-
 use serde::{Deserialize, Deserializer};
 use url::Url;
 
@@ -16,44 +14,32 @@ use super::{Config, HostTls, PolicyOverrides};
 use crate::model::{OnDead, Ordering, SignatureScheme};
 use crate::signing::scope::TargetPattern;
 
-/// A named route (`[[route]]`): `POST /r/<name>` delivers to `url`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteConfig {
-    /// The name in `/r/<name>`.
-    pub name: String,
-    /// The target; extra path and query of the request are appended.
-    #[serde(deserialize_with = "de::one::<Link, _>")]
-    pub url: Url,
-    /// The name of a `[signing.keys]` entry to sign with instead of the default secrets.
-    #[serde(default)]
-    pub signing_key: Option<String>,
-    /// The scheme for this route instead of `signing.scheme`.
-    #[serde(default, deserialize_with = "de::opt::<Name<SignatureScheme>, _>")]
-    pub scheme: Option<SignatureScheme>,
-    /// Where this route may deliver (its URL plus the appended path); empty: anywhere.
-    #[serde(default, deserialize_with = "de::list::<Target, _>")]
-    pub targets: Vec<TargetPattern>,
-    /// `ordering = "fifo"`: messages sent through this route are ordered, with what a dead
-    /// head does (`on_dead`); `None`: `ordering = "none"` (the default).
-    #[serde(default, rename = "(ordering)", deserialize_with = "fifo")]
-    pub fifo: Option<OnDead>,
-    /// Retry settings for the messages accepted through this route.
-    #[serde(default, rename = "(policy)")]
-    pub policy: PolicyOverrides,
-}
-
-impl fmt::Debug for RouteConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RouteConfig")
-            .field("name", &self.name)
-            .field("url", &without_password(&self.url))
-            .field("signing_key", &self.signing_key)
-            .field("scheme", &self.scheme)
-            .field("targets", &patterns(&self.targets))
-            .field("fifo", &self.fifo)
-            .field("policy", &self.policy)
-            .finish()
+section! {
+    /// A named route (`[[route]]`): `POST /r/<name>` delivers to `url`.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct RouteConfig {
+        /// The name in `/r/<name>`.
+        pub name: String,
+        /// The target; extra path and query of the request are appended.
+        #[serde(deserialize_with = "de::one::<Link, _>")]
+        pub url: Url => without_password,
+        /// The name of a `[signing.keys]` entry to sign with instead of the default secrets.
+        #[serde(default)]
+        pub signing_key: Option<String>,
+        /// The scheme for this route instead of `signing.scheme`.
+        #[serde(default, deserialize_with = "de::opt::<Name<SignatureScheme>, _>")]
+        pub scheme: Option<SignatureScheme>,
+        /// Where this route may deliver (its URL plus the appended path); empty: anywhere.
+        #[serde(default, deserialize_with = "de::list::<Target, _>")]
+        pub targets: Vec<TargetPattern> => patterns,
+        /// `ordering = "fifo"`: messages sent through this route are ordered, with what a
+        /// dead head does (`on_dead`); `None`: `ordering = "none"` (the default).
+        #[serde(default, rename = "(ordering)", deserialize_with = "fifo")]
+        pub fifo: Option<OnDead>,
+        /// Retry settings for the messages accepted through this route.
+        #[serde(default, rename = "(policy)")]
+        pub policy: PolicyOverrides,
     }
 }
 

@@ -30,27 +30,20 @@ section! {
     }
 }
 
-/// One `[signing.keys]` entry: `name = ["whsec_…"]`, or
-/// `name = { secrets = ["whsec_…"], targets = ["https://*.billing.example/*"] }`.
-/// `Debug` shows the secrets as `Secret(***)` and the targets as written.
-// `remote = "Self"`: the derive reads the table form; the `Deserialize` impl below adds the
-// list form in front of it.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
-pub struct SigningKey {
-    /// The secrets; all of them sign (rotation).
-    pub secrets: Vec<Secret>,
-    /// Where this key may sign; empty: anywhere.
-    #[serde(default, deserialize_with = "de::list::<Target, _>")]
-    pub targets: Vec<TargetPattern>,
-}
-
-impl fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SigningKey")
-            .field("secrets", &self.secrets)
-            .field("targets", &patterns(&self.targets))
-            .finish()
+section! {
+    /// One `[signing.keys]` entry: `name = ["whsec_…"]`, or
+    /// `name = { secrets = ["whsec_…"], targets = ["https://*.billing.example/*"] }`.
+    /// `Debug` shows the secrets as `Secret(***)` and the targets as written.
+    // `remote = "Self"`: the derive reads the table form; the `Deserialize` impl below adds
+    // the list form in front of it.
+    #[derive(Clone, PartialEq, Eq, Deserialize)]
+    #[serde(remote = "Self", deny_unknown_fields)]
+    pub struct SigningKey {
+        /// The secrets; all of them sign (rotation).
+        pub secrets: Vec<Secret> = Vec::new(),
+        /// Where this key may sign; empty: anywhere.
+        #[serde(default, deserialize_with = "de::list::<Target, _>")]
+        pub targets: Vec<TargetPattern> = Vec::new() => patterns,
     }
 }
 

@@ -86,7 +86,7 @@ impl Config {
                     max_attempts_404, give_up_after: dur, max_retry_after: dur),
                 r.schedule.as_ref().map_or(String::new(), |steps| format!(
                     ", schedule [{}]",
-                    steps.iter().map(dur).collect::<Vec<_>>().join(", ")
+                    list(steps.iter().map(dur))
                 ))
             ),
             format!(
@@ -239,11 +239,7 @@ fn size(bytes: &u64) -> String {
 
 /// `set` or `unset`: a secret is never shown.
 pub(super) fn set(secret: &Option<Secret>) -> &'static str {
-    if secret.is_some() {
-        "set"
-    } else {
-        "unset"
-    }
+    secret.as_ref().map_or("unset", |_| "set")
 }
 
 /// The items, comma-separated, or `none`.
@@ -261,11 +257,8 @@ fn paths(paths: &[std::path::PathBuf]) -> String {
 }
 
 fn count(n: usize, what: &str) -> String {
-    if n == 1 {
-        format!("1 {what}")
-    } else {
-        format!("{n} {what}s")
-    }
+    let plural = if n == 1 { "" } else { "s" };
+    format!("{n} {what}{plural}")
 }
 
 /// Target patterns as written, for `Debug` and the summary.
@@ -275,10 +268,8 @@ pub(super) fn patterns(targets: &[TargetPattern]) -> Vec<&str> {
 
 /// `, targets [a, b]`, or nothing when unscoped.
 fn targets(targets: &[TargetPattern]) -> String {
-    if targets.is_empty() {
-        return String::new();
-    }
-    format!(", targets [{}]", patterns(targets).join(", "))
+    let shown = (!targets.is_empty()).then(|| format!(", targets [{}]", patterns(targets).join(", ")));
+    shown.unwrap_or_default()
 }
 
 /// `, ordering fifo (on_dead skip)` for an ordered endpoint or route, else nothing.

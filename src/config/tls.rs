@@ -81,16 +81,9 @@ impl HostTls {
     /// `host[i]`'s rules the types cannot express: a certificate needs its key and back.
     pub(super) fn validate(&self, i: usize) -> Result<(), ConfigError> {
         let (cert, key) = (format!("host[{i}].client_cert"), format!("host[{i}].client_key"));
-        rule(
-            self.client_key.is_none() && self.client_cert.is_some(),
-            &cert,
-            format_args!("needs {key}"),
-        )?;
-        rule(
-            self.client_cert.is_none() && self.client_key.is_some(),
-            &key,
-            format_args!("needs {cert}"),
-        )?;
+        let (has_cert, has_key) = (self.client_cert.is_some(), self.client_key.is_some());
+        rule(has_cert && !has_key, &cert, format_args!("needs {key}"))?;
+        rule(has_key && !has_cert, &key, format_args!("needs {cert}"))?;
         check_paths(&format!("host[{i}].ca_file"), &self.ca_file)
     }
 }

@@ -87,23 +87,21 @@ impl Config {
         if self.allow_unauthenticated_network {
             return Ok(());
         }
-        match self.unauthenticated_network_listeners().first() {
-            Some(&(key, addr)) => {
-                let token = if key == "listen" {
-                    "ingress_token"
-                } else {
-                    "admin_token"
-                };
-                Err(ConfigError::invalid(
-                    key,
-                    format_args!(
-                        "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
-                         or set allow_unauthenticated_network = true to serve the network without a token on purpose"
-                    ),
-                ))
-            }
-            None => Ok(()),
-        }
+        let Some(&(key, addr)) = self.unauthenticated_network_listeners().first() else {
+            return Ok(());
+        };
+        let token = if key == "listen" {
+            "ingress_token"
+        } else {
+            "admin_token"
+        };
+        Err(ConfigError::invalid(
+            key,
+            format_args!(
+                "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
+                 or set allow_unauthenticated_network = true to serve the network without a token on purpose"
+            ),
+        ))
     }
 
     fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
@@ -172,11 +170,8 @@ impl Config {
             let (key, name) = (format!("host[{i}].host"), &host.host);
             let problem = format_args!("{name:?} must be name:port, like api.example:443");
             rule(!is_host_port(name), &key, problem)?;
-            rule(
-                !hosts.insert(name.to_ascii_lowercase()),
-                &key,
-                format_args!("{name:?} is listed twice"),
-            )?;
+            let twice = !hosts.insert(name.to_ascii_lowercase());
+            rule(twice, &key, format_args!("{name:?} is listed twice"))?;
             host.tls.validate(i)?;
             let key = format!("host[{i}].max_in_flight");
             rule(host.max_in_flight.is_some_and(|m| m < 1), &key, "must be at least 1")?;
@@ -191,11 +186,7 @@ impl Config {
                 format_args!("{name:?} is listed twice"),
             )?;
             let key = format!("endpoint[{i}].rate_per_second");
-            rule(
-                endpoint.rate_per_second.is_some_and(|r| r < 1),
-                &key,
-                "must be at least 1",
-            )?;
+            rule(endpoint.rate_per_second == Some(0), &key, "must be at least 1")?;
         }
         Ok(())
     }
