@@ -83,6 +83,8 @@ pub struct Tally {
     pub rx: Receiver,
     delivered: Arc<Mutex<HashMap<String, usize>>>,
     calm: Arc<AtomicBool>,
+    /// Signalled at each 2xx answer (a permit is kept when no one waits: none is lost).
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 impl Tally {
@@ -90,7 +92,8 @@ impl Tally {
     pub async fn start(mood: impl Fn(&str) -> Reply + Send + Sync + 'static) -> Tally {
         let delivered: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let calm = Arc::new(AtomicBool::new(false));
-        let (tally, quiet) = (delivered.clone(), calm.clone());
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        let (tally, quiet, ring) = (delivered.clone(), calm.clone(), arrived.clone());
         let rx = Receiver::scripted(move |_, seen| {
             let Some(id) = seen.header("webhook-id") else {
                 return Reply::status(400);
@@ -102,11 +105,17 @@ impl Tally {
             };
             if (200..300).contains(&reply.status) {
                 *tally.lock().unwrap().entry(id).or_default() += 1;
+                ring.notify_one();
             }
             reply
         })
         .await;
-        Tally { rx, delivered, calm }
+        Tally {
+            rx,
+            delivered,
+            calm,
+            arrived,
+        }
     }
 
     /// The 2xx answers given so far, per event id.
@@ -124,11 +133,12 @@ impl Tally {
                 let got = self.delivered.lock().unwrap();
                 acked.iter().filter(|(id, _)| !got.contains_key(id)).cloned().collect()
             };
-            if missing.is_empty() || Instant::now() > deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if missing.is_empty() || left.is_zero() {
                 return missing;
             }
-            // Re-checks the tally (cheap) rather than the receiver's whole request log.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Looks again at the next delivery (or at the deadline, to say what is missing).
+            let _ = tokio::time::timeout(left, self.arrived.notified()).await;
         }
     }
 
