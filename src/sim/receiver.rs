@@ -116,6 +116,12 @@ impl SimTransport {
         self.lock().held.len()
     }
 
+    /// The event ids of the attempts held open now.
+    pub fn held_events(&self) -> Vec<String> {
+        let st = self.lock();
+        st.held.iter().map(|h| st.log[h.index].event_id.clone()).collect()
+    }
+
     /// Answers every held attempt (200 or 500, from the run's randomness).
     pub fn release_all(&self) {
         let mut st = self.lock();
