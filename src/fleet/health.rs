@@ -7,7 +7,7 @@
 //! so the caller logs one line per outage and one per recovery, however many calls failed.
 //!
 //! Each connection that works starts a new *generation*. A call's failure names the
-//! generation of the connection it used ([`Health::failed_on`]), and one from an older
+//! generation of the connection it used ([`Health::failed`]), and one from an older
 //! connection (a late timeout of a call made before an outage) is ignored: it says nothing
 //! about the connection in use now, and taking it for an outage would drop a working one.
 
@@ -97,18 +97,13 @@ impl Health {
         change
     }
 
-    /// A call on the connection of `generation` failed: Redis is down, unless that
-    /// connection is no longer the one in use (or it already went down), when nothing
-    /// changes.
-    pub fn failed_on(&mut self, generation: u64, now_ms: u64) -> Option<Change> {
-        if generation != self.generation || self.state != State::Up {
+    /// A call on the connection of `generation` failed (`None`: a connection attempt, or
+    /// Redis is otherwise known to be unusable): Redis is down, unless that connection is no
+    /// longer the one in use (or it already went down), when nothing changes.
+    pub fn failed(&mut self, generation: Option<u64>, now_ms: u64) -> Option<Change> {
+        if generation.is_some_and(|g| g != self.generation || self.state != State::Up) {
             return None;
         }
-        self.failed(now_ms)
-    }
-
-    /// A connection attempt failed (or Redis is otherwise known to be unusable).
-    pub fn failed(&mut self, now_ms: u64) -> Option<Change> {
         let (change, since_ms, failures) = match self.state {
             State::Starting => (Some(Change::Down { at_start: true }), now_ms, 1),
             State::Up => (Some(Change::Down { at_start: false }), now_ms, 1),
@@ -168,10 +163,10 @@ mod tests {
     fn an_outage_reports_down_once_and_up_once_with_its_length() {
         let mut h = Health::default();
         h.succeeded(0);
-        assert_eq!(h.failed(1_000), Some(Change::Down { at_start: false }));
+        assert_eq!(h.failed(None, 1_000), Some(Change::Down { at_start: false }));
         // Concurrent calls fail too, and the prober's attempts: no further change.
-        assert_eq!(h.failed(1_001), None);
-        assert_eq!(h.failed(1_600), None);
+        assert_eq!(h.failed(None, 1_001), None);
+        assert_eq!(h.failed(None, 1_600), None);
         assert_eq!(
             h.state(),
             State::Down {
@@ -184,7 +179,7 @@ mod tests {
         assert_eq!(h.succeeded(9_000), Some(Change::Up { down_ms: Some(8_000) }));
         assert!(h.is_up());
         // The next outage starts its backoff over.
-        assert_eq!(h.failed(10_000), Some(Change::Down { at_start: false }));
+        assert_eq!(h.failed(None, 10_000), Some(Change::Down { at_start: false }));
         assert_eq!(h.next_probe_ms(10_000), Some(10_500));
     }
 
@@ -193,17 +188,17 @@ mod tests {
         let mut h = Health::default();
         h.succeeded(0);
         let old = h.generation();
-        assert_eq!(h.failed_on(old, 1_000), Some(Change::Down { at_start: false }));
+        assert_eq!(h.failed(Some(old), 1_000), Some(Change::Down { at_start: false }));
         // A second call on the same dead connection: no change, no longer backoff.
-        assert_eq!(h.failed_on(old, 1_001), None);
+        assert_eq!(h.failed(Some(old), 1_001), None);
         assert_eq!(h.next_probe_ms(1_001), Some(1_500));
         assert_eq!(h.succeeded(1_500), Some(Change::Up { down_ms: Some(500) }));
         assert_ne!(h.generation(), old);
         // A call made on the old connection times out now: the new one stays in use.
-        assert_eq!(h.failed_on(old, 1_600), None);
+        assert_eq!(h.failed(Some(old), 1_600), None);
         assert!(h.is_up());
         assert_eq!(
-            h.failed_on(h.generation(), 1_700),
+            h.failed(Some(h.generation()), 1_700),
             Some(Change::Down { at_start: false })
         );
     }
@@ -211,8 +206,8 @@ mod tests {
     #[test]
     fn redis_down_at_start_says_so_once() {
         let mut h = Health::default();
-        assert_eq!(h.failed(0), Some(Change::Down { at_start: true }));
-        assert_eq!(h.failed(500), None);
+        assert_eq!(h.failed(None, 0), Some(Change::Down { at_start: true }));
+        assert_eq!(h.failed(None, 500), None);
         assert_eq!(h.succeeded(2_000), Some(Change::Up { down_ms: Some(2_000) }));
     }
 }

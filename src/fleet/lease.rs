@@ -10,7 +10,7 @@
 //!
 //! Each operation is one Lua script, so it is atomic and one round trip (`EVALSHA`; the
 //! scripts are loaded when courier connects):
-//! - acquire: host cap, endpoint cap, then the endpoint's GCRA rate (see `rate`), all or
+//! - acquire: host cap, endpoint cap, then the endpoint's GCRA rate (`GCRA_LUA`), all or
 //!   nothing; a refusal by a cap leaves a short-lived *wait marker* and says when the first
 //!   lease in the way expires, a refusal by the rate when its next slot is;
 //! - renew: every due lease of this courier in one call;
@@ -22,7 +22,6 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
-use super::rate::GCRA_LUA;
 use super::Inner;
 
 /// What one attempt asks of the fleet.
@@ -39,6 +38,36 @@ pub struct LeaseRequest<'a> {
     /// The endpoint's attempts per second (0: no limit).
     pub rate: u32,
 }
+
+/// The fleet-wide rate limit of one endpoint: GCRA (the generic cell rate algorithm, as in
+/// redis-cell and Envoy's rate limit service) in Lua, run inside the acquire script.
+///
+/// One key per endpoint holds its theoretical arrival time (TAT), in microseconds of
+/// Redis's own clock (`TIME`), so couriers whose clocks disagree still share one timeline.
+/// Each granted attempt moves the TAT one emission interval (`1 s / rate`) on; an attempt is
+/// refused while the TAT is more than one second ahead of now, which gives the same burst
+/// as the local token bucket (`policy::rate`: one second's worth) and the same long-run
+/// rate. A refusal says exactly how long until the next slot, so the waiting message sleeps
+/// on a timer until then; nothing polls. The key expires when the TAT is in the past, so an
+/// idle endpoint leaves nothing in Redis.
+///
+/// `gcra(key, rate, now_us)`: grants a slot (returns 0 and moves the TAT on) or returns
+/// the microseconds until one is free. Defined in front of the acquire script's body.
+const GCRA_LUA: &str = r#"
+local function gcra(key, rate, now_us)
+  local interval = 1000000 / rate
+  local tat = tonumber(redis.call('GET', key)) or now_us
+  if tat < now_us then tat = now_us end
+  local new_tat = tat + interval
+  -- A burst of one second's worth: refused while the TAT runs more than 1 s ahead.
+  local allow_at = new_tat - 1000000
+  if allow_at > now_us then return allow_at - now_us end
+  -- Numbers past 14 digits must be formatted by hand (Lua's default loses precision).
+  local ttl_ms = math.ceil((new_tat - now_us) / 1000) + 1
+  redis.call('SET', key, string.format('%.0f', new_tat), 'PX', ttl_ms)
+  return 0
+end
+"#;
 
 /// The acquire script. KEYS: host set, host wait marker, endpoint set, endpoint wait
 /// marker, endpoint rate (TAT). ARGV: member, ttl ms, host cap, endpoint cap (0: none),
@@ -149,6 +178,16 @@ impl LeaseKeys {
     pub(super) fn sets(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.host.as_str()).chain(self.capped.then_some(self.endpoint.as_str()))
     }
+
+    /// A call of `script` with the lease's four keys first, in the scripts' order.
+    fn invoke(&self, script: &'static Script) -> redis::ScriptInvocation<'static> {
+        let mut call = script.prepare_invoke();
+        call.key(&self.host)
+            .key(&self.host_wait)
+            .key(&self.endpoint)
+            .key(&self.endpoint_wait);
+        call
+    }
 }
 
 impl Keys {
@@ -193,12 +232,8 @@ pub(super) fn acquire_call(
     member: &str,
     ttl_ms: u64,
 ) -> redis::ScriptInvocation<'static> {
-    let mut call = ACQUIRE.prepare_invoke();
-    call.key(&lease.host)
-        .key(&lease.host_wait)
-        .key(&lease.endpoint)
-        .key(&lease.endpoint_wait)
-        .key(keys.rate(req.endpoint))
+    let mut call = lease.invoke(&ACQUIRE);
+    call.key(keys.rate(req.endpoint))
         .arg(member)
         .arg(ttl_ms)
         .arg(req.host_cap)
@@ -225,12 +260,8 @@ pub(super) fn renew_call<'a>(
 
 /// The release call of a lease.
 pub(super) fn release_call(keys: &Keys, lease: &LeaseKeys, member: &str) -> redis::ScriptInvocation<'static> {
-    let mut call = RELEASE.prepare_invoke();
-    call.key(&lease.host)
-        .key(&lease.host_wait)
-        .key(&lease.endpoint)
-        .key(&lease.endpoint_wait)
-        .arg(member)
+    let mut call = lease.invoke(&RELEASE);
+    call.arg(member)
         .arg(keys.channel())
         .arg(if lease.capped { "1" } else { "0" });
     call

@@ -6,7 +6,7 @@
 //! How it fits delivery: the scheduler admits an attempt with its local permits first (the
 //! global `max_in_flight`, the endpoint's cap, the host's cap and breaker, the local rate),
 //! then asks the fleet ([`Fleet::acquire`]): one Lua script, one round trip, grants a
-//! [`Lease`] or says how long to wait (see `lease` and `rate`). A refused message stays
+//! [`Lease`] or says how long to wait (see `lease`). A refused message stays
 //! pending exactly as one refused by a local cap: it is skipped for the pass and the
 //! scheduler sleeps until the earliest of its timers, which here is when the first lease in
 //! the way expires, or the rate's next slot. It is woken earlier when a lease is released:
@@ -16,7 +16,7 @@
 //!
 //! When Redis is unavailable (refused, reset, a call over `fleet.timeout`), delivery goes
 //! on: each courier keeps to its local limits divided by `fleet.expected_replicas` (see
-//! `fallback`), one log line says so, `courier_fleet_redis_up` reads 0, and a prober
+//! [`share`]), one log line says so, `courier_fleet_redis_up` reads 0, and a prober
 //! reconnects on a backoff timer (see `health`). When it is back, the leases of the attempts
 //! running meanwhile are written to Redis first, then fleet limits resume, with one log line.
 //! Ingress never talks to Redis: an outage never refuses an accept.
@@ -24,10 +24,8 @@
 //! Calls: [`Fleet::acquire`] blocks (the scheduler's pass runs on a blocking thread and
 //! waits for the reply there); everything else runs on delivery's runtime.
 
-mod fallback;
 mod health;
 mod lease;
-mod rate;
 mod schedule;
 mod tasks;
 
@@ -42,12 +40,9 @@ use tokio::sync::{watch, Notify};
 use crate::config::FleetConfig;
 use crate::metrics::{FleetOutcome as Outcome, Metrics};
 
-pub use fallback::share;
 pub use lease::{Lease, LeaseRequest};
 
 use health::{Change, Health};
-use schedule::RenewSchedule;
-
 use lease::{Keys, LeaseEntry};
 
 /// Leases held before new ones are refused locally: one per attempt in flight, which
@@ -164,9 +159,6 @@ pub(crate) struct Inner {
     /// Names this courier's leases (`<courier>:<n>`), random per process.
     courier: String,
     ttl_ms: u64,
-    timeout: Duration,
-    replicas: u32,
-    schedule: RenewSchedule,
     metrics: Arc<Metrics>,
 }
 
@@ -191,7 +183,6 @@ impl Fleet {
         // at each connection.
         let client = client_with(&info, cfg.password_override()?, parts.ca_pem.as_deref())?;
         let (up_tx, _) = watch::channel(false);
-        let ttl_ms = cfg.lease_ttl.as_millis() as u64;
         let inner = Arc::new(Inner {
             info,
             ca_pem: parts.ca_pem,
@@ -212,10 +203,7 @@ impl Fleet {
             runtime: parts.runtime,
             keys: Keys(cfg.key_prefix.clone()),
             courier: format!("{:016x}", rand::Rng::random::<u64>(&mut crate::clock::rng())),
-            ttl_ms,
-            timeout: cfg.timeout,
-            replicas: cfg.expected_replicas,
-            schedule: RenewSchedule::new(ttl_ms),
+            ttl_ms: cfg.lease_ttl.as_millis() as u64,
             metrics: parts.metrics,
         });
         tasks::spawn(&inner);
@@ -229,7 +217,7 @@ impl Fleet {
 
     /// `fleet.expected_replicas`: the divisor of the local limits while Redis is down.
     pub fn replicas(&self) -> u32 {
-        self.inner.replicas
+        self.inner.config.expected_replicas
     }
 
     /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
@@ -237,7 +225,7 @@ impl Fleet {
     /// scheduler's pass), never from an async task.
     pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
         let inner = &self.inner;
-        let Some((generation, mut conn)) = inner.connection() else {
+        let Some((generation, conn)) = inner.connection() else {
             return inner.fallback(req, Outcome::Fallback);
         };
         let id = inner.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -250,11 +238,11 @@ impl Fleet {
         // to a whole `lease_ttl`). A grant leaves the flag set: at worst the next release
         // costs the scheduler one pass for nothing.
         inner.waiting.store(true, Ordering::Release);
-        let reply = inner
+        match inner
             .runtime
-            .block_on(async { tokio::time::timeout(inner.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await });
-        match reply {
-            Ok(Ok((code, wait))) => {
+            .block_on(inner.call::<(i64, i64)>(Some(generation), conn, call, ""))
+        {
+            Some((code, wait)) => {
                 let retry_ms = u64::try_from(wait).unwrap_or(1).max(1);
                 let (outcome, acquired) = match code {
                     0 => (Outcome::Granted, Acquired::Granted(inner.hold(id, keys, true))),
@@ -265,18 +253,24 @@ impl Fleet {
                 inner.metrics.fleet_acquired(outcome);
                 acquired
             }
-            failed => {
-                // A timed-out call may still have granted a lease in Redis: never renewed,
-                // it expires within the TTL.
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {}ms", inner.timeout.as_millis()),
-                };
-                inner.failed(Some(generation), &error);
-                inner.fallback(req, Outcome::Error)
-            }
+            // A timed-out call may still have granted a lease in Redis: never renewed, it
+            // expires within the TTL.
+            None => inner.fallback(req, Outcome::Error),
         }
     }
+}
+
+/// The limits each courier keeps to while Redis is unavailable: its local limit divided by
+/// `fleet.expected_replicas`, rounded up and at least 1, so the fleet together stays near
+/// the limit (a little over it when the division is not exact, never at zero).
+///
+/// This courier's share of `limit` among `replicas` couriers. A `limit` of 0 means "no
+/// limit" (a rate of 0) and stays 0.
+pub fn share(limit: u32, replicas: u32) -> u32 {
+    if limit == 0 {
+        return 0;
+    }
+    limit.div_ceil(replicas.max(1)).max(1)
 }
 
 /// A client for `info` with `password` over the URL's own; a `rediss://` one trusts
@@ -344,7 +338,7 @@ impl Inner {
         self.metrics.fleet_acquired(outcome);
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         Acquired::Fallback {
-            replicas: self.replicas,
+            replicas: self.config.expected_replicas,
             lease: self.hold(id, self.keys.lease(req), false),
         }
     }
@@ -389,46 +383,53 @@ impl Inner {
         }
         let inner = self.clone();
         self.runtime.spawn(async move {
-            let Some((generation, mut conn)) = inner.connection() else {
-                return;
-            };
-            let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
-            match tokio::time::timeout(inner.timeout, call.invoke_async::<i64>(&mut conn)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => inner.failed(Some(generation), &e.to_string()),
-                Err(_) => inner.failed(Some(generation), "release: no answer in time"),
+            if let Some((generation, conn)) = inner.connection() {
+                let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
+                inner.call::<i64>(Some(generation), conn, call, "release: ").await;
             }
         });
+    }
+
+    /// `call` on `conn` (of `generation`, as for [`Inner::failed`]) within `fleet.timeout`;
+    /// `None` when it failed, and Redis is then unavailable. `what` names the call in the
+    /// error logged.
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        generation: Option<u64>,
+        mut conn: MultiplexedConnection,
+        call: redis::ScriptInvocation<'static>,
+        what: &str,
+    ) -> Option<T> {
+        let timeout = self.config.timeout;
+        let error = match tokio::time::timeout(timeout, call.invoke_async::<T>(&mut conn)).await {
+            Ok(Ok(reply)) => return Some(reply),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("{what}no answer within {}ms", timeout.as_millis()),
+        };
+        self.failed(generation, &error);
+        None
     }
 
     /// A call on the connection of `generation` failed (`None`: a connection attempt):
     /// Redis is unavailable until the prober reconnects. A failure of an older connection
     /// than the one in use changes nothing (see `health`).
     fn failed(&self, generation: Option<u64>, error: &str) {
-        let now = self.now_ms();
         let mut link = self.lock_link();
-        let change = match generation {
-            Some(generation) => {
-                let change = link.health.failed_on(generation, now);
-                if change.is_none() {
-                    // Stale, or already down: the state stands as it is.
-                    return;
-                }
-                change
-            }
-            None => link.health.failed(now),
+        // Stale, or already down: the state stands as it is.
+        let Some(change) = link.health.failed(generation, self.now_ms()) else {
+            return;
         };
         link.conn = None;
         self.up_tx.send_replace(false);
         drop(link);
-        if let Some(Change::Down { at_start }) = change {
+        if let Change::Down { at_start } = change {
             let error = crate::redact::clean(error);
             let (when, until) = if at_start {
                 (" at start", "reachable")
             } else {
                 ("", "back")
             };
-            tracing::warn!(error = %error, expected_replicas = self.replicas,
+            tracing::warn!(error = %error, expected_replicas = self.config.expected_replicas,
                 "fleet: Redis unavailable{when}; each courier keeps to its local limits divided by fleet.expected_replicas until it is {until}");
             // Messages the fleet refused sleep until the lease in their way expires (up to
             // `lease_ttl`) or a release is published, which a dead Redis never does: they may
@@ -462,6 +463,54 @@ impl Inner {
     fn released(&self) {
         if self.waiting.swap(false, Ordering::AcqRel) {
             self.wake.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_round_up_and_never_reach_zero() {
+        let table = [
+            // (limit, replicas, share)
+            (10, 1, 10),
+            (10, 2, 5),
+            (10, 3, 4),
+            (10, 4, 3),
+            (10, 10, 1),
+            (10, 50, 1),
+            (5, 3, 2),
+            (1, 3, 1),
+            (100, 3, 34),
+            (u32::MAX, 2, u32::MAX / 2 + 1),
+            (0, 3, 0),
+            (7, 0, 7),
+        ];
+        for (limit, replicas, want) in table {
+            assert_eq!(share(limit, replicas), want, "{limit} / {replicas}");
+        }
+    }
+
+    #[test]
+    fn the_fleet_together_stays_within_one_share_of_the_limit() {
+        for limit in 1..=200u32 {
+            for replicas in 1..=60u32 {
+                let s = share(limit, replicas);
+                assert!(s >= 1);
+                let total = u64::from(s) * u64::from(replicas);
+                assert!(
+                    total >= u64::from(limit),
+                    "{limit}/{replicas}: the fleet keeps its limit"
+                );
+                if s > 1 {
+                    assert!(
+                        total < u64::from(limit) + u64::from(replicas),
+                        "{limit}/{replicas}: {total}"
+                    );
+                }
+            }
         }
     }
 }

@@ -8,7 +8,7 @@
 //!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
 //!   of the first lease in their way, which the acquire reported.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -17,8 +17,7 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 
 use super::health::PROBE_MAX_MS;
-use super::lease::LeaseEntry;
-use super::{lease, Inner};
+use super::{lease, schedule, Inner};
 
 pub(super) fn spawn(inner: &Arc<Inner>) {
     inner.runtime.spawn(probe(inner.clone()));
@@ -39,8 +38,8 @@ async fn connect(inner: &Inner) -> Result<MultiplexedConnection, String> {
     let client = super::client_with(&inner.info, password, inner.ca_pem.as_deref()).map_err(|e| e.to_string())?;
     *inner.client.lock().unwrap_or_else(|p| p.into_inner()) = client.clone();
     let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(inner.timeout))
-        .set_response_timeout(Some(inner.timeout));
+        .set_connection_timeout(Some(inner.config.timeout))
+        .set_response_timeout(Some(inner.config.timeout));
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
@@ -72,32 +71,30 @@ async fn probe(inner: Arc<Inner>) {
         };
         inner.sleep_until(at).await;
         // Connecting is a few round trips (TCP, TLS, AUTH, three SCRIPT LOADs): bounded as a whole.
-        let connected = tokio::time::timeout(inner.timeout * 8, connect(&inner)).await;
-        let result = match connected {
-            Ok(Ok(conn)) => {
-                // The attempts that ran while Redis was away hold leases Redis does not
-                // have (taken under the fallback, or lost with a restarted Redis): written
-                // back before the fleet's limits count on them.
-                write_back(&inner, conn.clone(), true).await.map(|()| conn)
+        let bound = inner.config.timeout * 8;
+        let connected = tokio::time::timeout(bound, connect(&inner)).await;
+        match connected.unwrap_or_else(|_| Err(format!("no connection within {}ms", bound.as_millis()))) {
+            // The attempts that ran while Redis was away hold leases Redis does not have
+            // (taken under the fallback, or lost with a restarted Redis): written back
+            // before the fleet's limits count on them.
+            Ok(conn) => {
+                if write_back(&inner, None, conn.clone(), true).await {
+                    inner.recovered(conn);
+                }
             }
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("no connection within {}ms", (inner.timeout * 8).as_millis())),
-        };
-        match result {
-            Ok(conn) => inner.recovered(conn),
             Err(e) => inner.failed(None, &e),
         }
     }
 }
 
-/// Renews leases in one call: `all` (after a reconnect) writes back every lease of a
-/// running attempt; otherwise the due ones (see `schedule`) and those Redis does not have.
-async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -> Result<(), String> {
+/// Renews leases in one call on `conn` (of `generation`, as for `Inner::failed`): `all`
+/// (after a reconnect) writes back every lease of a running attempt; otherwise the due ones
+/// (see `schedule`) and those Redis does not have. Returns whether it worked.
+async fn write_back(inner: &Inner, generation: Option<u64>, conn: MultiplexedConnection, all: bool) -> bool {
     let now = inner.now_ms();
-    // (id, keys, restore) of the leases to send, and when the renewer should look again.
-    let (batch, _) = plan_in(&inner.schedule, &inner.lock_leases(), now, all);
+    let (batch, _) = schedule::plan(inner.ttl_ms, &inner.lock_leases(), now, all);
     if batch.is_empty() {
-        return Ok(());
+        return true;
     }
     let members: Vec<String> = batch.iter().map(|(id, _, _)| inner.member(*id)).collect();
     let call = lease::renew_call(
@@ -107,10 +104,8 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
             .map(|((_, keys, restore), member)| (keys, member.as_str(), *restore)),
         inner.ttl_ms,
     );
-    let missing = match tokio::time::timeout(inner.timeout, call.invoke_async::<Vec<usize>>(&mut conn)).await {
-        Ok(Ok(missing)) => missing,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("renewal: no answer within {}ms", inner.timeout.as_millis())),
+    let Some(missing) = inner.call::<Vec<usize>>(generation, conn, call, "renewal: ").await else {
+        return false;
     };
     // The leases Redis did not have: the script names the missing members by their
     // 1-based position among the call's sets, and a lease may be in two sets.
@@ -137,7 +132,7 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
         } else if lost {
             // It expired (Redis was unreachable longer than the TTL without a call
             // failing, or Redis lost it): due at once, written back by the next renewal
-            // (see `plan_in`), and counted now as restored.
+            // (see `schedule`), and counted now as restored.
             entry.registered = false;
             lost_now += 1;
         }
@@ -150,39 +145,7 @@ async fn write_back(inner: &Inner, mut conn: MultiplexedConnection, all: bool) -
         );
     }
     inner.metrics.fleet_restored(restored + lost_now);
-    Ok(())
-}
-
-type Batch = Vec<(u64, lease::LeaseKeys, bool)>;
-
-/// The leases to renew now: every one when `all`; else the due ones and those Redis does
-/// not have yet. Also when to look again (pure, time passed in). A lease Redis does not
-/// have (lost while Redis was reachable, found missing by a renewal) is due now: without
-/// that, a registry of only such leases would give the renewer no timer, and nothing would
-/// write them back (or renew the leases taken after them) before they expire under running
-/// attempts.
-fn plan_in(
-    schedule: &super::RenewSchedule,
-    leases: &HashMap<u64, LeaseEntry>,
-    now: u64,
-    all: bool,
-) -> (Batch, Option<u64>) {
-    let plan = schedule.plan(
-        leases
-            .iter()
-            .filter(|(_, e)| e.registered)
-            .map(|(id, e)| (*id, e.renewed_at_ms)),
-        now,
-    );
-    let due: HashSet<u64> = plan.due.into_iter().collect();
-    let batch = leases
-        .iter()
-        .filter(|(id, e)| all || !e.registered || due.contains(id))
-        .map(|(id, e)| (*id, e.keys.clone(), all || !e.registered))
-        .collect();
-    let unregistered = leases.values().any(|e| !e.registered).then_some(now);
-    let next = plan.next_ms.into_iter().chain(unregistered).min().filter(|_| !all);
-    (batch, next)
+    true
 }
 
 async fn renew(inner: Arc<Inner>) {
@@ -194,14 +157,13 @@ async fn renew(inner: Arc<Inner>) {
             continue;
         }
         if let Some((generation, conn)) = inner.connection() {
-            if let Err(e) = write_back(&inner, conn, false).await {
-                inner.failed(Some(generation), &e);
+            if !write_back(&inner, Some(generation), conn, false).await {
                 continue;
             }
         }
         let next = {
             let leases = inner.lock_leases();
-            let (_, next) = plan_in(&inner.schedule, &leases, inner.now_ms(), false);
+            let (_, next) = schedule::plan(inner.ttl_ms, &leases, inner.now_ms(), false);
             // Under the registry's lock, so that a lease added after this plan sees it and
             // rings `lease_added` (see `Inner::hold`).
             inner.renewer_idle.store(next.is_none(), Ordering::Release);
@@ -225,7 +187,7 @@ async fn subscribe(inner: Arc<Inner>) {
     let channel = inner.keys.channel();
     loop {
         let _ = up.wait_for(|up| *up).await;
-        let subscribed = tokio::time::timeout(inner.timeout * 8, async {
+        let subscribed = tokio::time::timeout(inner.config.timeout * 8, async {
             let client = inner.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
@@ -256,48 +218,5 @@ async fn subscribe(inner: Arc<Inner>) {
             // reason to spin; reconnect after a pause.
             inner.sleep_until(inner.now_ms() + super::health::PROBE_BASE_MS).await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fleet::RenewSchedule;
-
-    fn entry(renewed_at_ms: u64, registered: bool) -> LeaseEntry {
-        LeaseEntry {
-            keys: lease::LeaseKeys {
-                host: "h".into(),
-                host_wait: "hw".into(),
-                endpoint: "e".into(),
-                endpoint_wait: "ew".into(),
-                capped: false,
-            },
-            renewed_at_ms,
-            registered,
-        }
-    }
-
-    #[test]
-    fn leases_redis_lost_are_due_at_once_so_the_renewer_keeps_a_timer() {
-        let s = RenewSchedule::new(9_000);
-        // Every lease found missing by the last renewal: still a timer, and it is now.
-        let leases = HashMap::from([(1, entry(1_000, false)), (2, entry(1_000, false))]);
-        let (batch, next) = plan_in(&s, &leases, 1_500, false);
-        assert_eq!(next, Some(1_500));
-        let mut ids: Vec<(u64, bool)> = batch.iter().map(|(id, _, restore)| (*id, *restore)).collect();
-        ids.sort();
-        assert_eq!(ids, vec![(1, true), (2, true)], "written back, not merely renewed");
-        // With registered leases too: the earlier of the two.
-        let mut leases = leases;
-        leases.insert(3, entry(1_400, true));
-        assert_eq!(plan_in(&s, &leases, 1_500, false).1, Some(1_500));
-        // Only registered leases: their schedule.
-        let leases = HashMap::from([(3, entry(1_400, true))]);
-        let (batch, next) = plan_in(&s, &leases, 1_500, false);
-        assert!(batch.is_empty());
-        assert_eq!(next, Some(4_400));
-        // None at all: no timer (the renewer waits for `lease_added`).
-        assert_eq!(plan_in(&s, &HashMap::new(), 1_500, false).1, None);
     }
 }
