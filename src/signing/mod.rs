@@ -19,6 +19,7 @@ pub mod scope;
 pub mod standard;
 pub mod stripe;
 
+use std::borrow::Cow;
 use std::fmt;
 
 use hmac::{Hmac, Mac};
@@ -109,27 +110,38 @@ impl SigningError {
 /// `github` need a non-empty string that is not a `whsk_` key (they are HMAC only); `none`
 /// accepts anything.
 pub fn validate_secret(scheme: SignatureScheme, secret: &str) -> Result<(), SigningError> {
-    let invalid = |expected| {
-        Err(SigningError::InvalidSecret {
-            scheme: scheme.as_str(),
-            expected,
-        })
+    decode(scheme, secret).map(drop)
+}
+
+/// A secret made into the key it signs with.
+enum Key<'a> {
+    /// An HMAC key: a `whsec_` secret's bytes (standard), or the secret as it is.
+    Hmac(Cow<'a, [u8]>),
+    /// A `whsk_` key (standard only).
+    Ed25519(ed25519_dalek::SigningKey),
+}
+
+/// The key `secret` signs with under `scheme` (see [`validate_secret`]).
+fn decode(scheme: SignatureScheme, secret: &str) -> Result<Key<'_>, SigningError> {
+    let invalid = |expected| SigningError::InvalidSecret {
+        scheme: scheme.as_str(),
+        expected,
     };
     let asymmetric = ed25519::is_secret(secret);
     match scheme {
-        SignatureScheme::Standard if asymmetric && ed25519::decode_secret(secret).is_none() => {
-            invalid("expected whsk_ followed by the base64 of a 32-byte Ed25519 seed")
-        }
-        SignatureScheme::Standard if !asymmetric && standard::decode_secret(secret).is_none() => {
-            invalid("expected whsec_ followed by the base64 of a non-empty key")
-        }
+        SignatureScheme::Standard if asymmetric => ed25519::decode_secret(secret)
+            .map(Key::Ed25519)
+            .ok_or_else(|| invalid("expected whsk_ followed by the base64 of a 32-byte Ed25519 seed")),
+        SignatureScheme::Standard => standard::decode_secret(secret)
+            .map(|key| Key::Hmac(key.into()))
+            .ok_or_else(|| invalid("expected whsec_ followed by the base64 of a non-empty key")),
         SignatureScheme::Stripe | SignatureScheme::Github if asymmetric => Err(SigningError::SchemeMismatch {
             scheme: scheme.as_str(),
         }),
         SignatureScheme::Stripe | SignatureScheme::Github if secret.is_empty() => {
-            invalid("expected a non-empty secret")
+            Err(invalid("expected a non-empty secret"))
         }
-        _ => Ok(()),
+        _ => Ok(Key::Hmac(secret.as_bytes().into())),
     }
 }
 
@@ -174,57 +186,35 @@ pub fn sign(
         (WEBHOOK_ID, event_id.to_string()),
         (WEBHOOK_TIMESTAMP, timestamp.to_string()),
     ];
-    if secrets.is_empty() {
+    // The scheme's signature header, after the two every scheme writes.
+    let Some(&header) = signature_headers(scheme).get(2).filter(|_| !secrets.is_empty()) else {
         return Ok(headers);
-    }
-    // The standard scheme's keys are checked by the decoding that signs with them (once per
-    // attempt: an Ed25519 seed's decoding derives its key); the others are checked here.
-    if scheme != SignatureScheme::Standard {
-        for secret in secrets {
-            validate_secret(scheme, secret.expose())?;
-        }
-    }
-    // A secret that does not decode: the error `validate_secret` gives for it.
-    let refused = |secret: &str| {
-        validate_secret(scheme, secret).and(Err(SigningError::InvalidSecret {
-            scheme: scheme.as_str(),
-            expected: "a secret that decodes",
-        }))
     };
-    match scheme {
-        SignatureScheme::None => {}
-        SignatureScheme::Standard => {
-            // Ed25519 signs one contiguous buffer: build it once, and only if a key needs it.
-            let mut content = None;
-            let mut signatures = Vec::with_capacity(secrets.len());
-            for secret in secrets {
-                let secret = secret.expose();
-                if ed25519::is_secret(secret) {
-                    let Some(key) = ed25519::decode_secret(secret) else {
-                        return refused(secret);
-                    };
-                    let content = content.get_or_insert_with(|| standard::signed_content(event_id, timestamp, body));
-                    signatures.push(ed25519::sign(&key, content));
-                } else {
-                    let Some(key) = standard::decode_secret(secret) else {
-                        return refused(secret);
-                    };
-                    signatures.push(standard::sign(&key, event_id, timestamp, body));
-                }
+    // Ed25519 signs one contiguous buffer: build it once, and only if a key needs it.
+    let mut content = None;
+    let mut entries = Vec::with_capacity(secrets.len());
+    // Every secret is checked (once per attempt: an Ed25519 seed's decoding derives its
+    // key), even those that do not sign.
+    for secret in secrets {
+        let entry = match decode(scheme, secret.expose())? {
+            Key::Ed25519(key) => {
+                let content = content.get_or_insert_with(|| standard::signed_content(event_id, timestamp, body));
+                ed25519::sign(&key, content)
             }
-            headers.push((WEBHOOK_SIGNATURE, signatures.join(" ")));
-        }
-        SignatureScheme::Stripe => {
-            let entries = secrets
-                .iter()
-                .map(|secret| stripe::sign(secret.expose(), timestamp, body))
-                .collect::<Vec<_>>();
-            headers.push((STRIPE_SIGNATURE, stripe::header_value(timestamp, &entries)));
-        }
-        SignatureScheme::Github => {
-            headers.push((HUB_SIGNATURE_256, github::sign(secrets[0].expose(), body)));
-        }
+            Key::Hmac(key) => match scheme {
+                SignatureScheme::Standard => standard::sign(&key, event_id, timestamp, body),
+                SignatureScheme::Stripe => stripe::sign(&key, timestamp, body),
+                _ if entries.is_empty() => github::sign(&key, body),
+                _ => continue,
+            },
+        };
+        entries.push(entry);
     }
+    let value = match scheme {
+        SignatureScheme::Stripe => format!("t={timestamp},{}", entries.join(",")),
+        _ => entries.join(" "),
+    };
+    headers.push((header, value));
     Ok(headers)
 }
 

@@ -6,8 +6,6 @@
 //! only on a receipt it can check for its event id and the peer's delivery id: a listener
 //! that merely echoes the event id in a 202 cannot make it. Pure.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 /// The header.
@@ -16,9 +14,8 @@ pub const HEADER: &str = "courier-receipt";
 /// The receipt for the message with `event_id`, stored as `delivery_id` by the courier whose
 /// `ingress_token` is `token`.
 pub fn receipt(token: &[u8], event_id: &str, delivery_id: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(token).expect("HMAC takes a key of any length");
-    mac.update(format!("courier-receipt.v1\n{event_id}\n{delivery_id}").as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    let content = format!("courier-receipt.v1\n{event_id}\n{delivery_id}");
+    hex::encode(super::hmac_sha256(token, &[content.as_bytes()]))
 }
 
 /// Whether `given` is the [`receipt`] for these ids under `token` (compared in constant time).
