@@ -8,7 +8,7 @@
 //! → a drain under way (`POST /drain`) stops → the scheduler stops claiming → running
 //! attempts get `shutdown_grace` to finish, the rest are cut off and requeued without
 //! counting an attempt → listeners close → the store's queued accepts are answered, the
-//! WAL synced and memtables flushed. A drain (see `drain::control`) takes the first steps
+//! WAL synced and memtables flushed. A drain (see `drain::DrainControl`) takes the first steps
 //! earlier, with the scheduler's own stop, and forwards what is open before any of this.
 
 use std::net::SocketAddr;

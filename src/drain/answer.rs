@@ -9,21 +9,22 @@
 //! else that claims success (a proxy's 200, a 202 without courier's body or receipt) stops
 //! the drain rather than risk marking a message handed off that nobody holds.
 //!
+//! A busy peer is tried again after [`RETRY`]'s wait: equal jitter over a base doubling from
+//! 250 ms up to 8 s.
+//!
 //! The peer's `error` and `message` reach the operator's terminal and `GET /drain`: they
 //! are cleaned ([`crate::redact::clean`]) and cut to [`PEER_TEXT_CHARS`].
 
-use std::time::Duration;
-
-use rand::Rng;
-
 use crate::outbound::transport::{InboundResponse, TransportError};
+use crate::policy::Backoff;
 
 /// Tries of one message before the drain gives up on the peer.
 pub const MAX_TRIES: u32 = 8;
-/// The wait before the second try; it doubles per try, up to [`MAX_RETRY_DELAY`].
-pub const FIRST_RETRY_DELAY: Duration = Duration::from_millis(250);
-/// The longest wait between tries.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
+/// The wait after a try (with [`crate::model::Jitter::Equal`]).
+pub const RETRY: Backoff = Backoff::Exponential {
+    base_ms: 250,
+    max_ms: 8_000,
+};
 /// Most of the peer's `error` or `message` kept.
 pub const PEER_TEXT_CHARS: usize = 200;
 
@@ -121,17 +122,6 @@ pub fn classify(
             "the peer answered {status} without courier's answer for this message: is --to a courier's ingress?"
         )),
     }
-}
-
-/// The wait before try `tries + 1` after `tries` failed ones (1 or more): equal jitter over
-/// a doubling base, `[base/2, base]`, base from [`FIRST_RETRY_DELAY`] up to
-/// [`MAX_RETRY_DELAY`].
-pub fn retry_delay(tries: u32, rng: &mut impl Rng) -> Duration {
-    let first = FIRST_RETRY_DELAY.as_millis() as u64;
-    let base = first
-        .saturating_mul(1u64 << tries.saturating_sub(1).min(20))
-        .min(MAX_RETRY_DELAY.as_millis() as u64);
-    Duration::from_millis(rng.random_range(base / 2..=base))
 }
 
 #[cfg(test)]
@@ -279,7 +269,7 @@ mod tests {
             (60, 8_000),
         ] {
             for _ in 0..50 {
-                let d = retry_delay(tries, &mut rng).as_millis() as u64;
+                let d = RETRY.delay(tries, crate::model::Jitter::Equal, &mut rng).as_millis() as u64;
                 assert!((base_ms / 2..=base_ms).contains(&d), "try {tries}: {d} ms");
             }
         }

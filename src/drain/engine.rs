@@ -13,7 +13,7 @@
 //! order; then every other pending message, a page of ids at a time in acceptance order.
 //! A message the peer refuses stays pending here (and, in a line, so does the rest of the
 //! line behind it). A busy or unreachable peer is tried again with backoff
-//! ([`answer::retry_delay`]) up to [`answer::MAX_TRIES`] times; a message that exhausts
+//! ([`answer::RETRY`]) up to [`answer::MAX_TRIES`] times; a message that exhausts
 //! them, a wrong token, or an answer that is not a courier's stops the pass: no new
 //! forwards start, the ones running finish, and everything not handed off stays pending.
 //!
@@ -31,7 +31,7 @@ use super::request::{forward_request, PeerAddr};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::State;
+use crate::model::{Jitter, State};
 use crate::outbound::client::{ClientSettings, HttpTransport};
 use crate::outbound::egress::EgressPolicy;
 use crate::outbound::resolver::SystemResolver;
@@ -330,7 +330,7 @@ impl Engine {
     async fn forward(&self, rec: MessageRecord, payload: Payload) -> bool {
         let req = match forward_request(&self.peer, &rec, payload, self.clock.now_ms()) {
             Ok(req) => req,
-            Err(e) => return self.refused(&rec, 0, "unreadable_record", e.to_string()),
+            Err(e) => return self.refused(&rec, 0, "unreadable_record", e),
         };
         let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
         for tries in 1.. {
@@ -342,7 +342,7 @@ impl Engine {
                 PeerAnswer::Accepted { peer_id, duplicate } => return self.handed_off(&rec, &peer_id, duplicate).await,
                 PeerAnswer::Retry(why) if tries < answer::MAX_TRIES => {
                     tracing::debug!(delivery_id = %rec.id, tries, error = %why, "drain: the peer is busy; trying again");
-                    let wait = answer::retry_delay(tries, &mut crate::clock::rng());
+                    let wait = answer::RETRY.delay(tries, Jitter::Equal, &mut crate::clock::rng());
                     self.clock
                         .sleep_until(self.clock.now_ms() + wait.as_millis() as u64)
                         .await;

@@ -25,18 +25,16 @@
 //! flags are the same struct, checked the same way, with the guard on where a drain may
 //! send) through the admin API or the CLI. The engine is one forwarding pass ([`engine`]),
 //! run either by the verb on the data dir of a stopped courier, or by the running courier
-//! that owns the data dir once it has stopped attempting ([`control`]). The peer proves
+//! that owns the data dir once it has stopped attempting ([`DrainControl`]). The peer proves
 //! what it stored ([`answer`], with the peer's [`crate::signing::receipt`]); [`progress`] is what either run shows.
 
 pub mod answer;
-pub mod control;
 pub mod engine;
 pub mod front;
 pub mod plan;
 pub mod progress;
 pub mod request;
 
-pub use control::DrainControl;
-pub use front::run;
+pub use front::{run, DrainControl};
 /// `courier drain`'s flags: the `POST /drain` body.
 pub use plan::DrainRequest as DrainArgs;

@@ -49,19 +49,16 @@ pub struct PeerAddr {
     pub timeout: Duration,
 }
 
-/// A stored message that cannot be sent as it is (a record no courier writes).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("stored method {0:?} is not an HTTP method")]
-pub struct BadMethod(String);
-
-/// The request that forwards `rec` (with its `payload`) to `peer` at `now_ms`.
+/// The request that forwards `rec` (with its `payload`) to `peer` at `now_ms`; an error
+/// for a stored method that is not an HTTP method (a record no courier writes).
 pub fn forward_request(
     peer: &PeerAddr,
     rec: &MessageRecord,
     payload: Payload,
     now_ms: u64,
-) -> Result<OutboundRequest, BadMethod> {
-    let method = http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BadMethod(payload.method.clone()))?;
+) -> Result<OutboundRequest, String> {
+    let method = http::Method::from_bytes(payload.method.as_bytes())
+        .map_err(|_| format!("stored method {:?} is not an HTTP method", payload.method))?;
     // The app's own event id headers are replaced by the one courier keeps.
     let mut headers: Vec<(String, Vec<u8>)> = payload
         .headers
