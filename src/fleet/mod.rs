@@ -123,8 +123,8 @@ impl std::fmt::Debug for Fleet {
 pub(crate) struct Inner {
     /// The URL's connection settings; the password is set at each connection (see `tasks`).
     info: redis::ConnectionInfo,
-    /// CAs a `rediss://` connection trusts (`[tls] ca_file`), if set.
-    ca_pem: Option<Vec<u8>>,
+    /// Delivery's runtime, the scheduler's wake-up, the CAs and the metrics.
+    parts: FleetParts,
     /// Where the password comes from (`password_override`): `password_file` is read again
     /// at each connection, so a rotated secret is used from the next reconnect.
     config: FleetConfig,
@@ -147,19 +147,16 @@ pub(crate) struct Inner {
     /// Set when an acquire is sent (it may be refused by a cap): a release then wakes the
     /// scheduler.
     waiting: AtomicBool,
-    wake: Arc<Notify>,
     /// Origin of the fleet's own times (lease ages, probe delays), in ms since it: the
     /// monotonic clock, not courier's wall clock, so that a wall clock stepped back cannot
     /// hold renewals past the lease TTL (or a probe past its delay), nor one stepped
     /// forward make every lease due at once. Redis's clock decides expiry; these times
     /// only say when to act.
     epoch: tokio::time::Instant,
-    runtime: tokio::runtime::Handle,
     keys: Keys,
     /// Names this courier's leases (`<courier>:<n>`), random per process.
     courier: String,
     ttl_ms: u64,
-    metrics: Arc<Metrics>,
 }
 
 /// Redis's health and the connection of its current generation.
@@ -185,7 +182,6 @@ impl Fleet {
         let (up_tx, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             info,
-            ca_pem: parts.ca_pem,
             config: cfg.clone(),
             client: Mutex::new(client),
             link: Mutex::new(Link {
@@ -198,13 +194,11 @@ impl Fleet {
             lease_added: Notify::new(),
             renewer_idle: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
-            wake: parts.wake,
             epoch: tokio::time::Instant::now(),
-            runtime: parts.runtime,
             keys: Keys(cfg.key_prefix.clone()),
             courier: format!("{:016x}", rand::Rng::random::<u64>(&mut crate::clock::rng())),
             ttl_ms: cfg.lease_ttl.as_millis() as u64,
-            metrics: parts.metrics,
+            parts,
         });
         tasks::spawn(&inner);
         Ok(Some(Fleet { inner }))
@@ -239,6 +233,7 @@ impl Fleet {
         // costs the scheduler one pass for nothing.
         inner.waiting.store(true, Ordering::Release);
         match inner
+            .parts
             .runtime
             .block_on(inner.call::<(i64, i64)>(Some(generation), conn, call, ""))
         {
@@ -250,7 +245,7 @@ impl Fleet {
                     2 => (Outcome::EndpointBusy, Acquired::EndpointBusy { retry_ms }),
                     _ => (Outcome::RateLimited, Acquired::RateLimited { retry_ms }),
                 };
-                inner.metrics.fleet_acquired(outcome);
+                inner.parts.metrics.fleet_acquired(outcome);
                 acquired
             }
             // A timed-out call may still have granted a lease in Redis: never renewed, it
@@ -335,7 +330,7 @@ impl Inner {
 
     /// A lease decided without Redis (it is unavailable: `outcome` says how it was found).
     fn fallback(self: &Arc<Self>, req: &LeaseRequest<'_>, outcome: Outcome) -> Acquired {
-        self.metrics.fleet_acquired(outcome);
+        self.parts.metrics.fleet_acquired(outcome);
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         Acquired::Fallback {
             replicas: self.config.expected_replicas,
@@ -382,7 +377,7 @@ impl Inner {
             return;
         }
         let inner = self.clone();
-        self.runtime.spawn(async move {
+        self.parts.runtime.spawn(async move {
             if let Some((generation, conn)) = inner.connection() {
                 let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
                 inner.call::<i64>(Some(generation), conn, call, "release: ").await;
@@ -434,7 +429,7 @@ impl Inner {
             // Messages the fleet refused sleep until the lease in their way expires (up to
             // `lease_ttl`) or a release is published, which a dead Redis never does: they may
             // go now under the fallback limits.
-            self.wake.notify_one();
+            self.parts.wake.notify_one();
         }
     }
 
@@ -454,7 +449,7 @@ impl Inner {
                 None => tracing::info!("fleet: Redis reachable; fleet-wide limits in force"),
             }
             // Waiting messages may go now under the fleet's limits instead of the fallback's.
-            self.wake.notify_one();
+            self.parts.wake.notify_one();
         }
     }
 
@@ -462,7 +457,7 @@ impl Inner {
     /// wait for one.
     fn released(&self) {
         if self.waiting.swap(false, Ordering::AcqRel) {
-            self.wake.notify_one();
+            self.parts.wake.notify_one();
         }
     }
 }

@@ -20,9 +20,9 @@ use super::health::PROBE_MAX_MS;
 use super::{lease, schedule, Inner};
 
 pub(super) fn spawn(inner: &Arc<Inner>) {
-    inner.runtime.spawn(probe(inner.clone()));
-    inner.runtime.spawn(renew(inner.clone()));
-    inner.runtime.spawn(subscribe(inner.clone()));
+    inner.parts.runtime.spawn(probe(inner.clone()));
+    inner.parts.runtime.spawn(renew(inner.clone()));
+    inner.parts.runtime.spawn(subscribe(inner.clone()));
 }
 
 /// Connects, with `fleet.timeout` for the connection and each reply, and loads the scripts
@@ -35,7 +35,7 @@ async fn connect(inner: &Inner) -> Result<MultiplexedConnection, String> {
         .await
         .map_err(|e| format!("reading the password: {e}"))?
         .map_err(|e| e.to_string())?;
-    let client = super::client_with(&inner.info, password, inner.ca_pem.as_deref()).map_err(|e| e.to_string())?;
+    let client = super::client_with(&inner.info, password, inner.parts.ca_pem.as_deref()).map_err(|e| e.to_string())?;
     *inner.client.lock().unwrap_or_else(|p| p.into_inner()) = client.clone();
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(inner.config.timeout))
@@ -144,7 +144,7 @@ async fn write_back(inner: &Inner, generation: Option<u64>, conn: MultiplexedCon
             "fleet: Redis no longer had leases of running attempts; writing them back"
         );
     }
-    inner.metrics.fleet_restored(restored + lost_now);
+    inner.parts.metrics.fleet_restored(restored + lost_now);
     true
 }
 

@@ -20,7 +20,7 @@
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signer as _, SigningKey};
 
 /// The prefix of an Ed25519 secret key.
 pub const SECRET_PREFIX: &str = "whsk_";
@@ -54,23 +54,19 @@ pub fn encode_secret(seed: &[u8; 32]) -> String {
     format!("{SECRET_PREFIX}{}", STANDARD.encode(seed))
 }
 
-/// `whpk_<base64>` of a public key.
-pub fn encode_public(key: &VerifyingKey) -> String {
-    format!("{PUBLIC_PREFIX}{}", STANDARD.encode(key.as_bytes()))
-}
-
-/// The `whpk_` public key of a `whsk_` secret, or `None` when it is not a valid one.
+/// The `whpk_<base64>` public key of a `whsk_` secret, or `None` when it is not a valid one.
 pub fn public_key(secret: &str) -> Option<String> {
-    decode_secret(secret).map(|key| encode_public(&key.verifying_key()))
+    let key = decode_secret(secret)?.verifying_key();
+    Some(format!("{PUBLIC_PREFIX}{}", STANDARD.encode(key.as_bytes())))
 }
 
 /// The public key of `whpk_<base64>`: `None` unless it is 32 bytes that decode to a curve
 /// point. For receivers (the example receiver, tests); courier itself only signs.
 #[cfg(test)]
-pub fn decode_public(public: &str) -> Option<VerifyingKey> {
+pub fn decode_public(public: &str) -> Option<ed25519_dalek::VerifyingKey> {
     let encoded = public.strip_prefix(PUBLIC_PREFIX)?;
     let bytes = super::standard::LENIENT_BASE64.decode(encoded).ok()?;
-    VerifyingKey::from_bytes(&<[u8; 32]>::try_from(bytes.as_slice()).ok()?).ok()
+    ed25519_dalek::VerifyingKey::from_bytes(&<[u8; 32]>::try_from(bytes.as_slice()).ok()?).ok()
 }
 
 /// One signature entry, `v1a,<base64>`, over `content` (from
