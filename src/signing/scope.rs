@@ -34,14 +34,6 @@ pub struct TargetPattern {
     path: String,
 }
 
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    }
-}
-
 impl TargetPattern {
     /// Parses a pattern; the error is a sentence naming what is wrong.
     pub fn parse(text: &str) -> Result<TargetPattern, String> {
@@ -49,7 +41,9 @@ impl TargetPattern {
             |why: &str| format!("{text:?} is not a target pattern ({why}); write e.g. \"https://*.billing.example/*\"");
         let (scheme, rest) = text.split_once("://").ok_or_else(|| bad("no scheme"))?;
         let scheme = scheme.to_ascii_lowercase();
-        let default = default_port(&scheme).ok_or_else(|| bad("the scheme must be http or https"))?;
+        if scheme != "http" && scheme != "https" {
+            return Err(bad("the scheme must be http or https"));
+        }
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/*"),
@@ -75,7 +69,7 @@ impl TargetPattern {
             scheme,
             host: host.to_string(),
             wildcard,
-            port: probe.port().unwrap_or(default),
+            port: probe.port_or_known_default().unwrap_or_default(),
             path: path.to_string(),
         })
     }
@@ -93,12 +87,9 @@ impl TargetPattern {
         let Some(host) = target.host_str() else {
             return false;
         };
-        let host_ok = if self.wildcard {
-            host.len() > self.host.len() + 1
-                && host.ends_with(&self.host)
-                && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
-        } else {
-            host == self.host
+        let host_ok = match host.strip_suffix(&self.host) {
+            Some(under) if self.wildcard => under.len() > 1 && under.ends_with('.'),
+            rest => rest == Some(""),
         };
         // An encoded slash or backslash in the path could be decoded by the receiver into a
         // path the glob never saw (`/hooks/..%2Fadmin`): such a target matches nothing.
