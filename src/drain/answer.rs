@@ -15,6 +15,7 @@
 //! The peer's `error` and `message` reach the operator's terminal and `GET /drain`: they
 //! are cleaned ([`crate::redact::clean`]) and cut to [`PEER_TEXT_CHARS`].
 
+use super::progress::Refusal;
 use crate::outbound::transport::{InboundResponse, TransportError};
 use crate::policy::Backoff;
 
@@ -42,14 +43,7 @@ pub enum PeerAnswer {
     Retry(String),
     /// The peer will not take this message as it is (e.g. `413 body_too_large`): it stays
     /// pending here; the drain goes on with the others.
-    Refused {
-        /// The status.
-        status: u16,
-        /// The peer's error code.
-        code: String,
-        /// The peer's sentence.
-        message: String,
-    },
+    Refused(Refusal),
     /// Nothing else will go through either (a wrong token, not a courier, this courier
     /// itself): the drain stops.
     Stop(String),
@@ -113,11 +107,14 @@ pub fn classify(
             "the peer refused its own name (421 {}): add the name --to uses to its [ingress] hosts",
             text("message")
         )),
-        400..=499 if body["error"].is_string() => PeerAnswer::Refused {
+        400..=499 if body["error"].is_string() => PeerAnswer::Refused(Refusal {
+            seq: 0,
+            id: own_id.into(),
+            event_id: event_id.into(),
             status: resp.status,
             code: text("error"),
             message: text("message"),
-        },
+        }),
         status => PeerAnswer::Stop(format!(
             "the peer answered {status} without courier's answer for this message: is --to a courier's ingress?"
         )),
@@ -201,11 +198,14 @@ mod tests {
         ] {
             assert_eq!(
                 classify_one(status, err(code)),
-                PeerAnswer::Refused {
+                PeerAnswer::Refused(Refusal {
+                    seq: 0,
+                    id: "dlv_own".into(),
+                    event_id: "evt_1".into(),
                     status,
                     code: code.into(),
                     message: "m".into()
-                }
+                })
             );
         }
     }
@@ -247,7 +247,7 @@ mod tests {
         let hostile = format!("\x1b[2J\x1b]0;owned\x07fine\u{202E}{}", "x".repeat(5_000));
         let body = serde_json::json!({"error": "bad\r\ncode", "message": hostile});
         match classify_one(413, body) {
-            PeerAnswer::Refused { code, message, .. } => {
+            PeerAnswer::Refused(Refusal { code, message, .. }) => {
                 assert_eq!(code, "badcode");
                 assert!(message.starts_with("[2J]0;ownedfinexxx"), "{message:?}");
                 assert_eq!(message.chars().count(), PEER_TEXT_CHARS);

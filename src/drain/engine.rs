@@ -330,7 +330,17 @@ impl Engine {
     async fn forward(&self, rec: MessageRecord, payload: Payload) -> bool {
         let req = match forward_request(&self.peer, &rec, payload, self.clock.now_ms()) {
             Ok(req) => req,
-            Err(e) => return self.refused(&rec, 0, "unreadable_record", e),
+            Err(message) => {
+                let (id, event_id, code) = (rec.id.clone(), rec.event_id.clone(), "unreadable_record".into());
+                return self.refused(Refusal {
+                    seq: 0,
+                    id,
+                    event_id,
+                    status: 0,
+                    code,
+                    message,
+                });
+            }
         };
         let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
         for tries in 1.. {
@@ -352,7 +362,7 @@ impl Engine {
                     self.progress.fail(why);
                     break;
                 }
-                PeerAnswer::Refused { status, code, message } => return self.refused(&rec, status, &code, message),
+                PeerAnswer::Refused(refusal) => return self.refused(refusal),
                 PeerAnswer::Stop(why) => {
                     self.progress.fail(why);
                     break;
@@ -386,19 +396,10 @@ impl Engine {
     }
 
     /// Counts a message the peer refused (it stays pending here); always `false`.
-    fn refused(&self, rec: &MessageRecord, status: u16, code: &str, message: String) -> bool {
-        tracing::warn!(delivery_id = %rec.id, event_id = %rec.event_id, status, code, message = %message,
-            "drain: the peer refused a message; it stays pending here");
-        let (id, event_id, code) = (rec.id.clone(), rec.event_id.clone(), code.to_string());
-        let refusal = Refusal {
-            seq: 0,
-            id,
-            event_id,
-            status,
-            code,
-            message,
-        };
-        self.progress.refused(refusal);
+    fn refused(&self, r: Refusal) -> bool {
+        tracing::warn!(delivery_id = %r.id, event_id = %r.event_id, status = r.status, code = r.code.as_str(),
+            message = %r.message, "drain: the peer refused a message; it stays pending here");
+        self.progress.refused(r);
         false
     }
 }

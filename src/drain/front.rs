@@ -178,10 +178,7 @@ async fn running(config: &Config, plan: DrainPlan) -> Result<Status, String> {
                 r.id, r.event_id, r.status, r.code, r.message
             );
         }
-        printed_refusals = status
-            .refusals
-            .last()
-            .map_or(printed_refusals, |r| r.seq.max(printed_refusals));
+        printed_refusals = status.refusals.iter().fold(printed_refusals, |n, r| n.max(r.seq));
         if status.state.ended() {
             return Ok(status);
         }
