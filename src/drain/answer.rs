@@ -5,7 +5,7 @@
 //! when the peer said it holds it durably (its `event_id` echoes ours; a duplicate answer is
 //! as good, the peer already has it) and, with `[drain] token` set, proved it: its
 //! `Courier-Receipt` checks for our event id and its delivery id under that token
-//! ([`super::receipt`]), which only a courier whose `ingress_token` it is can make. Anything
+//! ([`crate::signing::receipt`]), which only a courier whose `ingress_token` it is can make. Anything
 //! else that claims success (a proxy's 200, a 202 without courier's body or receipt) stops
 //! the drain rather than risk marking a message handed off that nobody holds.
 //!
