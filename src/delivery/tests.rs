@@ -571,7 +571,7 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     let change =
         h.d.context()
             .endpoints()
-            .record(HELD, crate::policy::Outcome::Permanent, Some(410), T0, || {
+            .record(HELD, crate::context::endpoints::PERMANENT, Some(410), T0, || {
                 h.d.context().store().endpoint(HELD)
             })
             .unwrap();
@@ -597,7 +597,7 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let failing = "https://r.example/failing";
     h.d.context()
         .endpoints()
-        .record(failing, crate::policy::Outcome::Permanent, Some(410), T0, || {
+        .record(failing, crate::context::endpoints::PERMANENT, Some(410), T0, || {
             h.d.context().store().endpoint(failing)
         })
         .unwrap();
@@ -606,13 +606,13 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let healed = "https://r.example/healed";
     h.d.context()
         .endpoints()
-        .record(healed, crate::policy::Outcome::Permanent, Some(410), T0, || {
+        .record(healed, crate::context::endpoints::PERMANENT, Some(410), T0, || {
             h.d.context().store().endpoint(healed)
         })
         .unwrap();
     h.d.context()
         .endpoints()
-        .record(healed, crate::policy::Outcome::Delivered, Some(200), T0, || {
+        .record(healed, crate::model::Transition::Delivered, Some(200), T0, || {
             h.d.context().store().endpoint(healed)
         })
         .unwrap();
