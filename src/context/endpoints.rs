@@ -241,14 +241,16 @@ impl EndpointTable {
         self.lock().map.get(key).is_some_and(|e| e.rec.paused)
     }
 
-    /// Takes a rate-limit token, or says how many millis until one is free.
+    /// Takes a rate-limit token (a test's shorthand for one courier).
+    #[cfg(test)]
     pub fn try_rate(&self, key: &str, now_ms: u64) -> Result<(), u64> {
         self.try_rate_shared(key, now_ms, 1)
     }
 
-    /// [`EndpointTable::try_rate`] at this courier's share of the rate among `replicas`
-    /// (`fleet::share`): the fleet's fallback while Redis is unavailable. The bucket keeps
-    /// the tokens it has (up to the lower burst) when its rate changes either way.
+    /// Takes a rate-limit token at this courier's share of the rate among `replicas`
+    /// (`fleet::share`; more than 1 only as the fleet's fallback while Redis is
+    /// unavailable), or says how many millis until one is free. The bucket keeps the tokens
+    /// it has (up to the lower burst) when its rate changes either way.
     pub fn try_rate_shared(&self, key: &str, now_ms: u64, replicas: u32) -> Result<(), u64> {
         self.with_entry_rated(key, now_ms, |e, configured| {
             let rate = crate::fleet::share(configured, replicas);

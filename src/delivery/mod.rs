@@ -28,7 +28,7 @@ use crate::store::Claimed;
 use settings::host_caps;
 
 use crate::limits::{EndpointCaps, HostLimiter};
-pub use admit::{AttemptPermit, PermitRefused, Refusal};
+pub use admit::{AttemptPermit, Refusal};
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
 /// missing from the config, a result that could not be written) before it is tried again.
