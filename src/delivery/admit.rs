@@ -82,10 +82,13 @@ impl Deliverer {
             .endpoint_caps
             .try_acquire(endpoint)
             .map_err(|_| Refusal::EndpointBusy(None))?;
-        let host_permit = self.hosts.try_acquire(host, self.ctx.clock().now_ms()).map_err(|refused| match refused {
-            HostRefusal::Busy => Refusal::HostBusy(None),
-            HostRefusal::Open(at) => Refusal::CircuitOpen(at),
-        })?;
+        let host_permit = self
+            .hosts
+            .try_acquire(host, self.ctx.clock().now_ms())
+            .map_err(|refused| match refused {
+                HostRefusal::Busy => Refusal::HostBusy(None),
+                HostRefusal::Open(at) => Refusal::CircuitOpen(at),
+            })?;
         let mut permit = AttemptPermit {
             all,
             host: host_permit,
