@@ -468,7 +468,7 @@ async fn another_host_is_served_behind_a_long_blocked_backlog() {
     let mut cfg = config(Jitter::None);
     cfg.delivery.max_in_flight_per_host = 1;
     let h = Harness::start(cfg, t.clone(), clock.clone());
-    let n = 3 * crate::scheduler::SKIP_RUN + 10;
+    let n = 3 * crate::scheduler::Limits::DEFAULT.skip_run + 10;
     for i in 0..n {
         h.accept_url(&format!("https://blocked.example/b{i}"), vec![]).await;
     }
