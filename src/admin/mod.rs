@@ -384,8 +384,7 @@ impl Admin {
             limit,
         };
         let page = crate::endpoint_page::page(&self.ctx, &query).map_err(store_failed)?;
-        let body = json!({ "items": page.items, "next_cursor": page.next_cursor });
-        Ok(serve::json(StatusCode::OK, &body))
+        Ok(serve::json(StatusCode::OK, &page))
     }
 
     /// The hosts courier holds (busy, with a breaker not closed, or seen lately): each
