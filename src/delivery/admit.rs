@@ -23,7 +23,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::Deliverer;
 use crate::fleet::{share, Acquired, Lease, LeaseRequest};
-use crate::limits::{HostPermit, HostRefusal};
+use crate::limits::{HostPermit, Refusal};
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
 /// of its host's, one of its endpoint's if the endpoint has a `max_in_flight` cap, and its
@@ -51,22 +51,6 @@ impl AttemptPermit {
     }
 }
 
-/// Why a due message cannot start now, every limit considered, and when to look again
-/// (`None`: when a local permit comes back, which wakes the scheduler by itself).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// `delivery.max_in_flight` attempts are running.
-    AllBusy,
-    /// The host is at its cap, here or fleet-wide.
-    HostBusy(Option<u64>),
-    /// The host's circuit breaker is open until this time (unix millis).
-    CircuitOpen(u64),
-    /// The endpoint is at its `max_in_flight` cap, here or fleet-wide.
-    EndpointBusy(Option<u64>),
-    /// The endpoint's rate limit (local or fleet-wide) has a slot at this time.
-    RateLimited(u64),
-}
-
 impl Deliverer {
     /// Everything one attempt to `endpoint` on `host` needs at `now_ms`, in the order the
     /// module doc gives: the local permits, a rate token, and with `[fleet]` on the fleet's
@@ -78,21 +62,11 @@ impl Deliverer {
             .clone()
             .try_acquire_owned()
             .map_err(|_| Refusal::AllBusy)?;
-        let endpoint_permit = self
-            .endpoint_caps
-            .try_acquire(endpoint)
-            .map_err(|_| Refusal::EndpointBusy(None))?;
-        let host_permit = self
-            .hosts
-            .try_acquire(host, self.ctx.clock().now_ms())
-            .map_err(|refused| match refused {
-                HostRefusal::Busy => Refusal::HostBusy(None),
-                HostRefusal::Open(at) => Refusal::CircuitOpen(at),
-            })?;
+        // Taken in the order written (see the module doc).
         let mut permit = AttemptPermit {
             all,
-            host: host_permit,
-            _endpoint: endpoint_permit,
+            _endpoint: self.endpoint_caps.try_acquire(endpoint)?,
+            host: self.hosts.try_acquire(host, self.ctx.clock().now_ms())?,
             _fleet: None,
         };
         // Under the fallback the local bucket runs at this courier's share of the rate.
