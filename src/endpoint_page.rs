@@ -35,16 +35,6 @@ pub struct EndpointQuery {
     pub limit: usize,
 }
 
-/// One page: items as the admin API shows them, and where the next page starts.
-#[derive(Debug)]
-pub struct EndpointPage {
-    /// `key`, `state`, `permanent_failure_streak`, `in_flight`, `pending`; for an ordered
-    /// endpoint also `ordering`, `line_head`, `line_blocked`, `line_waiting`.
-    pub items: Vec<Value>,
-    /// The last key of this page, when more may follow.
-    pub next_cursor: Option<String>,
-}
-
 /// What one source knows of an endpoint.
 #[derive(Default)]
 struct Known {
@@ -53,8 +43,11 @@ struct Known {
     open: Option<u64>,
 }
 
-/// Reads one page (blocking: it reads the store).
-pub fn page(d: &Context, q: &EndpointQuery) -> Result<EndpointPage, StoreError> {
+/// Reads one page (blocking: it reads the store), as the admin API answers it: `items`
+/// (each with `key`, `state`, `permanent_failure_streak`, `in_flight`, `pending`; for an
+/// ordered endpoint also `ordering`, `line_head`, `line_blocked`, `line_waiting`) and
+/// `next_cursor`, the last key of this page when more may follow.
+pub fn page(d: &Context, q: &EndpointQuery) -> Result<Value, StoreError> {
     let (known, stop) = gather(d, q)?;
     let mut items = Vec::new();
     let mut last = None;
@@ -71,10 +64,8 @@ pub fn page(d: &Context, q: &EndpointQuery) -> Result<EndpointPage, StoreError> 
         last = Some(key.clone());
         items.extend(item(d, q.paused, key, k)?);
     }
-    Ok(EndpointPage {
-        items,
-        next_cursor: if cut { last.or(stop) } else { None },
-    })
+    let next_cursor = if cut { last.or(stop) } else { None };
+    Ok(json!({ "items": items, "next_cursor": next_cursor }))
 }
 
 /// Every source's first keys past the cursor, and the smallest key at which a source
@@ -212,9 +203,10 @@ mod tests {
                 limit: 2,
             };
             let page = page(h.d.context(), &q).unwrap();
-            seen.extend(page.items.iter().map(|i| i["key"].as_str().unwrap().to_string()));
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
+            let items = page["items"].as_array().unwrap();
+            seen.extend(items.iter().map(|i| i["key"].as_str().unwrap().to_string()));
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
                 None => break,
             }
         }

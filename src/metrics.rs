@@ -14,10 +14,22 @@ use std::fmt::{Display, Write as _};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use crate::model::DeadReason;
+use crate::model::{DeadReason, Transition};
 
-/// The outcome label of one attempt (the decision column of the contract's table).
-pub use crate::policy::Outcome as AttemptOutcome;
+/// The outcome labels of `courier_attempts_total`, by [`outcome`].
+const OUTCOMES: [&str; 4] = ["delivered", "retry", "permanent", "egress_denied"];
+
+/// How an attempt that left its message at `t` counts (the decision column of the
+/// contract's table): by the class its status was ruled, so a 409 ruled success counts
+/// delivered, and a retry given up on by the limits still counts as a retry.
+fn outcome(t: Transition) -> usize {
+    match t {
+        Transition::Delivered => 0,
+        Transition::Dead(DeadReason::PermanentStatus) => 2,
+        Transition::Dead(DeadReason::EgressDenied) => 3,
+        Transition::RetryAt(_) | Transition::Dead(_) => 1,
+    }
+}
 
 /// What one fleet acquire decided (`courier_fleet_acquires_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,10 +305,10 @@ impl Metrics {
         self.in_flight.fetch_add(1, Relaxed);
     }
 
-    /// An attempt ended with `outcome` after `micros`.
-    pub fn attempt_finished(&self, outcome: AttemptOutcome, micros: u64) {
+    /// An attempt ended after `micros`, leaving its message at `t`.
+    pub fn attempt_finished(&self, t: Transition, micros: u64) {
         self.in_flight.fetch_sub(1, Relaxed);
-        self.attempts[outcome as usize].fetch_add(1, Relaxed);
+        self.attempts[outcome(t)].fetch_add(1, Relaxed);
         self.attempt_duration.observe_micros(micros);
     }
 
@@ -350,10 +362,7 @@ impl Metrics {
         {
             family(out, "counter", spec, "", [("", load(n))]);
         }
-        let attempts = AttemptOutcome::ALL
-            .map(AttemptOutcome::as_str)
-            .into_iter()
-            .zip(self.attempts.iter().map(load));
+        let attempts = OUTCOMES.into_iter().zip(self.attempts.iter().map(load));
         family(out, "counter", ATTEMPTS, "outcome", attempts);
         let reasons = DeadReason::ALL.map(DeadReason::as_str).into_iter();
         family(out, "counter", DEAD, "reason", reasons.zip(self.dead.iter().map(load)));
@@ -402,7 +411,7 @@ mod tests {
         let m = Metrics::default();
         m.accepted();
         m.attempt_started();
-        m.attempt_finished(AttemptOutcome::Retry, 1500);
+        m.attempt_finished(Transition::RetryAt(0), 1500);
         m.dead(DeadReason::Expired);
         m.delivered(2_000_000);
         m.rejected("invalid_target");
@@ -428,6 +437,29 @@ mod tests {
         assert!(text.contains("courier_attempt_duration_seconds_count 1\n"));
         assert!(text.contains("courier_ingress_rejected_total{code=\"invalid_target\"} 1\n"));
         assert_eq!(m.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_attempt_counts_by_where_it_left_its_message() {
+        let m = Metrics::default();
+        for t in [
+            Transition::Delivered,
+            Transition::RetryAt(1),
+            Transition::Dead(DeadReason::MaxAttempts),
+            Transition::Dead(DeadReason::Expired),
+            Transition::Dead(DeadReason::PermanentStatus),
+            Transition::Dead(DeadReason::EgressDenied),
+        ] {
+            m.attempt_started();
+            m.attempt_finished(t, 1);
+        }
+        let text = m.render(&Gauges::default());
+        for (label, n) in [("delivered", 1), ("retry", 3), ("permanent", 1), ("egress_denied", 1)] {
+            assert!(
+                text.contains(&format!("courier_attempts_total{{outcome=\"{label}\"}} {n}\n")),
+                "{label}"
+            );
+        }
     }
 
     #[test]

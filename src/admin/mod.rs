@@ -3,6 +3,10 @@
 //! `/drain` (see `drain`), and the web view ([`crate::ui`]). All but `/healthz` and the
 //! view's static files need `Authorization: Bearer <admin_token>` if set.
 
+// A route's refusal is the response it answers with, built at most once per request: a
+// Result carrying it whole lets each route stop at its first refusal with `?`.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,9 +55,12 @@ fn bad_request(message: impl Into<String>) -> Response<Body> {
     serve::error(StatusCode::BAD_REQUEST, "invalid_request", message)
 }
 
-fn store_failed(e: &StoreError) -> Response<Body> {
+fn store_failed(e: StoreError) -> Response<Body> {
     serve::error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string())
 }
+
+/// A route's answer: `Err` is the refusal it stopped at (a 400, a 404, a store failure).
+type Answer = Result<Response<Body>, Response<Body>>;
 
 fn query_map(req: &Request<Incoming>) -> HashMap<String, String> {
     req.uri()
@@ -62,12 +69,12 @@ fn query_map(req: &Request<Incoming>) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-/// A page's `limit` (1 to 1000, [`DEFAULT_PAGE`] when absent); `None` when out of range.
-fn page_limit(q: &HashMap<String, String>) -> Option<usize> {
+/// A page's `limit` (1 to 1000, [`DEFAULT_PAGE`] when absent).
+fn page_limit(q: &HashMap<String, String>) -> Result<usize, Response<Body>> {
     match q.get("limit").map(|l| l.parse::<usize>()) {
-        None => Some(DEFAULT_PAGE),
-        Some(Ok(n)) => (1..=1000).contains(&n).then_some(n),
-        Some(Err(_)) => None,
+        None => Ok(DEFAULT_PAGE),
+        Some(Ok(n)) if (1..=1000).contains(&n) => Ok(n),
+        Some(_) => Err(bad_request("limit must be a whole number from 1 to 1000")),
     }
 }
 
@@ -152,9 +159,9 @@ impl Admin {
 
     fn route(&self, method: Method, path: &str, query: &HashMap<String, String>) -> Response<Body> {
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        match (&method, segments.as_slice()) {
-            (&Method::GET, ["readyz"]) => self.probes.readyz(),
-            (&Method::GET, ["metrics"]) => self.probes.metrics(),
+        let answer = match (&method, segments.as_slice()) {
+            (&Method::GET, ["readyz"]) => Ok(self.probes.readyz()),
+            (&Method::GET, ["metrics"]) => Ok(self.probes.metrics()),
             (&Method::GET, ["deliveries"]) => self.list(query),
             (&Method::POST, ["deliveries", "retry"]) => self.bulk_retry(query),
             (&Method::GET, ["deliveries", id]) => self.show(&decode_segment(id)),
@@ -162,8 +169,8 @@ impl Admin {
             (&Method::POST, ["deliveries", id, "retry"]) => self.retry(&decode_segment(id)),
             (&Method::GET, ["endpoints"]) => self.endpoints(query),
             (&Method::GET, ["hosts"]) => self.hosts(query),
-            (&Method::GET, ["signing", "public-keys"]) => self.public_keys(),
-            (&Method::POST, ["reload"]) => self.reload(),
+            (&Method::GET, ["signing", "public-keys"]) => Ok(self.public_keys()),
+            (&Method::POST, ["reload"]) => Ok(self.reload()),
             (&Method::POST, ["endpoints", ..]) if path.ends_with("/pause") || path.ends_with("/resume") => {
                 let pause = path.ends_with("/pause");
                 let raw = path["/endpoints/".len()..path.rfind('/').unwrap_or(path.len())].to_string();
@@ -174,13 +181,18 @@ impl Admin {
                 ["readyz" | "metrics" | "deliveries" | "endpoints" | "hosts", ..]
                 | ["signing", "public-keys"]
                 | ["reload"],
-            ) => serve::error(
+            ) => Err(serve::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 format!("{method} is not allowed on {path}"),
-            ),
-            _ => serve::error(StatusCode::NOT_FOUND, "not_found", format!("no admin route {path}")),
-        }
+            )),
+            _ => Err(serve::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no admin route {path}"),
+            )),
+        };
+        answer.unwrap_or_else(|refused| refused)
     }
 
     /// `GET /signing/public-keys`: the `whpk_` key of every `whsk_` key this running
@@ -213,29 +225,22 @@ impl Admin {
         }
     }
 
-    fn show(&self, id: &str) -> Response<Body> {
-        let shown = self.ctx.store().message_shown(id);
-        match (shown, self.ctx.store().history(id)) {
-            (Ok(Some(rec)), Ok(history)) => {
-                let mut v = delivery_json(&rec, Some(&history), self.ctx.config().alert_url.as_ref());
-                // The trace the app's traceparent started, kept with the payload's headers
-                // (only this view reads the payload: a list would read every body).
-                v["trace_id"] = match self.ctx.store().payload(id) {
-                    Ok(p) => json!(p
-                        .and_then(|p| TraceParent::from_headers(&p.headers))
-                        .map(|t| t.trace_id)),
-                    Err(e) => return store_failed(&e),
-                };
-                if let Err(e) = self.line_fields(&rec, &mut v) {
-                    return store_failed(&e);
-                }
-                let settings = self.ctx.settings();
-                v["policy"] = policy_json(&settings.policies, rec.route.as_deref(), &rec.endpoint);
-                serve::json(StatusCode::OK, &v)
-            }
-            (Ok(None), _) => not_found(&format!("delivery {id:?}")),
-            (Err(e), _) | (_, Err(e)) => store_failed(&e),
-        }
+    fn show(&self, id: &str) -> Answer {
+        let store = self.ctx.store();
+        let rec = store.message_shown(id).map_err(store_failed)?;
+        let rec = rec.ok_or_else(|| not_found(&format!("delivery {id:?}")))?;
+        let history = store.history(id).map_err(store_failed)?;
+        let mut v = delivery_json(&rec, Some(&history), self.ctx.config().alert_url.as_ref());
+        // The trace the app's traceparent started, kept with the payload's headers
+        // (only this view reads the payload: a list would read every body).
+        let payload = store.payload(id).map_err(store_failed)?;
+        v["trace_id"] = json!(payload
+            .and_then(|p| TraceParent::from_headers(&p.headers))
+            .map(|t| t.trace_id));
+        self.line_fields(&rec, &mut v).map_err(store_failed)?;
+        let settings = self.ctx.settings();
+        v["policy"] = policy_json(&settings.policies, rec.route.as_deref(), &rec.endpoint);
+        Ok(serve::json(StatusCode::OK, &v))
     }
 
     /// An ordered message's place: `line_position` (messages ahead of it, 0 for the head)
@@ -255,18 +260,18 @@ impl Admin {
         Ok(())
     }
 
-    /// The filter of a listing or replay query; `Err` is the message of a 400.
-    fn filter(q: &HashMap<String, String>) -> Result<ListFilter, String> {
+    /// The filter of a listing or replay query.
+    fn filter(q: &HashMap<String, String>) -> Result<ListFilter, Response<Body>> {
         let state = match q.get("state").map(String::as_str) {
             None | Some("") => None,
-            Some(s) => Some(s.parse::<State>().map_err(|e| e.to_string())?),
+            Some(s) => Some(s.parse::<State>().map_err(|e| bad_request(e.to_string()))?),
         };
-        let time = |key: &str| -> Result<Option<u64>, String> {
+        let time = |key: &str| -> Result<Option<u64>, Response<Body>> {
             match q.get(key).map(String::as_str) {
                 None | Some("") => Ok(None),
-                Some(t) => parse_rfc3339(t)
-                    .map(Some)
-                    .ok_or_else(|| format!("{key}={t:?} is not an RFC 3339 time like 2026-01-31T12:00:00Z")),
+                Some(t) => parse_rfc3339(t).map(Some).ok_or_else(|| {
+                    bad_request(format!("{key}={t:?} is not an RFC 3339 time like 2026-01-31T12:00:00Z"))
+                }),
             }
         };
         Ok(ListFilter {
@@ -277,30 +282,21 @@ impl Admin {
         })
     }
 
-    fn list(&self, q: &HashMap<String, String>) -> Response<Body> {
-        let filter = match Self::filter(q) {
-            Ok(f) => f,
-            Err(message) => return bad_request(message),
-        };
-        let Some(limit) = page_limit(q) else {
-            return bad_request("limit must be a whole number from 1 to 1000");
-        };
+    fn list(&self, q: &HashMap<String, String>) -> Answer {
+        let filter = Self::filter(q)?;
+        let limit = page_limit(q)?;
         let cursor = q.get("cursor").filter(|c| !c.is_empty()).map(String::as_str);
         let alert_url = self.ctx.config().alert_url.clone();
-        match self.ctx.store().list(&filter, limit, cursor) {
-            Ok(page) => {
-                let items: Vec<Value> = page
-                    .items
-                    .iter()
-                    .map(|r| delivery_json(r, None, alert_url.as_ref()))
-                    .collect();
-                serve::json(
-                    StatusCode::OK,
-                    &json!({ "items": items, "next_cursor": page.next_cursor }),
-                )
-            }
-            Err(e) => store_failed(&e),
-        }
+        let page = self.ctx.store().list(&filter, limit, cursor).map_err(store_failed)?;
+        let items: Vec<Value> = page
+            .items
+            .iter()
+            .map(|r| delivery_json(r, None, alert_url.as_ref()))
+            .collect();
+        Ok(serve::json(
+            StatusCode::OK,
+            &json!({ "items": items, "next_cursor": page.next_cursor }),
+        ))
     }
 
     /// A replayed message's new give-up time: its policy's `give_up_after` from now, as
@@ -316,73 +312,70 @@ impl Admin {
         }
     }
 
-    fn retry(&self, id: &str) -> Response<Body> {
+    fn retry(&self, id: &str) -> Answer {
         let now = self.ctx.clock().now_ms();
-        match self.ctx.store().replay(id, now, self.give_up_at(now)) {
-            Ok(Some(true)) => {
+        match self
+            .ctx
+            .store()
+            .replay(id, now, self.give_up_at(now))
+            .map_err(store_failed)?
+        {
+            Some(true) => {
                 self.ctx.wake();
                 tracing::info!(delivery_id = id, "dead message replayed");
-                serve::json(StatusCode::ACCEPTED, &json!({ "id": id, "status": "pending" }))
+                Ok(serve::json(
+                    StatusCode::ACCEPTED,
+                    &json!({ "id": id, "status": "pending" }),
+                ))
             }
-            Ok(Some(false)) => serve::error(
+            Some(false) => Err(serve::error(
                 StatusCode::CONFLICT,
                 "not_dead",
                 format!("delivery {id:?} is not dead; only dead messages can be retried"),
-            ),
-            Ok(None) => not_found(&format!("delivery {id:?}")),
-            Err(e) => store_failed(&e),
+            )),
+            None => Err(not_found(&format!("delivery {id:?}"))),
         }
     }
 
-    fn bulk_retry(&self, q: &HashMap<String, String>) -> Response<Body> {
-        let filter = match Self::filter(q) {
-            Ok(f) => f,
-            Err(message) => return bad_request(message),
-        };
+    fn bulk_retry(&self, q: &HashMap<String, String>) -> Answer {
+        let filter = Self::filter(q)?;
         if filter.state.is_some_and(|s| s != State::Dead) {
-            return bad_request("only dead messages can be replayed (state=dead)");
+            return Err(bad_request("only dead messages can be replayed (state=dead)"));
         }
         let now = self.ctx.clock().now_ms();
-        match self.ctx.store().replay_dead(&filter, now, self.give_up_at(now)) {
-            Ok(n) => {
-                if n > 0 {
-                    self.ctx.wake();
-                }
-                tracing::info!(
-                    requeued = n,
-                    endpoint = filter.endpoint.as_deref(),
-                    "dead messages replayed"
-                );
-                serve::json(StatusCode::OK, &json!({ "requeued": n }))
-            }
-            Err(e) => store_failed(&e),
+        let replayed = self.ctx.store().replay_dead(&filter, now, self.give_up_at(now));
+        let n = replayed.map_err(store_failed)?;
+        if n > 0 {
+            self.ctx.wake();
         }
+        tracing::info!(
+            requeued = n,
+            endpoint = filter.endpoint.as_deref(),
+            "dead messages replayed"
+        );
+        Ok(serve::json(StatusCode::OK, &json!({ "requeued": n })))
     }
 
-    fn delete(&self, id: &str) -> Response<Body> {
-        match self.ctx.store().delete(id, self.ctx.clock().now_ms()) {
-            Ok(true) => {
-                // A deleted head of an ordered line hands over to the next, due now.
-                self.ctx.wake();
-                tracing::info!(delivery_id = id, "delivery deleted");
-                serve::empty(StatusCode::NO_CONTENT)
-            }
-            Ok(false) => not_found(&format!("delivery {id:?}")),
-            Err(e) => store_failed(&e),
+    fn delete(&self, id: &str) -> Answer {
+        let deleted = self.ctx.store().delete(id, self.ctx.clock().now_ms());
+        if !deleted.map_err(store_failed)? {
+            return Err(not_found(&format!("delivery {id:?}")));
         }
+        // A deleted head of an ordered line hands over to the next, due now.
+        self.ctx.wake();
+        tracing::info!(delivery_id = id, "delivery deleted");
+        Ok(serve::empty(StatusCode::NO_CONTENT))
     }
 
     /// A page of the endpoints courier knows (see `endpoint_page`): `limit` (1–1000,
     /// default 100), `cursor`, `state` (`active` or `paused`), `prefix`.
-    fn endpoints(&self, q: &HashMap<String, String>) -> Response<Body> {
-        let Some(limit) = page_limit(q) else {
-            return bad_request("limit must be a whole number from 1 to 1000");
-        };
+    fn endpoints(&self, q: &HashMap<String, String>) -> Answer {
+        let limit = page_limit(q)?;
         let paused = match q.get("state").map(String::as_str) {
             None | Some("") => None,
             Some("active") => Some(false),
             Some("paused") => Some(true),
-            Some(_) => return bad_request("state must be active or paused"),
+            Some(_) => return Err(bad_request("state must be active or paused")),
         };
         let query = EndpointQuery {
             cursor: q.get("cursor").filter(|c| !c.is_empty()).cloned(),
@@ -390,23 +383,18 @@ impl Admin {
             paused,
             limit,
         };
-        match crate::endpoint_page::page(&self.ctx, &query) {
-            Ok(page) => serve::json(
-                StatusCode::OK,
-                &json!({ "items": page.items, "next_cursor": page.next_cursor }),
-            ),
-            Err(e) => store_failed(&e),
-        }
+        let page = crate::endpoint_page::page(&self.ctx, &query).map_err(store_failed)?;
+        Ok(serve::json(StatusCode::OK, &page))
     }
 
     /// The hosts courier holds (busy, with a breaker not closed, or seen lately): each
     /// `host`, `circuit` (`closed`, `open`, `probing`, `ramping`), `in_flight`, `cap`,
     /// `consecutive_failures`, `next_probe_at`; `state=open` for breakers not closed.
-    fn hosts(&self, q: &HashMap<String, String>) -> Response<Body> {
+    fn hosts(&self, q: &HashMap<String, String>) -> Answer {
         let open_only = match q.get("state").map(String::as_str) {
             None | Some("") => false,
             Some("open") => true,
-            Some(_) => return bad_request("state must be open"),
+            Some(_) => return Err(bad_request("state must be open")),
         };
         let items: Vec<Value> = self
             .d
@@ -424,20 +412,14 @@ impl Admin {
                 })
             })
             .collect();
-        serve::json(StatusCode::OK, &json!({ "items": items }))
+        Ok(serve::json(StatusCode::OK, &json!({ "items": items })))
     }
 
-    fn set_paused(&self, key: &str, paused: bool) -> Response<Body> {
-        let known = match crate::endpoint_page::is_known(&self.ctx, key) {
-            Ok(known) => known,
-            Err(e) => return store_failed(&e),
-        };
-        if !known {
-            return not_found(&format!("endpoint {key:?}"));
+    fn set_paused(&self, key: &str, paused: bool) -> Answer {
+        if !crate::endpoint_page::is_known(&self.ctx, key).map_err(store_failed)? {
+            return Err(not_found(&format!("endpoint {key:?}")));
         }
-        match self.ctx.set_paused(key, paused) {
-            Ok(()) => serve::empty(StatusCode::NO_CONTENT),
-            Err(e) => store_failed(&e),
-        }
+        self.ctx.set_paused(key, paused).map_err(store_failed)?;
+        Ok(serve::empty(StatusCode::NO_CONTENT))
     }
 }

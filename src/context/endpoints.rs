@@ -22,8 +22,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::model::{DeadReason, Transition};
 use crate::policy::rate::TokenBucket;
-use crate::policy::Outcome;
 use crate::store::EndpointRecord;
 
 /// What an attempt's result did to its endpoint.
@@ -36,6 +36,9 @@ pub enum EndpointChange {
     /// The streak reached the threshold and the endpoint is now paused.
     Paused(EndpointRecord),
 }
+
+/// Where a permanent status leaves its message: what grows an endpoint's streak.
+pub const PERMANENT: Transition = Transition::Dead(DeadReason::PermanentStatus);
 
 /// Entries above which the table forgets endpoints with nothing to remember.
 pub const PRUNE_ABOVE: usize = 10_000;
@@ -238,14 +241,16 @@ impl EndpointTable {
         self.lock().map.get(key).is_some_and(|e| e.rec.paused)
     }
 
-    /// Takes a rate-limit token, or says how many millis until one is free.
+    /// Takes a rate-limit token (a test's shorthand for one courier).
+    #[cfg(test)]
     pub fn try_rate(&self, key: &str, now_ms: u64) -> Result<(), u64> {
         self.try_rate_shared(key, now_ms, 1)
     }
 
-    /// [`EndpointTable::try_rate`] at this courier's share of the rate among `replicas`
-    /// (`fleet::share`): the fleet's fallback while Redis is unavailable. The bucket keeps
-    /// the tokens it has (up to the lower burst) when its rate changes either way.
+    /// Takes a rate-limit token at this courier's share of the rate among `replicas`
+    /// (`fleet::share`; more than 1 only as the fleet's fallback while Redis is
+    /// unavailable), or says how many millis until one is free. The bucket keeps the tokens
+    /// it has (up to the lower burst) when its rate changes either way.
     pub fn try_rate_shared(&self, key: &str, now_ms: u64, replicas: u32) -> Result<(), u64> {
         self.with_entry_rated(key, now_ms, |e, configured| {
             let rate = crate::fleet::share(configured, replicas);
@@ -271,18 +276,19 @@ impl EndpointTable {
         self.with_entry(key, now_ms, |e| e.in_flight = e.in_flight.saturating_sub(1));
     }
 
-    /// Applies an attempt's result to the streak; pauses the endpoint when the streak
-    /// reaches the threshold. When the entry is not loaded, `stored` reads the endpoint's
+    /// Applies an attempt's result (where it left its message) to the streak: a delivery
+    /// ends it, a permanent status grows it, and the endpoint pauses when it reaches the
+    /// threshold. When the entry is not loaded, `stored` reads the endpoint's
     /// persisted record first (a blocking store read, made without the table's lock).
     pub fn record<E>(
         &self,
         key: &str,
-        outcome: Outcome,
+        transition: Transition,
         status: Option<u16>,
         now_ms: u64,
         stored: impl FnOnce() -> Result<Option<EndpointRecord>, E>,
     ) -> Result<EndpointChange, E> {
-        if !matches!(outcome, Outcome::Delivered | Outcome::Permanent) {
+        if !matches!(transition, Transition::Delivered | PERMANENT) {
             self.with_entry(key, now_ms, |_| ());
             return Ok(EndpointChange::None);
         }
@@ -297,8 +303,8 @@ impl EndpointTable {
             });
         }
         let pause_after = self.pause_after;
-        Ok(self.with_entry(key, now_ms, |e| match outcome {
-            Outcome::Delivered if e.rec.streak > 0 || e.rec.last_status.is_some() => {
+        Ok(self.with_entry(key, now_ms, |e| match transition {
+            Transition::Delivered if e.rec.streak > 0 || e.rec.last_status.is_some() => {
                 // Nothing left to remember of the failures: the record is the default again
                 // (the store deletes it).
                 e.rec.streak = 0;
@@ -306,7 +312,7 @@ impl EndpointTable {
                 e.changes += 1;
                 EndpointChange::Changed(e.rec.clone())
             }
-            Outcome::Permanent => {
+            PERMANENT => {
                 e.rec.streak = e.rec.streak.saturating_add(1);
                 e.rec.last_status = status;
                 e.changes += 1;
@@ -442,7 +448,7 @@ mod tests {
     const DAY: u64 = 86_400_000;
 
     /// A result for an endpoint whose store holds nothing.
-    fn record(t: &EndpointTable, key: &str, event: Outcome, status: Option<u16>, now: u64) -> EndpointChange {
+    fn record(t: &EndpointTable, key: &str, event: Transition, status: Option<u16>, now: u64) -> EndpointChange {
         t.record(key, event, status, now, || Ok::<_, ()>(None)).unwrap()
     }
 
@@ -505,33 +511,34 @@ mod tests {
     fn a_streak_of_permanent_failures_pauses_and_a_success_resets_it() {
         let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
         assert_eq!(
-            record(&t, "e", Outcome::Permanent, Some(410), 0),
+            record(&t, "e", PERMANENT, Some(410), 0),
             EndpointChange::Changed(EndpointRecord {
                 paused: false,
                 streak: 1,
                 last_status: Some(410)
             })
         );
-        assert_eq!(record(&t, "e", Outcome::Retry, Some(500), 0), EndpointChange::None);
+        assert_eq!(
+            record(&t, "e", Transition::RetryAt(0), Some(500), 0),
+            EndpointChange::None
+        );
         assert!(
-            matches!(record(&t, "e", Outcome::Delivered, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
+            matches!(record(&t, "e", Transition::Delivered, Some(200), 0), EndpointChange::Changed(r) if r == EndpointRecord::default()),
             "a success clears the streak and its last status"
         );
         for _ in 0..2 {
             assert!(matches!(
-                record(&t, "e", Outcome::Permanent, Some(410), 0),
+                record(&t, "e", PERMANENT, Some(410), 0),
                 EndpointChange::Changed(_)
             ));
         }
         assert!(!t.is_paused("e"));
-        assert!(
-            matches!(record(&t, "e", Outcome::Permanent, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3)
-        );
+        assert!(matches!(record(&t, "e", PERMANENT, Some(410), 0), EndpointChange::Paused(r) if r.streak == 3));
         assert!(t.is_paused("e"));
         assert_eq!(t.paused_count(), 1);
         // Already paused: later failures do not pause (or alert) again.
         assert!(matches!(
-            record(&t, "e", Outcome::Permanent, Some(410), 0),
+            record(&t, "e", PERMANENT, Some(410), 0),
             EndpointChange::Changed(_)
         ));
         let r = t.set_paused("e", false, 0);
@@ -581,14 +588,14 @@ mod tests {
         };
         t.try_rate("far", 0).unwrap();
         assert_eq!(t.get("far").map(|v| v.loaded), Some(false));
-        let change = t.record("far", Outcome::Permanent, Some(410), 0, read).unwrap();
+        let change = t.record("far", PERMANENT, Some(410), 0, read).unwrap();
         assert!(
             matches!(change, EndpointChange::Paused(r) if r.streak == 3),
             "counted on from the store"
         );
         assert_eq!(reads.get(), 1);
         // Loaded now: no more reads, and the pause keeps it in memory.
-        t.record("far", Outcome::Permanent, Some(410), 0, || -> Result<_, ()> {
+        t.record("far", PERMANENT, Some(410), 0, || -> Result<_, ()> {
             panic!("no read once loaded")
         })
         .unwrap();

@@ -64,12 +64,8 @@ impl Deliverer {
         {
             return None;
         }
-        let taken = self.attempt_permit(&rec.host, &rec.endpoint).ok().filter(|_| {
-            self.ctx
-                .endpoints()
-                .try_rate(&rec.endpoint, self.ctx.clock().now_ms())
-                .is_ok()
-        });
+        // Without `[fleet]`, admission is the local permits and a rate token.
+        let taken = self.admit(&rec.host, &rec.endpoint, self.ctx.clock().now_ms()).ok();
         if taken.is_none() {
             // This one waits in the queue: later ones must not overtake it.
             self.queue_first.store(true, Ordering::Release);

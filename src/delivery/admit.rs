@@ -23,7 +23,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::Deliverer;
 use crate::fleet::{share, Acquired, Lease, LeaseRequest};
-use crate::limits::{HostPermit, HostRefusal};
+use crate::limits::{HostPermit, Refusal};
 
 /// What an attempt holds while it runs: one of the `delivery.max_in_flight` permits, one
 /// of its host's, one of its endpoint's if the endpoint has a `max_in_flight` cap, and its
@@ -51,80 +51,24 @@ impl AttemptPermit {
     }
 }
 
-/// Why no attempt can start now (the local permits).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PermitRefused {
-    /// `delivery.max_in_flight` attempts are running.
-    AllBusy,
-    /// The host is at its cap (or its recovering breaker's limit).
-    HostBusy,
-    /// The host's circuit breaker is open until this time (unix millis).
-    CircuitOpen(u64),
-    /// The endpoint is at its `max_in_flight` cap.
-    EndpointBusy,
-}
-
-/// Why a due message cannot start now, every limit considered, and when to look again
-/// (`None`: when a local permit comes back, which wakes the scheduler by itself).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// `delivery.max_in_flight` attempts are running.
-    AllBusy,
-    /// The host is at its cap, here or fleet-wide.
-    HostBusy(Option<u64>),
-    /// The host's circuit breaker is open until this time (unix millis).
-    CircuitOpen(u64),
-    /// The endpoint is at its `max_in_flight` cap, here or fleet-wide.
-    EndpointBusy(Option<u64>),
-    /// The endpoint's rate limit (local or fleet-wide) has a slot at this time.
-    RateLimited(u64),
-}
-
-impl From<PermitRefused> for Refusal {
-    fn from(refused: PermitRefused) -> Self {
-        match refused {
-            PermitRefused::AllBusy => Refusal::AllBusy,
-            PermitRefused::HostBusy => Refusal::HostBusy(None),
-            PermitRefused::CircuitOpen(at) => Refusal::CircuitOpen(at),
-            PermitRefused::EndpointBusy => Refusal::EndpointBusy(None),
-        }
-    }
-}
-
 impl Deliverer {
-    /// The local permits for one attempt to `endpoint` on `host`, in the order the module
-    /// doc gives.
-    pub fn attempt_permit(&self, host: &str, endpoint: &str) -> Result<AttemptPermit, PermitRefused> {
+    /// Everything one attempt to `endpoint` on `host` needs at `now_ms`, in the order the
+    /// module doc gives: the local permits, a rate token, and with `[fleet]` on the fleet's
+    /// lease. With the fleet on this may wait for one round trip to Redis (at most
+    /// `fleet.timeout`): call it from a blocking thread, as the scheduler's pass is.
+    pub fn admit(&self, host: &str, endpoint: &str, now_ms: u64) -> Result<AttemptPermit, Refusal> {
         let all = self
             .all_attempts
             .clone()
             .try_acquire_owned()
-            .map_err(|_| PermitRefused::AllBusy)?;
-        let endpoint = self
-            .endpoint_caps
-            .try_acquire(endpoint)
-            .map_err(|_| PermitRefused::EndpointBusy)?;
-        let host = self
-            .hosts
-            .try_acquire(host, self.ctx.clock().now_ms())
-            .map_err(|refused| match refused {
-                HostRefusal::Busy => PermitRefused::HostBusy,
-                HostRefusal::Open(at) => PermitRefused::CircuitOpen(at),
-            })?;
-        Ok(AttemptPermit {
+            .map_err(|_| Refusal::AllBusy)?;
+        // Taken in the order written (see the module doc).
+        let mut permit = AttemptPermit {
             all,
-            host,
-            _endpoint: endpoint,
+            _endpoint: self.endpoint_caps.try_acquire(endpoint)?,
+            host: self.hosts.try_acquire(host, self.ctx.clock().now_ms())?,
             _fleet: None,
-        })
-    }
-
-    /// Everything one attempt to `endpoint` on `host` needs at `now_ms`: the local permits,
-    /// a rate token, and with `[fleet]` on the fleet's lease. With the fleet on this may
-    /// wait for one round trip to Redis (at most `fleet.timeout`): call it from a blocking
-    /// thread, as the scheduler's pass is.
-    pub fn admit(&self, host: &str, endpoint: &str, now_ms: u64) -> Result<AttemptPermit, Refusal> {
-        let mut permit = self.attempt_permit(host, endpoint)?;
+        };
         // Under the fallback the local bucket runs at this courier's share of the rate.
         let divisor = match &self.fleet {
             Some(fleet) if !fleet.is_up() => fleet.replicas(),

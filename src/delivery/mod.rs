@@ -27,8 +27,9 @@ use crate::store::Claimed;
 
 use settings::host_caps;
 
+pub use crate::limits::Refusal;
 use crate::limits::{EndpointCaps, HostLimiter};
-pub use admit::{AttemptPermit, PermitRefused, Refusal};
+pub use admit::AttemptPermit;
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
 /// missing from the config, a result that could not be written) before it is tried again.

@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use crate::batcher::Batcher;
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
-use crate::policy::Outcome;
 use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
 
 /// The most results one batch carries.
@@ -27,16 +26,13 @@ const MAX_BATCH: usize = 1024;
 /// per-host caps bound the attempts in flight to fewer).
 const QUEUE: usize = 8192;
 
-/// What a result means for its endpoint: its streak, and whether it blocks the endpoint's
-/// ordered line (known before the write, so the writer can take the pause gate first).
+/// What a result means for its endpoint besides its transition and status: whose streak
+/// it counts in, and whether it blocks the endpoint's ordered line (known before the write,
+/// so the writer can take the pause gate first).
 #[derive(Debug, Clone)]
 pub(super) struct StreakNote {
     /// Endpoint key.
     pub endpoint: String,
-    /// How the attempt counts (a success resets the streak, a permanent failure grows it).
-    pub outcome: Outcome,
-    /// The status, for the alert.
-    pub status: Option<u16>,
     /// The result kills the head of an ordered line with `on_dead = "block"` (see
     /// `worker::blocks_its_line`): written, it blocks the line and pauses the endpoint.
     pub blocks_line: bool,
@@ -149,7 +145,7 @@ impl Writer {
         between();
         let now_ms = items.iter().map(|i| i.now_ms).max().unwrap_or(0);
         let changes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.apply_streaks(&notes, &answers, now_ms)
+            self.apply_streaks(&items, &notes, &answers, now_ms)
         }))
         .unwrap_or_else(|panic| {
             tracing::error!(panic = %panic_text(panic.as_ref()), "recording endpoint streaks panicked");
@@ -174,6 +170,7 @@ impl Writer {
     /// blocks a line.
     fn apply_streaks(
         &self,
+        items: &[FinishedAttempt],
         notes: &[StreakNote],
         answers: &[Result<Option<MessageRecord>, StoreError>],
         now_ms: u64,
@@ -182,13 +179,14 @@ impl Writer {
         // Endpoint → the record its last change in this batch left.
         let mut dirty: HashMap<&str, EndpointRecord> = HashMap::new();
         let mut synced = false;
-        for (note, answer) in notes.iter().zip(answers) {
+        for ((item, note), answer) in items.iter().zip(notes).zip(answers) {
             let change = match answer {
                 Ok(Some(_)) => {
+                    let (transition, status) = (item.transition, item.attempt.status);
                     let change = self
                         .ctx
                         .endpoints()
-                        .record(&note.endpoint, note.outcome, note.status, now_ms, || {
+                        .record(&note.endpoint, transition, status, now_ms, || {
                             self.ctx.store().endpoint(&note.endpoint)
                         })
                         .unwrap_or_else(|e| {

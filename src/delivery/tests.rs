@@ -468,7 +468,7 @@ async fn another_host_is_served_behind_a_long_blocked_backlog() {
     let mut cfg = config(Jitter::None);
     cfg.delivery.max_in_flight_per_host = 1;
     let h = Harness::start(cfg, t.clone(), clock.clone());
-    let n = 3 * crate::scheduler::SKIP_RUN + 10;
+    let n = 3 * crate::scheduler::Limits::DEFAULT.skip_run + 10;
     for i in 0..n {
         h.accept_url(&format!("https://blocked.example/b{i}"), vec![]).await;
     }
@@ -571,7 +571,7 @@ async fn a_resume_overtaking_an_attempt_s_endpoint_write_is_not_undone() {
     let change =
         h.d.context()
             .endpoints()
-            .record(HELD, crate::policy::Outcome::Permanent, Some(410), T0, || {
+            .record(HELD, crate::context::endpoints::PERMANENT, Some(410), T0, || {
                 h.d.context().store().endpoint(HELD)
             })
             .unwrap();
@@ -597,7 +597,7 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let failing = "https://r.example/failing";
     h.d.context()
         .endpoints()
-        .record(failing, crate::policy::Outcome::Permanent, Some(410), T0, || {
+        .record(failing, crate::context::endpoints::PERMANENT, Some(410), T0, || {
             h.d.context().store().endpoint(failing)
         })
         .unwrap();
@@ -606,13 +606,13 @@ async fn endpoints_not_seen_within_the_retention_window_are_forgotten() {
     let healed = "https://r.example/healed";
     h.d.context()
         .endpoints()
-        .record(healed, crate::policy::Outcome::Permanent, Some(410), T0, || {
+        .record(healed, crate::context::endpoints::PERMANENT, Some(410), T0, || {
             h.d.context().store().endpoint(healed)
         })
         .unwrap();
     h.d.context()
         .endpoints()
-        .record(healed, crate::policy::Outcome::Delivered, Some(200), T0, || {
+        .record(healed, crate::model::Transition::Delivered, Some(200), T0, || {
             h.d.context().store().endpoint(healed)
         })
         .unwrap();

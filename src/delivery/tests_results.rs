@@ -42,17 +42,15 @@ fn start(store: &Arc<Store>) -> ResultWriter {
     ResultWriter::start(context(store))
 }
 
-fn note(endpoint: &str, outcome: Outcome, status: u16) -> StreakNote {
+fn note(endpoint: &str) -> StreakNote {
     StreakNote {
         endpoint: endpoint.into(),
-        outcome,
-        status: Some(status),
         blocks_line: false,
     }
 }
 
 fn success() -> StreakNote {
-    note("e", Outcome::Delivered, 200)
+    note("e")
 }
 
 fn delivered(id: &str) -> FinishedAttempt {
@@ -168,18 +166,20 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
     store.put_endpoint("far", &stored, 50).unwrap();
     let ctx = context(&store);
     let endpoints = ctx.endpoints();
-    let gone = |id: &str| FinishedAttempt {
-        transition: Transition::Dead(crate::model::DeadReason::PermanentStatus),
-        ..delivered(id)
+    let gone = |id: &str| {
+        let mut gone = delivered(id);
+        gone.transition = Transition::Dead(crate::model::DeadReason::PermanentStatus);
+        gone.attempt.status = Some(410);
+        gone
     };
     let mut jobs = Vec::new();
     let mut answers = Vec::new();
     let batch = [
-        (gone("dlv_000"), note("near", Outcome::Permanent, 410)),
-        (gone("dlv_001"), note("far", Outcome::Permanent, 410)),
+        (gone("dlv_000"), note("near")),
+        (gone("dlv_001"), note("far")),
         // Stale: already in this batch, so it must not count again.
-        (gone("dlv_001"), note("far", Outcome::Permanent, 410)),
-        (delivered("dlv_002"), note("healed", Outcome::Delivered, 200)),
+        (gone("dlv_001"), note("far")),
+        (delivered("dlv_002"), note("healed")),
     ];
     store.put_endpoint("healed", &stored, 50).unwrap();
     for (item, n) in batch {
@@ -260,13 +260,12 @@ async fn a_resume_between_a_line_s_block_and_its_pause_is_not_undone() {
         }
     };
     let (reply, answer) = oneshot::channel();
-    let dead = FinishedAttempt {
-        transition: Transition::Dead(crate::model::DeadReason::PermanentStatus),
-        ..delivered("dlv_1")
-    };
+    let mut dead = delivered("dlv_1");
+    dead.transition = Transition::Dead(crate::model::DeadReason::PermanentStatus);
+    dead.attempt.status = Some(410);
     let blocks = StreakNote {
         blocks_line: true,
-        ..note(EP, Outcome::Permanent, 410)
+        ..note(EP)
     };
     let item = Some((dead, blocks));
     w.write_batch(vec![Job { item, reply }], &mut between);

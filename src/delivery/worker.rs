@@ -15,7 +15,7 @@ use crate::context::endpoints::EndpointChange;
 use crate::outbound::trace::{new_span_id, TraceParent, TRACEPARENT};
 use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
-use crate::policy::{decide, AttemptResult, Limits, Verdict};
+use crate::policy::{decide, AttemptResult, Limits};
 use crate::redact::url_for_log;
 use crate::signing::{self, Secret};
 use crate::store::{
@@ -148,7 +148,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
     };
-    let verdict = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &policy, sent.now, rng));
+    let transition = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &policy, sent.now, rng));
     let attempt = AttemptRecord {
         at_ms: started_ms,
         status: sent.status,
@@ -160,10 +160,14 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let item = FinishedAttempt {
         id: rec.id.clone(),
         attempt,
-        transition: verdict.transition,
+        transition,
         now_ms: sent.now,
     };
-    let endpoint_change = match record_result(&d, item, streak_note(rec, sent.status, &verdict)).await {
+    let note = StreakNote {
+        endpoint: rec.endpoint.clone(),
+        blocks_line: blocks_its_line(rec, transition),
+    };
+    let endpoint_change = match record_result(&d, item, note).await {
         Written::Now(change) => change,
         // Its record does not read: the result is written once it does (the message stays
         // leased meanwhile, so it is not sent again), and the permits go now.
@@ -183,14 +187,14 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         }
     };
     drop(global);
-    if matches!(verdict.transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
+    if matches!(transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
         // A new due entry, or the next of its line promoted with this result: maybe
         // earlier than the scheduler's next wake-up.
         d.ctx.wake();
     } else {
         d.wake_if_waiting();
     }
-    report(&d, rec, ids, &sent, &verdict, endpoint_change).await;
+    report(&d, rec, ids, &sent, transition, endpoint_change).await;
 }
 
 /// What came back from one attempt's send.
@@ -248,16 +252,6 @@ async fn send(
     (sent, global)
 }
 
-/// The endpoint's streak note for an attempt's verdict.
-fn streak_note(rec: &MessageRecord, status: Option<u16>, verdict: &Verdict) -> StreakNote {
-    StreakNote {
-        endpoint: rec.endpoint.clone(),
-        outcome: verdict.outcome,
-        status,
-        blocks_line: blocks_its_line(rec, verdict.transition),
-    }
-}
-
 /// Metrics, one log line per outcome, and a pause's warning and alert. Successes and
 /// retries log at debug: at thousands of messages a second an info line each would cost
 /// more than the delivery (metrics count them); a dead letter is always worth a warning.
@@ -266,15 +260,15 @@ async fn report(
     rec: &MessageRecord,
     ids: (Option<&str>, Option<&str>),
     sent: &Sent,
-    verdict: &Verdict,
+    transition: Transition,
     endpoint_change: EndpointChange,
 ) {
     let (now, status, attempts_made) = (sent.now, sent.status, rec.attempts + 1);
     let error = sent.error.as_deref();
     d.ctx
         .metrics()
-        .attempt_finished(verdict.outcome, sent.duration.as_micros() as u64);
-    match verdict.transition {
+        .attempt_finished(transition, sent.duration.as_micros() as u64);
+    match transition {
         Transition::Delivered => {
             d.ctx.metrics().delivered(now.saturating_sub(rec.accepted_at_ms) * 1000);
             let duration_ms = sent.duration.as_millis() as u64;
@@ -301,7 +295,7 @@ async fn report(
     }
     // The streak was written with the result; a pause is worth a warning and an alert.
     if let EndpointChange::Paused(ep) = endpoint_change {
-        if blocks_its_line(rec, verdict.transition) {
+        if blocks_its_line(rec, transition) {
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), delivery_id = %rec.id,
                 "endpoint paused: the head of its ordered line is dead (on_dead = block); resume it with `courier endpoints resume` or replay the message");
         } else {

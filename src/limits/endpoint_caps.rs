@@ -15,10 +15,7 @@ use std::sync::Mutex;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::resizable::Resizable;
-
-/// The endpoint has `max_in_flight` attempts running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AtCap;
+use super::Refusal;
 
 /// The capped endpoints' semaphores.
 #[derive(Debug, Default)]
@@ -71,14 +68,15 @@ impl EndpointCaps {
         *live = next;
     }
 
-    /// A permit for one attempt to `endpoint`: `None` when it has no cap.
-    pub fn try_acquire(&self, endpoint: &str) -> Result<Option<OwnedSemaphorePermit>, AtCap> {
+    /// A permit for one attempt to `endpoint`: `None` when it has no cap,
+    /// [`Refusal::EndpointBusy`] when it has `max_in_flight` attempts running.
+    pub fn try_acquire(&self, endpoint: &str) -> Result<Option<OwnedSemaphorePermit>, Refusal> {
         if !self.any.load(Ordering::Acquire) {
             return Ok(None);
         }
         match self.lock().live.get_mut(endpoint) {
             None => Ok(None),
-            Some(sem) => sem.try_acquire().map(Some).ok_or(AtCap),
+            Some(sem) => sem.try_acquire().map(Some).ok_or(Refusal::EndpointBusy(None)),
         }
     }
 
@@ -105,7 +103,10 @@ mod tests {
         );
         caps.set([("https://e.example/", 2)]);
         assert_eq!(caps.usage("https://e.example/"), Some((2, 2)), "the two still running");
-        assert_eq!(caps.try_acquire("https://e.example/").unwrap_err(), AtCap);
+        assert_eq!(
+            caps.try_acquire("https://e.example/").unwrap_err(),
+            Refusal::EndpointBusy(None)
+        );
         drop(held);
         caps.set([]);
         assert!(caps.lock().retired.is_empty(), "forgotten once nothing holds it");
@@ -117,7 +118,10 @@ mod tests {
         assert!(matches!(caps.try_acquire("https://other.example/"), Ok(None)));
         let a = caps.try_acquire("https://slow.example/").unwrap().unwrap();
         let _b = caps.try_acquire("https://slow.example/").unwrap().unwrap();
-        assert_eq!(caps.try_acquire("https://slow.example/").unwrap_err(), AtCap);
+        assert_eq!(
+            caps.try_acquire("https://slow.example/").unwrap_err(),
+            Refusal::EndpointBusy(None)
+        );
         assert_eq!(caps.usage("https://slow.example/"), Some((2, 2)));
         drop(a);
         assert_eq!(caps.usage("https://slow.example/"), Some((1, 2)));

@@ -9,19 +9,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::resizable::Resizable;
+use super::Refusal;
 use crate::policy::circuit::{Admit, Circuit, CircuitChange, CircuitSettings, CircuitState, HostOutcome};
 
 /// Hosts held before idle ones are forgotten.
 const PRUNE_ABOVE: usize = 10_000;
-
-/// Why a host has no permit now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostRefusal {
-    /// At its in-flight cap (or its ramp's limit): a finishing attempt frees one.
-    Busy,
-    /// Its breaker is open until this time (a probe may go then).
-    Open(u64),
-}
 
 /// Semaphores and breakers per host.
 #[derive(Debug)]
@@ -141,8 +133,10 @@ impl HostLimiter {
         }
     }
 
-    /// A permit for one attempt to `host`, if its cap and its breaker allow one now.
-    pub fn try_acquire(&self, host: &str, now_ms: u64) -> Result<HostPermit, HostRefusal> {
+    /// A permit for one attempt to `host`, if its cap and its breaker allow one now: else
+    /// [`Refusal::HostBusy`] (at its cap or its ramp's limit: a finishing attempt frees one)
+    /// or [`Refusal::CircuitOpen`] (a probe may go then).
+    pub fn try_acquire(&self, host: &str, now_ms: u64) -> Result<HostPermit, Refusal> {
         let mut hosts = self.lock();
         if hosts.map.len() >= hosts.prune_at && !hosts.map.contains_key(host) {
             // Forget idle hosts so the map does not grow with every host ever seen: a host
@@ -157,7 +151,7 @@ impl HostLimiter {
             sem: Resizable::new(cap),
             circuit: Circuit::default(),
         });
-        let permit = h.sem.try_acquire().ok_or(HostRefusal::Busy)?;
+        let permit = h.sem.try_acquire().ok_or(Refusal::HostBusy(None))?;
         // Attempts running besides this one: the breaker's ramp counts them.
         let running = h.sem.in_use() - 1;
         let before = h.circuit.probe();
@@ -171,8 +165,8 @@ impl HostLimiter {
                     .filter(|p| before != Some(*p))
                     .map(|p| (self.hosts.clone(), host.to_string(), p)),
             }),
-            Admit::Wait(Some(at)) => Err(HostRefusal::Open(at)),
-            Admit::Wait(None) => Err(HostRefusal::Busy),
+            Admit::Wait(Some(at)) => Err(Refusal::CircuitOpen(at)),
+            Admit::Wait(None) => Err(Refusal::HostBusy(None)),
         }
     }
 
@@ -240,12 +234,12 @@ mod tests {
         drop(held.next());
         assert_eq!(
             l.try_acquire("a:443", 0).unwrap_err(),
-            HostRefusal::Busy,
+            Refusal::HostBusy(None),
             "1 in flight, cap 1"
         );
         drop(held);
         let p = l.try_acquire("a:443", 0).unwrap();
-        assert_eq!(l.try_acquire("a:443", 0).unwrap_err(), HostRefusal::Busy);
+        assert_eq!(l.try_acquire("a:443", 0).unwrap_err(), Refusal::HostBusy(None));
         drop(p);
         let b: Vec<_> = std::iter::from_fn(|| l.try_acquire("b:443", 0).ok()).collect();
         assert_eq!(b.len(), 5, "a host first seen after the reload gets its new cap");
@@ -292,12 +286,12 @@ mod tests {
         }
         assert_eq!(
             limiter.try_acquire("down:443", 500).unwrap_err(),
-            HostRefusal::Open(1_000)
+            Refusal::CircuitOpen(1_000)
         );
         let probe = limiter.try_acquire("down:443", 1_000).unwrap();
         assert_eq!(
             limiter.try_acquire("down:443", 1_000).unwrap_err(),
-            HostRefusal::Open(31_000)
+            Refusal::CircuitOpen(31_000)
         );
         let views = limiter.snapshot(true);
         assert_eq!(views.len(), 1);
@@ -315,7 +309,7 @@ mod tests {
         let _b = limiter.try_acquire("down:443", 1_100).unwrap();
         assert_eq!(
             limiter.try_acquire("down:443", 1_100).unwrap_err(),
-            HostRefusal::Busy,
+            Refusal::HostBusy(None),
             "ramping: two at first"
         );
         drop(a);

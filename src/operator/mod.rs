@@ -27,6 +27,17 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
+impl OutputArgs {
+    /// What the API answered: its JSON with `--json`, else `text` of it.
+    fn show(self, v: &Value, text: impl FnOnce(&Value) -> String) -> String {
+        if self.json {
+            pretty(v)
+        } else {
+            text(v)
+        }
+    }
+}
+
 /// `courier deliveries …`
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesCommand {
@@ -175,8 +186,8 @@ impl AdminClient {
         }
     }
 
-    async fn call(&self, method: http::Method, path_and_query: &str) -> Result<(u16, Value), OperatorError> {
-        self.call_with(method, path_and_query, None).await
+    async fn call(&self, method: http::Method, path_and_query: &str) -> Result<Value, OperatorError> {
+        Ok(self.call_with(method, path_and_query, None).await?.1)
     }
 
     /// [`AdminClient::call`] with a JSON body.
@@ -296,8 +307,8 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
         Operation::Endpoints(command) => endpoints(&client, command).await,
         Operation::Hosts(HostsCommand::List { open, out }) => {
             let path = if open { "/hosts?state=open" } else { "/hosts" };
-            let (_, v) = client.call(http::Method::GET, path).await?;
-            Ok(if out.json { pretty(&v) } else { hosts_table(&v) })
+            let v = client.call(http::Method::GET, path).await?;
+            Ok(out.show(&v, hosts_table))
         }
         Operation::Reload => reload(&client).await,
     }
@@ -305,7 +316,7 @@ async fn execute(global: &GlobalArgs, op: Operation) -> Result<String, OperatorE
 
 /// `courier reload`: what the running courier applied, and what waits for a restart.
 async fn reload(client: &AdminClient) -> Result<String, OperatorError> {
-    let (_, v) = client.call(http::Method::POST, "/reload").await?;
+    let v = client.call(http::Method::POST, "/reload").await?;
     let strings = |key: &str| -> Vec<String> {
         let keys = v[key].as_array().into_iter().flatten();
         keys.filter_map(|k| k.as_str().map(str::to_string)).collect()
@@ -345,52 +356,40 @@ async fn deliveries(client: &AdminClient, command: DeliveriesCommand) -> Result<
                 ("limit", Some(limit.to_string())),
                 ("cursor", cursor),
             ]);
-            let (_, v) = client.call(Method::GET, &format!("/deliveries{q}")).await?;
-            Ok(if out.json { pretty(&v) } else { deliveries_table(&v) })
+            let v = client.call(Method::GET, &format!("/deliveries{q}")).await?;
+            Ok(out.show(&v, deliveries_table))
         }
         DeliveriesCommand::Show { id, out } => {
-            let (_, v) = client.call(Method::GET, &format!("/deliveries/{}", enc(&id))).await?;
-            Ok(if out.json { pretty(&v) } else { delivery_detail(&v) })
+            let v = client.call(Method::GET, &format!("/deliveries/{}", enc(&id))).await?;
+            Ok(out.show(&v, delivery_detail))
         }
         DeliveriesCommand::Retry {
-            id,
-            all,
+            all: true,
             endpoint,
             since,
             until,
             out,
+            ..
         } => {
-            if all {
-                let q = query(&[
-                    ("state", Some("dead".into())),
-                    ("endpoint", endpoint),
-                    ("since", since),
-                    ("until", until),
-                ]);
-                let (_, v) = client.call(Method::POST, &format!("/deliveries/retry{q}")).await?;
-                Ok(if out.json {
-                    pretty(&v)
-                } else {
-                    format!("requeued {} dead deliveries", v["requeued"])
-                })
-            } else {
-                let Some(id) = id else {
-                    return Err(OperatorError::Api {
-                        status: 400,
-                        code: "usage".into(),
-                        message: "give a delivery id, or --all".into(),
-                    });
-                };
-                let (_, v) = client
-                    .call(Method::POST, &format!("/deliveries/{}/retry", enc(&id)))
-                    .await?;
-                Ok(if out.json {
-                    pretty(&v)
-                } else {
-                    format!("{} requeued (pending)", escape(&id))
-                })
-            }
+            let q = query(&[
+                ("state", Some("dead".into())),
+                ("endpoint", endpoint),
+                ("since", since),
+                ("until", until),
+            ]);
+            let v = client.call(Method::POST, &format!("/deliveries/retry{q}")).await?;
+            Ok(out.show(&v, |v| format!("requeued {} dead deliveries", v["requeued"])))
         }
+        DeliveriesCommand::Retry { id: Some(id), out, .. } => {
+            let path = format!("/deliveries/{}/retry", enc(&id));
+            let v = client.call(Method::POST, &path).await?;
+            Ok(out.show(&v, |_| format!("{} requeued (pending)", escape(&id))))
+        }
+        DeliveriesCommand::Retry { id: None, .. } => Err(OperatorError::Api {
+            status: 400,
+            code: "usage".into(),
+            message: "give a delivery id, or --all".into(),
+        }),
         DeliveriesCommand::Delete { id } => {
             client
                 .call(Method::DELETE, &format!("/deliveries/{}", enc(&id)))
@@ -413,7 +412,7 @@ async fn endpoints(client: &AdminClient, command: EndpointsCommand) -> Result<St
                     Some(c) => format!("/endpoints?limit=1000&cursor={}", enc(c)),
                     None => "/endpoints?limit=1000".to_string(),
                 };
-                let (_, v) = client.call(Method::GET, &path).await?;
+                let v = client.call(Method::GET, &path).await?;
                 items.extend(v["items"].as_array().cloned().unwrap_or_default());
                 match v["next_cursor"].as_str() {
                     Some(c) if cursor.as_deref() != Some(c) => cursor = Some(c.to_string()),
@@ -421,7 +420,7 @@ async fn endpoints(client: &AdminClient, command: EndpointsCommand) -> Result<St
                 }
             }
             let v = serde_json::json!({ "items": items, "next_cursor": null });
-            Ok(if out.json { pretty(&v) } else { endpoints_table(&v) })
+            Ok(out.show(&v, endpoints_table))
         }
         EndpointsCommand::Pause { key } => toggle(client, &key, "pause").await,
         EndpointsCommand::Resume { key } => toggle(client, &key, "resume").await,

@@ -103,6 +103,7 @@ impl Backoff {
 
     /// The un-jittered delay after `attempts_made` attempts. Zero attempts is treated like
     /// one (the first retry waits `base_delay`, or the schedule's first delay).
+    #[cfg(test)]
     pub fn base(&self, attempts_made: u32) -> Duration {
         Duration::from_millis(self.base_ms_after(attempts_made))
     }

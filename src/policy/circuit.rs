@@ -29,9 +29,10 @@ pub struct CircuitSettings {
 }
 
 /// Where a host's breaker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CircuitState {
     /// Attempts go out up to the host's cap.
+    #[default]
     Closed,
     /// No attempt until the probe time.
     Open,
@@ -74,7 +75,7 @@ pub enum Admit {
 }
 
 /// One host's breaker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Circuit {
     state: CircuitState,
     /// Consecutive counted failures while closed.
@@ -88,19 +89,6 @@ pub struct Circuit {
     /// Times it opened: an attempt admitted before the latest opening carries an older
     /// epoch, and its failure (a slow timeout arriving late) says nothing new.
     epoch: u64,
-}
-
-impl Default for Circuit {
-    fn default() -> Self {
-        Circuit {
-            state: CircuitState::Closed,
-            failures: 0,
-            opens: 0,
-            next_probe_ms: 0,
-            probes: 0,
-            epoch: 0,
-        }
-    }
 }
 
 /// A change worth a log line and a metric.

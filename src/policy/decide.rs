@@ -36,51 +36,6 @@ pub struct Limits {
     pub give_up_at_ms: u64,
 }
 
-/// What an attempt counts as, by the class its status was ruled (a 409 ruled success
-/// counts delivered): the outcome label of the metrics, and what the endpoint's
-/// permanent-failure streak sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// A success status.
-    Delivered,
-    /// A status or network failure that is retried (or given up on by the limits).
-    Retry,
-    /// A permanent status.
-    Permanent,
-    /// Refused by the egress policy.
-    EgressDenied,
-}
-
-impl Outcome {
-    /// Every outcome, in the order the metrics list them.
-    pub const ALL: [Outcome; 4] = [
-        Outcome::Delivered,
-        Outcome::Retry,
-        Outcome::Permanent,
-        Outcome::EgressDenied,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Retry => "retry",
-            Outcome::Permanent => "permanent",
-            Outcome::EgressDenied => "egress_denied",
-        }
-    }
-}
-
-/// The one verdict on an attempt that the store, the metrics and the endpoint's streak
-/// all read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
-    /// Where the message goes.
-    pub transition: Transition,
-    /// How the attempt counts.
-    pub outcome: Outcome,
-}
-
 /// Decides what happens after an attempt, under the settings the config gives the attempt
 /// (see [`super::book`]) and the message's own `limits` (its policy's give-up values are
 /// not read: they were fixed at accept). `attempts_made` includes the attempt just made.
@@ -99,14 +54,9 @@ pub fn decide(
     policy: &RetryPolicy<Statuses<'_>>,
     now_ms: u64,
     rng: &mut impl rand::Rng,
-) -> Verdict {
+) -> Transition {
     let (class, retry_after) = match result {
-        AttemptResult::EgressDenied => {
-            return Verdict {
-                transition: Transition::Dead(DeadReason::EgressDenied),
-                outcome: Outcome::EgressDenied,
-            }
-        }
+        AttemptResult::EgressDenied => return Transition::Dead(DeadReason::EgressDenied),
         AttemptResult::NetworkError => (Class::Retry, None),
         AttemptResult::Status { code, retry_after } => {
             let class = policy.statuses.classify(*code);
@@ -118,18 +68,14 @@ pub fn decide(
             (class, asked)
         }
     };
-    let (transition, outcome) = match class {
-        Class::Delivered => (Transition::Delivered, Outcome::Delivered),
-        Class::Permanent => (Transition::Dead(DeadReason::PermanentStatus), Outcome::Permanent),
+    match class {
+        Class::Delivered => Transition::Delivered,
+        Class::Permanent => Transition::Dead(DeadReason::PermanentStatus),
         Class::RetryLimited if attempts_made >= policy.max_attempts_404.min(limits.max_attempts) => {
-            (Transition::Dead(DeadReason::MaxAttempts), Outcome::Retry)
+            Transition::Dead(DeadReason::MaxAttempts)
         }
-        Class::RetryLimited | Class::Retry => (
-            retry(attempts_made, retry_after, limits, policy, now_ms, rng),
-            Outcome::Retry,
-        ),
-    };
-    Verdict { transition, outcome }
+        Class::RetryLimited | Class::Retry => retry(attempts_made, retry_after, limits, policy, now_ms, rng),
+    }
 }
 
 /// A retry's transition: dead once the attempts are spent, else at the jittered backoff

@@ -63,7 +63,7 @@ const DEAD_EXPIRED: Transition = Transition::Dead(DeadReason::Expired);
 const DEAD_PERMANENT: Transition = Transition::Dead(DeadReason::PermanentStatus);
 
 fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy<Statuses>) -> Transition {
-    decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1)).transition
+    decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1))
 }
 
 #[test]
@@ -269,7 +269,7 @@ fn jittered_delays_with_a_fixed_seed() {
     let full = policy(Jitter::Full);
     let mut rng = StdRng::seed_from_u64(7);
     let got: Vec<Transition> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng).transition)
+        .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng))
         .collect();
     assert_eq!(got, EQUAL_SEED_7.map(retry_in).to_vec());
     for (n, d) in (1..=4).zip(&got) {
@@ -279,13 +279,13 @@ fn jittered_delays_with_a_fixed_seed() {
     }
     let mut rng = StdRng::seed_from_u64(7);
     let got: Vec<Transition> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng).transition)
+        .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng))
         .collect();
     assert_eq!(got, FULL_SEED_7.map(retry_in).to_vec());
     // Retry-After still wins over a jittered (shorter) backoff.
     let mut rng = StdRng::seed_from_u64(7);
     assert_eq!(
-        decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng).transition,
+        decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng),
         retry_in(10 * MIN)
     );
 }
@@ -301,7 +301,7 @@ fn no_overflow_at_the_end_of_time() {
         give_up_at_ms: u64::MAX,
     };
     assert_eq!(
-        decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)).transition,
+        decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)),
         Transition::RetryAt(u64::MAX)
     );
 }
@@ -377,7 +377,7 @@ fn jitter_applies_to_a_schedule() {
         };
         let mut rng = StdRng::seed_from_u64(11);
         for n in 1..=7 {
-            let Transition::RetryAt(at_ms) = decide(&status(500), n, &l, &p, NOW, &mut rng).transition else {
+            let Transition::RetryAt(at_ms) = decide(&status(500), n, &l, &p, NOW, &mut rng) else {
                 panic!("retry expected")
             };
             let base = schedule.base(n).as_millis() as u64;
@@ -437,29 +437,19 @@ fn status_rules_change_the_decision() {
 }
 
 #[test]
-fn the_outcome_follows_the_ruled_class_not_the_transition() {
+fn a_status_ruled_success_is_delivered_and_a_retry_given_up_on_stays_one() {
     let rules = StatusRules::new([(StatusMatch::Code(409), Class::Delivered)]).unwrap();
     let p = RetryPolicy {
         statuses: Statuses::layered([Some(&rules), None, None]),
         ..policy(Jitter::None)
     };
     let l = limits();
-    let outcome = |result: &AttemptResult, attempts: u32| {
-        decide(result, attempts, &l, &p, NOW, &mut StdRng::seed_from_u64(1)).outcome
-    };
     let table = [
-        (status(200), 1, Outcome::Delivered),
-        // A 409 ruled success counts delivered.
-        (status(409), 1, Outcome::Delivered),
-        (status(410), 1, Outcome::Permanent),
-        (status(500), 1, Outcome::Retry),
-        // Given up on by the limits, it still counts as the retry it was.
-        (status(500), 16, Outcome::Retry),
-        (status(404), 5, Outcome::Retry),
-        (AttemptResult::NetworkError, 1, Outcome::Retry),
-        (AttemptResult::EgressDenied, 1, Outcome::EgressDenied),
+        (status(409), 1, Transition::Delivered),
+        (status(500), 16, Transition::Dead(DeadReason::MaxAttempts)),
+        (status(404), 5, Transition::Dead(DeadReason::MaxAttempts)),
     ];
     for (result, attempts, want) in table {
-        assert_eq!(outcome(&result, attempts), want, "{result:?} after {attempts}");
+        assert_eq!(run(&result, attempts, &l, &p), want, "{result:?} after {attempts}");
     }
 }

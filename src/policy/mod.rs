@@ -10,8 +10,9 @@
 //! - [`retry_after`] parses a receiver's `Retry-After` header (seconds or HTTP-date).
 //! - [`rate`] is the per-endpoint token bucket.
 //! - [`circuit`] is the per-host circuit breaker.
-//! - [`decide`] combines them with the give-up limits into one [`Verdict`]: where the
-//!   message goes and how the attempt counts.
+//! - [`decide`] combines them with the give-up limits into one
+//!   [`Transition`](crate::model::Transition): where the message goes, which is also how the
+//!   store, the metrics and the endpoint's streak count the attempt.
 //! - [`settings`] is the full set of retry settings, what a config section overrides of it,
 //!   and how a message's sections lay over the global set; [`book`] looks them up.
 
@@ -27,7 +28,7 @@ pub mod settings;
 pub use backoff::{Backoff, BackoffError};
 pub use book::PolicyBook;
 pub use classify::{classify, Class, StatusError, StatusMatch, StatusRules, Statuses};
-pub use decide::{decide, AttemptResult, Limits, Outcome, Verdict};
+pub use decide::{decide, AttemptResult, Limits};
 pub use rate::TokenBucket;
 pub use retry_after::parse_retry_after;
 pub use settings::{resolve, revision_text, Overrides, RetryPolicy};

@@ -13,13 +13,13 @@
 //! write: see `store::lease`), each with its host permit already in hand, and dispatched.
 //!
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or
-//! their endpoint out of tokens) stops after [`SKIP_RUN`] of them and remembers where: the
+//! their endpoint out of tokens) stops after 256 of them and remembers where: the
 //! next pass continues from there, so other hosts' messages behind a blocked backlog are
 //! reached, and no wake-up pays for re-reading the whole blocked run. What lies before the
 //! resume point is not forgotten: a walk that started there and reaches the end goes on
 //! from the floor, once per wake-up (what woke it, an accept or a freed permit, may sort
 //! before it), and the wake times asked for before it stay owed until a walk from the floor
-//! asks for them again. A wake-up whose [`SCAN_BUDGET`] runs out on blocked runs leaves what
+//! asks for them again. A wake-up whose scan budget (4,096 entries) runs out on blocked runs leaves what
 //! lies past the resume point to the next wake-up, which the blocked attempts give as they
 //! end.
 //!
@@ -40,12 +40,6 @@ pub(crate) mod pass;
 use crate::delivery::Deliverer;
 use pass::{pass, Pass};
 
-/// Most due entries one pass looks at.
-pub const SCAN_BUDGET: usize = 4096;
-/// Most messages one pass leases.
-pub const CLAIM_BATCH: usize = 256;
-/// Consecutive undispatchable entries after which a pass stops and leaves a resume point.
-pub const SKIP_RUN: usize = 256;
 /// How long to wait before trying again after the store failed to read or claim.
 const STORE_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -64,9 +58,9 @@ pub(crate) struct Limits {
 impl Limits {
     /// courier's limits.
     pub(crate) const DEFAULT: Limits = Limits {
-        scan_budget: SCAN_BUDGET,
-        claim_batch: CLAIM_BATCH,
-        skip_run: SKIP_RUN,
+        scan_budget: 4096,
+        claim_batch: 256,
+        skip_run: 256,
     };
 }
 
