@@ -94,28 +94,12 @@ impl fmt::Debug for ControlHeaders {
     }
 }
 
-/// A control header that cannot be accepted. Every variant is the 400 code
-/// `invalid_control_header`; the message names the header and the problem.
+/// A control header that cannot be accepted: always the 400 code `invalid_control_header`;
+/// the message names the header and the problem (an unknown `Courier-*` name, likely a
+/// typo; one sent twice; a value that is not visible ASCII or means nothing for it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
-    /// A `Courier-*` header courier does not know (likely a typo).
-    #[error("unknown control header {0}: courier reads only {known}", known = KNOWN_LIST)]
-    Unknown(String),
-    /// A control header sent more than once.
-    #[error("control header {0} is sent more than once")]
-    Repeated(String),
-    /// A value with bytes outside visible ASCII (or empty, or too long).
-    #[error("control header {0} must be a non-empty value of visible ASCII characters (at most 8192)")]
-    NotVisibleAscii(String),
-    /// A value that does not mean anything for this header.
-    #[error("control header {name}: {problem}")]
-    BadValue {
-        /// The header's name.
-        name: String,
-        /// What is wrong, possibly quoting the (non-secret) value.
-        problem: String,
-    },
-}
+#[error("{0}")]
+pub struct HeaderError(String);
 
 const KNOWN_LIST: &str = "Courier-Target, Courier-Endpoint, Courier-Signing-Secret, Courier-Signing-Key, \
                           Courier-Signature-Scheme, Courier-Max-Attempts, Courier-Give-Up-After, Courier-Token";
@@ -138,17 +122,18 @@ pub fn parse_control_headers(headers: &HeaderMap) -> Result<ControlHeaders, Head
         }
         let shown = display_name(lower);
         if !KNOWN.contains(&lower) {
-            return Err(HeaderError::Unknown(shown));
+            return Err(unknown(&shown));
         }
         let mut values = headers.get_all(name).iter();
         let (Some(raw), None) = (values.next(), values.next()) else {
-            return Err(HeaderError::Repeated(shown));
+            return Err(HeaderError(format!("control header {shown} is sent more than once")));
         };
-        let value = visible_ascii(raw).ok_or_else(|| HeaderError::NotVisibleAscii(shown.clone()))?;
-        let bad = |problem: String| HeaderError::BadValue {
-            name: shown.clone(),
-            problem,
-        };
+        let value = visible_ascii(raw).ok_or_else(|| {
+            HeaderError(format!(
+                "control header {shown} must be a non-empty value of visible ASCII characters (at most 8192)"
+            ))
+        })?;
+        let bad = |problem: String| HeaderError(format!("control header {shown}: {problem}"));
         match lower {
             COURIER_TARGET => out.target = Some(value.to_string()),
             COURIER_ENDPOINT => out.endpoint = Some(value.to_string()),
@@ -180,10 +165,16 @@ pub fn parse_control_headers(headers: &HeaderMap) -> Result<ControlHeaders, Head
                 }
                 out.give_up_after = Some(d);
             }
-            _ => return Err(HeaderError::Unknown(shown)),
+            _ => return Err(unknown(&shown)),
         }
     }
     Ok(out)
+}
+
+fn unknown(shown: &str) -> HeaderError {
+    HeaderError(format!(
+        "unknown control header {shown}: courier reads only {KNOWN_LIST}"
+    ))
 }
 
 const KNOWN: [&str; 8] = [
