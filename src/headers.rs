@@ -8,13 +8,13 @@
 //! or repeated control header is a 400. Values of `Courier-Signing-Secret` and
 //! `Courier-Token` never appear in errors or `Debug` output.
 
-use std::fmt;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::config::units::parse_duration;
 use crate::model::SignatureScheme;
+use crate::signing::Secret;
 
 /// `Courier-Target`: the target URL (form 1).
 pub const COURIER_TARGET: &str = "courier-target";
@@ -58,14 +58,14 @@ const NEVER_FORWARDED: [&str; 11] = [
 ];
 
 /// The control headers of one ingress request, each `None` when absent.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ControlHeaders {
     /// `Courier-Target`, unparsed (see `target::resolve_target`).
     pub target: Option<String>,
     /// `Courier-Endpoint`.
     pub endpoint: Option<String>,
     /// `Courier-Signing-Secret` (secret: redacted in `Debug`).
-    pub signing_secret: Option<String>,
+    pub signing_secret: Option<Secret>,
     /// `Courier-Signing-Key`.
     pub signing_key: Option<String>,
     /// `Courier-Signature-Scheme`.
@@ -75,23 +75,7 @@ pub struct ControlHeaders {
     /// `Courier-Give-Up-After`, greater than zero.
     pub give_up_after: Option<Duration>,
     /// `Courier-Token` (secret: redacted in `Debug`).
-    pub token: Option<String>,
-}
-
-impl fmt::Debug for ControlHeaders {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
-        f.debug_struct("ControlHeaders")
-            .field("target", &self.target)
-            .field("endpoint", &self.endpoint)
-            .field("signing_secret", &redacted(&self.signing_secret))
-            .field("signing_key", &self.signing_key)
-            .field("scheme", &self.scheme)
-            .field("max_attempts", &self.max_attempts)
-            .field("give_up_after", &self.give_up_after)
-            .field("token", &redacted(&self.token))
-            .finish()
-    }
+    pub token: Option<Secret>,
 }
 
 /// A control header that cannot be accepted: always the 400 code `invalid_control_header`;
@@ -137,9 +121,9 @@ pub fn parse_control_headers(headers: &HeaderMap) -> Result<ControlHeaders, Head
         match lower {
             COURIER_TARGET => out.target = Some(value.to_string()),
             COURIER_ENDPOINT => out.endpoint = Some(value.to_string()),
-            COURIER_SIGNING_SECRET => out.signing_secret = Some(value.to_string()),
+            COURIER_SIGNING_SECRET => out.signing_secret = Some(Secret::new(value.to_string())),
             COURIER_SIGNING_KEY => out.signing_key = Some(value.to_string()),
-            COURIER_TOKEN => out.token = Some(value.to_string()),
+            COURIER_TOKEN => out.token = Some(Secret::new(value.to_string())),
             COURIER_SIGNATURE_SCHEME => {
                 out.scheme = Some(value.parse::<SignatureScheme>().map_err(|e| bad(e.to_string()))?);
             }
@@ -327,12 +311,12 @@ mod tests {
             ControlHeaders {
                 target: Some("https://r.example/h?x=1".into()),
                 endpoint: Some("billing-main".into()),
-                signing_secret: Some("whsec_c2VjcmV0".into()),
+                signing_secret: Some(Secret::new("whsec_c2VjcmV0".into())),
                 signing_key: Some("billing".into()),
                 scheme: Some(SignatureScheme::Stripe),
                 max_attempts: Some(7),
                 give_up_after: Some(Duration::from_secs(5400)),
-                token: Some("t0k3n".into()),
+                token: Some(Secret::new("t0k3n".into())),
             }
         );
         assert_eq!(
@@ -429,7 +413,7 @@ mod tests {
         ]))
         .unwrap();
         let dbg = format!("{c:?}");
-        assert!(!dbg.contains("hunter") && dbg.contains("<redacted>"), "{dbg}");
+        assert!(!dbg.contains("hunter") && dbg.contains("Secret(***)"), "{dbg}");
     }
 
     #[test]

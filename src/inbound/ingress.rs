@@ -20,7 +20,7 @@ use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::inbound::access::AccessPolicy;
-use crate::inbound::serve::{self, Body};
+use crate::inbound::serve::{self, Body, Refusal};
 use crate::metrics::Metrics;
 use crate::store::Accepted;
 use crate::target::resolve_target;
@@ -29,10 +29,6 @@ use crate::target::resolve_target;
 pub const MAX_EVENT_ID_LEN: usize = 256;
 /// Time allowed for a whole request body to arrive.
 pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// What a 503 asks the app to wait, in seconds.
-const RETRY_AFTER_SECS: &str = "5";
-/// What a 503 `overloaded` asks the app to wait: the budget frees as commits answer.
-const OVERLOADED_RETRY_AFTER_SECS: &str = "1";
 
 /// Extra time, past [`BODY_READ_TIMEOUT`], a drain waits for the accepts under way (their
 /// commit after the body).
@@ -112,20 +108,6 @@ struct Read {
     held: OwnedSemaphorePermit,
 }
 
-/// A refusal: status, code, message.
-#[derive(Debug)]
-struct Refusal(StatusCode, &'static str, String);
-
-impl Refusal {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Refusal(status, code, message.into())
-    }
-
-    fn bad(code: &'static str, message: impl Into<String>) -> Self {
-        Refusal(StatusCode::BAD_REQUEST, code, message.into())
-    }
-}
-
 impl Ingress {
     /// Builds the component. `draining` turns true when shutdown starts. The settings
     /// a reload changes (routes, signing keys, the egress policy, the token) are read from
@@ -158,19 +140,9 @@ impl Ingress {
         let _under_way = self.in_progress.enter();
         match self.accept(req).await {
             Ok(resp) => resp,
-            Err(Refusal(status, code, message)) => {
-                self.metrics.rejected(code);
-                let mut resp = serve::error(status, code, message);
-                if status == StatusCode::SERVICE_UNAVAILABLE {
-                    let wait = if code == "overloaded" {
-                        OVERLOADED_RETRY_AFTER_SECS
-                    } else {
-                        RETRY_AFTER_SECS
-                    };
-                    resp.headers_mut()
-                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(wait));
-                }
-                resp
+            Err(refused) => {
+                self.metrics.rejected(refused.code());
+                refused.response()
             }
         }
     }
@@ -180,9 +152,7 @@ impl Ingress {
             return Err(shutting_down());
         }
         // Browsers are not clients: a web page must not have courier sign for it.
-        self.access
-            .check(req.method(), req.uri(), req.headers())
-            .map_err(|e| Refusal::new(e.status(), e.code(), e.to_string()))?;
+        self.access.check(req.method(), req.uri(), req.headers())?;
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -195,7 +165,7 @@ impl Ingress {
         // meanwhile.
         let settings = self.deliverer.context().settings();
         let config = &settings.config;
-        check_token(config, &req, control.token.as_deref())?;
+        check_token(config, &req, control.token.as_ref().map(crate::signing::Secret::expose))?;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback

@@ -31,8 +31,9 @@ pub(super) fn choose(
     let scheme = control.scheme.or(route.and_then(|r| r.scheme));
     let effective = scheme.unwrap_or(config.signing.scheme);
     let signing = if let Some(secret) = &control.signing_secret {
+        let secret = secret.expose();
         signing::validate_secret(effective, secret).map_err(|e| (e.code(), format!("Courier-Signing-Secret: {e}")))?;
-        SigningChoice::Inline(secret.clone())
+        SigningChoice::Inline(secret.to_string())
     } else if let Some(name) = control
         .signing_key
         .clone()
@@ -137,7 +138,7 @@ targets = ["https://billing.example/hooks*"]
             Ok(SigningChoice::Key("partner".into()))
         );
         let inline = ControlHeaders {
-            signing_secret: Some(SECRET.into()),
+            signing_secret: Some(signing::Secret::new(SECRET.into())),
             signing_key: Some("billing".into()),
             ..Default::default()
         };
@@ -181,7 +182,7 @@ targets = ["https://billing.example/hooks*"]
             "an Ed25519 key cannot sign a Stripe signature"
         );
         let bad_inline = ControlHeaders {
-            signing_secret: Some("not-a-secret".into()),
+            signing_secret: Some(signing::Secret::new("not-a-secret".into())),
             ..Default::default()
         };
         assert!(choose_for(bad_inline, None, "https://a.example/").is_err());
