@@ -98,16 +98,6 @@ pub struct Ingress {
     pending_bytes: Arc<Semaphore>,
 }
 
-/// What an accept read from its request.
-struct Read {
-    method: String,
-    headers: Vec<(String, Vec<u8>)>,
-    trace: Option<crate::outbound::trace::TraceParent>,
-    body: bytes::Bytes,
-    /// Its bytes of `ingress.max_pending_bytes`, until the commit is answered.
-    held: OwnedSemaphorePermit,
-}
-
 impl Ingress {
     /// Builds the component. `draining` turns true when shutdown starts. The settings
     /// a reload changes (routes, signing keys, the egress policy, the token) are read from
@@ -179,10 +169,13 @@ impl Ingress {
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
         let route_fifo = route.and_then(|r| r.fifo);
-        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)
-            .map_err(|(code, message)| Refusal::bad(code, message))?;
+        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)?;
         let event_id = event_id(req.headers())?;
-        let read = self.read(req, config.max_body).await?;
+        let method = req.method().as_str().to_string();
+        let mut headers = forwardable_headers(req.headers());
+        // Kept only when valid: each attempt sends a child of it (see `trace`).
+        let trace = crate::outbound::trace::keep_valid(&mut headers);
+        let (body, held) = self.read(req, config.max_body).await?;
 
         // The give-up limits are fixed now, from the message's own headers, else its
         // endpoint's, route's or the global policy (see `policy::settings`).
@@ -198,9 +191,9 @@ impl Ingress {
             endpoint: Some(endpoint),
             route,
             event_id,
-            method: read.method,
-            headers: read.headers,
-            body: read.body.to_vec(),
+            method,
+            headers,
+            body: body.to_vec(),
             scheme,
             signing,
         };
@@ -208,12 +201,16 @@ impl Ingress {
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
-        self.commit(msg, read.held, config, read.trace).await
+        self.commit(msg, held, config, trace).await
     }
 
     /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
-    /// held from `ingress.max_pending_bytes`, and the headers to forward.
-    async fn read(&self, req: Request<Incoming>, max_body: u64) -> Result<Read, Refusal> {
+    /// held from `ingress.max_pending_bytes` (until the commit is answered).
+    async fn read(
+        &self,
+        req: Request<Incoming>,
+        max_body: u64,
+    ) -> Result<(bytes::Bytes, OwnedSemaphorePermit), Refusal> {
         let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -225,10 +222,6 @@ impl Ingress {
         // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
         // up without bound.
         let mut held = self.hold_bytes(declared.unwrap_or(max_body))?;
-        let method = req.method().as_str().to_string();
-        let mut headers = forwardable_headers(req.headers());
-        // Kept only when valid: each attempt sends a child of it (see `trace`).
-        let trace = crate::outbound::trace::keep_valid(&mut headers);
         // A client that stops sending mid-body must not hold a connection (and shutdown)
         // forever: the whole body has BODY_READ_TIMEOUT to arrive.
         let reading = Limited::new(req.into_body(), max_body as usize).collect();
@@ -256,13 +249,7 @@ impl Ingress {
         if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
             drop(held.split(extra));
         }
-        Ok(Read {
-            method,
-            headers,
-            trace,
-            body,
-            held,
-        })
+        Ok((body, held))
     }
 
     /// Stores the message and answers: 202 (new or duplicate), or 503 when it could not be

@@ -83,17 +83,14 @@ impl ProxyRoute {
             head.extend_from_slice(b"\r\n");
         }
         head.extend_from_slice(b"\r\n");
-        let failed = |e: TunnelFailure| self.failed(to, e);
-        io.write_all(&head).await.map_err(|e| failed(TunnelFailure::Io(e)))?;
+        let io_error = |e: std::io::Error| self.failed(to, "io error establishing tunnel", Some(Box::new(e)));
+        io.write_all(&head).await.map_err(io_error)?;
         let mut buf = [0; 8192];
         let mut pos = 0;
         let code = loop {
-            let n = io
-                .read(&mut buf[pos..])
-                .await
-                .map_err(|e| failed(TunnelFailure::Io(e)))?;
+            let n = io.read(&mut buf[pos..]).await.map_err(io_error)?;
             if n == 0 {
-                return Err(failed(TunnelFailure::Eof));
+                return Err(self.failed(to, "unexpected end of file", None));
             }
             pos += n;
             let mut headers = [httparse::EMPTY_HEADER; 100];
@@ -101,7 +98,7 @@ impl ProxyRoute {
             match answer.parse(&buf[..pos]) {
                 Ok(httparse::Status::Complete(_)) => break answer.code,
                 Ok(httparse::Status::Partial) if pos < buf.len() => {}
-                Ok(httparse::Status::Partial) => return Err(failed(TunnelFailure::TooLong)),
+                Ok(httparse::Status::Partial) => return Err(self.failed(to, "proxy response headers too long", None)),
                 Err(_) => break None,
             }
         };
@@ -138,24 +135,10 @@ impl ProxyRoute {
 
     /// A tunnel that failed before the proxy answered: the cause (a connect timeout, a
     /// reset) kept as the source, in the words hyper-util's tunnel error used.
-    fn failed(&self, to: SocketAddr, e: TunnelFailure) -> ProxyError {
-        let (what, source): (&str, Option<BoxError>) = match e {
-            TunnelFailure::Connect(e) => ("failed to create underlying connection", Some(e)),
-            TunnelFailure::Io(e) => ("io error establishing tunnel", Some(Box::new(e))),
-            TunnelFailure::Eof => ("unexpected end of file", None),
-            TunnelFailure::TooLong => ("proxy response headers too long", None),
-        };
+    fn failed(&self, to: SocketAddr, what: &str, source: Option<BoxError>) -> ProxyError {
         let cause = ProxyError::new(format!("tunnel error: {what}"), source);
         ProxyError::new(format!("proxy {}, CONNECT {to}", self.origin), Some(Box::new(cause)))
     }
-}
-
-/// Why a tunnel failed before the proxy answered.
-enum TunnelFailure {
-    Connect(BoxError),
-    Io(std::io::Error),
-    Eof,
-    TooLong,
 }
 
 /// The longest status line kept: `HTTP/1.1 407 Proxy Authentication Required` fits.
@@ -218,7 +201,7 @@ impl Egress {
         let to = SocketAddr::new(ip, uri.port_u16().unwrap_or(443));
         let connecting = to_proxy.call(route.uri.clone()).await;
         let mut io = connecting
-            .map_err(|e| route.failed(to, TunnelFailure::Connect(Box::new(e))))?
+            .map_err(|e| route.failed(to, "failed to create underlying connection", Some(Box::new(e))))?
             .into_inner();
         route.tunnel(&mut io, to).await?;
         Ok((TokioIo::new(io), false))
