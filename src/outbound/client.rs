@@ -63,10 +63,9 @@ struct Parts {
     cap: Arc<ConnCap>,
 }
 
-/// A client and the egress policy its resolver applies.
+/// A client and the guarded resolver (its egress policy) it connects through.
 struct Current {
     client: Client<Connector, Full<Bytes>>,
-    policy: Arc<EgressPolicy>,
     guard: GuardedResolver,
 }
 
@@ -90,8 +89,7 @@ impl HttpTransport {
 
 impl Parts {
     fn client(&self, policy: EgressPolicy, tls: TlsMaterial) -> Current {
-        let policy = Arc::new(policy);
-        let guard = GuardedResolver::new(self.resolver.clone(), policy.clone());
+        let guard = GuardedResolver::new(self.resolver.clone(), Arc::new(policy));
         let connector = Connector {
             egress: Egress::new(
                 guard.clone(),
@@ -110,7 +108,7 @@ impl Parts {
             .pool_idle_timeout(self.delivery.idle_connection_timeout)
             .pool_max_idle_per_host(self.delivery.max_in_flight_per_host as usize)
             .build(connector);
-        Current { client, policy, guard }
+        Current { client, guard }
     }
 }
 
@@ -148,7 +146,11 @@ impl tower_service::Service<Uri> for Connector {
 impl HttpTransport {
     /// For an http target the proxy intercepts: the URL rewritten to the checked address,
     /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
-    async fn through_proxy(&self, current: &Current, url: &url::Url) -> Result<Option<ProxiedHttp>, TransportError> {
+    async fn through_proxy(
+        &self,
+        current: &Current,
+        url: &url::Url,
+    ) -> Result<Option<ProxiedHttp<'_>>, TransportError> {
         let Some(proxy) = self.parts.proxy.as_ref().filter(|_| url.scheme() == "http") else {
             return Ok(None);
         };
@@ -186,9 +188,7 @@ impl HttpTransport {
         Ok(Some(ProxiedHttp {
             url,
             host: host_header,
-            authorization: proxy.authorization.clone().filter(|_| through),
-            origin: proxy.origin.clone(),
-            through,
+            proxy: through.then_some(&**proxy),
         }))
     }
 
@@ -196,7 +196,7 @@ impl HttpTransport {
         let current = self.current.load_full();
         if let Some(ip) = literal_ip(&req.url) {
             current
-                .policy
+                .guard
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
@@ -208,7 +208,7 @@ impl HttpTransport {
         }
         if let Some(p) = &proxied {
             builder = builder.header(http::header::HOST, p.host.as_str());
-            if let Some(auth) = &p.authorization {
+            if let Some(auth) = p.proxy.and_then(|proxy| proxy.authorization.as_ref()) {
                 builder = builder.header(http::header::PROXY_AUTHORIZATION, auth.clone());
             }
         }
@@ -220,11 +220,11 @@ impl HttpTransport {
         let _busy = self.parts.cap.begin(request.uri());
         let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
-        if let Some(p) = proxied.as_ref().filter(|p| p.through && status == 407) {
+        if let Some(proxy) = proxied.as_ref().and_then(|p| p.proxy).filter(|_| status == 407) {
             // The proxy's answer, not the receiver's: retried like a connect error.
             return Err(TransportError::Network(format!(
                 "proxy {} answered 407 Proxy Authentication Required: egress.proxy's credentials are missing or refused",
-                p.origin
+                proxy.origin
             )));
         }
         let header = |name| {
@@ -265,14 +265,12 @@ impl HttpTransport {
 }
 
 /// An http target's request rewritten for the proxy (see [`HttpTransport::through_proxy`]).
-struct ProxiedHttp {
+struct ProxiedHttp<'a> {
     url: url::Url,
     host: String,
-    authorization: Option<http::HeaderValue>,
-    origin: String,
-    /// Whether the request goes through the proxy at all (not when `no_proxy` lists the
+    /// The proxy, when the request goes through it at all (not when `no_proxy` lists the
     /// checked address).
-    through: bool,
+    proxy: Option<&'a ProxyRoute>,
 }
 
 impl Transport for HttpTransport {

@@ -61,7 +61,8 @@ impl GuardedResolver {
         GuardedResolver { inner, policy: None }
     }
 
-    fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
+    /// Whether the policy allows `ip` (always, unguarded).
+    pub fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
         self.policy.as_ref().map_or(Ok(()), |p| p.check(ip))
     }
 
