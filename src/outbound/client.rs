@@ -3,7 +3,7 @@
 //! `egress.proxy` (`crate::outbound::proxy`), with the egress policy enforced where connections are
 //! made.
 //!
-//! Each connection, in the order [`Connector`] makes it: the TLS handshake it will need is
+//! Each connection, in the order `Connector` makes it: the TLS handshake it will need is
 //! settled first (an unknown scheme or a host that is no server name is refused before
 //! connecting); then the egress route ([`Egress`]: direct TCP through [`GuardedResolver`],
 //! or the proxy); then the [`ConnCap`] counts it under the target's `host:port`, proxied or

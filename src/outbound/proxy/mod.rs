@@ -1,7 +1,7 @@
 //! The egress route of each connection: direct, or through `egress.proxy` (an HTTP proxy
 //! such as Smokescreen, Squid or tinyproxy).
 //!
-//! - An `https` target goes through an HTTP CONNECT tunnel ([`ProxyRoute::tunnel`]); TLS
+//! - An `https` target goes through an HTTP CONNECT tunnel (`ProxyRoute::tunnel`); TLS
 //!   then runs end to end inside it (`crate::outbound::tls`), with the target's name as SNI.
 //! - An `http` target is sent to the proxy in absolute form (`POST http://…/ HTTP/1.1`):
 //!   the connection is marked proxied so hyper writes the absolute URI, and
