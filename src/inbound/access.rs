@@ -400,7 +400,7 @@ mod tests {
                 &headers(&[("host", "evil.example")]),
             )
             .unwrap_err();
-        assert_eq!(e.status(), http::StatusCode::MISDIRECTED_REQUEST);
+        assert_eq!(e.response().status(), http::StatusCode::MISDIRECTED_REQUEST);
         assert!(e.to_string().contains("ingress.hosts"), "{e}");
         let e = p
             .check(
@@ -409,7 +409,7 @@ mod tests {
                 &headers(&[("origin", "https://e.example")]),
             )
             .unwrap_err();
-        assert_eq!(e.status(), http::StatusCode::FORBIDDEN);
+        assert_eq!(e.response().status(), http::StatusCode::FORBIDDEN);
         assert!(e.to_string().contains("ingress.allowed_origins"), "{e}");
     }
 

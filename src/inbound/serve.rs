@@ -373,11 +373,6 @@ impl Refusal {
         Refusal::new(StatusCode::BAD_REQUEST, code, message)
     }
 
-    /// The HTTP status of the answer.
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
     /// The answer; a 503 says when to retry: 1 s when `overloaded` (capacity frees as
     /// requests end), else 5 s.
     pub fn response(&self) -> Response<Body> {
