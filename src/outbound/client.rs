@@ -44,8 +44,7 @@ pub use crate::outbound::resolver::GuardedResolver;
 use crate::outbound::resolver::Resolve;
 use crate::outbound::tls::{self, MaybeTls, TlsMaterial};
 use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
-
-type BoxError = Box<dyn StdError + Send + Sync>;
+use crate::outbound::BoxError;
 
 /// The production [`Transport`].
 pub struct HttpTransport {

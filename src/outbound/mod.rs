@@ -7,6 +7,10 @@
 //!   receivers; [`conn_cap`]: the cap on idle pooled connections.
 //! - [`trace`]: W3C Trace Context carried through to the receiver.
 
+/// The error of a connector or resolver step: whatever it is, kept as the cause an attempt's
+/// error names.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pub mod client;
 pub mod conn_cap;
 pub mod egress;

@@ -4,7 +4,6 @@
 //! maps any name to any address (including one that changes between attempts) without
 //! touching real DNS (the integration tests' `support::resolver`).
 
-use std::error::Error as StdError;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -14,6 +13,7 @@ use std::task::{Context, Poll};
 use hyper_util::client::legacy::connect::dns::Name;
 
 use crate::outbound::egress::{is_loopback_name, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
+use crate::outbound::BoxError;
 
 /// A boxed resolve future.
 pub type ResolveFuture = Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>;
@@ -82,8 +82,6 @@ impl GuardedResolver {
             .ok_or_else(|| "the name resolved to no address".into())
     }
 }
-
-type BoxError = Box<dyn StdError + Send + Sync>;
 
 impl tower_service::Service<Name> for GuardedResolver {
     type Response = std::vec::IntoIter<SocketAddr>;

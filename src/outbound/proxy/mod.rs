@@ -17,7 +17,6 @@
 //! connection. The proxy's own address is not checked: the operator named it, and it is
 //! usually a private address.
 
-use std::error::Error as StdError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +31,7 @@ use tower_service::Service;
 
 use crate::config::EgressProxy;
 use crate::outbound::resolver::{GuardedResolver, Resolve};
-
-type BoxError = Box<dyn StdError + Send + Sync>;
+use crate::outbound::BoxError;
 
 /// Which targets go through the proxy, and how to reach and authenticate to it.
 pub struct ProxyRoute {
@@ -287,7 +285,7 @@ mod tests {
         let to: SocketAddr = "203.0.113.7:443".parse().unwrap();
         route.tunnel(&mut ours, to).await.map_err(|e| {
             let mut text = e.to_string();
-            let mut source = StdError::source(&e);
+            let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
                 text = format!("{text}: {s}");
                 source = s.source();

@@ -5,7 +5,6 @@
 //! http/1.1, and a connection that agreed on h2 says so to hyper, as `hyper_rustls` did
 //! before per-host configs needed a connector of our own.
 
-use std::error::Error as StdError;
 use std::io;
 use std::sync::Arc;
 
@@ -18,8 +17,7 @@ use rustls::ClientConfig;
 
 use super::TlsMaterial;
 use crate::outbound::conn_cap::host_key;
-
-type BoxError = Box<dyn StdError + Send + Sync>;
+use crate::outbound::BoxError;
 
 /// Why a TLS handshake failed: `tls: <rustls's reason>` (e.g. `tls: invalid peer
 /// certificate: UnknownIssuer`), the text an attempt's error shows.
