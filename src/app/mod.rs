@@ -214,14 +214,7 @@ fn handlers(
     reloader: &Arc<Reloader>,
     drain: &Arc<DrainControl>,
 ) -> [Handler; 3] {
-    let ctx = deliverer.context();
-    let ingress = Arc::new(Ingress::new(
-        deliverer.clone(),
-        ctx.clock().clone(),
-        ctx.metrics().clone(),
-        draining.clone(),
-        accepts,
-    ));
+    let ingress = Arc::new(Ingress::new(deliverer.clone(), draining.clone(), accepts));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let admin = Arc::new(Admin::new(
         deliverer.clone(),

@@ -15,13 +15,11 @@ use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::clock::SharedClock;
 use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::inbound::access::AccessPolicy;
 use crate::inbound::serve::{self, Body, Refusal};
-use crate::metrics::Metrics;
 use crate::store::Accepted;
 use crate::target::resolve_target;
 
@@ -89,8 +87,6 @@ impl AcceptsInProgress {
 pub struct Ingress {
     /// Stores each message and starts its delivery.
     deliverer: Arc<Deliverer>,
-    clock: SharedClock,
-    metrics: Arc<Metrics>,
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
     in_progress: Arc<AcceptsInProgress>,
@@ -99,16 +95,11 @@ pub struct Ingress {
 }
 
 impl Ingress {
-    /// Builds the component. `draining` turns true when shutdown starts. The settings
+    /// Builds the component (its clock and metrics are `deliverer`'s). `draining` turns true
+    /// when shutdown starts. The settings
     /// a reload changes (routes, signing keys, the egress policy, the token) are read from
     /// `deliverer` at each request; the browser rules of `[ingress]` are fixed at start.
-    pub fn new(
-        deliverer: Arc<Deliverer>,
-        clock: SharedClock,
-        metrics: Arc<Metrics>,
-        draining: Arc<AtomicBool>,
-        in_progress: Arc<AcceptsInProgress>,
-    ) -> Self {
+    pub fn new(deliverer: Arc<Deliverer>, draining: Arc<AtomicBool>, in_progress: Arc<AcceptsInProgress>) -> Self {
         let config = deliverer.context().config();
         let unix_socket = matches!(config.listen, crate::config::ListenAddr::Unix(_));
         let access = AccessPolicy::ingress(&config.ingress, unix_socket);
@@ -117,8 +108,6 @@ impl Ingress {
             pending_bytes: Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS))),
             access,
             deliverer,
-            clock,
-            metrics,
             draining,
             in_progress,
         }
@@ -131,7 +120,7 @@ impl Ingress {
         match self.accept(req).await {
             Ok(resp) => resp,
             Err(refused) => {
-                self.metrics.rejected(refused.code());
+                self.deliverer.context().metrics().rejected(refused.code());
                 refused.response()
             }
         }
@@ -197,7 +186,7 @@ impl Ingress {
             scheme,
             signing,
         };
-        let now = self.clock.now_ms();
+        let now = self.deliverer.context().clock().now_ms();
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
@@ -266,7 +255,7 @@ impl Ingress {
         // answered: the store commits a message whose sender went away before the 202 (the
         // committer has it), so neither its count nor a drain waiting for accepts may end
         // with the handler (dropped with the connection).
-        let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
+        let (d, metrics) = (self.deliverer.clone(), self.deliverer.context().metrics().clone());
         let under_way = self.in_progress.enter();
         let outcome = tokio::spawn(async move {
             let (_under_way, _held) = (under_way, held);
