@@ -8,13 +8,13 @@
 //! or repeated control header is a 400. Values of `Courier-Signing-Secret` and
 //! `Courier-Token` never appear in errors or `Debug` output.
 
-use std::fmt;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::config::units::parse_duration;
 use crate::model::SignatureScheme;
+use crate::signing::Secret;
 
 /// `Courier-Target`: the target URL (form 1).
 pub const COURIER_TARGET: &str = "courier-target";
@@ -58,14 +58,14 @@ const NEVER_FORWARDED: [&str; 11] = [
 ];
 
 /// The control headers of one ingress request, each `None` when absent.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ControlHeaders {
     /// `Courier-Target`, unparsed (see `target::resolve_target`).
     pub target: Option<String>,
     /// `Courier-Endpoint`.
     pub endpoint: Option<String>,
     /// `Courier-Signing-Secret` (secret: redacted in `Debug`).
-    pub signing_secret: Option<String>,
+    pub signing_secret: Option<Secret>,
     /// `Courier-Signing-Key`.
     pub signing_key: Option<String>,
     /// `Courier-Signature-Scheme`.
@@ -75,47 +75,15 @@ pub struct ControlHeaders {
     /// `Courier-Give-Up-After`, greater than zero.
     pub give_up_after: Option<Duration>,
     /// `Courier-Token` (secret: redacted in `Debug`).
-    pub token: Option<String>,
+    pub token: Option<Secret>,
 }
 
-impl fmt::Debug for ControlHeaders {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
-        f.debug_struct("ControlHeaders")
-            .field("target", &self.target)
-            .field("endpoint", &self.endpoint)
-            .field("signing_secret", &redacted(&self.signing_secret))
-            .field("signing_key", &self.signing_key)
-            .field("scheme", &self.scheme)
-            .field("max_attempts", &self.max_attempts)
-            .field("give_up_after", &self.give_up_after)
-            .field("token", &redacted(&self.token))
-            .finish()
-    }
-}
-
-/// A control header that cannot be accepted. Every variant is the 400 code
-/// `invalid_control_header`; the message names the header and the problem.
+/// A control header that cannot be accepted: always the 400 code `invalid_control_header`;
+/// the message names the header and the problem (an unknown `Courier-*` name, likely a
+/// typo; one sent twice; a value that is not visible ASCII or means nothing for it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
-    /// A `Courier-*` header courier does not know (likely a typo).
-    #[error("unknown control header {0}: courier reads only {known}", known = KNOWN_LIST)]
-    Unknown(String),
-    /// A control header sent more than once.
-    #[error("control header {0} is sent more than once")]
-    Repeated(String),
-    /// A value with bytes outside visible ASCII (or empty, or too long).
-    #[error("control header {0} must be a non-empty value of visible ASCII characters (at most 8192)")]
-    NotVisibleAscii(String),
-    /// A value that does not mean anything for this header.
-    #[error("control header {name}: {problem}")]
-    BadValue {
-        /// The header's name.
-        name: String,
-        /// What is wrong, possibly quoting the (non-secret) value.
-        problem: String,
-    },
-}
+#[error("{0}")]
+pub struct HeaderError(String);
 
 const KNOWN_LIST: &str = "Courier-Target, Courier-Endpoint, Courier-Signing-Secret, Courier-Signing-Key, \
                           Courier-Signature-Scheme, Courier-Max-Attempts, Courier-Give-Up-After, Courier-Token";
@@ -138,23 +106,24 @@ pub fn parse_control_headers(headers: &HeaderMap) -> Result<ControlHeaders, Head
         }
         let shown = display_name(lower);
         if !KNOWN.contains(&lower) {
-            return Err(HeaderError::Unknown(shown));
+            return Err(unknown(&shown));
         }
         let mut values = headers.get_all(name).iter();
         let (Some(raw), None) = (values.next(), values.next()) else {
-            return Err(HeaderError::Repeated(shown));
+            return Err(HeaderError(format!("control header {shown} is sent more than once")));
         };
-        let value = visible_ascii(raw).ok_or_else(|| HeaderError::NotVisibleAscii(shown.clone()))?;
-        let bad = |problem: String| HeaderError::BadValue {
-            name: shown.clone(),
-            problem,
-        };
+        let value = visible_ascii(raw).ok_or_else(|| {
+            HeaderError(format!(
+                "control header {shown} must be a non-empty value of visible ASCII characters (at most 8192)"
+            ))
+        })?;
+        let bad = |problem: String| HeaderError(format!("control header {shown}: {problem}"));
         match lower {
             COURIER_TARGET => out.target = Some(value.to_string()),
             COURIER_ENDPOINT => out.endpoint = Some(value.to_string()),
-            COURIER_SIGNING_SECRET => out.signing_secret = Some(value.to_string()),
+            COURIER_SIGNING_SECRET => out.signing_secret = Some(Secret::new(value.to_string())),
             COURIER_SIGNING_KEY => out.signing_key = Some(value.to_string()),
-            COURIER_TOKEN => out.token = Some(value.to_string()),
+            COURIER_TOKEN => out.token = Some(Secret::new(value.to_string())),
             COURIER_SIGNATURE_SCHEME => {
                 out.scheme = Some(value.parse::<SignatureScheme>().map_err(|e| bad(e.to_string()))?);
             }
@@ -180,10 +149,16 @@ pub fn parse_control_headers(headers: &HeaderMap) -> Result<ControlHeaders, Head
                 }
                 out.give_up_after = Some(d);
             }
-            _ => return Err(HeaderError::Unknown(shown)),
+            _ => return Err(unknown(&shown)),
         }
     }
     Ok(out)
+}
+
+fn unknown(shown: &str) -> HeaderError {
+    HeaderError(format!(
+        "unknown control header {shown}: courier reads only {KNOWN_LIST}"
+    ))
 }
 
 const KNOWN: [&str; 8] = [
@@ -336,12 +311,12 @@ mod tests {
             ControlHeaders {
                 target: Some("https://r.example/h?x=1".into()),
                 endpoint: Some("billing-main".into()),
-                signing_secret: Some("whsec_c2VjcmV0".into()),
+                signing_secret: Some(Secret::new("whsec_c2VjcmV0".into())),
                 signing_key: Some("billing".into()),
                 scheme: Some(SignatureScheme::Stripe),
                 max_attempts: Some(7),
                 give_up_after: Some(Duration::from_secs(5400)),
-                token: Some("t0k3n".into()),
+                token: Some(Secret::new("t0k3n".into())),
             }
         );
         assert_eq!(
@@ -438,7 +413,7 @@ mod tests {
         ]))
         .unwrap();
         let dbg = format!("{c:?}");
-        assert!(!dbg.contains("hunter") && dbg.contains("<redacted>"), "{dbg}");
+        assert!(!dbg.contains("hunter") && dbg.contains("Secret(***)"), "{dbg}");
     }
 
     #[test]

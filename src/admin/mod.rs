@@ -122,7 +122,7 @@ impl Admin {
         let path = req.uri().path().to_string();
         // Browsers first, even for /healthz: a page must not learn that courier is here.
         if let Err(refused) = self.access.check(req.method(), req.uri(), req.headers()) {
-            return serve::error(refused.status(), refused.code(), refused.to_string());
+            return refused.response();
         }
         if path == "/healthz" {
             return self.probes.healthz();

@@ -33,11 +33,9 @@ use crate::inbound::serve::{self, Handler, Listener, ServeLimits};
 use crate::inbound::uds::SocketFile;
 use crate::metrics::Metrics;
 use crate::ops::Probes;
-use crate::outbound::client::{ClientSettings, HttpTransport};
-use crate::outbound::egress::EgressPolicy;
-use crate::outbound::proxy::ProxyRoute;
+use crate::outbound::client::HttpTransport;
 use crate::outbound::resolver::{Resolve, SystemResolver};
-use crate::outbound::tls::{TlsHandle, TlsMaterial};
+use crate::outbound::tls::TlsMaterial;
 use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
 use crate::scheduler::Scheduler;
@@ -216,14 +214,7 @@ fn handlers(
     reloader: &Arc<Reloader>,
     drain: &Arc<DrainControl>,
 ) -> [Handler; 3] {
-    let ctx = deliverer.context();
-    let ingress = Arc::new(Ingress::new(
-        deliverer.clone(),
-        ctx.clock().clone(),
-        ctx.metrics().clone(),
-        draining.clone(),
-        accepts,
-    ));
+    let ingress = Arc::new(Ingress::new(deliverer.clone(), draining.clone(), accepts));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let admin = Arc::new(Admin::new(
         deliverer.clone(),
@@ -247,10 +238,10 @@ fn delivery(
 ) -> Result<(Arc<Deliverer>, DeliveryRuntime), AppError> {
     // Built before the transport whether or not it is used, so a bad PEM file stops the
     // start in tests with a scripted transport too; a reload replaces its material.
-    let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(AppError::Tls)?);
+    let tls = TlsMaterial::from_config(config).map_err(AppError::Tls)?;
     let transport = seams
         .transport
-        .unwrap_or_else(|| http_transport(config, seams.resolver, tls.clone()));
+        .unwrap_or_else(|| Arc::new(HttpTransport::new(config, seams.resolver, tls)));
     let rng = match seams.rng_seed {
         Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
         None => rand::rngs::StdRng::from_os_rng(),
@@ -301,14 +292,6 @@ fn retention(deliverer: &Arc<Deliverer>, stop: watch::Receiver<bool>) -> JoinHan
         stop,
         forget_endpoints,
     ))
-}
-
-/// The real transport: the pooled client, under the egress policy, through the proxy.
-fn http_transport(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsHandle) -> Arc<dyn Transport> {
-    let proxy = config.egress.proxy.as_ref();
-    let proxy = proxy.map(|proxy| ProxyRoute::new(proxy, &config.egress.no_proxy));
-    let (settings, policy) = (ClientSettings::from_config(config), EgressPolicy::from_config(config));
-    Arc::new(HttpTransport::new(settings, policy, resolver, tls, proxy))
 }
 
 /// Startup's recovery (see `Deliverer::recover_at_start`), said in the log: a crash leaves

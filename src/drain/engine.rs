@@ -32,10 +32,9 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
-use crate::outbound::client::{ClientSettings, HttpTransport};
-use crate::outbound::egress::EgressPolicy;
+use crate::outbound::client::HttpTransport;
 use crate::outbound::resolver::SystemResolver;
-use crate::outbound::tls::{TlsHandle, TlsMaterial};
+use crate::outbound::tls::TlsMaterial;
 use crate::outbound::transport::Transport;
 use crate::redact::url_for_log;
 use crate::store::{HandOff, MessageRecord, Payload, Store, StoreError};
@@ -46,7 +45,7 @@ const PAGE: usize = 512;
 /// drain, e.g. replayed): a replay loop cannot keep a drain going forever.
 pub const MAX_PASSES: usize = 4;
 /// Most of a peer's answer kept (its JSON is a few hundred bytes).
-const PEER_ANSWER_BYTES: usize = 16 << 10;
+const PEER_ANSWER_BYTES: u64 = 16 << 10;
 
 /// Forwards `store`'s open messages as `plan` says, with `progress` showing it: from
 /// [`Phase::Forwarding`] to `Done`, or `Failed` with the reason. Returns whether it went
@@ -97,20 +96,14 @@ pub async fn forward(
 /// operator's explicit choice, typically on a private address: the egress policy is open
 /// for it; any other (the offline verb's `--to`) is under `[egress]`, as a delivery is.
 fn peer_transport(config: &Config, concurrency: u32, listed: bool) -> Result<Arc<dyn Transport>, String> {
-    let tls = TlsHandle::new(TlsMaterial::from_config(config).map_err(|e| e.to_string())?);
-    let policy = if listed {
-        EgressPolicy::new(true, Vec::new())
-    } else {
-        EgressPolicy::from_config(config)
-    };
-    let settings = ClientSettings {
-        max_response_body: PEER_ANSWER_BYTES,
-        pool_max_idle_per_host: concurrency as usize,
-        max_idle_connections: concurrency as usize,
-        ..ClientSettings::from_config(config)
-    };
-    let resolver = Arc::new(SystemResolver);
-    Ok(Arc::new(HttpTransport::new(settings, policy, resolver, tls, None)))
+    let tls = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
+    let mut peer = config.clone();
+    peer.egress.proxy = None;
+    peer.egress.allow_private_targets |= listed;
+    peer.delivery.max_response_body = PEER_ANSWER_BYTES;
+    peer.delivery.max_in_flight_per_host = concurrency;
+    peer.delivery.max_idle_connections = concurrency;
+    Ok(Arc::new(HttpTransport::new(&peer, Arc::new(SystemResolver), tls)))
 }
 
 /// Whether `rec` goes: `Some(true)` now, `Some(false)` not while an attempt holds it

@@ -42,6 +42,7 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, Method, Uri};
 
+use crate::inbound::serve::Refusal;
 use crate::outbound::egress::is_loopback_name;
 
 /// The browser rules of one listener.
@@ -61,33 +62,9 @@ pub struct AccessPolicy {
     refuse_plain_get: bool,
 }
 
-/// Why a request was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AccessRefusal {
-    /// A browser's cross-site request.
-    #[error("{0}")]
-    CrossSite(String),
-    /// A `Host` that is not one of this listener's names.
-    #[error("{0}")]
-    Misdirected(String),
-}
-
-impl AccessRefusal {
-    /// The HTTP status of the answer.
-    pub fn status(&self) -> http::StatusCode {
-        match self {
-            AccessRefusal::CrossSite(_) => http::StatusCode::FORBIDDEN,
-            AccessRefusal::Misdirected(_) => http::StatusCode::MISDIRECTED_REQUEST,
-        }
-    }
-
-    /// The machine-readable code of the answer.
-    pub fn code(&self) -> &'static str {
-        match self {
-            AccessRefusal::CrossSite(_) => "cross_site_refused",
-            AccessRefusal::Misdirected(_) => "misdirected_request",
-        }
-    }
+/// A browser's cross-site request: 403 `cross_site_refused`.
+fn cross_site(message: String) -> Refusal {
+    Refusal::new(http::StatusCode::FORBIDDEN, "cross_site_refused", message)
 }
 
 impl AccessPolicy {
@@ -115,14 +92,14 @@ impl AccessPolicy {
     }
 
     /// Checks one request.
-    pub fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), AccessRefusal> {
+    pub fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
         self.check_cross_site(headers)?;
         if uri.authority().is_none() {
             if !self.any_host {
                 self.check_host(headers)?;
             }
             if self.refuse_plain_get && is_unmarked_get(method, headers) {
-                return Err(AccessRefusal::CrossSite(
+                return Err(cross_site(
                     "a GET or HEAD with no Courier-* header may come from a web page (an image or a link); \
                      send the webhook with its own method and a Courier-* header, or set ingress.allow_get = true"
                         .into(),
@@ -132,7 +109,7 @@ impl AccessPolicy {
         Ok(())
     }
 
-    fn check_cross_site(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
+    fn check_cross_site(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let section = self.section;
         if let Some(origin) = lowercase(headers, http::header::ORIGIN) {
             if self.allowed_origins.contains(&origin) {
@@ -141,7 +118,7 @@ impl AccessPolicy {
             // The web view's own requests carry admin's own origin (a POST always has
             // Origin); their Sec-Fetch-Site is checked below.
             if self.strict || !is_own_origin(&origin, headers) {
-                return Err(AccessRefusal::CrossSite(format!(
+                return Err(cross_site(format!(
                     "requests from web pages are refused (Origin {}); courier serves server-side \
                      clients, and an operator can list an origin in {section}.allowed_origins",
                     crate::redact::escape(&origin)
@@ -151,13 +128,13 @@ impl AccessPolicy {
         match headers.get("sec-fetch-site").map(|v| v.as_bytes()) {
             None => Ok(()),
             // On ingress even `none` is a browser navigation.
-            Some(v) if self.strict => Err(AccessRefusal::CrossSite(format!(
+            Some(v) if self.strict => Err(cross_site(format!(
                 "requests from browsers are refused (Sec-Fetch-Site {}); ingress serves server-side clients",
                 crate::redact::escape(&String::from_utf8_lossy(v))
             ))),
             // `same-origin`: the web view's fetches.
             Some(v) if v.eq_ignore_ascii_case(b"none") || v.eq_ignore_ascii_case(b"same-origin") => Ok(()),
-            Some(v) => Err(AccessRefusal::CrossSite(format!(
+            Some(v) => Err(cross_site(format!(
                 "requests from web pages are refused (Sec-Fetch-Site {}); courier serves \
                  server-side clients",
                 crate::redact::escape(&String::from_utf8_lossy(v))
@@ -165,7 +142,7 @@ impl AccessPolicy {
         }
     }
 
-    fn check_host(&self, headers: &HeaderMap) -> Result<(), AccessRefusal> {
+    fn check_host(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         // HTTP/1.0 clients may send no Host; browsers always send one.
         let Some(raw) = lowercase(headers, http::header::HOST) else {
             return Ok(());
@@ -178,12 +155,16 @@ impl AccessPolicy {
         if ok {
             return Ok(());
         }
-        Err(AccessRefusal::Misdirected(format!(
-            "Host {} is not a name of this listener (an IP address, localhost, or one listed \
+        Err(Refusal::new(
+            http::StatusCode::MISDIRECTED_REQUEST,
+            "misdirected_request",
+            format!(
+                "Host {} is not a name of this listener (an IP address, localhost, or one listed \
              in {}.hosts); a DNS name pointed at courier is refused",
-            crate::redact::escape(&raw),
-            self.section
-        )))
+                crate::redact::escape(&raw),
+                self.section
+            ),
+        ))
     }
 
     fn host_listed(&self, name: &str, port: Option<&str>) -> bool {
@@ -419,7 +400,7 @@ mod tests {
                 &headers(&[("host", "evil.example")]),
             )
             .unwrap_err();
-        assert_eq!(e.status(), http::StatusCode::MISDIRECTED_REQUEST);
+        assert_eq!(e.response().status(), http::StatusCode::MISDIRECTED_REQUEST);
         assert!(e.to_string().contains("ingress.hosts"), "{e}");
         let e = p
             .check(
@@ -428,7 +409,7 @@ mod tests {
                 &headers(&[("origin", "https://e.example")]),
             )
             .unwrap_err();
-        assert_eq!(e.status(), http::StatusCode::FORBIDDEN);
+        assert_eq!(e.response().status(), http::StatusCode::FORBIDDEN);
         assert!(e.to_string().contains("ingress.allowed_origins"), "{e}");
     }
 

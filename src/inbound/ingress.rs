@@ -15,13 +15,11 @@ use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::clock::SharedClock;
 use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
 use crate::inbound::access::AccessPolicy;
-use crate::inbound::serve::{self, Body};
-use crate::metrics::Metrics;
+use crate::inbound::serve::{self, Body, Refusal};
 use crate::store::Accepted;
 use crate::target::resolve_target;
 
@@ -29,10 +27,6 @@ use crate::target::resolve_target;
 pub const MAX_EVENT_ID_LEN: usize = 256;
 /// Time allowed for a whole request body to arrive.
 pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// What a 503 asks the app to wait, in seconds.
-const RETRY_AFTER_SECS: &str = "5";
-/// What a 503 `overloaded` asks the app to wait: the budget frees as commits answer.
-const OVERLOADED_RETRY_AFTER_SECS: &str = "1";
 
 /// Extra time, past [`BODY_READ_TIMEOUT`], a drain waits for the accepts under way (their
 /// commit after the body).
@@ -93,8 +87,6 @@ impl AcceptsInProgress {
 pub struct Ingress {
     /// Stores each message and starts its delivery.
     deliverer: Arc<Deliverer>,
-    clock: SharedClock,
-    metrics: Arc<Metrics>,
     access: AccessPolicy,
     draining: Arc<AtomicBool>,
     in_progress: Arc<AcceptsInProgress>,
@@ -102,41 +94,12 @@ pub struct Ingress {
     pending_bytes: Arc<Semaphore>,
 }
 
-/// What an accept read from its request.
-struct Read {
-    method: String,
-    headers: Vec<(String, Vec<u8>)>,
-    trace: Option<crate::outbound::trace::TraceParent>,
-    body: bytes::Bytes,
-    /// Its bytes of `ingress.max_pending_bytes`, until the commit is answered.
-    held: OwnedSemaphorePermit,
-}
-
-/// A refusal: status, code, message.
-#[derive(Debug)]
-struct Refusal(StatusCode, &'static str, String);
-
-impl Refusal {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Refusal(status, code, message.into())
-    }
-
-    fn bad(code: &'static str, message: impl Into<String>) -> Self {
-        Refusal(StatusCode::BAD_REQUEST, code, message.into())
-    }
-}
-
 impl Ingress {
-    /// Builds the component. `draining` turns true when shutdown starts. The settings
+    /// Builds the component (its clock and metrics are `deliverer`'s). `draining` turns true
+    /// when shutdown starts. The settings
     /// a reload changes (routes, signing keys, the egress policy, the token) are read from
     /// `deliverer` at each request; the browser rules of `[ingress]` are fixed at start.
-    pub fn new(
-        deliverer: Arc<Deliverer>,
-        clock: SharedClock,
-        metrics: Arc<Metrics>,
-        draining: Arc<AtomicBool>,
-        in_progress: Arc<AcceptsInProgress>,
-    ) -> Self {
+    pub fn new(deliverer: Arc<Deliverer>, draining: Arc<AtomicBool>, in_progress: Arc<AcceptsInProgress>) -> Self {
         let config = deliverer.context().config();
         let unix_socket = matches!(config.listen, crate::config::ListenAddr::Unix(_));
         let access = AccessPolicy::ingress(&config.ingress, unix_socket);
@@ -145,8 +108,6 @@ impl Ingress {
             pending_bytes: Arc::new(Semaphore::new(budget.min(Semaphore::MAX_PERMITS))),
             access,
             deliverer,
-            clock,
-            metrics,
             draining,
             in_progress,
         }
@@ -158,19 +119,9 @@ impl Ingress {
         let _under_way = self.in_progress.enter();
         match self.accept(req).await {
             Ok(resp) => resp,
-            Err(Refusal(status, code, message)) => {
-                self.metrics.rejected(code);
-                let mut resp = serve::error(status, code, message);
-                if status == StatusCode::SERVICE_UNAVAILABLE {
-                    let wait = if code == "overloaded" {
-                        OVERLOADED_RETRY_AFTER_SECS
-                    } else {
-                        RETRY_AFTER_SECS
-                    };
-                    resp.headers_mut()
-                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(wait));
-                }
-                resp
+            Err(refused) => {
+                self.deliverer.context().metrics().rejected(refused.code());
+                refused.response()
             }
         }
     }
@@ -180,9 +131,7 @@ impl Ingress {
             return Err(shutting_down());
         }
         // Browsers are not clients: a web page must not have courier sign for it.
-        self.access
-            .check(req.method(), req.uri(), req.headers())
-            .map_err(|e| Refusal::new(e.status(), e.code(), e.to_string()))?;
+        self.access.check(req.method(), req.uri(), req.headers())?;
         if req.method() == http::Method::CONNECT {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -195,7 +144,7 @@ impl Ingress {
         // meanwhile.
         let settings = self.deliverer.context().settings();
         let config = &settings.config;
-        check_token(config, &req, control.token.as_deref())?;
+        check_token(config, &req, control.token.as_ref().map(crate::signing::Secret::expose))?;
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
@@ -209,10 +158,13 @@ impl Ingress {
             .as_deref()
             .and_then(|name| config.routes.iter().find(|r| r.name == name));
         let route_fifo = route.and_then(|r| r.fifo);
-        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)
-            .map_err(|(code, message)| Refusal::bad(code, message))?;
+        let (scheme, signing) = super::signing_choice::choose(config, &control, route, &resolved.url)?;
         let event_id = event_id(req.headers())?;
-        let read = self.read(req, config.max_body).await?;
+        let method = req.method().as_str().to_string();
+        let mut headers = forwardable_headers(req.headers());
+        // Kept only when valid: each attempt sends a child of it (see `trace`).
+        let trace = crate::outbound::trace::keep_valid(&mut headers);
+        let (body, held) = self.read(req, config.max_body).await?;
 
         // The give-up limits are fixed now, from the message's own headers, else its
         // endpoint's, route's or the global policy (see `policy::settings`).
@@ -228,22 +180,26 @@ impl Ingress {
             endpoint: Some(endpoint),
             route,
             event_id,
-            method: read.method,
-            headers: read.headers,
-            body: read.body.to_vec(),
+            method,
+            headers,
+            body: body.to_vec(),
             scheme,
             signing,
         };
-        let now = self.clock.now_ms();
+        let now = self.deliverer.context().clock().now_ms();
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
-        self.commit(msg, read.held, config, read.trace).await
+        self.commit(msg, held, config, trace).await
     }
 
     /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
-    /// held from `ingress.max_pending_bytes`, and the headers to forward.
-    async fn read(&self, req: Request<Incoming>, max_body: u64) -> Result<Read, Refusal> {
+    /// held from `ingress.max_pending_bytes` (until the commit is answered).
+    async fn read(
+        &self,
+        req: Request<Incoming>,
+        max_body: u64,
+    ) -> Result<(bytes::Bytes, OwnedSemaphorePermit), Refusal> {
         let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -255,10 +211,6 @@ impl Ingress {
         // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
         // up without bound.
         let mut held = self.hold_bytes(declared.unwrap_or(max_body))?;
-        let method = req.method().as_str().to_string();
-        let mut headers = forwardable_headers(req.headers());
-        // Kept only when valid: each attempt sends a child of it (see `trace`).
-        let trace = crate::outbound::trace::keep_valid(&mut headers);
         // A client that stops sending mid-body must not hold a connection (and shutdown)
         // forever: the whole body has BODY_READ_TIMEOUT to arrive.
         let reading = Limited::new(req.into_body(), max_body as usize).collect();
@@ -286,13 +238,7 @@ impl Ingress {
         if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
             drop(held.split(extra));
         }
-        Ok(Read {
-            method,
-            headers,
-            trace,
-            body,
-            held,
-        })
+        Ok((body, held))
     }
 
     /// Stores the message and answers: 202 (new or duplicate), or 503 when it could not be
@@ -309,7 +255,7 @@ impl Ingress {
         // answered: the store commits a message whose sender went away before the 202 (the
         // committer has it), so neither its count nor a drain waiting for accepts may end
         // with the handler (dropped with the connection).
-        let (d, metrics) = (self.deliverer.clone(), self.metrics.clone());
+        let (d, metrics) = (self.deliverer.clone(), self.deliverer.context().metrics().clone());
         let under_way = self.in_progress.enter();
         let outcome = tokio::spawn(async move {
             let (_under_way, _held) = (under_way, held);

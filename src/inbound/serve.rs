@@ -347,14 +347,48 @@ impl Conn {
 
 /// The answer past [`ServeLimits::max_requests`].
 fn overloaded() -> Response<Body> {
-    let mut resp = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "overloaded",
-        "too many requests in progress on this listener; retry shortly",
-    );
-    resp.headers_mut()
-        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-    resp
+    let message = "too many requests in progress on this listener; retry shortly";
+    Refusal::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).response()
+}
+
+/// A refused request: its status, machine-readable code and sentence, answered in the one
+/// error shape ([`error`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Refusal {
+    /// A refusal with `status`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Refusal { status, code, message }
+    }
+
+    /// A `400 Bad Request` refusal.
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Refusal::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// The answer; a 503 says when to retry: 1 s when `overloaded` (capacity frees as
+    /// requests end), else 5 s.
+    pub fn response(&self) -> Response<Body> {
+        let mut resp = error(self.status, self.code, self.message.clone());
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            let wait = if self.code == "overloaded" { "1" } else { "5" };
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static(wait));
+        }
+        resp
+    }
+
+    /// The machine-readable code of the answer.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
 }
 
 /// A JSON answer.

@@ -1,16 +1,13 @@
 //! Which secret or key signs an accepted message (CONTRACT §4): the message's own header
-//! wins, then its route's, then the defaults. Pure: ingress refuses, before anything is
-//! stored, what no attempt could sign and what may not be signed for its target.
+//! wins, then its route's, then the defaults. Pure: ingress refuses (`400`), before anything
+//! is stored, what no attempt could sign and what may not be signed for its target.
 
 use crate::config::{Config, RouteConfig};
 use crate::headers::ControlHeaders;
+use crate::inbound::serve::Refusal;
 use crate::model::SignatureScheme;
 use crate::signing::{self, scope};
 use crate::store::SigningChoice;
-
-/// Why a message cannot be signed as it asks: its machine-readable code and a message
-/// (ingress answers `400` with them).
-pub(super) type Refused = (&'static str, String);
 
 /// The message's scheme (if it or its route names one) and what signs it, or why not.
 pub(super) fn choose(
@@ -18,7 +15,7 @@ pub(super) fn choose(
     control: &ControlHeaders,
     route: Option<&RouteConfig>,
     url: &url::Url,
-) -> Result<(Option<SignatureScheme>, SigningChoice), Refused> {
+) -> Result<(Option<SignatureScheme>, SigningChoice), Refusal> {
     // A route bound to targets delivers (and signs) only inside them, whatever extra path
     // the caller appended.
     if let Some(r) = route.filter(|r| !scope::allowed(&r.targets, url)) {
@@ -31,8 +28,10 @@ pub(super) fn choose(
     let scheme = control.scheme.or(route.and_then(|r| r.scheme));
     let effective = scheme.unwrap_or(config.signing.scheme);
     let signing = if let Some(secret) = &control.signing_secret {
-        signing::validate_secret(effective, secret).map_err(|e| (e.code(), format!("Courier-Signing-Secret: {e}")))?;
-        SigningChoice::Inline(secret.clone())
+        let secret = secret.expose();
+        signing::validate_secret(effective, secret)
+            .map_err(|e| Refusal::bad(e.code(), format!("Courier-Signing-Secret: {e}")))?;
+        SigningChoice::Inline(secret.to_string())
     } else if let Some(name) = control
         .signing_key
         .clone()
@@ -54,16 +53,16 @@ pub(super) fn choose(
             SigningChoice::Key(name) => format!("signing key {name:?}"),
             _ => "signing.secrets".to_string(),
         };
-        (e.code(), format!("{source}: {e}"))
+        Refusal::bad(e.code(), format!("{source}: {e}"))
     })?;
     Ok((scheme, signing))
 }
 
 /// A key of `[signing.keys]`, if it exists and may sign for `url`: otherwise whoever
 /// reaches ingress could have any payload signed with a partner's key and replay it there.
-fn named_key(config: &Config, name: String, url: &url::Url) -> Result<SigningChoice, Refused> {
+fn named_key(config: &Config, name: String, url: &url::Url) -> Result<SigningChoice, Refusal> {
     if config.signing_key(&name).is_none() {
-        return Err((
+        return Err(Refusal::bad(
             "unknown_signing_key",
             format!("no signing key named {name:?} in [signing.keys]"),
         ));
@@ -77,8 +76,8 @@ fn named_key(config: &Config, name: String, url: &url::Url) -> Result<SigningCho
     Ok(SigningChoice::Key(name))
 }
 
-fn not_allowed(message: String) -> Refused {
-    ("signing_key_not_allowed", message)
+fn not_allowed(message: String) -> Refusal {
+    Refusal::bad("signing_key_not_allowed", message)
 }
 
 #[cfg(test)]
@@ -114,7 +113,7 @@ targets = ["https://billing.example/hooks*"]
         let route = route.map(|name| c.routes.iter().find(|r| r.name == name).unwrap());
         choose(&c, &control, route, &url::Url::parse(url).unwrap())
             .map(|(_, choice)| choice)
-            .map_err(|(code, _)| code)
+            .map_err(|e| e.code())
     }
 
     #[test]
@@ -137,7 +136,7 @@ targets = ["https://billing.example/hooks*"]
             Ok(SigningChoice::Key("partner".into()))
         );
         let inline = ControlHeaders {
-            signing_secret: Some(SECRET.into()),
+            signing_secret: Some(signing::Secret::new(SECRET.into())),
             signing_key: Some("billing".into()),
             ..Default::default()
         };
@@ -181,7 +180,7 @@ targets = ["https://billing.example/hooks*"]
             "an Ed25519 key cannot sign a Stripe signature"
         );
         let bad_inline = ControlHeaders {
-            signing_secret: Some("not-a-secret".into()),
+            signing_secret: Some(signing::Secret::new("not-a-secret".into())),
             ..Default::default()
         };
         assert!(choose_for(bad_inline, None, "https://a.example/").is_err());

@@ -3,10 +3,11 @@
 //! `egress.proxy` (`crate::outbound::proxy`), with the egress policy enforced where connections are
 //! made.
 //!
-//! The connector, outermost first: [`TlsConnector`] (TLS for https targets, per-host
-//! config read from the swappable [`TlsHandle`]) → [`CappedConnector`] (counts the
-//! connection under the target's `host:port`, proxied or not) → [`EgressConnector`]
-//! (direct TCP through [`GuardedResolver`], or the proxy).
+//! Each connection, in the order `Connector` makes it: the TLS handshake it will need is
+//! settled first (an unknown scheme or a host that is no server name is refused before
+//! connecting); then the egress route ([`Egress`]: direct TCP through [`GuardedResolver`],
+//! or the proxy); then the [`ConnCap`] counts it under the target's `host:port`, proxied or
+//! not; then TLS runs over it for an https target.
 //!
 //! Host names are resolved through the [`Resolve`] seam by [`GuardedResolver`], which drops
 //! every address the policy refuses before the connector sees it, so the socket is opened
@@ -23,54 +24,27 @@
 //! together, by [`crate::outbound::conn_cap`] (`delivery.max_idle_connections`).
 
 use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
+use http::Uri;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::outbound::conn_cap::{CappedConnector, ConnCap};
+use crate::config::{Config, DeliveryConfig};
+use crate::outbound::conn_cap::{host_key, ConnCap};
 use crate::outbound::egress::{literal_ip, EgressDenied, EgressPolicy};
-use crate::outbound::proxy::{EgressConnector, ProxyRoute};
+use crate::outbound::proxy::{Egress, ProxyRoute};
 pub use crate::outbound::resolver::GuardedResolver;
 use crate::outbound::resolver::Resolve;
-use crate::outbound::tls::{TlsConnector, TlsHandle, TlsMaterial};
+use crate::outbound::tls::{self, MaybeTls, TlsMaterial};
 use crate::outbound::transport::{InboundResponse, OutboundRequest, SendFuture, Transport, TransportError};
-
-/// Settings of the HTTP client.
-#[derive(Debug, Clone)]
-pub struct ClientSettings {
-    /// Bound on TCP connect.
-    pub connect_timeout: Duration,
-    /// How much of a response body is kept.
-    pub max_response_body: usize,
-    /// Idle connections kept per host.
-    pub pool_max_idle_per_host: usize,
-    /// How long a pooled connection may sit idle before it is closed.
-    pub idle_timeout: Duration,
-    /// Idle connections kept, all hosts together (see [`crate::outbound::conn_cap`]).
-    pub max_idle_connections: usize,
-}
-
-impl ClientSettings {
-    /// The settings `[delivery]` gives the delivery client.
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        let delivery = &config.delivery;
-        ClientSettings {
-            connect_timeout: delivery.connect_timeout,
-            max_response_body: delivery.max_response_body as usize,
-            pool_max_idle_per_host: delivery.max_in_flight_per_host as usize,
-            idle_timeout: delivery.idle_connection_timeout,
-            max_idle_connections: delivery.max_idle_connections as usize,
-        }
-    }
-}
-
-type HttpsClient = Client<TlsConnector<CappedConnector<EgressConnector>>, Full<Bytes>>;
+use crate::outbound::BoxError;
 
 /// The production [`Transport`].
 pub struct HttpTransport {
@@ -82,72 +56,100 @@ pub struct HttpTransport {
 
 struct Parts {
     resolver: Arc<dyn Resolve>,
-    tls: TlsHandle,
     proxy: Option<Arc<ProxyRoute>>,
-    settings: ClientSettings,
+    /// `[delivery]` as the process started with it (a reload does not change the pool).
+    delivery: DeliveryConfig,
     cap: Arc<ConnCap>,
 }
 
-/// A client and the egress policy its resolver applies.
+/// A client and the guarded resolver (its egress policy) it connects through.
 struct Current {
-    client: HttpsClient,
-    policy: Arc<EgressPolicy>,
+    client: Client<Connector, Full<Bytes>>,
     guard: GuardedResolver,
 }
 
 impl HttpTransport {
-    /// Builds the client: TLS from `tls` (read at each new connection, so swapping its
-    /// material applies to the connections made from then on), through `proxy` unless a
-    /// target is in its `no_proxy`.
-    pub fn new(
-        settings: ClientSettings,
-        policy: EgressPolicy,
-        resolver: Arc<dyn Resolve>,
-        tls: TlsHandle,
-        proxy: Option<ProxyRoute>,
-    ) -> Self {
+    /// Builds the client of `config` (`[delivery]`, `[egress]`) with the TLS material `tls`,
+    /// resolving through `resolver`.
+    pub fn new(config: &Config, resolver: Arc<dyn Resolve>, tls: TlsMaterial) -> Self {
+        let proxy = config.egress.proxy.as_ref();
         let parts = Parts {
             resolver,
-            tls,
-            proxy: proxy.map(Arc::new),
-            cap: ConnCap::new(settings.max_idle_connections),
-            settings,
+            proxy: proxy.map(|proxy| Arc::new(ProxyRoute::new(proxy, &config.egress.no_proxy))),
+            cap: ConnCap::new(config.delivery.max_idle_connections as usize),
+            delivery: config.delivery.clone(),
         };
         HttpTransport {
-            current: ArcSwap::from_pointee(parts.client(policy)),
+            current: ArcSwap::from_pointee(parts.client(EgressPolicy::from_config(config), tls)),
             parts,
         }
     }
 }
 
 impl Parts {
-    fn client(&self, policy: EgressPolicy) -> Current {
-        let policy = Arc::new(policy);
-        let guard = GuardedResolver::new(self.resolver.clone(), policy.clone());
-        let connect_timeout = self.settings.connect_timeout;
-        let to_proxy = self.proxy.clone().map(|route| {
-            let to_proxy = GuardedResolver::unguarded(self.resolver.clone());
-            (route, tcp(to_proxy, connect_timeout))
-        });
-        let egress = EgressConnector::new(tcp(guard.clone(), connect_timeout), guard.clone(), to_proxy);
-        // Under TLS, so the cap counts and closes the TCP connection itself.
-        let https = TlsConnector::new(CappedConnector::new(egress, self.cap.clone()), self.tls.clone());
+    fn client(&self, policy: EgressPolicy, tls: TlsMaterial) -> Current {
+        let guard = GuardedResolver::new(self.resolver.clone(), Arc::new(policy));
+        let connector = Connector {
+            egress: Egress::new(
+                guard.clone(),
+                self.resolver.clone(),
+                self.proxy.clone(),
+                self.delivery.connect_timeout,
+            ),
+            cap: self.cap.clone(),
+            tls: Arc::new(tls),
+        };
         // With a timer the pool closes idle connections when their time is up; without one
         // it only noticed at the next checkout for the same host, so a sweep over many
         // hosts left a socket open to each of them for good.
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(hyper_util::rt::TokioTimer::new())
-            .pool_idle_timeout(self.settings.idle_timeout)
-            .pool_max_idle_per_host(self.settings.pool_max_idle_per_host)
-            .build(https);
-        Current { client, policy, guard }
+            .pool_idle_timeout(self.delivery.idle_connection_timeout)
+            .pool_max_idle_per_host(self.delivery.max_in_flight_per_host as usize)
+            .build(connector);
+        Current { client, guard }
+    }
+}
+
+/// Makes every outbound connection (see the module docs).
+#[derive(Clone)]
+struct Connector {
+    egress: Egress,
+    cap: Arc<ConnCap>,
+    tls: Arc<TlsMaterial>,
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = MaybeTls;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<MaybeTls, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Its TCP connectors are always ready (their resolvers are).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let handshake = this.tls.handshake_for(&uri)?;
+            let key = host_key(&uri);
+            let (io, proxied) = this.egress.connect(uri).await?;
+            // Under TLS, so the cap counts and closes the TCP connection itself.
+            let io = this.cap.count(key, io, proxied);
+            Ok(tls::connect(handshake, io).await?)
+        })
     }
 }
 
 impl HttpTransport {
     /// For an http target the proxy intercepts: the URL rewritten to the checked address,
     /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
-    async fn through_proxy(&self, current: &Current, url: &url::Url) -> Result<Option<ProxiedHttp>, TransportError> {
+    async fn through_proxy(
+        &self,
+        current: &Current,
+        url: &url::Url,
+    ) -> Result<Option<ProxiedHttp<'_>>, TransportError> {
         let Some(proxy) = self.parts.proxy.as_ref().filter(|_| url.scheme() == "http") else {
             return Ok(None);
         };
@@ -185,9 +187,7 @@ impl HttpTransport {
         Ok(Some(ProxiedHttp {
             url,
             host: host_header,
-            authorization: proxy.authorization.clone().filter(|_| through),
-            origin: proxy.origin.clone(),
-            through,
+            proxy: through.then_some(&**proxy),
         }))
     }
 
@@ -195,7 +195,7 @@ impl HttpTransport {
         let current = self.current.load_full();
         if let Some(ip) = literal_ip(&req.url) {
             current
-                .policy
+                .guard
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
@@ -207,7 +207,7 @@ impl HttpTransport {
         }
         if let Some(p) = &proxied {
             builder = builder.header(http::header::HOST, p.host.as_str());
-            if let Some(auth) = &p.authorization {
+            if let Some(auth) = p.proxy.and_then(|proxy| proxy.authorization.as_ref()) {
                 builder = builder.header(http::header::PROXY_AUTHORIZATION, auth.clone());
             }
         }
@@ -219,11 +219,11 @@ impl HttpTransport {
         let _busy = self.parts.cap.begin(request.uri());
         let response = current.client.request(request).await.map_err(classify_error)?;
         let status = response.status().as_u16();
-        if let Some(p) = proxied.as_ref().filter(|p| p.through && status == 407) {
+        if let Some(proxy) = proxied.as_ref().and_then(|p| p.proxy).filter(|_| status == 407) {
             // The proxy's answer, not the receiver's: retried like a connect error.
             return Err(TransportError::Network(format!(
                 "proxy {} answered 407 Proxy Authentication Required: egress.proxy's credentials are missing or refused",
-                p.origin
+                proxy.origin
             )));
         }
         let header = |name| {
@@ -238,7 +238,7 @@ impl HttpTransport {
         let mut body = response.into_body();
         let mut kept = BytesMut::new();
         // Read only what we keep; the rest is dropped with the connection.
-        let max = self.parts.settings.max_response_body;
+        let max = self.parts.delivery.max_response_body as usize;
         while kept.len() < max {
             match body.frame().await {
                 Some(Ok(frame)) => {
@@ -263,24 +263,13 @@ impl HttpTransport {
     }
 }
 
-/// A TCP connector through `resolver`, as every outbound connection is made.
-fn tcp<R>(resolver: R, connect_timeout: Duration) -> HttpConnector<R> {
-    let mut http = HttpConnector::new_with_resolver(resolver);
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    http
-}
-
 /// An http target's request rewritten for the proxy (see [`HttpTransport::through_proxy`]).
-struct ProxiedHttp {
+struct ProxiedHttp<'a> {
     url: url::Url,
     host: String,
-    authorization: Option<http::HeaderValue>,
-    origin: String,
-    /// Whether the request goes through the proxy at all (not when `no_proxy` lists the
+    /// The proxy, when the request goes through it at all (not when `no_proxy` lists the
     /// checked address).
-    through: bool,
+    proxy: Option<&'a ProxyRoute>,
 }
 
 impl Transport for HttpTransport {
@@ -290,11 +279,10 @@ impl Transport for HttpTransport {
     /// on, including to hosts whose pooled connections never went idle. The old client's
     /// connections close as their attempts end. Everything that can fail (reading the PEM
     /// files) is done before anything is swapped.
-    fn reconfigure(&self, config: &crate::config::Config) -> Result<(), String> {
+    fn reconfigure(&self, config: &Config) -> Result<(), String> {
         let material = TlsMaterial::from_config(config).map_err(|e| e.to_string())?;
-        self.parts.tls.swap(material);
-        self.current
-            .store(Arc::new(self.parts.client(EgressPolicy::from_config(config))));
+        let client = self.parts.client(EgressPolicy::from_config(config), material);
+        self.current.store(Arc::new(client));
         Ok(())
     }
 

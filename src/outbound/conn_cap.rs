@@ -3,7 +3,7 @@
 //! hyper-util's pool bounds idle connections per host only, and closes them when
 //! `idle_connection_timeout` runs out: a sweep over 10,000 receivers would leave 10,000
 //! sockets open for that long. [`ConnCap`] counts, per `host:port`, the live connections
-//! (registered by [`CappedConnector`] when made, removed when their [`CappedIo`] is dropped)
+//! (registered by [`ConnCap::count`] when made, removed when their [`CappedIo`] is dropped)
 //! and the requests in progress (a [`Busy`] guard held by each attempt until its body is
 //! read). A host's idle connections are its live ones beyond its requests in progress.
 //! Whenever a connection is made or a request ends and the idle total is over the cap,
@@ -17,7 +17,6 @@
 //! retries it on a new connection (`retry_canceled_requests`, on by default).
 
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +26,8 @@ use std::task::{Context, Poll, Waker};
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// The host a URI's connections are counted under: `host:port`, the host lowercased and
 /// the port the scheme's default when absent. `None` for a URI without a host.
@@ -210,6 +211,24 @@ impl ConnCap {
         Busy { cap: self.clone(), key }
     }
 
+    /// Counts `io`, a connection just made to `key` (`None`: not counted), until it is
+    /// dropped; `proxied` when hyper must write absolute-form requests on it.
+    pub fn count(self: &Arc<Self>, key: Option<Arc<str>>, io: TokioIo<TcpStream>, proxied: bool) -> CappedIo {
+        let state = Arc::new(ConnState::default());
+        let registered = key.map(|key| {
+            let (id, closing) = lock(&self.0).register(&key, state.clone());
+            ConnCap::close(closing);
+            (key, id)
+        });
+        CappedIo {
+            io,
+            proxied,
+            state,
+            cap: self.clone(),
+            registered,
+        }
+    }
+
     fn close(closing: Vec<Arc<ConnState>>) {
         if !closing.is_empty() {
             tracing::debug!(
@@ -238,67 +257,17 @@ impl Drop for Busy {
     }
 }
 
-/// A connector whose connections are counted by a [`ConnCap`] and closed by it.
-#[derive(Clone)]
-pub struct CappedConnector<C> {
-    inner: C,
-    cap: Arc<ConnCap>,
-}
-
-impl<C> CappedConnector<C> {
-    /// Wraps `inner` (under TLS, so the cap sees the TCP connection itself).
-    pub fn new(inner: C, cap: Arc<ConnCap>) -> Self {
-        CappedConnector { inner, cap }
-    }
-}
-
-impl<C> tower_service::Service<Uri> for CappedConnector<C>
-where
-    C: tower_service::Service<Uri>,
-    C::Response: Read + Write + Connection + Unpin + Send + 'static,
-    C::Future: Send + 'static,
-{
-    type Response = CappedIo<C::Response>;
-    type Error = C::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let key = host_key(&uri);
-        let cap = self.cap.clone();
-        let connecting = self.inner.call(uri);
-        Box::pin(async move {
-            let io = connecting.await?;
-            let state = Arc::new(ConnState::default());
-            let mut registered = None;
-            if let Some(key) = key {
-                let (id, closing) = lock(&cap.0).register(&key, state.clone());
-                ConnCap::close(closing);
-                registered = Some((key, id));
-            }
-            Ok(CappedIo {
-                io,
-                state,
-                cap,
-                registered,
-            })
-        })
-    }
-}
-
-/// A connection made by [`CappedConnector`]: counted while it lives, and ended (EOF on
-/// read, an error on write) once the cap closes it.
-pub struct CappedIo<T> {
-    io: T,
+/// A connection counted by [`ConnCap::count`] while it lives, and ended (EOF on read, an
+/// error on write) once the cap closes it.
+pub struct CappedIo {
+    io: TokioIo<TcpStream>,
+    proxied: bool,
     state: Arc<ConnState>,
     cap: Arc<ConnCap>,
     registered: Option<(Arc<str>, u64)>,
 }
 
-impl<T> Drop for CappedIo<T> {
+impl Drop for CappedIo {
     fn drop(&mut self) {
         if let Some((key, id)) = &self.registered {
             lock(&self.cap.0).deregister(key, *id);
@@ -306,7 +275,7 @@ impl<T> Drop for CappedIo<T> {
     }
 }
 
-impl<T: Read + Unpin> Read for CappedIo<T> {
+impl Read for CappedIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.state.is_closed() {
@@ -326,13 +295,48 @@ impl<T: Read + Unpin> Read for CappedIo<T> {
     }
 }
 
-write_through!([T: Write + Unpin] CappedIo<T>, |c: &CappedIo<T>| c.state.is_closed().then(|| {
-    io::Error::new(io::ErrorKind::BrokenPipe, "closed: over delivery.max_idle_connections")
-}));
+impl CappedIo {
+    fn refused(&self) -> Option<io::Error> {
+        let closed = self.state.is_closed();
+        closed.then(|| io::Error::new(io::ErrorKind::BrokenPipe, "closed: over delivery.max_idle_connections"))
+    }
+}
 
-impl<T: Connection> Connection for CappedIo<T> {
+impl Write for CappedIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.refused() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.refused() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl Connection for CappedIo {
     fn connected(&self) -> Connected {
-        self.io.connected()
+        self.io.connected().proxy(self.proxied)
     }
 }
 

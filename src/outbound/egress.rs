@@ -61,6 +61,24 @@ impl EgressPolicy {
         }
         Err(EgressDenied { ip, reason })
     }
+
+    /// Checks `url`'s address when it is known without a DNS lookup: an IP literal, or a
+    /// loopback name (allowed when either loopback address it stands for is). Any other name
+    /// passes here and is checked after resolution, at delivery. The error is the message.
+    pub fn check_without_dns(&self, url: &url::Url) -> Result<(), String> {
+        match url.host() {
+            Some(url::Host::Domain(d)) if is_loopback_name(d) => {
+                if LOOPBACK_NAME_ADDRS.iter().any(|ip| self.check(*ip).is_ok()) {
+                    return Ok(());
+                }
+                Err(format!(
+                    "the target host {d} is a loopback name; an operator can open it with egress.allow \
+                     (127.0.0.1/32 or ::1/128) or egress.allow_private_targets"
+                ))
+            }
+            _ => literal_ip(url).map_or(Ok(()), |ip| self.check(ip).map_err(|e| e.to_string())),
+        }
+    }
 }
 
 /// An operator who writes `127.0.0.1/32` means the IPv4-mapped spelling too (a dual-stack
@@ -107,26 +125,6 @@ pub fn is_loopback_name(host: &str) -> bool {
 
 /// The addresses a loopback name stands for.
 pub const LOOPBACK_NAME_ADDRS: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
-
-impl EgressPolicy {
-    /// Checks `url`'s address when it is known without a DNS lookup: an IP literal, or a
-    /// loopback name (allowed when either loopback address it stands for is). Any other name
-    /// passes here and is checked after resolution, at delivery. The error is the message.
-    pub fn check_without_dns(&self, url: &url::Url) -> Result<(), String> {
-        match url.host() {
-            Some(url::Host::Domain(d)) if is_loopback_name(d) => {
-                if LOOPBACK_NAME_ADDRS.iter().any(|ip| self.check(*ip).is_ok()) {
-                    return Ok(());
-                }
-                Err(format!(
-                    "the target host {d} is a loopback name; an operator can open it with egress.allow \
-                     (127.0.0.1/32 or ::1/128) or egress.allow_private_targets"
-                ))
-            }
-            _ => literal_ip(url).map_or(Ok(()), |ip| self.check(ip).map_err(|e| e.to_string())),
-        }
-    }
-}
 
 /// IPv4 special-purpose blocks (IANA registry), most specific first.
 const V4_BLOCKS: &[([u8; 4], u8, &str)] = &[

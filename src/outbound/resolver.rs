@@ -2,19 +2,18 @@
 //! egress policy is applied to the addresses it returns, inside the connector, so the
 //! connection goes to exactly the addresses that were checked. Tests give a resolver that
 //! maps any name to any address (including one that changes between attempts) without
-//! touching real DNS.
+//! touching real DNS (the integration tests' `support::resolver`).
 
-use std::collections::HashMap;
-use std::error::Error as StdError;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper_util::client::legacy::connect::dns::Name;
 
 use crate::outbound::egress::{is_loopback_name, EgressDenied, EgressPolicy, LOOPBACK_NAME_ADDRS};
+use crate::outbound::BoxError;
 
 /// A boxed resolve future.
 pub type ResolveFuture = Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>;
@@ -35,38 +34,6 @@ impl Resolve for SystemResolver {
         Box::pin(async move {
             let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
             Ok(addrs.map(|a: SocketAddr| a.ip()).collect())
-        })
-    }
-}
-
-/// A resolver with a fixed table, changeable while running: for tests.
-#[derive(Debug, Default, Clone)]
-pub struct StaticResolver {
-    table: Arc<Mutex<HashMap<String, Vec<IpAddr>>>>,
-}
-
-impl StaticResolver {
-    /// An empty table: every name fails to resolve.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Makes `host` resolve to `addrs` from now on.
-    pub fn set(&self, host: &str, addrs: Vec<IpAddr>) {
-        self.table().insert(host.to_ascii_lowercase(), addrs);
-    }
-
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<IpAddr>>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Resolve for StaticResolver {
-    fn resolve(&self, host: &str) -> ResolveFuture {
-        let found = self.table().get(&host.to_ascii_lowercase()).cloned();
-        let host = host.to_string();
-        Box::pin(async move {
-            found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no such host {host}")))
         })
     }
 }
@@ -94,7 +61,8 @@ impl GuardedResolver {
         GuardedResolver { inner, policy: None }
     }
 
-    fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
+    /// Whether the policy allows `ip` (always, unguarded).
+    pub fn check(&self, ip: IpAddr) -> Result<(), EgressDenied> {
         self.policy.as_ref().map_or(Ok(()), |p| p.check(ip))
     }
 
@@ -114,8 +82,6 @@ impl GuardedResolver {
             .ok_or_else(|| "the name resolved to no address".into())
     }
 }
-
-type BoxError = Box<dyn StdError + Send + Sync>;
 
 impl tower_service::Service<Name> for GuardedResolver {
     type Response = std::vec::IntoIter<SocketAddr>;

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::resolver::StaticResolver;
 use courier::app::{self, Running, Seams};
 use courier::config::Config;
 use courier::inbound::serve::{self, Handler, ServeLimits};
-use courier::outbound::resolver::StaticResolver;
 
 use crate::support::*;
 

@@ -150,7 +150,7 @@ async fn targets_go_through_the_proxy_to_checked_addresses_and_no_proxy_goes_dir
     let Some(proxy) = Tinyproxy::start(None, &[fp]) else {
         return;
     };
-    let resolver = courier::outbound::resolver::StaticResolver::new();
+    let resolver = crate::support::resolver::StaticResolver::new();
     let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
     resolver.set("hooks.test", vec![ip("127.0.0.1")]);
     resolver.set("evil.test", vec![ip("10.0.0.1")]);
@@ -307,7 +307,7 @@ async fn a_target_whose_address_no_proxy_lists_goes_direct_without_the_proxy_cre
     let Some(proxy) = Tinyproxy::start(Some("courier:s3cret"), &[]) else {
         return;
     };
-    let resolver = courier::outbound::resolver::StaticResolver::new();
+    let resolver = crate::support::resolver::StaticResolver::new();
     resolver.set("inside.test", vec!["127.0.0.1".parse().unwrap()]);
     let c = InProc::start(
         &format!(

@@ -66,7 +66,7 @@ async fn an_untrusted_receiver_is_retried_with_the_reason_then_delivered_once_tr
     let pki = Pki::new("corp");
     let rx = Receiver::start().await;
     let front = TlsFront::start(pki.server(&[&TLS13, &TLS12], None), &rx).await;
-    let resolver = courier::outbound::resolver::StaticResolver::new();
+    let resolver = crate::support::resolver::StaticResolver::new();
     let base = format!("{FAST}[egress]\nallow_private_targets = true\n");
     let c = InProc::start(&base, &resolver).await;
     let id = send(c.ingress(), &front.url("/hook")).await;

@@ -1,7 +1,7 @@
 //! The egress route of each connection: direct, or through `egress.proxy` (an HTTP proxy
 //! such as Smokescreen, Squid or tinyproxy).
 //!
-//! - An `https` target goes through an HTTP CONNECT tunnel (hyper-util's [`Tunnel`]); TLS
+//! - An `https` target goes through an HTTP CONNECT tunnel (`ProxyRoute::tunnel`); TLS
 //!   then runs end to end inside it (`crate::outbound::tls`), with the target's name as SNI.
 //! - An `http` target is sent to the proxy in absolute form (`POST http://…/ HTTP/1.1`):
 //!   the connection is marked proxied so hyper writes the absolute URI, and
@@ -17,30 +17,21 @@
 //! connection. The proxy's own address is not checked: the operator named it, and it is
 //! usually a private address.
 
-use std::error::Error as StdError;
-use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, Uri};
-use hyper::rt::Write;
-use hyper_util::client::legacy::connect::proxy::Tunnel;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tower_service::Service;
 
 use crate::config::EgressProxy;
-use crate::outbound::resolver::GuardedResolver;
-
-mod sniff;
-
-use sniff::{Sniffing, StatusLine};
-
-type BoxError = Box<dyn StdError + Send + Sync>;
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+use crate::outbound::resolver::{GuardedResolver, Resolve};
+use crate::outbound::BoxError;
 
 /// Which targets go through the proxy, and how to reach and authenticate to it.
 pub struct ProxyRoute {
@@ -77,93 +68,151 @@ impl ProxyRoute {
     pub fn intercepts(&self, uri: &Uri) -> bool {
         self.matcher.intercept(uri).is_some()
     }
+
+    /// Asks the proxy on `io` for a tunnel to `to`, as hyper-util's `Tunnel` did (the same
+    /// request, the answer parsed the same way), keeping the proxy's status line for the
+    /// error: hyper-util's said only "unsuccessful", and an operator needs to know whether
+    /// the proxy answered 401, 403 or 502.
+    async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(&self, io: &mut S, to: SocketAddr) -> Result<(), ProxyError> {
+        let mut head = format!("CONNECT {to} HTTP/1.1\r\nHost: {to}\r\n").into_bytes();
+        if let Some(auth) = &self.authorization {
+            head.extend_from_slice(b"Proxy-Authorization: ");
+            head.extend_from_slice(auth.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        let io_error = |e: std::io::Error| self.failed(to, "io error establishing tunnel", Some(Box::new(e)));
+        io.write_all(&head).await.map_err(io_error)?;
+        let mut buf = [0; 8192];
+        let mut pos = 0;
+        let code = loop {
+            let n = io.read(&mut buf[pos..]).await.map_err(io_error)?;
+            if n == 0 {
+                return Err(self.failed(to, "unexpected end of file", None));
+            }
+            pos += n;
+            let mut headers = [httparse::EMPTY_HEADER; 100];
+            let mut answer = httparse::Response::new(&mut headers);
+            match answer.parse(&buf[..pos]) {
+                Ok(httparse::Status::Complete(_)) => break answer.code,
+                Ok(httparse::Status::Partial) if pos < buf.len() => {}
+                Ok(httparse::Status::Partial) => return Err(self.failed(to, "proxy response headers too long", None)),
+                Err(_) => break None,
+            }
+        };
+        let origin = &self.origin;
+        match code {
+            Some(200) => Ok(()),
+            Some(407) => Err(ProxyError::new(
+                format!(
+                    "proxy {origin} answered 407 Proxy Authentication Required to CONNECT {to}: \
+                     egress.proxy's credentials are missing or refused"
+                ),
+                None,
+            )),
+            _ => {
+                let status = status_text(&buf[..pos.min(STATUS_LINE_MAX)]);
+                // Some proxies (tinyproxy) answer wrong credentials with 401, not 407.
+                let hint = if status.starts_with("401") {
+                    ": egress.proxy's credentials are refused"
+                } else {
+                    ""
+                };
+                let answered = if status.is_empty() {
+                    "refused".to_string()
+                } else {
+                    format!("answered {status}")
+                };
+                Err(ProxyError::new(
+                    format!("proxy {origin} {answered} to CONNECT {to}{hint}"),
+                    None,
+                ))
+            }
+        }
+    }
+
+    /// A tunnel that failed before the proxy answered: the cause (a connect timeout, a
+    /// reset) kept as the source, in the words hyper-util's tunnel error used.
+    fn failed(&self, to: SocketAddr, what: &str, source: Option<BoxError>) -> ProxyError {
+        let cause = ProxyError::new(format!("tunnel error: {what}"), source);
+        ProxyError::new(format!("proxy {}, CONNECT {to}", self.origin), Some(Box::new(cause)))
+    }
+}
+
+/// The longest status line kept: `HTTP/1.1 407 Proxy Authentication Required` fits.
+const STATUS_LINE_MAX: usize = 96;
+
+/// `407 Proxy Authentication Required` of the proxy's answer, or empty when it had none.
+fn status_text(answer: &[u8]) -> String {
+    let line = String::from_utf8_lossy(answer);
+    let line = line.split("\r\n").next().unwrap_or_default();
+    let status = line.split_once(' ').map_or("", |(_, rest)| rest);
+    status.chars().filter(|c| !c.is_control()).collect()
 }
 
 /// The bottom of the outbound connector: a TCP connection to the target (through the
 /// guarded resolver), a CONNECT tunnel to its checked address, or a connection to the proxy
 /// for an absolute-form request.
 #[derive(Clone)]
-pub struct EgressConnector {
+pub struct Egress {
     direct: HttpConnector<GuardedResolver>,
     guard: GuardedResolver,
-    proxy: Option<Proxied>,
+    /// The route, and the connector to the proxy itself (through
+    /// [`GuardedResolver::unguarded`]).
+    proxy: Option<(Arc<ProxyRoute>, HttpConnector<GuardedResolver>)>,
 }
 
-#[derive(Clone)]
-struct Proxied {
-    route: std::sync::Arc<ProxyRoute>,
-    /// To the proxy itself, through [`GuardedResolver::unguarded`].
-    plain: HttpConnector<GuardedResolver>,
-}
-
-impl Proxied {
-    /// A tunnel whose proxy connection records the proxy's status line in `line`.
-    fn tunnel(&self, line: StatusLine) -> Tunnel<Sniffing> {
-        let sniffing = Sniffing {
-            inner: self.plain.clone(),
-            line,
-        };
-        let tunnel = Tunnel::new(self.route.uri.clone(), sniffing);
-        match &self.route.authorization {
-            Some(auth) => tunnel.with_auth(auth.clone()),
-            None => tunnel,
-        }
-    }
-}
-
-impl EgressConnector {
-    /// Direct connections with `direct` (whose resolver is `guard`), and through `route`'s
-    /// proxy with `to_proxy` when a proxy is set.
+impl Egress {
+    /// Direct connections through `guard`, and through `proxy` (its own name resolved by
+    /// `resolver`, unguarded) when one is set.
     pub fn new(
-        direct: HttpConnector<GuardedResolver>,
         guard: GuardedResolver,
-        proxy: Option<(std::sync::Arc<ProxyRoute>, HttpConnector<GuardedResolver>)>,
+        resolver: Arc<dyn Resolve>,
+        proxy: Option<Arc<ProxyRoute>>,
+        connect_timeout: Duration,
     ) -> Self {
-        let proxy = proxy.map(|(route, plain)| Proxied { route, plain });
-        EgressConnector { direct, guard, proxy }
+        let proxy = proxy.map(|route| (route, tcp(GuardedResolver::unguarded(resolver), connect_timeout)));
+        Egress {
+            direct: tcp(guard.clone(), connect_timeout),
+            guard,
+            proxy,
+        }
+    }
+
+    /// A connection for `uri`, and whether hyper must write absolute-form requests on it
+    /// (an `http` target through the proxy).
+    pub async fn connect(mut self, uri: Uri) -> Result<(TokioIo<TcpStream>, bool), BoxError> {
+        let Some((route, mut to_proxy)) = self.proxy.filter(|(route, _)| route.intercepts(&uri)) else {
+            return Ok((self.direct.call(uri).await?, false));
+        };
+        if uri.scheme_str() != Some("https") {
+            let io = to_proxy.call(route.uri.clone()).await.map_err(|e| {
+                ProxyError::new(
+                    format!("cannot connect to the proxy {}", route.origin),
+                    Some(Box::new(e)),
+                )
+            })?;
+            return Ok((io, true));
+        }
+        let host = uri.host().ok_or("the target has no host")?;
+        let ip = self.guard.checked_addr(host).await?;
+        let to = SocketAddr::new(ip, uri.port_u16().unwrap_or(443));
+        let connecting = to_proxy.call(route.uri.clone()).await;
+        let mut io = connecting
+            .map_err(|e| route.failed(to, "failed to create underlying connection", Some(Box::new(e))))?
+            .into_inner();
+        route.tunnel(&mut io, to).await?;
+        Ok((TokioIo::new(io), false))
     }
 }
 
-impl tower_service::Service<Uri> for EgressConnector {
-    type Response = EgressIo;
-    type Error = BoxError;
-    type Future = BoxFuture<EgressIo>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // HttpConnector and Tunnel are always ready (their resolvers are).
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let Some(proxy) = self.proxy.clone().filter(|p| p.route.intercepts(&uri)) else {
-            let connecting = self.direct.call(uri);
-            return Box::pin(async move { Ok(EgressIo::plain(connecting.await?, false)) });
-        };
-        let origin = proxy.route.origin.clone();
-        if uri.scheme_str() == Some("https") {
-            let guard = self.guard.clone();
-            let line = StatusLine::default();
-            let mut tunnel = proxy.tunnel(line.clone());
-            Box::pin(async move {
-                let host = uri.host().ok_or("the target has no host")?;
-                let ip = guard.checked_addr(host).await?;
-                let to = SocketAddr::new(ip, uri.port_u16().unwrap_or(443));
-                let dst: Uri = format!("https://{to}/").parse()?;
-                tunnel
-                    .call(dst)
-                    .await
-                    .map_err(|e| ProxyError::tunnel(e.into(), &line.text(), &origin, to).into())
-            })
-        } else {
-            let connecting = proxy.plain.clone().call(proxy.route.uri.clone());
-            Box::pin(async move {
-                let io = connecting
-                    .await
-                    .map_err(|e| ProxyError::new(format!("cannot connect to the proxy {origin}"), Some(Box::new(e))))?;
-                Ok(EgressIo::plain(io, true))
-            })
-        }
-    }
+/// A TCP connector through `resolver`, as every outbound connection is made.
+fn tcp(resolver: GuardedResolver, connect_timeout: Duration) -> HttpConnector<GuardedResolver> {
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http
 }
 
 /// Why the proxy did not give a connection; the text an attempt's error shows.
@@ -179,72 +228,10 @@ impl ProxyError {
     fn new(message: String, source: Option<BoxError>) -> ProxyError {
         ProxyError { message, source }
     }
-
-    /// hyper-util's tunnel error (its type is private; its text is not): a refusal gets a
-    /// sentence of its own with the proxy's status line (`status`, as [`EgressIo`] read
-    /// it), anything else keeps the tunnel's error (and its causes, such as a connect
-    /// timeout) as the source.
-    fn tunnel(e: BoxError, status: &str, origin: &str, to: SocketAddr) -> ProxyError {
-        let text = e.to_string();
-        if text.ends_with("proxy authorization required") {
-            return ProxyError::new(
-                format!(
-                    "proxy {origin} answered 407 Proxy Authentication Required to CONNECT {to}: \
-                     egress.proxy's credentials are missing or refused"
-                ),
-                None,
-            );
-        }
-        if text.ends_with("unsuccessful") {
-            // Some proxies (tinyproxy) answer wrong credentials with 401, not 407.
-            let hint = if status.starts_with("401") {
-                ": egress.proxy's credentials are refused"
-            } else {
-                ""
-            };
-            let answered = if status.is_empty() {
-                "refused".to_string()
-            } else {
-                format!("answered {status}")
-            };
-            return ProxyError::new(format!("proxy {origin} {answered} to CONNECT {to}{hint}"), None);
-        }
-        ProxyError::new(format!("proxy {origin}, CONNECT {to}"), Some(e))
-    }
 }
-
-/// A connection made by [`EgressConnector`]: a TCP connection (to the target, or to the
-/// proxy, tunnelled or not), marked proxied when hyper must write absolute-form requests.
-/// While `line` is set (a CONNECT in progress), the bytes read are also given to it.
-pub struct EgressIo {
-    io: TokioIo<TcpStream>,
-    line: Option<StatusLine>,
-    proxied: bool,
-}
-
-impl EgressIo {
-    fn plain(io: TokioIo<TcpStream>, proxied: bool) -> Self {
-        EgressIo {
-            io,
-            line: None,
-            proxied,
-        }
-    }
-}
-
-impl Connection for EgressIo {
-    fn connected(&self) -> Connected {
-        self.io.connected().proxy(self.proxied)
-    }
-}
-
-write_through!([] EgressIo, |_: &EgressIo| None);
 
 #[cfg(test)]
 mod tests {
-    use hyper_util::rt::TokioIo;
-    use tower_service::Service;
-
     use super::*;
 
     fn route(proxy: &str, no_proxy: &[&str]) -> ProxyRoute {
@@ -285,46 +272,26 @@ mod tests {
         assert!(open.intercepts(&"http://localhost/x".parse().unwrap()));
     }
 
-    /// A connector whose every connection is one end of a pipe; the other end answers
-    /// CONNECT with `answer`.
-    #[derive(Clone)]
-    struct FakeProxy(&'static str);
-
-    impl tower_service::Service<Uri> for FakeProxy {
-        type Response = TokioIo<tokio::io::DuplexStream>;
-        type Error = io::Error;
-        type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _uri: Uri) -> Self::Future {
-            let answer = self.0;
-            Box::pin(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let (ours, mut theirs) = tokio::io::duplex(4096);
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 1024];
-                    let _ = theirs.read(&mut buf).await;
-                    let _ = theirs.write_all(answer.as_bytes()).await;
-                });
-                Ok(TokioIo::new(ours))
-            })
-        }
-    }
-
+    /// Asks a proxy that answers CONNECT with `answer` for a tunnel.
     async fn through(answer: &'static str) -> Result<(), String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut ours, mut theirs) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = theirs.read(&mut buf).await;
+            let _ = theirs.write_all(answer.as_bytes()).await;
+        });
+        let route = route("http://p:3128", &[]);
         let to: SocketAddr = "203.0.113.7:443".parse().unwrap();
-        let mut tunnel = Tunnel::new(Uri::from_static("http://p:3128/"), FakeProxy(answer));
-        match tunnel.call(format!("https://{to}/").parse().unwrap()).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let line = StatusLine::default();
-                line.record(answer.as_bytes());
-                Err(ProxyError::tunnel(e.into(), &line.text(), "http://p:3128", to).to_string())
+        route.tunnel(&mut ours, to).await.map_err(|e| {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text = format!("{text}: {s}");
+                source = s.source();
             }
-        }
+            text
+        })
     }
 
     #[tokio::test]
@@ -348,6 +315,13 @@ mod tests {
             "{e}"
         );
         let e = through("").await.unwrap_err();
-        assert!(e.starts_with("proxy http://p:3128, CONNECT 203.0.113.7:443"), "{e}");
+        assert_eq!(
+            e,
+            "proxy http://p:3128, CONNECT 203.0.113.7:443: tunnel error: unexpected end of file"
+        );
+        let e = through("HTTP/1.1 200 OK\r\nPartial").await.unwrap_err();
+        assert!(e.ends_with("tunnel error: unexpected end of file"), "{e}");
+        let e = through("garbage\r\n\r\n").await.unwrap_err();
+        assert_eq!(e, "proxy http://p:3128 refused to CONNECT 203.0.113.7:443");
     }
 }

@@ -1,12 +1,11 @@
 //! TLS toward receivers: the material built from the configuration ([`TlsMaterial`]: the
 //! trusted roots and one rustls `ClientConfig` per `[[host]]` that has TLS keys, plus the
-//! default one), the shared swappable handle the connector reads it through
-//! ([`TlsHandle`]), and the connector layer itself ([`TlsConnector`], in `connect`).
+//! default one), and the handshake step of the outbound connector (in `connect`).
 //!
 //! Reload: [`TlsMaterial::from_config`] does no network and is the whole recipe, so a
-//! reload builds new material from the new configuration and [`TlsHandle::swap`]s it in.
-//! Every new connection reads the current material when it starts its handshake; a pooled
-//! connection keeps the identity and trust it was made with until it is closed (idle past
+//! reload builds new material from the new configuration, and the transport a new client
+//! with it: every connection made for an attempt from then on uses it; a pooled connection
+//! keeps the identity and trust it was made with until it is closed (idle past
 //! `delivery.idle_connection_timeout`, over `delivery.max_idle_connections`, or by the
 //! receiver).
 //!
@@ -21,13 +20,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
 use crate::config::{Config, ConfigError, TlsRoots, TlsVersion};
 
-pub use connect::{MaybeTls, TlsConnector, TlsError};
+pub use connect::{connect, Handshake, Io, MaybeTls, TlsError};
 
 /// The TLS settings in force: trusted roots and client identities, by host.
 pub struct TlsMaterial {
@@ -91,28 +89,6 @@ impl TlsMaterial {
     /// The rustls config for a connection to `host_key` (`host:port`).
     pub fn for_host(&self, host_key: &str) -> Arc<ClientConfig> {
         self.hosts.get(host_key).unwrap_or(&self.default).clone()
-    }
-}
-
-/// The current [`TlsMaterial`], shared by the connector and whoever reloads it.
-#[derive(Clone)]
-pub struct TlsHandle(Arc<ArcSwap<TlsMaterial>>);
-
-impl TlsHandle {
-    /// A handle holding `material`.
-    pub fn new(material: TlsMaterial) -> TlsHandle {
-        TlsHandle(Arc::new(ArcSwap::from_pointee(material)))
-    }
-
-    /// The material in force now (what a connection starting now uses).
-    pub fn current(&self) -> Arc<TlsMaterial> {
-        self.0.load_full()
-    }
-
-    /// Puts `material` in force for every connection made from now on; pooled connections
-    /// keep theirs until they close.
-    pub fn swap(&self, material: TlsMaterial) {
-        self.0.store(Arc::new(material));
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`TlsMaterial::from_config`] and [`TlsHandle`]: which config each host gets, and the
+//! [`TlsMaterial::from_config`]: which config each host gets, and the
 //! one-line errors for bad files. Certificates are made here with rcgen.
 
 use std::path::{Path, PathBuf};
@@ -200,27 +200,4 @@ fn native_roots_come_from_the_system_store_or_say_why_not() {
             "{case} ran: {text}"
         );
     }
-}
-
-#[test]
-fn a_swap_puts_new_material_in_force_for_what_comes_next() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = write_pki(dir.path(), "client.test");
-    let handle = TlsHandle::new(TlsMaterial::from_config(&Config::default()).unwrap());
-    let before = handle.current();
-    assert!(!before.for_host("m.example:443").client_auth_cert_resolver.has_certs());
-    let reloaded = config(&format!(
-        "[[host]]\nhost = \"m.example:443\"\nca_file = {}\nclient_cert = {}\nclient_key = {}\n",
-        q(&ca),
-        q(&cert),
-        q(&key)
-    ));
-    handle.clone().swap(TlsMaterial::from_config(&reloaded).unwrap());
-    assert!(handle
-        .current()
-        .for_host("m.example:443")
-        .client_auth_cert_resolver
-        .has_certs());
-    // What a connection already took stays as it was.
-    assert!(!before.for_host("m.example:443").client_auth_cert_resolver.has_certs());
 }

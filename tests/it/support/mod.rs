@@ -19,6 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 pub mod load;
 mod receiver;
+pub mod resolver;
 
 pub use receiver::{Gate, Receiver, Reply, Seen};
 
