@@ -51,11 +51,6 @@ pub(super) fn decode_counter(v: &[u8]) -> i64 {
 pub type OpenPage = (Vec<(String, u64)>, Option<String>);
 
 impl Store {
-    /// Adds a counter change to `b` (for one-off transitions; batches use [`CounterDeltas`]).
-    pub(super) fn count(&self, b: &mut WriteBatch, key: &[u8], delta: i64) {
-        b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
-    }
-
     /// Removes per-endpoint open counters that are zero (an endpoint with nothing open),
     /// so the `meta` family does not keep a key for every endpoint ever seen. Works in
     /// chunks, each under the counter gate, so accepts wait for one chunk at most.

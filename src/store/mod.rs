@@ -38,6 +38,7 @@ mod lifecycle;
 mod lines;
 mod operator;
 mod parking;
+mod tx;
 mod wire;
 
 use std::path::PathBuf;
@@ -298,13 +299,6 @@ impl Store {
         Ok(out)
     }
 
-    fn move_state(&self, b: &mut WriteBatch, id: &str, from: State, to: State) {
-        if from != to {
-            b.delete_cf(self.cf(keys::STATES), keys::state_key(from.to_byte(), id));
-            b.put_cf(self.cf(keys::STATES), keys::state_key(to.to_byte(), id), []);
-        }
-    }
-
     /// The endpoints of the `endpoint ‖ 0 ‖ …` keys of `cf` (`parked`, `lines`), in key
     /// order: one seek per endpoint, past all its keys.
     fn endpoints_in(&self, cf: &str) -> Result<Vec<String>, StoreError> {
@@ -320,13 +314,22 @@ impl Store {
         Ok(out)
     }
 
-    /// How long a finished message of `state` is kept (handed-off ones as delivered ones).
-    fn retention_of(&self, state: State) -> u64 {
-        if state == State::Dead {
-            self.options.dead_retention_ms
-        } else {
-            self.options.retention_ms
-        }
+    /// When a finished message is removed: delivered and handed-off ones are kept for
+    /// `retention_ms`, dead ones for `dead_retention_ms`.
+    fn expires_at(&self, rec: &MessageRecord) -> u64 {
+        let keep = match rec.state {
+            State::Dead => self.options.dead_retention_ms,
+            _ => self.options.retention_ms,
+        };
+        rec.finished_at_ms.saturating_add(keep)
+    }
+
+    /// Stages `rec`'s arrival in a finished state at `finished_at_ms`: its retention entry,
+    /// and its move from the open counters to its state's.
+    fn stage_finished(&self, tx: &mut tx::Tx<'_>, rec: &MessageRecord) {
+        tx.put(keys::EXPIRY, keys::time_key(self.expires_at(rec), &rec.id), []);
+        tx.count_open(&rec.endpoint, -1);
+        tx.count(finished_counter(rec.state), 1);
     }
 }
 
@@ -337,17 +340,6 @@ fn finished_counter(state: State) -> &'static [u8] {
         State::HandedOff => keys::COUNT_HANDED_OFF,
         _ => keys::COUNT_DELIVERED,
     }
-}
-
-/// Adds the due entry of `rec` (at `next_attempt_at_ms`) to `b`; the caller reports it to
-/// the due floor once `b` is written.
-fn enqueue(db: &DB, b: &mut WriteBatch, rec: &MessageRecord) {
-    let routing = Routing {
-        host: rec.host.clone(),
-        endpoint: rec.endpoint.clone(),
-    };
-    let key = keys::time_key(rec.next_attempt_at_ms, &rec.id);
-    b.put_cf(cf_of(db, keys::DUE), key, routing.encode());
 }
 
 /// A raw iterator over `cf` from `from` (also its lower bound) to `until` (exclusive; `None`:
