@@ -81,7 +81,7 @@ impl Store {
             it.status()?;
             drop(it);
             if zero > 0 {
-                self.write(b)?;
+                self.write(b, false)?;
                 removed += zero;
             }
             match last {
@@ -105,11 +105,8 @@ impl Store {
     /// stopped before the end (more may follow).
     pub fn open_endpoints_page(&self, after: Option<&str>, prefix: &str, limit: usize) -> Result<OpenPage, StoreError> {
         let base = keys::COUNT_OPEN_ENDPOINT;
-        let mut start = keys::endpoint_open_key(prefix);
-        if let Some(a) = after.filter(|a| *a >= prefix) {
-            start = keys::endpoint_open_key(a);
-            start.push(0); // strictly after it
-        }
+        // Strictly after `after`, but not before the first key of `prefix`.
+        let start = keys::after(base, after).max(keys::endpoint_open_key(prefix));
         let until = keys::prefix_end(&keys::endpoint_open_key(prefix));
         let mut it = self.range(keys::META, &start, Some(until));
         let (mut out, mut looked) = (Vec::new(), 0);

@@ -52,11 +52,7 @@ impl Store {
                 b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode_at(now_ms));
             }
         }
-        if synced {
-            self.write_synced(b)
-        } else {
-            self.write(b)
-        }
+        self.write(b, synced)
     }
 
     /// Deletes the records of endpoints that are not paused and were not written since
@@ -93,7 +89,7 @@ impl Store {
         it.status()?;
         let next = it.key().map(<[u8]>::to_vec);
         if !b.is_empty() {
-            self.write(b)?;
+            self.write(b, false)?;
         }
         Ok((removed, next))
     }
@@ -107,11 +103,8 @@ impl Store {
         prefix: &str,
         limit: usize,
     ) -> Result<(Vec<(String, EndpointRecord)>, Option<String>), StoreError> {
-        let mut start = prefix.as_bytes().to_vec();
-        if let Some(a) = after.filter(|a| *a >= prefix) {
-            start = a.as_bytes().to_vec();
-            start.push(0); // strictly after it
-        }
+        // Strictly after `after`, but not before the first key of `prefix`.
+        let start = keys::after(b"", after).max(prefix.as_bytes().to_vec());
         let until = (!prefix.is_empty()).then(|| keys::prefix_end(prefix.as_bytes()));
         let mut it = self.range(keys::ENDPOINTS, &start, until);
         let mut out = Vec::new();

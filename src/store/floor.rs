@@ -54,13 +54,9 @@ impl Default for DueFloor {
 }
 
 impl DueFloor {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Reads the floor before a scan and starts recording writes.
     pub fn mark(&self) -> FloorMark {
-        let mut g = self.lock();
+        let mut g = super::locked(&self.inner);
         g.written_since_mark = u64::MAX;
         FloorMark {
             floor: g.floor,
@@ -71,12 +67,12 @@ impl DueFloor {
     /// The floor now, without starting a new record.
     #[cfg(test)]
     pub fn peek(&self) -> u64 {
-        self.lock().floor
+        super::locked(&self.inner).floor
     }
 
     /// A due entry at `due_ms` was written (and is visible).
     pub fn wrote(&self, due_ms: u64) {
-        let mut g = self.lock();
+        let mut g = super::locked(&self.inner);
         if (due_ms, "") < (g.floor, g.floor_id.as_str()) {
             g.floor = due_ms;
             g.floor_id.clear();
@@ -95,7 +91,7 @@ impl DueFloor {
     /// never above an entry written since the mark: a write since the mark in `to`'s
     /// millisecond or earlier caps it at the start of that millisecond.
     pub fn raise_to_key(&self, _mark: FloorMark, to: u64, id: &str) {
-        let mut g = self.lock();
+        let mut g = super::locked(&self.inner);
         let (to, id) = if to >= g.written_since_mark {
             (g.written_since_mark, "")
         } else {
@@ -110,7 +106,7 @@ impl DueFloor {
     /// The floor as a key: (time, id).
     #[cfg(test)]
     pub fn peek_key(&self) -> (u64, String) {
-        let g = self.lock();
+        let g = super::locked(&self.inner);
         (g.floor, g.floor_id.clone())
     }
 }

@@ -30,14 +30,13 @@ impl Store {
     /// Up to `limit` ids of `state`, in id (acceptance) order, strictly after `after`.
     pub fn ids_after(&self, state: State, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError> {
         let prefix = [state.to_byte()];
-        let mut start = prefix.to_vec();
-        if let Some(id) = after {
-            start.extend_from_slice(id.as_bytes());
-            start.push(0); // strictly after it
-        }
         // From the cursor: the keys handed off behind it are tombstones a seek from the
         // prefix would step over again on every page.
-        let mut it = self.range(keys::STATES, &start, Some(keys::prefix_end(&prefix)));
+        let mut it = self.range(
+            keys::STATES,
+            &keys::after(&prefix, after),
+            Some(keys::prefix_end(&prefix)),
+        );
         let mut out = Vec::new();
         while let Some(k) = it.key() {
             if out.len() >= limit {

@@ -86,14 +86,18 @@ impl Default for StoreOptions {
     }
 }
 
-/// A message to accept: its first state and its payload.
+/// A message with its payload: one to accept (its record pending, due at
+/// `next_attempt_at_ms`), or one claimed for an attempt ([`Claimed`]).
 #[derive(Debug, Clone)]
 pub struct NewMessage {
-    /// The record, in state pending, due at `next_attempt_at_ms`.
+    /// The record.
     pub record: MessageRecord,
-    /// What will be sent.
+    /// What is sent.
     pub payload: Payload,
 }
+
+/// A message claimed for an attempt: its record `in_flight`, and what to send.
+pub type Claimed = NewMessage;
 
 /// The answer to an accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,15 +109,6 @@ pub enum Accepted {
         /// The first message's delivery id.
         id: String,
     },
-}
-
-/// A message claimed for an attempt: now `in_flight`.
-#[derive(Debug, Clone)]
-pub struct Claimed {
-    /// The record (state `in_flight`).
-    pub record: MessageRecord,
-    /// What to send.
-    pub payload: Payload,
 }
 
 /// One finished attempt to record with [`Store::finish_attempts`].
@@ -187,7 +182,6 @@ pub struct Store {
     due_floor: Arc<floor::DueFloor>,
     committer: committer::Committer,
     stripes: Vec<Mutex<()>>,
-    plain: WriteOptions,
     synced: WriteOptions,
     /// Synced writes made outside the accept path (tests check that operator changes sync).
     operator_syncs: std::sync::atomic::AtomicU64,
@@ -224,18 +218,17 @@ impl Store {
     }
 
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
-        self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.stripes[stripe_of(id)])
     }
 
-    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+    /// Writes `batch`, `synced` when the write is acknowledged to an operator (delete,
+    /// replay, pause, resume), so a 204 for a delete is not undone by a power loss. These
+    /// are rare; the sync is cheap.
+    fn write(&self, batch: WriteBatch, synced: bool) -> Result<(), StoreError> {
         self.faults.before_write()?;
-        self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
-    }
-
-    /// A write acknowledged to an operator (delete, replay, pause, resume): synced, so a
-    /// 204 for a delete is not undone by a power loss. These are rare; the sync is cheap.
-    fn write_synced(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        self.faults.before_write()?;
+        if !synced {
+            return Ok(self.db.write(batch)?);
+        }
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -260,10 +253,7 @@ impl Store {
         msg.record.state = State::InFlight;
         let encoded = msg.payload.encode();
         let accepted = self.committer.submit(msg.record.clone(), encoded).await?;
-        let claimed = (accepted == Accepted::New).then_some(Claimed {
-            record: msg.record,
-            payload: msg.payload,
-        });
+        let claimed = (accepted == Accepted::New).then_some(msg);
         Ok((accepted, claimed))
     }
 
@@ -372,10 +362,12 @@ fn lock_stripes<'a, 'k>(stripes: &'a [Mutex<()>], keys: impl Iterator<Item = &'k
     let mut picked: Vec<usize> = keys.map(stripe_of).collect();
     picked.sort_unstable();
     picked.dedup();
-    picked
-        .iter()
-        .map(|i| stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
-        .collect()
+    picked.iter().map(|i| locked(&stripes[*i])).collect()
+}
+
+/// `m` locked, even if a panic poisoned it.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The lock stripe of an id (FNV-1a: cheap and good enough to spread ids).

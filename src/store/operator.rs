@@ -1,7 +1,7 @@
 //! What the admin API does to messages: replay of dead messages (one or in
 //! bulk), delete and listing (endpoint state is in `endpoints`).
 //!
-//! Every change an operator is told succeeded is written synced (`write_synced`): a 204 for
+//! Every change an operator is told succeeded is written synced: a 204 for
 //! a delete must survive a power loss. `remove` is shared with the retention sweep.
 //!
 //! Ordered messages: a replay re-enters the line (at the end, or first again when it is
@@ -172,11 +172,7 @@ impl Store {
             Some(s) => (keys::STATES, vec![s.to_byte()]),
             None => (keys::MESSAGES, Vec::new()),
         };
-        let mut start = prefix.clone();
-        if let Some(c) = cursor {
-            start.extend_from_slice(c.as_bytes());
-            start.push(0); // strictly after the cursor
-        }
+        let start = keys::after(&prefix, cursor);
         let mut it = self.range(cf, &start, (!prefix.is_empty()).then(|| keys::prefix_end(&prefix)));
         let mut page = Page::default();
         let mut scanned = 0;

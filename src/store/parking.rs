@@ -108,12 +108,11 @@ impl Store {
     /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
-        let mut start = prefix.to_vec();
-        if let Some(id) = after {
-            start.extend_from_slice(id.as_bytes());
-            start.push(0); // strictly after it
-        }
-        let mut it = self.range(keys::PARKED, &start, Some(keys::prefix_end(prefix)));
+        let mut it = self.range(
+            keys::PARKED,
+            &keys::after(prefix, after),
+            Some(keys::prefix_end(prefix)),
+        );
         let mut ids = Vec::new();
         while let Some(k) = it.key() {
             let due = it.value().filter(|v| v.len() > 8).map(|v| {

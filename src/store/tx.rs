@@ -112,11 +112,7 @@ impl Store {
     /// settles its ghosts; the caller holds the stripes `tx` was staged under.
     pub(super) fn commit(&self, tx: Tx<'_>, synced: bool) -> Result<(), StoreError> {
         let (b, written) = tx.seal();
-        if synced {
-            self.write_synced(b)?;
-        } else {
-            self.write(b)?;
-        }
+        self.write(b, synced)?;
         self.after_write(written);
         Ok(())
     }

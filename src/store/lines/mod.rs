@@ -127,19 +127,15 @@ impl LineLocks {
         super::lock_stripes(&self.stripes, endpoints)
     }
 
-    fn ghosts(&self) -> MutexGuard<'_, HashMap<String, String>> {
-        self.ghosts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub(super) fn ghost_of(&self, id: &str) -> Option<String> {
-        self.ghosts().get(id).cloned()
+        super::locked(&self.ghosts).get(id).cloned()
     }
 
     /// After a batch is written: the heads it settled stop being ghosts, those it deleted in
     /// flight become ghosts.
     pub(super) fn settle(&self, settled: Vec<String>, ghosted: Vec<(String, String)>) {
         if !settled.is_empty() || !ghosted.is_empty() {
-            let mut ghosts = self.ghosts();
+            let mut ghosts = super::locked(&self.ghosts);
             for id in &settled {
                 ghosts.remove(id);
             }
@@ -149,7 +145,7 @@ impl LineLocks {
 
     #[cfg(test)]
     pub(super) fn is_ghost(&self, id: &str) -> bool {
-        self.ghosts().contains_key(id)
+        super::locked(&self.ghosts).contains_key(id)
     }
 }
 
