@@ -28,7 +28,6 @@ mod counters;
 mod endpoints;
 mod error;
 mod expiry;
-mod filter;
 mod finish;
 mod floor;
 mod handoff;
@@ -53,10 +52,10 @@ pub(crate) use counters::CounterDeltas;
 pub use error::Faults;
 pub use error::StoreError;
 pub use expiry::Swept;
-pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;
 pub use lines::LineRecord;
+pub use operator::{ListFilter, Page};
 #[cfg(test)]
 pub use tests::faults::{Faults, ItemFault};
 

@@ -1,5 +1,6 @@
 //! What the admin API does to messages: replay of dead messages (one or in
-//! bulk), delete and listing (endpoint state is in `endpoints`).
+//! bulk), delete and listing, with the filter listings and bulk replay share (endpoint
+//! state is in `endpoints`).
 //!
 //! Every change an operator is told succeeded is written synced: a 204 for
 //! a delete must survive a power loss. `remove` is shared with the retention sweep.
@@ -9,7 +10,7 @@
 //! the change itself (see `lines`).
 
 use super::tx::Tx;
-use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{decode_message, keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
     /// Replays a dead message: pending again, attempts reset, a new give-up time (what
@@ -215,5 +216,36 @@ impl Store {
         }
         it.status()?;
         Ok(page)
+    }
+}
+
+/// A page of messages.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The messages, in id order.
+    pub items: Vec<MessageRecord>,
+    /// Where the next page starts, if there may be one.
+    pub next_cursor: Option<String>,
+}
+
+/// Filter for [`Store::list`] and [`Store::replay_dead`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this state.
+    pub state: Option<State>,
+    /// Only this endpoint.
+    pub endpoint: Option<String>,
+    /// Only messages finished at or after this time (millis).
+    pub finished_since_ms: Option<u64>,
+    /// Only messages finished before this time (millis).
+    pub finished_until_ms: Option<u64>,
+}
+
+impl ListFilter {
+    pub(super) fn matches(&self, rec: &MessageRecord) -> bool {
+        self.state.is_none_or(|s| s == rec.state)
+            && self.endpoint.as_deref().is_none_or(|e| e == rec.endpoint)
+            && self.finished_since_ms.is_none_or(|t| rec.finished_at_ms >= t)
+            && self.finished_until_ms.is_none_or(|t| rec.finished_at_ms < t)
     }
 }

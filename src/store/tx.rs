@@ -113,15 +113,10 @@ impl Store {
     pub(super) fn commit(&self, tx: Tx<'_>, synced: bool) -> Result<(), StoreError> {
         let (b, written) = tx.seal();
         self.write(b, synced)?;
-        self.after_write(written);
-        Ok(())
-    }
-
-    /// What follows a written batch (see [`Written`]).
-    pub(super) fn after_write(&self, written: Written) {
         self.lines.settle(written.settled, written.ghosted);
         if let Some(due) = written.min_due {
             self.due_floor.wrote(due);
         }
+        Ok(())
     }
 }
