@@ -58,20 +58,17 @@ impl Store {
     pub fn drop_zero_counters(&self) -> Result<usize, StoreError> {
         const CHUNK: usize = 4096;
         let prefix = keys::COUNT_OPEN_ENDPOINT;
-        let mut from = prefix.to_vec();
+        let mut from = Some(prefix.to_vec());
         let mut removed = 0;
-        loop {
+        while let Some(start) = from {
             let _counters = self.counter_gate.write().unwrap_or_else(|p| p.into_inner());
-            let mut it = self.range(keys::META, &from, Some(keys::prefix_end(prefix)));
+            let mut it = self.range(keys::META, &start, Some(keys::prefix_end(prefix)));
             let mut b = WriteBatch::default();
-            let (mut looked, mut zero) = (0, 0);
-            let mut last = None;
+            let mut looked = 0;
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
                 if decode_counter(v) == 0 {
                     b.delete_cf(self.cf(keys::META), k);
-                    zero += 1;
                 }
-                last = Some(k.to_vec());
                 looked += 1;
                 if looked >= CHUNK {
                     break;
@@ -79,19 +76,15 @@ impl Store {
                 it.next();
             }
             it.status()?;
+            // A full chunk stopped on its last key: the next one starts strictly after it.
+            from = it.key().filter(|_| looked >= CHUNK).map(|k| [k, &[0]].concat());
             drop(it);
-            if zero > 0 {
+            if !b.is_empty() {
+                removed += b.len();
                 self.write(b, false)?;
-                removed += zero;
-            }
-            match last {
-                Some(mut k) if looked >= CHUNK => {
-                    k.push(0);
-                    from = k;
-                }
-                _ => return Ok(removed),
             }
         }
+        Ok(removed)
     }
 
     /// Open messages of one endpoint.

@@ -34,24 +34,23 @@ impl Store {
         }
         let _lines = self.lines.lock(line_endpoints.iter().map(String::as_str));
         let mut tx = Tx::new(&self.db);
-        let mut out = Vec::with_capacity(items.len());
-        for (item, rec) in items.iter().zip(records) {
-            // A second item for an id already in the call: every record is read before any
-            // write lands, so applying it again would count the attempt twice.
-            let Some(rec) = rec else {
-                out.push(Ok(None));
-                continue;
-            };
-            out.push(rec.and_then(|rec| self.stage_finish(&mut tx, item, rec)));
-        }
+        // A second item for an id already in the call (`None`): every record is read before
+        // any write lands, so applying it again would count the attempt twice.
+        let out: Vec<_> = (items.iter().zip(records))
+            .map(|(item, rec)| {
+                rec.map_or(Ok(None), |rec| {
+                    rec.and_then(|rec| self.stage_finish(&mut tx, item, rec))
+                })
+            })
+            .collect();
         // A stale result of a head deleted in flight still moves its line on.
-        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) && tx.lines.is_empty() {
-            self.end_leases(items, &out);
-            return out;
-        }
-        let written = match self.faults.fail_result() {
-            true => Err(StoreError::Injected),
-            false => self.commit(tx, false),
+        let staged = out.iter().any(|r| matches!(r, Ok(Some(_)))) || !tx.lines.is_empty();
+        let written = if !staged {
+            Ok(())
+        } else if self.faults.fail_result() {
+            Err(StoreError::Injected)
+        } else {
+            self.commit(tx, false)
         };
         if let Err(e) = written {
             return out.into_iter().map(|r| r.and(Err(e.again()))).collect();
