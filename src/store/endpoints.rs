@@ -106,21 +106,10 @@ impl Store {
         // Strictly after `after`, but not before the first key of `prefix`.
         let start = keys::after(b"", after).max(prefix.as_bytes().to_vec());
         let until = (!prefix.is_empty()).then(|| keys::prefix_end(prefix.as_bytes()));
-        let mut it = self.range(keys::ENDPOINTS, &start, until);
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(decode_entry(k, v)?);
-            it.next();
-        }
-        it.status()?;
-        let stopped_at = if it.key().is_some() {
-            out.last().map(|(k, _)| k.clone())
-        } else {
-            None
-        };
+        let (out, more) = self.page(keys::ENDPOINTS, (&start, until), limit, |k, v| {
+            decode_entry(k, v).map(Some)
+        })?;
+        let stopped_at = out.last().filter(|_| more).map(|(k, _)| k.clone());
         Ok((out, stopped_at))
     }
 }

@@ -24,19 +24,10 @@ impl Store {
     /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or
     /// before `now_ms`, looking at most `limit` due entries.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<Swept, StoreError> {
-        let mut it = self.range(keys::EXPIRY, &[], Some(keys::time_key(now_ms.saturating_add(1), "")));
-        let mut entries = Vec::new();
-        while let Some(k) = it.key() {
-            if entries.len() >= limit {
-                break;
-            }
-            if let Some((ms, id)) = keys::split_time_key(k) {
-                entries.push((ms, id.to_string()));
-            }
-            it.next();
-        }
-        it.status()?;
-        drop(it);
+        let range = (&[][..], Some(keys::time_key(now_ms.saturating_add(1), "")));
+        let (entries, _) = self.page(keys::EXPIRY, range, limit, |k, _| {
+            Ok(keys::split_time_key(k).map(|(ms, id)| (ms, id.to_string())))
+        })?;
         let looked = entries.len();
         let mut removed = 0;
         for (ms, id) in entries {

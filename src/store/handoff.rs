@@ -32,21 +32,11 @@ impl Store {
         let prefix = [state.to_byte()];
         // From the cursor: the keys handed off behind it are tombstones a seek from the
         // prefix would step over again on every page.
-        let mut it = self.range(
-            keys::STATES,
-            &keys::after(&prefix, after),
-            Some(keys::prefix_end(&prefix)),
-        );
-        let mut out = Vec::new();
-        while let Some(k) = it.key() {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(String::from_utf8_lossy(&k[1..]).into_owned());
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
+        let range = (&keys::after(&prefix, after)[..], Some(keys::prefix_end(&prefix)));
+        let (ids, _) = self.page(keys::STATES, range, limit, |k, _| {
+            Ok(Some(String::from_utf8_lossy(&k[1..]).into_owned()))
+        })?;
+        Ok(ids)
     }
 
     /// Marks a pending message handed off (the peer answered 202 for it) at `now_ms`.

@@ -216,6 +216,29 @@ impl Store {
         range_in(&self.db, cf, from, until)
     }
 
+    /// Up to `limit` items `item` makes of the keys and values of `cf` from `from` to `until`
+    /// (as [`range_in`]), in key order (a key it makes none of does not count), and whether
+    /// keys are left after the last one looked at.
+    fn page<T>(
+        &self,
+        cf: &str,
+        (from, until): (&[u8], Option<Vec<u8>>),
+        limit: usize,
+        mut item: impl FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>,
+    ) -> Result<(Vec<T>, bool), StoreError> {
+        let mut it = self.range(cf, from, until);
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if out.len() >= limit {
+                break;
+            }
+            out.extend(item(k, v)?);
+            it.next();
+        }
+        it.status()?;
+        Ok((out, it.key().is_some()))
+    }
+
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
         locked(&self.stripes[stripe_of(id)])
     }
@@ -275,16 +298,13 @@ impl Store {
     /// A message's attempt history, oldest first.
     pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
         let prefix = id.as_bytes();
-        let mut out = Vec::new();
-        let mut it = self.range(keys::HISTORY, prefix, Some(keys::prefix_end(prefix)));
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let range = (prefix, Some(keys::prefix_end(prefix)));
+        let (out, _) = self.page(keys::HISTORY, range, usize::MAX, |k, v| {
             // (A longer key is another id that merely starts with this one.)
-            if k.len() == prefix.len() + 4 {
-                out.push(AttemptRecord::decode(v).map_err(StoreError::codec(id))?);
-            }
-            it.next();
-        }
-        it.status()?;
+            (k.len() == prefix.len() + 4)
+                .then(|| AttemptRecord::decode(v).map_err(StoreError::codec(id)))
+                .transpose()
+        })?;
         Ok(out)
     }
 

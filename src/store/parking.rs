@@ -108,27 +108,17 @@ impl Store {
     /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
-        let mut it = self.range(
-            keys::PARKED,
-            &keys::after(prefix, after),
-            Some(keys::prefix_end(prefix)),
-        );
-        let mut ids = Vec::new();
-        while let Some(k) = it.key() {
-            let due = it.value().filter(|v| v.len() > 8).map(|v| {
+        let range = (&keys::after(prefix, after)[..], Some(keys::prefix_end(prefix)));
+        let (ids, _) = self.page(keys::PARKED, range, UNPARK_BATCH, |k, v| {
+            let due = (v.len() > 8).then(|| {
                 let (ms, routing) = v.split_at(8);
                 (
                     u64::from_be_bytes(ms.try_into().expect("eight bytes")),
                     routing.to_vec(),
                 )
             });
-            ids.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), due));
-            if ids.len() >= UNPARK_BATCH {
-                break;
-            }
-            it.next();
-        }
-        it.status()?;
+            Ok(Some((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), due)))
+        })?;
         Ok(ids)
     }
 
