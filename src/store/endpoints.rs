@@ -106,7 +106,7 @@ impl Store {
         // Strictly after `after`, but not before the first key of `prefix`.
         let start = keys::after(b"", after).max(prefix.as_bytes().to_vec());
         let until = (!prefix.is_empty()).then(|| keys::prefix_end(prefix.as_bytes()));
-        let (out, more) = self.page(keys::ENDPOINTS, (&start, until), limit, |k, v| {
+        let (out, more) = super::page(&self.db, keys::ENDPOINTS, (&start, until), limit, |k, v| {
             decode_entry(k, v).map(Some)
         })?;
         let stopped_at = out.last().filter(|_| more).map(|(k, _)| k.clone());

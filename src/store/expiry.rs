@@ -25,7 +25,7 @@ impl Store {
     /// before `now_ms`, looking at most `limit` due entries.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<Swept, StoreError> {
         let range = (&[][..], Some(keys::time_key(now_ms.saturating_add(1), "")));
-        let (entries, _) = self.page(keys::EXPIRY, range, limit, |k, _| {
+        let (entries, _) = super::page(&self.db, keys::EXPIRY, range, limit, |k, _| {
             Ok(keys::split_time_key(k).map(|(ms, id)| (ms, id.to_string())))
         })?;
         let looked = entries.len();

@@ -33,7 +33,7 @@ impl Store {
         // From the cursor: the keys handed off behind it are tombstones a seek from the
         // prefix would step over again on every page.
         let range = (&keys::after(&prefix, after)[..], Some(keys::prefix_end(&prefix)));
-        let (ids, _) = self.page(keys::STATES, range, limit, |k, _| {
+        let (ids, _) = super::page(&self.db, keys::STATES, range, limit, |k, _| {
             Ok(Some(String::from_utf8_lossy(&k[1..]).into_owned()))
         })?;
         Ok(ids)

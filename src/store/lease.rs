@@ -200,12 +200,9 @@ impl Store {
         }
         let mut page = Page::default();
         for (i, id) in ids.iter().enumerate() {
-            let Some(rec) = self.message_shown(id)? else {
+            let Some(rec) = self.message_shown(id)?.filter(|r| filter.matches(r)) else {
                 continue;
             };
-            if !filter.matches(&rec) {
-                continue;
-            }
             page.items.push(rec);
             if page.items.len() >= limit {
                 if i + 1 < ids.len() {

@@ -216,29 +216,6 @@ impl Store {
         range_in(&self.db, cf, from, until)
     }
 
-    /// Up to `limit` items `item` makes of the keys and values of `cf` from `from` to `until`
-    /// (as [`range_in`]), in key order (a key it makes none of does not count), and whether
-    /// keys are left after the last one looked at.
-    fn page<T>(
-        &self,
-        cf: &str,
-        (from, until): (&[u8], Option<Vec<u8>>),
-        limit: usize,
-        mut item: impl FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>,
-    ) -> Result<(Vec<T>, bool), StoreError> {
-        let mut it = self.range(cf, from, until);
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if out.len() >= limit {
-                break;
-            }
-            out.extend(item(k, v)?);
-            it.next();
-        }
-        it.status()?;
-        Ok((out, it.key().is_some()))
-    }
-
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
         locked(&self.stripes[stripe_of(id)])
     }
@@ -299,7 +276,7 @@ impl Store {
     pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
         let prefix = id.as_bytes();
         let range = (prefix, Some(keys::prefix_end(prefix)));
-        let (out, _) = self.page(keys::HISTORY, range, usize::MAX, |k, v| {
+        let (out, _) = page(&self.db, keys::HISTORY, range, usize::MAX, |k, v| {
             // (A longer key is another id that merely starts with this one.)
             (k.len() == prefix.len() + 4)
                 .then(|| AttemptRecord::decode(v).map_err(StoreError::codec(id)))
@@ -349,6 +326,29 @@ fn finished_counter(state: State) -> &'static [u8] {
         State::HandedOff => keys::COUNT_HANDED_OFF,
         _ => keys::COUNT_DELIVERED,
     }
+}
+
+/// Up to `limit` items `item` makes of the keys and values of `cf` from `from` to `until`
+/// (as [`range_in`]), in key order (a key it makes none of does not count), and whether
+/// keys are left after the last one looked at.
+fn page<T>(
+    db: &DB,
+    cf: &str,
+    (from, until): (&[u8], Option<Vec<u8>>),
+    limit: usize,
+    mut item: impl FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>,
+) -> Result<(Vec<T>, bool), StoreError> {
+    let mut it = range_in(db, cf, from, until);
+    let mut out = Vec::new();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        if out.len() >= limit {
+            break;
+        }
+        out.extend(item(k, v)?);
+        it.next();
+    }
+    it.status()?;
+    Ok((out, it.key().is_some()))
 }
 
 /// A raw iterator over `cf` from `from` (also its lower bound) to `until` (exclusive; `None`:

@@ -113,10 +113,10 @@ impl Store {
                 n += dead.len();
             }
             drop(guards);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return Ok(n),
+            if page.next_cursor.is_none() {
+                return Ok(n);
             }
+            cursor = page.next_cursor;
         }
     }
 

@@ -109,7 +109,7 @@ impl Store {
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
         let range = (&keys::after(prefix, after)[..], Some(keys::prefix_end(prefix)));
-        let (ids, _) = self.page(keys::PARKED, range, UNPARK_BATCH, |k, v| {
+        let (ids, _) = super::page(&self.db, keys::PARKED, range, UNPARK_BATCH, |k, v| {
             let due = (v.len() > 8).then(|| {
                 let (ms, routing) = v.split_at(8);
                 (

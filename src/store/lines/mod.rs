@@ -247,29 +247,19 @@ impl Tx<'_> {
         }
         let prefix = keys::line_key(endpoint);
         let start = keys::line_member_key(endpoint, after.map_or(0, |pos| pos.saturating_add(1)));
-        let mut it = super::range_in(self.db, keys::LINES, &start, Some(keys::prefix_end(&prefix)));
         // Member keys leaving the line (the promoted one last), and the promoted record.
         let mut leaving: Vec<(Vec<u8>, u64)> = Vec::new();
-        let mut promoted = None;
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let members = (&start[..], Some(keys::prefix_end(&prefix)));
+        let (promoted, _) = super::page(self.db, keys::LINES, members, 1, |k, v| {
             let Some((_, Some(pos))) = keys::split_line_key(k) else {
-                it.next();
-                continue;
+                return Ok(None);
             };
             leaving.push((k.to_vec(), pos));
-            let next = String::from_utf8_lossy(v).into_owned();
-            if let Some(rec) = super::message_in(self.db, &next)? {
-                if rec.state == State::Pending && rec.fifo.is_some_and(|f| f.pos == pos) {
-                    promoted = Some(rec);
-                    break;
-                }
-            }
+            let rec = super::message_in(self.db, &String::from_utf8_lossy(v))?;
             // A member whose record moved on (never written so, but never worth stopping
             // a line for): dropped, and the next one looked at.
-            it.next();
-        }
-        it.status()?;
-        drop(it);
+            Ok(rec.filter(|r| r.state == State::Pending && r.fifo.is_some_and(|f| f.pos == pos)))
+        })?;
         // Every read succeeded: from here on nothing fails.
         let mut line = line;
         for (key, pos) in leaving {
@@ -278,7 +268,7 @@ impl Tx<'_> {
             self.count(keys::COUNT_LINED, -1);
             self.lines.taken.insert(endpoint.to_string(), pos);
         }
-        let head = promoted.map(|mut rec| {
+        let head = promoted.into_iter().next().map(|mut rec| {
             rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
             rec.next_attempt_at_ms = now_ms;
             self.enqueue(&rec);

@@ -55,14 +55,9 @@ impl Store {
             return Ok(Some(0));
         }
         let from = keys::line_member_key(&rec.endpoint, 0);
-        let mut it = self.range(keys::LINES, &from, Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
-        let mut ahead = 1; // the head
-        while it.key().is_some() {
-            ahead += 1;
-            it.next();
-        }
-        it.status()?;
-        Ok(Some(ahead))
+        let ahead = (&from[..], Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
+        let (members, _) = crate::store::page(&self.db, keys::LINES, ahead, usize::MAX, |_, _| Ok(Some(())))?;
+        Ok(Some(1 + members.len() as u64)) // the head, and the members ahead
     }
 
     /// Messages waiting in lines behind their heads, all endpoints.
