@@ -68,11 +68,7 @@ impl Committer {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             // An ordered record is encoded on the commit thread, once its place is known.
-            record_bytes: if record.fifo.is_some() {
-                Vec::new()
-            } else {
-                record.encode()
-            },
+            record_bytes: record.fifo.map_or_else(|| record.encode(), |_| Vec::new()),
             payload_bytes,
             record,
             reply,

@@ -8,7 +8,7 @@
 //! written within the retention window is deleted unless its endpoint is paused (a pause
 //! lasts until an operator resumes it).
 
-use rocksdb::{IteratorMode, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::{keys, EndpointRecord, Store, StoreError};
 
@@ -19,15 +19,10 @@ impl Store {
     /// The paused endpoints (what delivery must know from the start: every other record is
     /// read back when its endpoint is next seen).
     pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
-            let (k, v) = item?;
-            let entry = decode_entry(&k, &v)?;
-            if entry.1.paused {
-                out.push(entry);
-            }
-        }
-        Ok(out)
+        let (paused, _) = super::page(&self.db, keys::ENDPOINTS, (&[], None), usize::MAX, |k, v| {
+            decode_entry(k, v).map(|entry| entry.1.paused.then_some(entry))
+        })?;
+        Ok(paused)
     }
 
     /// One endpoint's persisted state, if it has one.

@@ -236,8 +236,7 @@ impl Store {
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
     /// accepts), unless one with the same event id and target exists.
     pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        let payload = msg.payload.encode();
-        self.committer.submit(msg.record, payload).await
+        self.committer.submit(msg.record, msg.payload.encode()).await
     }
 
     /// [`Store::accept`] for a message whose first attempt starts the moment it is durable:
