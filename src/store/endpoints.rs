@@ -61,28 +61,19 @@ impl Store {
         before_ms: u64,
     ) -> Result<(usize, Option<Vec<u8>>), StoreError> {
         let cf = self.cf(keys::ENDPOINTS);
-        let mut it = self.range(keys::ENDPOINTS, from.unwrap_or_default(), None);
         let mut b = WriteBatch::default();
-        let (mut looked, mut removed) = (0, 0);
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if looked >= EXPIRE_CHUNK {
-                break;
-            }
-            looked += 1;
+        let chunk = (from.unwrap_or_default(), None);
+        let (_, next) = super::page(&self.db, keys::ENDPOINTS, chunk, EXPIRE_CHUNK, |k, v| {
             match decode_stamped(k, v) {
-                Ok((rec, written_ms)) if !rec.paused && written_ms < before_ms => {
-                    b.delete_cf(cf, k);
-                    removed += 1;
-                }
+                Ok((rec, written_ms)) if !rec.paused && written_ms < before_ms => b.delete_cf(cf, k),
                 Ok(_) => {}
                 // A record that cannot be read must not stop every later sweep: it is logged
                 // and left for an operator (it may be paused).
                 Err(e) => tracing::error!(error = %e, "an endpoint record cannot be read; the expiry sweep skips it"),
             }
-            it.next();
-        }
-        it.status()?;
-        let next = it.key().map(<[u8]>::to_vec);
+            Ok(Some(()))
+        })?;
+        let removed = b.len();
         if !b.is_empty() {
             self.write(b, false)?;
         }
@@ -104,7 +95,7 @@ impl Store {
         let (out, more) = super::page(&self.db, keys::ENDPOINTS, (&start, until), limit, |k, v| {
             decode_entry(k, v).map(Some)
         })?;
-        let stopped_at = out.last().filter(|_| more).map(|(k, _)| k.clone());
+        let stopped_at = out.last().filter(|_| more.is_some()).map(|(k, _)| k.clone());
         Ok((out, stopped_at))
     }
 }

@@ -328,15 +328,15 @@ fn finished_counter(state: State) -> &'static [u8] {
 }
 
 /// Up to `limit` items `item` makes of the keys and values of `cf` from `from` to `until`
-/// (as [`range_in`]), in key order (a key it makes none of does not count), and whether
-/// keys are left after the last one looked at.
+/// (as [`range_in`]), in key order (a key it makes none of does not count), and the key
+/// after the last one looked at, if there is one.
 fn page<T>(
     db: &DB,
     cf: &str,
     (from, until): (&[u8], Option<Vec<u8>>),
     limit: usize,
     mut item: impl FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>,
-) -> Result<(Vec<T>, bool), StoreError> {
+) -> Result<(Vec<T>, Option<Vec<u8>>), StoreError> {
     let mut it = range_in(db, cf, from, until);
     let mut out = Vec::new();
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
@@ -347,7 +347,7 @@ fn page<T>(
         it.next();
     }
     it.status()?;
-    Ok((out, it.key().is_some()))
+    Ok((out, it.key().map(<[u8]>::to_vec)))
 }
 
 /// A raw iterator over `cf` from `from` (also its lower bound) to `until` (exclusive; `None`:
