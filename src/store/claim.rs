@@ -5,9 +5,9 @@
 //! it in flight at accept (`Store::accept_claimed`); what happens after the attempt is in
 //! `finish`.
 
-use rocksdb::ReadOptions;
-
-use super::{keys, Claimed, CodecError, DueEntry, FloorMark, Routing, ScanEnd, ScanStep, State, Store, StoreError};
+use super::{
+    keys, Claimed, CodecError, DueEntry, FloorMark, MessageRecord, Routing, ScanEnd, ScanStep, State, Store, StoreError,
+};
 
 impl Store {
     /// Walks the due queue in due order, handing each entry due at or before `now_ms` to
@@ -31,20 +31,14 @@ impl Store {
         mut step: impl FnMut(DueEntry) -> ScanStep,
     ) -> Result<(ScanEnd, FloorMark), StoreError> {
         let mark = self.due_floor.mark();
-        let (floor, floor_id) = (mark.floor, mark.id.clone());
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(keys::time_key(floor, &floor_id));
-        ro.set_iterate_upper_bound(keys::time_key(now_ms.saturating_add(1), ""));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(keys::DUE), ro);
-        match after {
-            Some((due, id)) => {
-                let from = keys::time_key(due, id);
-                it.seek(&from);
-                if it.key() == Some(from.as_slice()) {
-                    it.next();
-                }
+        let floor = keys::time_key(mark.floor, &mark.id);
+        let mut it = self.range(keys::DUE, &floor, Some(keys::time_key(now_ms.saturating_add(1), "")));
+        if let Some((due, id)) = after {
+            let from = keys::time_key(due, id);
+            it.seek(&from);
+            if it.key() == Some(from.as_slice()) {
+                it.next();
             }
-            None => it.seek(keys::time_key(floor, &floor_id)),
         }
         let mut seen = 0;
         let mut held_until: Option<u64> = None;
@@ -77,14 +71,14 @@ impl Store {
         it.status()?;
         drop(it);
         // Nothing more is due now: report when the next entry is (at or above the floor).
-        let from = keys::time_key(now_ms.saturating_add(1), "").max(keys::time_key(floor, &floor_id));
-        let it = self.range(keys::DUE, &from, None);
+        let it = self.range(
+            keys::DUE,
+            &keys::time_key(now_ms.saturating_add(1), "").max(floor),
+            None,
+        );
         let next_due_ms = it.key().and_then(keys::split_time_key).map(|(ms, _)| ms);
         it.status()?;
-        let next_due_ms = match (next_due_ms, held_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next_due_ms = next_due_ms.into_iter().chain(held_until).min();
         Ok((ScanEnd::Exhausted { next_due_ms }, mark))
     }
 
@@ -98,12 +92,10 @@ impl Store {
     /// The message a due entry points at, with its payload, if the entry is current (the
     /// message is pending and due at the entry's time); `None` for a stale entry.
     pub(super) fn due_message(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
-        let Some(record) = self.message(&entry.id)? else {
+        let current = |r: &MessageRecord| r.state == State::Pending && r.next_attempt_at_ms == entry.due_ms;
+        let Some(record) = self.message(&entry.id)?.filter(current) else {
             return Ok(None);
         };
-        if record.state != State::Pending || record.next_attempt_at_ms != entry.due_ms {
-            return Ok(None);
-        }
         let Some(payload) = self.payload(&entry.id)? else {
             return Err(StoreError::Codec {
                 key: entry.id.clone(),

@@ -12,8 +12,9 @@ use tokio::sync::oneshot;
 
 use super::codec::MessageRecord;
 use super::floor::DueFloor;
-use super::lines::{LineLocks, LineTx};
-use super::{cf_of, keys, Accepted, CounterDeltas, Faults, StoreError};
+use super::lines::LineLocks;
+use super::tx::Tx;
+use super::{cf_of, keys, Accepted, Faults, StoreError};
 use crate::batcher::Batcher;
 use crate::model::State;
 
@@ -67,11 +68,7 @@ impl Committer {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             // An ordered record is encoded on the commit thread, once its place is known.
-            record_bytes: if record.fifo.is_some() {
-                Vec::new()
-            } else {
-                record.encode()
-            },
+            record_bytes: record.fifo.map_or_else(|| record.encode(), |_| Vec::new()),
             payload_bytes,
             record,
             reply,
@@ -107,20 +104,18 @@ fn commit(
         .map(|j| j.record.endpoint.clone())
         .collect();
     let _lines = lines.lock(ordered.iter().map(String::as_str));
-    let mut gathered = Gathered::new(&jobs);
+    let mut gathered = Gathered::new(db, &jobs);
     for job in jobs {
-        gathered.add(db, job);
+        gathered.add(job);
     }
     if !gathered.stored.is_empty() {
-        gathered.write(db, due_floor, write);
+        gathered.write(due_floor, write);
     }
 }
 
 /// One commit's write batch as it is gathered, and who to answer once it is durable.
-struct Gathered {
-    batch: WriteBatch,
-    line_tx: LineTx,
-    counters: CounterDeltas,
+struct Gathered<'a> {
+    tx: Tx<'a>,
     /// Event key to message id, for the accepts already in this batch.
     in_batch: HashMap<Vec<u8>, String>,
     stored: Vec<Reply>,
@@ -128,37 +123,32 @@ struct Gathered {
     /// a 202 for it before the synced write would acknowledge what may never be stored
     /// (the write can fail, the process can die before the fsync).
     in_batch_duplicates: Vec<(Reply, String)>,
-    min_due: u64,
 }
 
-impl Gathered {
-    fn new(jobs: &[Job]) -> Gathered {
+impl<'a> Gathered<'a> {
+    fn new(db: &'a DB, jobs: &[Job]) -> Self {
         // Sized for the records up front: growing the batch's buffer copies it each time.
         let bytes: usize = jobs
             .iter()
             .map(|j| j.record_bytes.len() + j.payload_bytes.len() + 4 * j.record.id.len() + 256)
             .sum();
         Gathered {
-            batch: WriteBatch::with_capacity_bytes(bytes),
-            line_tx: LineTx::default(),
-            counters: CounterDeltas::default(),
+            tx: Tx::with_capacity(db, bytes),
             in_batch: HashMap::new(),
             stored: Vec::with_capacity(jobs.len()),
             in_batch_duplicates: Vec::new(),
-            min_due: u64::MAX,
         }
     }
 
     /// Writes the batch with `write` and answers every caller with its result.
-    fn write(mut self, db: &DB, due_floor: &DueFloor, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
-        self.counters.write_into(&mut self.batch, cf_of(db, keys::META));
+    fn write(self, due_floor: &DueFloor, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
         // Nothing to settle: accepts only join lines.
-        let _ = self.line_tx.write_into(db, &mut self.batch);
-        match write(self.batch) {
+        let (batch, written) = self.tx.seal();
+        match write(batch) {
             Ok(()) => {
                 // Only now are the entries visible: report them to the scheduler's floor.
-                if self.min_due != u64::MAX {
-                    due_floor.wrote(self.min_due);
+                if let Some(due) = written.min_due {
+                    due_floor.wrote(due);
                 }
                 for reply in self.stored {
                     let _ = reply.send(Ok(Accepted::New));
@@ -182,69 +172,60 @@ impl Gathered {
 
     /// Adds one accept to the batch, or answers it at once (a duplicate of a stored
     /// message, or a failed read).
-    fn add(&mut self, db: &DB, mut job: Job) {
+    fn add(&mut self, mut job: Job) {
         let event_key = keys::pair_key(&job.record.event_id, &job.record.target);
         if let Some(id) = self.in_batch.get(&event_key) {
             self.in_batch_duplicates.push((job.reply, id.clone()));
             return;
         }
-        match db.get_pinned_cf(cf_of(db, keys::EVENTS), &event_key) {
-            Ok(Some(id)) => {
-                let id = String::from_utf8_lossy(&id).into_owned();
-                let _ = job.reply.send(Ok(Accepted::Duplicate { id }));
-                return;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let _ = job.reply.send(Err(StoreError::Rocks(e)));
-                return;
-            }
-        }
-        let queued = match self.place(db, &mut job) {
-            Ok(queued) => queued,
-            Err(e) => {
-                let _ = job.reply.send(Err(e));
-                return;
-            }
+        let db = self.tx.db;
+        let answered = match db.get_pinned_cf(cf_of(db, keys::EVENTS), &event_key) {
+            Ok(Some(id)) => Ok(Accepted::Duplicate {
+                id: String::from_utf8_lossy(&id).into_owned(),
+            }),
+            Ok(None) => match self.place(&mut job) {
+                Ok(queued) => {
+                    self.put(&job, &event_key, queued);
+                    self.in_batch.insert(event_key, job.record.id.clone());
+                    self.stored.push(job.reply);
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(StoreError::Rocks(e)),
         };
-        self.put(db, &job, &event_key, queued);
-        self.in_batch.insert(event_key, job.record.id.clone());
-        self.stored.push(job.reply);
+        let _ = job.reply.send(answered);
     }
 
     /// Whether the message is queued (gets a due entry). An ordered message is queued only
     /// as the head of its line; otherwise it waits in the line with no due entry (and its
     /// record carries its place).
-    fn place(&mut self, db: &DB, job: &mut Job) -> Result<bool, StoreError> {
+    fn place(&mut self, job: &mut Job) -> Result<bool, StoreError> {
         if job.record.fifo.is_none() {
             return Ok(job.record.state == State::Pending);
         }
         job.record.state = State::Pending;
-        let head = self.line_tx.join(db, &mut self.batch, &mut job.record)?;
+        let head = self.tx.join(&mut job.record)?;
         job.record_bytes = job.record.encode();
         Ok(head)
     }
 
     /// Puts the message's record, payload, due entry (when `queued`), state and event keys.
-    fn put(&mut self, db: &DB, job: &Job, event_key: &[u8], queued: bool) {
+    fn put(&mut self, job: &Job, event_key: &[u8], queued: bool) {
         let rec = &job.record;
         let id = rec.id.as_str();
-        self.batch
-            .put_cf(cf_of(db, keys::MESSAGES), id.as_bytes(), &job.record_bytes);
-        self.batch
-            .put_cf(cf_of(db, keys::PAYLOADS), id.as_bytes(), &job.payload_bytes);
+        let tx = &mut self.tx;
+        tx.put(keys::MESSAGES, id, &job.record_bytes);
+        tx.put(keys::PAYLOADS, id, &job.payload_bytes);
         // A message claimed at accept (its first attempt starts once this write is durable)
         // is stored in flight with no due entry, as a claim would leave it; a crash before
         // its result puts it back in the queue like any other attempt in flight.
         if queued {
-            self.min_due = self.min_due.min(rec.next_attempt_at_ms);
-            super::enqueue(db, &mut self.batch, rec);
+            tx.enqueue(rec);
         }
-        self.batch
-            .put_cf(cf_of(db, keys::STATES), keys::state_key(rec.state.to_byte(), id), []);
-        self.batch.put_cf(cf_of(db, keys::EVENTS), event_key, id.as_bytes());
-        self.counters.add(keys::COUNT_OPEN, 1);
-        self.counters.add(&keys::endpoint_open_key(&rec.endpoint), 1);
+        tx.put(keys::STATES, keys::state_key(rec.state.to_byte(), id), []);
+        tx.put(keys::EVENTS, event_key, id);
+        tx.count_open(&rec.endpoint, 1);
     }
 }
 

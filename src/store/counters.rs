@@ -51,11 +51,6 @@ pub(super) fn decode_counter(v: &[u8]) -> i64 {
 pub type OpenPage = (Vec<(String, u64)>, Option<String>);
 
 impl Store {
-    /// Adds a counter change to `b` (for one-off transitions; batches use [`CounterDeltas`]).
-    pub(super) fn count(&self, b: &mut WriteBatch, key: &[u8], delta: i64) {
-        b.merge_cf(self.cf(keys::META), key, delta.to_le_bytes());
-    }
-
     /// Removes per-endpoint open counters that are zero (an endpoint with nothing open),
     /// so the `meta` family does not keep a key for every endpoint ever seen. Works in
     /// chunks, each under the counter gate, so accepts wait for one chunk at most.
@@ -63,20 +58,17 @@ impl Store {
     pub fn drop_zero_counters(&self) -> Result<usize, StoreError> {
         const CHUNK: usize = 4096;
         let prefix = keys::COUNT_OPEN_ENDPOINT;
-        let mut from = prefix.to_vec();
+        let mut from = Some(prefix.to_vec());
         let mut removed = 0;
-        loop {
+        while let Some(start) = from {
             let _counters = self.counter_gate.write().unwrap_or_else(|p| p.into_inner());
-            let mut it = self.range(keys::META, &from, Some(keys::prefix_end(prefix)));
+            let mut it = self.range(keys::META, &start, Some(keys::prefix_end(prefix)));
             let mut b = WriteBatch::default();
-            let (mut looked, mut zero) = (0, 0);
-            let mut last = None;
+            let mut looked = 0;
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
                 if decode_counter(v) == 0 {
                     b.delete_cf(self.cf(keys::META), k);
-                    zero += 1;
                 }
-                last = Some(k.to_vec());
                 looked += 1;
                 if looked >= CHUNK {
                     break;
@@ -84,19 +76,15 @@ impl Store {
                 it.next();
             }
             it.status()?;
+            // A full chunk stopped on its last key: the next one starts strictly after it.
+            from = it.key().filter(|_| looked >= CHUNK).map(|k| [k, &[0]].concat());
             drop(it);
-            if zero > 0 {
-                self.write(b)?;
-                removed += zero;
-            }
-            match last {
-                Some(mut k) if looked >= CHUNK => {
-                    k.push(0);
-                    from = k;
-                }
-                _ => return Ok(removed),
+            if !b.is_empty() {
+                removed += b.len();
+                self.write(b, false)?;
             }
         }
+        Ok(removed)
     }
 
     /// Open messages of one endpoint.
@@ -110,11 +98,8 @@ impl Store {
     /// stopped before the end (more may follow).
     pub fn open_endpoints_page(&self, after: Option<&str>, prefix: &str, limit: usize) -> Result<OpenPage, StoreError> {
         let base = keys::COUNT_OPEN_ENDPOINT;
-        let mut start = keys::endpoint_open_key(prefix);
-        if let Some(a) = after.filter(|a| *a >= prefix) {
-            start = keys::endpoint_open_key(a);
-            start.push(0); // strictly after it
-        }
+        // Strictly after `after`, but not before the first key of `prefix`.
+        let start = keys::after(base, after).max(keys::endpoint_open_key(prefix));
         let until = keys::prefix_end(&keys::endpoint_open_key(prefix));
         let mut it = self.range(keys::META, &start, Some(until));
         let (mut out, mut looked) = (Vec::new(), 0);

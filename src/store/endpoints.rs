@@ -8,7 +8,7 @@
 //! written within the retention window is deleted unless its endpoint is paused (a pause
 //! lasts until an operator resumes it).
 
-use rocksdb::{IteratorMode, WriteBatch};
+use rocksdb::WriteBatch;
 
 use super::{keys, EndpointRecord, Store, StoreError};
 
@@ -19,15 +19,10 @@ impl Store {
     /// The paused endpoints (what delivery must know from the start: every other record is
     /// read back when its endpoint is next seen).
     pub fn paused_endpoints(&self) -> Result<Vec<(String, EndpointRecord)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(keys::ENDPOINTS), IteratorMode::Start) {
-            let (k, v) = item?;
-            let entry = decode_entry(&k, &v)?;
-            if entry.1.paused {
-                out.push(entry);
-            }
-        }
-        Ok(out)
+        let (paused, _) = super::page(&self.db, keys::ENDPOINTS, (&[], None), usize::MAX, |k, v| {
+            decode_entry(k, v).map(|entry| entry.1.paused.then_some(entry))
+        })?;
+        Ok(paused)
     }
 
     /// One endpoint's persisted state, if it has one.
@@ -52,11 +47,7 @@ impl Store {
                 b.put_cf(self.cf(keys::ENDPOINTS), key.as_bytes(), rec.encode_at(now_ms));
             }
         }
-        if synced {
-            self.write_synced(b)
-        } else {
-            self.write(b)
-        }
+        self.write(b, synced)
     }
 
     /// Deletes the records of endpoints that are not paused and were not written since
@@ -70,30 +61,21 @@ impl Store {
         before_ms: u64,
     ) -> Result<(usize, Option<Vec<u8>>), StoreError> {
         let cf = self.cf(keys::ENDPOINTS);
-        let mut it = self.range(keys::ENDPOINTS, from.unwrap_or_default(), None);
         let mut b = WriteBatch::default();
-        let (mut looked, mut removed) = (0, 0);
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if looked >= EXPIRE_CHUNK {
-                break;
-            }
-            looked += 1;
+        let chunk = (from.unwrap_or_default(), None);
+        let (_, next) = super::page(&self.db, keys::ENDPOINTS, chunk, EXPIRE_CHUNK, |k, v| {
             match decode_stamped(k, v) {
-                Ok((rec, written_ms)) if !rec.paused && written_ms < before_ms => {
-                    b.delete_cf(cf, k);
-                    removed += 1;
-                }
+                Ok((rec, written_ms)) if !rec.paused && written_ms < before_ms => b.delete_cf(cf, k),
                 Ok(_) => {}
                 // A record that cannot be read must not stop every later sweep: it is logged
                 // and left for an operator (it may be paused).
                 Err(e) => tracing::error!(error = %e, "an endpoint record cannot be read; the expiry sweep skips it"),
             }
-            it.next();
-        }
-        it.status()?;
-        let next = it.key().map(<[u8]>::to_vec);
+            Ok(Some(()))
+        })?;
+        let removed = b.len();
         if !b.is_empty() {
-            self.write(b)?;
+            self.write(b, false)?;
         }
         Ok((removed, next))
     }
@@ -107,27 +89,13 @@ impl Store {
         prefix: &str,
         limit: usize,
     ) -> Result<(Vec<(String, EndpointRecord)>, Option<String>), StoreError> {
-        let mut start = prefix.as_bytes().to_vec();
-        if let Some(a) = after.filter(|a| *a >= prefix) {
-            start = a.as_bytes().to_vec();
-            start.push(0); // strictly after it
-        }
+        // Strictly after `after`, but not before the first key of `prefix`.
+        let start = keys::after(b"", after).max(prefix.as_bytes().to_vec());
         let until = (!prefix.is_empty()).then(|| keys::prefix_end(prefix.as_bytes()));
-        let mut it = self.range(keys::ENDPOINTS, &start, until);
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(decode_entry(k, v)?);
-            it.next();
-        }
-        it.status()?;
-        let stopped_at = if it.key().is_some() {
-            out.last().map(|(k, _)| k.clone())
-        } else {
-            None
-        };
+        let (out, more) = super::page(&self.db, keys::ENDPOINTS, (&start, until), limit, |k, v| {
+            decode_entry(k, v).map(Some)
+        })?;
+        let stopped_at = out.last().filter(|_| more.is_some()).map(|(k, _)| k.clone());
         Ok((out, stopped_at))
     }
 }

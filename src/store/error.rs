@@ -85,12 +85,12 @@ impl StoreError {
     /// A short machine-readable code.
     pub fn code(&self) -> &'static str {
         match self {
-            StoreError::Rocks(_) | StoreError::Dir { .. } => "storage_error",
             StoreError::Locked(_) => "data_dir_locked",
             StoreError::Codec { .. } => "corrupt_record",
             StoreError::Closed => "shutting_down",
-            StoreError::Panicked(_) => "storage_error",
-            StoreError::Injected => "storage_error",
+            StoreError::Rocks(_) | StoreError::Dir { .. } | StoreError::Panicked(_) | StoreError::Injected => {
+                "storage_error"
+            }
         }
     }
 }

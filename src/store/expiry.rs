@@ -4,9 +4,7 @@
 //! Named `expiry` (after the column family it walks) to keep it apart from
 //! `crate::retention`, the background task that calls it.
 
-use rocksdb::WriteBatch;
-
-use super::lines::LineTx;
+use super::tx::Tx;
 use super::{keys, Store, StoreError};
 
 /// How long before a retention entry whose record did not read is looked at again.
@@ -26,57 +24,45 @@ impl Store {
     /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or
     /// before `now_ms`, looking at most `limit` due entries.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<Swept, StoreError> {
-        let mut it = self.range(keys::EXPIRY, &[], Some(keys::time_key(now_ms.saturating_add(1), "")));
-        let mut entries = Vec::new();
-        while let Some(k) = it.key() {
-            if entries.len() >= limit {
-                break;
-            }
-            if let Some((ms, id)) = keys::split_time_key(k) {
-                entries.push((ms, id.to_string()));
-            }
-            it.next();
-        }
-        it.status()?;
-        drop(it);
+        let range = (&[][..], Some(keys::time_key(now_ms.saturating_add(1), "")));
+        let (entries, _) = super::page(&self.db, keys::EXPIRY, range, limit, |k, _| {
+            Ok(keys::split_time_key(k).map(|(ms, id)| (ms, id.to_string())))
+        })?;
         let looked = entries.len();
         let mut removed = 0;
         for (ms, id) in entries {
             let _g = self.lock(&id);
-            let mut b = WriteBatch::default();
-            b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(ms, &id));
+            let mut tx = Tx::new(&self.db);
+            tx.delete(keys::EXPIRY, keys::time_key(ms, &id));
             let rec = match self.message(&id) {
                 Ok(rec) => rec,
                 Err(e) => {
                     // Looked at again later, after the others: one record that does not
                     // read must not hold every sweep at its entry.
                     tracing::error!(delivery_id = %id, error = %e, "retention: a record does not read; looked at again in an hour");
-                    b.put_cf(
-                        self.cf(keys::EXPIRY),
+                    tx.put(
+                        keys::EXPIRY,
                         keys::time_key(now_ms.saturating_add(UNREADABLE_AGAIN_MS), &id),
                         [],
                     );
-                    self.write(b)?;
+                    self.commit(tx, false)?;
                     continue;
                 }
             };
             // A dead head its line is blocked behind hands over to the next when it goes.
             let ordered = rec.as_ref().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str());
             let _line = self.lines.lock(ordered.into_iter());
-            let mut tx = LineTx::default();
-            if let Some(rec) = &rec {
-                if rec.state.is_finished() {
-                    let due = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
-                    if due <= now_ms {
-                        self.remove(&mut b, &mut tx, rec, now_ms)?;
-                        removed += 1;
-                    } else if due != ms {
-                        // Retention was lengthened since this entry was written.
-                        b.put_cf(self.cf(keys::EXPIRY), keys::time_key(due, &id), []);
-                    }
+            if let Some(rec) = rec.as_ref().filter(|r| r.state.is_finished()) {
+                let due = self.expires_at(rec);
+                if due <= now_ms {
+                    self.remove(&mut tx, rec, now_ms)?;
+                    removed += 1;
+                } else if due != ms {
+                    // Retention was lengthened since this entry was written.
+                    tx.put(keys::EXPIRY, keys::time_key(due, &id), []);
                 }
             }
-            self.write_with_lines(b, tx, false)?;
+            self.commit(tx, false)?;
         }
         Ok(Swept { looked, removed })
     }

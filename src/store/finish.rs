@@ -5,10 +5,8 @@
 //! Results are batched: the workers' results that end together are written in one batch,
 //! with their counter changes summed (see `counters`).
 
-use rocksdb::WriteBatch;
-
-use super::lines::LineTx;
-use super::{keys, CounterDeltas, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::tx::Tx;
+use super::{keys, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
     /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
@@ -35,44 +33,27 @@ impl Store {
             }
         }
         let _lines = self.lines.lock(line_endpoints.iter().map(String::as_str));
-        let mut tx = LineTx::default();
-        let mut b = WriteBatch::default();
-        let mut counters = CounterDeltas::default();
-        let mut out = Vec::with_capacity(items.len());
-        let mut min_retry = u64::MAX;
-        for (item, rec) in items.iter().zip(records) {
-            // A second item for an id already in the call: every record is read before any
-            // write lands, so applying it again would count the attempt twice.
-            let Some(rec) = rec else {
-                out.push(Ok(None));
-                continue;
-            };
-            let staged = rec.and_then(|rec| self.stage_finish(&mut b, &mut counters, &mut tx, item, rec));
-            if let (Ok(Some(_)), Transition::RetryAt(at)) = (&staged, item.transition) {
-                min_retry = min_retry.min(at);
-            }
-            out.push(staged);
-        }
+        let mut tx = Tx::new(&self.db);
+        // A second item for an id already in the call (`None`): every record is read before
+        // any write lands, so applying it again would count the attempt twice.
+        let out: Vec<_> = (items.iter().zip(records))
+            .map(|(item, rec)| {
+                rec.map_or(Ok(None), |rec| {
+                    rec.and_then(|rec| self.stage_finish(&mut tx, item, rec))
+                })
+            })
+            .collect();
         // A stale result of a head deleted in flight still moves its line on.
-        if !out.iter().any(|r| matches!(r, Ok(Some(_)))) && tx.is_empty() {
-            self.end_leases(items, &out);
-            return out;
-        }
-        counters.write_into(&mut b, self.cf(keys::META));
-        if self.faults.fail_result() || self.faults.before_write().is_err() {
-            return out.into_iter().map(|r| r.and(Err(StoreError::Injected))).collect();
-        }
-        let min_due = tx.min_due.map_or(min_retry, |d| d.min(min_retry));
-        let settled = tx.write_into(&self.db, &mut b);
-        if let Err(e) = self.db.write_opt(b, &self.plain) {
-            return out
-                .into_iter()
-                .map(|r| r.and(Err(StoreError::Rocks(e.clone()))))
-                .collect();
-        }
-        self.forget_ghosts(&settled);
-        if min_due != u64::MAX {
-            self.due_floor.wrote(min_due);
+        let staged = out.iter().any(|r| matches!(r, Ok(Some(_)))) || !tx.lines.is_empty();
+        let written = if !staged {
+            Ok(())
+        } else if self.faults.fail_result() {
+            Err(StoreError::Injected)
+        } else {
+            self.commit(tx, false)
+        };
+        if let Err(e) = written {
+            return out.into_iter().map(|r| r.and(Err(e.again()))).collect();
         }
         // Only now, with the stripes still held: the scheduler must not lease a message
         // again before its result is visible.
@@ -96,18 +77,16 @@ impl Store {
         }
     }
 
-    /// Adds one finished attempt's writes to `b` (and its line's to `tx`); the caller holds
-    /// the id's stripe and, for an ordered message, its line's.
+    /// Stages one finished attempt's writes on `tx`; the caller holds the id's stripe and,
+    /// for an ordered message, its line's.
     ///
     /// All or nothing: an item that fails adds nothing, because the batch is still written
     /// for the others. Everything that can fail (the reads of its line) comes first and
-    /// changes `b` and `tx` only once it has all succeeded (see `LineTx::advance`); the
-    /// writes after it cannot fail.
+    /// changes `tx` only once it has all succeeded (see `Tx::advance`); the writes after it
+    /// cannot fail.
     fn stage_finish(
         &self,
-        b: &mut WriteBatch,
-        counters: &mut CounterDeltas,
-        tx: &mut LineTx,
+        tx: &mut Tx<'_>,
         item: &FinishedAttempt,
         rec: Option<MessageRecord>,
     ) -> Result<Option<MessageRecord>, StoreError> {
@@ -120,7 +99,7 @@ impl Store {
         let (id, now_ms) = (id.as_str(), *now_ms);
         let Some(mut rec) = rec else {
             // Deleted while in flight: if it headed a line, the next goes now.
-            self.settle_ghost(b, tx, id, now_ms)?;
+            self.settle_ghost(tx, id, now_ms)?;
             return Ok(None);
         };
         // In flight on disk (claimed at accept), or pending on disk and leased (claimed by
@@ -145,29 +124,18 @@ impl Store {
             (rec.next_attempt_at_ms, rec.finished_at_ms) = (0, now_ms);
         }
         // The only step that can fail: before any write of this item.
-        self.line_after_attempt(b, tx, &rec, now_ms)?;
+        tx.after_attempt(&rec, now_ms)?;
         if from == State::Pending {
-            b.delete_cf(self.cf(keys::DUE), old_due);
+            tx.delete(keys::DUE, old_due);
         }
-        b.put_cf(
-            self.cf(keys::HISTORY),
-            keys::history_key(id, rec.history_len),
-            attempt.encode(),
-        );
+        tx.put(keys::HISTORY, keys::history_key(id, rec.history_len), attempt.encode());
         if rec.state == State::Pending {
-            super::enqueue(&self.db, b, &rec);
+            tx.enqueue(&rec);
         } else {
-            b.put_cf(
-                self.cf(keys::EXPIRY),
-                keys::time_key(now_ms.saturating_add(self.retention_of(rec.state)), id),
-                [],
-            );
-            counters.add(keys::COUNT_OPEN, -1);
-            counters.add(&keys::endpoint_open_key(&rec.endpoint), -1);
-            counters.add(super::finished_counter(rec.state), 1);
+            self.stage_finished(tx, &rec);
         }
-        self.move_state(b, id, from, rec.state);
-        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        tx.move_state(id, from, rec.state);
+        tx.put_record(&rec);
         Ok(Some(rec))
     }
 
@@ -195,15 +163,15 @@ impl Store {
             // Deleted while in flight: if it headed a line, the next goes now.
             if let Some(endpoint) = self.lines.ghost_of(id) {
                 let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
-                let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
-                self.settle_ghost(&mut b, &mut tx, id, due_ms)?;
-                self.write_with_lines(b, tx, false)?;
+                let mut tx = Tx::new(&self.db);
+                self.settle_ghost(&mut tx, id, due_ms)?;
+                self.commit(tx, false)?;
             }
             return Ok(false);
         };
-        let mut b = WriteBatch::default();
+        let mut tx = Tx::new(&self.db);
         match rec.state {
-            State::InFlight => self.move_state(&mut b, id, State::InFlight, State::Pending),
+            State::InFlight => tx.move_state(id, State::InFlight, State::Pending),
             State::Pending if leased => {
                 if rec.next_attempt_at_ms == due_ms {
                     // Still in the queue where it was: ending the lease is the release. The
@@ -212,7 +180,7 @@ impl Store {
                     self.due_floor.wrote(due_ms);
                     return Ok(true);
                 }
-                b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
+                tx.delete(keys::DUE, keys::time_key(rec.next_attempt_at_ms, id));
             }
             _ => {
                 self.leases.remove(id);
@@ -221,11 +189,10 @@ impl Store {
         }
         rec.state = State::Pending;
         rec.next_attempt_at_ms = due_ms;
-        super::enqueue(&self.db, &mut b, &rec);
-        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-        self.write(b)?;
+        tx.enqueue(&rec);
+        tx.put_record(&rec);
+        self.commit(tx, false)?;
         self.leases.remove(id);
-        self.due_floor.wrote(due_ms);
         Ok(true)
     }
 

@@ -20,7 +20,7 @@
 use std::sync::Mutex;
 
 /// What a scan started from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FloorMark {
     /// The floor's time.
     pub floor: u64,
@@ -28,60 +28,43 @@ pub struct FloorMark {
     pub id: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Inner {
-    floor: u64,
-    floor_id: String,
-    written_since_mark: u64,
+    floor: FloorMark,
+    /// The earliest due time written since the last mark (`None`: nothing written).
+    written_since_mark: Option<u64>,
 }
 
 /// The floor and the earliest due time written since the last mark.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct DueFloor {
     inner: Mutex<Inner>,
 }
 
-impl Default for DueFloor {
-    fn default() -> Self {
-        DueFloor {
-            inner: Mutex::new(Inner {
-                floor: 0,
-                floor_id: String::new(),
-                written_since_mark: u64::MAX,
-            }),
-        }
-    }
-}
-
 impl DueFloor {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Reads the floor before a scan and starts recording writes.
     pub fn mark(&self) -> FloorMark {
-        let mut g = self.lock();
-        g.written_since_mark = u64::MAX;
-        FloorMark {
-            floor: g.floor,
-            id: g.floor_id.clone(),
-        }
+        let mut g = super::locked(&self.inner);
+        g.written_since_mark = None;
+        g.floor.clone()
     }
 
     /// The floor now, without starting a new record.
     #[cfg(test)]
     pub fn peek(&self) -> u64 {
-        self.lock().floor
+        super::locked(&self.inner).floor.floor
     }
 
     /// A due entry at `due_ms` was written (and is visible).
     pub fn wrote(&self, due_ms: u64) {
-        let mut g = self.lock();
-        if (due_ms, "") < (g.floor, g.floor_id.as_str()) {
-            g.floor = due_ms;
-            g.floor_id.clear();
+        let mut g = super::locked(&self.inner);
+        if (due_ms, "") < (g.floor.floor, g.floor.id.as_str()) {
+            g.floor = FloorMark {
+                floor: due_ms,
+                id: String::new(),
+            };
         }
-        g.written_since_mark = g.written_since_mark.min(due_ms);
+        g.written_since_mark = Some(g.written_since_mark.map_or(due_ms, |w| w.min(due_ms)));
     }
 
     /// Raises the floor towards `to` (what the pass proved empty below), but never above an
@@ -95,23 +78,24 @@ impl DueFloor {
     /// never above an entry written since the mark: a write since the mark in `to`'s
     /// millisecond or earlier caps it at the start of that millisecond.
     pub fn raise_to_key(&self, _mark: FloorMark, to: u64, id: &str) {
-        let mut g = self.lock();
-        let (to, id) = if to >= g.written_since_mark {
-            (g.written_since_mark, "")
-        } else {
-            (to, id)
+        let mut g = super::locked(&self.inner);
+        let (to, id) = match g.written_since_mark {
+            Some(written) if to >= written => (written, ""),
+            _ => (to, id),
         };
-        if (to, id) > (g.floor, g.floor_id.as_str()) {
-            g.floor = to;
-            g.floor_id = id.to_string();
+        if (to, id) > (g.floor.floor, g.floor.id.as_str()) {
+            g.floor = FloorMark {
+                floor: to,
+                id: id.to_string(),
+            };
         }
     }
 
     /// The floor as a key: (time, id).
     #[cfg(test)]
     pub fn peek_key(&self) -> (u64, String) {
-        let g = self.lock();
-        (g.floor, g.floor_id.clone())
+        let g = super::locked(&self.inner);
+        (g.floor.floor, g.floor.id.clone())
     }
 }
 

@@ -10,9 +10,7 @@
 //! a hand-off lost to a power cut leaves the message pending, and the next drain forwards it
 //! again, which the peer's dedupe (event id and target) answers as a duplicate.
 
-use rocksdb::WriteBatch;
-
-use super::lines::LineTx;
+use super::tx::Tx;
 use super::{keys, State, Store, StoreError};
 
 /// What [`Store::hand_off`] did.
@@ -32,24 +30,13 @@ impl Store {
     /// Up to `limit` ids of `state`, in id (acceptance) order, strictly after `after`.
     pub fn ids_after(&self, state: State, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError> {
         let prefix = [state.to_byte()];
-        let mut start = prefix.to_vec();
-        if let Some(id) = after {
-            start.extend_from_slice(id.as_bytes());
-            start.push(0); // strictly after it
-        }
         // From the cursor: the keys handed off behind it are tombstones a seek from the
         // prefix would step over again on every page.
-        let mut it = self.range(keys::STATES, &start, Some(keys::prefix_end(&prefix)));
-        let mut out = Vec::new();
-        while let Some(k) = it.key() {
-            if out.len() >= limit {
-                break;
-            }
-            out.push(String::from_utf8_lossy(&k[1..]).into_owned());
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
+        let range = (&keys::after(&prefix, after)[..], Some(keys::prefix_end(&prefix)));
+        let (ids, _) = super::page(&self.db, keys::STATES, range, limit, |k, _| {
+            Ok(Some(String::from_utf8_lossy(&k[1..]).into_owned()))
+        })?;
+        Ok(ids)
     }
 
     /// Marks a pending message handed off (the peer answered 202 for it) at `now_ms`.
@@ -69,29 +56,22 @@ impl Store {
         if self.leases.contains(id) {
             return Ok(HandOff::Leased);
         }
-        let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+        let mut tx = Tx::new(&self.db);
         // Out of wherever it waits: the due queue, its paused endpoint's parked set, or its
         // line (a waiting member leaves it; a head hands over to the next, due now).
-        b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
-        b.delete_cf(self.cf(keys::PARKED), keys::pair_key(&rec.endpoint, id));
-        self.unline(&mut b, &mut tx, &rec, now_ms)?;
+        tx.delete(keys::DUE, keys::time_key(rec.next_attempt_at_ms, id));
+        tx.delete(keys::PARKED, keys::pair_key(&rec.endpoint, id));
+        self.unline(&mut tx, &rec, now_ms)?;
         rec.state = State::HandedOff;
         rec.next_attempt_at_ms = 0;
         rec.finished_at_ms = now_ms;
         if let Some(fifo) = rec.fifo.as_mut() {
             fifo.pos = 0; // it has left its line
         }
-        self.move_state(&mut b, id, State::Pending, State::HandedOff);
-        b.put_cf(
-            self.cf(keys::EXPIRY),
-            keys::time_key(now_ms.saturating_add(self.retention_of(State::HandedOff)), id),
-            [],
-        );
-        self.count(&mut b, keys::COUNT_OPEN, -1);
-        self.count(&mut b, &keys::endpoint_open_key(&rec.endpoint), -1);
-        self.count(&mut b, keys::COUNT_HANDED_OFF, 1);
-        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-        self.write_with_lines(b, tx, false)?;
+        tx.move_state(id, State::Pending, State::HandedOff);
+        self.stage_finished(&mut tx, &rec);
+        tx.put_record(&rec);
+        self.commit(tx, false)?;
         Ok(HandOff::Done)
     }
 }

@@ -91,6 +91,15 @@ pub fn history_key(id: &str, attempt: u32) -> Vec<u8> {
     [id.as_bytes(), &attempt.to_be_bytes()[..]].concat()
 }
 
+/// Where a walk of the keys `prefix ‖ …` resumes strictly after `prefix ‖ after` (at the
+/// prefix itself without a cursor).
+pub fn after(prefix: &[u8], after: Option<&str>) -> Vec<u8> {
+    match after {
+        Some(a) => [prefix, a.as_bytes(), &[0]].concat(),
+        None => prefix.to_vec(),
+    }
+}
+
 /// The smallest key strictly greater than every key that starts with `prefix`
 /// (an exclusive upper bound for a prefix scan).
 pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {

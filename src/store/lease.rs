@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::{Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{locked, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// The first wait before a message that could not be read is tried again; it doubles with
 /// each failure, up to [`HELD_RETRY_MAX_MS`].
@@ -63,21 +63,13 @@ struct Held {
 }
 
 impl Leases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub(super) fn contains(&self, id: &str) -> bool {
-        self.lock().contains_key(id)
+        locked(&self.ids).contains_key(id)
     }
 
     /// Ends a lease; answers the due time of the entry it kept, if it was leased.
     pub(super) fn remove(&self, id: &str) -> Option<u64> {
-        self.lock().remove(id)
-    }
-
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.ids).remove(id)
     }
 
     /// When a held-back message may be tried again, if that is after `now_ms`.
@@ -85,12 +77,15 @@ impl Leases {
         if self.held_n.load(Relaxed) == 0 {
             return None;
         }
-        self.held().get(id).map(|h| h.retry_at_ms).filter(|at| *at > now_ms)
+        locked(&self.held)
+            .get(id)
+            .map(|h| h.retry_at_ms)
+            .filter(|at| *at > now_ms)
     }
 
     /// The message could not be read: hold its entry back, longer each time.
     fn hold(&self, id: &str, now_ms: u64) {
-        let mut held = self.held();
+        let mut held = locked(&self.held);
         if held.len() >= HELD_MAX && !held.contains_key(id) {
             // Entries whose retry time is long past were not seen since: their message is gone.
             held.retain(|_, h| h.retry_at_ms.saturating_add(HELD_RETRY_MAX_MS) > now_ms);
@@ -113,7 +108,7 @@ impl Leases {
     /// The message was read: it is no longer held back.
     fn release_hold(&self, id: &str) {
         if self.held_n.load(Relaxed) > 0 {
-            let mut held = self.held();
+            let mut held = locked(&self.held);
             held.remove(id);
             self.held_n.store(held.len(), Relaxed);
         }
@@ -140,24 +135,12 @@ impl Store {
         if self.leases.contains(&entry.id) {
             return Ok(None);
         }
-        let read = match self.due_message(entry) {
-            Ok(read) => read,
-            Err(e) => {
-                self.hold_back(entry, now_ms);
-                return Err(e);
-            }
-        };
+        let read = self.due_message(entry).inspect_err(|_| self.hold_back(entry, now_ms))?;
         self.leases.release_hold(&entry.id);
-        let Some(Claimed {
-            record: mut rec,
-            payload,
-        }) = read
-        else {
-            return Ok(None);
-        };
-        self.leases.lock().insert(rec.id.clone(), entry.due_ms);
-        rec.state = State::InFlight;
-        Ok(Some(Claimed { record: rec, payload }))
+        let Some(mut claimed) = read else { return Ok(None) };
+        locked(&self.leases.ids).insert(entry.id.clone(), entry.due_ms);
+        claimed.record.state = State::InFlight;
+        Ok(Some(claimed))
     }
 
     /// Holds back a due entry whose message could not be read (see the module doc).
@@ -209,7 +192,7 @@ impl Store {
         cursor: Option<&str>,
     ) -> Result<Page, StoreError> {
         let mut ids = self.ids_after(State::InFlight, None, usize::MAX)?;
-        ids.extend(self.leases.lock().keys().cloned());
+        ids.extend(locked(&self.leases.ids).keys().cloned());
         ids.sort_unstable();
         ids.dedup();
         if let Some(c) = cursor {
@@ -217,12 +200,9 @@ impl Store {
         }
         let mut page = Page::default();
         for (i, id) in ids.iter().enumerate() {
-            let Some(rec) = self.message_shown(id)? else {
+            let Some(rec) = self.message_shown(id)?.filter(|r| filter.matches(r)) else {
                 continue;
             };
-            if !filter.matches(&rec) {
-                continue;
-            }
             page.items.push(rec);
             if page.items.len() >= limit {
                 if i + 1 < ids.len() {

@@ -33,7 +33,6 @@ impl Store {
             due_floor,
             committer,
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
-            plain: WriteOptions::default(),
             synced: {
                 let mut w = WriteOptions::default();
                 w.set_sync(true);
@@ -52,9 +51,7 @@ impl Store {
 
     /// Whether the store can still write (a cheap unsynced probe write): readiness.
     pub fn writable(&self) -> bool {
-        self.db
-            .put_cf_opt(self.cf(keys::META), b"probe", b"", &self.plain)
-            .is_ok()
+        self.db.put_cf(self.cf(keys::META), b"probe", b"").is_ok()
     }
 
     /// Stops accepting, waits for queued accepts to be answered, and flushes the WAL

@@ -28,7 +28,6 @@ mod counters;
 mod endpoints;
 mod error;
 mod expiry;
-mod filter;
 mod finish;
 mod floor;
 mod handoff;
@@ -38,6 +37,7 @@ mod lifecycle;
 mod lines;
 mod operator;
 mod parking;
+mod tx;
 mod wire;
 
 use std::path::PathBuf;
@@ -52,10 +52,10 @@ pub(crate) use counters::CounterDeltas;
 pub use error::Faults;
 pub use error::StoreError;
 pub use expiry::Swept;
-pub use filter::{ListFilter, Page};
 pub use floor::FloorMark;
 pub use handoff::HandOff;
 pub use lines::LineRecord;
+pub use operator::{ListFilter, Page};
 #[cfg(test)]
 pub use tests::faults::{Faults, ItemFault};
 
@@ -85,14 +85,18 @@ impl Default for StoreOptions {
     }
 }
 
-/// A message to accept: its first state and its payload.
+/// A message with its payload: one to accept (its record pending, due at
+/// `next_attempt_at_ms`), or one claimed for an attempt ([`Claimed`]).
 #[derive(Debug, Clone)]
 pub struct NewMessage {
-    /// The record, in state pending, due at `next_attempt_at_ms`.
+    /// The record.
     pub record: MessageRecord,
-    /// What will be sent.
+    /// What is sent.
     pub payload: Payload,
 }
+
+/// A message claimed for an attempt: its record `in_flight`, and what to send.
+pub type Claimed = NewMessage;
 
 /// The answer to an accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,15 +108,6 @@ pub enum Accepted {
         /// The first message's delivery id.
         id: String,
     },
-}
-
-/// A message claimed for an attempt: now `in_flight`.
-#[derive(Debug, Clone)]
-pub struct Claimed {
-    /// The record (state `in_flight`).
-    pub record: MessageRecord,
-    /// What to send.
-    pub payload: Payload,
 }
 
 /// One finished attempt to record with [`Store::finish_attempts`].
@@ -186,7 +181,6 @@ pub struct Store {
     due_floor: Arc<floor::DueFloor>,
     committer: committer::Committer,
     stripes: Vec<Mutex<()>>,
-    plain: WriteOptions,
     synced: WriteOptions,
     /// Synced writes made outside the accept path (tests check that operator changes sync).
     operator_syncs: std::sync::atomic::AtomicU64,
@@ -223,18 +217,17 @@ impl Store {
     }
 
     fn lock(&self, id: &str) -> MutexGuard<'_, ()> {
-        self.stripes[stripe_of(id)].lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.stripes[stripe_of(id)])
     }
 
-    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+    /// Writes `batch`, `synced` when the write is acknowledged to an operator (delete,
+    /// replay, pause, resume), so a 204 for a delete is not undone by a power loss. These
+    /// are rare; the sync is cheap.
+    fn write(&self, batch: WriteBatch, synced: bool) -> Result<(), StoreError> {
         self.faults.before_write()?;
-        self.db.write_opt(batch, &self.plain).map_err(StoreError::from)
-    }
-
-    /// A write acknowledged to an operator (delete, replay, pause, resume): synced, so a
-    /// 204 for a delete is not undone by a power loss. These are rare; the sync is cheap.
-    fn write_synced(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        self.faults.before_write()?;
+        if !synced {
+            return Ok(self.db.write(batch)?);
+        }
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -243,8 +236,7 @@ impl Store {
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
     /// accepts), unless one with the same event id and target exists.
     pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        let payload = msg.payload.encode();
-        self.committer.submit(msg.record, payload).await
+        self.committer.submit(msg.record, msg.payload.encode()).await
     }
 
     /// [`Store::accept`] for a message whose first attempt starts the moment it is durable:
@@ -259,10 +251,7 @@ impl Store {
         msg.record.state = State::InFlight;
         let encoded = msg.payload.encode();
         let accepted = self.committer.submit(msg.record.clone(), encoded).await?;
-        let claimed = (accepted == Accepted::New).then_some(Claimed {
-            record: msg.record,
-            payload: msg.payload,
-        });
+        let claimed = (accepted == Accepted::New).then_some(msg);
         Ok((accepted, claimed))
     }
 
@@ -285,24 +274,14 @@ impl Store {
     /// A message's attempt history, oldest first.
     pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
         let prefix = id.as_bytes();
-        let mut out = Vec::new();
-        let mut it = self.range(keys::HISTORY, prefix, Some(keys::prefix_end(prefix)));
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let range = (prefix, Some(keys::prefix_end(prefix)));
+        let (out, _) = page(&self.db, keys::HISTORY, range, usize::MAX, |k, v| {
             // (A longer key is another id that merely starts with this one.)
-            if k.len() == prefix.len() + 4 {
-                out.push(AttemptRecord::decode(v).map_err(StoreError::codec(id))?);
-            }
-            it.next();
-        }
-        it.status()?;
+            (k.len() == prefix.len() + 4)
+                .then(|| AttemptRecord::decode(v).map_err(StoreError::codec(id)))
+                .transpose()
+        })?;
         Ok(out)
-    }
-
-    fn move_state(&self, b: &mut WriteBatch, id: &str, from: State, to: State) {
-        if from != to {
-            b.delete_cf(self.cf(keys::STATES), keys::state_key(from.to_byte(), id));
-            b.put_cf(self.cf(keys::STATES), keys::state_key(to.to_byte(), id), []);
-        }
     }
 
     /// The endpoints of the `endpoint ‖ 0 ‖ …` keys of `cf` (`parked`, `lines`), in key
@@ -320,13 +299,22 @@ impl Store {
         Ok(out)
     }
 
-    /// How long a finished message of `state` is kept (handed-off ones as delivered ones).
-    fn retention_of(&self, state: State) -> u64 {
-        if state == State::Dead {
-            self.options.dead_retention_ms
-        } else {
-            self.options.retention_ms
-        }
+    /// When a finished message is removed: delivered and handed-off ones are kept for
+    /// `retention_ms`, dead ones for `dead_retention_ms`.
+    fn expires_at(&self, rec: &MessageRecord) -> u64 {
+        let keep = match rec.state {
+            State::Dead => self.options.dead_retention_ms,
+            _ => self.options.retention_ms,
+        };
+        rec.finished_at_ms.saturating_add(keep)
+    }
+
+    /// Stages `rec`'s arrival in a finished state at `finished_at_ms`: its retention entry,
+    /// and its move from the open counters to its state's.
+    fn stage_finished(&self, tx: &mut tx::Tx<'_>, rec: &MessageRecord) {
+        tx.put(keys::EXPIRY, keys::time_key(self.expires_at(rec), &rec.id), []);
+        tx.count_open(&rec.endpoint, -1);
+        tx.count(finished_counter(rec.state), 1);
     }
 }
 
@@ -339,15 +327,27 @@ fn finished_counter(state: State) -> &'static [u8] {
     }
 }
 
-/// Adds the due entry of `rec` (at `next_attempt_at_ms`) to `b`; the caller reports it to
-/// the due floor once `b` is written.
-fn enqueue(db: &DB, b: &mut WriteBatch, rec: &MessageRecord) {
-    let routing = Routing {
-        host: rec.host.clone(),
-        endpoint: rec.endpoint.clone(),
-    };
-    let key = keys::time_key(rec.next_attempt_at_ms, &rec.id);
-    b.put_cf(cf_of(db, keys::DUE), key, routing.encode());
+/// Up to `limit` items `item` makes of the keys and values of `cf` from `from` to `until`
+/// (as [`range_in`]), in key order (a key it makes none of does not count), and the key
+/// after the last one looked at, if there is one.
+fn page<T>(
+    db: &DB,
+    cf: &str,
+    (from, until): (&[u8], Option<Vec<u8>>),
+    limit: usize,
+    mut item: impl FnMut(&[u8], &[u8]) -> Result<Option<T>, StoreError>,
+) -> Result<(Vec<T>, Option<Vec<u8>>), StoreError> {
+    let mut it = range_in(db, cf, from, until);
+    let mut out = Vec::new();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        if out.len() >= limit {
+            break;
+        }
+        out.extend(item(k, v)?);
+        it.next();
+    }
+    it.status()?;
+    Ok((out, it.key().map(<[u8]>::to_vec)))
 }
 
 /// A raw iterator over `cf` from `from` (also its lower bound) to `until` (exclusive; `None`:
@@ -380,10 +380,12 @@ fn lock_stripes<'a, 'k>(stripes: &'a [Mutex<()>], keys: impl Iterator<Item = &'k
     let mut picked: Vec<usize> = keys.map(stripe_of).collect();
     picked.sort_unstable();
     picked.dedup();
-    picked
-        .iter()
-        .map(|i| stripes[*i].lock().unwrap_or_else(|p| p.into_inner()))
-        .collect()
+    picked.iter().map(|i| locked(&stripes[*i])).collect()
+}
+
+/// `m` locked, even if a panic poisoned it.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The lock stripe of an id (FNV-1a: cheap and good enough to spread ids).

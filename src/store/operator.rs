@@ -1,17 +1,16 @@
 //! What the admin API does to messages: replay of dead messages (one or in
-//! bulk), delete and listing (endpoint state is in `endpoints`).
+//! bulk), delete and listing, with the filter listings and bulk replay share (endpoint
+//! state is in `endpoints`).
 //!
-//! Every change an operator is told succeeded is written synced (`write_synced`): a 204 for
+//! Every change an operator is told succeeded is written synced: a 204 for
 //! a delete must survive a power loss. `remove` is shared with the retention sweep.
 //!
 //! Ordered messages: a replay re-enters the line (at the end, or first again when it is
 //! the dead head its line is blocked behind), a delete leaves it; both in the same batch as
 //! the change itself (see `lines`).
 
-use rocksdb::WriteBatch;
-
-use super::lines::LineTx;
-use super::{decode_message, keys, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::tx::Tx;
+use super::{decode_message, keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
     /// Replays a dead message: pending again, attempts reset, a new give-up time (what
@@ -47,32 +46,24 @@ impl Store {
         let _lines = self
             .lines
             .lock(dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str()));
-        let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
+        let mut tx = Tx::new(&self.db);
         for rec in dead {
             let give_up_at_ms = give_up_at(rec);
-            self.replay_into(&mut b, &mut tx, rec.clone(), now_ms, give_up_at_ms)?;
+            self.replay_into(&mut tx, rec.clone(), now_ms, give_up_at_ms)?;
         }
-        self.write_with_lines(b, tx, true)?;
-        self.due_floor.wrote(now_ms);
-        Ok(())
+        self.commit(tx, true)
     }
 
-    /// Adds the replay of a dead `rec` to `b` (the caller holds its lock, and its line's
-    /// when it is ordered).
+    /// Stages the replay of a dead `rec` (the caller holds its lock, and its line's when it
+    /// is ordered).
     fn replay_into(
         &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
+        tx: &mut Tx<'_>,
         mut rec: MessageRecord,
         now_ms: u64,
         give_up_at_ms: u64,
     ) -> Result<(), StoreError> {
-        let id = rec.id.clone();
-        let id = id.as_str();
-        b.delete_cf(
-            self.cf(keys::EXPIRY),
-            keys::time_key(rec.finished_at_ms.saturating_add(self.options.dead_retention_ms), id),
-        );
+        tx.delete(keys::EXPIRY, keys::time_key(self.expires_at(&rec), &rec.id));
         rec.state = State::Pending;
         rec.attempts = 0;
         rec.dead_reason = None;
@@ -80,15 +71,13 @@ impl Store {
         rec.next_attempt_at_ms = now_ms;
         rec.give_up_at_ms = give_up_at_ms;
         // An ordered message is queued only when it heads its line again.
-        let queued = rec.fifo.is_none() || tx.join(&self.db, b, &mut rec)?;
-        if queued {
-            super::enqueue(&self.db, b, &rec);
+        if rec.fifo.is_none() || tx.join(&mut rec)? {
+            tx.enqueue(&rec);
         }
-        self.move_state(b, id, State::Dead, State::Pending);
-        self.count(b, keys::COUNT_DEAD, -1);
-        self.count(b, keys::COUNT_OPEN, 1);
-        self.count(b, &keys::endpoint_open_key(&rec.endpoint), 1);
-        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
+        tx.move_state(&rec.id, State::Dead, State::Pending);
+        tx.count(keys::COUNT_DEAD, -1);
+        tx.count_open(&rec.endpoint, 1);
+        tx.put_record(&rec);
         Ok(())
     }
 
@@ -124,10 +113,10 @@ impl Store {
                 n += dead.len();
             }
             drop(guards);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return Ok(n),
+            if page.next_cursor.is_none() {
+                return Ok(n);
             }
+            cursor = page.next_cursor;
         }
     }
 
@@ -139,49 +128,34 @@ impl Store {
         let _line = self.lines.lock(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
         // Read again under the line's stripe: a promotion may have moved it meanwhile.
         let Some(rec) = self.message(id)? else { return Ok(false) };
-        let (mut b, mut tx) = (WriteBatch::default(), LineTx::default());
-        self.remove(&mut b, &mut tx, &rec, now_ms)?;
-        self.write_with_lines(b, tx, true)?;
+        let mut tx = Tx::new(&self.db);
+        self.remove(&mut tx, &rec, now_ms)?;
+        self.commit(tx, true)?;
         Ok(true)
     }
 
-    /// Adds the removal of `rec` and everything indexed under it to `b` (the caller holds
-    /// its lock, and its line's when it is ordered). Shared by `delete` and the retention
-    /// sweep (`expiry`).
-    pub(super) fn remove(
-        &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
-        rec: &MessageRecord,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.unline(b, tx, rec, now_ms)?;
+    /// Stages the removal of `rec` and everything indexed under it (the caller holds its
+    /// lock, and its line's when it is ordered). Shared by `delete` and the retention sweep
+    /// (`expiry`).
+    pub(super) fn remove(&self, tx: &mut Tx<'_>, rec: &MessageRecord, now_ms: u64) -> Result<(), StoreError> {
+        self.unline(tx, rec, now_ms)?;
         let id = rec.id.as_str();
-        b.delete_cf(self.cf(keys::MESSAGES), id.as_bytes());
-        b.delete_cf(self.cf(keys::PAYLOADS), id.as_bytes());
-        b.delete_cf(self.cf(keys::STATES), keys::state_key(rec.state.to_byte(), id));
-        b.delete_range_cf(
-            self.cf(keys::HISTORY),
-            keys::history_key(id, 0),
-            keys::history_key(id, u32::MAX),
-        );
-        b.delete_cf(self.cf(keys::HISTORY), keys::history_key(id, u32::MAX));
+        tx.delete(keys::MESSAGES, id);
+        tx.delete(keys::PAYLOADS, id);
+        tx.delete(keys::STATES, keys::state_key(rec.state.to_byte(), id));
+        tx.delete_range(keys::HISTORY, keys::history_key(id, 0), keys::history_key(id, u32::MAX));
+        tx.delete(keys::HISTORY, keys::history_key(id, u32::MAX));
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes()) {
-            b.delete_cf(self.cf(keys::EVENTS), &event_key);
+            tx.delete(keys::EVENTS, &event_key);
         }
-        match rec.state {
-            State::Pending | State::InFlight => {
-                b.delete_cf(self.cf(keys::DUE), keys::time_key(rec.next_attempt_at_ms, id));
-                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(&rec.endpoint, id));
-                self.count(b, keys::COUNT_OPEN, -1);
-                self.count(b, &keys::endpoint_open_key(&rec.endpoint), -1);
-            }
-            State::Delivered | State::Dead | State::HandedOff => {
-                let expiry = rec.finished_at_ms.saturating_add(self.retention_of(rec.state));
-                b.delete_cf(self.cf(keys::EXPIRY), keys::time_key(expiry, id));
-                self.count(b, super::finished_counter(rec.state), -1);
-            }
+        if rec.state.is_finished() {
+            tx.delete(keys::EXPIRY, keys::time_key(self.expires_at(rec), id));
+            tx.count(super::finished_counter(rec.state), -1);
+        } else {
+            tx.delete(keys::DUE, keys::time_key(rec.next_attempt_at_ms, id));
+            tx.delete(keys::PARKED, keys::pair_key(&rec.endpoint, id));
+            tx.count_open(&rec.endpoint, -1);
         }
         Ok(())
     }
@@ -199,11 +173,7 @@ impl Store {
             Some(s) => (keys::STATES, vec![s.to_byte()]),
             None => (keys::MESSAGES, Vec::new()),
         };
-        let mut start = prefix.clone();
-        if let Some(c) = cursor {
-            start.extend_from_slice(c.as_bytes());
-            start.push(0); // strictly after the cursor
-        }
+        let start = keys::after(&prefix, cursor);
         let mut it = self.range(cf, &start, (!prefix.is_empty()).then(|| keys::prefix_end(&prefix)));
         let mut page = Page::default();
         let mut scanned = 0;
@@ -246,5 +216,36 @@ impl Store {
         }
         it.status()?;
         Ok(page)
+    }
+}
+
+/// A page of messages.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The messages, in id order.
+    pub items: Vec<MessageRecord>,
+    /// Where the next page starts, if there may be one.
+    pub next_cursor: Option<String>,
+}
+
+/// Filter for [`Store::list`] and [`Store::replay_dead`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this state.
+    pub state: Option<State>,
+    /// Only this endpoint.
+    pub endpoint: Option<String>,
+    /// Only messages finished at or after this time (millis).
+    pub finished_since_ms: Option<u64>,
+    /// Only messages finished before this time (millis).
+    pub finished_until_ms: Option<u64>,
+}
+
+impl ListFilter {
+    pub(super) fn matches(&self, rec: &MessageRecord) -> bool {
+        self.state.is_none_or(|s| s == rec.state)
+            && self.endpoint.as_deref().is_none_or(|e| e == rec.endpoint)
+            && self.finished_since_ms.is_none_or(|t| rec.finished_at_ms >= t)
+            && self.finished_until_ms.is_none_or(|t| rec.finished_at_ms < t)
     }
 }

@@ -19,8 +19,7 @@
 //! back until it reads. Keys written before the entry was kept (an empty value) are left
 //! parked for the next resume or start.
 
-use rocksdb::WriteBatch;
-
+use super::tx::Tx;
 use super::{keys, DueEntry, State, Store, StoreError};
 
 /// The due entry a parked key replaced: its due time and encoded routing.
@@ -36,7 +35,7 @@ impl Store {
     /// (see the module doc).
     pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
         let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
-        let mut b = WriteBatch::default();
+        let mut tx = Tx::new(&self.db);
         for entry in entries {
             let rec = match self.message(&entry.id) {
                 Ok(rec) => rec,
@@ -47,18 +46,16 @@ impl Store {
                     continue;
                 }
             };
-            b.delete_cf(self.cf(keys::DUE), keys::time_key(entry.due_ms, &entry.id));
-            if let Some(rec) = rec {
-                if rec.state == State::Pending && rec.next_attempt_at_ms == entry.due_ms {
-                    b.put_cf(
-                        self.cf(keys::PARKED),
-                        keys::pair_key(&entry.routing.endpoint, &entry.id),
-                        [&entry.due_ms.to_be_bytes()[..], &entry.routing.encode()].concat(),
-                    );
-                }
+            tx.delete(keys::DUE, keys::time_key(entry.due_ms, &entry.id));
+            if rec.is_some_and(|r| r.state == State::Pending && r.next_attempt_at_ms == entry.due_ms) {
+                tx.put(
+                    keys::PARKED,
+                    keys::pair_key(&entry.routing.endpoint, &entry.id),
+                    [&entry.due_ms.to_be_bytes()[..], &entry.routing.encode()].concat(),
+                );
             }
         }
-        self.write(b)
+        self.commit(tx, false)
     }
 
     /// Puts every parked message of `endpoint` back in the queue, due at `now_ms`, a batch
@@ -77,8 +74,7 @@ impl Store {
             };
             after = Some(last.clone());
             let _guards = super::lock_stripes(&self.stripes, parked.iter().map(|(id, _)| id.as_str()));
-            let mut b = WriteBatch::default();
-            let mut floor = now_ms;
+            let mut tx = Tx::new(&self.db);
             for (id, parked_due) in &parked {
                 let rec = match (self.message(id), parked_due) {
                     (Ok(rec), _) => rec,
@@ -87,9 +83,8 @@ impl Store {
                         // still says `due_ms`, and the lease holds it back until it reads.
                         tracing::error!(delivery_id = %id, error = %e,
                             "resuming a message whose record does not read: queued again as it was parked");
-                        b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, id));
-                        b.put_cf(self.cf(keys::DUE), keys::time_key(*due_ms, id), routing);
-                        floor = floor.min(*due_ms);
+                        tx.delete(keys::PARKED, keys::pair_key(endpoint, id));
+                        tx.put_due(*due_ms, id, routing);
                         continue;
                     }
                     (Err(e), None) => {
@@ -98,46 +93,32 @@ impl Store {
                         continue;
                     }
                 };
-                b.delete_cf(self.cf(keys::PARKED), keys::pair_key(endpoint, id));
-                if let Some(mut rec) = rec {
-                    if rec.state == State::Pending {
-                        rec.next_attempt_at_ms = now_ms;
-                        super::enqueue(&self.db, &mut b, &rec);
-                        b.put_cf(self.cf(keys::MESSAGES), id.as_bytes(), rec.encode());
-                        moved += 1;
-                    }
+                tx.delete(keys::PARKED, keys::pair_key(endpoint, id));
+                if let Some(mut rec) = rec.filter(|r| r.state == State::Pending) {
+                    rec.next_attempt_at_ms = now_ms;
+                    tx.enqueue(&rec);
+                    tx.put_record(&rec);
+                    moved += 1;
                 }
             }
-            self.write(b)?;
-            self.due_floor.wrote(floor);
+            self.commit(tx, false)?;
         }
     }
 
     /// Up to [`UNPARK_BATCH`] parked ids under `prefix`, after `after` when given, each with
     /// the due entry it replaced (due time and encoded routing), if the key kept it.
     fn parked_ids(&self, prefix: &[u8], after: Option<&str>) -> Result<Vec<(String, Option<ParkedEntry>)>, StoreError> {
-        let mut start = prefix.to_vec();
-        if let Some(id) = after {
-            start.extend_from_slice(id.as_bytes());
-            start.push(0); // strictly after it
-        }
-        let mut it = self.range(keys::PARKED, &start, Some(keys::prefix_end(prefix)));
-        let mut ids = Vec::new();
-        while let Some(k) = it.key() {
-            let due = it.value().filter(|v| v.len() > 8).map(|v| {
+        let range = (&keys::after(prefix, after)[..], Some(keys::prefix_end(prefix)));
+        let (ids, _) = super::page(&self.db, keys::PARKED, range, UNPARK_BATCH, |k, v| {
+            let due = (v.len() > 8).then(|| {
                 let (ms, routing) = v.split_at(8);
                 (
                     u64::from_be_bytes(ms.try_into().expect("eight bytes")),
                     routing.to_vec(),
                 )
             });
-            ids.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), due));
-            if ids.len() >= UNPARK_BATCH {
-                break;
-            }
-            it.next();
-        }
-        it.status()?;
+            Ok(Some((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), due)))
+        })?;
         Ok(ids)
     }
 

@@ -52,9 +52,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use rocksdb::{WriteBatch, DB};
 
-use super::cf_of as cf;
 use super::codec::{Reader, Writer};
-use super::{keys, CodecError, CounterDeltas, Fifo, MessageRecord, State, StoreError};
+use super::tx::Tx;
+use super::{cf_of, keys, CodecError, Fifo, MessageRecord, State, StoreError};
+use crate::model::OnDead;
 
 // What the store's operations do with lines (delete, retention, resume, startup, admin).
 mod ops;
@@ -126,153 +127,155 @@ impl LineLocks {
         super::lock_stripes(&self.stripes, endpoints)
     }
 
-    fn ghosts(&self) -> MutexGuard<'_, HashMap<String, String>> {
-        self.ghosts.lock().unwrap_or_else(|p| p.into_inner())
+    pub(super) fn ghost_of(&self, id: &str) -> Option<String> {
+        super::locked(&self.ghosts).get(id).cloned()
     }
 
-    pub(super) fn ghost_of(&self, id: &str) -> Option<String> {
-        self.ghosts().get(id).cloned()
+    /// After a batch is written: the heads it settled stop being ghosts, those it deleted in
+    /// flight become ghosts.
+    pub(super) fn settle(&self, settled: Vec<String>, ghosted: Vec<(String, String)>) {
+        if !settled.is_empty() || !ghosted.is_empty() {
+            let mut ghosts = super::locked(&self.ghosts);
+            for id in &settled {
+                ghosts.remove(id);
+            }
+            ghosts.extend(ghosted);
+        }
     }
 
     #[cfg(test)]
     pub(super) fn is_ghost(&self, id: &str) -> bool {
-        self.ghosts().contains_key(id)
+        super::locked(&self.ghosts).contains_key(id)
     }
 }
 
-/// The line changes of one write batch: line records read once and changed in memory (so
-/// several accepts of one endpoint in one batch see each other), member moves, counter
-/// changes, and the earliest due entry written. [`LineTx::write_into`] adds them to the batch.
+/// The line changes of one [`Tx`]: line records read once and changed in memory (so
+/// several accepts of one endpoint in one batch see each other), and the ghosts it makes
+/// and settles. [`LineTx::write_into`] adds the changed records to the batch.
 #[derive(Debug, Default)]
 pub(super) struct LineTx {
     records: HashMap<String, Option<LineRecord>>,
     dirty: HashSet<String>,
     /// Per endpoint, the last member position promoted in this batch.
     taken: HashMap<String, u64>,
-    counters: CounterDeltas,
     /// Ghosts this batch settles (forgotten once it is written).
     settled: Vec<String>,
     /// Heads this batch deletes while their attempt is in flight (id, endpoint): ghosts
     /// once it is written, not before (a failed write changes nothing).
-    pub(super) ghosted: Vec<(String, String)>,
-    /// The earliest due entry this batch writes, for the due floor.
-    pub(super) min_due: Option<u64>,
+    ghosted: Vec<(String, String)>,
 }
 
 impl LineTx {
-    fn record(&mut self, db: &DB, endpoint: &str) -> Result<&mut Option<LineRecord>, StoreError> {
-        if !self.records.contains_key(endpoint) {
-            let stored = db.get_pinned_cf(cf(db, keys::LINES), keys::line_key(endpoint))?;
-            let stored = stored.map(|v| decode_line(endpoint, &v)).transpose()?;
-            self.records.insert(endpoint.to_string(), stored);
+    pub(super) fn is_empty(&self) -> bool {
+        self.dirty.is_empty() && self.settled.is_empty()
+    }
+
+    /// Adds the changed line records to `b`; answers the ghosts settled and made.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn write_into(self, db: &DB, b: &mut WriteBatch) -> (Vec<String>, Vec<(String, String)>) {
+        for endpoint in &self.dirty {
+            let key = keys::line_key(endpoint);
+            match self.records.get(endpoint).and_then(Option::as_ref) {
+                Some(line) => b.put_cf(cf_of(db, keys::LINES), key, line.encode()),
+                None => b.delete_cf(cf_of(db, keys::LINES), key),
+            }
         }
-        Ok(self.records.get_mut(endpoint).expect("inserted above"))
+        (self.settled, self.ghosted)
+    }
+}
+
+impl Tx<'_> {
+    /// `endpoint`'s line record, read once per batch.
+    pub(super) fn line(&mut self, endpoint: &str) -> Result<&mut Option<LineRecord>, StoreError> {
+        if !self.lines.records.contains_key(endpoint) {
+            let stored = self
+                .db
+                .get_pinned_cf(cf_of(self.db, keys::LINES), keys::line_key(endpoint))?;
+            let stored = stored.map(|v| decode_line(endpoint, &v)).transpose()?;
+            self.lines.records.insert(endpoint.to_string(), stored);
+        }
+        Ok(self.lines.records.get_mut(endpoint).expect("inserted above"))
     }
 
     /// An ordered message enters its line (accepted, or replayed): it becomes the head when
     /// the line has none, or is the blocked head itself (`true`: queue it), else it waits at
     /// the end (its member key is added here and `rec.fifo.pos` set).
-    pub(super) fn join(&mut self, db: &DB, b: &mut WriteBatch, rec: &mut MessageRecord) -> Result<bool, StoreError> {
+    pub(super) fn join(&mut self, rec: &mut MessageRecord) -> Result<bool, StoreError> {
         let endpoint = rec.endpoint.clone();
         let fifo = rec.fifo.as_mut().expect("only ordered messages join a line");
-        let line = self.record(db, &endpoint)?;
-        let head = match line {
-            None => {
+        let member = match self.line(&endpoint)? {
+            line @ None => {
                 *line = Some(LineRecord {
                     head: rec.id.clone(),
                     ..LineRecord::default()
                 });
-                fifo.pos = 0;
-                true
+                None
             }
             // The dead head the line is blocked behind, replayed: first again.
             Some(l) if l.head == rec.id => {
                 l.blocked = false;
-                fifo.pos = 0;
-                true
+                None
             }
             Some(l) => {
                 l.tail += 1;
                 l.waiting += 1;
-                fifo.pos = l.tail;
-                b.put_cf(
-                    cf(db, keys::LINES),
-                    keys::line_member_key(&endpoint, l.tail),
-                    rec.id.as_bytes(),
-                );
-                self.counters.add(keys::COUNT_LINED, 1);
-                false
+                Some(l.tail)
             }
         };
-        self.dirty.insert(endpoint);
-        Ok(head)
+        fifo.pos = member.unwrap_or(0);
+        if let Some(pos) = member {
+            self.put(keys::LINES, keys::line_member_key(&endpoint, pos), rec.id.as_bytes());
+            self.count(keys::COUNT_LINED, 1);
+        }
+        self.lines.dirty.insert(endpoint);
+        Ok(member.is_none())
     }
 
     /// The head `id` of `endpoint`'s line left it: the next member is promoted, due at
     /// `now_ms`, or the line ends. Nothing happens when `id` is not the head.
     ///
-    /// All or nothing: the members are read first, and `b` and this transaction change only
-    /// once every read has succeeded. A result batch is written for its other items when
-    /// this one fails, and must not carry half of a line's move.
-    pub(super) fn advance(
-        &mut self,
-        db: &DB,
-        b: &mut WriteBatch,
-        endpoint: &str,
-        id: &str,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let after = self.taken.get(endpoint).copied();
-        let Some(line) = self.record(db, endpoint)?.clone() else {
+    /// All or nothing: the members are read first, and this transaction changes only once
+    /// every read has succeeded. A result batch is written for its other items when this
+    /// one fails, and must not carry half of a line's move.
+    pub(super) fn advance(&mut self, endpoint: &str, id: &str, now_ms: u64) -> Result<(), StoreError> {
+        let after = self.lines.taken.get(endpoint).copied();
+        let Some(line) = self.line(endpoint)?.clone() else {
             return Ok(());
         };
         if line.head != id {
             return Ok(());
         }
         let prefix = keys::line_key(endpoint);
-        let start = match after {
-            Some(pos) => keys::line_member_key(endpoint, pos.saturating_add(1)),
-            None => keys::line_member_key(endpoint, 0),
-        };
-        let mut it = super::range_in(db, keys::LINES, &start, Some(keys::prefix_end(&prefix)));
+        let start = keys::line_member_key(endpoint, after.map_or(0, |pos| pos.saturating_add(1)));
         // Member keys leaving the line (the promoted one last), and the promoted record.
         let mut leaving: Vec<(Vec<u8>, u64)> = Vec::new();
-        let mut promoted = None;
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let members = (&start[..], Some(keys::prefix_end(&prefix)));
+        let (promoted, _) = super::page(self.db, keys::LINES, members, 1, |k, v| {
             let Some((_, Some(pos))) = keys::split_line_key(k) else {
-                it.next();
-                continue;
+                return Ok(None);
             };
             leaving.push((k.to_vec(), pos));
-            let next = String::from_utf8_lossy(v).into_owned();
-            if let Some(rec) = super::message_in(db, &next)? {
-                if rec.state == State::Pending && rec.fifo.is_some_and(|f| f.pos == pos) {
-                    promoted = Some((next, rec));
-                    break;
-                }
-            }
+            let rec = super::message_in(self.db, &String::from_utf8_lossy(v))?;
             // A member whose record moved on (never written so, but never worth stopping
             // a line for): dropped, and the next one looked at.
-            it.next();
-        }
-        it.status()?;
+            Ok(rec.filter(|r| r.state == State::Pending && r.fifo.is_some_and(|f| f.pos == pos)))
+        })?;
         // Every read succeeded: from here on nothing fails.
         let mut line = line;
         for (key, pos) in leaving {
-            b.delete_cf(cf(db, keys::LINES), key);
+            self.delete(keys::LINES, key);
             line.waiting = line.waiting.saturating_sub(1);
-            self.counters.add(keys::COUNT_LINED, -1);
-            self.taken.insert(endpoint.to_string(), pos);
+            self.count(keys::COUNT_LINED, -1);
+            self.lines.taken.insert(endpoint.to_string(), pos);
         }
-        let head = promoted.map(|(next, mut rec)| {
+        let head = promoted.into_iter().next().map(|mut rec| {
             rec.fifo = rec.fifo.map(|f| Fifo { pos: 0, ..f });
             rec.next_attempt_at_ms = now_ms;
-            super::enqueue(db, b, &rec);
-            b.put_cf(cf(db, keys::MESSAGES), next.as_bytes(), rec.encode());
-            self.min_due = Some(self.min_due.map_or(now_ms, |m| m.min(now_ms)));
-            next
+            self.enqueue(&rec);
+            self.put_record(&rec);
+            rec.id
         });
-        self.records.insert(
+        self.lines.records.insert(
             endpoint.to_string(),
             head.map(|head| LineRecord {
                 head,
@@ -280,47 +283,41 @@ impl LineTx {
                 ..line
             }),
         );
-        self.dirty.insert(endpoint.to_string());
+        self.lines.dirty.insert(endpoint.to_string());
         Ok(())
     }
 
     /// The head `id` died with `on_dead = "block"`: the line stays behind it.
-    pub(super) fn block(&mut self, db: &DB, endpoint: &str, id: &str) -> Result<(), StoreError> {
-        if let Some(line) = self.record(db, endpoint)? {
+    fn block(&mut self, endpoint: &str, id: &str) -> Result<(), StoreError> {
+        if let Some(line) = self.line(endpoint)? {
             if line.head == id {
                 line.blocked = true;
-                self.dirty.insert(endpoint.to_string());
+                self.lines.dirty.insert(endpoint.to_string());
             }
         }
         Ok(())
+    }
+
+    /// What the result of `rec`'s attempt does to its line (the caller holds the line
+    /// stripe): delivered, or dead with `skip`, hands over to the next; dead with `block`
+    /// blocks the line; a retry changes nothing.
+    pub(super) fn after_attempt(&mut self, rec: &MessageRecord, now_ms: u64) -> Result<(), StoreError> {
+        let Some(fifo) = rec.fifo else { return Ok(()) };
+        match rec.state {
+            State::Dead if fifo.on_dead == OnDead::Block => self.block(&rec.endpoint, &rec.id),
+            State::Delivered | State::Dead => self.advance(&rec.endpoint, &rec.id, now_ms),
+            _ => Ok(()),
+        }
     }
 
     /// A waiting member leaves its line (deleted).
-    fn leave(&mut self, db: &DB, b: &mut WriteBatch, endpoint: &str, pos: u64) -> Result<(), StoreError> {
-        b.delete_cf(cf(db, keys::LINES), keys::line_member_key(endpoint, pos));
-        self.counters.add(keys::COUNT_LINED, -1);
-        if let Some(line) = self.record(db, endpoint)? {
+    fn leave(&mut self, endpoint: &str, pos: u64) -> Result<(), StoreError> {
+        self.delete(keys::LINES, keys::line_member_key(endpoint, pos));
+        self.count(keys::COUNT_LINED, -1);
+        if let Some(line) = self.line(endpoint)? {
             line.waiting = line.waiting.saturating_sub(1);
-            self.dirty.insert(endpoint.to_string());
+            self.lines.dirty.insert(endpoint.to_string());
         }
         Ok(())
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.dirty.is_empty() && self.settled.is_empty()
-    }
-
-    /// Adds the changed line records and the counter changes to `b`; answers the deleted
-    /// heads it settled (to forget once `b` is written).
-    pub(super) fn write_into(mut self, db: &DB, b: &mut WriteBatch) -> Vec<String> {
-        for endpoint in &self.dirty {
-            let key = keys::line_key(endpoint);
-            match self.records.get(endpoint).and_then(Option::as_ref) {
-                Some(line) => b.put_cf(cf(db, keys::LINES), key, line.encode()),
-                None => b.delete_cf(cf(db, keys::LINES), key),
-            }
-        }
-        std::mem::take(&mut self.counters).write_into(b, cf(db, keys::META));
-        self.settled
     }
 }

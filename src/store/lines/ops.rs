@@ -3,10 +3,8 @@
 //! start, and what the admin API reads (a line, a message's place, the waiting count). The
 //! layout and the rules are in the parent module's doc.
 
-use rocksdb::WriteBatch;
-
-use super::{LineRecord, LineTx};
-use crate::model::OnDead;
+use super::LineRecord;
+use crate::store::tx::Tx;
 use crate::store::{keys, MessageRecord, State, Store, StoreError};
 
 impl Store {
@@ -14,82 +12,34 @@ impl Store {
     /// its id stripe and its line stripe): a waiting member leaves it; a head whose attempt
     /// is in flight stays the head until that attempt ends (see the module doc); any other
     /// head (or the dead one the line is blocked behind) hands over to the next.
-    pub(in crate::store) fn unline(
-        &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
-        rec: &MessageRecord,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
+    pub(in crate::store) fn unline(&self, tx: &mut Tx<'_>, rec: &MessageRecord, now_ms: u64) -> Result<(), StoreError> {
         let Some(fifo) = rec.fifo else { return Ok(()) };
         let open = matches!(rec.state, State::Pending | State::InFlight);
         if open && fifo.pos > 0 {
-            return tx.leave(&self.db, b, &rec.endpoint, fifo.pos);
+            return tx.leave(&rec.endpoint, fifo.pos);
         }
         let in_flight = rec.state == State::InFlight || self.leases.contains(&rec.id);
         if open && in_flight {
-            let line = tx.record(&self.db, &rec.endpoint)?;
-            if line.as_ref().is_some_and(|l| l.head == rec.id) {
-                tx.ghosted.push((rec.id.clone(), rec.endpoint.clone()));
+            if tx.line(&rec.endpoint)?.as_ref().is_some_and(|l| l.head == rec.id) {
+                tx.lines.ghosted.push((rec.id.clone(), rec.endpoint.clone()));
             }
             return Ok(());
         }
-        tx.advance(&self.db, b, &rec.endpoint, &rec.id, now_ms)
+        tx.advance(&rec.endpoint, &rec.id, now_ms)
     }
 
     /// A finished attempt of a head deleted while it was in flight: the next goes now.
-    pub(in crate::store) fn settle_ghost(
-        &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
-        id: &str,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
+    pub(in crate::store) fn settle_ghost(&self, tx: &mut Tx<'_>, id: &str, now_ms: u64) -> Result<(), StoreError> {
         if let Some(endpoint) = self.lines.ghost_of(id) {
-            tx.advance(&self.db, b, &endpoint, id, now_ms)?;
-            tx.settled.push(id.to_string());
+            tx.advance(&endpoint, id, now_ms)?;
+            tx.lines.settled.push(id.to_string());
         }
         Ok(())
-    }
-
-    /// Writes `b` with the line changes of `tx` (plainly, or synced for an operator) and
-    /// reports its due entries; the caller holds the line stripes.
-    pub(in crate::store) fn write_with_lines(
-        &self,
-        mut b: WriteBatch,
-        mut tx: LineTx,
-        synced: bool,
-    ) -> Result<(), StoreError> {
-        let min_due = tx.min_due;
-        let ghosted = std::mem::take(&mut tx.ghosted);
-        let settled = tx.write_into(&self.db, &mut b);
-        if synced {
-            self.write_synced(b)?;
-        } else {
-            self.write(b)?;
-        }
-        self.forget_ghosts(&settled);
-        if !ghosted.is_empty() {
-            self.lines.ghosts().extend(ghosted);
-        }
-        if let Some(due) = min_due {
-            self.due_floor.wrote(due);
-        }
-        Ok(())
-    }
-
-    pub(in crate::store) fn forget_ghosts(&self, ids: &[String]) {
-        if !ids.is_empty() {
-            let mut ghosts = self.lines.ghosts();
-            for id in ids {
-                ghosts.remove(id);
-            }
-        }
     }
 
     /// An ordered endpoint's line, if it has one.
     pub fn line(&self, endpoint: &str) -> Result<Option<LineRecord>, StoreError> {
-        Ok(LineTx::default().record(&self.db, endpoint)?.take())
+        Ok(Tx::new(&self.db).line(endpoint)?.take())
     }
 
     /// How many messages are ahead of an open ordered message in its line: 0 for the head,
@@ -105,14 +55,9 @@ impl Store {
             return Ok(Some(0));
         }
         let from = keys::line_member_key(&rec.endpoint, 0);
-        let mut it = self.range(keys::LINES, &from, Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
-        let mut ahead = 1; // the head
-        while it.key().is_some() {
-            ahead += 1;
-            it.next();
-        }
-        it.status()?;
-        Ok(Some(ahead))
+        let ahead = (&from[..], Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
+        let (members, _) = crate::store::page(&self.db, keys::LINES, ahead, usize::MAX, |_, _| Ok(Some(())))?;
+        Ok(Some(1 + members.len() as u64)) // the head, and the members ahead
     }
 
     /// Messages waiting in lines behind their heads, all endpoints.
@@ -124,14 +69,13 @@ impl Store {
     /// message (due at `now_ms`). Returns whether it was blocked.
     pub fn unblock_line(&self, endpoint: &str, now_ms: u64) -> Result<bool, StoreError> {
         let _line = self.lines.lock(std::iter::once(endpoint));
-        let mut tx = LineTx::default();
-        let head = match tx.record(&self.db, endpoint)? {
+        let mut tx = Tx::new(&self.db);
+        let head = match tx.line(endpoint)? {
             Some(line) if line.blocked => line.head.clone(),
             _ => return Ok(false),
         };
-        let mut b = WriteBatch::default();
-        tx.advance(&self.db, &mut b, endpoint, &head, now_ms)?;
-        self.write_with_lines(b, tx, true)?;
+        tx.advance(endpoint, &head, now_ms)?;
+        self.commit(tx, true)?;
         Ok(true)
     }
 
@@ -143,8 +87,8 @@ impl Store {
         let mut blocked = Vec::new();
         for endpoint in self.line_endpoints()? {
             let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
-            let mut tx = LineTx::default();
-            let Some(line) = tx.record(&self.db, &endpoint)?.clone() else {
+            let mut tx = Tx::new(&self.db);
+            let Some(line) = tx.line(&endpoint)?.clone() else {
                 // Members without a line record: never written so (the audit checks it);
                 // said loudly rather than guessed at.
                 tracing::error!(endpoint = %crate::redact::url_for_log(&endpoint),
@@ -172,10 +116,9 @@ impl Store {
             if matches!(head, Some(State::Pending | State::InFlight)) {
                 continue;
             }
-            let mut b = WriteBatch::default();
-            tx.advance(&self.db, &mut b, &endpoint, &line.head, now_ms)?;
+            tx.advance(&endpoint, &line.head, now_ms)?;
             tracing::warn!(endpoint = %crate::redact::url_for_log(&endpoint), "ordered line repaired at start");
-            self.write_with_lines(b, tx, false)?;
+            self.commit(tx, false)?;
         }
         Ok(blocked)
     }
@@ -184,25 +127,6 @@ impl Store {
     /// (there is a line per ordered endpoint, which the config bounds).
     pub fn line_endpoints(&self) -> Result<Vec<String>, StoreError> {
         self.endpoints_in(keys::LINES)
-    }
-
-    /// What the result of `rec`'s attempt does to its line (the caller holds the line
-    /// stripe): delivered, or dead with `skip`, hands over to the next; dead with `block`
-    /// blocks the line; a retry changes nothing.
-    pub(in crate::store) fn line_after_attempt(
-        &self,
-        b: &mut WriteBatch,
-        tx: &mut LineTx,
-        rec: &MessageRecord,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let Some(fifo) = rec.fifo else { return Ok(()) };
-        match rec.state {
-            State::Delivered => tx.advance(&self.db, b, &rec.endpoint, &rec.id, now_ms),
-            State::Dead if fifo.on_dead == OnDead::Block => tx.block(&self.db, &rec.endpoint, &rec.id),
-            State::Dead => tx.advance(&self.db, b, &rec.endpoint, &rec.id, now_ms),
-            _ => Ok(()),
-        }
     }
 
     /// Whether `id` is a head deleted while its attempt was in flight (audit).

@@ -99,12 +99,12 @@ pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
     // disk: no due entry, the record in flight (courier itself leases in memory).
     let entry = entry(store, id);
     let Claimed { mut record, payload } = store.due_message(&entry).unwrap().expect("claimable");
-    let mut b = rocksdb::WriteBatch::default();
-    b.delete_cf(store.cf(keys::DUE), keys::time_key(entry.due_ms, id));
-    store.move_state(&mut b, id, State::Pending, State::InFlight);
+    let mut tx = crate::store::tx::Tx::new(&store.db);
+    tx.delete(keys::DUE, keys::time_key(entry.due_ms, id));
+    tx.move_state(id, State::Pending, State::InFlight);
     record.state = State::InFlight;
-    b.put_cf(store.cf(keys::MESSAGES), id.as_bytes(), record.encode());
-    store.write(b).unwrap();
+    tx.put_record(&record);
+    store.commit(tx, false).unwrap();
     Claimed { record, payload }
 }
 

@@ -1,0 +1,122 @@
+//! One store write in the making: its `WriteBatch`, its counter changes summed, its line
+//! changes (see `lines`), and what must follow once it is on disk.
+//!
+//! Every transition is staged on a [`Tx`] and written with [`Store::commit`] (the accept
+//! committer writes its own, synced): the due entries a batch writes are reported to the due
+//! floor only after the write (the floor's one rule, see `floor`), and the deleted heads it
+//! makes or settles become or stop being ghosts only then, so a failed write changes nothing.
+
+use rocksdb::{WriteBatch, DB};
+
+use super::lines::LineTx;
+use super::{cf_of, keys, CounterDeltas, MessageRecord, Routing, State, Store, StoreError};
+
+/// A write batch being staged, with what its writing must be followed by.
+pub(super) struct Tx<'a> {
+    pub(super) db: &'a DB,
+    b: WriteBatch,
+    counters: CounterDeltas,
+    pub(super) lines: LineTx,
+    /// The earliest due entry this batch writes, for the due floor.
+    min_due: Option<u64>,
+}
+
+/// What follows a written [`Tx`]: the due floor comes down to its earliest entry, and the
+/// line changes' deleted heads are remembered or forgotten.
+pub(super) struct Written {
+    pub(super) min_due: Option<u64>,
+    settled: Vec<String>,
+    ghosted: Vec<(String, String)>,
+}
+
+impl<'a> Tx<'a> {
+    pub(super) fn new(db: &'a DB) -> Self {
+        Tx::with_capacity(db, 0)
+    }
+
+    pub(super) fn with_capacity(db: &'a DB, bytes: usize) -> Self {
+        Tx {
+            db,
+            b: WriteBatch::with_capacity_bytes(bytes),
+            counters: CounterDeltas::default(),
+            lines: LineTx::default(),
+            min_due: None,
+        }
+    }
+
+    pub(super) fn put(&mut self, cf: &str, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.b.put_cf(cf_of(self.db, cf), key, value);
+    }
+
+    pub(super) fn delete(&mut self, cf: &str, key: impl AsRef<[u8]>) {
+        self.b.delete_cf(cf_of(self.db, cf), key);
+    }
+
+    pub(super) fn delete_range(&mut self, cf: &str, from: Vec<u8>, to: Vec<u8>) {
+        self.b.delete_range_cf(cf_of(self.db, cf), from, to);
+    }
+
+    pub(super) fn count(&mut self, key: &[u8], delta: i64) {
+        self.counters.add(key, delta);
+    }
+
+    /// The open counters (all and the endpoint's) change by `delta`.
+    pub(super) fn count_open(&mut self, endpoint: &str, delta: i64) {
+        self.count(keys::COUNT_OPEN, delta);
+        self.count(&keys::endpoint_open_key(endpoint), delta);
+    }
+
+    /// Writes the record of `rec`.
+    pub(super) fn put_record(&mut self, rec: &MessageRecord) {
+        self.put(keys::MESSAGES, rec.id.as_bytes(), rec.encode());
+    }
+
+    /// The due entry of `rec` (at `next_attempt_at_ms`).
+    pub(super) fn enqueue(&mut self, rec: &MessageRecord) {
+        let routing = Routing {
+            host: rec.host.clone(),
+            endpoint: rec.endpoint.clone(),
+        };
+        self.put_due(rec.next_attempt_at_ms, &rec.id, &routing.encode());
+    }
+
+    /// A due entry (its routing encoded), reported to the due floor once written.
+    pub(super) fn put_due(&mut self, at: u64, id: &str, routing: &[u8]) {
+        self.put(keys::DUE, keys::time_key(at, id), routing);
+        self.min_due = Some(self.min_due.map_or(at, |m| m.min(at)));
+    }
+
+    /// Moves `id` in the state index.
+    pub(super) fn move_state(&mut self, id: &str, from: State, to: State) {
+        if from != to {
+            self.delete(keys::STATES, keys::state_key(from.to_byte(), id));
+            self.put(keys::STATES, keys::state_key(to.to_byte(), id), []);
+        }
+    }
+
+    /// The batch to write, and what follows once it is written.
+    pub(super) fn seal(mut self) -> (WriteBatch, Written) {
+        let (settled, ghosted) = self.lines.write_into(self.db, &mut self.b);
+        self.counters.write_into(&mut self.b, cf_of(self.db, keys::META));
+        let written = Written {
+            min_due: self.min_due,
+            settled,
+            ghosted,
+        };
+        (self.b, written)
+    }
+}
+
+impl Store {
+    /// Writes `tx` (plainly, or synced for an operator), then reports its due entries and
+    /// settles its ghosts; the caller holds the stripes `tx` was staged under.
+    pub(super) fn commit(&self, tx: Tx<'_>, synced: bool) -> Result<(), StoreError> {
+        let (b, written) = tx.seal();
+        self.write(b, synced)?;
+        self.lines.settle(written.settled, written.ghosted);
+        if let Some(due) = written.min_due {
+            self.due_floor.wrote(due);
+        }
+        Ok(())
+    }
+}
