@@ -44,12 +44,17 @@
 
 /// Declares a section of the tree: its struct (each field with its doc and how the file
 /// writes it), its `Default` from the value after each field's `=` (a section with keys the
-/// file must write has none), and its `Debug`, which shows a field written `=> f` as
-/// `f(&value)` (a URL that may carry a credential).
+/// file must write has none), its `KEYS`, and its `Debug`, which shows a field written
+/// `=> f` as `f(&value)` (a URL that may carry a credential).
 macro_rules! section {
     (@shown $value:expr) => { &$value };
     (@shown $value:expr, $shown:expr) => { &($shown)(&$value) };
     (@debug $name:ident $($field:ident $($shown:expr)?),*) => {
+        impl $name {
+            /// Its fields' names, in order: the keys the file writes, where no `rename` says
+            /// otherwise (`shape` gathers a group's keys by them).
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
         impl std::fmt::Debug for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct(stringify!($name))
