@@ -5,13 +5,12 @@
 //! ([`one`], [`opt`], [`list`]); a bad value is a [`Problem`] raised as a serde error, so
 //! serde's path names the key (`retry.base_delay`, `route[0].url`, `ingress.hosts[1]`).
 
-use std::fmt;
 use std::marker::PhantomData;
 use std::str::FromStr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::de::{Deserializer, Error as _, Visitor};
+use serde::de::Deserializer;
 use serde::Deserialize;
 use url::Url;
 
@@ -117,47 +116,4 @@ pub(super) struct Name<T>(PhantomData<T>);
 impl<T: FromStr<Err = UnknownName>> Text for Name<T> {
     type Value = T;
     const PARSE: fn(&str) -> Result<T, String> = |t| t.trim().parse().map_err(|e: UnknownName| e.to_string());
-}
-
-/// The keys a derived struct reads, as serde's derive hands them to `deserialize_struct`:
-/// lets `shape` group a section's keys by the struct that reads them, from the struct
-/// itself rather than from a second list of its fields.
-pub(super) fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-    struct Probe;
-    #[derive(Debug)]
-    struct Fields(&'static [&'static str]);
-    impl fmt::Display for Fields {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a struct's fields")
-        }
-    }
-    impl std::error::Error for Fields {}
-    impl serde::de::Error for Fields {
-        fn custom<M: fmt::Display>(_: M) -> Self {
-            Fields(&[])
-        }
-    }
-    impl<'de> Deserializer<'de> for Probe {
-        type Error = Fields;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Fields> {
-            Err(Fields::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Fields> {
-            Err(Fields(fields))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-    match T::deserialize(Probe) {
-        Err(Fields(fields)) => fields,
-        Ok(_) => &[],
-    }
 }

@@ -65,8 +65,10 @@ impl DrainConfig {
             true => "none".to_string(),
             false => format!("[{}]", self.peers.join(", ")),
         };
-        let (token, concurrency) = (set(&self.token), self.concurrency);
-        format!("drain: to {to}, peers {peers}, token {token}, concurrency {concurrency}")
+        format!(
+            "drain: to {to}, peers {peers}, {}",
+            pairs!(self; token: set, concurrency)
+        )
     }
 }
 

@@ -44,12 +44,17 @@
 
 /// Declares a section of the tree: its struct (each field with its doc and how the file
 /// writes it), its `Default` from the value after each field's `=` (a section with keys the
-/// file must write has none), and its `Debug`, which shows a field written `=> f` as
-/// `f(&value)` (a URL that may carry a credential).
+/// file must write has none), its `KEYS`, and its `Debug`, which shows a field written
+/// `=> f` as `f(&value)` (a URL that may carry a credential).
 macro_rules! section {
     (@shown $value:expr) => { &$value };
     (@shown $value:expr, $shown:expr) => { &($shown)(&$value) };
     (@debug $name:ident $($field:ident $($shown:expr)?),*) => {
+        impl $name {
+            /// Its fields' names, in order: the keys the file writes, where no `rename` says
+            /// otherwise (`shape` gathers a group's keys by them).
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
         impl std::fmt::Debug for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct(stringify!($name))
@@ -171,18 +176,24 @@ pub use tls::{HostTls, TlsConfig, TlsRoots, TlsVersion};
 /// The environment variable naming the TOML file (used when `--config` is not given).
 pub const CONFIG_ENV: &str = "COURIER_CONFIG";
 
-/// Settings given as command-line flags: the highest layer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Settings given as command-line flags: the highest layer. They are the flags every
+/// command shares (`courier --help` shows these docs), so the CLI declares them here too.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct Overrides {
-    /// `--config FILE` (takes precedence over `COURIER_CONFIG`).
+    /// TOML config file (also COURIER_CONFIG).
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// `--listen ip:port` or `--listen unix:/path`.
+    /// Ingress address, ip:port or unix:/path (also COURIER_LISTEN; the socket mode is listen_mode).
+    #[arg(long, global = true, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// `--admin-listen ip:port`.
+    /// Admin address, ip:port (also COURIER_ADMIN_LISTEN).
+    #[arg(long, global = true, value_name = "ADDR")]
     pub admin_listen: Option<String>,
-    /// `--ops-listen ip:port`.
+    /// Read-only probes and metrics address, ip:port (also COURIER_OPS_LISTEN; off by default).
+    #[arg(long, global = true, value_name = "ADDR")]
     pub ops_listen: Option<String>,
-    /// `--data-dir DIR`.
+    /// Data directory (also COURIER_DATA_DIR).
+    #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
 

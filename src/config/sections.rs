@@ -80,14 +80,18 @@ pub struct EndpointConfig {
     pub policy: PolicyOverrides,
 }
 
-/// The `(ordering)` group: `ordering` and `on_dead` of a route or an endpoint.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Sequence {
-    #[serde(default, deserialize_with = "de::one::<Name<Ordering>, _>")]
-    ordering: Ordering,
-    #[serde(default, deserialize_with = "de::opt::<Name<OnDead>, _>")]
-    on_dead: Option<OnDead>,
+section! {
+    /// The `(ordering)` group: `ordering` and `on_dead` of a route or an endpoint.
+    #[derive(Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct Sequence {
+        /// `ordering`: `none` or `fifo`.
+        #[serde(deserialize_with = "de::one::<Name<Ordering>, _>")]
+        pub ordering: Ordering = Ordering::default(),
+        /// What a dead head does; only with `fifo`.
+        #[serde(deserialize_with = "de::opt::<Name<OnDead>, _>")]
+        pub on_dead: Option<OnDead> = None,
+    }
 }
 
 /// `Some` when the messages are ordered. `on_dead` without `ordering = "fifo"` is an error:
@@ -132,9 +136,4 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// The keys of the `(ordering)` group, for `shape` to gather.
-pub(super) fn ordering_keys() -> &'static [&'static str] {
-    de::fields_of::<Sequence>()
 }

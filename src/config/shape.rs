@@ -17,10 +17,9 @@
 
 use toml_edit::{InlineTable, Item, Table, TableLike, Value};
 
-use super::de::fields_of;
 use super::error::Problem;
 use super::retry::implied_attempts;
-use super::sections::ordering_keys;
+use super::sections::Sequence;
 use super::{HostTls, PolicyOverrides};
 
 /// The key of the group of retry-policy keys in a route or an endpoint.
@@ -43,16 +42,15 @@ pub(super) fn shape(root: &mut Table) -> Result<(), Problem> {
     if let Some(retry) = root.get_mut("retry").and_then(Item::as_table_like_mut) {
         backoff_keys("retry", retry)?;
     }
-    let policy_keys = fields_of::<PolicyOverrides>();
     for array in ["route", "endpoint"] {
         for (i, section) in sections(root, array) {
             backoff_keys(&format!("{array}[{i}]"), section)?;
-            group(section, POLICY_GROUP, policy_keys);
-            group(section, ORDERING_GROUP, ordering_keys());
+            group(section, POLICY_GROUP, PolicyOverrides::KEYS);
+            group(section, ORDERING_GROUP, Sequence::KEYS);
         }
     }
     for (_, host) in sections(root, "host") {
-        group(host, TLS_GROUP, fields_of::<HostTls>());
+        group(host, TLS_GROUP, HostTls::KEYS);
     }
     Ok(())
 }
@@ -136,8 +134,55 @@ fn group(table: &mut dyn TableLike, name: &str, keys: &[&str]) {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt;
+
+    use serde::de::{Deserializer, Error as _, Visitor};
+    use serde::Deserialize;
+
     use super::*;
     use crate::config::{EndpointConfig, RouteConfig};
+
+    /// The keys a derived struct reads, as serde's derive hands them to `deserialize_struct`
+    /// (after its renames): what the groups must be named for the fields that read them.
+    fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Probe;
+        #[derive(Debug)]
+        struct Fields(&'static [&'static str]);
+        impl fmt::Display for Fields {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a struct's fields")
+            }
+        }
+        impl std::error::Error for Fields {}
+        impl serde::de::Error for Fields {
+            fn custom<M: fmt::Display>(_: M) -> Self {
+                Fields(&[])
+            }
+        }
+        impl<'de> Deserializer<'de> for Probe {
+            type Error = Fields;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Fields> {
+                Err(Fields::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Fields> {
+                Err(Fields(fields))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+                option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+                ignored_any
+            }
+        }
+        match T::deserialize(Probe) {
+            Err(Fields(fields)) => fields,
+            Ok(_) => &[],
+        }
+    }
 
     #[test]
     fn the_groups_are_the_fields_that_read_them() {
@@ -150,9 +195,11 @@ mod tests {
         }
         let host = fields_of::<crate::config::HostConfig>();
         assert!(host.contains(&TLS_GROUP) && host.iter().filter(|f| is_group(f)).count() == 1);
-        assert!(fields_of::<HostTls>().contains(&"client_cert"));
-        assert!(fields_of::<PolicyOverrides>().contains(&"schedule"));
-        assert_eq!(ordering_keys(), ["ordering", "on_dead"]);
+        // A group's keys are its struct's fields: none is renamed.
+        assert_eq!(fields_of::<HostTls>(), HostTls::KEYS);
+        assert_eq!(fields_of::<PolicyOverrides>(), PolicyOverrides::KEYS);
+        assert_eq!(fields_of::<Sequence>(), Sequence::KEYS);
+        assert_eq!(Sequence::KEYS, ["ordering", "on_dead"]);
     }
 
     #[test]

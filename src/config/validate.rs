@@ -15,6 +15,13 @@ use super::{Config, ConfigError, RouteConfig};
 use crate::model::SignatureScheme;
 use crate::signing::{ed25519, scope, Secret};
 
+/// `("section.field", value)` for the named fields of a section: a rule's key is its path.
+macro_rules! keyed {
+    ($section:expr, $name:literal; $($field:ident),* $(,)?) => {
+        [$((concat!($name, ".", stringify!($field)), $section.$field)),*]
+    };
+}
+
 impl Config {
     /// Checks the rules the types cannot express (distinct listeners, a token on every
     /// listener off loopback, non-zero limits, unique names, known signing keys, routes
@@ -106,32 +113,18 @@ impl Config {
 
     fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
         let (r, d) = (&self.retry, &self.delivery);
-        let positive = [
-            ("retry.base_delay", r.base_delay),
-            ("retry.give_up_after", r.give_up_after),
-            ("delivery.connect_timeout", d.connect_timeout),
-            ("delivery.request_timeout", d.request_timeout),
-            ("delivery.idle_connection_timeout", d.idle_connection_timeout),
-        ];
-        for (key, value) in positive {
+        let retry = keyed!(r, "retry"; base_delay, give_up_after);
+        let delivery = keyed!(d, "delivery"; connect_timeout, request_timeout, idle_connection_timeout);
+        for (key, value) in retry.into_iter().chain(delivery) {
             rule(value.is_zero(), key, "must be greater than 0")?;
         }
         let (max, base) = (format_duration(r.max_delay), format_duration(r.base_delay));
         let problem = format_args!("({max}) must be at least retry.base_delay ({base})");
         rule(r.max_delay < r.base_delay, "retry.max_delay", problem)?;
-        let at_least_one = [
-            ("retry.max_attempts", r.max_attempts),
-            ("retry.max_attempts_404", r.max_attempts_404),
-            ("delivery.max_in_flight", d.max_in_flight),
-            ("delivery.max_in_flight_per_host", d.max_in_flight_per_host),
-            ("delivery.max_idle_connections", d.max_idle_connections),
-            ("delivery.rate_per_second", d.rate_per_second),
-            (
-                "delivery.pause_after_permanent_failures",
-                d.pause_after_permanent_failures,
-            ),
-        ];
-        for (key, value) in at_least_one {
+        let retry = keyed!(r, "retry"; max_attempts, max_attempts_404);
+        let delivery = keyed!(d, "delivery"; max_in_flight, max_in_flight_per_host, max_idle_connections,
+            rate_per_second, pause_after_permanent_failures);
+        for (key, value) in retry.into_iter().chain(delivery) {
             rule(value < 1, key, "must be at least 1")?;
         }
         Ok(())
