@@ -25,14 +25,11 @@ section! {
         /// Allow every non-global address (loopback, private, link-local, ...).
         pub allow_private_targets: bool = false,
         /// Networks allowed even though they are not global.
-        #[serde(deserialize_with = "de::list::<Net, _>")]
-        pub allow: Vec<IpNet> = Vec::new(),
+        pub allow: Vec<IpNet> ["de::list::<Net, _>"] = Vec::new(),
         /// The HTTP proxy every attempt goes through (credentials hidden).
-        #[serde(deserialize_with = "de::opt::<Proxy, _>")]
-        pub proxy: Option<EgressProxy> = None,
+        pub proxy: Option<EgressProxy> ["de::opt::<Proxy, _>"] = None,
         /// Hosts, domain suffixes and networks reached directly.
-        #[serde(deserialize_with = "de::list::<NoProxy, _>")]
-        pub no_proxy: Vec<String> = Vec::new(),
+        pub no_proxy: Vec<String> ["de::list::<NoProxy, _>"] = Vec::new(),
     }
 }
 

@@ -29,35 +29,27 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct PolicyOverrides {
         /// Explicit delays (exclusive with `base_delay`/`max_delay` in one section).
-        #[serde(deserialize_with = "schedule")]
-        pub schedule: Option<Vec<Duration>> = None,
+        pub schedule: Option<Vec<Duration>> ["schedule"] = None,
         /// Exponential backoff's first delay (unset: `[retry]`'s).
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub base_delay: Option<Duration> = None,
+        pub base_delay: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Exponential backoff's cap (unset: `[retry]`'s).
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub max_delay: Option<Duration> = None,
+        pub max_delay: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// The jitter mode.
-        #[serde(deserialize_with = "de::opt::<JitterMode, _>")]
-        pub jitter: Option<Jitter> = None,
+        pub jitter: Option<Jitter> ["de::opt::<JitterMode, _>"] = None,
         /// Attempts before giving up; a `schedule` without it means the schedule's length + 1.
         pub max_attempts: Option<u32> = None,
         /// Time from acceptance before giving up.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub give_up_after: Option<Duration> = None,
+        pub give_up_after: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Attempts while the receiver answers a `retry_limited` status.
         pub max_attempts_404: Option<u32> = None,
         /// Cap of a receiver's `Retry-After`.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub max_retry_after: Option<Duration> = None,
+        pub max_retry_after: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Whole-attempt timeout.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub request_timeout: Option<Duration> = None,
+        pub request_timeout: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Attempts in flight to the endpoint at once (`[[endpoint]]` only).
         pub max_in_flight: Option<u32> = None,
         /// Status rules in front of the less specific sections'.
-        #[serde(deserialize_with = "statuses")]
-        pub statuses: StatusRules = StatusRules::default(),
+        pub statuses: StatusRules ["statuses"] = StatusRules::default(),
     }
 }
 

@@ -22,8 +22,7 @@ section! {
         /// The name in `/r/<name>`.
         pub name: String,
         /// The target; extra path and query of the request are appended.
-        #[serde(deserialize_with = "de::one::<Link, _>")]
-        pub url: Url => without_password,
+        pub url: Url ["de::one::<Link, _>"] => without_password,
         /// The name of a `[signing.keys]` entry to sign with instead of the default secrets.
         #[serde(default)]
         pub signing_key: Option<String>,
@@ -86,11 +85,9 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct Sequence {
         /// `ordering`: `none` or `fifo`.
-        #[serde(deserialize_with = "de::one::<Name<Ordering>, _>")]
-        pub ordering: Ordering = Ordering::default(),
+        pub ordering: Ordering ["de::one::<Name<Ordering>, _>"] = Ordering::default(),
         /// What a dead head does; only with `fifo`.
-        #[serde(deserialize_with = "de::opt::<Name<OnDead>, _>")]
-        pub on_dead: Option<OnDead> = None,
+        pub on_dead: Option<OnDead> ["de::opt::<Name<OnDead>, _>"] = None,
     }
 }
 
