@@ -137,11 +137,9 @@ impl FleetConfig {
             PasswordSource::Url => "from the URL",
             PasswordSource::None => "none",
         };
-        format!(
-            "fleet: redis {} (password {password}), {}",
-            redis_origin(url),
-            pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur)
-        )
+        let settings = pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur);
+        let origin = redis_origin(url);
+        format!("fleet: redis {origin} (password {password}), {settings}")
     }
 }
 

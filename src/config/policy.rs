@@ -193,22 +193,10 @@ pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
     let rules = rules.map(|(status, class)| format!("{status} {}", class.as_str()));
     let rules = list(rules.chain(["seed table".to_string()]));
     let cap = r.max_in_flight.map(|n| format!(", max_in_flight {n}"));
-    format!(
-        concat!(
-            "{}, jitter {}, max_attempts {}, give_up_after {}, max_attempts_404 {}, max_retry_after {}, ",
-            "request_timeout {}{}, statuses {}; revision {}"
-        ),
-        backoff,
-        r.jitter.as_str(),
-        r.max_attempts,
-        dur(&r.give_up_after),
-        r.max_attempts_404,
-        dur(&r.max_retry_after),
-        dur(&r.request_timeout),
-        cap.unwrap_or_default(),
-        rules,
-        revision_text(r.revision())
-    )
+    let (cap, revision) = (cap.unwrap_or_default(), revision_text(r.revision()));
+    let settings = pairs!(r; jitter: |j: &Jitter| j.as_str(), max_attempts, give_up_after: dur, max_attempts_404,
+        max_retry_after: dur, request_timeout: dur);
+    format!("{backoff}, {settings}{cap}, statuses {rules}; revision {revision}")
 }
 
 /// A whole number of milliseconds as the file writes a duration.
