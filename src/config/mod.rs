@@ -120,6 +120,15 @@ macro_rules! pairs {
     };
 }
 
+/// `("section.field", value)` for the named fields of a section (`("field", value)` without
+/// the section's name): a rule's key is its path.
+macro_rules! keyed {
+    ($section:expr, $name:literal; $($field:ident),* $(,)?) => {
+        [$((concat!($name, ".", stringify!($field)), $section.$field)),*]
+    };
+    ($section:expr; $($field:ident),* $(,)?) => { [$((stringify!($field), $section.$field)),*] };
+}
+
 mod circuit;
 mod de;
 mod delivery;

@@ -97,18 +97,10 @@ impl Config {
             ))),
             false => Ok(()),
         };
-        let counts = [
-            ("max_attempts", p.max_attempts),
-            ("max_attempts_404", p.max_attempts_404),
-            ("max_in_flight", p.max_in_flight),
-        ];
-        for (key, value) in counts {
+        for (key, value) in keyed!(p; max_attempts, max_attempts_404, max_in_flight) {
             rule(value == Some(0), key, &"must be at least 1")?;
         }
-        for (key, value) in [
-            ("give_up_after", p.give_up_after),
-            ("request_timeout", p.request_timeout),
-        ] {
+        for (key, value) in keyed!(p; give_up_after, request_timeout) {
             rule(value.is_some_and(|d| d.is_zero()), key, &"must be greater than 0")?;
         }
         match self.section_backoff(p) {
