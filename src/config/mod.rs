@@ -289,10 +289,8 @@ impl Config {
     /// [`ENV_VARS`] read through `env`, then `flags` — and validates it.
     pub fn load(flags: &Overrides, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         // An empty COURIER_CONFIG (e.g. `COURIER_CONFIG=${X}` with X unset) means "no file".
-        let path = flags
-            .config
-            .clone()
-            .or_else(|| env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from));
+        let from_env = || env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from);
+        let path = flags.config.clone().or_else(from_env);
         let file = match path {
             Some(path) => {
                 let origin = path.display().to_string();

@@ -68,17 +68,16 @@ pub(super) fn schedule<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Dur
 
 /// A backoff that does not build, worded to follow its key (`retry.schedule` + ` must ...`).
 pub(super) fn backoff_problem(e: &BackoffError) -> Problem {
-    match e {
-        BackoffError::EmptySchedule => Problem::coded("empty_schedule", " must list at least one delay"),
-        BackoffError::StepTooSmall { index } => {
-            Problem::coded("invalid_duration", format!("[{index}] must be at least 1ms"))
+    let (code, text) = match e {
+        BackoffError::EmptySchedule => ("empty_schedule", " must list at least one delay".to_string()),
+        BackoffError::StepTooSmall { index } => ("invalid_duration", format!("[{index}] must be at least 1ms")),
+        BackoffError::TooLong { len } => {
+            let text = format!(" lists {len} delays; at most {MAX_SCHEDULE_LEN} are allowed");
+            ("schedule_too_long", text)
         }
-        BackoffError::TooLong { len } => Problem::coded(
-            "schedule_too_long",
-            format!(" lists {len} delays; at most {MAX_SCHEDULE_LEN} are allowed"),
-        ),
-        other => Problem::coded("invalid_policy_value", other.to_string()),
-    }
+        other => ("invalid_policy_value", other.to_string()),
+    };
+    Problem::coded(code, text)
 }
 
 /// `statuses = { success = [409], permanent = [404, "5xx"] }`: each listed status or class
@@ -133,9 +132,6 @@ impl<'de> Deserialize<'de> for Status {
 }
 
 fn invalid_status<E: serde::de::Error>(shown: impl fmt::Display) -> E {
-    Problem::coded(
-        "invalid_status",
-        format!("{shown} is not an HTTP status from 100 to 599 or a class like \"4xx\""),
-    )
-    .into_serde()
+    let text = format!("{shown} is not an HTTP status from 100 to 599 or a class like \"4xx\"");
+    Problem::coded("invalid_status", text).into_serde()
 }
