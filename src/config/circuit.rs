@@ -19,11 +19,9 @@ section! {
         pub failures: u32 = 5,
         /// Wait before the first probe after the breaker opens; doubles after each failed
         /// probe.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub probe_delay: Duration = Duration::from_secs(5),
+        pub probe_delay: Duration ["de::one::<Dur, _>"] = Duration::from_secs(5),
         /// The longest wait between probes.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub probe_max_delay: Duration = Duration::from_secs(300),
+        pub probe_max_delay: Duration ["de::one::<Dur, _>"] = Duration::from_secs(300),
         /// Statuses that count as failures when the answer has no `Retry-After` (a receiver
         /// that says when to come back is not down, it is busy).
         pub statuses: Vec<u16> = vec![502, 503, 504],

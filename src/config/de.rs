@@ -1,8 +1,8 @@
 //! How the typed tree reads its values: each kind of value the file writes as text
 //! (durations, sizes, addresses, URLs, ...) is a [`Text`] marker that names the shared
 //! parser of `parse`, so the file and the environment read a setting the same way. The
-//! fields say which one with `#[serde(deserialize_with = "de::one::<de::Dur, _>")]`
-//! ([`one`], [`opt`], [`list`]); a bad value is a [`Problem`] raised as a serde error, so
+//! fields say which one with `["de::one::<Dur, _>"]` in `section!` (a `deserialize_with`:
+//! [`one`], [`opt`], [`list`]); a bad value is a [`Problem`] raised as a serde error, so
 //! serde's path names the key (`retry.base_delay`, `route[0].url`, `ingress.hosts[1]`).
 
 use std::marker::PhantomData;

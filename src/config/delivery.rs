@@ -12,11 +12,9 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct DeliveryConfig {
         /// Per-attempt TCP + TLS connect timeout.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub connect_timeout: Duration = Duration::from_secs(10),
+        pub connect_timeout: Duration ["de::one::<Dur, _>"] = Duration::from_secs(10),
         /// Whole-attempt timeout.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub request_timeout: Duration = Duration::from_secs(30),
+        pub request_timeout: Duration ["de::one::<Dur, _>"] = Duration::from_secs(30),
         /// Attempts in flight at once, all hosts together: bounds memory and sockets after an
         /// outage, when every host's backlog comes due at once.
         pub max_in_flight: u32 = 1024,
@@ -27,11 +25,9 @@ section! {
         /// Consecutive permanent failures that pause an endpoint.
         pub pause_after_permanent_failures: u32 = 100,
         /// Bytes of a response body kept.
-        #[serde(deserialize_with = "de::one::<Size, _>")]
-        pub max_response_body: u64 = 64 << 10,
+        pub max_response_body: u64 ["de::one::<Size, _>"] = 64 << 10,
         /// How long a pooled connection may sit idle before it is closed.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub idle_connection_timeout: Duration = Duration::from_secs(90),
+        pub idle_connection_timeout: Duration ["de::one::<Dur, _>"] = Duration::from_secs(90),
         /// Idle pooled connections kept open, all hosts together: past it, those of the hosts
         /// used least recently are closed, so a sweep over many receivers does not leave a
         /// socket open to each of them until `idle_connection_timeout`.

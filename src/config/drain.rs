@@ -65,10 +65,8 @@ impl DrainConfig {
             true => "none".to_string(),
             false => format!("[{}]", self.peers.join(", ")),
         };
-        format!(
-            "drain: to {to}, peers {peers}, {}",
-            pairs!(self; token: set, concurrency)
-        )
+        let settings = pairs!(self; token: set, concurrency);
+        format!("drain: to {to}, peers {peers}, {settings}")
     }
 }
 

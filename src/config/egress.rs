@@ -10,6 +10,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use http::Uri;
+use hyper_util::client::proxy::matcher::Matcher;
 use ipnet::IpNet;
 use serde::Deserialize;
 use url::Url;
@@ -25,14 +27,11 @@ section! {
         /// Allow every non-global address (loopback, private, link-local, ...).
         pub allow_private_targets: bool = false,
         /// Networks allowed even though they are not global.
-        #[serde(deserialize_with = "de::list::<Net, _>")]
-        pub allow: Vec<IpNet> = Vec::new(),
+        pub allow: Vec<IpNet> ["de::list::<Net, _>"] = Vec::new(),
         /// The HTTP proxy every attempt goes through (credentials hidden).
-        #[serde(deserialize_with = "de::opt::<Proxy, _>")]
-        pub proxy: Option<EgressProxy> = None,
+        pub proxy: Option<EgressProxy> ["de::opt::<Proxy, _>"] = None,
         /// Hosts, domain suffixes and networks reached directly.
-        #[serde(deserialize_with = "de::list::<NoProxy, _>")]
-        pub no_proxy: Vec<String> = Vec::new(),
+        pub no_proxy: Vec<String> ["de::list::<NoProxy, _>"] = Vec::new(),
     }
 }
 
@@ -90,21 +89,15 @@ pub(super) fn parse_proxy(text: &str) -> Result<EgressProxy, String> {
             "{SHAPE}; courier speaks plain HTTP to the proxy (CONNECT carries TLS)"
         ));
     }
-    let Some(host) = url.host_str() else {
-        return Err(SHAPE.to_string());
-    };
+    let host = url.host_str().ok_or_else(|| SHAPE.to_string())?;
     if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
         return Err(format!("{SHAPE}: no path, query or fragment"));
     }
     // The proxy client parses the URL with the `http` crate: a URL it cannot read would
     // otherwise mean no proxy at all, silently.
-    let matcher = hyper_util::client::proxy::matcher::Matcher::builder()
-        .all(text.trim())
-        .build();
-    if matcher
-        .intercept(&http::Uri::from_static("http://courier.invalid/"))
-        .is_none()
-    {
+    let matcher = Matcher::builder().all(text.trim()).build();
+    let probe = Uri::from_static("http://courier.invalid/");
+    if matcher.intercept(&probe).is_none() {
         return Err(SHAPE.to_string());
     }
     let port = url.port_or_known_default().unwrap_or(80);

@@ -104,7 +104,8 @@ impl From<&str> for Problem {
 }
 
 impl ConfigError {
-    pub(super) fn new(place: impl Into<String>, problem: impl Into<String>) -> Self {
+    /// `problem` at `place`, keeping its code.
+    pub(super) fn new(place: impl Into<String>, problem: impl Into<Problem>) -> Self {
         // One line, always: the CLI prints this as the single line before exiting.
         let one_line = |s: String| {
             s.split(['\n', '\r'])
@@ -113,24 +114,16 @@ impl ConfigError {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
+        let Problem { code, text } = problem.into();
         ConfigError {
             place: one_line(place.into()),
-            problem: one_line(problem.into()),
-            code: None,
-        }
-    }
-
-    /// `problem` at `place`, keeping its code.
-    fn placed(place: impl Into<String>, problem: Problem) -> Self {
-        let code = problem.code;
-        ConfigError {
+            problem: one_line(text),
             code,
-            ..ConfigError::new(place, problem.text)
         }
     }
 
     pub(super) fn file(origin: &str, problem: impl Into<Problem>) -> Self {
-        ConfigError::placed(format!("config {origin}"), problem.into())
+        ConfigError::new(format!("config {origin}"), problem)
     }
 
     /// A bad value of the variable `name`; a `secret` one's value is not echoed.
@@ -140,7 +133,7 @@ impl ConfigError {
         } else {
             format!("{name}={value:?}")
         };
-        ConfigError::placed(place, problem)
+        ConfigError::new(place, problem)
     }
 
     pub(crate) fn invalid(key: &str, problem: impl fmt::Display) -> Self {
@@ -149,7 +142,7 @@ impl ConfigError {
 
     /// A broken validation rule, already worded (key first) by the code that found it.
     pub(super) fn invalid_problem(problem: Problem) -> Self {
-        ConfigError::placed("invalid config", problem)
+        ConfigError::new("invalid config", problem)
     }
 
     /// The machine-readable code of the rule broken, for the rules that have one (one of

@@ -24,18 +24,11 @@ impl Config {
     /// The settled document `root` of the file `text`, read into the tree.
     pub(super) fn from_document(root: Table, text: &str, origin: &str) -> Result<Config, ConfigError> {
         let config = read(root).map_err(|e| {
-            let problem = serde_problem(e.path(), e.inner().message());
-            ConfigError::file(
-                origin,
-                Problem {
-                    text: format!("{}{}", problem.text, line_suffix(text, e.inner().span())),
-                    ..problem
-                },
-            )
+            let mut problem = serde_problem(e.path(), e.inner().message());
+            problem.text.push_str(&line_suffix(text, e.inner().span()));
+            ConfigError::file(origin, problem)
         })?;
-        config
-            .check_sections()
-            .map_err(|problem| ConfigError::file(origin, problem))?;
+        config.check_sections().map_err(|p| ConfigError::file(origin, p))?;
         Ok(config)
     }
 }

@@ -30,8 +30,7 @@ section! {
     pub struct FleetConfig {
         /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS (rustls, the
         /// system's web PKI roots). Unset: fleet limits off.
-        #[serde(deserialize_with = "de::opt::<RedisUrl, _>")]
-        pub redis_url: Option<Url> = None => |url: &Option<Url>| url.as_ref().map(redis_origin),
+        pub redis_url: Option<Url> ["de::opt::<RedisUrl, _>"] = None => |url: &Option<Url>| url.as_ref().map(redis_origin),
         /// A file holding the Redis password (a mounted Kubernetes secret); its trailing
         /// newline is dropped. Over the URL's password, under `COURIER_FLEET_REDIS_PASSWORD`.
         pub password_file: Option<PathBuf> = None,
@@ -49,12 +48,10 @@ section! {
         pub key_prefix: String = "courier".to_string(),
         /// How long a lease outlives a courier that stopped renewing it (killed, cut off from
         /// Redis): renewed every third of it while the attempt runs.
-        #[serde(deserialize_with = "de::one::<Ttl, _>")]
-        pub lease_ttl: Duration = Duration::from_secs(10),
+        pub lease_ttl: Duration ["de::one::<Ttl, _>"] = Duration::from_secs(10),
         /// The longest one Redis call may take before Redis counts as unavailable and the
         /// fallback limits apply; short, so a stalled Redis does not stall delivery.
-        #[serde(deserialize_with = "de::one::<Ttl, _>")]
-        pub timeout: Duration = Duration::from_millis(250),
+        pub timeout: Duration ["de::one::<Ttl, _>"] = Duration::from_millis(250),
     }
 }
 
@@ -140,11 +137,9 @@ impl FleetConfig {
             PasswordSource::Url => "from the URL",
             PasswordSource::None => "none",
         };
-        format!(
-            "fleet: redis {} (password {password}), {}",
-            redis_origin(url),
-            pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur)
-        )
+        let settings = pairs!(self; expected_replicas, key_prefix, lease_ttl: dur, timeout: dur);
+        let origin = redis_origin(url);
+        format!("fleet: redis {origin} (password {password}), {settings}")
     }
 }
 

@@ -26,8 +26,7 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct LogConfig {
         /// The line format.
-        #[serde(deserialize_with = "de::one::<Format, _>")]
-        pub format: LogFormat = LogFormat::Text,
+        pub format: LogFormat ["de::one::<Format, _>"] = LogFormat::Text,
     }
 }
 

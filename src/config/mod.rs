@@ -6,7 +6,8 @@
 //! Shape of the code, and why:
 //! - One declaration per setting: the field of its section, declared with `section!`,
 //!   carries its doc comment, its default (`= value`), how `Debug` shows it when it may hold
-//!   a credential (`=> f`), and a `#[serde(...)]` attribute for how the file writes it; the
+//!   a credential (`=> f`), and its reader (`["de::one::<Dur, _>"]`, a `deserialize_with`)
+//!   or `#[serde(...)]` attribute for how the file writes it; the
 //!   summary names it by that field (`pairs!`), reload's restart-only list by its path.
 //!   The TOML is read straight into this tree (`#[serde(default, deny_unknown_fields)]` at
 //!   every level, so a typo is an error instead of a silently ignored setting, and an
@@ -43,7 +44,8 @@
 //!   `summary`: [`Config::summary`] and the redacting formatters it shares with `Debug`.
 
 /// Declares a section of the tree: its struct (each field with its doc and how the file
-/// writes it), its `Default` from the value after each field's `=` (a section with keys the
+/// writes it; `["de::one::<Dur, _>"]` after the type is the field's `deserialize_with`
+/// reader), its `Default` from the value after each field's `=` (a section with keys the
 /// file must write has none), its `KEYS`, and its `Debug`, which shows a field written
 /// `=> f` as `f(&value)` (a URL that may carry a credential).
 macro_rules! section {
@@ -64,11 +66,11 @@ macro_rules! section {
         }
     };
     ($(#[$attr:meta])* pub struct $name:ident {
-        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty = $default:expr $(=> $shown:expr)?,)*
+        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty $([$reader:literal])? = $default:expr $(=> $shown:expr)?,)*
     }) => {
         $(#[$attr])*
         pub struct $name {
-            $($(#[$field_attr])* pub $field: $ty,)*
+            $($(#[$field_attr])* $(#[serde(deserialize_with = $reader)])? pub $field: $ty,)*
         }
         impl Default for $name {
             fn default() -> Self {
@@ -78,11 +80,11 @@ macro_rules! section {
         section!(@debug $name $($field $($shown)?),*);
     };
     ($(#[$attr:meta])* pub struct $name:ident {
-        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty $(=> $shown:expr)?,)*
+        $($(#[$field_attr:meta])* pub $field:ident: $ty:ty $([$reader:literal])? $(=> $shown:expr)?,)*
     }) => {
         $(#[$attr])*
         pub struct $name {
-            $($(#[$field_attr])* pub $field: $ty,)*
+            $($(#[$field_attr])* $(#[serde(deserialize_with = $reader)])? pub $field: $ty,)*
         }
         section!(@debug $name $($field $($shown)?),*);
     };
@@ -116,6 +118,15 @@ macro_rules! pairs {
     ($section:expr; $($field:ident $(: $shown:expr)?),* $(,)?) => {
         [$(format!("{} {}", stringify!($field), pairs!(@shown $section.$field $(, $shown)?))),*].join(", ")
     };
+}
+
+/// `("section.field", value)` for the named fields of a section (`("field", value)` without
+/// the section's name): a rule's key is its path.
+macro_rules! keyed {
+    ($section:expr, $name:literal; $($field:ident),* $(,)?) => {
+        [$((concat!($name, ".", stringify!($field)), $section.$field)),*]
+    };
+    ($section:expr; $($field:ident),* $(,)?) => { [$((stringify!($field), $section.$field)),*] };
 }
 
 mod circuit;
@@ -203,31 +214,23 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct Config {
         /// Ingress listener: TCP or a Unix domain socket.
-        #[serde(deserialize_with = "de::one::<Ingress, _>")]
-        pub listen: ListenAddr = SocketAddr::from(([127, 0, 0, 1], 8787)).into(),
+        pub listen: ListenAddr ["de::one::<Ingress, _>"] = SocketAddr::from(([127, 0, 0, 1], 8787)).into(),
         /// Permission bits of the ingress socket file (`listen_mode`); only used with `unix:`.
-        #[serde(deserialize_with = "de::one::<Mode, _>")]
-        pub listen_mode: u32 = DEFAULT_LISTEN_MODE => |mode: &u32| Octal(*mode),
+        pub listen_mode: u32 ["de::one::<Mode, _>"] = DEFAULT_LISTEN_MODE => |mode: &u32| Octal(*mode),
         /// Admin listener.
-        #[serde(deserialize_with = "de::one::<Tcp, _>")]
-        pub admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8788)),
+        pub admin_listen: SocketAddr ["de::one::<Tcp, _>"] = SocketAddr::from(([127, 0, 0, 1], 8788)),
         /// Probes and metrics listener (no token); unset: served on the admin listener only.
-        #[serde(deserialize_with = "de::opt::<Tcp, _>")]
-        pub ops_listen: Option<SocketAddr> = None,
+        pub ops_listen: Option<SocketAddr> ["de::opt::<Tcp, _>"] = None,
         /// Where the store lives.
         pub data_dir: PathBuf = PathBuf::from("./courier-data"),
         /// Largest accepted request body, in bytes.
-        #[serde(deserialize_with = "de::one::<Size, _>")]
-        pub max_body: u64 = 1 << 20,
+        pub max_body: u64 ["de::one::<Size, _>"] = 1 << 20,
         /// How long in-flight attempts may finish after SIGTERM.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub shutdown_grace: Duration = Duration::from_secs(30),
+        pub shutdown_grace: Duration ["de::one::<Dur, _>"] = Duration::from_secs(30),
         /// How long delivered messages are kept.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub retention: Duration = Duration::from_secs(3 * 86_400),
+        pub retention: Duration ["de::one::<Dur, _>"] = Duration::from_secs(3 * 86_400),
         /// How long dead-lettered messages are kept.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub dead_retention: Duration = Duration::from_secs(30 * 86_400),
+        pub dead_retention: Duration ["de::one::<Dur, _>"] = Duration::from_secs(30 * 86_400),
         /// Required on ingress when set.
         pub ingress_token: Option<Secret> = None,
         /// Required on the admin API (but `/healthz`) when set.
@@ -235,8 +238,7 @@ section! {
         /// Serve a non-loopback `listen`/`admin_listen` without its token, on purpose.
         pub allow_unauthenticated_network: bool = false,
         /// Where endpoint-paused alerts are posted.
-        #[serde(deserialize_with = "de::opt::<Link, _>")]
-        pub alert_url: Option<Url> = None => |url: &Option<Url>| url.as_ref().map(origin_only),
+        pub alert_url: Option<Url> ["de::opt::<Link, _>"] = None => |url: &Option<Url>| url.as_ref().map(origin_only),
         /// `[ingress]`: browser origins and extra `Host` names ingress accepts, its idle
         /// timeout and the bytes its accepts in progress may hold.
         pub ingress: IngressConfig = IngressConfig::default(),
@@ -287,10 +289,8 @@ impl Config {
     /// [`ENV_VARS`] read through `env`, then `flags` — and validates it.
     pub fn load(flags: &Overrides, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         // An empty COURIER_CONFIG (e.g. `COURIER_CONFIG=${X}` with X unset) means "no file".
-        let path = flags
-            .config
-            .clone()
-            .or_else(|| env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from));
+        let from_env = || env(CONFIG_ENV).filter(|p| !p.trim().is_empty()).map(PathBuf::from);
+        let path = flags.config.clone().or_else(from_env);
         let file = match path {
             Some(path) => {
                 let origin = path.display().to_string();

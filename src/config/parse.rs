@@ -39,17 +39,15 @@ pub(super) fn parse_target(text: &str) -> Result<TargetPattern, String> {
 pub(super) fn parse_origin(text: &str) -> Result<String, String> {
     const HINT: &str = "an origin is scheme://host[:port], like https://app.example or http://localhost:3000";
     let text = text.trim();
+    let bad = |why: &str| Err(format!("{text:?} is not an origin: {why} ({HINT})"));
     if text.contains('*') {
-        return Err(format!(
-            "{text:?} is not an origin: wildcards are not supported ({HINT})"
-        ));
+        return bad("wildcards are not supported");
     }
     // The parser's message without the text: a mistyped entry may carry a credential.
     let url = Url::parse(text).map_err(|e| format!("not an origin ({e}); {HINT}"))?;
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(format!(
-            "is not an origin: it has a user or password (value not shown); {HINT}"
-        ));
+        let problem = format!("is not an origin: it has a user or password (value not shown); {HINT}");
+        return Err(problem);
     }
     let why = if !matches!(url.scheme(), "http" | "https") {
         "the scheme must be http or https"
@@ -62,7 +60,7 @@ pub(super) fn parse_origin(text: &str) -> Result<String, String> {
     } else {
         return Ok(url.origin().ascii_serialization());
     };
-    Err(format!("{text:?} is not an origin: {why} ({HINT})"))
+    bad(why)
 }
 
 /// An extra `Host` name: a DNS name or IP address, optionally with `:port` (IPv6 in

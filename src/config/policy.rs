@@ -29,35 +29,27 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct PolicyOverrides {
         /// Explicit delays (exclusive with `base_delay`/`max_delay` in one section).
-        #[serde(deserialize_with = "schedule")]
-        pub schedule: Option<Vec<Duration>> = None,
+        pub schedule: Option<Vec<Duration>> ["schedule"] = None,
         /// Exponential backoff's first delay (unset: `[retry]`'s).
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub base_delay: Option<Duration> = None,
+        pub base_delay: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Exponential backoff's cap (unset: `[retry]`'s).
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub max_delay: Option<Duration> = None,
+        pub max_delay: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// The jitter mode.
-        #[serde(deserialize_with = "de::opt::<JitterMode, _>")]
-        pub jitter: Option<Jitter> = None,
+        pub jitter: Option<Jitter> ["de::opt::<JitterMode, _>"] = None,
         /// Attempts before giving up; a `schedule` without it means the schedule's length + 1.
         pub max_attempts: Option<u32> = None,
         /// Time from acceptance before giving up.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub give_up_after: Option<Duration> = None,
+        pub give_up_after: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Attempts while the receiver answers a `retry_limited` status.
         pub max_attempts_404: Option<u32> = None,
         /// Cap of a receiver's `Retry-After`.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub max_retry_after: Option<Duration> = None,
+        pub max_retry_after: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Whole-attempt timeout.
-        #[serde(deserialize_with = "de::opt::<Dur, _>")]
-        pub request_timeout: Option<Duration> = None,
+        pub request_timeout: Option<Duration> ["de::opt::<Dur, _>"] = None,
         /// Attempts in flight to the endpoint at once (`[[endpoint]]` only).
         pub max_in_flight: Option<u32> = None,
         /// Status rules in front of the less specific sections'.
-        #[serde(deserialize_with = "statuses")]
-        pub statuses: StatusRules = StatusRules::default(),
+        pub statuses: StatusRules ["statuses"] = StatusRules::default(),
     }
 }
 
@@ -105,18 +97,10 @@ impl Config {
             ))),
             false => Ok(()),
         };
-        let counts = [
-            ("max_attempts", p.max_attempts),
-            ("max_attempts_404", p.max_attempts_404),
-            ("max_in_flight", p.max_in_flight),
-        ];
-        for (key, value) in counts {
+        for (key, value) in keyed!(p; max_attempts, max_attempts_404, max_in_flight) {
             rule(value == Some(0), key, &"must be at least 1")?;
         }
-        for (key, value) in [
-            ("give_up_after", p.give_up_after),
-            ("request_timeout", p.request_timeout),
-        ] {
+        for (key, value) in keyed!(p; give_up_after, request_timeout) {
             rule(value.is_some_and(|d| d.is_zero()), key, &"must be greater than 0")?;
         }
         match self.section_backoff(p) {
@@ -201,22 +185,10 @@ pub fn describe_policy(r: &RetryPolicy<Statuses<'_>>) -> String {
     let rules = rules.map(|(status, class)| format!("{status} {}", class.as_str()));
     let rules = list(rules.chain(["seed table".to_string()]));
     let cap = r.max_in_flight.map(|n| format!(", max_in_flight {n}"));
-    format!(
-        concat!(
-            "{}, jitter {}, max_attempts {}, give_up_after {}, max_attempts_404 {}, max_retry_after {}, ",
-            "request_timeout {}{}, statuses {}; revision {}"
-        ),
-        backoff,
-        r.jitter.as_str(),
-        r.max_attempts,
-        dur(&r.give_up_after),
-        r.max_attempts_404,
-        dur(&r.max_retry_after),
-        dur(&r.request_timeout),
-        cap.unwrap_or_default(),
-        rules,
-        revision_text(r.revision())
-    )
+    let (cap, revision) = (cap.unwrap_or_default(), revision_text(r.revision()));
+    let settings = pairs!(r; jitter: |j: &Jitter| j.as_str(), max_attempts, give_up_after: dur, max_attempts_404,
+        max_retry_after: dur, request_timeout: dur);
+    format!("{backoff}, {settings}{cap}, statuses {rules}; revision {revision}")
 }
 
 /// A whole number of milliseconds as the file writes a duration.

@@ -22,30 +22,23 @@ section! {
         /// Explicit delays before the second, third, ... attempt (the last repeats), instead
         /// of the doubling `base_delay`/`max_delay`. Setting it sets `max_attempts` to its
         /// length plus one unless `max_attempts` is given alongside.
-        #[serde(deserialize_with = "schedule")]
-        pub schedule: Option<Vec<Duration>> = None,
+        pub schedule: Option<Vec<Duration>> ["schedule"] = None,
         /// Backoff before the second attempt; doubles per attempt.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub base_delay: Duration = Duration::from_secs(60),
+        pub base_delay: Duration ["de::one::<Dur, _>"] = Duration::from_secs(60),
         /// Cap of the doubled backoff.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub max_delay: Duration = Duration::from_secs(3600),
+        pub max_delay: Duration ["de::one::<Dur, _>"] = Duration::from_secs(3600),
         /// How the backoff is randomised.
-        #[serde(deserialize_with = "de::one::<JitterMode, _>")]
-        pub jitter: Jitter = Jitter::Equal,
+        pub jitter: Jitter ["de::one::<JitterMode, _>"] = Jitter::Equal,
         /// Attempts after which a message is dead-lettered.
         pub max_attempts: u32 = 16,
         /// Time after acceptance past which no attempt is made.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub give_up_after: Duration = Duration::from_secs(3 * 86_400),
+        pub give_up_after: Duration ["de::one::<Dur, _>"] = Duration::from_secs(3 * 86_400),
         /// Attempts allowed while the receiver answers 404.
         pub max_attempts_404: u32 = 5,
         /// Cap of a receiver's `Retry-After`.
-        #[serde(deserialize_with = "de::one::<Dur, _>")]
-        pub max_retry_after: Duration = Duration::from_secs(86_400),
+        pub max_retry_after: Duration ["de::one::<Dur, _>"] = Duration::from_secs(86_400),
         /// Status rules in front of the seed's table (`[retry] statuses`).
-        #[serde(deserialize_with = "statuses")]
-        pub statuses: StatusRules = StatusRules::default(),
+        pub statuses: StatusRules ["statuses"] = StatusRules::default(),
     }
 }
 
@@ -75,17 +68,16 @@ pub(super) fn schedule<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Dur
 
 /// A backoff that does not build, worded to follow its key (`retry.schedule` + ` must ...`).
 pub(super) fn backoff_problem(e: &BackoffError) -> Problem {
-    match e {
-        BackoffError::EmptySchedule => Problem::coded("empty_schedule", " must list at least one delay"),
-        BackoffError::StepTooSmall { index } => {
-            Problem::coded("invalid_duration", format!("[{index}] must be at least 1ms"))
+    let (code, text) = match e {
+        BackoffError::EmptySchedule => ("empty_schedule", " must list at least one delay".to_string()),
+        BackoffError::StepTooSmall { index } => ("invalid_duration", format!("[{index}] must be at least 1ms")),
+        BackoffError::TooLong { len } => {
+            let text = format!(" lists {len} delays; at most {MAX_SCHEDULE_LEN} are allowed");
+            ("schedule_too_long", text)
         }
-        BackoffError::TooLong { len } => Problem::coded(
-            "schedule_too_long",
-            format!(" lists {len} delays; at most {MAX_SCHEDULE_LEN} are allowed"),
-        ),
-        other => Problem::coded("invalid_policy_value", other.to_string()),
-    }
+        other => ("invalid_policy_value", other.to_string()),
+    };
+    Problem::coded(code, text)
 }
 
 /// `statuses = { success = [409], permanent = [404, "5xx"] }`: each listed status or class
@@ -140,9 +132,6 @@ impl<'de> Deserialize<'de> for Status {
 }
 
 fn invalid_status<E: serde::de::Error>(shown: impl fmt::Display) -> E {
-    Problem::coded(
-        "invalid_status",
-        format!("{shown} is not an HTTP status from 100 to 599 or a class like \"4xx\""),
-    )
-    .into_serde()
+    let text = format!("{shown} is not an HTTP status from 100 to 599 or a class like \"4xx\"");
+    Problem::coded("invalid_status", text).into_serde()
 }

@@ -22,8 +22,7 @@ section! {
         /// The name in `/r/<name>`.
         pub name: String,
         /// The target; extra path and query of the request are appended.
-        #[serde(deserialize_with = "de::one::<Link, _>")]
-        pub url: Url => without_password,
+        pub url: Url ["de::one::<Link, _>"] => without_password,
         /// The name of a `[signing.keys]` entry to sign with instead of the default secrets.
         #[serde(default)]
         pub signing_key: Option<String>,
@@ -86,11 +85,9 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct Sequence {
         /// `ordering`: `none` or `fifo`.
-        #[serde(deserialize_with = "de::one::<Name<Ordering>, _>")]
-        pub ordering: Ordering = Ordering::default(),
+        pub ordering: Ordering ["de::one::<Name<Ordering>, _>"] = Ordering::default(),
         /// What a dead head does; only with `fifo`.
-        #[serde(deserialize_with = "de::opt::<Name<OnDead>, _>")]
-        pub on_dead: Option<OnDead> = None,
+        pub on_dead: Option<OnDead> ["de::opt::<Name<OnDead>, _>"] = None,
     }
 }
 
@@ -111,28 +108,20 @@ impl Config {
     /// The rules of a section that join its keys to its other values, checked once the file
     /// is read (only the file has routes and endpoints).
     pub(super) fn check_sections(&self) -> Result<(), Problem> {
-        if let Some((i, route)) = self
-            .routes
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.policy.max_in_flight.is_some())
-        {
+        let capped = |(_, r): &(usize, &RouteConfig)| r.policy.max_in_flight.is_some();
+        if let Some((i, route)) = self.routes.iter().enumerate().find(capped) {
             // One endpoint has one cap, whichever route its messages came through.
-            return Err(Problem::coded(
-                "per_endpoint_setting",
-                format!(
-                    "route[{i}].max_in_flight: the in-flight cap is per endpoint; set it in an [[endpoint]] \
-                     with key = {:?}",
-                    crate::target::default_endpoint_key(&route.url)
-                ),
-            ));
+            let key = crate::target::default_endpoint_key(&route.url);
+            let problem = format!(
+                "route[{i}].max_in_flight: the in-flight cap is per endpoint; set it in an [[endpoint]] \
+                 with key = {key:?}"
+            );
+            return Err(Problem::coded("per_endpoint_setting", problem));
         }
         let idle = |e: &EndpointConfig| e.rate_per_second.is_none() && e.fifo.is_none() && e.policy.is_empty();
         if let Some(i) = self.endpoints.iter().position(idle) {
-            return Err(Problem::coded(
-                "empty_section",
-                format!("endpoint[{i}]: sets nothing (give rate_per_second, ordering or a retry setting)"),
-            ));
+            let problem = format!("endpoint[{i}]: sets nothing (give rate_per_second, ordering or a retry setting)");
+            return Err(Problem::coded("empty_section", problem));
         }
         Ok(())
     }

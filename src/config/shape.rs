@@ -74,9 +74,8 @@ fn egress_aliases(root: &mut Table) -> Result<(), Problem> {
             continue;
         };
         if egress.contains_key(key) {
-            return Err(Problem::from(format!(
-                "egress.{key} and the top-level {alias} are the same setting: set only one"
-            )));
+            let problem = format!("egress.{key} and the top-level {alias} are the same setting: set only one");
+            return Err(problem.into());
         }
         egress.insert(key, value);
     }
@@ -90,13 +89,11 @@ fn backoff_keys(section: &str, table: &mut dyn TableLike) -> Result<(), Problem>
         return Ok(());
     };
     if table.contains_key("base_delay") || table.contains_key("max_delay") {
-        return Err(Problem::coded(
-            "conflicting_backoff",
-            format!(
-                "{section}: schedule and base_delay/max_delay are both set; a section's backoff is either \
-                 an explicit schedule or exponential"
-            ),
-        ));
+        let problem = format!(
+            "{section}: schedule and base_delay/max_delay are both set; a section's backoff is either \
+             an explicit schedule or exponential"
+        );
+        return Err(Problem::coded("conflicting_backoff", problem));
     }
     if let Some(len) = schedule.as_array().map(|a| a.len()) {
         if !table.contains_key("max_attempts") {

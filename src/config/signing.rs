@@ -20,8 +20,7 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct SigningConfig {
         /// The scheme used when neither a route nor the message chooses one.
-        #[serde(deserialize_with = "de::one::<Name<SignatureScheme>, _>")]
-        pub scheme: SignatureScheme = SignatureScheme::default(),
+        pub scheme: SignatureScheme ["de::one::<Name<SignatureScheme>, _>"] = SignatureScheme::default(),
         /// Default secrets; all of them sign (rotation). Empty: unsigned unless a message
         /// brings one.
         pub secrets: Vec<Secret> = Vec::new(),

@@ -59,48 +59,33 @@ impl Config {
         };
         let ops = self.ops_listen.map(|ops| format!(", {ops} (ops)")).unwrap_or_default();
         let (listen, admin, data_dir) = (&self.listen, self.admin_listen, self.data_dir.display());
+        let (body, ingress_token, admin_token) =
+            (size(&self.max_body), set(&self.ingress_token), set(&self.admin_token));
+        let alert = self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only);
+        let [grace, retention, dead] = [&self.shutdown_grace, &self.retention, &self.dead_retention].map(dur);
+        let ingress =
+            pairs!(self.ingress; allowed_origins: list, hosts: list, idle_timeout: dur, max_pending_bytes, allow_get);
+        let admin_access = pairs!(self.admin; allowed_origins: list, hosts: list, idle_timeout: dur);
+        let unauthenticated = self.allow_unauthenticated_network;
+        let retry = pairs!(r; base_delay: dur, max_delay: dur, jitter: |j: &Jitter| j.as_str(), max_attempts,
+            max_attempts_404, give_up_after: dur, max_retry_after: dur);
+        let steps = r.schedule.as_ref().map(|steps| list(steps.iter().map(dur)));
+        let schedule = steps.map(|s| format!(", schedule [{s}]")).unwrap_or_default();
+        let delivery = pairs!(d; connect_timeout: dur, request_timeout: dur, max_in_flight, max_in_flight_per_host,
+            rate_per_second, pause_after_permanent_failures, max_response_body: size, idle_connection_timeout: dur,
+            max_idle_connections);
+        let circuit =
+            pairs!(c; failures, probe_delay: dur, probe_max_delay: dur, statuses: |s: &Vec<u16>| format!("{s:?}"));
         let mut lines = vec![
             format!("listen {listen} (ingress{mode}), {admin} (admin){ops}; data_dir {data_dir}"),
-            format!(
-                "max_body {}; ingress_token {}; admin_token {}; alert_url {}",
-                size(&self.max_body),
-                set(&self.ingress_token),
-                set(&self.admin_token),
-                self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only)
-            ),
-            format!(
-                "shutdown_grace {}; retention {} (delivered), {} (dead)",
-                dur(&self.shutdown_grace),
-                dur(&self.retention),
-                dur(&self.dead_retention)
-            ),
-            format!(
-                "ingress: {}; admin: {}; allow_unauthenticated_network {}",
-                pairs!(self.ingress; allowed_origins: list, hosts: list, idle_timeout: dur, max_pending_bytes, allow_get),
-                pairs!(self.admin; allowed_origins: list, hosts: list, idle_timeout: dur),
-                self.allow_unauthenticated_network
-            ),
-            format!(
-                "retry: {}{}",
-                pairs!(r; base_delay: dur, max_delay: dur, jitter: |j: &Jitter| j.as_str(), max_attempts,
-                    max_attempts_404, give_up_after: dur, max_retry_after: dur),
-                r.schedule.as_ref().map_or(String::new(), |steps| format!(
-                    ", schedule [{}]",
-                    list(steps.iter().map(dur))
-                ))
-            ),
-            format!(
-                "delivery: {}",
-                pairs!(d; connect_timeout: dur, request_timeout: dur, max_in_flight, max_in_flight_per_host,
-                    rate_per_second, pause_after_permanent_failures, max_response_body: size,
-                    idle_connection_timeout: dur, max_idle_connections)
-            ),
+            format!("max_body {body}; ingress_token {ingress_token}; admin_token {admin_token}; alert_url {alert}"),
+            format!("shutdown_grace {grace}; retention {retention} (delivered), {dead} (dead)"),
+            format!("ingress: {ingress}; admin: {admin_access}; allow_unauthenticated_network {unauthenticated}"),
+            format!("retry: {retry}{schedule}"),
+            format!("delivery: {delivery}"),
             match c.failures {
                 0 => "circuit: off (failures 0)".to_string(),
-                _ => format!(
-                    "circuit: {}",
-                    pairs!(c; failures, probe_delay: dur, probe_max_delay: dur, statuses: |s: &Vec<u16>| format!("{s:?}"))
-                ),
+                _ => format!("circuit: {circuit}"),
             },
             format!("log: format {}", self.log.format.as_str()),
             self.fleet.summary(),
@@ -117,71 +102,44 @@ impl Config {
     /// The signing scheme, secrets and named keys (counted, never shown), and the public
     /// half of each Ed25519 key (not a secret: the whsk_ values themselves are never shown).
     fn signing_lines(&self) -> Vec<String> {
-        let keys = self.signing.keys.iter().map(|(name, key)| {
-            format!(
-                "{name} ({}{})",
-                count(key.secrets.len(), "secret"),
-                targets(&key.targets)
-            )
-        });
-        let mut lines = vec![format!(
-            "signing: scheme {}, {} by default, keys: {}",
-            self.signing.scheme.as_str(),
-            count(self.signing.secrets.len(), "secret"),
-            list(keys)
-        )];
-        for entry in self.ed25519_public_keys() {
-            lines.push(format!(
-                "signing: {} is Ed25519, public key {}",
-                entry.source, entry.public_key
-            ));
-        }
+        let key = |name: &String, key: &super::SigningKey| {
+            let (secrets, targets) = (count(key.secrets.len(), "secret"), targets(&key.targets));
+            format!("{name} ({secrets}{targets})")
+        };
+        let keys = list(self.signing.keys.iter().map(|(name, k)| key(name, k)));
+        let (scheme, secrets) = (self.signing.scheme.as_str(), self.signing.secrets.len());
+        let secrets = count(secrets, "secret");
+        let mut lines = vec![format!("signing: scheme {scheme}, {secrets} by default, keys: {keys}")];
+        let public = self.ed25519_public_keys().into_iter();
+        lines.extend(public.map(|e| format!("signing: {} is Ed25519, public key {}", e.source, e.public_key)));
         lines
     }
 
     /// The egress policy, the proxy and the TLS settings.
     fn egress_lines(&self) -> Vec<String> {
-        let egress = &self.egress;
-        let private = if egress.allow_private_targets {
-            "allowed"
-        } else {
-            "refused"
-        };
-        let mut lines = vec![format!(
-            "egress: private targets {private}, allow: {}",
-            list(&egress.allow)
-        )];
-        if let Some(proxy) = &egress.proxy {
-            lines.push(format!(
-                "egress: proxy {}, no_proxy: {}",
-                proxy.describe(),
-                list(&egress.no_proxy)
-            ));
+        let (e, tls) = (&self.egress, &self.tls);
+        let private = if e.allow_private_targets { "allowed" } else { "refused" };
+        let allow = list(&e.allow);
+        let mut lines = vec![format!("egress: private targets {private}, allow: {allow}")];
+        if let Some(proxy) = &e.proxy {
+            let (proxy, no_proxy) = (proxy.describe(), list(&e.no_proxy));
+            lines.push(format!("egress: proxy {proxy}, no_proxy: {no_proxy}"));
         }
-        lines.push(format!(
-            "tls: roots {}, min_version {}, ca_file: {}",
-            self.tls.roots.as_str(),
-            self.tls.min_version.as_str(),
-            paths(&self.tls.ca_file)
-        ));
+        let (roots, min, cas) = (tls.roots.as_str(), tls.min_version.as_str(), paths(&tls.ca_file));
+        lines.push(format!("tls: roots {roots}, min_version {min}, ca_file: {cas}"));
         lines
     }
 
     /// The `[[route]]`, `[[host]]` and `[[endpoint]]` sections, a line each.
     fn section_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for route in &self.routes {
-            lines.push(format!(
-                "route {} -> {} (signing key {}, scheme {}{}{})",
-                route.name,
-                without_password(&route.url),
-                route.signing_key.as_deref().unwrap_or("default"),
-                route.scheme.unwrap_or(self.signing.scheme).as_str(),
-                targets(&route.targets),
-                fifo(route.fifo)
-            ));
-        }
-        for host in &self.hosts {
+        let routes = self.routes.iter().map(|route| {
+            let (name, url) = (&route.name, without_password(&route.url));
+            let key = route.signing_key.as_deref().unwrap_or("default");
+            let scheme = route.scheme.unwrap_or(self.signing.scheme).as_str();
+            let (targets, fifo) = (targets(&route.targets), fifo(route.fifo));
+            format!("route {name} -> {url} (signing key {key}, scheme {scheme}{targets}{fifo})")
+        });
+        let hosts = self.hosts.iter().map(|host| {
             let cap = host.max_in_flight.unwrap_or(self.delivery.max_in_flight_per_host);
             let mut line = format!("host {}: max_in_flight {cap}", host.host);
             if !host.tls.ca_file.is_empty() {
@@ -190,17 +148,14 @@ impl Config {
             if let Some(cert) = &host.tls.client_cert {
                 line.push_str(&format!(", client_cert {}", cert.display()));
             }
-            lines.push(line);
-        }
-        for endpoint in &self.endpoints {
+            line
+        });
+        let endpoints = self.endpoints.iter().map(|endpoint| {
             let rate = endpoint.rate_per_second.unwrap_or(self.delivery.rate_per_second);
-            lines.push(format!(
-                "endpoint {}: rate_per_second {rate}{}",
-                endpoint.key,
-                fifo(endpoint.fifo)
-            ));
-        }
-        lines
+            let (key, fifo) = (&endpoint.key, fifo(endpoint.fifo));
+            format!("endpoint {key}: rate_per_second {rate}{fifo}")
+        });
+        routes.chain(hosts).chain(endpoints).collect()
     }
 }
 

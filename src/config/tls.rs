@@ -23,8 +23,7 @@ section! {
         pub roots: TlsRoots = TlsRoots::Webpki,
         /// Extra CA bundles (PEM) trusted for every receiver, besides `roots`: `"ca.pem"` or
         /// `["a.pem", "b.pem"]`.
-        #[serde(deserialize_with = "one_or_many")]
-        pub ca_file: Vec<PathBuf> = Vec::new(),
+        pub ca_file: Vec<PathBuf> ["one_or_many"] = Vec::new(),
         /// The lowest TLS version offered.
         pub min_version: TlsVersion = TlsVersion::Tls12,
     }
@@ -63,8 +62,7 @@ section! {
     #[serde(default, deny_unknown_fields)]
     pub struct HostTls {
         /// CA bundles trusted for this host only, besides the global roots and `tls.ca_file`.
-        #[serde(deserialize_with = "one_or_many")]
-        pub ca_file: Vec<PathBuf> = Vec::new(),
+        pub ca_file: Vec<PathBuf> ["one_or_many"] = Vec::new(),
         /// The client certificate chain (PEM) presented to this host.
         pub client_cert: Option<PathBuf> = None,
         /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).

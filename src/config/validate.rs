@@ -15,13 +15,6 @@ use super::{Config, ConfigError, RouteConfig};
 use crate::model::SignatureScheme;
 use crate::signing::{ed25519, scope, Secret};
 
-/// `("section.field", value)` for the named fields of a section: a rule's key is its path.
-macro_rules! keyed {
-    ($section:expr, $name:literal; $($field:ident),* $(,)?) => {
-        [$((concat!($name, ".", stringify!($field)), $section.$field)),*]
-    };
-}
-
 impl Config {
     /// Checks the rules the types cannot express (distinct listeners, a token on every
     /// listener off loopback, non-zero limits, unique names, known signing keys, routes
@@ -61,11 +54,8 @@ impl Config {
         listeners.extend(self.ops_listen.map(|ops| ("ops_listen", ops)));
         for (j, &(key_b, b)) in listeners.iter().enumerate() {
             for &(key_a, a) in &listeners[..j] {
-                rule(
-                    collide(a, b),
-                    key_b,
-                    format_args!("({b}) must differ from {key_a} ({a})"),
-                )?;
+                let problem = format_args!("({b}) must differ from {key_a} ({a})");
+                rule(collide(a, b), key_b, problem)?;
             }
         }
         rule(self.data_dir.as_os_str().is_empty(), "data_dir", "must not be empty")?;
@@ -75,10 +65,8 @@ impl Config {
         let (pending, max_body) = (self.ingress.max_pending_bytes, self.max_body);
         let problem = format_args!("({pending}) must be at least max_body ({max_body})");
         rule(pending < max_body, "ingress.max_pending_bytes", problem)?;
-        for (key, idle) in [
-            ("ingress.idle_timeout", self.ingress.idle_timeout),
-            ("admin.idle_timeout", self.admin.idle_timeout),
-        ] {
+        let (ingress, admin) = (self.ingress.idle_timeout, self.admin.idle_timeout);
+        for (key, idle) in [("ingress.idle_timeout", ingress), ("admin.idle_timeout", admin)] {
             rule(idle < Duration::from_secs(1), key, "must be at least 1s")?;
         }
         for (key, token) in [
@@ -102,13 +90,11 @@ impl Config {
         } else {
             "admin_token"
         };
-        Err(ConfigError::invalid(
-            key,
-            format_args!(
-                "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
-                 or set allow_unauthenticated_network = true to serve the network without a token on purpose"
-            ),
-        ))
+        let problem = format_args!(
+            "{addr} is not a loopback address and {token} is unset: set {token}, bind 127.0.0.1, \
+             or set allow_unauthenticated_network = true to serve the network without a token on purpose"
+        );
+        Err(ConfigError::invalid(key, problem))
     }
 
     fn validate_retry_and_delivery(&self) -> Result<(), ConfigError> {
@@ -173,11 +159,8 @@ impl Config {
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             let (key, name) = (format!("endpoint[{i}].key"), &endpoint.key);
             rule(name.is_empty(), &key, "must not be empty")?;
-            rule(
-                !keys.insert(name.as_str()),
-                &key,
-                format_args!("{name:?} is listed twice"),
-            )?;
+            let twice = !keys.insert(name.as_str());
+            rule(twice, &key, format_args!("{name:?} is listed twice"))?;
             let key = format!("endpoint[{i}].rate_per_second");
             rule(endpoint.rate_per_second == Some(0), &key, "must be at least 1")?;
         }
@@ -277,14 +260,12 @@ fn check_secrets(key: &str, secrets: &[Secret], users: &[SchemeUser]) -> Result<
                  as `courier keys generate` prints (value not shown)";
             rule(ed25519::decode_secret(secret).is_none(), &item, problem)?;
             if let Some((scheme, who)) = hmac_only {
-                return Err(ConfigError::invalid(
-                    &item,
-                    format_args!(
-                        "is an Ed25519 key (whsk_), which signs only with the standard scheme, but {who} \
-                         signs with it using the {} scheme (HMAC only); use a separate [signing.keys] entry",
-                        scheme.as_str()
-                    ),
-                ));
+                let scheme = scheme.as_str();
+                let problem = format_args!(
+                    "is an Ed25519 key (whsk_), which signs only with the standard scheme, but {who} signs with it \
+                     using the {scheme} scheme (HMAC only); use a separate [signing.keys] entry"
+                );
+                return Err(ConfigError::invalid(&item, problem));
             }
             continue;
         }
