@@ -6,9 +6,9 @@
 //! Shape of the code, and why:
 //! - One declaration per setting: the field of its section, declared with `section!`,
 //!   carries its doc comment, its default (`= value`), how `Debug` shows it when it may hold
-//!   a credential (`=> f`), and its reader (`["de::one::<Dur, _>"]`, a `deserialize_with`)
-//!   or `#[serde(...)]` attribute for how the file writes it; the
-//!   summary names it by that field (`pairs!`), reload's restart-only list by its path.
+//!   a credential (`=> f`), and how the file writes it: its reader (`["de::one::<Dur, _>"]`,
+//!   a `deserialize_with`) or a `#[serde(...)]` attribute; the summary names it by that
+//!   field (`pairs!`), reload's restart-only list by its path.
 //!   The TOML is read straight into this tree (`#[serde(default, deny_unknown_fields)]` at
 //!   every level, so a typo is an error instead of a silently ignored setting, and an
 //!   unwritten key keeps its default).
