@@ -58,9 +58,12 @@ pub fn parse_rfc3339(text: &str) -> Option<u64> {
     }
     let offset_secs = match b.get(i..)? {
         [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let hh = (*h1 - b'0') as i64 * 10 + (*h2 - b'0') as i64;
-            let mm = (*m1 - b'0') as i64 * 10 + (*m2 - b'0') as i64;
+        // Digits checked like the date's: a `/` in an offset once underflowed a byte.
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let (hh, mm) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
+            if hh > 23 || mm > 59 {
+                return None;
+            }
             (hh * 3600 + mm * 60) * if *sign == b'+' { 1 } else { -1 }
         }
         _ => return None,
@@ -125,6 +128,11 @@ mod tests {
             "2023-11-14T22:13:20",
             "yesterday",
             "2023-11-14T22:13:20+0100",
+            "2023-11-14T22:13:20+/0:00",
+            "2023-11-14T22:13:20+a0:00",
+            "2023-11-14T22:13:20-01:/0",
+            "2023-11-14T22:13:20+24:00",
+            "2023-11-14T22:13:20+01:60",
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
