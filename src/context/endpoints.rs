@@ -18,10 +18,18 @@
 //! endpoints seen in the last second plus the paused and busy ones if that is more; and a
 //! prune that cannot get below the bound waits until the table has doubled, so a table
 //! full of paused endpoints does not pay a prune per new endpoint.
+//!
+//! The `[[endpoint]] max_in_flight` caps live here too, beside the rates
+//! ([`EndpointTable::try_cap`]): one semaphore a capped endpoint (as many as the config has),
+//! whose permit goes back with the host's and so wakes the scheduler just as that one does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::limits::{Refusal, Resizable};
 use crate::model::{DeadReason, Transition};
 use crate::policy::rate::TokenBucket;
 use crate::store::EndpointRecord;
@@ -105,6 +113,10 @@ struct Entries {
     /// `delivery.rate_per_second` and the `[[endpoint]]` overrides: under the same lock as
     /// the entries, so a reload changes every held bucket's rate in one step.
     rates: Rates,
+    /// The capped endpoints' semaphores, each with whether it limits now: one a reload left
+    /// uncapped while attempts held its permits stays (not limiting) until those end, so a
+    /// cap put back meanwhile counts them.
+    caps: HashMap<String, (bool, Resizable)>,
     map: HashMap<String, Entry>,
     /// The size at which the next prune runs.
     prune_at: usize,
@@ -129,6 +141,9 @@ pub struct EndpointTable {
     pause_after: u32,
     listed_for_ms: u64,
     entries: Mutex<Entries>,
+    /// Whether any endpoint is capped: when none is (nearly always), an attempt's cap
+    /// permit costs no lock.
+    any_cap: AtomicBool,
 }
 
 impl EndpointTable {
@@ -149,9 +164,11 @@ impl EndpointTable {
             listed_for_ms,
             entries: Mutex::new(Entries {
                 rates: Rates { default_rate, rates },
+                caps: HashMap::new(),
                 map: HashMap::new(),
                 prune_at: PRUNE_ABOVE,
             }),
+            any_cap: AtomicBool::new(false),
         };
         {
             let mut entries = t.lock();
@@ -211,6 +228,44 @@ impl EndpointTable {
         let Entries { rates, map, .. } = &mut *entries;
         for (key, e) in map.iter_mut() {
             e.bucket.set_rate(rates.of(key), now_ms);
+        }
+    }
+
+    /// Replaces the `max_in_flight` caps (at start, on a reload): an endpoint keeps its count
+    /// of attempts in flight, so a lowered cap holds new ones back until enough finish.
+    pub fn set_caps<'a>(&self, caps: impl IntoIterator<Item = (&'a str, u32)>) {
+        let mut entries = self.lock();
+        let held = &mut entries.caps;
+        held.values_mut().for_each(|(live, _)| *live = false);
+        for (key, cap) in caps {
+            let (live, sem) = held
+                .entry(key.to_string())
+                .or_insert_with(|| (true, Resizable::new(cap)));
+            *live = true;
+            sem.resize(cap);
+        }
+        held.retain(|_, (live, sem)| *live || sem.in_use() > 0);
+        self.any_cap
+            .store(held.values().any(|(live, _)| *live), Ordering::Release);
+    }
+
+    /// A permit for one attempt to the endpoint under its cap: `None` when it has none,
+    /// [`Refusal::EndpointBusy`] when it has `max_in_flight` attempts running.
+    pub fn try_cap(&self, key: &str) -> Result<Option<OwnedSemaphorePermit>, Refusal> {
+        if !self.any_cap.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        match self.lock().caps.get_mut(key) {
+            Some((true, sem)) => sem.try_acquire().map(Some).ok_or(Refusal::EndpointBusy(None)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Attempts holding the endpoint's cap permits now, and the cap (`None`: it has none).
+    pub fn cap_usage(&self, key: &str) -> Option<(u32, u32)> {
+        match self.lock().caps.get(key) {
+            Some((true, sem)) => Some((sem.in_use(), sem.cap())),
+            _ => None,
         }
     }
 
@@ -608,6 +663,45 @@ mod tests {
         assert!(t.len() > 2 * PRUNE_ABOVE, "all seen within the second: all kept");
         assert!(t.try_rate("recent", 5_500).is_err(), "still rate limited");
         assert!(t.is_paused("far"));
+    }
+
+    #[test]
+    fn a_cap_removed_and_put_back_counts_the_attempts_still_running() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
+        t.set_caps([("https://e.example/", 2)]);
+        let held: Vec<_> = (0..2)
+            .map(|_| t.try_cap("https://e.example/").unwrap().unwrap())
+            .collect();
+        t.set_caps([]);
+        assert!(matches!(t.try_cap("https://e.example/"), Ok(None)), "uncapped now");
+        t.set_caps([("https://e.example/", 2)]);
+        assert_eq!(t.cap_usage("https://e.example/"), Some((2, 2)), "the two still running");
+        assert_eq!(
+            t.try_cap("https://e.example/").unwrap_err(),
+            Refusal::EndpointBusy(None)
+        );
+        drop(held);
+        t.set_caps([]);
+        assert!(t.lock().caps.is_empty(), "forgotten once nothing holds it");
+    }
+
+    #[test]
+    fn only_capped_endpoints_are_limited_and_permits_come_back() {
+        let t = EndpointTable::new(100, HashMap::new(), 3, DAY, vec![], 0);
+        assert!(matches!(t.try_cap("x"), Ok(None)), "no caps at all");
+        t.set_caps([("https://slow.example/", 2)]);
+        assert!(matches!(t.try_cap("https://other.example/"), Ok(None)));
+        let a = t.try_cap("https://slow.example/").unwrap().unwrap();
+        let _b = t.try_cap("https://slow.example/").unwrap().unwrap();
+        assert_eq!(
+            t.try_cap("https://slow.example/").unwrap_err(),
+            Refusal::EndpointBusy(None)
+        );
+        assert_eq!(t.cap_usage("https://slow.example/"), Some((2, 2)));
+        drop(a);
+        assert_eq!(t.cap_usage("https://slow.example/"), Some((1, 2)));
+        assert!(t.try_cap("https://slow.example/").unwrap().is_some());
+        assert_eq!(t.cap_usage("https://other.example/"), None);
     }
 
     /// Finding (review): a resume's entry could be forgotten before its write, and the

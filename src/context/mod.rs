@@ -71,12 +71,14 @@ impl Context {
             store.paused_endpoints()?,
             now,
         );
+        let settings = Settings::new(config);
+        endpoints.set_caps(settings.policies.endpoint_caps());
         Ok(Arc::new(Context {
             store,
             clock,
             metrics,
             wake,
-            settings: arc_swap::ArcSwap::from_pointee(Settings::new(config)),
+            settings: arc_swap::ArcSwap::from_pointee(settings),
             endpoints,
             pause_gate: Mutex::new(()),
             persist_lock: Mutex::new(()),
@@ -125,13 +127,15 @@ impl Context {
         self.settings.load().config.clone()
     }
 
-    /// Puts reloaded settings in place (delivery's `reconfigure` resizes its limits first).
+    /// Puts reloaded settings in place, with the endpoints' rates and caps (delivery's
+    /// `reconfigure` resizes its host limits first).
     pub(crate) fn set_settings(&self, settings: Settings) {
         self.endpoints.set_rates(
             settings.config.delivery.rate_per_second,
             endpoint_rates(&settings.config),
             self.clock.now_ms(),
         );
+        self.endpoints.set_caps(settings.policies.endpoint_caps());
         self.settings.store(Arc::new(settings));
     }
 

@@ -65,7 +65,7 @@ impl Deliverer {
         // Taken in the order written (see the module doc).
         let mut permit = AttemptPermit {
             all,
-            _endpoint: self.endpoint_caps.try_acquire(endpoint)?,
+            _endpoint: self.ctx.endpoints().try_cap(endpoint)?,
             host: self.hosts.try_acquire(host, self.ctx.clock().now_ms())?,
             _fleet: None,
         };
@@ -85,7 +85,7 @@ impl Deliverer {
             return Ok(permit);
         };
         let host_cap = self.hosts.cap(host);
-        let endpoint_cap = self.endpoint_caps.usage(endpoint).map(|(_, cap)| cap);
+        let endpoint_cap = self.ctx.endpoints().cap_usage(endpoint).map(|(_, cap)| cap);
         let req = LeaseRequest {
             host,
             endpoint,
@@ -107,7 +107,7 @@ impl Deliverer {
                 if self.hosts.in_flight(host) > share(host_cap, replicas) {
                     return Err(Refusal::HostBusy(None));
                 }
-                if let Some((used, cap)) = self.endpoint_caps.usage(endpoint) {
+                if let Some((used, cap)) = self.ctx.endpoints().cap_usage(endpoint) {
                     if used > share(cap, replicas) {
                         return Err(Refusal::EndpointBusy(None));
                     }

@@ -27,8 +27,8 @@ use crate::store::Claimed;
 
 use settings::host_caps;
 
+use crate::limits::HostLimiter;
 pub use crate::limits::Refusal;
-use crate::limits::{EndpointCaps, HostLimiter};
 pub use admit::AttemptPermit;
 
 /// How long a message waits after courier itself failed on it (a panic, a signing key
@@ -48,8 +48,6 @@ pub struct Deliverer {
     transport: Arc<dyn Transport>,
     /// Per-host caps and breakers.
     hosts: HostLimiter,
-    /// Per-endpoint caps (`[[endpoint]] max_in_flight`).
-    endpoint_caps: EndpointCaps,
     /// Fleet-wide limits on Redis (`[fleet]`), when configured.
     fleet: Option<crate::fleet::Fleet>,
     rng: Mutex<StdRng>,
@@ -98,7 +96,6 @@ impl Deliverer {
         Arc::new(Deliverer {
             results: results::ResultWriter::start(ctx.clone()),
             all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
-            endpoint_caps: EndpointCaps::new(settings.policies.endpoint_caps()),
             hosts,
             ctx,
             transport,

@@ -24,7 +24,6 @@ impl Deliverer {
             host_caps(&config),
             config.circuit.settings(settings.policies.longest_request_timeout()),
         );
-        self.endpoint_caps.set(settings.policies.endpoint_caps());
         self.ctx.set_settings(settings);
         // A raised cap or rate may let waiting messages go now.
         self.ctx.wake();

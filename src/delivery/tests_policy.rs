@@ -252,7 +252,10 @@ max_in_flight = 1
         "held back unclaimed: {states:?}"
     );
     assert!(h.d.context().metrics().endpoint_capped_count() > 0);
-    assert_eq!(h.d.endpoint_caps.usage("https://r.example/cap"), Some((1, 1)));
+    assert_eq!(
+        h.d.context().endpoints().cap_usage("https://r.example/cap"),
+        Some((1, 1))
+    );
 
     // Waiting costs nothing: no timer, so no pass runs until something happens.
     let passes = h.d.context().metrics().scheduler_passes();
@@ -274,6 +277,9 @@ max_in_flight = 1
         1,
         "never two at once to the capped endpoint"
     );
-    assert_eq!(h.d.endpoint_caps.usage("https://r.example/cap"), Some((0, 1)));
+    assert_eq!(
+        h.d.context().endpoints().cap_usage("https://r.example/cap"),
+        Some((0, 1))
+    );
     assert!(h.record(&capped[2]).attempts == 1, "waiting counted no attempt");
 }

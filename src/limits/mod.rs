@@ -1,16 +1,16 @@
 //! The stateful limits an attempt is admitted under: per-host caps with their circuit
-//! breakers ([`hosts`]) and per-endpoint `max_in_flight` caps ([`endpoint_caps`]), both
-//! over semaphores that a reload resizes in place ([`resizable`]). The pure rules they
+//! breakers ([`hosts`]) over semaphores that a reload resizes in place ([`resizable`]),
+//! which the endpoint table's per-endpoint `max_in_flight` caps use too (they are kept
+//! with the endpoint's other state, in `context::endpoints`). The pure rules they
 //! apply (the breaker, the token bucket) are `policy`'s; the fleet-wide limits on Redis are
 //! `fleet`'s; delivery's `admit` takes them all in one order, and any of them refuses in
 //! one vocabulary ([`Refusal`]).
 
-pub mod endpoint_caps;
 pub mod hosts;
 mod resizable;
 
-pub use endpoint_caps::EndpointCaps;
 pub use hosts::{HostLimiter, HostPermit, HostView};
+pub use resizable::Resizable;
 
 /// Why a due message cannot start now, every limit considered, and when to look again
 /// (`None`: when a local permit comes back, which wakes the scheduler by itself).
