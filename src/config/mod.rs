@@ -91,7 +91,8 @@ macro_rules! section {
 }
 
 /// Declares an enum of a setting's values, each with the one spelling the file writes:
-/// serde reads exactly those, and `as_str` gives them back for the summary.
+/// serde reads exactly those, and `as_str` gives them back for the summary. The drain's
+/// `Phase` is spelled the same way (with `Serialize` added), for its status.
 macro_rules! spelled {
     ($(#[$attr:meta])* pub enum $name:ident { $($(#[$variant_attr:meta])* $variant:ident = $text:literal,)* }) => {
         $(#[$attr])*
@@ -100,7 +101,7 @@ macro_rules! spelled {
             $($(#[$variant_attr])* #[serde(rename = $text)] $variant,)*
         }
         impl $name {
-            /// The setting as written.
+            /// The value as written.
             pub fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => $text,)*
@@ -109,6 +110,7 @@ macro_rules! spelled {
         }
     };
 }
+pub(crate) use spelled;
 
 /// `key value, key value, ...`: the named fields of a section as `check-config` shows
 /// them, each through its formatter where one is given (`field: dur`), else `Display`.

@@ -8,38 +8,27 @@ use serde::{Deserialize, Serialize};
 /// Refusals kept for the status (the count is exact; the list is the latest ones).
 pub const REFUSALS_KEPT: usize = 20;
 
-/// Where a drain is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// No drain has run.
-    #[default]
-    Idle,
-    /// Still delivering normally, for up to `deliver_for` or until nothing is open.
-    Delivering,
-    /// No new attempts; waiting for the running ones to finish.
-    Stopping,
-    /// Forwarding to the peer.
-    Forwarding,
-    /// The pass is over (messages the peer refused, or that were in flight, stay pending).
-    Done,
-    /// Stopped early (the peer failed, or courier is shutting down): the rest stay pending.
-    Failed,
+crate::config::spelled! {
+    /// Where a drain is (as `GET /drain` and the verb's lines name it).
+    #[derive(Serialize)]
+    pub enum Phase {
+        /// No drain has run.
+        #[default]
+        Idle = "idle",
+        /// Still delivering normally, for up to `deliver_for` or until nothing is open.
+        Delivering = "delivering",
+        /// No new attempts; waiting for the running ones to finish.
+        Stopping = "stopping",
+        /// Forwarding to the peer.
+        Forwarding = "forwarding",
+        /// The pass is over (messages the peer refused, or that were in flight, stay pending).
+        Done = "done",
+        /// Stopped early (the peer failed, or courier is shutting down): the rest stay pending.
+        Failed = "failed",
+    }
 }
 
 impl Phase {
-    /// The name `GET /drain` shows.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Idle => "idle",
-            Phase::Delivering => "delivering",
-            Phase::Stopping => "stopping",
-            Phase::Forwarding => "forwarding",
-            Phase::Done => "done",
-            Phase::Failed => "failed",
-        }
-    }
-
     /// Whether the drain has ended.
     pub fn ended(self) -> bool {
         matches!(self, Phase::Done | Phase::Failed)
