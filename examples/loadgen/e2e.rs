@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::args::{Args, Plan};
 use crate::baselines::{spawn_baseline, Baseline};
-use crate::courier::{courier_bin, rss_sampler, write_config, Courier};
+use crate::courier::{courier_bin, cpu_secs, rss_sampler, us_per, write_config, Courier};
 use crate::load::{closed_loop, paced, Conn, Lat, Target};
 use crate::receiver::Receiver;
 use crate::report::{mib, ms, per_s, ratio, vs};
@@ -182,16 +182,20 @@ pub async fn ack_latency(cx: &mut Ctx, base: &Base, max_ingest: f64) -> Res<()> 
     let to_durable = cx.target(*d_addr, cx.hook_path());
     let rate = (max_ingest * 0.25).max(10.0);
     let ol_conns = 64.min(plan.conns.iter().copied().max().unwrap_or(64)).max(4);
-    let ack = paced(&to_fresh, ol_conns, rate, &plan).await?;
-    drop(fresh);
-    let ack_base = paced(&to_base, ol_conns, rate, &plan).await?;
-    let ack_durable = paced(&to_durable, ol_conns, rate, &plan).await?;
-    // (e): (d) with RocksDB as the durable write, for the latency scenario only.
+    // (e): (d) with RocksDB as the durable write, for the latency scenario only; measured
+    // just before and just after courier, so both see the disk in the state courier met.
     let (rocks_base, rocks_addr) = spawn_baseline(Baseline::Rocks(cx.tmp.path()))?;
     let to_rocks = cx.target(rocks_addr, cx.hook_path());
-    let ack_rocks = paced(&to_rocks, ol_conns, rate, &plan).await?;
+    let ack_rocks_before = paced(&to_rocks, ol_conns, rate, &plan).await?;
+    let ack = paced(&to_fresh, ol_conns, rate, &plan).await?;
+    drop(fresh);
+    let ack_rocks_after = paced(&to_rocks, ol_conns, rate, &plan).await?;
     drop(rocks_base);
-    let ack_el = Lat::of(ack_rocks.lat_us.clone());
+    let ack_base = paced(&to_base, ol_conns, rate, &plan).await?;
+    let ack_durable = paced(&to_durable, ol_conns, rate, &plan).await?;
+    let mut rocks_lat = ack_rocks_before.lat_us;
+    rocks_lat.extend(ack_rocks_after.lat_us);
+    let ack_el = Lat::of(rocks_lat);
     let (ack_l, ack_bl) = (Lat::of(ack.lat_us.clone()), Lat::of(ack_base.lat_us.clone()));
     let ack_dl = Lat::of(ack_durable.lat_us.clone());
     let baselines = [
@@ -200,7 +204,12 @@ pub async fn ack_latency(cx: &mut Ctx, base: &Base, max_ingest: f64) -> Res<()> 
         ("(e) hyper + rocksdb sync", &ack_el),
     ];
     type Pick = fn(&Lat) -> f64;
-    let quantiles: [(&str, Pick); 2] = [("p50", |l| l.p50), ("p99", |l| l.p99)];
+    let quantiles: [(&str, Pick); 4] = [
+        ("p50", |l| l.p50),
+        ("p90", |l| l.p90),
+        ("p99", |l| l.p99),
+        ("p99.9", |l| l.p999),
+    ];
     for (q, pick) in quantiles {
         let mut row: Vec<_> = baselines
             .iter()
@@ -254,6 +263,8 @@ pub async fn ack_only(args: Args, rate: f64) -> Res<()> {
         ("baseline (d)", durable_addr),
         ("baseline (e)", rocks_addr),
         ("courier", up.ingress),
+        // Again after courier: the disk as courier left it.
+        ("baseline (e)", rocks_addr),
     ] {
         let t = Target {
             addr,
@@ -261,10 +272,19 @@ pub async fn ack_only(args: Args, rate: f64) -> Res<()> {
             body: body.clone(),
             seq: seq.clone(),
         };
+        // Courier's CPU per message over the run, every message delivered (for tuning the
+        // work per message at a fixed rate).
+        let cpu_before = (addr == up.ingress).then(|| cpu_secs(up.pid()));
         let r = paced(&t, 64, rate, &plan).await?;
+        let cpu = cpu_before.map_or(String::new(), |c0| {
+            format!(
+                ", {:.1} us CPU per message",
+                us_per(cpu_secs(up.pid()) - c0, r.accepted)
+            )
+        });
         let l = Lat::of(r.lat_us.clone());
         eprintln!(
-            "{name:>12} at {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms ({} answered, {} failed)",
+            "{name:>12} at {}: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms ({} answered, {} failed){cpu}",
             per_s(rate),
             l.p50,
             l.p90,
