@@ -20,7 +20,11 @@ impl<J> Batcher<J> {
     pub fn stop(&self) {
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
+            // A job may hold the last handle to what owns this batcher, and so stop it from
+            // the thread itself: that thread ends by itself once its queue is empty.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

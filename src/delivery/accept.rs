@@ -27,25 +27,57 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{AttemptPermit, Deliverer};
-use crate::store::{Accepted, MessageRecord, NewMessage, StoreError};
+use crate::store::{Accepted, Claimed, MessageRecord, NewMessage, StoreError, Stored};
 
 impl Deliverer {
     /// Stores a new message durably; when its first attempt can start now, it is written
     /// claimed and that attempt is started. Answers as [`crate::store::Store::accept`].
-    pub async fn accept(self: &Arc<Self>, mut msg: NewMessage) -> Result<Accepted, StoreError> {
+    ///
+    /// What follows the write (the accept counted, the attempt started or the scheduler
+    /// woken) is set off by the commit thread the moment the outcome is known, not by this
+    /// future: it happens even if the caller has gone (a sender that left before its 202).
+    /// `keep` (an accept's count, its body's bytes) is held until the attempt is started.
+    pub async fn accept(
+        self: &Arc<Self>,
+        mut msg: NewMessage,
+        keep: impl Send + 'static,
+    ) -> Result<Accepted, StoreError> {
         self.order(&mut msg.record);
-        let Some(permit) = self.start_at_accept(&msg.record) else {
-            let accepted = self.ctx.store().accept(msg).await?;
-            if accepted == Accepted::New {
-                self.ctx.wake();
+        let permit = self.start_at_accept(&msg.record);
+        let claim = permit.is_some();
+        let d = self.clone();
+        let then = Box::new(move |stored: Stored| match stored {
+            Stored::New(claimed) => {
+                d.ctx.metrics().accepted();
+                match claimed.zip(permit) {
+                    Some((claimed, permit)) => d.start_soon(claimed, permit, Box::new(keep)),
+                    None => d.ctx.wake(),
+                }
             }
-            return Ok(accepted);
-        };
-        let (accepted, claimed) = self.ctx.store().accept_claimed(msg).await?;
-        if let Some(claimed) = claimed {
-            self.dispatch(claimed, permit);
+            Stored::Duplicate => d.ctx.metrics().duplicate(),
+            Stored::Failed => {}
+        });
+        self.ctx.store().accept_then(msg, claim, then).await
+    }
+
+    /// Starts a first attempt from the commit thread. The attempts of one batch go to
+    /// delivery's runtime together, in one task: one wake-up of a delivery thread per
+    /// batch rather than one per message (each a context switch on a busy machine).
+    fn start_soon(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit, keep: Box<dyn Send>) {
+        let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        starting.push((claimed, permit, keep));
+        if starting.len() > 1 {
+            return; // the task below is not yet run: it takes this one too
         }
-        Ok(accepted)
+        drop(starting);
+        let d = self.clone();
+        self.ctx.runtime().spawn(async move {
+            let batch = std::mem::take(&mut *d.starting.lock().unwrap_or_else(|p| p.into_inner()));
+            for (claimed, permit, keep) in batch {
+                d.dispatch(claimed, permit);
+                drop(keep);
+            }
+        });
     }
 
     /// The permits for a new message's first attempt, if it can start the moment it is

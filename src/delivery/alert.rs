@@ -3,7 +3,7 @@
 
 use super::Deliverer;
 use crate::envelope::Envelope;
-use crate::store::{Accepted, EndpointRecord, SigningChoice};
+use crate::store::{EndpointRecord, SigningChoice};
 
 /// The alert body (CONTRACT §5), the same whichever way the endpoint paused itself (a
 /// streak of permanent failures, or an ordered line blocked behind a dead head: the log
@@ -50,11 +50,8 @@ pub async fn endpoint_paused(d: &std::sync::Arc<Deliverer>, endpoint: &str, rec:
         give_up_after: policy.give_up_after,
     };
     let msg = d.with_rng(|rng| env.into_message(now_ms, rng, d.ctx.store().ids()));
-    match d.accept(msg).await {
-        Ok(Accepted::New) => d.ctx.metrics().accepted(),
-        Ok(Accepted::Duplicate { .. }) => {}
-        Err(e) => {
-            tracing::error!(endpoint = %crate::redact::url_for_log(endpoint), error = %e, "storing the pause alert failed")
-        }
+    // Counted as accepted by `accept`.
+    if let Err(e) = d.accept(msg, ()).await {
+        tracing::error!(endpoint = %crate::redact::url_for_log(endpoint), error = %e, "storing the pause alert failed")
     }
 }

@@ -10,6 +10,7 @@ mod admit;
 pub mod alert;
 mod requeue;
 mod results;
+mod running;
 mod settings;
 mod worker;
 
@@ -25,6 +26,7 @@ use crate::context::Context;
 use crate::outbound::transport::Transport;
 use crate::store::Claimed;
 
+use running::Running;
 use settings::host_caps;
 
 use crate::limits::HostLimiter;
@@ -58,7 +60,11 @@ pub struct Deliverer {
     result_retry_ms: std::sync::atomic::AtomicU64,
     /// Releases waiting for their message to read again (see `requeue`).
     waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
-    in_flight: Mutex<HashMap<String, AbortHandle>>,
+    /// Attempts counted as running, with their task once it is spawned (see `dispatch`).
+    in_flight: Mutex<HashMap<String, Option<AbortHandle>>>,
+    /// First attempts the commit thread started, waiting for the task that runs them
+    /// (see `accept`); bounded by the attempt permits they hold.
+    starting: Mutex<Vec<(Claimed, AttemptPermit, Box<dyn Send>)>>,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -104,6 +110,7 @@ impl Deliverer {
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             waiting_to_read: Default::default(),
             in_flight: Mutex::new(HashMap::new()),
+            starting: Mutex::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
             trimmer: Default::default(),
@@ -130,46 +137,40 @@ impl Deliverer {
     }
 
     /// Runs one attempt for a claimed message on its own task, holding its permits as
-    /// [`AttemptPermit`] says.
+    /// [`AttemptPermit`] says; it counts as running (see [`Running`]) until its result is
+    /// settled, which may be after the task ended (see `worker`).
     pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
-        let d = self.clone();
+        // In before the task exists (it may end, and leave, before `spawn` returns); no lock
+        // is held across the spawn, as a runtime already shut down drops the attempt (and
+        // its entry, which takes the lock) inside it.
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), None);
+        let running = Running::new(self.clone(), id.clone());
+        let task = self
+            .ctx
+            .runtime()
+            .spawn(worker::attempt(self.clone(), claimed, permit, running));
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        // The attempt gives its host permit back as soon as the receiver has answered (the
-        // result write that follows does not occupy the receiver); cut off, it drops both
-        // with its future.
-        let inner = self.ctx.runtime().spawn(worker::attempt(d.clone(), claimed, permit));
-        registry.insert(id.clone(), inner.abort_handle());
-        drop(registry);
-        self.ctx.runtime().spawn(async move {
-            let outcome = inner.await;
-            if let Err(e) = outcome {
-                // The attempt did not finish (panic, or cut off at shutdown): not the
-                // receiver's failure, so no attempt is counted.
-                d.ctx.metrics().attempt_abandoned();
-                let now = d.ctx.clock().now_ms();
-                let due = if e.is_panic() {
-                    tracing::error!(delivery_id = %id, "delivery worker panicked; message requeued without counting an attempt");
-                    now + SELF_FAILURE_DELAY.as_millis() as u64
-                } else {
-                    now
-                };
-                // Cut off while its result waited to be written: let that write land first,
-                // so the release below finds the message no longer in flight and leaves it.
-                d.results.flush().await;
-                d.requeue(&id, due).await;
+        if let Some(entry) = registry.get_mut(&id) {
+            *entry = Some(task.abort_handle());
+        }
+    }
+
+    /// An attempt's entry leaves the registry; when it was the last, waiters for idle are
+    /// told and a burst's freed heap is given back (see `trim`).
+    fn left(&self, id: &str) {
+        let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        registry.remove(id);
+        if registry.is_empty() {
+            drop(registry);
+            self.idle.notify_waiters();
+            if self.trimmer.due(self.ctx.clock().now_ms()) {
+                self.ctx.runtime().spawn_blocking(crate::sys::trim::trim);
             }
-            let mut registry = d.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-            registry.remove(&id);
-            if registry.is_empty() {
-                d.idle.notify_waiters();
-                // A burst is over: give its freed heap back (see `trim`).
-                if d.trimmer.due(d.ctx.clock().now_ms()) {
-                    drop(registry);
-                    d.ctx.runtime().spawn_blocking(crate::sys::trim::trim);
-                }
-            }
-        });
+        }
     }
 
     /// Attempts running now.
@@ -189,6 +190,9 @@ impl Deliverer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
+            .flatten()
+            // An attempt whose task ended waits only for its result's write, which lands.
+            .filter(|h| !h.is_finished())
             .cloned()
             .collect();
         for h in &handles {

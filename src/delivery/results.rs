@@ -53,7 +53,32 @@ type Answer = Result<Recorded, StoreError>;
 /// written.
 struct Job {
     item: Option<(FinishedAttempt, StreakNote)>,
-    reply: oneshot::Sender<Answer>,
+    reply: Reply,
+}
+
+/// Who hears how a result went.
+enum Reply {
+    /// A task waiting for it (a barrier, a result tried again).
+    Waiting(oneshot::Sender<Answer>),
+    /// Run on the writer thread: an attempt's end, with no task of its own to wake.
+    Then(Box<dyn FnOnce(Answer) + Send>),
+}
+
+impl Reply {
+    fn send(self, answer: Answer) {
+        match self {
+            Reply::Waiting(tx) => {
+                let _ = tx.send(answer);
+            }
+            // A panic in an attempt's end must not end the thread (every later result
+            // would wait for ever); what it held is dropped as after a panicking attempt.
+            Reply::Then(then) => {
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(answer))) {
+                    tracing::error!(panic = %panic_text(panic.as_ref()), "ending an attempt panicked");
+                }
+            }
+        }
+    }
 }
 
 /// What the writer thread works with. A batch that blocks a line holds the pause gate from
@@ -83,7 +108,14 @@ impl ResultWriter {
 
     async fn send(&self, item: Option<(FinishedAttempt, StreakNote)>) -> Answer {
         let (reply, answer) = oneshot::channel();
-        if !self.batcher.send(Job { item, reply }).await {
+        if !self
+            .batcher
+            .send(Job {
+                item,
+                reply: Reply::Waiting(reply),
+            })
+            .await
+        {
             return Err(StoreError::Closed);
         }
         answer.await.map_err(|_| StoreError::Closed)?
@@ -93,6 +125,22 @@ impl ResultWriter {
     /// holding it is written.
     pub(super) async fn record(&self, item: FinishedAttempt, note: StreakNote) -> Answer {
         self.send(Some((item, note))).await
+    }
+
+    /// [`ResultWriter::record`], with `then` run on the writer thread once the batch holding
+    /// it is written: the caller need not wait (nor be woken). Once the writer has stopped,
+    /// `then` is dropped unrun.
+    pub(super) async fn record_then(
+        &self,
+        item: FinishedAttempt,
+        note: StreakNote,
+        then: Box<dyn FnOnce(Answer) + Send>,
+    ) {
+        let job = Job {
+            item: Some((item, note)),
+            reply: Reply::Then(then),
+        };
+        self.batcher.send(job).await;
     }
 
     /// Waits until every result queued before this call is written (or failed). An attempt
@@ -152,11 +200,11 @@ impl Writer {
             vec![EndpointChange::None; notes.len()]
         });
         for ((reply, answer), endpoint) in replies.into_iter().zip(answers).zip(changes) {
-            let _ = reply.send(answer.map(|message| Recorded { message, endpoint }));
+            reply.send(answer.map(|message| Recorded { message, endpoint }));
         }
         // Everything queued before a barrier was in this batch or an earlier one.
         for barrier in barriers {
-            let _ = barrier.send(Ok(Recorded {
+            barrier.send(Ok(Recorded {
                 message: None,
                 endpoint: EndpointChange::None,
             }));

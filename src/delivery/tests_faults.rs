@@ -108,7 +108,11 @@ async fn an_in_flight_message_unreadable_at_startup_goes_once_it_reads() {
     for (id, event) in [("dlv_a", "e1"), ("dlv_b", "e2")] {
         let mut m = crate::store::tests::message(id, event, T0);
         m.record.state = State::InFlight;
-        h.d.context().store().accept_claimed(m).await.unwrap();
+        h.d.context()
+            .store()
+            .accept_then(m, true, Box::new(drop))
+            .await
+            .unwrap();
         ids.push(id);
     }
     h.d.context().store().faults().make_unreadable("dlv_a");

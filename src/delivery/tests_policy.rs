@@ -46,7 +46,7 @@ async fn accept(h: &Harness, url: &str, route: Option<&str>) -> String {
     };
     let msg = env.into_message(h.clock.now_ms(), &mut rand::rng(), h.d.context().store().ids());
     let id = msg.record.id.clone();
-    h.d.accept(msg).await.unwrap();
+    h.d.accept(msg, ()).await.unwrap();
     id
 }
 

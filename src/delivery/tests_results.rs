@@ -105,7 +105,7 @@ async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled(
         let (reply, answer) = oneshot::channel();
         jobs.push(Job {
             item: Some((delivered(id), success())),
-            reply,
+            reply: Reply::Waiting(reply),
         });
         answers.push(answer);
     }
@@ -129,10 +129,16 @@ async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
     for i in 0..200 {
         let (reply, _gone) = oneshot::channel();
         let item = Some((delivered(&format!("dlv_{i:03}")), success()));
-        jobs.push(Job { item, reply });
+        jobs.push(Job {
+            item,
+            reply: Reply::Waiting(reply),
+        });
     }
     let (reply, flushed) = oneshot::channel();
-    jobs.push(Job { item: None, reply });
+    jobs.push(Job {
+        item: None,
+        reply: Reply::Waiting(reply),
+    });
     let w = writer(&context(&store));
     let thread = std::thread::spawn(move || w.write_batch(jobs, &mut || {}));
     flushed.await.unwrap().unwrap();
@@ -186,7 +192,7 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
         let (reply, answer) = oneshot::channel();
         jobs.push(Job {
             item: Some((item, n)),
-            reply,
+            reply: Reply::Waiting(reply),
         });
         answers.push(answer);
     }
@@ -268,7 +274,13 @@ async fn a_resume_between_a_line_s_block_and_its_pause_is_not_undone() {
         ..note(EP)
     };
     let item = Some((dead, blocks));
-    w.write_batch(vec![Job { item, reply }], &mut between);
+    w.write_batch(
+        vec![Job {
+            item,
+            reply: Reply::Waiting(reply),
+        }],
+        &mut between,
+    );
     assert!(answer.await.unwrap().unwrap().message.is_some());
     if let Some(t) = waiting {
         t.join().unwrap();

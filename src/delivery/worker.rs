@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::results::StreakNote;
+use super::results::{Recorded, StreakNote};
+use super::running::Running;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::config::Config;
 use crate::context::endpoints::EndpointChange;
@@ -112,15 +113,15 @@ fn build(
 }
 
 /// Runs one attempt of a claimed message: build the request, send it, judge the answer,
-/// record the result, report it.
+/// and hand the result to the result writer, which ends the attempt once it is written
+/// ([`End`]): this task does not wait for the write, so nothing wakes it after.
 ///
 /// The host part of `permit` is given back the moment the receiver has answered (or the
 /// send failed): the host's cap limits requests at the receiver, and the result write that
 /// follows may wait behind other writes' fsync without holding a receiver slot. The global
 /// part is held until the result is written.
-pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit) {
+pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit, running: Running) {
     let Claimed { record: rec, payload } = claimed;
-    let rec = &rec;
     let started_ms = d.ctx.clock().now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
     // One settings value for the whole attempt, whatever a reload does meanwhile.
@@ -130,9 +131,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let trace = TraceParent::from_headers(&payload.headers);
     let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
-    let ids = (trace.as_ref().map(|t| t.trace_id.as_str()), span_id.as_deref());
+    let trace_id = trace.map(|t| t.trace_id);
     let timeout = policy.request_timeout;
-    let req = match build(&settings.config, rec, payload, started_ms, timeout, traceparent) {
+    let req = match build(&settings.config, &rec, payload, started_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -140,61 +141,138 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
                 "cannot build the attempt; message stays pending until the config is fixed");
             d.requeue(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64)
                 .await;
+            running.settle();
             return;
         }
     };
-    let (sent, global) = send(&d, &settings.config, rec, req, permit, started_ms).await;
+    let (sent, global) = send(&d, &settings.config, &rec, req, permit, started_ms).await;
     let limits = Limits {
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
     };
     let transition = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &policy, sent.now, rng));
-    let attempt = AttemptRecord {
-        at_ms: started_ms,
-        status: sent.status,
-        error: sent.error.clone(),
-        duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
-        policy_revision: Some(policy.revision()),
-        span_id: span_id.clone(),
-    };
     let item = FinishedAttempt {
         id: rec.id.clone(),
-        attempt,
+        attempt: AttemptRecord {
+            at_ms: started_ms,
+            status: sent.status,
+            error: sent.error.clone(),
+            duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
+            policy_revision: Some(policy.revision()),
+            span_id: span_id.clone(),
+        },
         transition,
         now_ms: sent.now,
     };
     let note = StreakNote {
         endpoint: rec.endpoint.clone(),
-        blocks_line: blocks_its_line(rec, transition),
+        blocks_line: blocks_its_line(&rec, transition),
     };
-    let endpoint_change = match record_result(&d, item, note).await {
-        Written::Now(change) => change,
-        // Its record does not read: the result is written once it does (the message stays
-        // leased meanwhile, so it is not sent again), and the permits go now.
-        Written::Later => {
-            drop(global);
-            d.ctx.wake();
-            return;
-        }
-        Written::Not => {
-            // Courier's failure, not the receiver's: no attempt counted, and the message goes
-            // back to the queue (sent again, as after a crash).
-            drop(global);
-            d.ctx.metrics().attempt_abandoned();
-            d.requeue(&rec.id, sent.now + SELF_FAILURE_DELAY.as_millis() as u64)
-                .await;
-            return;
-        }
+    let end = End {
+        d: d.clone(),
+        rec,
+        ids: (trace_id, span_id),
+        sent,
+        transition,
+        global,
+        running,
+        retry: (item.clone(), note.clone()),
     };
-    drop(global);
-    if matches!(transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
-        // A new due entry, or the next of its line promoted with this result: maybe
-        // earlier than the scheduler's next wake-up.
-        d.ctx.wake();
-    } else {
-        d.wake_if_waiting();
+    d.results
+        .record_then(item, note, Box::new(move |answer| end.recorded(answer)))
+        .await;
+}
+
+/// An attempt after its send: what it must do once its result is written (or could not
+/// be). Dropped unrun (the writer stopped at shutdown), its [`Running`] puts the message
+/// back in the queue.
+struct End {
+    d: Arc<Deliverer>,
+    rec: MessageRecord,
+    /// Trace and span ids, for its log lines.
+    ids: (Option<String>, Option<String>),
+    sent: Sent,
+    transition: Transition,
+    /// The `max_in_flight` permit, held until the result is written.
+    global: tokio::sync::OwnedSemaphorePermit,
+    running: Running,
+    /// The result again, for another try if the write failed.
+    retry: (FinishedAttempt, StreakNote),
+}
+
+impl End {
+    /// On the result writer's thread, once the batch holding the result was written or
+    /// failed: ends the attempt, or tries again on a task of its own (see [`record_again`]).
+    fn recorded(self, answer: Result<Recorded, StoreError>) {
+        match answer {
+            Ok(recorded) => self.written(recorded),
+            Err(e) => {
+                let rt = self.d.ctx.runtime().clone();
+                rt.spawn(async move {
+                    let (item, note) = self.retry.clone();
+                    match record_again(&self.d, item, note, e).await {
+                        Written::Now(recorded) => self.written(recorded),
+                        Written::Later => self.later(),
+                        Written::Not => self.not_written().await,
+                    }
+                });
+            }
+        }
     }
-    report(&d, rec, ids, &sent, transition, endpoint_change).await;
+
+    /// The result is written: permits back, the scheduler told, metrics and logs.
+    fn written(self, recorded: Recorded) {
+        if recorded.message.is_none() {
+            // Someone else moved the message on first (a delete, or a replay of a message
+            // this attempt had already finished): this result is not kept.
+            tracing::debug!(delivery_id = %self.rec.id, "attempt result was stale; not recorded");
+        }
+        let End {
+            d,
+            rec,
+            ids,
+            sent,
+            transition,
+            global,
+            running,
+            ..
+        } = self;
+        drop(global);
+        if matches!(transition, Transition::RetryAt(_)) || rec.fifo.is_some() {
+            // A new due entry, or the next of its line promoted with this result: maybe
+            // earlier than the scheduler's next wake-up.
+            d.ctx.wake();
+        } else {
+            d.wake_if_waiting();
+        }
+        report(
+            &d,
+            &rec,
+            (ids.0.as_deref(), ids.1.as_deref()),
+            &sent,
+            transition,
+            recorded.endpoint,
+        );
+        running.settle();
+    }
+
+    /// Its record does not read: the result is written once it does (the message stays
+    /// leased meanwhile, so it is not sent again), and the permits go now.
+    fn later(self) {
+        drop(self.global);
+        self.d.ctx.wake();
+        self.running.settle();
+    }
+
+    /// Courier's failure, not the receiver's: no attempt counted, and the message goes back
+    /// to the queue (sent again, as after a crash).
+    async fn not_written(self) {
+        drop(self.global);
+        self.d.ctx.metrics().attempt_abandoned();
+        let due = self.sent.now + SELF_FAILURE_DELAY.as_millis() as u64;
+        self.d.requeue(&self.rec.id, due).await;
+        self.running.settle();
+    }
 }
 
 /// What came back from one attempt's send.
@@ -255,7 +333,7 @@ async fn send(
 /// Metrics, one log line per outcome, and a pause's warning and alert. Successes and
 /// retries log at debug: at thousands of messages a second an info line each would cost
 /// more than the delivery (metrics count them); a dead letter is always worth a warning.
-async fn report(
+fn report(
     d: &Arc<Deliverer>,
     rec: &MessageRecord,
     ids: (Option<&str>, Option<&str>),
@@ -302,13 +380,17 @@ async fn report(
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
         }
-        super::alert::endpoint_paused(d, &rec.endpoint, &ep, now).await;
+        // Off the writer's thread: the alert is a message accepted like any other.
+        let (d, endpoint) = (d.clone(), rec.endpoint.clone());
+        d.ctx
+            .runtime()
+            .clone()
+            .spawn(async move { super::alert::endpoint_paused(&d, &endpoint, &ep, now).await });
     }
 }
 
-/// Writes an attempt's result, with the result writer (batched with every other attempt
-/// that ended meanwhile, and applied to the endpoint's streak once written). Until it lands
-/// the message stays leased and cannot start again, and a failed write wrote nothing.
+/// Writes an attempt's result again after the result writer failed to (`error`). Until it
+/// lands the message stays leased and cannot start again, and a failed write wrote nothing.
 ///
 /// What a failure means decides what comes next. A store that refuses writes (a full disk,
 /// an I/O error) refuses them for every message: the write is tried again with backoff (up
@@ -321,18 +403,12 @@ async fn report(
 /// held for ever and the message is not sent again; past that background's bound, the
 /// attempt is given up (`Written::Not`). `Not` too once the store is closed (shutdown: the
 /// message is in flight at restart).
-async fn record_result(d: &Arc<Deliverer>, item: FinishedAttempt, streak: StreakNote) -> Written {
+async fn record_again(d: &Arc<Deliverer>, item: FinishedAttempt, streak: StreakNote, error: StoreError) -> Written {
+    let mut answer = Err(error);
     let mut n = 0u32;
     loop {
-        match d.results.record(item.clone(), streak.clone()).await {
-            Ok(recorded) => {
-                if recorded.message.is_none() {
-                    // Someone else moved the message on first (a delete, or a replay of a
-                    // message this attempt had already finished): this result is not kept.
-                    tracing::debug!(delivery_id = %item.id, "attempt result was stale; not recorded");
-                }
-                return Written::Now(recorded.endpoint);
-            }
+        match answer {
+            Ok(recorded) => return Written::Now(recorded),
             Err(StoreError::Closed) => return Written::Not,
             Err(e) => {
                 tracing::error!(delivery_id = %item.id, error = %e, tries = n + 1, "recording an attempt failed");
@@ -346,13 +422,14 @@ async fn record_result(d: &Arc<Deliverer>, item: FinishedAttempt, streak: Streak
         }
         tokio::time::sleep(d.store_backoff(n).min(d.result_retry() * MAX_RESULT_WAITS)).await;
         n = n.saturating_add(1);
+        answer = d.results.record(item.clone(), streak.clone()).await;
     }
 }
 
 /// What became of an attempt's result.
 enum Written {
-    /// Written, with what it did to the endpoint.
-    Now(EndpointChange),
+    /// Written.
+    Now(Recorded),
     /// To be written in the background once its record reads.
     Later,
     /// Not written: the attempt is given up.

@@ -194,7 +194,7 @@ impl Ingress {
     }
 
     /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
-    /// held from `ingress.max_pending_bytes` (until the commit is answered).
+    /// held from `ingress.max_pending_bytes` (until the commit is settled).
     async fn read(
         &self,
         req: Request<Incoming>,
@@ -208,7 +208,7 @@ impl Ingress {
             return Err(too_large(max_body));
         }
         // Held until the commit is answered, also when the sender leaves before: without
-        // it, held uploads and detached accepts waiting on a slow fsync could pile bodies
+        // it, held uploads and accepts left waiting on a slow fsync could pile bodies
         // up without bound.
         let mut held = self.hold_bytes(declared.unwrap_or(max_body))?;
         // A client that stops sending mid-body must not hold a connection (and shutdown)
@@ -251,24 +251,12 @@ impl Ingress {
         trace: Option<crate::outbound::trace::TraceParent>,
     ) -> Result<Response<Body>, Refusal> {
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        // On a task of its own, counted there and as an accept under way until its commit is
-        // answered: the store commits a message whose sender went away before the 202 (the
-        // committer has it), so neither its count nor a drain waiting for accepts may end
-        // with the handler (dropped with the connection).
-        let (d, metrics) = (self.deliverer.clone(), self.deliverer.context().metrics().clone());
-        let under_way = self.in_progress.enter();
-        let outcome = tokio::spawn(async move {
-            let (_under_way, _held) = (under_way, held);
-            let outcome = d.accept(msg).await;
-            match &outcome {
-                Ok(Accepted::New) => metrics.accepted(),
-                Ok(Accepted::Duplicate { .. }) => metrics.duplicate(),
-                Err(_) => {}
-            }
-            outcome
-        })
-        .await
-        .unwrap_or_else(|e| Err(crate::store::StoreError::Panicked(e.to_string())));
+        // Counted as an accept under way, with its bytes held, until the commit thread has
+        // settled it: the store commits a message whose sender went away before the 202 (the
+        // committer has it), so neither a drain waiting for accepts nor the byte budget may
+        // let go of it with the handler (dropped with the connection).
+        let keep = (self.in_progress.enter(), held);
+        let outcome = self.deliverer.accept(msg, keep).await;
         let (id, status, duplicate) = match outcome {
             Ok(Accepted::New) => {
                 let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());

@@ -540,7 +540,7 @@ impl World {
                     // Through delivery's accept, as ingress does: a message may start at
                     // accept, written already claimed.
                     let d = d.clone();
-                    tokio::spawn(async move { d.accept(m).await })
+                    tokio::spawn(async move { d.accept(m, ()).await })
                 })
                 .collect();
             let mut out = Vec::new();

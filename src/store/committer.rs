@@ -29,7 +29,27 @@ pub(super) struct Job {
     record: MessageRecord,
     record_bytes: Vec<u8>,
     payload_bytes: Vec<u8>,
-    reply: Reply,
+    reply: Waiter,
+}
+
+/// Run on the commit thread once an accept's outcome is known (`None`: not stored), just
+/// before its caller is answered. What must happen whether or not the caller is still there
+/// (the first attempt's start, the accept's count) happens here, and is done by the time a
+/// 202 is sent; dropped unrun when the accept never reached a batch.
+pub(super) type Then = Box<dyn FnOnce(Option<&Accepted>) + Send>;
+
+/// Who waits for an accept: its caller, and what runs once it is settled.
+pub(super) struct Waiter {
+    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+    then: Then,
+}
+
+impl Waiter {
+    /// Runs `then`, then answers the caller.
+    fn answer(self, outcome: Result<Accepted, StoreError>) {
+        (self.then)(outcome.as_ref().ok());
+        let _ = self.reply.send(outcome);
+    }
 }
 
 /// Handle to the committer thread.
@@ -63,15 +83,20 @@ impl Committer {
     }
 
     /// Queues an accept (its record, and its payload already encoded) and waits until it
-    /// is durable (or refused).
-    pub(super) async fn submit(&self, record: MessageRecord, payload_bytes: Vec<u8>) -> Result<Accepted, StoreError> {
+    /// is durable (or refused); `then` runs on the commit thread once that is known.
+    pub(super) async fn submit(
+        &self,
+        record: MessageRecord,
+        payload_bytes: Vec<u8>,
+        then: Then,
+    ) -> Result<Accepted, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             // An ordered record is encoded on the commit thread, once its place is known.
             record_bytes: record.fifo.map_or_else(|| record.encode(), |_| Vec::new()),
             payload_bytes,
             record,
-            reply,
+            reply: Waiter { reply, then },
         };
         if !self.batcher.send(job).await {
             return Err(StoreError::Closed);
@@ -84,8 +109,6 @@ impl Committer {
         self.batcher.stop();
     }
 }
-
-type Reply = oneshot::Sender<Result<Accepted, StoreError>>;
 
 /// Checks a batch of accepts for duplicates, writes the new ones with `write` (the synced
 /// write; a seam so tests can make it fail as a full disk does) and answers every caller.
@@ -118,11 +141,11 @@ struct Gathered<'a> {
     tx: Tx<'a>,
     /// Event key to message id, for the accepts already in this batch.
     in_batch: HashMap<Vec<u8>, String>,
-    stored: Vec<Reply>,
+    stored: Vec<Waiter>,
     /// A duplicate of a message in this very batch is answered with the batch's result:
     /// a 202 for it before the synced write would acknowledge what may never be stored
     /// (the write can fail, the process can die before the fsync).
-    in_batch_duplicates: Vec<(Reply, String)>,
+    in_batch_duplicates: Vec<(Waiter, String)>,
 }
 
 impl<'a> Gathered<'a> {
@@ -144,29 +167,27 @@ impl<'a> Gathered<'a> {
     fn write(self, due_floor: &DueFloor, write: impl FnOnce(WriteBatch) -> Result<(), StoreError>) {
         // Nothing to settle: accepts only join lines.
         let (batch, written) = self.tx.seal();
-        match write(batch) {
+        let outcome = write(batch);
+        match &outcome {
+            // Only now are the entries visible: report them to the scheduler's floor.
             Ok(()) => {
-                // Only now are the entries visible: report them to the scheduler's floor.
                 if let Some(due) = written.min_due {
                     due_floor.wrote(due);
                 }
-                for reply in self.stored {
-                    let _ = reply.send(Ok(Accepted::New));
-                }
-                for (reply, id) in self.in_batch_duplicates {
-                    let _ = reply.send(Ok(Accepted::Duplicate { id }));
-                }
             }
             Err(e) => {
-                tracing::error!(error = %e, batch = self.stored.len(), "synced write of accepted messages failed");
-                let replies = self
-                    .stored
-                    .into_iter()
-                    .chain(self.in_batch_duplicates.into_iter().map(|(r, _)| r));
-                for reply in replies {
-                    let _ = reply.send(Err(e.again()));
-                }
+                tracing::error!(error = %e, batch = self.stored.len(), "synced write of accepted messages failed")
             }
+        }
+        let answer = |accepted: Accepted| match &outcome {
+            Ok(()) => Ok(accepted),
+            Err(e) => Err(e.again()),
+        };
+        for waiter in self.stored {
+            waiter.answer(answer(Accepted::New));
+        }
+        for (waiter, id) in self.in_batch_duplicates {
+            waiter.answer(answer(Accepted::Duplicate { id }));
         }
     }
 
@@ -194,7 +215,7 @@ impl<'a> Gathered<'a> {
             },
             Err(e) => Err(StoreError::Rocks(e)),
         };
-        let _ = job.reply.send(answered);
+        job.reply.answer(answered);
     }
 
     /// Whether the message is queued (gets a due entry). An ordered message is queued only
@@ -242,7 +263,10 @@ mod tests {
             record_bytes: msg.record.encode(),
             payload_bytes: msg.payload.encode(),
             record: msg.record,
-            reply,
+            reply: Waiter {
+                reply,
+                then: Box::new(|_| {}),
+            },
         };
         (job, answer)
     }

@@ -98,6 +98,20 @@ pub struct NewMessage {
 /// A message claimed for an attempt: its record `in_flight`, and what to send.
 pub type Claimed = NewMessage;
 
+/// What an accept came to, as the commit thread tells [`Store::accept_then`]'s `then`.
+#[derive(Debug)]
+pub enum Stored {
+    /// Stored (and synced); with the message to run when it was written claimed.
+    New(Option<Claimed>),
+    /// The same event id and target were accepted before: nothing was stored.
+    Duplicate,
+    /// Not stored (the write failed).
+    Failed,
+}
+
+/// Runs once an accept's outcome is known: see [`Store::accept_then`].
+pub type OnStored = Box<dyn FnOnce(Stored) + Send>;
+
 /// The answer to an accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -236,23 +250,32 @@ impl Store {
     /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
     /// accepts), unless one with the same event id and target exists.
     pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        self.committer.submit(msg.record, msg.payload.encode()).await
+        self.accept_then(msg, false, Box::new(drop)).await
     }
 
-    /// [`Store::accept`] for a message whose first attempt starts the moment it is durable:
-    /// it is written already claimed (in flight, no due entry), so no scan, claim read or
-    /// claim write stands between its 202 and its attempt. Answers the claimed message to
-    /// run when it was new; a duplicate stores nothing and claims nothing.
-    pub async fn accept_claimed(&self, mut msg: NewMessage) -> Result<(Accepted, Option<Claimed>), StoreError> {
-        if msg.record.fifo.is_some() {
-            // Only the head of its line may start: the committer decides that.
-            return Ok((self.accept(msg).await?, None));
-        }
-        msg.record.state = State::InFlight;
-        let encoded = msg.payload.encode();
-        let accepted = self.committer.submit(msg.record.clone(), encoded).await?;
-        let claimed = (accepted == Accepted::New).then_some(msg);
-        Ok((accepted, claimed))
+    /// [`Store::accept`], running `then` on the commit thread once the outcome is known
+    /// (whether or not this call is still awaited then). With `claim`, a message that is not
+    /// ordered is written already claimed (in flight, no due entry), so no scan, claim read
+    /// or claim write stands between its 202 and its first attempt: `then` gets it to run
+    /// when it was new. A duplicate stores nothing and claims nothing.
+    pub async fn accept_then(&self, mut msg: NewMessage, claim: bool, then: OnStored) -> Result<Accepted, StoreError> {
+        // Only the head of an ordered line may start: the committer decides that.
+        let claim = claim && msg.record.fifo.is_none();
+        let payload = msg.payload.encode();
+        let (record, claimed) = if claim {
+            msg.record.state = State::InFlight;
+            (msg.record.clone(), Some(msg))
+        } else {
+            (msg.record, None)
+        };
+        let then: committer::Then = Box::new(move |outcome| {
+            then(match outcome {
+                Some(Accepted::New) => Stored::New(claimed),
+                Some(Accepted::Duplicate { .. }) => Stored::Duplicate,
+                None => Stored::Failed,
+            })
+        });
+        self.committer.submit(record, payload, then).await
     }
 
     /// Reads a message record.

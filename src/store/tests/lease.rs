@@ -141,17 +141,30 @@ async fn a_release_puts_a_leased_message_back_where_the_scheduler_looks() {
     assert_eq!((b.state, b.attempts, b.next_attempt_at_ms), (State::Pending, 0, 5_000));
 }
 
+/// Accepts `msg` to be claimed: the answer, and the message `then` was given to run.
+async fn accept_claimed(store: &Store, msg: crate::store::NewMessage) -> (Accepted, Option<crate::store::Claimed>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let then = Box::new(move |stored| {
+        let _ = tx.send(match stored {
+            crate::store::Stored::New(claimed) => claimed,
+            _ => None,
+        });
+    });
+    let accepted = store.accept_then(msg, true, then).await.unwrap();
+    (accepted, rx.await.unwrap())
+}
+
 #[tokio::test]
 async fn a_message_claimed_at_accept_is_in_flight_with_no_due_entry_until_its_result() {
     let (_d, store) = open();
-    let (accepted, claimed) = store.accept_claimed(message("dlv_a", "e", 100)).await.unwrap();
+    let (accepted, claimed) = accept_claimed(&store, message("dlv_a", "e", 100)).await;
     assert_eq!(accepted, Accepted::New);
     let claimed = claimed.expect("new, so claimed");
     assert_eq!(claimed.payload.body, b"{}");
     assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::InFlight);
     assert!(due_ids(&store, u64::MAX - 1).is_empty(), "no scan will see it");
     assert_eq!(in_flight_ids(&store), vec!["dlv_a"]);
-    let (dup, none) = store.accept_claimed(message("dlv_b", "e", 100)).await.unwrap();
+    let (dup, none) = accept_claimed(&store, message("dlv_b", "e", 100)).await;
     assert_eq!(dup, Accepted::Duplicate { id: "dlv_a".into() });
     assert!(none.is_none(), "a duplicate claims nothing");
     // A crash before the result: startup puts it in the queue.

@@ -1,0 +1,71 @@
+//! An attempt's place in the in-flight registry, from its dispatch until its result is
+//! settled.
+//!
+//! The registry is what shutdown waits on and cuts off, and what the metrics count. An
+//! attempt's task ends once its result is handed to the result writer, which ends the
+//! attempt when the result is written (see `worker`), so the entry is not the task's: it
+//! is this guard, which moves from the task to the writer. Dropped before it is settled
+//! (the attempt panicked, or was cut off at shutdown) it first puts the message back in
+//! the queue, with no attempt counted: courier's failure, not the receiver's. A task of
+//! its own per attempt used to watch for that; the guard costs no task and no wake-up.
+
+use std::sync::Arc;
+
+use super::{Deliverer, SELF_FAILURE_DELAY};
+
+/// One attempt counted as running (see the module doc).
+pub(crate) struct Running {
+    d: Arc<Deliverer>,
+    id: String,
+    settled: bool,
+}
+
+impl Running {
+    /// The entry of `id`; the caller puts it in the registry.
+    pub(super) fn new(d: Arc<Deliverer>, id: String) -> Self {
+        Running { d, id, settled: false }
+    }
+
+    /// The attempt ended as it should (its result written, or its message put back by the
+    /// attempt itself): the entry goes.
+    pub(super) fn settle(mut self) {
+        self.settled = true;
+    }
+
+    /// Puts an abandoned attempt's message back in the queue, then leaves the registry (the
+    /// guard is already settled: cut off itself, it just leaves).
+    async fn abandon(self, panicked: bool) {
+        let d = &self.d;
+        d.ctx.metrics().attempt_abandoned();
+        let now = d.ctx.clock().now_ms();
+        let due = if panicked {
+            tracing::error!(delivery_id = %self.id, "delivery worker panicked; message requeued without counting an attempt");
+            now + SELF_FAILURE_DELAY.as_millis() as u64
+        } else {
+            now
+        };
+        // Cut off while its result waited to be written: let that write land first, so the
+        // release below finds the message no longer in flight and leaves it.
+        d.results.flush().await;
+        d.requeue(&self.id, due).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.settled {
+            self.d.left(&self.id);
+            return;
+        }
+        // Still in the registry while its message goes back (shutdown waits for that). On a
+        // runtime already shut down the task is dropped unrun and just leaves: the message
+        // stays in flight on disk, and startup puts it back.
+        let rest = Running {
+            d: self.d.clone(),
+            id: std::mem::take(&mut self.id),
+            settled: true,
+        };
+        let panicked = std::thread::panicking();
+        self.d.ctx.runtime().spawn(rest.abandon(panicked));
+    }
+}
