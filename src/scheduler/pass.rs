@@ -1,8 +1,8 @@
 //! One pass: a walk over what is due now, deciding for each entry (see the module doc of
 //! `scheduler`), with `[fleet]` on the fleet's leases for every entry the local limits let
-//! through (one call per pass, or per `claim_batch` of them), then the pass's writes: parks for paused endpoints,
-//! leases and dispatches for the entries admitted, and the due floor raised past what was
-//! seen.
+//! through (one call per pass, or per `claim_batch` of them), then the pass's writes: parks
+//! for paused endpoints, leases and dispatches for the entries admitted, and the due floor
+//! raised past what was seen.
 
 use std::collections::HashSet;
 use std::sync::Arc;
