@@ -323,10 +323,7 @@ fn a_released_lease_is_renewed_no_more_while_a_held_one_is() {
     // Leases live 600 ms unless renewed (every 200 ms).
     let c = Courier::start(&redis.url(), "renew", Duration::from_millis(600), true);
     let host = "n.example:443";
-    let (got, mut leases) = answers(
-        c.fleet
-            .acquire_many(&vec![req(host, "https://n.example/", 5, None, 0); 2]),
-    );
+    let (got, mut leases) = answers(c.fleet.acquire_many(&[req(host, "https://n.example/", 5, None, 0); 2]));
     assert_eq!(got, "gg");
     let kept = leases.pop().unwrap();
     let released = leases.pop().unwrap();
