@@ -45,6 +45,10 @@ pub struct Args {
     /// Only the many-endpoints scenario (for tuning courier with thousands of receivers).
     #[arg(long, conflicts_with_all = ["ack_only", "sustain_only"])]
     pub many_only: bool,
+    /// Only the fleet scenario: courier's sustainable rate with `[fleet]` on a local
+    /// `redis-server` and without it, and Redis's CPU per delivered message.
+    #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only"])]
+    pub fleet_only: bool,
     /// Endpoint counts of the many-endpoints scenario (default 10000,100000,1000000;
     /// 10000 with --quick; 200 with --smoke).
     #[arg(long, value_delimiter = ',')]

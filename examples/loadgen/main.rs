@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo build --release --bin courier
-//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only | --many-only] [--json out.json] [--backlog N]
+//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only | --many-only | --fleet-only] [--json out.json] [--backlog N]
 //! ```
 //!
 //! It starts the release `courier` binary (found next to this executable, or `--courier PATH`)
@@ -31,7 +31,12 @@
 //! - many endpoints: N messages to N distinct endpoints over up to 1,000 loopback hosts
 //!   (`127.0.x.y`; one in ten answers 410) against N messages to one endpoint: finished/s,
 //!   courier's RSS and open sockets (peak and settled), and `GET /endpoints?limit=100`
-//!   latency at that scale.
+//!   latency at that scale;
+//! - fleet (`--fleet-only` only): courier's sustainable rate with `[fleet]` on a
+//!   `redis-server` this run starts (Debian's; the run fails without one) and without it,
+//!   their ratio, and Redis's CPU and script calls per delivered message. Not part of
+//!   `--smoke`'s run (two searches take longer than its seconds): smoke-test it with
+//!   `--smoke --fleet-only`.
 //!
 //! It prints one table (each figure with its ratio to a baseline of the same run) and writes
 //! the numbers as JSON (`--json`, default `bench-results.json`). `--smoke` runs every scenario
@@ -40,8 +45,8 @@
 //! Modules: [`args`] (flags and run sizes), [`load`] (closed and open loops, pacing),
 //! [`receiver`], [`courier`] (the courier process and `/proc` readings), [`baselines`] and
 //! [`nginx`] (the servers compared with), [`report`], and one module per group of scenarios:
-//! [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`] and [`many`] (with [`hosts`]
-//! and [`fanout`]).
+//! [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`], [`many`] (with [`hosts`]
+//! and [`fanout`]) and [`fleet`].
 #![allow(clippy::disallowed_methods)] // A tool: real time and fresh randomness are what it wants.
 
 mod args;
@@ -50,6 +55,7 @@ mod baselines;
 mod courier;
 mod e2e;
 mod fanout;
+mod fleet;
 mod hosts;
 mod load;
 mod many;
@@ -124,6 +130,8 @@ fn main() -> std::process::ExitCode {
         rt.block_on(run::sustain_only(args))
     } else if args.many_only {
         rt.block_on(many::many_only(args))
+    } else if args.fleet_only {
+        rt.block_on(fleet::fleet_only(args))
     } else {
         rt.block_on(run::run(args))
     };

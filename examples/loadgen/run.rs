@@ -63,7 +63,7 @@ impl Ctx {
             json!({"mode": plan.mode, "conns": plan.conns, "duration_s": plan.duration.as_secs_f64(),
                    "warmup_s": plan.warmup.as_secs_f64(), "backlog": plan.backlog, "body_bytes": body.len(),
                    "sustain_window_s": plan.sustain_window.as_secs_f64(), "sustain_only": args.sustain_only,
-                   "many_only": args.many_only, "many_endpoints": plan.many_sizes,
+                   "many_only": args.many_only, "fleet_only": args.fleet_only, "many_endpoints": plan.many_sizes,
                    "max_in_flight_per_host": args.max_in_flight, "nproc": std::thread::available_parallelism().map_or(0, |n| n.get())}),
         );
         Ok(Ctx {

@@ -29,19 +29,22 @@ pub struct CpuRef {
 }
 
 /// A server the search probes.
-enum Subject {
+pub enum Subject {
     /// A fresh courier (its own data dir) for every probe, so no probe inherits another's
     /// backlog or compaction debt.
     Courier,
+    /// The same with `[fleet]` on the Redis at this URL, under a key prefix of its own (see
+    /// `fleet::fleet_config`), so no probe inherits another's leases either.
+    Fleet(String),
     /// A stateless forwarder, running throughout: nothing outlives a probe, since every
     /// answer comes after the receiver's.
     Fixed { addr: SocketAddr, pid: u32 },
 }
 
 /// A server up for one probe; a courier is killed and its data dir removed on drop.
-struct Live {
-    addr: SocketAddr,
-    pid: u32,
+pub struct Live {
+    pub addr: SocketAddr,
+    pub pid: u32,
     courier: Option<(Courier, PathBuf)>,
 }
 
@@ -57,16 +60,20 @@ impl Drop for Live {
 
 impl Subject {
     /// Ready for a probe: a courier is started on data dir `data-sustain-<tag>`.
-    async fn up(&self, cx: &Ctx, tag: &str) -> Res<Live> {
+    pub async fn up(&self, cx: &Ctx, tag: &str) -> Res<Live> {
         match self {
             Subject::Fixed { addr, pid } => Ok(Live {
                 addr: *addr,
                 pid: *pid,
                 courier: None,
             }),
-            Subject::Courier => {
+            Subject::Courier | Subject::Fleet(_) => {
                 let data = cx.tmp.path().join(format!("data-sustain-{tag}"));
-                let (c, _) = Courier::start(&cx.bin, &cx.config()?, &data)?;
+                let config = match self {
+                    Subject::Fleet(url) => crate::fleet::fleet_config(cx, url, tag)?,
+                    _ => cx.config()?,
+                };
+                let (c, _) = Courier::start(&cx.bin, &config, &data)?;
                 c.wait_ready().await?;
                 Ok(Live {
                     addr: c.ingress,
@@ -79,37 +86,39 @@ impl Subject {
 }
 
 /// The outcome of one search.
-struct Search {
+pub struct Search {
     /// The first rate probed: deliveries/s of a short closed loop at 16 connections.
     guess: f64,
     /// The highest rate that passed (0 if none did).
-    rate: f64,
+    pub rate: f64,
     /// No probe failed: `rate` is only a lower bound.
     unbounded: bool,
     probes: Vec<Probe>,
 }
 
 impl Search {
+    /// The lowest rate probed (what a caller falls back to when none passed).
+    pub fn lowest(&self) -> f64 {
+        self.probes.iter().map(|p| p.rate).fold(f64::INFINITY, f64::min)
+    }
+
     /// The rate for the table, marked `>=` or `<` when the search did not bracket it.
-    fn show(&self) -> String {
+    pub fn show(&self) -> String {
         match (self.rate > 0.0, self.unbounded) {
             (true, false) => per_s(self.rate),
             (true, true) => format!(">= {}", per_s(self.rate)),
-            (false, _) => {
-                let low = self.probes.iter().map(|p| p.rate).fold(f64::INFINITY, f64::min);
-                format!("< {}", per_s(low))
-            }
+            (false, _) => format!("< {}", per_s(self.lowest())),
         }
     }
 
     /// As JSON, every probe included.
-    fn json(&self) -> Value {
+    pub fn json(&self) -> Value {
         json!({"rate": self.rate, "lower_bound_only": self.unbounded, "guess": self.guess,
                "probes": self.probes.iter().map(Probe::json).collect::<Vec<_>>()})
     }
 
     /// Whether every probe ran (something reached the receiver in each).
-    fn worked(&self) -> bool {
+    pub fn worked(&self) -> bool {
         !self.probes.is_empty() && self.probes.iter().all(|p| p.delivered_rate > 0.0)
     }
 }
@@ -138,7 +147,7 @@ async fn guess(cx: &Ctx, subj: &Subject) -> Res<f64> {
 /// probes pass, or down (towards 90% of what was delivered, 1.2x to 3x lower) while they
 /// fail, then bisecting (geometric mean) the passing and failing rates until they are
 /// within 5% of each other or `plan.sustain_probes` probes were run.
-async fn search(cx: &Ctx, name: &str, subj: &Subject) -> Res<Search> {
+pub async fn search(cx: &Ctx, name: &str, subj: &Subject) -> Res<Search> {
     let guess = guess(cx, subj).await?.max(50.0);
     eprintln!("  {name}: first guess {}", per_s(guess));
     let (mut lo, mut hi) = (None::<f64>, None::<f64>);
@@ -245,7 +254,7 @@ pub async fn scenario(cx: &mut Ctx, cpu_ref: Option<CpuRef>) -> Res<f64> {
     let base_rate = if courier.rate > 0.0 {
         courier.rate
     } else {
-        courier.probes.iter().map(|p| p.rate).fold(f64::INFINITY, f64::min)
+        courier.lowest()
     };
     let mut at = HashMap::new();
     for pct in [50u32, 90] {

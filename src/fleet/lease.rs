@@ -6,18 +6,23 @@
 //! it expires. Acquiring first drops the expired members, so a courier that died (SIGKILL,
 //! a lost node) frees its slots within `fleet.lease_ttl` without anyone cleaning up after
 //! it; a running attempt's lease is renewed every third of the TTL (see `schedule`), and
-//! released when the receiver has answered. The set itself expires with its last lease.
+//! released when the receiver has answered (queued at once, removed by the next release
+//! call: until then Redis counts it, so a queued release can only hold a slot a moment
+//! longer, never free one early). The set itself expires with its last lease.
 //!
-//! Each operation is one Lua script, so it is atomic and one round trip (`EVALSHA`; the
-//! scripts are loaded when courier connects):
-//! - acquire: host cap, endpoint cap, then the endpoint's GCRA rate (`GCRA_LUA`), all or
-//!   nothing; a refusal by a cap leaves a short-lived *wait marker* and says when the first
-//!   lease in the way expires, a refusal by the rate when its next slot is;
+//! Each operation is one Lua script, so it is atomic (`EVALSHA`; the scripts are loaded when
+//! courier connects), and each call serves many leases:
+//! - acquire: the leases a scheduler pass wants, in order, each one host cap, endpoint cap,
+//!   then the endpoint's GCRA rate (`GCRA_LUA`), all or nothing, and counted before the next
+//!   is checked; a refusal by a cap leaves a short-lived *wait marker* and says when the
+//!   first lease in the way expires, a refusal by the rate when its next slot is;
 //! - renew: every due lease of this courier in one call;
-//! - release: removes the lease and, only if someone was refused meanwhile (a wait marker
-//!   exists), PUBLISHes on the fleet's channel, which wakes the couriers with messages
-//!   waiting (see `tasks`). Uncontended hosts cost no publish at all.
+//! - release: the leases released since the last call (group commit, see `Inner::release`),
+//!   and, only if someone was refused meanwhile (a wait marker exists), one PUBLISH on the
+//!   fleet's channel, which wakes the couriers with messages waiting (see `tasks`).
+//!   Uncontended hosts cost no publish at all.
 
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use redis::Script;
@@ -51,62 +56,117 @@ pub struct LeaseRequest<'a> {
 /// on a timer until then; nothing polls. The key expires when the TAT is in the past, so an
 /// idle endpoint leaves nothing in Redis.
 ///
-/// `gcra(key, rate, now_us)`: grants a slot (returns 0 and moves the TAT on) or returns
-/// the microseconds until one is free. Defined in front of the acquire script's body.
+/// `gcra(tat, rate, now_us)`: `0` and the TAT moved on (a slot granted), or the
+/// microseconds until a slot is free and the TAT unchanged. Pure: the acquire script reads
+/// each TAT once per call, keeps it through the call's grants, and writes it once.
 const GCRA_LUA: &str = r#"
-local function gcra(key, rate, now_us)
-  local interval = 1000000 / rate
-  local tat = tonumber(redis.call('GET', key)) or now_us
+local function gcra(tat, rate, now_us)
   if tat < now_us then tat = now_us end
-  local new_tat = tat + interval
+  local new_tat = tat + 1000000 / rate
   -- A burst of one second's worth: refused while the TAT runs more than 1 s ahead.
   local allow_at = new_tat - 1000000
-  if allow_at > now_us then return allow_at - now_us end
-  -- Numbers past 14 digits must be formatted by hand (Lua's default loses precision).
-  local ttl_ms = math.ceil((new_tat - now_us) / 1000) + 1
-  redis.call('SET', key, string.format('%.0f', new_tat), 'PX', ttl_ms)
-  return 0
+  if allow_at > now_us then return allow_at - now_us, tat end
+  return 0, new_tat
 end
 "#;
 
-/// The acquire script. KEYS: host set, host wait marker, endpoint set, endpoint wait
-/// marker, endpoint rate (TAT). ARGV: member, ttl ms, host cap, endpoint cap (0: none),
-/// rate (0: none). Returns `{0, 0}` granted, `{1, ms}` host busy, `{2, ms}` endpoint busy,
-/// `{3, ms}` rate limited; `ms` is when to look again.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+/// The acquire script: the leases of a whole scheduler pass in one call. KEYS: each host's
+/// set and wait marker, and each endpoint's set, wait marker and rate (TAT), every key once.
+/// ARGV: ttl ms, then six per request, in the pass's order: its member, the index in KEYS
+/// of its host's set (the marker follows it), of its endpoint's set (marker and rate
+/// follow), the host cap, the endpoint cap (0: none) and the rate (0: none). Returns
+/// `code, ms` per request: `0, 0` granted, `1, ms` host busy, `2, ms` endpoint busy, `3, ms`
+/// rate limited, `ms` being when to look again.
+///
+/// Requests are decided one after the other, each as the single-request script decided it
+/// (host cap, endpoint cap, rate, all or nothing), and a grant is counted before the next
+/// request is checked: `held` keeps each set's count (read once per call, then raised by
+/// each grant) and `tat` each rate's time, so five requests for a host with three free
+/// slots get three grants and two refusals. The counts are written once at the end (the
+/// sets' lease members as granted; each TAT and each set's expiry once).
+static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{GCRA_LUA}{}",
         r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
-local member, ttl = ARGV[1], tonumber(ARGV[2])
-local host_cap, ep_cap, rate = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
--- nil when the set has room; else how long until its first lease expires (ms).
+local ttl = tonumber(ARGV[1])
+local held, first, granted, sets, tat, moved, rates = {}, {}, {}, {}, {}, {}, {}
+-- nil when `set` has room for one more lease under `cap`; else how long until its first
+-- lease expires (ms), leaving a wait marker so that a release publishes.
 local function full(set, cap, marker)
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
-  if redis.call('ZCARD', set) < cap then return nil end
-  redis.call('SET', marker, '1', 'PX', ttl)
-  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-  return math.max(1, tonumber(first[2]) - now)
+  if not held[set] then
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+    held[set] = redis.call('ZCARD', set)
+  end
+  if held[set] < cap then return nil end
+  if not first[set] then
+    redis.call('SET', marker, '1', 'PX', ttl)
+    local lease = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+    first[set] = lease[2] and math.max(1, tonumber(lease[2]) - now) or ttl
+  end
+  return first[set]
 end
-local wait = full(KEYS[1], host_cap, KEYS[2])
-if wait then return {1, wait} end
-if ep_cap > 0 then
-  wait = full(KEYS[3], ep_cap, KEYS[4])
-  if wait then return {2, wait} end
+local function take(set, member)
+  if not granted[set] then
+    granted[set] = {}
+    sets[#sets + 1] = set
+  end
+  local g = granted[set]
+  g[#g + 1] = member
+  held[set] = held[set] + 1
 end
-if rate > 0 then
-  wait = gcra(KEYS[5], rate, now_us)
-  if wait > 0 then return {3, math.ceil(wait / 1000)} end
+local out = {}
+for a = 2, #ARGV, 6 do
+  local member, h, e = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local host_cap, ep_cap, rate = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local code, wait = 0, full(KEYS[h], host_cap, KEYS[h + 1])
+  if wait then
+    code = 1
+  elseif ep_cap > 0 then
+    wait = full(KEYS[e], ep_cap, KEYS[e + 1])
+    if wait then code = 2 end
+  end
+  if code == 0 and rate > 0 then
+    local key = KEYS[e + 2]
+    if not tat[key] then
+      tat[key] = tonumber(redis.call('GET', key)) or now_us
+      rates[#rates + 1] = key
+    end
+    local next_tat
+    wait, next_tat = gcra(tat[key], rate, now_us)
+    if wait > 0 then
+      code, wait = 3, math.ceil(wait / 1000)
+    else
+      tat[key] = next_tat
+      moved[key] = true
+    end
+  end
+  if code == 0 then
+    take(KEYS[h], member)
+    if ep_cap > 0 then take(KEYS[e], member) end
+    wait = 0
+  end
+  out[#out + 1] = code
+  out[#out + 1] = wait
 end
-redis.call('ZADD', KEYS[1], now + ttl, member)
-redis.call('PEXPIRE', KEYS[1], ttl)
-if ep_cap > 0 then
-  redis.call('ZADD', KEYS[3], now + ttl, member)
-  redis.call('PEXPIRE', KEYS[3], ttl)
+for _, set in ipairs(sets) do
+  local args = {}
+  for i, member in ipairs(granted[set]) do
+    args[2 * i - 1] = now + ttl
+    args[2 * i] = member
+  end
+  redis.call('ZADD', set, unpack(args))
+  redis.call('PEXPIRE', set, ttl)
 end
-return {0, 0}
+for _, key in ipairs(rates) do
+  if moved[key] then
+    -- Numbers past 14 digits must be formatted by hand (Lua's default loses precision).
+    redis.call('SET', key, string.format('%.0f', tat[key]), 'PX', math.ceil((tat[key] - now_us) / 1000) + 1)
+  end
+end
+return out
 "#
     ))
 });
@@ -137,16 +197,24 @@ return missing
     )
 });
 
-/// The release script. KEYS: host set, host wait marker, endpoint set, endpoint wait
-/// marker. ARGV: member, channel, `1` when the lease holds an endpoint slot too.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+/// The release script: every release queued since the last call (see `Inner::release`).
+/// KEYS: the wait markers of the leases' hosts and endpoints, then the sets. ARGV: the
+/// channel, the number of markers, then for each set in KEYS' order the number of its
+/// members to remove and those members. Publishes once, and only if one of the markers
+/// exists (someone was refused meanwhile).
+static RELEASE_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-redis.call('ZREM', KEYS[1], ARGV[1])
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[3], ARGV[1]) end
-if redis.call('EXISTS', KEYS[2], KEYS[4]) > 0 then
-  redis.call('DEL', KEYS[2], KEYS[4])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+local markers = tonumber(ARGV[2])
+local a = 3
+for k = markers + 1, #KEYS do
+  local n = tonumber(ARGV[a])
+  redis.call('ZREM', KEYS[k], unpack(ARGV, a + 1, a + n))
+  a = a + n + 1
+end
+if markers > 0 and redis.call('EXISTS', unpack(KEYS, 1, markers)) > 0 then
+  redis.call('DEL', unpack(KEYS, 1, markers))
+  redis.call('PUBLISH', ARGV[1], 'released')
 end
 return 1
 "#,
@@ -155,7 +223,7 @@ return 1
 
 /// The three scripts, for loading at connect.
 pub(super) fn scripts() -> [&'static Script; 3] {
-    [&ACQUIRE, &RENEW, &RELEASE]
+    [&ACQUIRE_MANY, &RENEW, &RELEASE_MANY]
 }
 
 /// The Redis keys of one fleet: its `key_prefix`.
@@ -177,16 +245,6 @@ impl LeaseKeys {
     /// The sets this lease is a member of.
     pub(super) fn sets(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.host.as_str()).chain(self.capped.then_some(self.endpoint.as_str()))
-    }
-
-    /// A call of `script` with the lease's four keys first, in the scripts' order.
-    fn invoke(&self, script: &'static Script) -> redis::ScriptInvocation<'static> {
-        let mut call = script.prepare_invoke();
-        call.key(&self.host)
-            .key(&self.host_wait)
-            .key(&self.endpoint)
-            .key(&self.endpoint_wait);
-        call
     }
 }
 
@@ -224,21 +282,52 @@ pub(super) fn key_id(key: &str) -> String {
     hex::encode(&Sha256::digest(key.as_bytes())[..16])
 }
 
-/// The acquire call for `req`, as `member` of the sets.
-pub(super) fn acquire_call(
+/// Each distinct key of a call once, in first-use order: a pass asks for many leases of the
+/// same host, and Redis then reads each key once (and courier hashes each name once).
+#[derive(Default)]
+struct KeyList {
+    keys: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl KeyList {
+    /// The 1-based index (Lua's) of `first`, added with `rest()` after it when new.
+    fn add(&mut self, first: &str, rest: impl FnOnce() -> Vec<String>) -> usize {
+        if let Some(&i) = self.index.get(first) {
+            return i;
+        }
+        let i = self.keys.len() + 1;
+        self.keys.push(first.to_string());
+        self.keys.extend(rest());
+        self.index.insert(first.to_string(), i);
+        i
+    }
+}
+
+/// The acquire call for `reqs`, each with its lease's keys and member, in order.
+pub(super) fn acquire_call<'a>(
     keys: &Keys,
-    lease: &LeaseKeys,
-    req: &LeaseRequest<'_>,
-    member: &str,
+    reqs: impl IntoIterator<Item = (&'a LeaseRequest<'a>, &'a LeaseKeys, &'a str)>,
     ttl_ms: u64,
 ) -> redis::ScriptInvocation<'static> {
-    let mut call = lease.invoke(&ACQUIRE);
-    call.key(keys.rate(req.endpoint))
-        .arg(member)
-        .arg(ttl_ms)
-        .arg(req.host_cap)
-        .arg(req.endpoint_cap.unwrap_or(0))
-        .arg(req.rate);
+    let mut list = KeyList::default();
+    let mut call = ACQUIRE_MANY.prepare_invoke();
+    call.arg(ttl_ms);
+    for (req, lease, member) in reqs {
+        let host = list.add(&lease.host, || vec![lease.host_wait.clone()]);
+        let endpoint = list.add(&lease.endpoint, || {
+            vec![lease.endpoint_wait.clone(), keys.rate(req.endpoint)]
+        });
+        call.arg(member)
+            .arg(host)
+            .arg(endpoint)
+            .arg(req.host_cap)
+            .arg(req.endpoint_cap.unwrap_or(0))
+            .arg(req.rate);
+    }
+    for key in list.keys {
+        call.key(key);
+    }
     call
 }
 
@@ -258,12 +347,36 @@ pub(super) fn renew_call<'a>(
     call
 }
 
-/// The release call of a lease.
-pub(super) fn release_call(keys: &Keys, lease: &LeaseKeys, member: &str) -> redis::ScriptInvocation<'static> {
-    let mut call = lease.invoke(&RELEASE);
-    call.arg(member)
-        .arg(keys.channel())
-        .arg(if lease.capped { "1" } else { "0" });
+/// The release call for `(keys, member)` of each lease.
+pub(super) fn release_call<'a>(
+    keys: &Keys,
+    leases: impl IntoIterator<Item = (&'a LeaseKeys, &'a str)>,
+) -> redis::ScriptInvocation<'static> {
+    let mut markers = KeyList::default();
+    let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut set_index: HashMap<&str, usize> = HashMap::new();
+    for (lease, member) in leases {
+        markers.add(&lease.host_wait, Vec::new);
+        markers.add(&lease.endpoint_wait, Vec::new);
+        for set in lease.sets() {
+            let i = *set_index.entry(set).or_insert_with(|| {
+                sets.push((set, Vec::new()));
+                sets.len() - 1
+            });
+            sets[i].1.push(member);
+        }
+    }
+    let mut call = RELEASE_MANY.prepare_invoke();
+    call.arg(keys.channel()).arg(markers.keys.len());
+    for marker in markers.keys {
+        call.key(marker);
+    }
+    for (set, members) in &sets {
+        call.key(*set).arg(members.len());
+        for member in members {
+            call.arg(*member);
+        }
+    }
     call
 }
 
@@ -280,8 +393,8 @@ pub(super) struct LeaseEntry {
 
 /// The fleet's part of one attempt's permit: while it lives, the attempt counts against
 /// the host's (and endpoint's) fleet-wide cap. Dropped when the receiver has answered (with
-/// the local host permit), it is released in Redis at once; a courier that dies leaves it
-/// to expire.
+/// the local host permit), its release is queued for the next release call (see
+/// `Inner::release`), and it is renewed no more; a courier that dies leaves it to expire.
 pub struct Lease {
     pub(super) inner: Arc<Inner>,
     pub(super) id: u64,

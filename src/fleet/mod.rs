@@ -5,8 +5,9 @@
 //!
 //! How it fits delivery: the scheduler admits an attempt with its local permits first (the
 //! global `max_in_flight`, the endpoint's cap, the host's cap and breaker, the local rate),
-//! then asks the fleet ([`Fleet::acquire`]): one Lua script, one round trip, grants a
-//! [`Lease`] or says how long to wait (see `lease`). A refused message stays
+//! then the pass asks the fleet for the leases of every attempt that passed them
+//! ([`Fleet::acquire_many`]): one Lua script, one round trip per pass, grants each a
+//! [`Lease`] or says how long it must wait (see `lease`). A refused message stays
 //! pending exactly as one refused by a local cap: it is skipped for the pass and the
 //! scheduler sleeps until the earliest of its timers, which here is when the first lease in
 //! the way expires, or the rate's next slot. It is woken earlier when a lease is released:
@@ -21,11 +22,17 @@
 //! running meanwhile are written to Redis first, then fleet limits resume, with one log line.
 //! Ingress never talks to Redis: an outage never refuses an accept.
 //!
-//! Calls: [`Fleet::acquire`] blocks (the scheduler's pass runs on a blocking thread and
+//! Releases cost the attempt nothing: a dropped [`Lease`] is queued, and one task sends
+//! every release queued meanwhile in one call as soon as the previous call has answered
+//! (group commit: no added delay when idle, no timer), so a busy courier releases in
+//! batches. A queued lease is still in Redis, and counts there, until its call ran.
+//!
+//! Calls: [`Fleet::acquire_many`] blocks (the scheduler's pass runs on a blocking thread and
 //! waits for the reply there); everything else runs on delivery's runtime.
 
 mod health;
 mod lease;
+mod registry;
 mod schedule;
 mod tasks;
 
@@ -43,13 +50,21 @@ use crate::metrics::{FleetOutcome as Outcome, Metrics};
 pub use lease::{Lease, LeaseRequest};
 
 use health::{Change, Health};
-use lease::{Keys, LeaseEntry};
+use lease::{Keys, LeaseEntry, LeaseKeys};
 
 /// Leases held before new ones are refused locally: one per attempt in flight, which
 /// `delivery.max_in_flight` bounds far below this; a safety bound only.
 const MAX_LEASES: usize = 1 << 20;
 
-/// What [`Fleet::acquire`] decided.
+/// Releases queued at most: one per lease, so bounded like them; past it a release is
+/// dropped and its lease expires after `lease_ttl` (a slot idle a while, the cap kept).
+const MAX_QUEUED_RELEASES: usize = 1 << 16;
+
+/// Most leases one acquire or release call carries, so that no script holds Redis (single
+/// threaded) for long; a scheduler pass asks for at most `claim_batch` (256).
+const MAX_PER_CALL: usize = 512;
+
+/// What [`Fleet::acquire_many`] decided for one request.
 #[derive(Debug)]
 pub enum Acquired {
     /// Granted: the attempt may start, holding the lease.
@@ -147,6 +162,11 @@ pub(crate) struct Inner {
     /// Set when an acquire is sent (it may be refused by a cap): a release then wakes the
     /// scheduler.
     waiting: AtomicBool,
+    /// Released leases not yet removed from Redis (`(id, keys)`), for the releaser's next
+    /// call; at most [`MAX_QUEUED_RELEASES`].
+    releases: Mutex<Vec<(u64, LeaseKeys)>>,
+    /// Rung when a release is queued into an empty queue.
+    release_queued: Notify,
     /// Origin of the fleet's own times (lease ages, probe delays), in ms since it: the
     /// monotonic clock, not courier's wall clock, so that a wall clock stepped back cannot
     /// hold renewals past the lease TTL (or a probe past its delay), nor one stepped
@@ -194,6 +214,8 @@ impl Fleet {
             lease_added: Notify::new(),
             renewer_idle: AtomicBool::new(true),
             waiting: AtomicBool::new(false),
+            releases: Mutex::new(Vec::new()),
+            release_queued: Notify::new(),
             epoch: tokio::time::Instant::now(),
             keys: Keys(cfg.key_prefix.clone()),
             courier: format!("{:016x}", rand::Rng::random::<u64>(&mut crate::clock::rng())),
@@ -214,44 +236,15 @@ impl Fleet {
         self.inner.config.expected_replicas
     }
 
-    /// Asks Redis for a lease (and a rate slot) for one attempt: one script, one round
-    /// trip, at most `fleet.timeout`. Blocks: call it from a blocking thread (the
-    /// scheduler's pass), never from an async task.
-    pub fn acquire(&self, req: &LeaseRequest<'_>) -> Acquired {
-        let inner = &self.inner;
-        let Some((generation, conn)) = inner.connection() else {
-            return inner.fallback(req, Outcome::Fallback);
-        };
-        let id = inner.next_lease.fetch_add(1, Ordering::Relaxed);
-        let keys = inner.keys.lease(req);
-        let member = inner.member(id);
-        let call = lease::acquire_call(&inner.keys, &keys, req, &member, inner.ttl_ms);
-        // Set before the call, not after a refusal: the release that frees the slot may be
-        // published (and reach the subscriber) before the refused reply reaches us, and a
-        // flag set after it would miss that wake-up (leaving the message to its timer, up
-        // to a whole `lease_ttl`). A grant leaves the flag set: at worst the next release
-        // costs the scheduler one pass for nothing.
-        inner.waiting.store(true, Ordering::Release);
-        match inner
-            .parts
-            .runtime
-            .block_on(inner.call::<(i64, i64)>(Some(generation), conn, call, ""))
-        {
-            Some((code, wait)) => {
-                let retry_ms = u64::try_from(wait).unwrap_or(1).max(1);
-                let (outcome, acquired) = match code {
-                    0 => (Outcome::Granted, Acquired::Granted(inner.hold(id, keys, true))),
-                    1 => (Outcome::HostBusy, Acquired::HostBusy { retry_ms }),
-                    2 => (Outcome::EndpointBusy, Acquired::EndpointBusy { retry_ms }),
-                    _ => (Outcome::RateLimited, Acquired::RateLimited { retry_ms }),
-                };
-                inner.parts.metrics.fleet_acquired(outcome);
-                acquired
-            }
-            // A timed-out call may still have granted a lease in Redis: never renewed, it
-            // expires within the TTL.
-            None => inner.fallback(req, Outcome::Error),
-        }
+    /// Asks Redis for a lease (and a rate slot) for each of `reqs`, in order: one script and
+    /// one round trip for all of them (up to [`MAX_PER_CALL`]), each at most
+    /// `fleet.timeout`. The answers are in the order of `reqs`, each decided as if the ones
+    /// before it had been asked alone (their grants count against it). Blocks: call it
+    /// from a blocking thread (the scheduler's pass), never from an async task.
+    pub fn acquire_many(&self, reqs: &[LeaseRequest<'_>]) -> Vec<Acquired> {
+        reqs.chunks(MAX_PER_CALL)
+            .flat_map(|reqs| self.inner.acquire_some(reqs))
+            .collect()
     }
 }
 
@@ -326,63 +319,6 @@ impl Inner {
 
     fn member(&self, id: u64) -> String {
         format!("{}:{id}", self.courier)
-    }
-
-    /// A lease decided without Redis (it is unavailable: `outcome` says how it was found).
-    fn fallback(self: &Arc<Self>, req: &LeaseRequest<'_>, outcome: Outcome) -> Acquired {
-        self.parts.metrics.fleet_acquired(outcome);
-        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        Acquired::Fallback {
-            replicas: self.config.expected_replicas,
-            lease: self.hold(id, self.keys.lease(req), false),
-        }
-    }
-
-    /// Registers a lease this courier now holds (for renewal and release).
-    fn hold(self: &Arc<Self>, id: u64, keys: lease::LeaseKeys, registered: bool) -> Lease {
-        let mut leases = self.lock_leases();
-        // Read under the lock the renewer plans under: a renewer without a timer never
-        // misses this lease (a `Notify` keeps the ring if it is not waiting yet).
-        let idle = self.renewer_idle.load(Ordering::Acquire);
-        if leases.len() < MAX_LEASES {
-            leases.insert(
-                id,
-                LeaseEntry {
-                    keys,
-                    renewed_at_ms: self.now_ms(),
-                    registered,
-                },
-            );
-        }
-        drop(leases);
-        // The renewer sleeps with no timer while there is nothing to renew; a lease Redis
-        // does not have yet is written at once when Redis is up.
-        if idle || (!registered && self.is_up()) {
-            self.lease_added.notify_one();
-        }
-        Lease {
-            inner: self.clone(),
-            id,
-        }
-    }
-
-    /// Ends a lease: out of the registry, and out of Redis if Redis has it.
-    fn release(self: &Arc<Self>, id: u64) {
-        let Some(entry) = self.lock_leases().remove(&id) else {
-            return;
-        };
-        // Not in Redis (taken while it was down), or Redis unreachable: nothing to remove
-        // now; a lease Redis has expires by itself.
-        if !entry.registered || !self.is_up() {
-            return;
-        }
-        let inner = self.clone();
-        self.parts.runtime.spawn(async move {
-            if let Some((generation, conn)) = inner.connection() {
-                let call = lease::release_call(&inner.keys, &entry.keys, &inner.member(id));
-                inner.call::<i64>(Some(generation), conn, call, "release: ").await;
-            }
-        });
     }
 
     /// `call` on `conn` (of `generation`, as for [`Inner::failed`]) within `fleet.timeout`;
@@ -461,6 +397,9 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests_redis;
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,8 @@
 //!   back the leases of the attempts that ran meanwhile, and turns fleet limits on;
 //! - the renewer renews this courier's leases in batches, sleeping until the next one is
 //!   due (see `schedule`), or until a first lease exists;
+//! - the releaser removes released leases from Redis, every release queued meanwhile in
+//!   one call, asleep while the queue is empty;
 //! - the subscriber listens on the fleet's channel and wakes the scheduler when a lease is
 //!   released while messages here wait for one. Pub/sub is at-most-once (a message sent
 //!   while it reconnects is lost), so the waiting messages also have a timer: the expiry
@@ -22,6 +24,7 @@ use super::{lease, schedule, Inner};
 pub(super) fn spawn(inner: &Arc<Inner>) {
     inner.parts.runtime.spawn(probe(inner.clone()));
     inner.parts.runtime.spawn(renew(inner.clone()));
+    inner.parts.runtime.spawn(release(inner.clone()));
     inner.parts.runtime.spawn(subscribe(inner.clone()));
 }
 
@@ -104,7 +107,10 @@ async fn write_back(inner: &Inner, generation: Option<u64>, conn: MultiplexedCon
             .map(|((_, keys, restore), member)| (keys, member.as_str(), *restore)),
         inner.ttl_ms,
     );
-    let Some(missing) = inner.call::<Vec<usize>>(generation, conn, call, "renewal: ").await else {
+    let Some(missing) = inner
+        .call::<Vec<usize>>(generation, conn.clone(), call, "renewal: ")
+        .await
+    else {
         return false;
     };
     // The leases Redis did not have: the script names the missing members by their
@@ -117,27 +123,46 @@ async fn write_back(inner: &Inner, generation: Option<u64>, conn: MultiplexedCon
         .into_iter()
         .filter_map(|i| owners.get(i.checked_sub(1)?).copied())
         .collect();
-    let mut leases = inner.lock_leases();
     let mut restored = 0;
     let mut lost_now = 0;
-    for (id, _, restore) in &batch {
-        let Some(entry) = leases.get_mut(id) else { continue };
-        entry.renewed_at_ms = now;
-        let lost = missing.contains(id);
-        if *restore {
-            // Counted when Redis had it before and lost it (not a lease taken while it
-            // was down, which it never had).
-            restored += u64::from(entry.registered && lost);
-            entry.registered = true;
-        } else if lost {
-            // It expired (Redis was unreachable longer than the TTL without a call
-            // failing, or Redis lost it): due at once, written back by the next renewal
-            // (see `schedule`), and counted now as restored.
-            entry.registered = false;
-            lost_now += 1;
+    let mut released = Vec::new();
+    // In a block: the registry's guard must be gone before the release call below awaits.
+    {
+        let mut leases = inner.lock_leases();
+        for (id, keys, restore) in &batch {
+            let Some(entry) = leases.get_mut(id) else {
+                // Released while this call was on its way: a lease written back (`+`) may have
+                // been written after its release (or none was sent: Redis was down), so it is
+                // released now rather than left holding a slot until it expires. A plain
+                // renewal (`=`) never brings a lease back.
+                if *restore {
+                    released.push((*id, keys.clone()));
+                }
+                continue;
+            };
+            entry.renewed_at_ms = now;
+            let lost = missing.contains(id);
+            if *restore {
+                // Counted when Redis had it before and lost it (not a lease taken while it
+                // was down, which it never had).
+                restored += u64::from(entry.registered && lost);
+                entry.registered = true;
+            } else if lost {
+                // It expired (Redis was unreachable longer than the TTL without a call
+                // failing, or Redis lost it): due at once, written back by the next renewal
+                // (see `schedule`), and counted now as restored.
+                entry.registered = false;
+                lost_now += 1;
+            }
         }
     }
-    drop(leases);
+    if !released.is_empty() {
+        // On this connection, now: the releaser has none while the prober writes back.
+        let members: Vec<String> = released.iter().map(|(id, _)| inner.member(*id)).collect();
+        let leases = released.iter().zip(&members).map(|((_, keys), m)| (keys, m.as_str()));
+        let call = lease::release_call(&inner.keys, leases);
+        inner.call::<i64>(generation, conn, call, "release: ").await;
+    }
     if lost_now > 0 {
         tracing::warn!(
             leases = lost_now,
@@ -178,6 +203,34 @@ async fn renew(inner: Arc<Inner>) {
                 }
             }
             None => inner.lease_added.notified().await,
+        }
+    }
+}
+
+/// The releaser: group commit. It sleeps until a release is queued, then sends the whole
+/// queue in one call, and again whatever was queued while that call was on its way, until
+/// the queue is empty: an idle courier's release goes at once, a busy one's share calls.
+async fn release(inner: Arc<Inner>) {
+    loop {
+        inner.release_queued.notified().await;
+        loop {
+            let batch = inner.take_releases();
+            if batch.is_empty() {
+                break;
+            }
+            // Redis down meanwhile: these leases expire by themselves.
+            let Some((generation, conn)) = inner.connection() else {
+                continue;
+            };
+            let members: Vec<String> = batch.iter().map(|(id, _)| inner.member(*id)).collect();
+            let call = lease::release_call(
+                &inner.keys,
+                batch
+                    .iter()
+                    .zip(&members)
+                    .map(|((_, keys), member)| (keys, member.as_str())),
+            );
+            inner.call::<i64>(Some(generation), conn, call, "release: ").await;
         }
     }
 }

@@ -8,8 +8,10 @@
 //! breaker open (skip the host for this pass; an open breaker's probe time is a wake-up), is
 //! there a rate-limit token for its endpoint (else skip the endpoint until the next token; no
 //! attempt is counted), and with `[fleet]` on, does the fleet grant a lease (the same caps
-//! and rate fleet-wide, one round trip to Redis; a refusal skips the host or endpoint like a
-//! local one, with the time the fleet gave as a wake-up). See `delivery::admit`. Messages that pass all of them are leased together (reads only, no
+//! and rate fleet-wide, asked for every entry that passed the local limits at once: one
+//! round trip to Redis per pass, or per `claim_batch` of them; a refusal skips the host or
+//! endpoint like a local one, with the time the fleet gave as a wake-up). See
+//! `delivery::admit`. Messages that pass all of them are leased together (reads only, no
 //! write: see `store::lease`), each with its host permit already in hand, and dispatched.
 //!
 //! A pass that meets a long run of entries it cannot dispatch (their host is at its cap or

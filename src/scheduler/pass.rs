@@ -1,6 +1,8 @@
 //! One pass: a walk over what is due now, deciding for each entry (see the module doc of
-//! `scheduler`), then the pass's writes: parks for paused endpoints, leases and dispatches
-//! for the entries admitted, and the due floor raised past what was seen.
+//! `scheduler`), with `[fleet]` on the fleet's leases for every entry the local limits let
+//! through (one call per pass, or per `claim_batch` of them), then the pass's writes: parks
+//! for paused endpoints, leases and dispatches for the entries admitted, and the due floor
+//! raised past what was seen.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -57,6 +59,7 @@ pub(crate) fn pass_with(
     let scanned = d.context().store().scan_due(now, limits.scan_budget, after, |entry| {
         walk.visit(d, limits, now, entry)
     });
+    walk.lease(d, now);
     between();
     walk.park(d, now);
     walk.dispatch(d, now);
@@ -80,6 +83,10 @@ struct Walk {
     /// Admitted entries and their permits, index for index.
     ready: Vec<DueEntry>,
     permits: Vec<AttemptPermit>,
+    /// With `[fleet]` on, the entries the local limits let through and their permits, index
+    /// for index, waiting for the fleet's leases (asked for together, see [`Walk::lease`]).
+    wanting: Vec<DueEntry>,
+    wanting_permits: Vec<AttemptPermit>,
     to_park: Vec<DueEntry>,
     /// The earliest entry this pass leaves in the queue, and the last one it looked at:
     /// together they say how far the due floor may rise. Keys (due time, id): the floor
@@ -114,24 +121,40 @@ impl Walk {
         } else if ctx.endpoints().is_paused(endpoint) {
             self.to_park.push(entry);
             true // consumed: parked below
-        } else if self.full_hosts.contains(host) || self.limited.contains(endpoint) || self.capped.contains(endpoint) {
+        } else if self.blocked(host, endpoint) {
             false
         } else {
-            // Every limit, local then fleet-wide (see `delivery::admit`).
-            match d.admit(host, endpoint, now) {
-                Ok(permit) => {
+            // Every local limit (see `delivery::admit`); the fleet's lease comes after the walk.
+            let admitted = match d.admit(host, endpoint, now) {
+                // The fleet may refuse some of the entries waiting for it, which gives their
+                // permits back: ask it now rather than stop for permits that may come free.
+                Err(Refusal::AllBusy) if !self.wanting.is_empty() => {
+                    self.lease(d, now);
+                    (!self.blocked(host, endpoint)).then(|| d.admit(host, endpoint, now))
+                }
+                admitted => Some(admitted),
+            };
+            match admitted {
+                // Its host or endpoint was refused by the fleet just now.
+                None => false,
+                Some(Ok(permit)) if d.fleet().is_some() => {
+                    self.wanting.push(entry);
+                    self.wanting_permits.push(permit);
+                    true
+                }
+                Some(Ok(permit)) => {
                     self.ready.push(entry);
                     self.permits.push(permit);
                     true
                 }
-                Err(Refusal::AllBusy) => {
+                Some(Err(Refusal::AllBusy)) => {
                     // Nothing more can start this pass; a finishing attempt wakes us.
                     self.pass.global_full = true;
                     let id = &self.last_id;
                     self.first_left.get_or_insert_with(|| (due_ms, id.clone()));
                     return ScanStep::Stop;
                 }
-                Err(refusal) => {
+                Some(Err(refusal)) => {
                     self.refused(d, refusal, host, endpoint);
                     false
                 }
@@ -144,10 +167,51 @@ impl Walk {
             let id = &self.last_id;
             self.first_left.get_or_insert_with(|| (due_ms, id.clone()));
         }
+        if self.ready.len() + self.wanting.len() + self.to_park.len() >= limits.claim_batch {
+            // As many as one pass may lease wait for the fleet: it decides now, and the walk
+            // goes on past the ones it refuses, as past those a local limit refused.
+            self.lease(d, now);
+        }
         if self.ready.len() + self.to_park.len() >= limits.claim_batch {
             ScanStep::Stop
         } else {
             ScanStep::Continue
+        }
+    }
+
+    /// Whether a limit refused `host` or `endpoint` earlier in this pass.
+    fn blocked(&self, host: &str, endpoint: &str) -> bool {
+        self.full_hosts.contains(host) || self.limited.contains(endpoint) || self.capped.contains(endpoint)
+    }
+
+    /// Asks the fleet for the leases of the entries waiting for one, in one call (see
+    /// `Deliverer::lease_all`): the granted are admitted; a refused one stays in the queue
+    /// exactly as if refused during the walk (its host or endpoint skipped for the rest of
+    /// the pass, with the wake-up the refusal gave).
+    fn lease(&mut self, d: &Arc<Deliverer>, now: u64) {
+        if self.wanting.is_empty() {
+            return;
+        }
+        let entries = std::mem::take(&mut self.wanting);
+        let permits = std::mem::take(&mut self.wanting_permits);
+        let routes: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|e| (e.routing.host.as_str(), e.routing.endpoint.as_str()))
+            .collect();
+        let answers = d.lease_all(&routes, permits, now);
+        for (entry, answer) in entries.into_iter().zip(answers) {
+            match answer {
+                Ok(permit) => {
+                    self.ready.push(entry);
+                    self.permits.push(permit);
+                }
+                Err(refusal) => {
+                    self.refused(d, refusal, &entry.routing.host, &entry.routing.endpoint);
+                    // Left in the queue: the due floor must not rise past it.
+                    let key = (entry.due_ms, entry.id);
+                    self.first_left = Some(self.first_left.take().map_or(key.clone(), |f| f.min(key)));
+                }
+            }
         }
     }
 
