@@ -29,6 +29,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::{AttemptPermit, Deliverer};
 use crate::store::{Accepted, Claimed, MessageRecord, NewMessage, StoreError, Stored};
 
+/// A first attempt waiting to be started on delivery's runtime, with what its accept holds
+/// until then (see [`Deliverer::accept`]).
+pub(super) type Starting = (Claimed, AttemptPermit, Box<dyn Send>);
+
 impl Deliverer {
     /// Stores a new message durably; when its first attempt can start now, it is written
     /// claimed and that attempt is started. Answers as [`crate::store::Store::accept`].

@@ -8,6 +8,7 @@
 mod accept;
 mod admit;
 pub mod alert;
+mod end;
 mod requeue;
 mod results;
 mod running;
@@ -64,7 +65,7 @@ pub struct Deliverer {
     in_flight: Mutex<HashMap<String, Option<AbortHandle>>>,
     /// First attempts the commit thread started, waiting for the task that runs them
     /// (see `accept`); bounded by the attempt permits they hold.
-    starting: Mutex<Vec<(Claimed, AttemptPermit, Box<dyn Send>)>>,
+    starting: Mutex<Vec<accept::Starting>>,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.

@@ -99,6 +99,8 @@ pub struct NewMessage {
 pub type Claimed = NewMessage;
 
 /// What an accept came to, as the commit thread tells [`Store::accept_then`]'s `then`.
+// Made and moved once per accept; boxing the message would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Stored {
     /// Stored (and synced); with the message to run when it was written claimed.
