@@ -153,9 +153,9 @@ section! {
         pub hosts: Vec<String> ["de::list::<HostEntry, _>"] = Vec::new(),
         /// As [`ListenerAccess::idle_timeout`].
         pub idle_timeout: Duration ["de::one::<Dur, _>"] = DEFAULT_IDLE_TIMEOUT,
-        /// Bytes of request bodies that accepts in progress may hold at once, detached ones
-        /// (whose sender left before the 202) included: taken before a body is read (its
-        /// `Content-Length`, else `max_body`) and given back when its commit is answered.
+        /// Bytes of request bodies that accepts in progress may hold at once, those whose
+        /// sender left before the 202 included: taken before a body is read (its
+        /// `Content-Length`, else `max_body`) and given back once its commit is settled.
         pub max_pending_bytes: u64 ["de::one::<Size, _>"] = 64 << 20,
         /// Accept origin-form `GET`/`HEAD` requests that carry no `Courier-*` header and no
         /// token: a web page can send those without any browser marking them (an `<img>`).

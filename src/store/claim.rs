@@ -2,7 +2,7 @@
 //! moving the floor up after a pass, and reading what a due entry points at.
 //!
 //! Courier takes a due message for an attempt with an in-memory lease (`lease`), or writes
-//! it in flight at accept (`Store::accept_claimed`); what happens after the attempt is in
+//! it in flight at accept (`Store::accept_then` with `claim`); what happens after the attempt is in
 //! `finish`.
 
 use super::{
