@@ -95,6 +95,21 @@ struct Node {
     resume: Option<(u64, String)>,
 }
 
+/// Drops the old node's store once this is its last handle, so RocksDB closes here,
+/// before the next open. Threads that outlive a runtime shut down in the background (the
+/// result writer ending the attempts still queued, a scheduler pass on a blocking thread)
+/// hold it a moment longer; an open racing their close could fail on RocksDB's own files
+/// (the info log it rotates), not on its lock, which the opener waits for.
+fn let_go(store: Arc<Store>) {
+    for _ in 0..30_000 {
+        if Arc::strong_count(&store) == 1 {
+            return drop(store);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the old node's store was never let go: something holds it for ever");
+}
+
 /// One wait for attempts to move on: first by yielding (the other tasks, and the result
 /// writer's thread, usually finish within microseconds), then a millisecond at a time
 /// (an attempt that waits on a timer).
@@ -346,7 +361,7 @@ impl World {
         let node = self.node.take().expect("running");
         node.rt.shutdown_background();
         drop(node.d);
-        drop(node.store);
+        let_go(node.store);
         self.start_node();
     }
 
@@ -404,11 +419,9 @@ impl World {
         node.rt.block_on(node.d.drain(Duration::ZERO));
         self.rx.drop_held();
         node.rt.shutdown_background();
-        let store = node.store.clone();
         drop(node.d);
-        store.close();
-        drop(store);
-        drop(node.store);
+        node.store.close();
+        let_go(node.store);
         self.start_node();
     }
 
