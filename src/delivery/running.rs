@@ -44,8 +44,9 @@ impl Running {
         } else {
             now
         };
-        // Cut off while its result waited to be written: let that write land first, so the
-        // release below finds the message no longer in flight and leaves it.
+        // Cut off while a retry of its result waited to be written (see `end`): let that
+        // write land first, so the release below finds the message no longer in flight
+        // and leaves it.
         d.results.flush().await;
         d.requeue(&self.id, due).await;
     }
