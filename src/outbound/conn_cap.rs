@@ -11,6 +11,15 @@
 //! closed until it is back under: nothing polls, and a host being used keeps every
 //! connection, so the hot path keeps reusing its own.
 //!
+//! Below the cap, only the [`KEEP_IDLE`] idle connections of the hosts used most recently
+//! wait out `idle_connection_timeout`; those beyond them are closed once their host has gone
+//! [`LINGER`] without a request. Each idle connection holds tens of KiB (hyper's read and
+//! write buffers, its dispatch channel, TLS state): after a sweep over a thousand receivers
+//! they were most of courier's memory, for connections that a sweep reuses within
+//! milliseconds or not at all. A timer runs while there are more idle connections than
+//! that, set for the moment the least recently used host's linger ends; it stops when the
+//! excess is gone (or held by hosts with requests in progress, whose end sets it again).
+//!
 //! Closing is a flag on the connection: its reads then see end-of-file and its writes fail,
 //! so hyper's connection task ends and drops the socket. A request that the pool hands a
 //! connection closed this way a moment earlier never had a byte written, so hyper-util
@@ -22,12 +31,23 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle connections kept for `idle_connection_timeout`, all hosts together (at most
+/// `max_idle_connections`): those of the hosts used most recently. As many as a host may
+/// have in flight by default and more, so one busy receiver keeps all of its own.
+pub const KEEP_IDLE: usize = 64;
+
+/// How long a host's connections beyond [`KEEP_IDLE`] stay open after its last request: a
+/// sweep over many receivers comes back to each within this, or is over.
+pub const LINGER: Duration = Duration::from_secs(2);
 
 /// The host a URI's connections are counted under: `host:port`, the host lowercased and
 /// the port the scheme's default when absent. `None` for a URI without a host.
@@ -76,17 +96,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One host's live connections and requests in progress.
-#[derive(Default)]
 struct Host {
     conns: Vec<(u64, Arc<ConnState>)>,
     busy: usize,
     /// [`Registry::tick`] at its last use: a request begun or ended, a connection made.
     last_use: u64,
+    /// The time of that use.
+    used_at: Instant,
 }
 
 impl Host {
+    fn new(now: Instant) -> Host {
+        Host {
+            conns: Vec::new(),
+            busy: 0,
+            last_use: 0,
+            used_at: now,
+        }
+    }
+
     fn idle(&self) -> usize {
         self.conns.len().saturating_sub(self.busy)
+    }
+
+    fn used(&mut self, tick: u64, now: Instant) {
+        self.last_use = tick;
+        self.used_at = self.used_at.max(now);
     }
 
     /// Only a host with no request in progress may lose connections to the cap.
@@ -99,6 +134,11 @@ impl Host {
 /// requests: a host with neither has no entry.
 pub struct Registry {
     cap: usize,
+    /// Idle connections that may outlive [`LINGER`] (at most `cap`).
+    keep: usize,
+    linger: Duration,
+    /// Whether the linger timer is set (see [`Registry::arm`]).
+    armed: bool,
     /// A logical clock for least-recently-used order (no wall clock: ties cannot happen).
     tick: u64,
     next_id: u64,
@@ -110,10 +150,14 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry keeping at most `cap` idle connections open.
-    pub fn new(cap: usize) -> Registry {
+    /// A registry keeping at most `cap` idle connections open, and at most `keep` of them
+    /// for longer than `linger` after their host's last use.
+    pub fn new(cap: usize, keep: usize, linger: Duration) -> Registry {
         Registry {
             cap,
+            keep: keep.min(cap),
+            linger,
+            armed: false,
             tick: 0,
             next_id: 0,
             hosts: HashMap::new(),
@@ -122,14 +166,15 @@ impl Registry {
         }
     }
 
-    /// Applies `f` to `key`'s entry (created when `create`), keeping the idle total, the
-    /// LRU index and the empty-entry removal in step.
-    fn update(&mut self, key: &Arc<str>, create: bool, f: impl FnOnce(&mut Host, u64)) {
-        if !create && !self.hosts.contains_key(key) {
-            return;
-        }
+    /// Applies `f` to `key`'s entry (created, used at `create`, when that is given),
+    /// keeping the idle total, the LRU index and the empty-entry removal in step.
+    fn update(&mut self, key: &Arc<str>, create: Option<Instant>, f: impl FnOnce(&mut Host, u64)) {
+        let host = match (self.hosts.get_mut(key), create) {
+            (Some(host), _) => host,
+            (None, Some(now)) => self.hosts.entry(key.clone()).or_insert(Host::new(now)),
+            (None, None) => return,
+        };
         self.tick += 1;
-        let host = self.hosts.entry(key.clone()).or_default();
         let (idle_before, was_closable) = (host.idle(), host.closable());
         if was_closable {
             self.lru.remove(&(host.last_use, key.clone()));
@@ -143,37 +188,74 @@ impl Registry {
         }
     }
 
-    /// A connection to `key` was made: returns its id and the connections to close now.
-    pub fn register(&mut self, key: &Arc<str>, state: Arc<ConnState>) -> (u64, Vec<Arc<ConnState>>) {
+    /// A connection to `key` was made at `now`: returns its id and the connections to close
+    /// now.
+    pub fn register(&mut self, key: &Arc<str>, state: Arc<ConnState>, now: Instant) -> (u64, Vec<Arc<ConnState>>) {
         self.next_id += 1;
         let id = self.next_id;
-        self.update(key, true, |h, now| {
+        self.update(key, Some(now), |h, tick| {
             h.conns.push((id, state));
-            h.last_use = now;
+            h.used(tick, now);
         });
         (id, self.enforce())
     }
 
     /// Connection `id` to `key` is gone (closed by anyone).
     pub fn deregister(&mut self, key: &Arc<str>, id: u64) {
-        self.update(key, false, |h, _| h.conns.retain(|(i, _)| *i != id));
+        self.update(key, None, |h, _| h.conns.retain(|(i, _)| *i != id));
     }
 
-    /// A request to `key` begins: the host's connections are not closed until it ends.
-    pub fn begin(&mut self, key: &Arc<str>) {
-        self.update(key, true, |h, now| {
+    /// A request to `key` begins at `now`: the host's connections are not closed until it
+    /// ends.
+    pub fn begin(&mut self, key: &Arc<str>, now: Instant) {
+        self.update(key, Some(now), |h, tick| {
             h.busy += 1;
-            h.last_use = now;
+            h.used(tick, now);
         });
     }
 
-    /// A request to `key` ended: returns the connections to close now.
-    pub fn end(&mut self, key: &Arc<str>) -> Vec<Arc<ConnState>> {
-        self.update(key, false, |h, now| {
+    /// A request to `key` ended at `now`: returns the connections to close now.
+    pub fn end(&mut self, key: &Arc<str>, now: Instant) -> Vec<Arc<ConnState>> {
+        self.update(key, None, |h, tick| {
             h.busy = h.busy.saturating_sub(1);
-            h.last_use = now;
+            h.used(tick, now);
         });
         self.enforce()
+    }
+
+    /// When the least recently used closable host's linger ends, if there are idle
+    /// connections beyond `keep` (else `None`).
+    fn next_linger_end(&self) -> Option<Instant> {
+        if self.idle <= self.keep {
+            return None;
+        }
+        let (_, key) = self.lru.first()?;
+        Some(self.hosts.get(key)?.used_at + self.linger)
+    }
+
+    /// Sets the linger timer if it is needed and not set: returns when it should fire.
+    pub fn arm(&mut self) -> Option<Instant> {
+        if self.armed {
+            return None;
+        }
+        let at = self.next_linger_end()?;
+        self.armed = true;
+        Some(at)
+    }
+
+    /// The linger timer fired at `now`: takes the connections beyond `keep` of the hosts
+    /// unused for `linger` out of the registry, least recently used first, and returns
+    /// them (for the caller to close) with when to fire next (`None`: the timer is unset).
+    pub fn linger_ended(&mut self, now: Instant) -> (Vec<Arc<ConnState>>, Option<Instant>) {
+        let mut closing = Vec::new();
+        while self.next_linger_end().is_some_and(|at| at <= now) {
+            let (_, key) = self.lru.first().cloned().expect("next_linger_end found one");
+            // The oldest first, as in `enforce`.
+            self.update(&key, None, |h, _| closing.push(h.conns.remove(0).1));
+        }
+        let next = self.next_linger_end();
+        self.armed = next.is_some();
+        (closing, next)
     }
 
     /// Takes connections of the least recently used closable hosts out of the registry
@@ -187,28 +269,45 @@ impl Registry {
                 break;
             };
             // The oldest first: hyper reuses the connection returned last.
-            self.update(&key, false, |h, _| closing.push(h.conns.remove(0).1));
+            self.update(&key, None, |h, _| closing.push(h.conns.remove(0).1));
         }
         closing
     }
 }
 
-/// The shared [`Registry`], closing connections outside its lock.
+/// The shared [`Registry`], closing connections outside its lock and running its linger
+/// timer.
 pub struct ConnCap(Mutex<Registry>);
 
 impl ConnCap {
-    /// A cap of `max_idle` idle connections, all hosts together.
+    /// A cap of `max_idle` idle connections, all hosts together, of which [`KEEP_IDLE`]
+    /// outlive [`LINGER`].
     pub fn new(max_idle: usize) -> Arc<ConnCap> {
-        Arc::new(ConnCap(Mutex::new(Registry::new(max_idle))))
+        Arc::new(ConnCap(Mutex::new(Registry::new(max_idle, KEEP_IDLE, LINGER))))
     }
 
     /// Marks a request to `uri`'s host in progress until the guard is dropped.
     pub fn begin(self: &Arc<Self>, uri: &Uri) -> Busy {
         let key = host_key(uri);
         if let Some(k) = &key {
-            lock(&self.0).begin(k);
+            lock(&self.0).begin(k, Instant::now());
         }
         Busy { cap: self.clone(), key }
+    }
+
+    /// Closes `closing` and sets the linger timer if the registry wants it (on the current
+    /// tokio runtime; outside one, as at shutdown, it is left for the next request's end).
+    fn settle(self: &Arc<Self>, mut registry: MutexGuard<'_, Registry>, closing: Vec<Arc<ConnState>>) {
+        let timer = registry.arm().and_then(|at| {
+            let handle = tokio::runtime::Handle::try_current().ok();
+            registry.armed = handle.is_some();
+            handle.map(|h| (h, at))
+        });
+        drop(registry);
+        ConnCap::close(closing);
+        if let Some((handle, at)) = timer {
+            handle.spawn(linger(Arc::downgrade(self), at));
+        }
     }
 
     /// Counts `io`, a connection just made to `key` (`None`: not counted), until it is
@@ -216,8 +315,9 @@ impl ConnCap {
     pub fn count(self: &Arc<Self>, key: Option<Arc<str>>, io: TokioIo<TcpStream>, proxied: bool) -> CappedIo {
         let state = Arc::new(ConnState::default());
         let registered = key.map(|key| {
-            let (id, closing) = lock(&self.0).register(&key, state.clone());
-            ConnCap::close(closing);
+            let mut registry = lock(&self.0);
+            let (id, closing) = registry.register(&key, state.clone(), Instant::now());
+            self.settle(registry, closing);
             (key, id)
         });
         CappedIo {
@@ -233,7 +333,7 @@ impl ConnCap {
         if !closing.is_empty() {
             tracing::debug!(
                 closed = closing.len(),
-                "idle connections over delivery.max_idle_connections closed"
+                "idle pooled connections closed (over delivery.max_idle_connections, or lingering)"
             );
         }
         for c in closing {
@@ -251,8 +351,26 @@ pub struct Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(k) = &self.key {
-            let closing = lock(&self.cap.0).end(k);
-            ConnCap::close(closing);
+            let mut registry = lock(&self.cap.0);
+            let closing = registry.end(k, Instant::now());
+            self.cap.settle(registry, closing);
+        }
+    }
+}
+
+/// The linger timer: sleeps until the next host's linger ends, closes what is due, and
+/// ends when nothing is left to wait for (or the cap is gone).
+async fn linger(cap: std::sync::Weak<ConnCap>, mut at: Instant) {
+    loop {
+        tokio::time::sleep_until(at).await;
+        let Some(cap) = cap.upgrade() else {
+            return;
+        };
+        let (closing, next) = lock(&cap.0).linger_ended(Instant::now());
+        ConnCap::close(closing);
+        match next {
+            Some(next) => at = next,
+            None => return,
         }
     }
 }
@@ -341,163 +459,5 @@ impl Connection for CappedIo {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    impl Registry {
-        fn idle(&self) -> usize {
-            self.idle
-        }
-
-        fn hosts(&self) -> usize {
-            self.hosts.len()
-        }
-    }
-
-    fn key(s: &str) -> Arc<str> {
-        s.into()
-    }
-
-    /// Registers `n` connections to `k` the way an attempt makes them: a request begins,
-    /// connects, ends.
-    fn use_host(r: &mut Registry, k: &Arc<str>, n: usize) -> Vec<Arc<ConnState>> {
-        let conns: Vec<_> = (0..n).map(|_| Arc::new(ConnState::default())).collect();
-        for c in &conns {
-            r.begin(k);
-            let (_, closing) = r.register(k, c.clone());
-            assert!(closing.is_empty(), "nothing closed while the request runs");
-        }
-        for _ in 0..n {
-            for c in r.end(k) {
-                c.close();
-            }
-        }
-        conns
-    }
-
-    fn closed(conns: &[Arc<ConnState>]) -> usize {
-        conns.iter().filter(|c| c.is_closed()).count()
-    }
-
-    #[test]
-    fn host_keys_name_host_and_port() {
-        let k = |u: &str| host_key(&u.parse().unwrap()).map(|k| k.to_string());
-        assert_eq!(k("https://API.example/hook").as_deref(), Some("api.example:443"));
-        assert_eq!(k("http://a.example/x").as_deref(), Some("a.example:80"));
-        assert_eq!(k("http://u:p@127.0.0.2:9000/").as_deref(), Some("127.0.0.2:9000"));
-        assert_eq!(k("http://[::1]:8080").as_deref(), Some("[::1]:8080"));
-        assert_eq!(k("/relative"), None);
-    }
-
-    #[test]
-    fn the_least_recently_used_hosts_lose_their_connections_first() {
-        let mut r = Registry::new(2);
-        let (a, b, c) = (key("a:80"), key("b:80"), key("c:80"));
-        let ca = use_host(&mut r, &a, 1);
-        let cb = use_host(&mut r, &b, 1);
-        assert_eq!((r.idle(), closed(&ca), closed(&cb)), (2, 0, 0), "within the cap");
-        // a is used again, so b is now the least recently used.
-        r.begin(&a);
-        for s in r.end(&a) {
-            s.close();
-        }
-        let cc = use_host(&mut r, &c, 1);
-        assert_eq!((closed(&ca), closed(&cb), closed(&cc)), (0, 1, 0));
-        assert_eq!((r.idle(), r.hosts()), (2, 2), "b's entry went with its connection");
-    }
-
-    #[test]
-    fn a_host_with_a_request_in_progress_keeps_its_connections() {
-        let mut r = Registry::new(1);
-        let (a, b, c) = (key("a:80"), key("b:80"), key("c:80"));
-        let ca = use_host(&mut r, &a, 3);
-        assert_eq!((closed(&ca), r.idle()), (2, 1), "one host alone is cut to the cap");
-        // a's request runs on its one connection; then b and c are used. a is the least
-        // recently used, but busy: b goes instead.
-        r.begin(&a);
-        let cb = use_host(&mut r, &b, 1);
-        let cc = use_host(&mut r, &c, 1);
-        assert_eq!((closed(&ca), closed(&cb), closed(&cc)), (2, 1, 0));
-        // Two more connections to a while it is busy: c goes, then nothing else can, and a
-        // keeps its idle ones over the cap.
-        let (_, closing) = r.register(&a, Arc::new(ConnState::default()));
-        assert_eq!(
-            (closing.len(), closed(&cc)),
-            (1, 0),
-            "returned, for the caller to close"
-        );
-        let (_, closing) = r.register(&a, Arc::new(ConnState::default()));
-        assert!(closing.is_empty());
-        assert_eq!(r.idle(), 2, "over the cap while a is busy");
-        // When its request ends, the excess goes.
-        let closing = r.end(&a);
-        assert_eq!((closing.len(), r.idle()), (2, 1));
-    }
-
-    #[test]
-    fn the_hot_host_keeps_reusing_its_connections() {
-        let mut r = Registry::new(4);
-        let hot = key("hot:443");
-        let conn = Arc::new(ConnState::default());
-        r.begin(&hot);
-        r.register(&hot, conn.clone());
-        assert!(r.end(&hot).is_empty());
-        for i in 0..20 {
-            // The pooled connection serves every request; cold hosts come and go.
-            r.begin(&hot);
-            assert!(r.end(&hot).is_empty());
-            let cold = use_host(&mut r, &key(&format!("cold{i}:80")), 1);
-            assert!(!cold[0].is_closed(), "a host just used keeps its connection");
-        }
-        assert!(!conn.is_closed(), "the host used last is never the one closed");
-        assert_eq!(r.idle(), 4);
-    }
-
-    #[test]
-    fn entries_go_when_a_host_has_no_connection_and_no_request() {
-        let mut r = Registry::new(8);
-        let a = key("a:80");
-        r.begin(&a);
-        assert_eq!(r.hosts(), 1);
-        r.end(&a);
-        assert_eq!(r.hosts(), 0, "a failed connect leaves nothing behind");
-        r.begin(&a);
-        let (id, _) = r.register(&a, Arc::new(ConnState::default()));
-        r.end(&a);
-        assert_eq!((r.hosts(), r.idle()), (1, 1));
-        r.deregister(&a, id);
-        assert_eq!((r.hosts(), r.idle(), r.lru.len()), (0, 0, 0));
-        // Events for a host without an entry create none.
-        r.deregister(&a, id);
-        assert!(r.end(&a).is_empty());
-        assert_eq!(r.hosts(), 0);
-    }
-
-    #[test]
-    fn a_connection_closed_by_the_cap_is_not_counted_twice() {
-        let mut r = Registry::new(1);
-        let (a, b) = (key("a:80"), key("b:80"));
-        let ca = use_host(&mut r, &a, 1);
-        let cb = use_host(&mut r, &b, 1);
-        assert_eq!((closed(&ca), closed(&cb), r.idle()), (1, 0, 1));
-        // The closed connection's IO drops later and deregisters an id no longer there.
-        r.deregister(&a, 1);
-        assert_eq!((r.idle(), r.hosts(), closed(&cb)), (1, 1, 0));
-    }
-
-    #[test]
-    fn closing_ends_reads_and_wakes_the_parked_reader() {
-        struct Flag(AtomicBool);
-        impl std::task::Wake for Flag {
-            fn wake(self: Arc<Self>) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let state = ConnState::default();
-        state.park(&Waker::from(flag.clone()));
-        assert!(!state.is_closed());
-        state.close();
-        assert!(state.is_closed() && flag.0.load(Ordering::SeqCst));
-    }
-}
+#[path = "conn_cap_tests.rs"]
+mod tests;

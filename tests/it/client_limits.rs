@@ -5,8 +5,9 @@
 //! classified as the contract says, its host slot is released (a second message to the
 //! same host gets through with `max_in_flight_per_host = 1`), and `last_error` is capped
 //! and cleaned; a pooled connection left idle is closed after `idle_connection_timeout`,
-//! and idle connections over all hosts are capped at `max_idle_connections`. Every socket
-//! is on loopback (127.0.0.1, and 127.0.0.2 onwards for distinct hosts).
+//! idle connections over all hosts are capped at `max_idle_connections`, and beyond the 64
+//! used last they close soon after their host's last use. Every socket is on loopback
+//! (127.0.0.1, and 127.0.0.2 or 127.0.1.1 onwards for distinct hosts).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -514,4 +515,40 @@ async fn idle_connections_over_all_hosts_are_capped_and_a_host_under_the_cap_reu
     // The cap keeps what it may: the hosts used last are not closed down to nothing.
     let open: u64 = hosts.iter().map(|h| h.open.load(Ordering::SeqCst)).sum();
     assert!(open >= 1, "every connection was closed: {open}");
+}
+
+#[tokio::test]
+async fn beyond_the_64_idle_connections_used_last_a_sweeps_connections_close_soon_after_it() {
+    // The documented number kept for `idle_connection_timeout` (under the default
+    // max_idle_connections of 1024, which these never reach).
+    const KEPT: u64 = 64;
+    const HOSTS: usize = 80;
+    // Distinct hosts: 127.0.1.1 to 127.0.1.80, each its own `host:port`.
+    let mut hosts = Vec::new();
+    for i in 0..HOSTS {
+        hosts.push(RawReceiver::start_on(&format!("127.0.1.{}", i + 1)).await);
+    }
+    let addrs: Vec<_> = hosts.iter().map(|h| h.addr).collect();
+    let d = tempfile::tempdir().unwrap();
+    // An idle timeout far beyond the test: only the linger can close these connections.
+    let c = Courier::start(d.path(), "[delivery]\nidle_connection_timeout = \"10m\"\n");
+    let mut ids = Vec::new();
+    for h in &hosts {
+        ids.push(send(&c, &h.url("/ok"), "sweep").await);
+    }
+    for id in &ids {
+        wait_state(&c, id, "delivered").await;
+    }
+    let accepted: u64 = hosts.iter().map(|h| h.accepted.load(Ordering::SeqCst)).sum();
+    assert_eq!(accepted, HOSTS as u64, "one connection to each host");
+
+    // The sweep is over: courier comes down to the kept ones, seen from both ends, and
+    // keeps those (closing one at a time, it never goes below).
+    let open = eventually("courier down to the idle connections it keeps", || async {
+        let open: u64 = hosts.iter().map(|h| h.open.load(Ordering::SeqCst)).sum();
+        let courier_side = established_to(c.pid(), &addrs);
+        (open <= KEPT && courier_side.is_none_or(|n| n as u64 <= KEPT)).then_some(open)
+    })
+    .await;
+    assert_eq!(open, KEPT, "the connections of the hosts used last stay open");
 }
