@@ -226,3 +226,13 @@ fn a_host_used_again_or_busy_keeps_its_connections_through_the_linger() {
     assert_eq!(fire(&mut r, at(6)), None);
     assert_eq!((closed(&cb), r.idle(), r.hosts()), (2, 0, 0));
 }
+
+#[test]
+fn the_freed_heap_is_given_back_at_most_once_per_gap() {
+    let mut r = Registry::new(10, 0, Duration::from_secs(2));
+    let t0 = t();
+    assert!(r.trim_due(t0), "the first sweep trims");
+    assert!(!r.trim_due(t0), "claimed");
+    assert!(!r.trim_due(t0 + TRIM_GAP - Duration::from_millis(1)));
+    assert!(r.trim_due(t0 + TRIM_GAP));
+}
