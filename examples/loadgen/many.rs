@@ -31,9 +31,10 @@ const POLL: Duration = Duration::from_millis(20);
 /// RSS and sockets are sampled every this many polls (100 ms): counting a thousand
 /// descriptors costs this process a few milliseconds.
 const SAMPLE_EVERY: u32 = 5;
-/// Targets from the issue, recorded beside the figures in the JSON.
+/// Targets from the issues (the RSS one as issue 26 set it), recorded beside the figures in
+/// the JSON.
 const TARGET_RATE_RATIO: f64 = 0.8;
-const TARGET_RSS_RATIO: f64 = 1.1;
+const TARGET_RSS_RATIO: f64 = 1.3;
 const TARGET_ADMIN_P99_MS: f64 = 10.0;
 
 /// What one run (one layout, one N) measured.
@@ -141,7 +142,7 @@ async fn sizes(cx: &mut Ctx) -> Res<()> {
                    "rss_peak_ratio": ratio(many.rss_peak as f64, one.rss_peak as f64),
                    "sockets_settled_ratio": ratio(many.sockets_after as f64, one.sockets_after as f64),
                    "meets": {"finished_rate_ratio_at_least_0_8": rate_ratio >= TARGET_RATE_RATIO,
-                             "rss_settled_ratio_at_most_1_1": rss_ratio <= TARGET_RSS_RATIO,
+                             "rss_settled_ratio_at_most_1_3": rss_ratio <= TARGET_RSS_RATIO,
                              "admin_p99_at_most_10_ms": admin.lat.n > 0 && admin.lat.p99 <= TARGET_ADMIN_P99_MS}}),
         );
         // Worked = every message reached an end in both runs; nothing about speed.

@@ -101,6 +101,11 @@ impl ConnState {
     }
 }
 
+/// Tokio's clock (paused in tests that drive the linger timer), not the wall clock.
+fn now() -> Instant {
+    tokio::time::Instant::now()
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding these locks; a poisoned one still holds valid state.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -315,7 +320,7 @@ impl ConnCap {
     pub fn begin(self: &Arc<Self>, uri: &Uri) -> Busy {
         let key = host_key(uri);
         if let Some(k) = &key {
-            lock(&self.0).begin(k, Instant::now());
+            lock(&self.0).begin(k, now());
         }
         Busy { cap: self.clone(), key }
     }
@@ -341,7 +346,7 @@ impl ConnCap {
         let state = Arc::new(ConnState::default());
         let registered = key.map(|key| {
             let mut registry = lock(&self.0);
-            let (id, closing) = registry.register(&key, state.clone(), Instant::now());
+            let (id, closing) = registry.register(&key, state.clone(), now());
             self.settle(registry, closing);
             (key, id)
         });
@@ -377,7 +382,7 @@ impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(k) = &self.key {
             let mut registry = lock(&self.cap.0);
-            let closing = registry.end(k, Instant::now());
+            let closing = registry.end(k, now());
             self.cap.settle(registry, closing);
         }
     }
@@ -393,7 +398,7 @@ async fn linger(cap: std::sync::Weak<ConnCap>, mut at: Instant) {
         let Some(strong) = cap.upgrade() else {
             return;
         };
-        let (closing, next) = lock(&strong.0).linger_ended(Instant::now());
+        let (closing, next) = lock(&strong.0).linger_ended(now());
         closed += closing.len();
         ConnCap::close(closing);
         match next {
@@ -405,7 +410,7 @@ async fn linger(cap: std::sync::Weak<ConnCap>, mut at: Instant) {
         return;
     }
     tokio::time::sleep(TRIM_AFTER).await;
-    let due = cap.upgrade().is_some_and(|c| lock(&c.0).trim_due(Instant::now()));
+    let due = cap.upgrade().is_some_and(|c| lock(&c.0).trim_due(now()));
     if due {
         // On the blocking pool: a trim can take milliseconds on a large heap.
         let _ = tokio::task::spawn_blocking(crate::sys::trim::trim).await;

@@ -452,15 +452,32 @@ fn established_to(pid: u32, to: &[std::net::SocketAddr]) -> Option<usize> {
     Some(count)
 }
 
+/// Receivers on `n` distinct loopback hosts, the `i`th on `host(i)`.
+async fn receivers_on(n: usize, host: impl Fn(usize) -> String) -> Vec<RawReceiver> {
+    let mut hosts = Vec::new();
+    for i in 0..n {
+        hosts.push(RawReceiver::start_on(&host(i)).await);
+    }
+    hosts
+}
+
+/// One message to each host, all due at once; returns when every one is delivered.
+async fn sweep(c: &Courier, hosts: &[RawReceiver]) {
+    let mut ids = Vec::new();
+    for h in hosts {
+        ids.push(send(c, &h.url("/ok"), "sweep").await);
+    }
+    for id in &ids {
+        wait_state(c, id, "delivered").await;
+    }
+}
+
 #[tokio::test]
 async fn idle_connections_over_all_hosts_are_capped_and_a_host_under_the_cap_reuses_its_own() {
     const CAP: u64 = 4;
     const HOSTS: usize = 16;
     // Distinct hosts: 127.0.0.2 to 127.0.0.17, each its own `host:port`.
-    let mut hosts = Vec::new();
-    for i in 0..HOSTS {
-        hosts.push(RawReceiver::start_on(&format!("127.0.0.{}", i + 2)).await);
-    }
+    let hosts = receivers_on(HOSTS, |i| format!("127.0.0.{}", i + 2)).await;
     let addrs: Vec<_> = hosts.iter().map(|h| h.addr).collect();
     let d = tempfile::tempdir().unwrap();
     // An idle timeout far beyond the test: only the cap can close these connections.
@@ -486,13 +503,7 @@ async fn idle_connections_over_all_hosts_are_capped_and_a_host_under_the_cap_reu
     );
 
     // A sweep: one message to each host, all due at once.
-    let mut ids = Vec::new();
-    for h in &hosts {
-        ids.push(send(&c, &h.url("/ok"), "sweep").await);
-    }
-    for id in &ids {
-        wait_state(&c, id, "delivered").await;
-    }
+    sweep(&c, &hosts).await;
     let accepted: u64 = hosts.iter().map(|h| h.accepted.load(Ordering::SeqCst)).sum();
     assert!(accepted >= HOSTS as u64, "each host was connected to: {accepted}");
 
@@ -524,21 +535,12 @@ async fn beyond_the_64_idle_connections_used_last_a_sweeps_connections_close_soo
     const KEPT: u64 = 64;
     const HOSTS: usize = 80;
     // Distinct hosts: 127.0.1.1 to 127.0.1.80, each its own `host:port`.
-    let mut hosts = Vec::new();
-    for i in 0..HOSTS {
-        hosts.push(RawReceiver::start_on(&format!("127.0.1.{}", i + 1)).await);
-    }
+    let hosts = receivers_on(HOSTS, |i| format!("127.0.1.{}", i + 1)).await;
     let addrs: Vec<_> = hosts.iter().map(|h| h.addr).collect();
     let d = tempfile::tempdir().unwrap();
     // An idle timeout far beyond the test: only the linger can close these connections.
     let c = Courier::start(d.path(), "[delivery]\nidle_connection_timeout = \"10m\"\n");
-    let mut ids = Vec::new();
-    for h in &hosts {
-        ids.push(send(&c, &h.url("/ok"), "sweep").await);
-    }
-    for id in &ids {
-        wait_state(&c, id, "delivered").await;
-    }
+    sweep(&c, &hosts).await;
     let accepted: u64 = hosts.iter().map(|h| h.accepted.load(Ordering::SeqCst)).sum();
     assert_eq!(accepted, HOSTS as u64, "one connection to each host");
 
