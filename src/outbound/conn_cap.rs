@@ -22,7 +22,7 @@
 //! When it stops after closing some, the allocator is asked to give the freed buffers back
 //! to the operating system (see `sys::trim`; at most once per 30 s): glibc keeps them in
 //! its arenas otherwise, and the RSS stayed at the sweep's peak (1.63x one receiver's run
-//! on the benchmark's sweep over 1,000 hosts; 1.30x with the trim).
+//! on the benchmark's sweep over 1,000 hosts; 1.24–1.28x with the trim).
 //!
 //! Closing is a flag on the connection: its reads then see end-of-file and its writes fail,
 //! so hyper's connection task ends and drops the socket. A request that the pool hands a
