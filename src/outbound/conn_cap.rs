@@ -58,6 +58,9 @@ pub const TRIM_GAP: Duration = Duration::from_millis(crate::sys::trim::MIN_GAP_M
 
 /// How long after its last close the linger timer waits to trim: the closed connections'
 /// tasks see end-of-file and free their buffers within it (they run on the same runtime).
+/// A delay, not an event: a task that has not run by then only means this trim returns
+/// less (the next one, or the allocator itself, gets the rest); counting each closed
+/// connection's drop would make it exact for more state than that is worth.
 const TRIM_AFTER: Duration = Duration::from_millis(100);
 
 /// The host a URI's connections are counted under: `host:port`, the host lowercased and
