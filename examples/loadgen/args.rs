@@ -42,6 +42,11 @@ pub struct Args {
     /// and 90% of courier's rate, CPU per delivered message (for tuning delivery).
     #[arg(long, conflicts_with = "ack_only")]
     pub sustain_only: bool,
+    /// Only one sustainable-rate probe of a fresh courier at this rate, never stopped early,
+    /// with its scheduled send → receiver latency per 500 ms of the window: for finding
+    /// where a failing probe's late messages come from.
+    #[arg(long, conflicts_with_all = ["ack_only", "sustain_only"])]
+    pub probe_at: Option<f64>,
     /// Only the many-endpoints scenario (for tuning courier with thousands of receivers).
     #[arg(long, conflicts_with_all = ["ack_only", "sustain_only"])]
     pub many_only: bool,

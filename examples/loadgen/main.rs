@@ -126,6 +126,8 @@ fn main() -> std::process::ExitCode {
         rt.block_on(baselines::serve_forward_baseline(receiver))
     } else if let Some(rate) = args.ack_only {
         rt.block_on(e2e::ack_only(args, rate))
+    } else if let Some(rate) = args.probe_at {
+        rt.block_on(sustain::probe_at(args, rate))
     } else if args.sustain_only {
         rt.block_on(run::sustain_only(args))
     } else if args.many_only {

@@ -52,6 +52,11 @@ pub struct Probe {
     pub cpu_s: f64,
     /// Length of the measured window (to the early stop, if any), in seconds.
     pub secs: f64,
+    /// Per 500 ms of scheduled sends from the window's start: the slice's start in seconds,
+    /// its sent → arrival latencies, and how many of them were over the bound.
+    pub timeline: Vec<(f64, Lat, usize)>,
+    /// When the measured window began, as wall-clock time (seconds since the epoch), to set beside other logs.
+    pub window_start: String,
 }
 
 impl Probe {
@@ -167,6 +172,12 @@ pub async fn probe(cx: &Ctx, addr: SocketAddr, rate: f64, abortable: bool, cpu_p
         })
     };
     let cpu = cpu_pid.map(|pid| cpu_in_window(pid, s.measure_from, s.end));
+    // The window starts in the future (after the connections open and the warm-up).
+    let wall = std::time::SystemTime::now() + s.measure_from.saturating_duration_since(Instant::now());
+    let wall = wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
     let r = open_loop(&cx.target(addr, cx.hook_path()), &s).await?;
     let w = joined(watcher).await?;
     let cpu_s = match cpu {
@@ -189,6 +200,7 @@ pub async fn probe(cx: &Ctx, addr: SocketAddr, rate: f64, abortable: bool, cpu_p
         delivered_rate: (w.at_end - count0) as f64 / (w.until - s.start).as_secs_f64().max(1e-3),
         cpu_s,
         secs: (w.until.min(s.end) - s.measure_from).as_secs_f64(),
+        window_start: format!("{wall:.6}"),
         ..Probe::default()
     };
     if !w.aborted {
@@ -200,10 +212,17 @@ pub async fn probe(cx: &Ctx, addr: SocketAddr, rate: f64, abortable: bool, cpu_p
         }
         let arrivals = recv.take_arrivals();
         let due = std::mem::take(&mut *track.due.lock().unwrap());
-        let lat: Vec<i64> = due
+        let timed: Vec<(Instant, i64)> = due
             .iter()
-            .map(|(seq, at)| arrivals.get(seq).map_or(LOST_US, |got| (*got - *at).as_micros() as i64))
+            .map(|(seq, at)| {
+                (
+                    *at,
+                    arrivals.get(seq).map_or(LOST_US, |got| (*got - *at).as_micros() as i64),
+                )
+            })
             .collect();
+        p.timeline = timeline(&timed, s.measure_from);
+        let lat: Vec<i64> = timed.into_iter().map(|(_, l)| l).collect();
         p.sent = lat.len() as u64;
         p.lost = lat.iter().filter(|l| **l == LOST_US).count() as u64;
         p.lat = Lat::of(lat);
@@ -213,4 +232,22 @@ pub async fn probe(cx: &Ctx, addr: SocketAddr, rate: f64, abortable: bool, cpu_p
     *recv.tracker.lock().unwrap() = None;
     recv.take_arrivals();
     Ok(p)
+}
+
+/// The latencies of `timed` (scheduled time, latency in µs) by 500 ms slice of the
+/// scheduled time from `from`.
+fn timeline(timed: &[(Instant, i64)], from: Instant) -> Vec<(f64, Lat, usize)> {
+    let mut slices: std::collections::BTreeMap<u64, Vec<i64>> = Default::default();
+    for (at, l) in timed {
+        let k = (at.saturating_duration_since(from).as_millis() / 500) as u64;
+        slices.entry(k).or_default().push(*l);
+    }
+    let bound = (P99_BOUND_MS * 1000.0) as i64;
+    slices
+        .into_iter()
+        .map(|(k, v)| {
+            let late = v.iter().filter(|l| **l > bound).count();
+            (k as f64 * 0.5, Lat::of(v), late)
+        })
+        .collect()
 }

@@ -390,3 +390,37 @@ pub fn overload_row(cx: &mut Ctx, deliveries: &HashMap<usize, f64>, sustainable:
         json!({"conns": n, "deliveries_per_s": d, "sustainable_rate": sustainable, "ratio": ratio(d, sustainable)}),
     );
 }
+
+/// `--probe-at RATE`: one probe of a fresh courier at `rate`, run to its end, with its
+/// latency per 500 ms slice and courier's CPU per delivered message.
+pub async fn probe_at(args: crate::args::Args, rate: f64) -> Res<()> {
+    let cx = Ctx::new(args).await?;
+    let live = Subject::Courier.up(&cx, "at").await?;
+    let p = probe(&cx, live.addr, rate, false, Some(live.pid)).await?;
+    // RocksDB's own log (flushes, compactions, stalls, with wall-clock times) is kept
+    // beside the JSON results, for setting against the slices.
+    let log = cx.args.json.with_extension("rocksdb.LOG");
+    let _ = std::fs::copy(cx.tmp.path().join("data-sustain-at").join("LOG"), &log);
+    eprintln!("window start (UTC): {}; RocksDB log: {}", p.window_start, log.display());
+    eprintln!("  slice   n     p50      p99      max   late");
+    for (t, l, late) in &p.timeline {
+        eprintln!(
+            "  {t:5.1} {:5} {:>8} {:>8} {:>8} {late:5}",
+            l.n,
+            p.q(l.p50),
+            p.q(l.p99),
+            p.q(l.max)
+        );
+    }
+    eprintln!(
+        "courier at {}: p50 {} p99 {} p99.9 {}, {} delivered, CPU {:.1} us per delivered message -> {}",
+        per_s(rate),
+        p.q(p.lat.p50),
+        p.q(p.lat.p99),
+        p.q(p.lat.p999),
+        p.delivered,
+        us_per(p.cpu_s, p.delivered),
+        p.verdict()
+    );
+    Ok(())
+}

@@ -101,9 +101,10 @@ impl Parts {
         };
         // With a timer the pool closes idle connections when their time is up; without one
         // it only noticed at the next checkout for the same host, so a sweep over many
-        // hosts left a socket open to each of them for good.
+        // hosts left a socket open to each of them for good. The cap's timer also sweeps
+        // when the cap has closed connections (see `sweep`).
         let client = Client::builder(TokioExecutor::new())
-            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .pool_timer(self.cap.pool_timer())
             .pool_idle_timeout(self.delivery.idle_connection_timeout)
             .pool_max_idle_per_host(self.delivery.max_in_flight_per_host as usize)
             .build(connector);

@@ -236,3 +236,37 @@ fn the_freed_heap_is_given_back_at_most_once_per_gap() {
     assert!(!r.trim_due(t0 + TRIM_GAP - Duration::from_millis(1)));
     assert!(r.trim_due(t0 + TRIM_GAP));
 }
+
+#[tokio::test]
+async fn the_pools_sweep_once_the_linger_timer_has_closed_connections() {
+    use hyper::rt::Timer;
+    let cap = ConnCap::new(1000);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // One idle connection to each of more hosts than are kept: the excess lingers.
+    let mut conns = Vec::new();
+    let start = Instant::now();
+    for i in 0..=KEEP_IDLE {
+        let uri: Uri = format!("http://h{i}.example/").parse().unwrap();
+        let stream = TcpStream::connect(addr).await.unwrap();
+        conns.push(cap.count(host_key(&uri), TokioIo::new(stream), false));
+        drop(cap.begin(&uri));
+    }
+    // What hyper-util's pool waits on between two sweeps of its idle list: without the
+    // linger timer's call, an hour here.
+    let swept = tokio::time::timeout(
+        Duration::from_secs(30),
+        cap.pool_timer().sleep(Duration::from_secs(3600)),
+    );
+    assert!(swept.await.is_ok(), "the pools were told to sweep");
+    let waited = Instant::now() - start;
+    assert_eq!(
+        conns.iter().filter(|c| c.state.is_closed()).count(),
+        1,
+        "the linger closed one"
+    );
+    assert!(
+        waited >= LINGER + TRIM_AFTER,
+        "after the closes, not before: {waited:?}"
+    );
+}

@@ -4,7 +4,8 @@
 //!   hyper-util client.
 //! - [`resolver`]: the DNS seam, and [`egress`]: which addresses courier may connect to (pure).
 //! - [`proxy`]: each connection's route, direct or through `egress.proxy`; [`tls`]: TLS toward
-//!   receivers; [`conn_cap`]: the cap on idle pooled connections.
+//!   receivers; [`conn_cap`]: the cap on idle pooled connections, and [`sweep`]: the pool timer it
+//!   fires when it has closed some.
 //! - [`trace`]: W3C Trace Context carried through to the receiver.
 
 /// The error of a connector or resolver step: whatever it is, kept as the cause an attempt's
@@ -16,6 +17,7 @@ pub mod conn_cap;
 pub mod egress;
 pub mod proxy;
 pub mod resolver;
+pub mod sweep;
 pub mod tls;
 pub mod trace;
 pub mod transport;
