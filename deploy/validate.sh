@@ -120,12 +120,13 @@ def seconds(d):
     return int(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
 # Every key of CONTRACT.md section 7, plus the listener-security keys (ops_listen,
-# allow_unauthenticated_network, [ingress]/[admin]); a typo here would make courier
-# refuse to start.
+# allow_unauthenticated_network, [ingress]/[admin]) and section 9's [intercept]; a typo
+# here would make courier refuse to start.
 KEYS = {
     "": {"listen", "admin_listen", "ops_listen", "data_dir", "max_body", "shutdown_grace", "retention",
          "dead_retention", "ingress_token", "admin_token", "alert_url", "allow_unauthenticated_network",
-         "ingress", "admin", "retry", "delivery", "signing", "egress", "route", "host", "endpoint", "drain"},
+         "ingress", "admin", "retry", "delivery", "signing", "egress", "route", "host", "endpoint", "drain",
+         "intercept"},
     "ingress": {"allowed_origins", "hosts"},
     "admin": {"allowed_origins", "hosts"},
     "retry": {"base_delay", "max_delay", "jitter", "max_attempts", "give_up_after",
@@ -135,6 +136,7 @@ KEYS = {
     "signing": {"scheme", "secrets", "keys"},
     "egress": {"allow_private_targets", "allow"},
     "drain": {"to", "peers", "token", "concurrency"},
+    "intercept": {"hosts", "passthrough", "ca_cert", "ca_key", "max_tunnels", "idle_timeout"},
 }
 
 def check_toml(name, text):

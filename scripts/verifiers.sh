@@ -13,6 +13,9 @@
 #                                loopback ports for the fleet-wide limits
 #   COURIER_TEST_POWERCUT        powercut (tests/powercut, built here), the FUSE filesystem
 #                                that tests/it/power_loss.rs cuts the power under
+#   COURIER_TEST_GO              Debian's go (golang-go), whose net/http sends through
+#                                courier's interception in tests/it/intercept.rs (as do
+#                                requests in COURIER_TEST_PYTHON and undici under NODE_PATH)
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
@@ -23,7 +26,7 @@ verifiers_dir="${CARGO_TARGET_DIR:-$PWD/target}/verifiers"
 mkdir -p "$verifiers_dir"
 
 pyenv="$verifiers_dir/pyenv"
-if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe, svix' 2>/dev/null; then
+if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe, svix, requests' 2>/dev/null; then
   echo "verifiers: installing standardwebhooks, svix and stripe into $pyenv" >&2
   # Debian's python3 needs python3-venv for `-m venv` (ensurepip).
   if ! python3 -m venv --clear "$pyenv" >/dev/null 2>&1; then
@@ -33,7 +36,7 @@ if ! "$pyenv/bin/python" -c 'import standardwebhooks, stripe, svix' 2>/dev/null;
   fi
   # svix is the second Standard Webhooks verifier: required like the others (a failed
   # install stops the run here, and the test fails without it under CI).
-  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'svix>=1' 'stripe>=7'
+  "$pyenv/bin/pip" install --quiet --disable-pip-version-check 'standardwebhooks>=1,<2' 'svix>=1' 'stripe>=7' 'requests>=2'
 fi
 
 # Ed25519 (v1a): `cryptography` from Debian's package, run by Debian's own interpreter (a
@@ -109,7 +112,22 @@ if [[ "$(node -p "require('$playwright_json').version" 2>/dev/null)" != "$playwr
   npm install --prefix "$node_dir" --no-audit --no-fund --silent --save-exact "playwright-core@$playwright_version"
 fi
 
+# HTTPS interception (tests/it/intercept.rs): Go's net/http from Debian, and undici (its
+# ProxyAgent; Node 20's built-in fetch has no proxy support) from npm.
+go_bin=/usr/bin/go
+if [[ ! -x "$go_bin" ]]; then
+  echo "verifiers: installing golang-go" >&2
+  apt-get install -y -qq golang-go >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; }
+  "$go_bin" version >/dev/null
+fi
+if [[ ! -f "$node_dir/node_modules/undici/package.json" ]]; then
+  echo "verifiers: installing undici into $node_dir" >&2
+  npm install --prefix "$node_dir" --no-audit --no-fund --silent 'undici@^6'
+fi
+
 export COURIER_TEST_PYTHON="$pyenv/bin/python"
+export COURIER_TEST_GO="$go_bin"
 export COURIER_TEST_ED25519_PYTHON="$ed25519_python"
 export COURIER_TEST_CHROMIUM="$chromium"
 COURIER_TEST_TINYPROXY="$(command -v tinyproxy)"

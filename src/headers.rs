@@ -212,9 +212,12 @@ pub fn outbound_headers(stored: &[(String, Vec<u8>)], drop_also: &[&str]) -> Vec
         .collect()
 }
 
-/// The token of `Proxy-Authorization: Bearer <token>` (the scheme name case-insensitive),
-/// the ingress-auth form that HTTP-proxy clients can send. The first Bearer value wins.
-pub fn proxy_bearer(headers: &HeaderMap) -> Option<String> {
+/// The ingress token of `Proxy-Authorization`: `Bearer <token>`, or `Basic` whose password
+/// is the token (what a client sends for a proxy URL `http://courier:<token>@host`, the
+/// only form most `HTTPS_PROXY` clients can send); the user is ignored. The scheme name is
+/// case-insensitive; the first value that carries a token wins.
+pub fn proxy_token(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine as _;
     headers
         .get_all(http::header::PROXY_AUTHORIZATION)
         .iter()
@@ -222,8 +225,19 @@ pub fn proxy_bearer(headers: &HeaderMap) -> Option<String> {
             let text = visible_ascii_with_spaces(value)?;
             let (scheme, rest) = text.split_once(' ')?;
             let token = rest.trim_start_matches(' ');
-            (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' '))
-                .then(|| token.to_string())
+            if token.is_empty() || token.contains(' ') {
+                return None;
+            }
+            if scheme.eq_ignore_ascii_case("bearer") {
+                return Some(token.to_string());
+            }
+            if !scheme.eq_ignore_ascii_case("basic") {
+                return None;
+            }
+            let decoded = base64::engine::general_purpose::STANDARD.decode(token).ok()?;
+            let pair = String::from_utf8(decoded).ok()?;
+            let (_, password) = pair.split_once(':')?;
+            (!password.is_empty()).then(|| password.to_string())
         })
 }
 
@@ -526,12 +540,18 @@ mod tests {
     }
 
     #[test]
-    fn proxy_bearer_reads_only_bearer_tokens() {
+    fn proxy_token_reads_bearer_tokens_and_basic_passwords() {
         let cases: &[(&[&[u8]], Option<&str>)] = &[
             (&[b"Bearer abc"], Some("abc")),
             (&[b"bearer abc"], Some("abc")),
             (&[b"BEARER   abc  "], Some("abc")),
-            (&[b"Basic dXNlcjpwdw=="], None),
+            // base64("user:pw"), base64("courier:t:k"), base64("nopassword:"), base64("x")
+            (&[b"Basic dXNlcjpwdw=="], Some("pw")),
+            (&[b"basic Y291cmllcjp0Oms="], Some("t:k")),
+            (&[b"Basic bm9wYXNzd29yZDo="], None),
+            (&[b"Basic eA=="], None),
+            (&[b"Basic !!!"], None),
+            (&[b"Digest abc"], None),
             (&[b"Bearer"], None),
             (&[b"Bearer "], None),
             (&[b"Bearer a b"], None),
@@ -542,8 +562,8 @@ mod tests {
         ];
         for (values, want) in cases {
             let pairs: Vec<(&str, &[u8])> = values.iter().map(|v| ("proxy-authorization", *v)).collect();
-            assert_eq!(proxy_bearer(&map(&pairs)).as_deref(), *want, "{values:?}");
+            assert_eq!(proxy_token(&map(&pairs)).as_deref(), *want, "{values:?}");
         }
-        assert_eq!(proxy_bearer(&map(&[("authorization", b"Bearer app")])), None);
+        assert_eq!(proxy_token(&map(&[("authorization", b"Bearer app")])), None);
     }
 }

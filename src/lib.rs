@@ -53,6 +53,7 @@ pub mod envelope;
 pub mod fleet;
 pub mod headers;
 pub mod inbound;
+pub mod intercept;
 pub mod limits;
 pub mod metrics;
 pub mod model;

@@ -97,6 +97,23 @@ const ATTEMPT_DURATION: &str = "courier_attempt_duration_seconds Duration of one
 const REDIS_UP: &str =
     "courier_fleet_redis_up 1 while fleet-wide limits are in force, 0 while Redis is unavailable (fallback limits).";
 const FLEET_ACQUIRES: &str = "courier_fleet_acquires_total Fleet lease and rate acquires by outcome.";
+const TUNNELS_OPEN: &str = "courier_tunnels_open CONNECT tunnels open now, by kind ([intercept]).";
+const TUNNELS: &str = "courier_tunnels_total CONNECT tunnels opened, by kind ([intercept]).";
+const TUNNEL_TLS_FAILURES: &str =
+    "courier_tunnel_tls_failures_total Intercepted tunnels whose client failed the TLS handshake (it does not trust the CA).";
+
+/// The kinds of `CONNECT` tunnel, the `kind` label of the tunnel families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelKind {
+    /// Terminated by courier: the requests inside are accepted.
+    Intercept,
+    /// Tunnelled byte for byte.
+    Passthrough,
+}
+
+impl TunnelKind {
+    const LABELS: [&'static str; 2] = ["intercept", "passthrough"];
+}
 
 /// The counters without labels: each one's index in [`COUNTS`] and `Metrics::counts`.
 #[derive(Debug, Clone, Copy)]
@@ -226,6 +243,9 @@ pub struct Metrics {
     in_flight: AtomicI64,
     latency: Histogram,
     attempt_duration: Histogram,
+    tunnels_open: [AtomicI64; 2],
+    tunnels: [AtomicU64; 2],
+    tunnel_tls_failures: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -239,6 +259,9 @@ impl Default for Metrics {
             in_flight: AtomicI64::new(0),
             latency: Histogram::new(LATENCY_BOUNDS),
             attempt_duration: Histogram::new(ATTEMPT_BOUNDS),
+            tunnels_open: Default::default(),
+            tunnels: Default::default(),
+            tunnel_tls_failures: AtomicU64::new(0),
         }
     }
 }
@@ -354,6 +377,22 @@ impl Metrics {
         self.add(Count::FleetLeasesRestored, n);
     }
 
+    /// A tunnel of `kind` opened (`true`) or closed (`false`).
+    pub fn tunnel(&self, kind: TunnelKind, opened: bool) {
+        let i = kind as usize;
+        if opened {
+            self.tunnels[i].fetch_add(1, Relaxed);
+            self.tunnels_open[i].fetch_add(1, Relaxed);
+        } else {
+            self.tunnels_open[i].fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// An intercepted tunnel's client failed the TLS handshake.
+    pub fn tunnel_tls_failed(&self) {
+        self.tunnel_tls_failures.fetch_add(1, Relaxed);
+    }
+
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self, g: &Gauges) -> String {
         let mut text = String::with_capacity(4096);
@@ -387,6 +426,29 @@ impl Metrics {
         family(out, "gauge", HOST_CIRCUIT_OPEN, "host", hosts);
         self.latency.render(out, LATENCY);
         self.attempt_duration.render(out, ATTEMPT_DURATION);
+        let open = self.tunnels_open.iter().map(|n| n.load(Relaxed).max(0));
+        family(
+            out,
+            "gauge",
+            TUNNELS_OPEN,
+            "kind",
+            TunnelKind::LABELS.into_iter().zip(open),
+        );
+        let opened = self.tunnels.iter().map(load);
+        family(
+            out,
+            "counter",
+            TUNNELS,
+            "kind",
+            TunnelKind::LABELS.into_iter().zip(opened),
+        );
+        family(
+            out,
+            "counter",
+            TUNNEL_TLS_FAILURES,
+            "",
+            [("", load(&self.tunnel_tls_failures))],
+        );
         if let Some(up) = g.fleet_up {
             family(out, "gauge", REDIS_UP, "", [("", u8::from(up))]);
             let acquires = FleetOutcome::LABELS
@@ -427,6 +489,7 @@ mod tests {
         let text = m.render(&gauges);
         let specs = COUNTS[..8].iter().chain(&GAUGES);
         let specs = specs.chain(&[ATTEMPTS, DEAD, REJECTED, HOST_CIRCUIT_OPEN, LATENCY, ATTEMPT_DURATION]);
+        let specs = specs.chain(&[TUNNELS_OPEN, TUNNELS, TUNNEL_TLS_FAILURES]);
         for name in specs.map(|spec| spec.split_once(' ').unwrap().0) {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
@@ -441,6 +504,15 @@ mod tests {
         assert!(text.contains("courier_attempt_duration_seconds_count 1\n"));
         assert!(text.contains("courier_ingress_rejected_total{code=\"invalid_target\"} 1\n"));
         assert_eq!(m.in_flight(), 0);
+        m.tunnel(TunnelKind::Passthrough, true);
+        m.tunnel(TunnelKind::Intercept, true);
+        m.tunnel(TunnelKind::Intercept, false);
+        m.tunnel_tls_failed();
+        let text = m.render(&gauges);
+        assert!(text.contains("courier_tunnels_open{kind=\"intercept\"} 0\n"));
+        assert!(text.contains("courier_tunnels_open{kind=\"passthrough\"} 1\n"));
+        assert!(text.contains("courier_tunnels_total{kind=\"intercept\"} 1\n"));
+        assert!(text.contains("courier_tunnel_tls_failures_total 1\n"));
     }
 
     #[test]

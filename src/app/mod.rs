@@ -31,6 +31,7 @@ use crate::fleet::{Fleet, FleetError, FleetParts};
 use crate::inbound::ingress::Ingress;
 use crate::inbound::serve::{self, Handler, Listener, ServeLimits};
 use crate::inbound::uds::SocketFile;
+use crate::intercept::{Intercept, InterceptParts};
 use crate::metrics::Metrics;
 use crate::ops::Probes;
 use crate::outbound::client::HttpTransport;
@@ -73,6 +74,9 @@ pub enum AppError {
     /// `[fleet]` cannot make a Redis client (a bad URL, an unreadable password file).
     #[error("{0}")]
     Fleet(#[from] FleetError),
+    /// `[intercept]`'s CA cannot be read, made, or used for a listed host.
+    #[error("{0}")]
+    Intercept(#[from] crate::intercept::ca::CaError),
 }
 
 /// The replaceable parts: production uses the defaults; tests swap in a manual clock, a
@@ -139,6 +143,7 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     let store = Arc::new(Store::open(&config.data_dir, crate::args::store_options(&config))?);
     let listeners = Listeners::bind(&config).await?;
     let config_source = seams.config_source.take();
+    let resolver = seams.resolver.clone();
     let (deliverer, delivery_rt) = delivery(&config, &store, seams)?;
     recover(&deliverer, &delivery_rt)?;
 
@@ -161,8 +166,25 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     let reloader = Arc::new(Reloader::new(config_source, deliverer.clone(), loaded));
     let (ingress_addr, admin_addr) = (listeners.ingress_addr.clone(), listeners.admin.1);
     let ops_addr = listeners.ops.as_ref().map(|o| o.1);
-    let handlers = handlers(&deliverer, &draining, accepts, &reloader, &drain);
-    let (http_tasks, socket_file) = listeners.serve(handlers, &limits, http_rx);
+    let ingress = Arc::new(Ingress::new(deliverer.clone(), draining.clone(), accepts));
+    let intercept = Arc::new(Intercept::new(
+        &config,
+        InterceptParts {
+            ingress: ingress.clone(),
+            deliverer: deliverer.clone(),
+            resolver,
+            limits: limits.ingress.clone(),
+            stop: http_rx.clone(),
+        },
+    )?);
+    let handlers = handlers(ingress, intercept.clone(), &deliverer, &draining, &reloader, &drain);
+    let (mut http_tasks, socket_file) = listeners.serve(handlers, &limits, http_rx.clone());
+    // Stop waits for the tunnels as for the listeners' connections.
+    let mut tunnels_stop = http_rx;
+    http_tasks.push(tokio::spawn(async move {
+        let _ = tunnels_stop.wait_for(|stopped| *stopped).await;
+        intercept.closed().await;
+    }));
     let scheduler = Scheduler::new(deliverer.clone()).run(stop_scheduler.subscribe());
     let scheduler_task = delivery_rt.handle().spawn(async move {
         scheduler.await;
@@ -205,16 +227,17 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     })
 }
 
-/// The request handlers of the three listeners: ingress, admin (which serves the probes
-/// too, and starts reloads and drains) and ops (the probes alone).
+/// The request handlers of the three listeners: ingress (`CONNECT` to the tunnels),
+/// admin (which serves the probes too, and starts reloads and drains) and ops (the probes
+/// alone).
 fn handlers(
+    ingress: Arc<Ingress>,
+    intercept: Arc<Intercept>,
     deliverer: &Arc<Deliverer>,
     draining: &Arc<AtomicBool>,
-    accepts: Arc<crate::inbound::ingress::AcceptsInProgress>,
     reloader: &Arc<Reloader>,
     drain: &Arc<DrainControl>,
 ) -> [Handler; 3] {
-    let ingress = Arc::new(Ingress::new(deliverer.clone(), draining.clone(), accepts));
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let admin = Arc::new(Admin::new(
         deliverer.clone(),
@@ -223,7 +246,14 @@ fn handlers(
         drain.clone(),
     ));
     [
-        Arc::new(move |peer, req| Box::pin(ingress.clone().handle(peer, req))),
+        Arc::new(
+            move |peer, req: hyper::Request<hyper::body::Incoming>| -> serve::HandlerFuture {
+                match req.method() == http::Method::CONNECT {
+                    true => Box::pin(intercept.clone().connect(peer, req)),
+                    false => Box::pin(ingress.clone().handle(peer, req)),
+                }
+            },
+        ),
         Arc::new(move |peer, req| Box::pin(admin.clone().handle(peer, req))),
         Arc::new(move |peer, req| Box::pin(probes.clone().handle(peer, req))),
     ]

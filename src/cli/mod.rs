@@ -1,8 +1,9 @@
 //! The command line: `courier [serve]`, `courier check-config`, the operator commands
 //! (`deliveries`, `endpoints`) that talk to a running courier's admin API, `drain`, which
-//! hands a courier's open messages to another courier, and `keys`, which makes Ed25519
-//! signing keys offline.
+//! hands a courier's open messages to another courier, `keys`, which makes Ed25519
+//! signing keys offline, and `intercept ca`, which prints the interception CA.
 
+pub mod intercept;
 pub mod keys;
 
 use std::process::ExitCode;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::cli::keys::KeysCommand),
+    /// The HTTPS interception CA (`[intercept]`).
+    #[command(subcommand)]
+    Intercept(crate::cli::intercept::InterceptCommand),
     /// Hand every open message of this courier's data dir to another courier's ingress
     /// (the data dir's courier drains itself when it is running).
     Drain(crate::drain::DrainArgs),
@@ -64,6 +68,7 @@ pub fn main() -> ExitCode {
             })
         }
         Some(Command::Keys(cmd)) => return keys::run(cmd),
+        Some(Command::Intercept(cmd)) => return intercept::run(&cli.global, cmd),
         Some(Command::Drain(args)) => return crate::drain::run(&cli.global, args),
         Some(Command::Deliveries(cmd)) => Operation::Deliveries(cmd),
         Some(Command::Endpoints(cmd)) => Operation::Endpoints(cmd),

@@ -140,6 +140,7 @@ mod env;
 mod error;
 mod file;
 mod fleet;
+mod intercept;
 mod listen;
 mod log;
 mod parse;
@@ -176,6 +177,7 @@ pub use egress::{EgressConfig, EgressProxy};
 pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use fleet::{redis_origin, FleetConfig, PasswordSource};
+pub use intercept::{HostPattern, InterceptConfig};
 pub use listen::{IngressConfig, ListenAddr, ListenerAccess, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN_MODE};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
@@ -264,6 +266,8 @@ section! {
         pub egress: EgressConfig = EgressConfig::default(),
         /// `[tls]`: trust and versions toward receivers.
         pub tls: TlsConfig = TlsConfig::default(),
+        /// `[intercept]`: `CONNECT` terminated for listed hosts, tunnelled for others.
+        pub intercept: InterceptConfig = InterceptConfig::default(),
         /// `[[route]]`, in file order.
         #[serde(rename = "route")]
         pub routes: Vec<RouteConfig> = Vec::new(),

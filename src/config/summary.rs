@@ -90,6 +90,7 @@ impl Config {
             format!("log: format {}", self.log.format.as_str()),
             self.fleet.summary(),
             self.drain.summary(),
+            self.intercept.summary(),
         ];
         lines.extend(self.signing_lines());
         lines.extend(self.egress_lines());

@@ -25,6 +25,7 @@ impl Config {
         self.circuit.validate()?;
         self.fleet.validate()?;
         self.drain.validate()?;
+        self.intercept.validate()?;
         self.validate_routes()?;
         self.validate_hosts_and_endpoints()?;
         self.validate_policies()?;

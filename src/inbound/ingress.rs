@@ -17,7 +17,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
-use crate::headers::{forwardable_headers, parse_control_headers, proxy_bearer};
+use crate::headers::{forwardable_headers, parse_control_headers, proxy_token};
 use crate::inbound::access::AccessPolicy;
 use crate::inbound::serve::{self, Body, Refusal};
 use crate::store::Accepted;
@@ -83,6 +83,12 @@ impl AcceptsInProgress {
     }
 }
 
+/// Marks a request that came through an intercepted tunnel (see `crate::intercept`):
+/// its `CONNECT` was admitted with the token, so the request needs none. Only courier sets
+/// request extensions; a client cannot.
+#[derive(Debug, Clone, Copy)]
+pub struct Tunnelled;
+
 /// The ingress component.
 pub struct Ingress {
     /// Stores each message and starts its delivery.
@@ -119,11 +125,24 @@ impl Ingress {
         let _under_way = self.in_progress.enter();
         match self.accept(req).await {
             Ok(resp) => resp,
-            Err(refused) => {
-                self.deliverer.context().metrics().rejected(refused.code());
-                refused.response()
-            }
+            Err(refused) => self.refuse(refused),
         }
+    }
+
+    /// The answer to a refused request, counted by its code.
+    pub fn refuse(&self, refused: Refusal) -> Response<Body> {
+        self.deliverer.context().metrics().rejected(refused.code());
+        refused.response()
+    }
+
+    /// Admits a `CONNECT` as a request is admitted before its target is read: not while
+    /// draining, never from a browser, and with the token when one is set.
+    pub fn admit_connect(&self, req: &Request<Incoming>) -> Result<(), Refusal> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(shutting_down());
+        }
+        self.access.check(req.method(), req.uri(), req.headers())?;
+        check_token(&self.deliverer.context().settings().config, req.headers(), None)
     }
 
     async fn accept(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
@@ -136,7 +155,7 @@ impl Ingress {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                "CONNECT is not supported: courier must see the body to store and sign it; send the request itself",
+                "CONNECT inside an intercepted tunnel is not supported: send the request itself",
             ));
         }
         let control = parse_control_headers(req.headers()).map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
@@ -144,7 +163,13 @@ impl Ingress {
         // meanwhile.
         let settings = self.deliverer.context().settings();
         let config = &settings.config;
-        check_token(config, &req, control.token.as_ref().map(crate::signing::Secret::expose))?;
+        if req.extensions().get::<Tunnelled>().is_none() {
+            check_token(
+                config,
+                req.headers(),
+                control.token.as_ref().map(crate::signing::Secret::expose),
+            )?;
+        }
         let resolved = resolve_target(control.target.as_deref(), req.uri(), &|name| config.route_url(name))
             .map_err(|e| Refusal::bad(e.code(), e.to_string()))?;
         // Refused here when the answer is known without DNS (an IP literal or a loopback
@@ -308,14 +333,14 @@ impl Ingress {
 /// Whether the request carries `ingress_token` (when one is set).
 fn check_token(
     config: &crate::config::Config,
-    req: &Request<Incoming>,
+    headers: &http::HeaderMap,
     header_token: Option<&str>,
 ) -> Result<(), Refusal> {
     let Some(expected) = &config.ingress_token else {
         return Ok(());
     };
     let expected = expected.expose().as_bytes();
-    let given = header_token.map(str::to_string).or_else(|| proxy_bearer(req.headers()));
+    let given = header_token.map(str::to_string).or_else(|| proxy_token(headers));
     let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(expected)));
     if ok {
         Ok(())
@@ -323,7 +348,8 @@ fn check_token(
         Err(Refusal::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token>",
+            "ingress needs the token: send Courier-Token: <token> or Proxy-Authorization: Bearer <token> \
+             (or Basic with the token as the password, as a proxy URL http://courier:<token>@host carries it)",
         ))
     }
 }

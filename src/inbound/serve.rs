@@ -244,6 +244,38 @@ macro_rules! readable_by_peek {
 readable_by_peek!(tokio::net::TcpStream);
 readable_by_peek!(tokio::net::UnixStream);
 
+/// A TLS stream inside a tunnel: its handshake is done, so the first bytes are due now
+/// (and the first head's timeout, counted from here, still applies).
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Readable for tokio_rustls::server::TlsStream<S> {
+    fn ready(&self) -> impl Future<Output = std::io::Result<()>> + Send {
+        // Not an `async fn`: its future would hold `&self`, and a TLS stream is not `Sync`.
+        std::future::ready(Ok(()))
+    }
+}
+
+/// Serves the requests of one TLS connection inside a tunnel as a listener's connection
+/// is served (its limits, idle timeout and graceful stop), holding `permit` until it ends;
+/// each request takes one of `requests` while in progress.
+pub async fn serve_tls<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: tokio_rustls::server::TlsStream<S>,
+    peer: SocketAddr,
+    handler: Handler,
+    limits: ServeLimits,
+    requests: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let builder = builder(&limits);
+    let conn = Conn {
+        handler,
+        requests,
+        limits,
+        stop,
+        permit,
+    };
+    conn.run(stream, peer, builder).await
+}
+
 /// What one connection task needs: the slot it holds until it ends, and its limits.
 struct Conn {
     handler: Handler,
@@ -305,7 +337,8 @@ impl Conn {
         if !matches!(tokio::time::timeout_at(first_head, stream.ready()).await, Ok(Ok(()))) {
             return;
         }
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        // With upgrades: a `CONNECT` answered 2xx hands its connection to the tunnel.
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         tokio::pin!(conn);
         let mut closing = false;
         let mut idle_since = connected;

@@ -410,8 +410,9 @@ async fn every_error_status_has_the_json_shape() {
         c.ingress,
         b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
     );
-    assert!(connect.starts_with("HTTP/1.1 405"), "{connect}");
-    assert!(connect.contains("method_not_allowed"));
+    // No [intercept]: every CONNECT is one to a host not listed.
+    assert!(connect.starts_with("HTTP/1.1 403"), "{connect}");
+    assert!(connect.contains("not_intercepted"));
 }
 
 #[tokio::test]

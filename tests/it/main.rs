@@ -24,6 +24,7 @@ mod h2c;
 mod hardening;
 mod ingress;
 mod ingress_limits;
+mod intercept;
 mod lifecycle;
 mod logging;
 mod metrics;

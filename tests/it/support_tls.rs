@@ -131,7 +131,13 @@ pub struct TlsFront {
 impl TlsFront {
     /// Serves `config` on 127.0.0.1:0, piping each connection to `rx`.
     pub async fn start(config: Arc<ServerConfig>, rx: &Receiver) -> TlsFront {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(config, rx, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Serves `config` on `addr` (e.g. a port held by `reserve_port`, to bring a receiver
+    /// that was down up), piping each connection to `rx`.
+    pub async fn start_on(config: Arc<ServerConfig>, rx: &Receiver, addr: SocketAddr) -> TlsFront {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Handshake>>> = Arc::default();
         let (log, upstream) = (seen.clone(), rx.addr);

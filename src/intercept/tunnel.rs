@@ -1,0 +1,224 @@
+//! The two kinds of tunnel once their `CONNECT` is answered: an intercepted one (TLS
+//! terminated, requests served by ingress as absolute-form `https://` requests) and a
+//! passthrough one (bytes copied to the checked address until either side is done, the
+//! tunnel is idle, or courier stops).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{Intercept, Target};
+use crate::inbound::ingress::Tunnelled;
+use crate::inbound::serve::{self, Handler, Refusal};
+use crate::metrics::{Metrics, TunnelKind};
+use crate::outbound::egress::EgressDenied;
+use crate::outbound::proxy::Egress;
+use crate::outbound::resolver::GuardedResolver;
+
+/// Counts a tunnel open in the metrics until dropped.
+struct Open(Arc<Metrics>, TunnelKind);
+
+impl Open {
+    fn new(intercept: &Intercept, kind: TunnelKind) -> Open {
+        let metrics = intercept.parts.deliverer.context().metrics().clone();
+        metrics.tunnel(kind, true);
+        Open(metrics, kind)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.tunnel(self.1, false);
+    }
+}
+
+/// Serves an intercepted tunnel: the client's TLS handshake (within the header timeout),
+/// then its requests, each addressed to `https://<target><path>`.
+pub(super) async fn intercepted(
+    this: Arc<Intercept>,
+    req: Request<Incoming>,
+    tls: Arc<ServerConfig>,
+    target: Target,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+) {
+    let Ok(upgraded) = hyper::upgrade::on(req).await else {
+        return;
+    };
+    let _open = Open::new(&this, TunnelKind::Intercept);
+    let limits = this.parts.limits.clone();
+    let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(TokioIo::new(upgraded));
+    let stream = match tokio::time::timeout(limits.header_read_timeout, accepting).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return this.tls_failed(peer.ip(), &target, &e),
+        Err(_) => return,
+    };
+    let ingress = this.parts.ingress.clone();
+    let authority = Arc::<str>::from(target.authority.as_str());
+    let handler: Handler = Arc::new(move |peer, req: Request<Incoming>| -> serve::HandlerFuture {
+        let req = addressed(req, &authority);
+        Box::pin(ingress.clone().handle(peer, req))
+    });
+    let (requests, stop) = (this.requests.clone(), this.parts.stop.clone());
+    serve::serve_tls(stream, peer, handler, limits, requests, stop, permit).await;
+}
+
+/// `req` as the absolute-form request it stands for (`https://<authority><path>`), marked
+/// as coming through an admitted tunnel.
+fn addressed<B>(req: Request<B>, authority: &str) -> Request<B> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    if let Ok(uri) = http::Uri::try_from(format!("https://{authority}{path}")) {
+        parts.uri = uri;
+    }
+    parts.extensions.insert(Tunnelled);
+    Request::from_parts(parts, body)
+}
+
+/// Connects to a passthrough target under the egress policy: an IP literal checked, a
+/// name resolved and its address checked (the socket goes to that address), through
+/// `egress.proxy` when it applies, as delivery connects.
+pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream, Refusal> {
+    let settings = this.parts.deliverer.context().settings();
+    let guard = GuardedResolver::new(this.parts.resolver.clone(), Arc::new(settings.egress.clone()));
+    let failed = |e: crate::outbound::BoxError| {
+        // The policy's refusal may sit under the connector's own error.
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+        let mut reasons = Vec::new();
+        while let Some(err) = source {
+            if let Some(denied) = err.downcast_ref::<EgressDenied>() {
+                return Refusal::new(http::StatusCode::FORBIDDEN, "egress_denied", denied.to_string());
+            }
+            reasons.push(err.to_string());
+            source = err.source();
+        }
+        reasons.dedup();
+        let message = format!("cannot connect to {}: {}", target.authority, reasons.join(": "));
+        Refusal::new(http::StatusCode::BAD_GATEWAY, "tunnel_failed", message)
+    };
+    if let Ok(ip) = target.host.parse() {
+        guard.check(ip).map_err(|e| failed(Box::new(e)))?;
+    }
+    let egress = Egress::new(
+        guard,
+        this.parts.resolver.clone(),
+        this.proxy.clone(),
+        this.connect_timeout,
+    );
+    let uri = format!("https://{}/", target.authority)
+        .parse()
+        .map_err(|_| Refusal::bad("invalid_target", "CONNECT needs a host:port target"))?;
+    let (io, _) = egress.connect(uri).await.map_err(failed)?;
+    Ok(io.into_inner())
+}
+
+/// Copies a passthrough tunnel's bytes both ways.
+pub(super) async fn passthrough(
+    this: Arc<Intercept>,
+    req: Request<Incoming>,
+    upstream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+) {
+    let Ok(upgraded) = hyper::upgrade::on(req).await else {
+        return;
+    };
+    let _open = Open::new(&this, TunnelKind::Passthrough);
+    let mut stop = this.parts.stop.clone();
+    tokio::select! {
+        _ = copy_until_idle(TokioIo::new(upgraded), upstream, this.idle_timeout) => {}
+        _ = stop.wait_for(|stopped| *stopped) => {}
+    }
+}
+
+/// Copies `a` ↔ `b` until both sides have finished sending (each end's write side is shut
+/// when the other's read ends), an error, or no byte either way for `idle`.
+async fn copy_until_idle<A, B>(a: A, b: B, idle: std::time::Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut a_read, mut a_write) = tokio::io::split(a);
+    let (mut b_read, mut b_write) = tokio::io::split(b);
+    let (mut from_a, mut from_b) = (vec![0u8; 16 << 10], vec![0u8; 16 << 10]);
+    let (mut a_open, mut b_open) = (true, true);
+    while a_open || b_open {
+        let moved = tokio::select! {
+            n = a_read.read(&mut from_a), if a_open => match n {
+                Ok(0) | Err(_) => { a_open = false; b_write.shutdown().await }
+                Ok(n) => b_write.write_all(&from_a[..n]).await,
+            },
+            n = b_read.read(&mut from_b), if b_open => match n {
+                Ok(0) | Err(_) => { b_open = false; a_write.shutdown().await }
+                Ok(n) => a_write.write_all(&from_b[..n]).await,
+            },
+            _ = tokio::time::sleep(idle) => return,
+        };
+        if moved.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_request_inside_a_tunnel_is_addressed_to_its_target() {
+        let req = Request::builder().uri("/hook?x=1").body(()).unwrap();
+        let req = addressed(req, "hooks.example:8443");
+        assert_eq!(req.uri(), "https://hooks.example:8443/hook?x=1");
+        assert!(req.extensions().get::<Tunnelled>().is_some());
+        let bare = addressed(Request::builder().uri("*").body(()).unwrap(), "[::1]:443");
+        assert_eq!(bare.uri().host(), Some("[::1]"));
+    }
+
+    #[tokio::test]
+    async fn bytes_go_both_ways_and_an_idle_tunnel_closes() {
+        let (client, mut app) = tokio::io::duplex(64);
+        let (server, mut receiver) = tokio::io::duplex(64);
+        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_millis(300)));
+        app.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        receiver.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        receiver.write_all(b"pong").await.unwrap();
+        app.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong");
+        // Nothing more either way: the tunnel closes after the idle timeout.
+        tokio::time::timeout(Duration::from_secs(5), copying)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(app.read(&mut buf).await.unwrap(), 0, "closed");
+    }
+
+    #[tokio::test]
+    async fn a_half_closed_side_still_gets_the_answer() {
+        let (client, mut app) = tokio::io::duplex(64);
+        let (server, mut receiver) = tokio::io::duplex(64);
+        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_secs(30)));
+        app.write_all(b"req").await.unwrap();
+        app.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        receiver.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"req");
+        receiver.write_all(b"answer").await.unwrap();
+        receiver.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        app.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"answer");
+        tokio::time::timeout(Duration::from_secs(5), copying)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
