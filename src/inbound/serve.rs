@@ -211,7 +211,18 @@ impl Listener {
 trait Readable: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Waits until a byte can be read (or the peer closed), without reading it.
     fn ready(&self) -> impl Future<Output = std::io::Result<()>> + Send;
+
+    /// The TCP socket under it, if it is one (see [`TcpSocket`]).
+    fn tcp_socket(&self) -> Option<TcpSocket> {
+        None
+    }
 }
+
+/// The descriptor of the TCP connection a request came on, in the request's extensions:
+/// a `CONNECT` tunnel tunes the socket it takes over (see `crate::intercept`). It stays
+/// valid while the connection (or the tunnel that took it over) is open.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpSocket(pub std::os::fd::RawFd);
 
 /// Peeks one byte: readiness alone can be spurious, and must not consume what hyper reads.
 fn peek_one(fd: std::os::fd::RawFd) -> std::io::Result<()> {
@@ -226,8 +237,12 @@ fn peek_one(fd: std::os::fd::RawFd) -> std::io::Result<()> {
 }
 
 macro_rules! readable_by_peek {
-    ($t:ty) => {
+    ($t:ty, $socket:expr) => {
         impl Readable for $t {
+            fn tcp_socket(&self) -> Option<TcpSocket> {
+                ($socket)(self)
+            }
+
             async fn ready(&self) -> std::io::Result<()> {
                 use std::os::fd::AsRawFd;
                 loop {
@@ -241,8 +256,11 @@ macro_rules! readable_by_peek {
         }
     };
 }
-readable_by_peek!(tokio::net::TcpStream);
-readable_by_peek!(tokio::net::UnixStream);
+readable_by_peek!(tokio::net::TcpStream, |s: &tokio::net::TcpStream| {
+    use std::os::fd::AsRawFd;
+    Some(TcpSocket(s.as_raw_fd()))
+});
+readable_by_peek!(tokio::net::UnixStream, |_: &tokio::net::UnixStream| None);
 
 /// A TLS stream inside a tunnel: its handshake is done, so the first bytes are due now
 /// (and the first head's timeout, counted from here, still applies).
@@ -313,7 +331,11 @@ impl Conn {
         let activity: Arc<Activity> = Arc::new(watch::Sender::new((0, 0)));
         let mut seen = activity.subscribe();
         let counted = activity.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let socket = stream.tcp_socket();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            if let Some(socket) = socket {
+                req.extensions_mut().insert(socket);
+            }
             counted.send_modify(|(open, started)| {
                 *open += 1;
                 *started += 1;

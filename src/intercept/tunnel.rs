@@ -4,7 +4,9 @@
 //! tunnel is idle, or courier stops).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use hyper::body::Incoming;
 use hyper::Request;
@@ -16,7 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Intercept, Target};
 use crate::inbound::ingress::Tunnelled;
-use crate::inbound::serve::{self, Handler, Refusal};
+use crate::inbound::serve::{self, Handler, Refusal, TcpSocket};
 use crate::metrics::{Metrics, TunnelKind};
 use crate::outbound::egress::EgressDenied;
 use crate::outbound::proxy::Egress;
@@ -49,12 +51,17 @@ pub(super) async fn intercepted(
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
+    let socket = req.extensions().get::<TcpSocket>().copied();
     let Ok(upgraded) = hyper::upgrade::on(req).await else {
         return;
     };
     let _open = Open::new(&this, TunnelKind::Intercept);
     let limits = this.parts.limits.clone();
-    let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(TokioIo::new(upgraded));
+    let io = QuickAck {
+        inner: TokioIo::new(upgraded),
+        socket,
+    };
+    let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(io);
     let stream = match tokio::time::timeout(limits.header_read_timeout, accepting).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return this.tls_failed(peer.ip(), &target, &e),
@@ -68,6 +75,60 @@ pub(super) async fn intercepted(
     });
     let (requests, stop) = (this.requests.clone(), this.parts.stop.clone());
     serve::serve_tls(stream, peer, handler, limits, requests, stop, permit).await;
+}
+
+/// An intercepted tunnel's stream, which asks the kernel to acknowledge each segment at
+/// once (`TCP_QUICKACK`, set again before every read: the kernel drops back to delayed
+/// acknowledgements on its own).
+///
+/// Why: clients write a request inside TLS as two records, head then body (Python's
+/// urllib3 does), and some leave Nagle's algorithm on for a tunnel's socket (urllib3 sets
+/// `TCP_NODELAY` only on the connections it makes itself). The body then waits for the
+/// head's acknowledgement, which a delayed ACK holds back 40 ms while courier waits for
+/// the body: measured, 44 ms per request against 1 ms in the prefix form. Outside a
+/// tunnel, such clients send on a socket with `TCP_NODELAY` and none of this happens.
+struct QuickAck<T> {
+    inner: T,
+    socket: Option<TcpSocket>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for QuickAck<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if let Some(TcpSocket(fd)) = self.socket {
+            let on: libc::c_int = 1;
+            // SAFETY: `fd` is the socket `inner` owns (it closes only when `inner` is
+            // dropped, after this), and `on` is a c_int of the size passed. A failure only
+            // leaves delayed ACKs on.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::IPPROTO_TCP,
+                    libc::TCP_QUICKACK,
+                    (&on as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for QuickAck<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// `req` as the absolute-form request it stands for (`https://<authority><path>`), marked
