@@ -77,7 +77,7 @@ pub(super) async fn intercepted(
     serve::serve_tls(stream, peer, handler, limits, requests, stop, permit).await;
 }
 
-/// An intercepted tunnel's stream, which asks the kernel to acknowledge each segment at
+/// A tunnel's client stream, which asks the kernel to acknowledge each segment at
 /// once (`TCP_QUICKACK`, set again before every read: the kernel drops back to delayed
 /// acknowledgements on its own).
 ///
@@ -187,13 +187,19 @@ pub(super) async fn passthrough(
     upstream: TcpStream,
     _permit: OwnedSemaphorePermit,
 ) {
+    let socket = req.extensions().get::<TcpSocket>().copied();
     let Ok(upgraded) = hyper::upgrade::on(req).await else {
         return;
     };
     let _open = Open::new(&this, TunnelKind::Passthrough);
     let mut stop = this.parts.stop.clone();
+    // The same client, the same split writes: acknowledged at once here too.
+    let client = QuickAck {
+        inner: TokioIo::new(upgraded),
+        socket,
+    };
     tokio::select! {
-        _ = copy_until_idle(TokioIo::new(upgraded), upstream, this.idle_timeout) => {}
+        _ = copy_until_idle(client, upstream, this.idle_timeout) => {}
         _ = stop.wait_for(|stopped| *stopped) => {}
     }
 }

@@ -221,7 +221,16 @@ async fn curl_through_the_proxy_gets_202_and_the_receiver_one_signed_request() {
     // HTTP/2, and small enough to be sent whole within its first flow-control window, so
     // the refusal cannot cut the upload short.)
     let big = "x".repeat(20 << 10);
-    let mut too_large = curl(&["--http2", "--proxy", &proxy, "--cacert", &ca, "--data-binary", &big, &url]);
+    let mut too_large = curl(&[
+        "--http2",
+        "--proxy",
+        &proxy,
+        "--cacert",
+        &ca,
+        "--data-binary",
+        &big,
+        &url,
+    ]);
     too_large.args(["-H", "webhook-id: evt_big"]);
     let refused = run(too_large).await;
     assert!(status_line(&refused).starts_with("413 "), "{refused:?}");
