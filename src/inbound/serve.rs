@@ -218,9 +218,10 @@ trait Readable: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     }
 }
 
-/// The descriptor of the TCP connection a request came on, in the request's extensions:
-/// a `CONNECT` tunnel tunes the socket it takes over (see `crate::intercept`). It stays
-/// valid while the connection (or the tunnel that took it over) is open.
+/// The descriptor of the TCP connection an HTTP/1 request came on, in the request's
+/// extensions: a `CONNECT` tunnel tunes the socket it takes over (see `crate::intercept`).
+/// The upgrade hands the connection to the tunnel, so the descriptor stays valid as long as
+/// the tunnel holds it. (HTTP/2 requests carry none: their connection is not handed over.)
 #[derive(Debug, Clone, Copy)]
 pub struct TcpSocket(pub std::os::fd::RawFd);
 
@@ -333,7 +334,9 @@ impl Conn {
         let counted = activity.clone();
         let socket = stream.tcp_socket();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-            if let Some(socket) = socket {
+            // Only where a CONNECT takes the whole connection over (HTTP/1): an HTTP/2
+            // tunnel is one stream of a connection that goes on without it.
+            if let Some(socket) = socket.filter(|_| req.version() < http::Version::HTTP_2) {
                 req.extensions_mut().insert(socket);
             }
             counted.send_modify(|(open, started)| {

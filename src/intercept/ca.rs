@@ -267,22 +267,32 @@ fn permitted(hosts: &[HostPattern]) -> Vec<GeneralSubtree> {
     trees
 }
 
-/// Writes `bytes` to `path` with `mode` through a temporary file renamed into place.
+/// Writes `bytes` to `path` with `mode` through a temporary file of its own (a stale one,
+/// left by a crash, is removed first: an existing file would keep its old mode), renamed
+/// into place, and the directory synced so the name survives a power loss.
 fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
     use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp)(e)),
+        _ => {}
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&tmp)
         .map_err(io(&tmp))?;
     file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 /// Says once at start when the CA key can be read by the group or others.

@@ -121,7 +121,15 @@ impl Intercept {
     pub async fn connect(self: Arc<Self>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
         let ingress = &self.parts.ingress;
         if let Err(refused) = ingress.admit_connect(&req) {
-            return ingress.refuse(refused);
+            let mut resp = ingress.refuse(refused.clone());
+            // A proxy asks for its credentials with 407; some clients (Java's) send them
+            // only when asked.
+            if refused.code() == "unauthorized" {
+                *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+                let challenge = http::HeaderValue::from_static("Basic realm=\"courier\"");
+                resp.headers_mut().insert(http::header::PROXY_AUTHENTICATE, challenge);
+            }
+            return resp;
         }
         match self.clone().open(peer, req).await {
             Ok(resp) => resp,
@@ -196,15 +204,14 @@ impl Target {
     fn of(uri: &http::Uri) -> Result<Target, Refusal> {
         let bad = || Refusal::bad("invalid_target", "CONNECT needs a host:port target");
         let authority = uri.authority().ok_or_else(bad)?;
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
-        if host.is_empty() {
-            return Err(bad());
-        }
         let port = authority.port_u16().unwrap_or(443);
-        let authority = match host.parse::<IpAddr>() {
-            Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
-            _ => format!("{host}:{port}"),
+        // A host name or an address, read as the config's patterns are (so `*`, `,` and
+        // the like never reach the matching or a certificate), in one normal form.
+        let (host, authority) = match HostPattern::parse(authority.host()) {
+            Ok(HostPattern::Name(name)) => (name.clone(), format!("{name}:{port}")),
+            Ok(HostPattern::Ip(ip @ IpAddr::V4(_))) => (ip.to_string(), format!("{ip}:{port}")),
+            Ok(HostPattern::Ip(ip @ IpAddr::V6(_))) => (ip.to_string(), format!("[{ip}]:{port}")),
+            _ => return Err(bad()),
         };
         Ok(Target { host, port, authority })
     }
@@ -225,7 +232,10 @@ mod tests {
 
     #[test]
     fn a_connect_target_is_read_from_its_authority() {
-        let t = |s: &str| Target::of(&s.parse().unwrap());
+        let t = |s: &str| match s.parse::<http::Uri>() {
+            Ok(uri) => Target::of(&uri),
+            Err(_) => Err(Refusal::bad("invalid_target", "unparsable")),
+        };
         assert_eq!(
             t("Hooks.Example.:8443").unwrap(),
             Target {
@@ -237,7 +247,10 @@ mod tests {
         let v6 = t("[::1]:443").unwrap();
         assert_eq!((v6.host.as_str(), v6.authority.as_str()), ("::1", "[::1]:443"));
         assert_eq!(t("h.example").unwrap().port, 443);
-        assert_eq!(t("/path").unwrap_err().code(), "invalid_target");
+        assert_eq!(t("[0:0::1]:8443").unwrap().authority, "[::1]:8443");
+        for bad in ["/path", "*.r.example:443", "a,b.example:443", "a$b:443", "*:443"] {
+            assert_eq!(t(bad).map_err(|e| e.code()).unwrap_err(), "invalid_target", "{bad}");
+        }
     }
 
     #[test]

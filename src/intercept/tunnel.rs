@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use rustls::ServerConfig;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -176,7 +177,13 @@ pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream,
     let uri = format!("https://{}/", target.authority)
         .parse()
         .map_err(|_| Refusal::bad("invalid_target", "CONNECT needs a host:port target"))?;
-    let (io, _) = egress.connect(uri).await.map_err(failed)?;
+    // Bounded as a whole: a proxy that never answers the CONNECT must not hold the
+    // request (and its tunnel slot) forever.
+    let connecting = tokio::time::timeout(this.connect_timeout, egress.connect(uri));
+    let (io, _) = connecting
+        .await
+        .map_err(|_| failed(format!("no connection within {:?}", this.connect_timeout).into()))?
+        .map_err(failed)?;
     Ok(io.into_inner())
 }
 
@@ -204,32 +211,83 @@ pub(super) async fn passthrough(
     }
 }
 
-/// Copies `a` ↔ `b` until both sides have finished sending (each end's write side is shut
-/// when the other's read ends), an error, or no byte either way for `idle`.
+/// Copies `a` ↔ `b`, both ways at once, until both sides have finished sending (each
+/// end's write side is shut when the other's read ends), an error, or no byte either way
+/// for `idle` (a peer that stops reading stalls its direction, and is cut then too).
 async fn copy_until_idle<A, B>(a: A, b: B, idle: std::time::Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut a_read, mut a_write) = tokio::io::split(a);
-    let (mut b_read, mut b_write) = tokio::io::split(b);
-    let (mut from_a, mut from_b) = (vec![0u8; 16 << 10], vec![0u8; 16 << 10]);
-    let (mut a_open, mut b_open) = (true, true);
-    while a_open || b_open {
-        let moved = tokio::select! {
-            n = a_read.read(&mut from_a), if a_open => match n {
-                Ok(0) | Err(_) => { a_open = false; b_write.shutdown().await }
-                Ok(n) => b_write.write_all(&from_a[..n]).await,
-            },
-            n = b_read.read(&mut from_b), if b_open => match n {
-                Ok(0) | Err(_) => { b_open = false; a_write.shutdown().await }
-                Ok(n) => a_write.write_all(&from_b[..n]).await,
-            },
-            _ = tokio::time::sleep(idle) => return,
-        };
-        if moved.is_err() {
-            return;
+    let start = tokio::time::Instant::now();
+    let seen = Arc::new(AtomicU64::new(0));
+    let mut a = Watched::new(a, start, seen.clone());
+    let mut b = Watched::new(b, start, seen.clone());
+    let copying = tokio::io::copy_bidirectional(&mut a, &mut b);
+    tokio::pin!(copying);
+    loop {
+        // A timer to the end of the idle window; on waking, a byte moved since moves it.
+        let last = start + std::time::Duration::from_millis(seen.load(Ordering::Relaxed));
+        tokio::select! {
+            _ = &mut copying => return,
+            _ = tokio::time::sleep_until(last + idle) => {
+                let now_last = start + std::time::Duration::from_millis(seen.load(Ordering::Relaxed));
+                if now_last + idle <= tokio::time::Instant::now() {
+                    return;
+                }
+            }
         }
+    }
+}
+
+/// A stream that records when a byte last moved through it (ms since `start`).
+struct Watched<T> {
+    inner: T,
+    start: tokio::time::Instant,
+    seen: Arc<AtomicU64>,
+}
+
+impl<T> Watched<T> {
+    fn new(inner: T, start: tokio::time::Instant, seen: Arc<AtomicU64>) -> Self {
+        Watched { inner, start, seen }
+    }
+
+    fn moved(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.seen.fetch_max(ms, Ordering::Relaxed);
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -237,6 +295,7 @@ where
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn a_request_inside_a_tunnel_is_addressed_to_its_target() {
@@ -266,6 +325,19 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(app.read(&mut buf).await.unwrap(), 0, "closed");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_is_cut_when_idle() {
+        let (client, mut app) = tokio::io::duplex(64);
+        // The receiver's end is kept but never read: its direction stalls.
+        let (server, _receiver) = tokio::io::duplex(64);
+        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_millis(300)));
+        let _ = tokio::time::timeout(Duration::from_millis(500), app.write_all(&[0u8; 4096])).await;
+        tokio::time::timeout(Duration::from_secs(5), copying)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[tokio::test]

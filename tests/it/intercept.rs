@@ -423,11 +423,11 @@ async fn hostile_connects_are_refused_before_any_tunnel() {
     let admin = c.admin.to_string();
     let bearer = "Proxy-Authorization: Bearer intercept-tok\r\n";
     for (request, status, code) in [
-        ("CONNECT hooks.localhost:443 HTTP/1.1\r\nHost: x\r\n\r\n".to_string(), "401", "unauthorized"),
+        ("CONNECT hooks.localhost:443 HTTP/1.1\r\nHost: x\r\n\r\n".to_string(), "407", "unauthorized"),
         (
             "CONNECT hooks.localhost:443 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic Y291cmllcjp3cm9uZw==\r\n\r\n"
                 .to_string(),
-            "401",
+            "407",
             "unauthorized",
         ),
         (
@@ -442,6 +442,10 @@ async fn hostile_connects_are_refused_before_any_tunnel() {
         let answer = raw(c.ingress, request.as_bytes());
         assert!(answer.starts_with(&format!("HTTP/1.1 {status}")), "{request:?}: {answer}");
         assert!(answer.contains(&format!("\"error\":\"{code}\"")), "{request:?}: {answer}");
+        if status == "407" {
+            let challenge = "proxy-authenticate: Basic realm=\"courier\"";
+            assert!(answer.to_ascii_lowercase().contains(&challenge.to_ascii_lowercase()), "{answer}");
+        }
     }
     let metrics = get(&c.admin_url("/metrics")).await.text();
     assert!(
