@@ -86,6 +86,16 @@ impl Ca {
         Ok(ca)
     }
 
+    /// For `check-config` (and before `serve` binds anything): the CA at `cert` and `key`,
+    /// when there is one, checked against `hosts` at `now`; none yet is fine (the first
+    /// start makes it). Whether there is one.
+    pub fn check_existing(cert: &Path, key: &Path, hosts: &[HostPattern], now: SystemTime) -> Result<bool, CaError> {
+        if !cert.exists() && !key.exists() {
+            return Ok(false);
+        }
+        Ca::load_or_create(cert, key, hosts, now).map(|_| true)
+    }
+
     /// Reads the CA certificate and key (PEM).
     fn load(cert: &Path, key: &Path) -> Result<Ca, CaError> {
         let cert_pem = std::fs::read_to_string(cert).map_err(io(cert))?;

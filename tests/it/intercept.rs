@@ -568,21 +568,17 @@ async fn intercept_ca_prints_the_certificate_and_a_host_outside_it_stops_the_sta
     assert_eq!(String::from_utf8(again.stdout).unwrap(), pem);
     // A host added later is outside the CA's constraints: one line, exit 1.
     std::fs::write(&cfg, "[intercept]\nhosts = [\"hooks.example\", \"new.example\"]\n").unwrap();
-    let refused = cli(args(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "serve",
-    ]))
-    .await;
-    let err = String::from_utf8_lossy(&refused.stderr).to_string();
-    assert!(!refused.status.success());
-    assert!(
-        err.contains("intercept.hosts new.example is not covered by the CA at"),
-        "{err}"
-    );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let serve: &[&'static str] = &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "serve"];
+    for verb in [&["check-config"][..], serve] {
+        let refused = cli(args(verb)).await;
+        let err = String::from_utf8_lossy(&refused.stderr).to_string();
+        assert!(!refused.status.success(), "{verb:?}");
+        assert!(
+            err.contains("intercept.hosts new.example is not covered by the CA at"),
+            "{verb:?}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
     // No hosts and no CA: nothing to print.
     std::fs::write(&cfg, "").unwrap();
     let none = cli(vec![
