@@ -58,9 +58,10 @@ pub(super) async fn intercepted(
     };
     let _open = Open::new(&this, TunnelKind::Intercept);
     let limits = this.parts.limits.clone();
-    let io = QuickAck {
+    let io = End {
         inner: TokioIo::new(upgraded),
         socket,
+        watch: None,
     };
     let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(io);
     let stream = match tokio::time::timeout(limits.header_read_timeout, accepting).await {
@@ -78,22 +79,43 @@ pub(super) async fn intercepted(
     serve::serve_tls(stream, peer, handler, limits, requests, stop, permit).await;
 }
 
-/// A tunnel's client stream, which asks the kernel to acknowledge each segment at
+/// One end of a tunnel. The client's end asks the kernel to acknowledge each segment at
 /// once (`TCP_QUICKACK`, set again before every read: the kernel drops back to delayed
-/// acknowledgements on its own).
+/// acknowledgements on its own); in a passthrough tunnel both ends also note when a byte
+/// last moved, for the idle watchdog.
 ///
-/// Why: clients write a request inside TLS as two records, head then body (Python's
-/// urllib3 does), and some leave Nagle's algorithm on for a tunnel's socket (urllib3 sets
-/// `TCP_NODELAY` only on the connections it makes itself). The body then waits for the
-/// head's acknowledgement, which a delayed ACK holds back 40 ms while courier waits for
-/// the body: measured, 44 ms per request against 1 ms in the prefix form. Outside a
-/// tunnel, such clients send on a socket with `TCP_NODELAY` and none of this happens.
-struct QuickAck<T> {
+/// Why the acknowledgements: clients write a request inside TLS as two records, head then
+/// body (Python's urllib3 does), and some leave Nagle's algorithm on for a tunnel's socket
+/// (urllib3 sets `TCP_NODELAY` only on the connections it makes itself). The body then
+/// waits for the head's acknowledgement, which a delayed ACK holds back 40 ms while courier
+/// waits for the body: measured, 44 ms per request against 1 ms in the prefix form.
+/// Outside a tunnel, such clients send on a socket with `TCP_NODELAY` and none of this
+/// happens.
+struct End<T> {
     inner: T,
     socket: Option<TcpSocket>,
+    watch: Option<Watch>,
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for QuickAck<T> {
+/// When a byte last moved through a tunnel (ms since `start`), shared by its two ends.
+#[derive(Clone)]
+struct Watch {
+    start: tokio::time::Instant,
+    seen: Arc<AtomicU64>,
+}
+
+impl Watch {
+    fn moved(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.seen.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        self.start + std::time::Duration::from_millis(self.seen.load(Ordering::Relaxed))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for End<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -101,9 +123,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for QuickAck<T> {
     ) -> Poll<std::io::Result<()>> {
         if let Some(TcpSocket(fd)) = self.socket {
             let on: libc::c_int = 1;
-            // SAFETY: `fd` is the socket `inner` owns (it closes only when `inner` is
-            // dropped, after this), and `on` is a c_int of the size passed. A failure only
-            // leaves delayed ACKs on.
+            // SAFETY: `fd` is the socket `inner` owns (HTTP/1 handed the connection over
+            // whole; it closes only when `inner` is dropped, after this), and `on` is a
+            // c_int of the size passed. A failure only leaves delayed ACKs on.
             unsafe {
                 libc::setsockopt(
                     fd,
@@ -114,13 +136,22 @@ impl<T: AsyncRead + Unpin> AsyncRead for QuickAck<T> {
                 );
             }
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Some(watch) = self.watch.as_ref().filter(|_| buf.filled().len() > before) {
+            watch.moved();
+        }
+        polled
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for QuickAck<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for End<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let (Some(watch), Poll::Ready(Ok(1..))) = (&self.watch, &polled) {
+            watch.moved();
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -201,93 +232,47 @@ pub(super) async fn passthrough(
     let _open = Open::new(&this, TunnelKind::Passthrough);
     let mut stop = this.parts.stop.clone();
     // The same client, the same split writes: acknowledged at once here too.
-    let client = QuickAck {
-        inner: TokioIo::new(upgraded),
-        socket,
-    };
     tokio::select! {
-        _ = copy_until_idle(client, upstream, this.idle_timeout) => {}
+        _ = copy_until_idle(TokioIo::new(upgraded), socket, upstream, this.idle_timeout) => {}
         _ = stop.wait_for(|stopped| *stopped) => {}
     }
 }
 
-/// Copies `a` ↔ `b`, both ways at once, until both sides have finished sending (each
-/// end's write side is shut when the other's read ends), an error, or no byte either way
-/// for `idle` (a peer that stops reading stalls its direction, and is cut then too).
-async fn copy_until_idle<A, B>(a: A, b: B, idle: std::time::Duration)
+/// Copies `a` (the client, on `a_socket`) ↔ `b`, both ways at once, until both sides have
+/// finished sending (each end's write side is shut when the other's read ends), an error,
+/// or no byte either way for `idle` (a peer that stops reading stalls its direction, and
+/// is cut then too).
+async fn copy_until_idle<A, B>(a: A, a_socket: Option<TcpSocket>, b: B, idle: std::time::Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let start = tokio::time::Instant::now();
-    let seen = Arc::new(AtomicU64::new(0));
-    let mut a = Watched::new(a, start, seen.clone());
-    let mut b = Watched::new(b, start, seen.clone());
+    let watch = Watch {
+        start: tokio::time::Instant::now(),
+        seen: Arc::new(AtomicU64::new(0)),
+    };
+    let mut a = End {
+        inner: a,
+        socket: a_socket,
+        watch: Some(watch.clone()),
+    };
+    let mut b = End {
+        inner: b,
+        socket: None,
+        watch: Some(watch.clone()),
+    };
     let copying = tokio::io::copy_bidirectional(&mut a, &mut b);
     tokio::pin!(copying);
     loop {
         // A timer to the end of the idle window; on waking, a byte moved since moves it.
-        let last = start + std::time::Duration::from_millis(seen.load(Ordering::Relaxed));
         tokio::select! {
             _ = &mut copying => return,
-            _ = tokio::time::sleep_until(last + idle) => {
-                let now_last = start + std::time::Duration::from_millis(seen.load(Ordering::Relaxed));
-                if now_last + idle <= tokio::time::Instant::now() {
+            _ = tokio::time::sleep_until(watch.last() + idle) => {
+                if watch.last() + idle <= tokio::time::Instant::now() {
                     return;
                 }
             }
         }
-    }
-}
-
-/// A stream that records when a byte last moved through it (ms since `start`).
-struct Watched<T> {
-    inner: T,
-    start: tokio::time::Instant,
-    seen: Arc<AtomicU64>,
-}
-
-impl<T> Watched<T> {
-    fn new(inner: T, start: tokio::time::Instant, seen: Arc<AtomicU64>) -> Self {
-        Watched { inner, start, seen }
-    }
-
-    fn moved(&self) {
-        let ms = self.start.elapsed().as_millis() as u64;
-        self.seen.fetch_max(ms, Ordering::Relaxed);
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.moved();
-        }
-        polled
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
-        }
-        polled
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -311,7 +296,7 @@ mod tests {
     async fn bytes_go_both_ways_and_an_idle_tunnel_closes() {
         let (client, mut app) = tokio::io::duplex(64);
         let (server, mut receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_millis(300)));
+        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_millis(300)));
         app.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
         receiver.read_exact(&mut buf).await.unwrap();
@@ -332,7 +317,7 @@ mod tests {
         let (client, mut app) = tokio::io::duplex(64);
         // The receiver's end is kept but never read: its direction stalls.
         let (server, _receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_millis(300)));
+        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_millis(300)));
         let _ = tokio::time::timeout(Duration::from_millis(500), app.write_all(&[0u8; 4096])).await;
         tokio::time::timeout(Duration::from_secs(5), copying)
             .await
@@ -344,7 +329,7 @@ mod tests {
     async fn a_half_closed_side_still_gets_the_answer() {
         let (client, mut app) = tokio::io::duplex(64);
         let (server, mut receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, server, Duration::from_secs(30)));
+        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_secs(30)));
         app.write_all(b"req").await.unwrap();
         app.shutdown().await.unwrap();
         let mut got = Vec::new();
