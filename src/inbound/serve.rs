@@ -335,8 +335,10 @@ impl Conn {
         let socket = stream.tcp_socket();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             // Only where a CONNECT takes the whole connection over (HTTP/1): an HTTP/2
-            // tunnel is one stream of a connection that goes on without it.
-            if let Some(socket) = socket.filter(|_| req.version() < http::Version::HTTP_2) {
+            // tunnel is one stream of a connection that goes on without it. (Other requests
+            // carry none: the first extension costs an allocation on the ingest path.)
+            let takes_over = req.method() == http::Method::CONNECT && req.version() < http::Version::HTTP_2;
+            if let Some(socket) = socket.filter(|_| takes_over) {
                 req.extensions_mut().insert(socket);
             }
             counted.send_modify(|(open, started)| {
