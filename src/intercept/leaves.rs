@@ -41,11 +41,6 @@ impl Leaves {
         })
     }
 
-    /// The CA.
-    pub fn ca(&self) -> &Ca {
-        &self.ca
-    }
-
     /// The server config for `host` at `now`: cached while its leaf is younger than
     /// [`LEAF_REFRESH`], else minted (ALPN h2 and http/1.1).
     pub fn config(&self, host: &str, now: SystemTime) -> Result<Arc<ServerConfig>, CaError> {

@@ -42,6 +42,19 @@ impl Drop for Open {
     }
 }
 
+/// The connection a `CONNECT` answered 200 hands over (with its socket, when HTTP/1 gave
+/// it), counted open as a tunnel of `kind` until the returned guard drops; `None` when the
+/// client left before the upgrade.
+async fn take_over(
+    this: &Intercept,
+    req: Request<Incoming>,
+    kind: TunnelKind,
+) -> Option<(TokioIo<hyper::upgrade::Upgraded>, Option<TcpSocket>, Open)> {
+    let socket = req.extensions().get::<TcpSocket>().copied();
+    let upgraded = hyper::upgrade::on(req).await.ok()?;
+    Some((TokioIo::new(upgraded), socket, Open::new(this, kind)))
+}
+
 /// Serves an intercepted tunnel: the client's TLS handshake (within the header timeout),
 /// then its requests, each addressed to `https://<target><path>`.
 pub(super) async fn intercepted(
@@ -52,14 +65,12 @@ pub(super) async fn intercepted(
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
-    let socket = req.extensions().get::<TcpSocket>().copied();
-    let Ok(upgraded) = hyper::upgrade::on(req).await else {
+    let Some((client, socket, _open)) = take_over(&this, req, TunnelKind::Intercept).await else {
         return;
     };
-    let _open = Open::new(&this, TunnelKind::Intercept);
     let limits = this.parts.limits.clone();
     let io = End {
-        inner: TokioIo::new(upgraded),
+        inner: client,
         socket,
         watch: None,
     };
@@ -225,15 +236,13 @@ pub(super) async fn passthrough(
     upstream: TcpStream,
     _permit: OwnedSemaphorePermit,
 ) {
-    let socket = req.extensions().get::<TcpSocket>().copied();
-    let Ok(upgraded) = hyper::upgrade::on(req).await else {
+    let Some((client, socket, _open)) = take_over(&this, req, TunnelKind::Passthrough).await else {
         return;
     };
-    let _open = Open::new(&this, TunnelKind::Passthrough);
     let mut stop = this.parts.stop.clone();
     // The same client, the same split writes: acknowledged at once here too.
     tokio::select! {
-        _ = copy_until_idle(TokioIo::new(upgraded), socket, upstream, this.idle_timeout) => {}
+        _ = copy_until_idle(client, socket, upstream, this.idle_timeout) => {}
         _ = stop.wait_for(|stopped| *stopped) => {}
     }
 }
