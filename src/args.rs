@@ -19,6 +19,7 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, ConfigError> {
 pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
     let config = load_config(global)?;
     crate::outbound::tls::TlsMaterial::from_config(&config)?;
+    config.store.keyring()?;
     // The intercept CA, when it exists: one made for other hosts is refused here, before
     // anything is bound or opened.
     if !config.intercept.hosts.is_empty() {
@@ -30,13 +31,15 @@ pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-/// The store's options from the config: how long finished messages are kept.
-pub fn store_options(config: &Config) -> crate::store::StoreOptions {
-    crate::store::StoreOptions {
+/// The store's options from the config: how long finished messages are kept, and the
+/// keys payloads are sealed with (the key files read again: a bad one is one line).
+pub fn store_options(config: &Config) -> Result<crate::store::StoreOptions, ConfigError> {
+    Ok(crate::store::StoreOptions {
         retention_ms: config.retention.as_millis() as u64,
         dead_retention_ms: config.dead_retention.as_millis() as u64,
+        keyring: config.store.keyring()?.0,
         ..Default::default()
-    }
+    })
 }
 
 /// Installs the stderr subscriber in the configured line format, writing `default_filter`

@@ -35,7 +35,8 @@ impl Probes {
         serve::json(StatusCode::OK, &json!({ "status": "ok" }))
     }
 
-    /// `GET /readyz`: 200 when storage is writable and ingress accepts; 503 while draining.
+    /// `GET /readyz`: 200 when storage is writable and ingress accepts, with the store keys
+    /// in use; 503 while draining.
     pub fn readyz(&self) -> Response<Body> {
         if self.draining.load(Ordering::SeqCst) {
             return serve::error(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "courier is draining");
@@ -47,7 +48,20 @@ impl Probes {
                 "the store cannot write",
             );
         }
-        serve::json(StatusCode::OK, &json!({ "status": "ready" }))
+        // Which store keys are in use: the one sealing, every one configured, and every
+        // one the data may still need (an old key can go once a rekey leaves it out).
+        let keys = match self.d.context().store().keys_in_use() {
+            Ok(k) => {
+                let ids = |ids: &[crate::store::KeyId]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+                json!({
+                    "sealing": k.sealing.map(|id| id.to_string()),
+                    "configured": ids(&k.configured),
+                    "in_data": ids(&k.in_data),
+                })
+            }
+            Err(e) => return serve::error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+        };
+        serve::json(StatusCode::OK, &json!({ "status": "ready", "store_keys": keys }))
     }
 
     /// `GET /metrics`: the Prometheus text.

@@ -71,6 +71,7 @@ restart_only!(
     egress.no_proxy,
     fleet,
     intercept,
+    store,
 );
 
 /// The config a reload applies: `fresh` (as read) with the running value of every
@@ -258,7 +259,8 @@ mod tests {
              [delivery]\nconnect_timeout = \"1s\"\nmax_in_flight = 1\nmax_response_body = \"1KB\"\n\
              idle_connection_timeout = \"1s\"\nmax_idle_connections = 1\npause_after_permanent_failures = 1\n\
              [egress]\nproxy = \"http://127.0.0.1:3128\"\nno_proxy = [\"a.example\"]\n\
-             [fleet]\nredis_url = \"redis://127.0.0.1:6379\"\n[intercept]\nhosts = [\"h.example\"]\n",
+             [fleet]\nredis_url = \"redis://127.0.0.1:6379\"\n[intercept]\nhosts = [\"h.example\"]\n\
+             [store]\nencryption_key_files = [\"/k\"]\n",
         );
         let changed = keep_restart_only(&loaded, &loaded, &mut new);
         assert_eq!(changed, RESTART_ONLY, "each key, in order");

@@ -54,6 +54,10 @@ pub struct Args {
     /// `redis-server` and without it, and Redis's CPU per delivered message.
     #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only"])]
     pub fleet_only: bool,
+    /// Only the sealing scenario: ingest and the sustainable rate with payloads sealed at
+    /// rest (`[store] encryption_key_files`) and without, and the CPU it adds per message.
+    #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only", "fleet_only"])]
+    pub seal_only: bool,
     /// Endpoint counts of the many-endpoints scenario (default 10000,100000,1000000;
     /// 10000 with --quick; 200 with --smoke).
     #[arg(long, value_delimiter = ',')]

@@ -64,6 +64,7 @@ mod probe;
 mod receiver;
 mod report;
 mod run;
+mod seal;
 mod sustain;
 
 use bytes::Bytes;
@@ -134,6 +135,8 @@ fn main() -> std::process::ExitCode {
         rt.block_on(many::many_only(args))
     } else if args.fleet_only {
         rt.block_on(fleet::fleet_only(args))
+    } else if args.seal_only {
+        rt.block_on(seal::seal_only(args))
     } else {
         rt.block_on(run::run(args))
     };

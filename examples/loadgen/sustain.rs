@@ -36,6 +36,8 @@ pub enum Subject {
     /// The same with `[fleet]` on the Redis at this URL, under a key prefix of its own (see
     /// `fleet::fleet_config`), so no probe inherits another's leases either.
     Fleet(String),
+    /// The same with the config at this path (`seal::sealed_config`: payloads sealed).
+    Sealed(PathBuf),
     /// A stateless forwarder, running throughout: nothing outlives a probe, since every
     /// answer comes after the receiver's.
     Fixed { addr: SocketAddr, pid: u32 },
@@ -67,10 +69,11 @@ impl Subject {
                 pid: *pid,
                 courier: None,
             }),
-            Subject::Courier | Subject::Fleet(_) => {
+            Subject::Courier | Subject::Fleet(_) | Subject::Sealed(_) => {
                 let data = cx.tmp.path().join(format!("data-sustain-{tag}"));
                 let config = match self {
                     Subject::Fleet(url) => crate::fleet::fleet_config(cx, url, tag)?,
+                    Subject::Sealed(config) => config.clone(),
                     _ => cx.config()?,
                 };
                 let (c, _) = Courier::start(&cx.bin, &config, &data)?;

@@ -68,9 +68,10 @@ pub enum AppError {
     /// Delivery's runtime could not be started.
     #[error("cannot start the delivery runtime: {0}")]
     Runtime(std::io::Error),
-    /// The TLS material (a PEM file of `[tls]` or `[[host]]`) could not be built.
+    /// A file the config names could not be used: the TLS material (a PEM file of `[tls]`
+    /// or `[[host]]`), a store key file.
     #[error("{0}")]
-    Tls(crate::config::ConfigError),
+    Files(crate::config::ConfigError),
     /// `[fleet]` cannot make a Redis client (a bad URL, an unreadable password file).
     #[error("{0}")]
     Fleet(#[from] FleetError),
@@ -140,7 +141,8 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     let loaded = config.clone();
     let limits = fit_to_fd_limit(&mut config);
     let config = Arc::new(config);
-    let store = Arc::new(Store::open(&config.data_dir, crate::args::store_options(&config))?);
+    let options = crate::args::store_options(&config).map_err(AppError::Files)?;
+    let store = Arc::new(Store::open(&config.data_dir, options)?);
     let listeners = Listeners::bind(&config).await?;
     let config_source = seams.config_source.take();
     let resolver = seams.resolver.clone();
@@ -268,7 +270,7 @@ fn delivery(
 ) -> Result<(Arc<Deliverer>, DeliveryRuntime), AppError> {
     // Built before the transport whether or not it is used, so a bad PEM file stops the
     // start in tests with a scripted transport too; a reload replaces its material.
-    let tls = TlsMaterial::from_config(config).map_err(AppError::Tls)?;
+    let tls = TlsMaterial::from_config(config).map_err(AppError::Files)?;
     let transport = seams
         .transport
         .unwrap_or_else(|| Arc::new(HttpTransport::new(config, seams.resolver, tls)));
@@ -285,7 +287,7 @@ fn delivery(
         FleetParts {
             runtime: delivery_rt.handle(),
             wake: wake.clone(),
-            ca_pem: crate::outbound::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Tls)?,
+            ca_pem: crate::outbound::tls::ca_bundle(&config.tls.ca_file).map_err(AppError::Files)?,
             metrics: metrics.clone(),
         },
     )?;

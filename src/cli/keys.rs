@@ -10,6 +10,8 @@
 //!
 //! The encoding (`whsk_` = base64 of the 32-byte seed) is documented in
 //! [`crate::signing::ed25519`]. Nothing here talks to a running courier.
+//!
+//! `generate --store` makes a store key instead (see `crate::store::keyfiles`).
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
@@ -23,8 +25,14 @@ use crate::signing::ed25519;
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// Create an Ed25519 signing key: prints the whsk_ secret on stdout and its whpk_
-    /// public key on stderr.
-    Generate,
+    /// public key on stderr. With --store, a store key instead (`[store]
+    /// encryption_key_files`): base64 of 32 random bytes; when stdout is a file, it is made
+    /// the owner's only (0600).
+    Generate {
+        /// Make a store key (for sealing payloads at rest), not a signing key.
+        #[arg(long)]
+        store: bool,
+    },
     /// Print the whpk_ public key of a whsk_ secret key.
     Public {
         /// The whsk_ secret; read from stdin when omitted or `-` (keeps it out of shell
@@ -36,7 +44,8 @@ pub enum KeysCommand {
 /// Runs a `keys` command; exit 0, or 1 with one line on stderr.
 pub fn run(cmd: KeysCommand) -> ExitCode {
     let result = match cmd {
-        KeysCommand::Generate => generate(),
+        KeysCommand::Generate { store: false } => generate(),
+        KeysCommand::Generate { store: true } => generate_store(),
         KeysCommand::Public { secret } => public(secret),
     };
     match result {
@@ -59,6 +68,27 @@ fn generate() -> Result<(), String> {
     let public = ed25519::public_key(&secret).ok_or("generated key does not decode")?;
     write_line(&mut std::io::stdout(), &secret)?;
     write_line(&mut std::io::stderr(), &public)
+}
+
+/// A store key on stdout. `courier keys generate --store > store.key` makes the file with
+/// the shell's umask (often 0644), which courier would refuse: so when stdout is a regular
+/// file, it is made 0600 before the key is written into it.
+fn generate_store() -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = crate::store::keyfiles::generate()?;
+    let stdout = std::io::stdout();
+    let fd = std::os::fd::AsFd::as_fd(&stdout)
+        .try_clone_to_owned()
+        .map_err(|e| format!("cannot use stdout: {e}"))?;
+    let file = std::fs::File::from(fd);
+    if file.metadata().is_ok_and(|m| m.is_file()) {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("cannot make the key file the owner's only (chmod 600): {e}"))?;
+    }
+    let mut out = stdout.lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write the key: {e}"))
 }
 
 fn public(secret: Option<String>) -> Result<(), String> {

@@ -1,17 +1,19 @@
 //! The command line: `courier [serve]`, `courier check-config`, the operator commands
 //! (`deliveries`, `endpoints`) that talk to a running courier's admin API, `drain`, which
 //! hands a courier's open messages to another courier, `keys`, which makes Ed25519
-//! signing keys offline, and `intercept ca`, which prints the interception CA.
+//! signing keys offline (and store keys), `store rekey`, which moves stored payloads to
+//! another store key, and `intercept ca`, which prints the interception CA.
 
 pub mod intercept;
 pub mod keys;
+pub mod store;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use crate::args::{load_checked, load_config, GlobalArgs};
-use crate::config::LogFormat;
+use crate::config::{LogFormat, StoreConfig};
 
 /// courier: durable webhook delivery sidecar.
 #[derive(Debug, Parser)]
@@ -47,6 +49,9 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::cli::keys::KeysCommand),
+    /// The store's sealing keys: move every payload to the first key (`[store]`).
+    #[command(subcommand)]
+    Store(crate::cli::store::StoreCommand),
     /// The HTTPS interception CA (`[intercept]`).
     #[command(subcommand)]
     Intercept(crate::cli::intercept::InterceptCommand),
@@ -61,14 +66,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let op = match cli.command {
         None | Some(Command::Serve) => return serve(&cli.global),
-        Some(Command::CheckConfig) => {
-            return load_checked(&cli.global).map_or_else(bad_config, |cfg| {
-                println!("config ok\n{}", cfg.summary());
-                ExitCode::SUCCESS
-            })
-        }
+        Some(Command::CheckConfig) => return check_config(&cli.global),
         Some(Command::Keys(cmd)) => return keys::run(cmd),
         Some(Command::Intercept(cmd)) => return intercept::run(&cli.global, cmd),
+        Some(Command::Store(cmd)) => return store::run(&cli.global, cmd),
         Some(Command::Drain(args)) => return crate::drain::run(&cli.global, args),
         Some(Command::Deliveries(cmd)) => Operation::Deliveries(cmd),
         Some(Command::Endpoints(cmd)) => Operation::Endpoints(cmd),
@@ -76,6 +77,48 @@ pub fn main() -> ExitCode {
         Some(Command::Reload) => Operation::Reload,
     };
     crate::operator::run(&cli.global, op)
+}
+
+/// `check-config`: the summary, the store keys' ids, and whether the data dir's sealed
+/// payloads open with them (read without taking the data dir from a running courier), so
+/// a key rotation is checked before the restart that would refuse it.
+fn check_config(global: &GlobalArgs) -> ExitCode {
+    let cfg = match load_checked(global).and_then(|cfg| cfg.store.keyring().map(|keys| (cfg, keys))) {
+        Ok(loaded) => loaded,
+        Err(e) => return bad_config(e),
+    };
+    let (cfg, (ring, named)) = cfg;
+    let in_data = match crate::store::keys_in_data_dir(&cfg.data_dir) {
+        Ok(in_data) => in_data,
+        Err(e) => {
+            eprintln!("courier: reading the data dir's store keys: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = in_data
+        .as_deref()
+        .map_or(Ok(()), |ids| crate::store::check_keys(ids, &ring))
+    {
+        eprintln!("courier: {e}");
+        return ExitCode::from(2);
+    }
+    println!("config ok\n{}", cfg.summary());
+    if let Some(line) = StoreConfig::keys_line(&named) {
+        println!("{line}");
+    }
+    if let Some(ids) = in_data {
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let ids = if ids.is_empty() {
+            "none".to_string()
+        } else {
+            ids.join(", ")
+        };
+        println!(
+            "store data: {} holds payloads sealed with: {ids}",
+            cfg.data_dir.display()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// Settings that do not load or do not check: one line, exit code 2.

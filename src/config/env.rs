@@ -48,7 +48,7 @@ const REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
 /// Every variable of the env layer: its key, how it reads, whether it is secret. In the
 /// order of the config file, which is the order a bad value is found in.
 #[rustfmt::skip]
-const VARS: [(&str, &str, Kind, bool); 56] = [
+const VARS: [(&str, &str, Kind, bool); 57] = [
     ("COURIER_LISTEN",                                   "listen",                                  Text,      SHOWN),
     ("COURIER_LISTEN_MODE",                              "listen_mode",                             Text,      SHOWN),
     ("COURIER_ADMIN_LISTEN",                             "admin_listen",                            Text,      SHOWN),
@@ -107,6 +107,7 @@ const VARS: [(&str, &str, Kind, bool); 56] = [
     // Its URL may carry a password.
     ("COURIER_EGRESS_PROXY",                             "egress.proxy",                            Clear,     SECRET),
     ("COURIER_EGRESS_NO_PROXY",                          "egress.no_proxy",                         List,      SHOWN),
+    ("COURIER_STORE_ENCRYPTION_KEY_FILES",               "store.encryption_key_files",              List,      SHOWN),
 ];
 
 /// Every environment variable the env layer reads (besides [`CONFIG_ENV`]), in the order of

@@ -149,6 +149,7 @@ mod retry;
 mod sections;
 mod shape;
 mod signing;
+mod store;
 mod summary;
 mod tls;
 pub mod units;
@@ -184,6 +185,7 @@ pub use policy::{describe_policy, PolicyOverrides};
 pub use retry::RetryConfig;
 pub use sections::{EndpointConfig, HostConfig, RouteConfig};
 pub use signing::{SigningConfig, SigningKey};
+pub use store::StoreConfig;
 use summary::origin_only;
 pub use summary::PublicKeyEntry;
 pub use tls::{HostTls, TlsConfig, TlsRoots, TlsVersion};
@@ -268,6 +270,8 @@ section! {
         pub tls: TlsConfig = TlsConfig::default(),
         /// `[intercept]`: `CONNECT` terminated for listed hosts, tunnelled for others.
         pub intercept: InterceptConfig = InterceptConfig::default(),
+        /// `[store]`: the keys payloads are sealed with at rest.
+        pub store: StoreConfig = StoreConfig::default(),
         /// `[[route]]`, in file order.
         #[serde(rename = "route")]
         pub routes: Vec<RouteConfig> = Vec::new(),

@@ -91,6 +91,7 @@ impl Config {
             self.fleet.summary(),
             self.drain.summary(),
             self.intercept.summary(),
+            self.store.summary(),
         ];
         lines.extend(self.signing_lines());
         lines.extend(self.egress_lines());

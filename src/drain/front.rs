@@ -103,7 +103,8 @@ async fn drain(config: Arc<Config>, plan: DrainPlan) -> Result<Status, String> {
             config.data_dir.display()
         ));
     }
-    match Store::open(&config.data_dir, crate::args::store_options(&config)) {
+    let options = crate::args::store_options(&config).map_err(|e| e.to_string())?;
+    match Store::open(&config.data_dir, options) {
         Ok(store) => Ok(offline(config, Arc::new(store), plan).await),
         Err(StoreError::Locked(_)) => running(&config, plan).await,
         Err(e) => Err(e.to_string()),

@@ -157,6 +157,10 @@ pub struct World {
     pub large: bool,
     /// Passes that stopped on a long blocked run and left a resume point.
     pub resume_points: usize,
+    /// The store keys of the next start, the sealing one first (see `start_node`).
+    store_keys: Vec<[u8; 32]>,
+    /// Starts so far.
+    starts: u32,
 }
 
 /// The settings of every run: short delays so a run covers many retries, small caps so
@@ -249,6 +253,11 @@ impl World {
             limits,
             large,
             resume_points: 0,
+            // Sealing is on in most runs from the first start; in one run in four the store
+            // starts plain and sealing is turned on at the first restart (plain payloads
+            // must stay readable beside sealed ones).
+            store_keys: if seed % 4 == 1 { Vec::new() } else { vec![[0xa0; 32]] },
+            starts: 0,
         };
         w.trace.push(format!(
             "class: {}, limits {limits:?}",
@@ -273,6 +282,13 @@ impl World {
     }
 
     fn start_node(&mut self) {
+        // Every other restart brings a new sealing key, the old ones still listed: payloads
+        // sealed with each key are read side by side, as after an operator's rotation.
+        if self.starts > 0 && self.starts % 2 == 1 {
+            self.store_keys.insert(0, [self.starts as u8; 32]);
+        }
+        self.starts += 1;
+        let keyring = crate::store::Keyring::new(&self.store_keys);
         // The last process may still be letting go of the directory's lock (a thread that
         // held the store finishing): wait for it, as a restarted process would.
         let mut tries = 0;
@@ -282,6 +298,7 @@ impl World {
                 StoreOptions {
                     retention_ms: self.config.retention.as_millis() as u64,
                     dead_retention_ms: self.config.dead_retention.as_millis() as u64,
+                    keyring: keyring.clone(),
                     ..StoreOptions::default()
                 },
             ) {

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::seal::KeyId;
 use super::CodecError;
 
 /// A store operation that failed.
@@ -35,6 +36,15 @@ pub enum StoreError {
     /// A store call on a blocking thread panicked.
     #[error("store call panicked: {0}")]
     Panicked(String),
+    /// The data dir holds values sealed with a key no configured key file holds: courier
+    /// refuses to start (before it writes anything) rather than fail each delivery.
+    #[error("{}", key_missing(*id, configured))]
+    KeyMissing {
+        /// The key the data needs.
+        id: KeyId,
+        /// The keys configured.
+        configured: Vec<KeyId>,
+    },
     /// A write a test made fail (as on a full disk); see [`Faults`].
     #[error("storage error: injected write failure")]
     Injected,
@@ -86,6 +96,7 @@ impl StoreError {
     pub fn code(&self) -> &'static str {
         match self {
             StoreError::Locked(_) => "data_dir_locked",
+            StoreError::KeyMissing { .. } => "store_key_missing",
             StoreError::Codec { .. } => "corrupt_record",
             StoreError::Closed => "shutting_down",
             StoreError::Rocks(_) | StoreError::Dir { .. } | StoreError::Panicked(_) | StoreError::Injected => {
@@ -93,4 +104,20 @@ impl StoreError {
             }
         }
     }
+}
+
+/// The one line a start refused for a missing store key says.
+fn key_missing(id: KeyId, configured: &[KeyId]) -> String {
+    if configured.is_empty() {
+        return format!(
+            "the data dir holds values sealed with store key {id}, and store.encryption_key_files lists none: \
+             list that key's file (to store plain again, run `courier store rekey --to-plain` with it listed); nothing was changed"
+        );
+    }
+    let have: Vec<String> = configured.iter().map(KeyId::to_string).collect();
+    format!(
+        "the data dir holds values sealed with store key {id}, which none of store.encryption_key_files holds \
+         (they hold {}): list that key's file too; nothing was changed",
+        have.join(", ")
+    )
 }

@@ -26,8 +26,11 @@ pub const HISTORY: &str = "history";
 /// endpoint → [`EndpointRecord`](super::EndpointRecord) and when it was written (see
 /// `store::endpoints`).
 pub const ENDPOINTS: &str = "endpoints";
-/// counter name → i64 (little-endian); see `store::counters`.
+/// counter name → i64 (little-endian), see `store::counters`; and [`SEALED_BY`].
 pub const META: &str = "meta";
+/// The `meta` key of the ids (4 bytes each) of every key a stored payload may be sealed
+/// with (see `store::sealing`).
+pub const SEALED_BY: &[u8] = b"seal/keys";
 /// Ordered endpoints' lines: endpoint ‖ 0 → [`LineRecord`](super::LineRecord), endpoint ‖ 0 ‖
 /// be64(position) → id of each message waiting behind the head (see `store::lines`).
 pub const LINES: &str = "lines";

@@ -10,13 +10,20 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use super::counters::add_counter;
-use super::{committer, floor, keys, lines, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
+use super::{committer, floor, keys, lines, sealing, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        // A data dir the store keys cannot open is refused before RocksDB opens it for
+        // writing (which replays and rewrites its log, manifest and options files): the
+        // refused start leaves every file as it was.
+        if let Some(needed) = sealing::keys_in_data_dir(dir)? {
+            sealing::check_keys(&needed, &options.keyring)?;
+        }
         create_private_dir(dir)?;
         let db = Arc::new(open_db(dir, &options)?);
+        sealing::check_at_open(&db, &options.keyring)?;
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
         let counter_gate = Arc::new(std::sync::RwLock::new(()));
@@ -79,7 +86,10 @@ fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
     let descriptors = keys::CF_NAMES
         .iter()
         .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
-        .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes)));
+        .map(|name| {
+            let sealed = options.keyring.sealing().is_some();
+            ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes, sealed))
+        });
     DB::open_cf_descriptors(&db_options(options.write_buffer_bytes), dir, descriptors).map_err(|e| {
         let text = e.to_string();
         if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
@@ -110,13 +120,15 @@ fn table_options(block_cache_bytes: usize) -> BlockBasedOptions {
     table
 }
 
-/// One column family's options: payloads compressed, counters merged by addition.
-fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize) -> Options {
+/// One column family's options: payloads compressed (unless they are sealed: `seal`
+/// compresses each before sealing it, and RocksDB would only spend CPU failing to shrink
+/// ciphertext), counters merged by addition.
+fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize, sealed: bool) -> Options {
     let mut o = Options::default();
     o.set_block_based_table_factory(table);
     o.set_write_buffer_size(write_buffer_bytes);
     o.set_max_write_buffer_number(3);
-    o.set_compression_type(if name == keys::PAYLOADS {
+    o.set_compression_type(if name == keys::PAYLOADS && !sealed {
         DBCompressionType::Lz4
     } else {
         DBCompressionType::None
@@ -129,7 +141,7 @@ fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize) 
 }
 
 /// The database-wide options: background work, WAL and log sizes, open files.
-fn db_options(write_buffer_bytes: usize) -> Options {
+pub(super) fn db_options(write_buffer_bytes: usize) -> Options {
     let mut db_opts = Options::default();
     db_opts.create_if_missing(true);
     db_opts.create_missing_column_families(true);

@@ -19,6 +19,9 @@ pub enum CodecError {
     /// A field holds a value no courier writes.
     #[error("{0} record is corrupt: {1}")]
     Corrupt(&'static str, &'static str),
+    /// A sealed value that does not open (see `store::seal`).
+    #[error("{0}")]
+    Sealed(#[from] super::seal::SealError),
 }
 
 /// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).

@@ -1,4 +1,4 @@
-//! Chaos: concurrent senders, a receiver that cycles through up, slow and failing (503),
+//! Chaos (payloads sealed at rest): concurrent senders, a receiver that cycles through up, slow and failing (503),
 //! and courier SIGKILLed at random moments and restarted, again and again. At the end every
 //! message courier acknowledged with 202 has arrived at least once, and duplicates stay
 //! within what at-least-once allows (attempts in flight at a kill).
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::support::load::{config, env_number, seed, Load, Tally, MAX_IN_FLIGHT};
+use crate::support::load::{config, env_number, sealed, seed, Load, Tally, MAX_IN_FLIGHT};
 use crate::support::*;
 
 /// How long each receiver mood lasts.
@@ -36,7 +36,7 @@ async fn acknowledged_messages_survive_repeated_sigkills() {
     .await;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut courier = Courier::start(dir.path(), &config("50ms", "500ms"));
+    let mut courier = Courier::start(dir.path(), &sealed(dir.path(), &config("50ms", "500ms")));
     // About 50 messages a second per sender.
     let load = Load::start(courier.ingress, &tally.rx, "chaos", (20, 20));
 

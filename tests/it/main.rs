@@ -34,6 +34,7 @@ mod power_loss;
 mod proxy;
 mod reload;
 mod responsive;
+mod sealing;
 mod security;
 mod setup_script;
 mod signing_ed25519;

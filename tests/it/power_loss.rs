@@ -6,7 +6,8 @@
 //! `filesystem_keeps_only_what_was_synced` shows the filesystem really drops unsynced data.
 //! `acknowledged_messages_survive_power_cuts` runs courier under load, cuts the power (drops
 //! the unsynced data and SIGKILLs courier at the same moment) again and again, restarts it
-//! on what is left, and checks every message answered 202 is delivered.
+//! on what is left, and checks every message answered 202 is delivered. Payloads are sealed
+//! at rest in every run here (`[store] encryption_key_files`).
 //!
 //! The filesystem's binary comes from `COURIER_TEST_POWERCUT` (scripts/verifiers.sh builds
 //! it); without it, or without the right to mount, the tests fail (`support::skip`: only
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::support::load::{client, config, env_number, seed, send, Acked, Load, Tally};
+use crate::support::load::{client, config, env_number, sealed, seed, send, Acked, Load, Tally};
 use crate::support::*;
 
 /// A mounted powercut filesystem, driven through its stdin.
@@ -266,7 +267,12 @@ async fn acknowledged_messages_survive_power_cuts() {
     // courier makes the data dir itself and syncs its parent (see
     // `a_fresh_data_dir_survives_a_power_cut`).
     let data_dir = fs.mnt.join("data");
-    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &config("1s", max_delay), &[]);
+    let mut courier = Courier::start_with_data_dir(
+        dir.path(),
+        &data_dir,
+        &sealed(dir.path(), &config("1s", max_delay)),
+        &[],
+    );
     let load = Load::start(courier.ingress, &tally.rx, "power", (5, 50));
 
     // The cuts: load for a random while, then power off (unsynced data dropped, courier
@@ -342,7 +348,7 @@ async fn a_fresh_data_dir_survives_a_power_cut() {
     let rx = Receiver::scripted(|_, _| Reply::status(503)).await;
     let config = "[retry]\nbase_delay = \"1h\"\nmax_attempts = 1000\ngive_up_after = \"2h\"\n";
     let data_dir = fs.mnt.join("data");
-    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, config, &[]);
+    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &sealed(dir.path(), config), &[]);
     let acked = accept_ten(&courier, &rx, "fresh").await;
     let survived = tokio::task::block_in_place(|| {
         fs.cut();
@@ -382,7 +388,7 @@ async fn a_cut_loses_what_a_lying_disk_never_synced() {
     let data_dir = fs.mnt.join("data");
     std::fs::create_dir(&data_dir).unwrap();
     fsync_dir(&fs.mnt);
-    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, config, &[]);
+    let mut courier = Courier::start_with_data_dir(dir.path(), &data_dir, &sealed(dir.path(), config), &[]);
     assert_eq!(fs.command("ignore-sync .log"), "ignoring .log");
     let acked = accept_ten(&courier, &rx, "lied").await;
     tokio::task::block_in_place(|| {

@@ -165,6 +165,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_EGRESS_NO_PROXY", ".internal, 10.0.0.0/8", |c| {
         c.egress.no_proxy == [".internal", "10.0.0.0/8"]
     }),
+    ("COURIER_STORE_ENCRYPTION_KEY_FILES", "/k/new.key, /k/old.key", |c| {
+        c.store.encryption_key_files == [std::path::Path::new("/k/new.key"), std::path::Path::new("/k/old.key")]
+    }),
 ];
 
 #[test]

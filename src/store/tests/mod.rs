@@ -14,6 +14,7 @@ mod lease;
 mod lines;
 mod operator;
 mod queue;
+mod sealing;
 mod support;
 mod unreadable;
 

@@ -49,6 +49,27 @@ pub fn config(base_delay: &str, max_delay: &str) -> String {
     )
 }
 
+/// `config` with payloads sealed at rest: a new store key file in `dir`, listed in
+/// `[store]`. The chaos and power-loss runs seal, so what they prove holds with sealing on.
+pub fn sealed(dir: &std::path::Path, config: &str) -> String {
+    use base64::Engine as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let key: [u8; 32] = rand::random();
+    let path = dir.join("store.key");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut file,
+        base64::engine::general_purpose::STANDARD.encode(key).as_bytes(),
+    )
+    .unwrap();
+    format!("{config}[store]\nencryption_key_files = [\"{}\"]\n", path.display())
+}
+
 /// The plain HTTP client the senders post with.
 pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 

@@ -1,0 +1,356 @@
+//! Values sealed at rest (`[store] encryption_key_files`): what a message carries that is
+//! the app's or its customers' — the body, the headers it forwards (its `Authorization` for
+//! the receiver), a per-message signing secret, an alert's body — is stored encrypted, so a
+//! copy of the data dir (a node disk, a backup, a PVC snapshot) does not give it away.
+//!
+//! # Format
+//! A sealed value is `S 1 ‖ key id (4) ‖ nonce (24) ‖ ciphertext ‖ tag (16)`, with a fresh
+//! random 192-bit nonce per value, in the shape of XAES-256-GCM: the nonce's first 12 bytes
+//! derive the value's own key (HMAC-SHA256 of the store key over a label and them), its
+//! last 12 are the AES-256-GCM nonce under that key (ring's AES-GCM, with AES-NI where the
+//! CPU has it). Random 96-bit nonces under one key would allow only about 2^32 values
+//! before a repeat became likely; here there is no such limit a busy store could reach.
+//! The column family and the record's key are the associated data, so a sealed value
+//! copied under another id, or into another column family, does not open. A plain record starts with its own kind byte (`P`
+//! for a payload), never `S`, so plain values written before sealing was turned on read as
+//! they are.
+//!
+//! The plaintext is a flag byte and the value, LZ4-compressed (flag 1) when that makes it
+//! smaller: RocksDB cannot compress what is sealed, and payloads (JSON) compress well. As
+//! with any encryption after compression, a value's stored size says how well it compressed.
+//!
+//! # Key ids
+//! A key's id is the first 4 bytes of SHA-256 over a label and the key: enough to tell an
+//! operator which of their key files a value needs, and to find the key without trying
+//! each; it says nothing usable about the key.
+//!
+//! Pure: no I/O; the nonces' randomness comes from the thread's CSPRNG (`clock::rng`),
+//! which is cryptographically secure and reseeded from the operating system.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use rand::RngCore;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use ring::hmac;
+use sha2::{Digest, Sha256};
+
+/// Bytes in a store key.
+pub const KEY_LEN: usize = 32;
+const SEALED_V1: [u8; 2] = [b'S', 1];
+const ID_LEN: usize = 4;
+/// The nonce: the part the value's key is derived from, then the AES-GCM nonce.
+const NONCE_LEN: usize = 24;
+const DERIVE_LEN: usize = 12;
+const HEADER_LEN: usize = 2 + ID_LEN + NONCE_LEN;
+const TAG_LEN: usize = 16;
+/// What a value's key is derived with, beside the first part of its nonce.
+const VALUE_KEY_LABEL: &[u8] = b"courier payload key v1\0";
+/// The plaintext's flag byte.
+const RAW: u8 = 0;
+const LZ4: u8 = 1;
+
+/// Which key sealed a value (shown as 8 hex digits).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyId(
+    /// The first bytes of SHA-256 over a label and the key (as stored in a sealed value).
+    pub [u8; ID_LEN],
+);
+
+impl KeyId {
+    /// The id of `key`.
+    pub fn of(key: &[u8; KEY_LEN]) -> KeyId {
+        let digest = Sha256::new()
+            .chain_update(b"courier store key id\0")
+            .chain_update(key)
+            .finalize();
+        KeyId(digest[..ID_LEN].try_into().expect("4 bytes"))
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyId({self})")
+    }
+}
+
+/// Why a stored value does not open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// Sealed with a key none of the configured ones is.
+    #[error("sealed with store key {0}, which no configured key file holds")]
+    UnknownKey(KeyId),
+    /// The key is there, but the value does not authenticate under it.
+    #[error("does not open with store key {0} (altered, truncated, or moved from another record)")]
+    Forged(KeyId),
+}
+
+struct StoreKey {
+    id: KeyId,
+    /// The store key, as the HMAC key each value's key is derived with.
+    kdf: hmac::Key,
+}
+
+impl StoreKey {
+    /// The AES-256-GCM key and nonce of the value with `nonce`.
+    fn value_key(&self, nonce: &[u8]) -> (LessSafeKey, Nonce) {
+        let (derive, gcm) = nonce.split_at(DERIVE_LEN);
+        let mut ctx = hmac::Context::with_key(&self.kdf);
+        ctx.update(VALUE_KEY_LABEL);
+        ctx.update(derive);
+        let derived = ctx.sign();
+        let key = UnboundKey::new(&AES_256_GCM, derived.as_ref()).expect("HMAC-SHA256 gives 32 bytes");
+        let nonce = Nonce::try_assume_unique_for_key(gcm).expect("12 bytes");
+        (LessSafeKey::new(key), nonce)
+    }
+}
+
+/// The configured store keys: the first seals new values, every one opens. Empty: values
+/// are stored plain. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Keyring {
+    keys: Arc<[StoreKey]>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.ids()).finish()
+    }
+}
+
+impl Keyring {
+    /// A keyring of `keys`, the first sealing.
+    pub fn new(keys: &[[u8; KEY_LEN]]) -> Keyring {
+        let keys = keys
+            .iter()
+            .map(|k| StoreKey {
+                id: KeyId::of(k),
+                kdf: hmac::Key::new(hmac::HMAC_SHA256, k),
+            })
+            .collect();
+        Keyring { keys }
+    }
+
+    /// The key new values are sealed with (`None`: stored plain).
+    pub fn sealing(&self) -> Option<KeyId> {
+        self.keys.first().map(|k| k.id)
+    }
+
+    /// Every configured key's id, the sealing one first.
+    pub fn ids(&self) -> Vec<KeyId> {
+        self.keys.iter().map(|k| k.id).collect()
+    }
+
+    /// Whether `id` is configured.
+    pub fn has(&self, id: KeyId) -> bool {
+        self.keys.iter().any(|k| k.id == id)
+    }
+
+    /// `plain`, sealed with the first key for the record `key` of column family `cf`; as it
+    /// is when no key is configured.
+    pub fn seal(&self, cf: &str, key: &[u8], plain: Vec<u8>) -> Vec<u8> {
+        match self.keys.first() {
+            Some(k) => seal_with(k, cf, key, &plain),
+            None => plain,
+        }
+    }
+
+    /// The plain value of `stored` (the record `key` of `cf`): opened when sealed, as it is
+    /// when it was written plain.
+    pub fn open<'a>(&self, cf: &str, key: &[u8], stored: &'a [u8]) -> Result<Cow<'a, [u8]>, SealError> {
+        let Some(id) = sealed_with(stored) else {
+            return Ok(Cow::Borrowed(stored));
+        };
+        let k = self.keys.iter().find(|k| k.id == id).ok_or(SealError::UnknownKey(id))?;
+        let (nonce, sealed) = stored[2 + ID_LEN..].split_at(NONCE_LEN);
+        let mut buf = sealed.to_vec();
+        let (value_key, nonce) = k.value_key(nonce);
+        let plain = value_key
+            .open_in_place(nonce, Aad::from(associated(cf, key)), &mut buf)
+            .map_err(|_| SealError::Forged(id))?;
+        match plain.split_first() {
+            Some((&RAW, value)) => Ok(Cow::Owned(value.to_vec())),
+            Some((&LZ4, packed)) => lz4_flex::block::decompress_size_prepended(packed)
+                .map(Cow::Owned)
+                .map_err(|_| SealError::Forged(id)),
+            _ => Err(SealError::Forged(id)),
+        }
+    }
+
+    /// `stored` as this keyring would write it now (`to_plain`: plain): `None` when it is
+    /// already so. For rekeying.
+    pub fn reseal(&self, cf: &str, key: &[u8], stored: &[u8], to_plain: bool) -> Result<Option<Vec<u8>>, SealError> {
+        let want = if to_plain { None } else { self.sealing() };
+        if sealed_with(stored) == want {
+            return Ok(None);
+        }
+        let plain = self.open(cf, key, stored)?.into_owned();
+        Ok(Some(if to_plain { plain } else { self.seal(cf, key, plain) }))
+    }
+}
+
+/// The key that sealed `stored`, or `None` when it was written plain.
+pub fn sealed_with(stored: &[u8]) -> Option<KeyId> {
+    if stored.len() < HEADER_LEN || stored[..2] != SEALED_V1 {
+        return None;
+    }
+    Some(KeyId(stored[2..2 + ID_LEN].try_into().expect("4 bytes")))
+}
+
+fn seal_with(k: &StoreKey, cf: &str, key: &[u8], plain: &[u8]) -> Vec<u8> {
+    let mut nonce = [0u8; NONCE_LEN];
+    crate::clock::rng().fill_bytes(&mut nonce);
+    let packed = lz4_flex::block::compress_prepend_size(plain);
+    let (flag, body) = if packed.len() < plain.len() {
+        (LZ4, &packed[..])
+    } else {
+        (RAW, plain)
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + 1 + body.len() + TAG_LEN);
+    out.extend_from_slice(&SEALED_V1);
+    out.extend_from_slice(&k.id.0);
+    out.extend_from_slice(&nonce);
+    out.push(flag);
+    out.extend_from_slice(body);
+    let (value_key, nonce) = k.value_key(&nonce);
+    let tag = value_key
+        .seal_in_place_separate_tag(nonce, Aad::from(associated(cf, key)), &mut out[HEADER_LEN..])
+        .expect("AES-256-GCM seals any length courier stores");
+    out.extend_from_slice(tag.as_ref());
+    out
+}
+
+/// `cf ‖ 0 ‖ key`: where the value lives, bound into its tag.
+fn associated(cf: &str, key: &[u8]) -> Vec<u8> {
+    [cf.as_bytes(), &[0], key].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: [u8; 32] = [7; 32];
+    const B: [u8; 32] = [9; 32];
+
+    #[test]
+    fn a_sealed_value_opens_only_where_it_was_written_and_with_its_key() {
+        let ring = Keyring::new(&[A]);
+        let plain = b"P\x01 body marker".to_vec();
+        let sealed = ring.seal("payloads", b"dlv_1", plain.clone());
+        assert_eq!(sealed_with(&sealed), Some(KeyId::of(&A)));
+        assert!(!sealed.windows(6).any(|w| w == b"marker"));
+        assert_eq!(ring.open("payloads", b"dlv_1", &sealed).unwrap(), plain);
+        // Another record, another column family: the tag does not match.
+        assert_eq!(
+            ring.open("payloads", b"dlv_2", &sealed),
+            Err(SealError::Forged(KeyId::of(&A)))
+        );
+        assert_eq!(
+            ring.open("messages", b"dlv_1", &sealed),
+            Err(SealError::Forged(KeyId::of(&A)))
+        );
+        // One flipped bit anywhere after the header.
+        for i in HEADER_LEN - NONCE_LEN..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 1;
+            assert!(ring.open("payloads", b"dlv_1", &bad).is_err(), "bit flip at {i}");
+        }
+        // A keyring without the key names the one it needs.
+        let other = Keyring::new(&[B]);
+        assert_eq!(
+            other.open("payloads", b"dlv_1", &sealed),
+            Err(SealError::UnknownKey(KeyId::of(&A)))
+        );
+        assert_eq!(
+            SealError::UnknownKey(KeyId::of(&A)).to_string(),
+            format!(
+                "sealed with store key {}, which no configured key file holds",
+                KeyId::of(&A)
+            )
+        );
+    }
+
+    #[test]
+    fn every_value_gets_a_fresh_nonce_and_a_key_of_its_own() {
+        let ring = Keyring::new(&[A]);
+        let one = ring.seal("payloads", b"k", b"same".to_vec());
+        let two = ring.seal("payloads", b"k", b"same".to_vec());
+        assert_ne!(one[2 + ID_LEN..HEADER_LEN], two[2 + ID_LEN..HEADER_LEN], "nonces");
+        assert_ne!(one[HEADER_LEN..], two[HEADER_LEN..]);
+        // Too short to gain from LZ4: the flag and the value as they are.
+        assert_eq!(one.len(), HEADER_LEN + 1 + 4 + TAG_LEN);
+    }
+
+    #[test]
+    fn a_compressible_value_is_stored_smaller_and_reads_back_whole() {
+        let ring = Keyring::new(&[A]);
+        let plain = [&b"P\x01"[..], &[b'x'; 4000][..]].concat();
+        let sealed = ring.seal("payloads", b"k", plain.clone());
+        assert!(sealed.len() < 200, "{}", sealed.len());
+        assert_eq!(ring.open("payloads", b"k", &sealed).unwrap(), plain);
+        let empty = ring.seal("payloads", b"k", Vec::new());
+        assert_eq!(ring.open("payloads", b"k", &empty).unwrap(), &b""[..]);
+    }
+
+    #[test]
+    fn plain_values_read_as_they_are_and_no_keys_store_plain() {
+        let plain = b"P\x01plain".to_vec();
+        for ring in [Keyring::default(), Keyring::new(&[A])] {
+            assert_eq!(ring.open("payloads", b"k", &plain).unwrap(), plain);
+        }
+        assert_eq!(Keyring::default().seal("payloads", b"k", plain.clone()), plain);
+        assert_eq!(Keyring::default().sealing(), None);
+        // Short or other-kind values are never taken for sealed ones.
+        assert_eq!(sealed_with(b"S\x01abc"), None);
+        assert_eq!(sealed_with(&[b'S', 2].repeat(20)), None);
+    }
+
+    #[test]
+    fn the_first_key_seals_and_every_key_opens() {
+        let old = Keyring::new(&[B]);
+        let by_old = old.seal("payloads", b"k", b"v".to_vec());
+        let ring = Keyring::new(&[A, B]);
+        assert_eq!(ring.sealing(), Some(KeyId::of(&A)));
+        assert_eq!(ring.ids(), vec![KeyId::of(&A), KeyId::of(&B)]);
+        assert_eq!(ring.open("payloads", b"k", &by_old).unwrap(), &b"v"[..]);
+        assert_eq!(
+            sealed_with(&ring.seal("payloads", b"k", b"v".to_vec())),
+            Some(KeyId::of(&A))
+        );
+    }
+
+    #[test]
+    fn reseal_moves_a_value_to_the_first_key_or_to_plain_and_leaves_it_when_there() {
+        let ring = Keyring::new(&[A, B]);
+        let by_b = Keyring::new(&[B]).seal("payloads", b"k", b"v".to_vec());
+        let moved = ring.reseal("payloads", b"k", &by_b, false).unwrap().unwrap();
+        assert_eq!(sealed_with(&moved), Some(KeyId::of(&A)));
+        assert_eq!(ring.reseal("payloads", b"k", &moved, false).unwrap(), None);
+        let plain = ring.reseal("payloads", b"k", &moved, true).unwrap().unwrap();
+        assert_eq!(plain, b"v");
+        assert_eq!(ring.reseal("payloads", b"k", &plain, true).unwrap(), None);
+        // Plain values are sealed by a rekey too.
+        let sealed = ring.reseal("payloads", b"k", &plain, false).unwrap().unwrap();
+        assert_eq!(sealed_with(&sealed), Some(KeyId::of(&A)));
+        // A value whose key is gone cannot be moved.
+        let lost = Keyring::new(&[[1; 32]]).seal("payloads", b"k", b"v".to_vec());
+        assert!(matches!(
+            ring.reseal("payloads", b"k", &lost, false),
+            Err(SealError::UnknownKey(_))
+        ));
+    }
+
+    #[test]
+    fn key_ids_are_stable_and_distinct() {
+        assert_eq!(KeyId::of(&A).to_string().len(), 8);
+        assert_eq!(KeyId::of(&A), KeyId::of(&A));
+        assert_ne!(KeyId::of(&A), KeyId::of(&B));
+    }
+}
