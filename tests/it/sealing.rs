@@ -133,6 +133,19 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
+/// The receiver comes up on `down`; once `c` counts every one of `events` delivered (after
+/// that it sends nothing more for them), each arrived once, whole.
+async fn delivered_intact(c: &Courier, down: std::net::SocketAddr, events: &[String]) {
+    let rx = Receiver::start_on(down).await;
+    rx.wait_for(events.len()).await;
+    eventually("every message delivered", || async {
+        let page = get(&c.admin_url("/deliveries?state=delivered&limit=100")).await.json();
+        (page["items"].as_array().unwrap().len() == events.len()).then_some(())
+    })
+    .await;
+    assert_intact(&rx, events);
+}
+
 /// `courier serve` on `config`, expected to refuse to start: its stderr.
 async fn refused_start(config: &Path, data_dir: &Path) -> String {
     let (config, data) = (config.display().to_string(), data_dir.display().to_string());
@@ -196,14 +209,7 @@ async fn sealed_messages_leave_no_secret_in_any_file_and_deliver_after_a_restart
     // The right key: every message arrives whole, signed with its own secret.
     std::fs::write(&c.config_path, sealed_with(&[&key])).unwrap();
     c.restart();
-    let rx = Receiver::start_on(down).await;
-    rx.wait_for(20).await;
-    eventually("all 20 delivered", || async {
-        let page = get(&c.admin_url("/deliveries?state=delivered&limit=100")).await.json();
-        (page["items"].as_array().unwrap().len() == 20).then_some(())
-    })
-    .await;
-    assert_intact(&rx, &events);
+    delivered_intact(&c, down, &events).await;
 }
 
 #[tokio::test]
@@ -255,6 +261,15 @@ async fn bad_key_files_stop_the_start_with_one_line() {
         line.contains("also opens ") && line.contains(&format!("({})", other.display())),
         "{line}"
     );
+
+    // The same files named by the environment variable instead of the file.
+    std::fs::write(&config, RETRY).unwrap();
+    let files = format!("{},{}", good.display(), other.display());
+    let env = [("COURIER_STORE_ENCRYPTION_KEY_FILES", files.as_str())];
+    let checked = courier_cli(&["check-config", "--config", &config.display().to_string()], &env, "").await;
+    let text = String::from_utf8_lossy(&checked.stdout).to_string();
+    assert!(checked.status.success(), "{text}");
+    assert!(text.lines().any(|l| l == line), "{text}");
 }
 
 #[tokio::test]
@@ -328,14 +343,7 @@ async fn a_rotated_key_seals_new_messages_and_rekey_lets_the_old_one_go() {
     std::fs::write(&c.config_path, sealed_with(&[&new])).unwrap();
     c.restart();
     assert_eq!(ready_keys(&c).await["in_data"], serde_json::json!([new_id]));
-    let rx = Receiver::start_on(down).await;
-    rx.wait_for(10).await;
-    eventually("all 10 delivered", || async {
-        let page = get(&c.admin_url("/deliveries?state=delivered&limit=100")).await.json();
-        (page["items"].as_array().unwrap().len() == 10).then_some(())
-    })
-    .await;
-    assert_intact(&rx, &events);
+    delivered_intact(&c, down, &events).await;
 
     // Off again: only through `rekey --to-plain`, then without keys.
     assert!(c.signal_and_wait("TERM").success());
@@ -379,12 +387,5 @@ async fn a_drained_message_is_sealed_by_the_peer_with_its_own_key() {
     assert_eq!(found_in_files(&b.data_dir), Vec::<String>::new());
 
     b.restart();
-    let rx = Receiver::start_on(down).await;
-    rx.wait_for(20).await;
-    eventually("all 20 delivered by the peer", || async {
-        let page = get(&b.admin_url("/deliveries?state=delivered&limit=100")).await.json();
-        (page["items"].as_array().unwrap().len() == 20).then_some(())
-    })
-    .await;
-    assert_intact(&rx, &events);
+    delivered_intact(&b, down, &events).await;
 }
