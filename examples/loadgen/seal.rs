@@ -81,6 +81,38 @@ async fn cpu_per_delivered(cx: &Ctx, subj: &Subject, tag: &str, rate: f64) -> Re
     Ok((delivered, us_per(joined(cpu).await?, delivered)))
 }
 
+/// Sealing alone, in this process: microseconds to seal and to open one payload record as
+/// courier stores it (the benchmark's 1 KiB body, a content type and an `Authorization`
+/// header), each the mean of 100,000.
+fn seal_and_open_us(cx: &Ctx) -> (f64, f64, usize) {
+    use ::courier::store::{Keyring, Payload, SigningChoice};
+    let ring = Keyring::new(&[[7; 32]]);
+    let record = Payload {
+        method: "POST".into(),
+        headers: vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("authorization".into(), b"Bearer sk_live_0123456789abcdef".to_vec()),
+        ],
+        body: cx.body.to_vec(),
+        scheme: None,
+        signing: SigningChoice::Default,
+    }
+    .encode();
+    const N: u32 = 100_000;
+    let started = std::time::Instant::now();
+    let mut sealed = Vec::new();
+    for i in 0..N {
+        sealed = ring.seal("payloads", &i.to_be_bytes(), record.clone());
+    }
+    let seal = started.elapsed().as_secs_f64() * 1e6 / f64::from(N);
+    let started = std::time::Instant::now();
+    for _ in 0..N {
+        let plain = ring.open("payloads", &(N - 1).to_be_bytes(), &sealed).expect("opens");
+        assert_eq!(plain.len(), record.len());
+    }
+    (seal, started.elapsed().as_secs_f64() * 1e6 / f64::from(N), sealed.len())
+}
+
 /// `--seal-only`: the scenario alone, one table.
 pub async fn seal_only(args: Args) -> Res<()> {
     let mut cx = Ctx::new(args).await?;
@@ -91,6 +123,8 @@ pub async fn seal_only(args: Args) -> Res<()> {
 /// The scenario: ingest, both searches, the CPU windows; rows, JSON (`sealing`), checks.
 pub async fn scenario(cx: &mut Ctx) -> Res<()> {
     let (plain_cfg, sealed_cfg) = (cx.config()?, sealed_config(cx)?);
+    let (seal_us, open_us, stored) = seal_and_open_us(cx);
+    eprintln!("sealing: seal {seal_us:.2} us, open {open_us:.2} us per payload record ({stored} bytes stored)");
     let conns = cx.plan.conns.iter().copied().max().unwrap_or(64);
     eprintln!("sealing: ingest, receiver down, {conns} conns, plain and sealed alternating");
     let (mut plain, mut sealed) = (Vec::new(), Vec::new());
@@ -143,9 +177,15 @@ pub async fn scenario(cx: &mut Ctx) -> Res<()> {
         format!("{s_us:.1} us"),
         vec![vs("plain", format!("{p_us:.1} us"), ratio(s_us, p_us))],
     );
+    cx.rep.row(
+        "seal + open of one 1 KiB payload record (in process)",
+        format!("{:.2} us", seal_us + open_us),
+        vec![],
+    );
     cx.rep.set(
         "sealing",
         json!({"conns": conns,
+               "in_process": {"seal_us": seal_us, "open_us": open_us, "stored_bytes": stored},
                "ingest": {"plain": plain, "sealed": sealed, "ratio": ratio(s_rate, p_rate),
                           "cpu_us_per_202": {"plain": p_cpu, "sealed": s_cpu}},
                "sustainable": {"plain": p_sus.json(), "sealed": s_sus.json(), "ratio": ratio(s_sus.rate, p_sus.rate)},

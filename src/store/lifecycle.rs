@@ -18,8 +18,14 @@ impl Store {
         // A data dir the store keys cannot open is refused before RocksDB opens it for
         // writing (which replays and rewrites its log, manifest and options files): the
         // refused start leaves every file as it was.
-        if let Some(needed) = sealing::keys_in_data_dir(dir)? {
-            sealing::check_keys(&needed, &options.keyring)?;
+        match sealing::keys_in_data_dir(dir) {
+            Ok(Some(needed)) => sealing::check_keys(&needed, &options.keyring)?,
+            Ok(None) => {}
+            // Never a reason to refuse a start: `check_at_open` checks the keys again
+            // below, before anything is written.
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the data dir's store keys before opening it failed; they are checked once it is open")
+            }
         }
         create_private_dir(dir)?;
         let db = Arc::new(open_db(dir, &options)?);

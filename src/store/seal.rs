@@ -5,19 +5,21 @@
 //!
 //! # Format
 //! A sealed value is `S 1 ‖ key id (4) ‖ nonce (24) ‖ ciphertext ‖ tag (16)`, with a fresh
-//! random 192-bit nonce per value, in the shape of XAES-256-GCM: the nonce's first 12 bytes
-//! derive the value's own key (HMAC-SHA256 of the store key over a label and them), its
-//! last 12 are the AES-256-GCM nonce under that key (ring's AES-GCM, with AES-NI where the
-//! CPU has it). Random 96-bit nonces under one key would allow only about 2^32 values
-//! before a repeat became likely; here there is no such limit a busy store could reach.
-//! The column family and the record's key are the associated data, so a sealed value
-//! copied under another id, or into another column family, does not open. A plain record starts with its own kind byte (`P`
-//! for a payload), never `S`, so plain values written before sealing was turned on read as
-//! they are.
+//! random 192-bit nonce per value, split as XAES-256-GCM splits its nonce (but derived with
+//! HMAC where XAES uses AES-CMAC: not compatible with it): the first 12 bytes derive the
+//! value's own key (HMAC-SHA256 of the store key over a label and them), the last 12 are the
+//! AES-256-GCM nonce under that key (ring's AES-GCM, with AES-NI where the CPU has it).
+//! With random 96-bit nonces under one key, NIST allows 2^32 values per key; with a key per
+//! value there is no limit a busy store could reach. The column family and the record's
+//! key are the associated data, so a sealed value copied under another id, or into another
+//! column family, does not open. A plain record starts with its own kind byte (`P` for a
+//! payload), never `S`, so plain values written before sealing was turned on read as they
+//! are.
 //!
-//! The plaintext is a flag byte and the value, LZ4-compressed (flag 1) when that makes it
-//! smaller: RocksDB cannot compress what is sealed, and payloads (JSON) compress well. As
-//! with any encryption after compression, a value's stored size says how well it compressed.
+//! The plaintext is a flag byte and the value: as it is (flag 0), or LZ4-compressed (flag
+//! 1: a 4-byte little-endian length, then an LZ4 block) when that makes it smaller: RocksDB
+//! cannot compress what is sealed, and payloads (JSON) compress well. As with any
+//! encryption after compression, a value's stored size says how well it compressed.
 //!
 //! # Key ids
 //! A key's id is the first 4 bytes of SHA-256 over a label and the key: enough to tell an
@@ -177,9 +179,7 @@ impl Keyring {
             .map_err(|_| SealError::Forged(id))?;
         match plain.split_first() {
             Some((&RAW, value)) => Ok(Cow::Owned(value.to_vec())),
-            Some((&LZ4, packed)) => lz4_flex::block::decompress_size_prepended(packed)
-                .map(Cow::Owned)
-                .map_err(|_| SealError::Forged(id)),
+            Some((&LZ4, packed)) => unpack(packed).map(Cow::Owned).ok_or(SealError::Forged(id)),
             _ => Err(SealError::Forged(id)),
         }
     }
@@ -225,6 +225,17 @@ fn seal_with(k: &StoreKey, cf: &str, key: &[u8], plain: &[u8]) -> Vec<u8> {
         .expect("AES-256-GCM seals any length courier stores");
     out.extend_from_slice(tag.as_ref());
     out
+}
+
+/// The value of an LZ4 block with its length in front; `None` when it is not one. The length
+/// is checked against what LZ4 can reach (255 bytes out per byte in) before it is allocated.
+fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
+    let (len, block) = packed.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > block.len().saturating_mul(255) {
+        return None;
+    }
+    lz4_flex::block::decompress(block, len).ok()
 }
 
 /// `cf ‖ 0 ‖ key`: where the value lives, bound into its tag.
@@ -345,6 +356,16 @@ mod tests {
             ring.reseal("payloads", b"k", &lost, false),
             Err(SealError::UnknownKey(_))
         ));
+    }
+
+    #[test]
+    fn a_length_lz4_could_not_reach_is_refused_before_it_is_allocated() {
+        let packed = lz4_flex::block::compress_prepend_size(&[b'x'; 1000]);
+        assert_eq!(unpack(&packed).unwrap(), vec![b'x'; 1000]);
+        let mut huge = packed.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(unpack(&huge), None);
+        assert_eq!(unpack(&packed[..3]), None);
     }
 
     #[test]

@@ -10,8 +10,6 @@
 
 use std::path::Path;
 
-use rand::RngCore;
-
 use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions, DB};
 
 use super::seal::{KeyId, Keyring, SealError};
@@ -75,31 +73,22 @@ fn write_in_data(db: &DB, ids: &[KeyId]) -> Result<(), StoreError> {
 }
 
 /// The keys the payloads of the store in `dir` may be sealed with (`None`: no store there),
-/// read without opening it for writing, so a running courier may hold it: for
-/// `check-config`. RocksDB's own log of this read goes to a temporary directory, not to the
-/// data dir's `LOG`, which the running courier writes.
+/// read without opening it for writing: by a start before it opens the store (so a refused
+/// start changes no file), and by `check-config` while a courier may be running on it.
+/// A read-only open writes nothing in the data dir (RocksDB keeps no `LOG` for one) and
+/// takes no lock.
 pub fn keys_in_data_dir(dir: &Path) -> Result<Option<Vec<KeyId>>, StoreError> {
-    use std::os::unix::fs::DirBuilderExt;
     if !dir.join("CURRENT").is_file() {
         return Ok(None);
     }
-    // A new directory of courier's own (a name nobody could have made first).
-    let logs = std::env::temp_dir().join(format!("courier-keys-{:016x}", crate::clock::rng().next_u64()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&logs)
-        .map_err(|source| StoreError::Dir {
-            path: logs.clone(),
-            source,
-        })?;
     let mut opts = super::lifecycle::db_options(0);
     opts.create_if_missing(false);
-    opts.set_db_log_dir(&logs);
-    let needed = DB::open_cf_for_read_only(&opts, dir, [keys::META], false)
-        .map_err(StoreError::from)
-        .and_then(|db| in_data(&db));
-    let _ = std::fs::remove_dir_all(&logs);
-    needed.map(Some)
+    // With its merge operator, as the store opens it: the log replayed holds counter merges.
+    let mut meta = rocksdb::Options::default();
+    meta.set_merge_operator_associative("courier_add_i64", super::counters::add_counter);
+    let meta = rocksdb::ColumnFamilyDescriptor::new(keys::META, meta);
+    let db = DB::open_cf_descriptors_read_only(&opts, dir, [meta], false)?;
+    in_data(&db).map(Some)
 }
 
 /// Refuses `ring` when it lacks a key the data needs (`needed`).
