@@ -12,5 +12,5 @@ COURIER_BIN="${CARGO_TARGET_DIR:-target}/debug/courier" bash deploy/validate.sh
 # The benchmark at tiny scale (debug binaries, a few seconds): it still runs every scenario
 # end to end and fails if one breaks; it asserts nothing about speed.
 cargo run --locked --example loadgen -- --smoke --json "${CARGO_TARGET_DIR:-target}/bench-smoke.json"
-# The sealing scenario, which the full run leaves out (about 7 s).
+# The sealing scenario, which the full run leaves out (about 15 s).
 cargo run --locked --example loadgen -- --smoke --seal-only --json "${CARGO_TARGET_DIR:-target}/bench-smoke-seal.json"

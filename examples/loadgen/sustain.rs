@@ -100,6 +100,11 @@ pub struct Search {
 }
 
 impl Search {
+    /// Where the search started.
+    pub fn first_guess(&self) -> f64 {
+        self.guess
+    }
+
     /// The lowest rate probed (what a caller falls back to when none passed).
     pub fn lowest(&self) -> f64 {
         self.probes.iter().map(|p| p.rate).fold(f64::INFINITY, f64::min)
@@ -151,7 +156,16 @@ async fn guess(cx: &Ctx, subj: &Subject) -> Res<f64> {
 /// fail, then bisecting (geometric mean) the passing and failing rates until they are
 /// within 5% of each other or `plan.sustain_probes` probes were run.
 pub async fn search(cx: &Ctx, name: &str, subj: &Subject) -> Res<Search> {
-    let guess = guess(cx, subj).await?.max(50.0);
+    search_from(cx, name, subj, None).await
+}
+
+/// [`search`], starting at `first` when given (so two subjects compared start alike: where
+/// a search starts changes where it ends by more than the 5% it resolves).
+pub async fn search_from(cx: &Ctx, name: &str, subj: &Subject, first: Option<f64>) -> Res<Search> {
+    let guess = match first {
+        Some(rate) => rate,
+        None => guess(cx, subj).await?.max(50.0),
+    };
     eprintln!("  {name}: first guess {}", per_s(guess));
     let (mut lo, mut hi) = (None::<f64>, None::<f64>);
     let mut probes = Vec::new();
