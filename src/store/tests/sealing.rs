@@ -252,3 +252,38 @@ fn a_refused_start_leaves_every_file_of_the_data_dir_as_it_was() {
     assert_eq!(open_with(&path, &[B]).unwrap_err().code(), "store_key_missing");
     assert!(before == files(), "the refused start changed the data dir");
 }
+
+#[test]
+fn a_rekey_cut_short_by_a_crash_leaves_every_payload_readable_and_the_old_key_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = open_with(&path, &[A]).unwrap();
+    let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
+    accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
+    store.close();
+    drop(store);
+
+    // The process dies at the second batch of 512: some payloads moved, the rest not.
+    let store = open_with(&path, &[B, A]).unwrap();
+    store.faults().crash_after(1);
+    assert!(matches!(store.rekey(false), Err(StoreError::Injected)));
+    drop(store);
+    let store = open_with(&path, &[B, A]).unwrap();
+    let under = |key: &[u8; 32]| {
+        ids.iter()
+            .filter(|id| seal::sealed_with(&raw(&store, id)) == Some(KeyId::of(key)))
+            .count()
+    };
+    assert_eq!((under(&B), under(&A)), (512, 88));
+    assert_eq!(
+        store.keys_in_use().unwrap().in_data,
+        vec![KeyId::of(&A), KeyId::of(&B)],
+        "A is still needed"
+    );
+    for id in &ids {
+        assert_eq!(store.payload(id).unwrap().unwrap(), marked(id).payload);
+    }
+    // Run again, it finishes.
+    assert_eq!(store.rekey(false).unwrap().moved, 88);
+    assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
+}
