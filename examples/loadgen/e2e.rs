@@ -94,13 +94,7 @@ pub async fn receiver_up(cx: &mut Ctx, base: &Base, mut load_rss: u64) -> Res<Ha
     for &n in &plan.conns {
         let (s, e) = cx.window(plan.warmup);
         let rcv0 = cx.receiver.count();
-        let recv = cx.receiver.clone();
-        let counter = tokio::spawn(async move {
-            tokio::time::sleep_until(s).await;
-            let c0 = recv.count();
-            tokio::time::sleep_until(e).await;
-            recv.count() - c0
-        });
+        let counter = cx.receiver.count_between(s, e);
         let sampler = rss_sampler(up.pid(), e);
         let r = closed_loop(&to_up, n, s, e, None, true).await?;
         let delivered_in_window = joined(counter).await?;

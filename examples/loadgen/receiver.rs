@@ -152,6 +152,22 @@ impl Receiver {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// Deliveries received between `start` and `end`, counted by a task (so the load can run
+    /// meanwhile); await it after `end`.
+    pub fn count_between(
+        self: &Arc<Self>,
+        start: tokio::time::Instant,
+        end: tokio::time::Instant,
+    ) -> tokio::task::JoinHandle<u64> {
+        let recv = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(start).await;
+            let c0 = recv.count();
+            tokio::time::sleep_until(end).await;
+            recv.count() - c0
+        })
+    }
+
     /// Takes the arrivals noted so far, leaving none.
     pub fn take_arrivals(&self) -> HashMap<u64, Instant> {
         std::mem::take(&mut *self.arrivals.lock().unwrap())

@@ -69,13 +69,7 @@ async fn cpu_per_delivered(cx: &Ctx, subj: &Subject, tag: &str, rate: f64) -> Re
     let s = Schedule::new(64, rate, cx.plan.sustain_warmup, cx.plan.sustain_window);
     let (from, end) = (s.measure_from, s.end);
     let cpu = cpu_in_window(live.pid, from, end);
-    let recv = cx.receiver.clone();
-    let counted = tokio::spawn(async move {
-        tokio::time::sleep_until(from).await;
-        let c0 = recv.count();
-        tokio::time::sleep_until(end).await;
-        recv.count() - c0
-    });
+    let counted = cx.receiver.count_between(from, end);
     open_loop(&cx.target(live.addr, cx.hook_path()), &s).await?;
     let delivered = joined(counted).await?;
     Ok((delivered, us_per(joined(cpu).await?, delivered)))

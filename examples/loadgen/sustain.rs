@@ -140,13 +140,7 @@ async fn guess(cx: &Ctx, subj: &Subject) -> Res<f64> {
     let live = subj.up(cx, "guess").await?;
     let start = Instant::now() + std::time::Duration::from_millis(300);
     let end = start + cx.plan.short_window;
-    let recv = cx.receiver.clone();
-    let counted = tokio::spawn(async move {
-        tokio::time::sleep_until(start).await;
-        let c0 = recv.count();
-        tokio::time::sleep_until(end).await;
-        recv.count() - c0
-    });
+    let counted = cx.receiver.count_between(start, end);
     closed_loop(&cx.target(live.addr, cx.hook_path()), 16, start, end, None, false).await?;
     Ok(joined(counted).await? as f64 / cx.plan.short_window.as_secs_f64())
 }

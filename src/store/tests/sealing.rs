@@ -36,6 +36,18 @@ fn accept(store: &Store, ids: &[&str]) {
     }
 }
 
+/// A clean stop, as courier's: the queued accepts answered, the log and tables flushed.
+fn stop(store: Store) {
+    store.close();
+}
+
+/// A store in `path` with `ids` accepted under `keys`, stopped.
+fn filled(path: &std::path::Path, keys: &[[u8; 32]], ids: &[&str]) {
+    let store = open_with(path, keys).unwrap();
+    accept(&store, ids);
+    stop(store);
+}
+
 fn raw(store: &Store, id: &str) -> Vec<u8> {
     store
         .db
@@ -84,8 +96,7 @@ fn a_start_without_a_key_the_data_needs_is_refused_naming_it_and_changes_nothing
     let store = open_with(&path, &[A]).unwrap();
     accept(&store, &["dlv_1"]);
     let before = raw(&store, "dlv_1");
-    store.close();
-    drop(store);
+    stop(store);
     for keys in [&[B][..], &[]] {
         let err = open_with(&path, keys).unwrap_err();
         assert_eq!(err.code(), "store_key_missing");
@@ -107,10 +118,7 @@ fn a_start_without_a_key_the_data_needs_is_refused_naming_it_and_changes_nothing
 fn a_new_first_key_seals_new_payloads_and_rekey_moves_the_old_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = open_with(&path, &[A]).unwrap();
-    accept(&store, &["dlv_1", "dlv_2"]);
-    store.close();
-    drop(store);
+    filled(&path, &[A], &["dlv_1", "dlv_2"]);
 
     let store = open_with(&path, &[B, A]).unwrap();
     accept(&store, &["dlv_3"]);
@@ -126,8 +134,7 @@ fn a_new_first_key_seals_new_payloads_and_rekey_moves_the_old_ones() {
         }
     );
     assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
-    store.close();
-    drop(store);
+    stop(store);
 
     // The old key can go.
     let store = open_with(&path, &[B]).unwrap();
@@ -144,8 +151,7 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
     let store = open_with(&path, &[]).unwrap();
     accept(&store, &["dlv_1"]);
     assert!(shows(&raw(&store, "dlv_1"), "BODY-SECRET"));
-    store.close();
-    drop(store);
+    stop(store);
 
     // Sealing on: the plain payload still reads, new ones are sealed, a rekey seals the rest.
     let store = open_with(&path, &[A]).unwrap();
@@ -161,8 +167,7 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
         }
     );
     assert!(!shows(&raw(&store, "dlv_1"), "BODY-SECRET"));
-    store.close();
-    drop(store);
+    stop(store);
 
     // Off again only through a rekey to plain, with the key still listed.
     assert_eq!(open_with(&path, &[]).unwrap_err().code(), "store_key_missing");
@@ -175,8 +180,7 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
             ..Default::default()
         }
     );
-    store.close();
-    drop(store);
+    stop(store);
     let store = open_with(&path, &[]).unwrap();
     assert_eq!(store.keys_in_use().unwrap().in_data, vec![]);
     for id in ["dlv_1", "dlv_2"] {
@@ -189,14 +193,10 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
 fn rekey_leaves_no_old_value_in_the_files() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = open_with(&path, &[]).unwrap();
-    accept(&store, &["dlv_1", "dlv_2"]);
-    store.close();
-    drop(store);
+    filled(&path, &[], &["dlv_1", "dlv_2"]);
     let store = open_with(&path, &[A]).unwrap();
     store.rekey(false).unwrap();
-    store.close();
-    drop(store);
+    stop(store);
     for entry in std::fs::read_dir(&path).unwrap() {
         let entry = entry.unwrap();
         let bytes = std::fs::read(entry.path()).unwrap();
@@ -216,8 +216,7 @@ fn a_payload_that_does_not_open_is_counted_and_left_and_the_rest_move() {
     accept(&store, &["dlv_1", "dlv_2"]);
     let one = raw(&store, "dlv_1");
     store.db.put_cf(store.cf(keys::PAYLOADS), b"dlv_2", &one).unwrap();
-    store.close();
-    drop(store);
+    stop(store);
     let store = open_with(&path, &[B, A]).unwrap();
     let done = store.rekey(false).unwrap();
     assert_eq!((done.moved, done.kept, done.unreadable), (1, 0, 1));
@@ -232,8 +231,7 @@ fn a_refused_start_leaves_every_file_of_the_data_dir_as_it_was() {
     let store = open_with(&path, &[A]).unwrap();
     accept(&store, &["dlv_1"]);
     // (A start for writing would rewrite the manifest, the options and RocksDB's log.)
-    store.close();
-    drop(store);
+    stop(store);
     let files = || {
         let mut all: Vec<(String, Vec<u8>)> = std::fs::read_dir(&path)
             .unwrap()
@@ -260,8 +258,7 @@ fn a_rekey_cut_short_by_a_crash_leaves_every_payload_readable_and_the_old_key_ne
     let store = open_with(&path, &[A]).unwrap();
     let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
     accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
-    store.close();
-    drop(store);
+    stop(store);
 
     // The process dies at the second batch of 512: some payloads moved, the rest not.
     let store = open_with(&path, &[B, A]).unwrap();
