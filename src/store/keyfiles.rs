@@ -59,7 +59,7 @@ fn read(path: &Path) -> Result<[u8; KEY_LEN], String> {
 }
 
 /// The key in a key file's text (surrounding whitespace ignored).
-pub fn decode(text: &str) -> Result<[u8; KEY_LEN], String> {
+fn decode(text: &str) -> Result<[u8; KEY_LEN], String> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .map_err(|_| "is not base64 (value not shown); make one with `courier keys generate --store`".to_string())?;
