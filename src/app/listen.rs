@@ -14,10 +14,12 @@ pub(super) struct ListenerLimits {
 pub(super) fn fit_to_fd_limit(config: &mut Config) -> ListenerLimits {
     let mut ingress = ServeLimits {
         idle_timeout: config.ingress.idle_timeout,
+        send_timeout: config.ingress.send_timeout,
         ..ServeLimits::default()
     };
     let mut admin = ServeLimits {
         idle_timeout: config.admin.idle_timeout,
+        send_timeout: config.admin.send_timeout,
         ..ServeLimits::default()
     };
     let Some(limit) = crate::sys::fds::raise_limit() else {

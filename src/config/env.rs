@@ -48,7 +48,7 @@ const REDIS_PASSWORD: &str = "COURIER_FLEET_REDIS_PASSWORD";
 /// Every variable of the env layer: its key, how it reads, whether it is secret. In the
 /// order of the config file, which is the order a bad value is found in.
 #[rustfmt::skip]
-const VARS: [(&str, &str, Kind, bool); 57] = [
+const VARS: [(&str, &str, Kind, bool); 59] = [
     ("COURIER_LISTEN",                                   "listen",                                  Text,      SHOWN),
     ("COURIER_LISTEN_MODE",                              "listen_mode",                             Text,      SHOWN),
     ("COURIER_ADMIN_LISTEN",                             "admin_listen",                            Text,      SHOWN),
@@ -65,11 +65,13 @@ const VARS: [(&str, &str, Kind, bool); 57] = [
     ("COURIER_INGRESS_ALLOWED_ORIGINS",                  "ingress.allowed_origins",                 List,      SHOWN),
     ("COURIER_INGRESS_HOSTS",                            "ingress.hosts",                           List,      SHOWN),
     ("COURIER_INGRESS_IDLE_TIMEOUT",                     "ingress.idle_timeout",                    Text,      SHOWN),
+    ("COURIER_INGRESS_SEND_TIMEOUT",                     "ingress.send_timeout",                    Text,      SHOWN),
     ("COURIER_INGRESS_MAX_PENDING_BYTES",                "ingress.max_pending_bytes",               Text,      SHOWN),
     ("COURIER_INGRESS_ALLOW_GET",                        "ingress.allow_get",                       Bool,      SHOWN),
     ("COURIER_ADMIN_ALLOWED_ORIGINS",                    "admin.allowed_origins",                   List,      SHOWN),
     ("COURIER_ADMIN_HOSTS",                              "admin.hosts",                             List,      SHOWN),
     ("COURIER_ADMIN_IDLE_TIMEOUT",                       "admin.idle_timeout",                      Text,      SHOWN),
+    ("COURIER_ADMIN_SEND_TIMEOUT",                       "admin.send_timeout",                      Text,      SHOWN),
     ("COURIER_RETRY_BASE_DELAY",                         "retry.base_delay",                        Text,      SHOWN),
     ("COURIER_RETRY_MAX_DELAY",                          "retry.max_delay",                         Text,      SHOWN),
     ("COURIER_RETRY_JITTER",                             "retry.jitter",                            Text,      SHOWN),

@@ -123,6 +123,9 @@ pub(super) fn parse_ingress_listen(text: &str) -> Result<ListenAddr, String> {
 /// Default `idle_timeout`: a connection with no request in progress this long is closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Default `send_timeout`: an answer the client takes none of this long closes its connection.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
 section! {
     /// Who may reach the admin listener besides server-side clients on loopback names
     /// (`[admin]`), and how long an idle connection is kept.
@@ -139,6 +142,11 @@ section! {
         /// A connection (HTTP/1.1 or HTTP/2) with no request in progress this long is closed
         /// (HTTP/2: GOAWAY), so idle clients cannot hold every connection slot.
         pub idle_timeout: Duration ["de::one::<Dur, _>"] = DEFAULT_IDLE_TIMEOUT,
+        /// A connection whose client takes no byte of an answer this long (a full TCP
+        /// window, an HTTP/2 flow-control window left at zero), or that is still open this
+        /// long after it was told to close, is closed: a client that never reads must not
+        /// hold its connection slot.
+        pub send_timeout: Duration ["de::one::<Dur, _>"] = DEFAULT_SEND_TIMEOUT,
     }
 }
 
@@ -153,6 +161,8 @@ section! {
         pub hosts: Vec<String> ["de::list::<HostEntry, _>"] = Vec::new(),
         /// As [`ListenerAccess::idle_timeout`].
         pub idle_timeout: Duration ["de::one::<Dur, _>"] = DEFAULT_IDLE_TIMEOUT,
+        /// As [`ListenerAccess::send_timeout`].
+        pub send_timeout: Duration ["de::one::<Dur, _>"] = DEFAULT_SEND_TIMEOUT,
         /// Bytes of request bodies that accepts in progress may hold at once, those whose
         /// sender left before the 202 included: taken before a body is read (its
         /// `Content-Length`, else `max_body`) and given back once its commit is settled.

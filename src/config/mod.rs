@@ -179,7 +179,9 @@ pub use env::ENV_VARS;
 pub use error::ConfigError;
 pub use fleet::{redis_origin, FleetConfig, PasswordSource};
 pub use intercept::{HostPattern, InterceptConfig};
-pub use listen::{IngressConfig, ListenAddr, ListenerAccess, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN_MODE};
+pub use listen::{
+    IngressConfig, ListenAddr, ListenerAccess, DEFAULT_IDLE_TIMEOUT, DEFAULT_LISTEN_MODE, DEFAULT_SEND_TIMEOUT,
+};
 pub use log::{LogConfig, LogFormat};
 pub use policy::{describe_policy, PolicyOverrides};
 pub use retry::RetryConfig;

@@ -63,9 +63,8 @@ impl Config {
             (size(&self.max_body), set(&self.ingress_token), set(&self.admin_token));
         let alert = self.alert_url.as_ref().map_or_else(|| "unset".to_string(), origin_only);
         let [grace, retention, dead] = [&self.shutdown_grace, &self.retention, &self.dead_retention].map(dur);
-        let ingress =
-            pairs!(self.ingress; allowed_origins: list, hosts: list, idle_timeout: dur, max_pending_bytes, allow_get);
-        let admin_access = pairs!(self.admin; allowed_origins: list, hosts: list, idle_timeout: dur);
+        let ingress = pairs!(self.ingress; allowed_origins: list, hosts: list, idle_timeout: dur, send_timeout: dur, max_pending_bytes, allow_get);
+        let admin_access = pairs!(self.admin; allowed_origins: list, hosts: list, idle_timeout: dur, send_timeout: dur);
         let unauthenticated = self.allow_unauthenticated_network;
         let retry = pairs!(r; base_delay: dur, max_delay: dur, jitter: |j: &Jitter| j.as_str(), max_attempts,
             max_attempts_404, give_up_after: dur, max_retry_after: dur);

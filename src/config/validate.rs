@@ -66,9 +66,13 @@ impl Config {
         let (pending, max_body) = (self.ingress.max_pending_bytes, self.max_body);
         let problem = format_args!("({pending}) must be at least max_body ({max_body})");
         rule(pending < max_body, "ingress.max_pending_bytes", problem)?;
-        let (ingress, admin) = (self.ingress.idle_timeout, self.admin.idle_timeout);
-        for (key, idle) in [("ingress.idle_timeout", ingress), ("admin.idle_timeout", admin)] {
-            rule(idle < Duration::from_secs(1), key, "must be at least 1s")?;
+        for (key, timeout) in [
+            ("ingress.idle_timeout", self.ingress.idle_timeout),
+            ("ingress.send_timeout", self.ingress.send_timeout),
+            ("admin.idle_timeout", self.admin.idle_timeout),
+            ("admin.send_timeout", self.admin.send_timeout),
+        ] {
+            rule(timeout < Duration::from_secs(1), key, "must be at least 1s")?;
         }
         for (key, token) in [
             ("ingress_token", &self.ingress_token),

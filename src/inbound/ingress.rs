@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use subtle::ConstantTimeEq;
@@ -220,6 +220,11 @@ impl Ingress {
 
     /// Reads the body (at most `max_body`, within [`BODY_READ_TIMEOUT`]) with its bytes
     /// held from `ingress.max_pending_bytes` (until the commit is settled).
+    ///
+    /// Bytes are charged as they arrive, never from the declared `Content-Length`: a
+    /// client that declares large bodies and sends nothing must not hold the budget (64
+    /// such requests once refused every other client for 30 s). A body that stops
+    /// arriving holds what came until [`BODY_READ_TIMEOUT`] cuts it.
     async fn read(
         &self,
         req: Request<Incoming>,
@@ -235,34 +240,34 @@ impl Ingress {
         // Held until the commit is answered, also when the sender leaves before: without
         // it, held uploads and accepts left waiting on a slow fsync could pile bodies
         // up without bound.
-        let mut held = self.hold_bytes(declared.unwrap_or(max_body))?;
-        // A client that stops sending mid-body must not hold a connection (and shutdown)
-        // forever: the whole body has BODY_READ_TIMEOUT to arrive.
-        let reading = Limited::new(req.into_body(), max_body as usize).collect();
-        let body = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
-            .await
-            .map_err(|_| {
-                Refusal::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_read_timeout",
-                    format!(
-                        "the request body did not arrive within {}s",
-                        BODY_READ_TIMEOUT.as_secs()
-                    ),
-                )
-            })?
-            .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    too_large(max_body)
-                } else {
-                    Refusal::bad("body_read_failed", format!("reading the request body failed: {e}"))
+        let mut held = self.hold_bytes(0)?;
+        let mut body = req.into_body();
+        let mut parts: Vec<bytes::Bytes> = Vec::new();
+        let mut len = 0u64;
+        let deadline = tokio::time::Instant::now() + BODY_READ_TIMEOUT;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => return Err(body_timeout()),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    let message = format!("reading the request body failed: {e}");
+                    return Err(Refusal::bad("body_read_failed", message));
                 }
-            })?
-            .to_bytes();
-        // A body shorter than reserved (no Content-Length) gives the rest back now.
-        if let Some(extra) = held.num_permits().checked_sub(body.len()).filter(|n| *n > 0) {
-            drop(held.split(extra));
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            len += data.len() as u64;
+            if len > max_body {
+                return Err(too_large(max_body));
+            }
+            held.merge(self.hold_bytes(data.len() as u64)?);
+            parts.push(data);
         }
+        let body = match parts.len() {
+            0 => bytes::Bytes::new(),
+            1 => parts.pop().expect("one part"),
+            _ => parts.concat().into(),
+        };
         Ok((body, held))
     }
 
@@ -360,6 +365,15 @@ fn shutting_down() -> Refusal {
         "shutting_down",
         "courier is shutting down; retry shortly",
     )
+}
+
+/// The answer to a body that did not arrive within [`BODY_READ_TIMEOUT`].
+fn body_timeout() -> Refusal {
+    let message = format!(
+        "the request body did not arrive within {}s",
+        BODY_READ_TIMEOUT.as_secs()
+    );
+    Refusal::new(StatusCode::REQUEST_TIMEOUT, "body_read_timeout", message)
 }
 
 fn too_large(max: u64) -> Refusal {

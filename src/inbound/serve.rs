@@ -9,10 +9,12 @@
 //!
 //! Limits that protect courier from its callers live here: a header read timeout
 //! (slowloris), a cap on header size, and a cap on concurrent connections (beyond it new
-//! connections wait in the kernel's backlog), and an idle timeout: a connection with no
-//! request in progress for `idle_timeout` is closed gracefully (HTTP/2: GOAWAY), so idle
-//! pooled clients cannot hold every slot. On stop the loop closes its listener and lets
-//! open connections finish the request they are on.
+//! connections wait in the kernel's backlog), and a deadline for every state a connection
+//! can be in ([`progress`]): idle for `idle_timeout` → closed gracefully (HTTP/2: GOAWAY),
+//! so idle pooled clients cannot hold every slot; an answer the client takes none of for
+//! `send_timeout` → dropped, so clients that never read cannot either. On stop the loop
+//! closes its listener and lets open connections finish the request they are on, for up to
+//! `drain_timeout`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +31,8 @@ use hyper_util::server::conn::auto::Builder as AutoBuilder;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
+
+use super::progress;
 
 /// The body type of every answer.
 pub type Body = Full<Bytes>;
@@ -58,6 +62,9 @@ pub struct ServeLimits {
     pub drain_timeout: Duration,
     /// A connection with no request in progress this long is closed gracefully.
     pub idle_timeout: Duration,
+    /// A connection whose client takes none of an answer this long is dropped (see
+    /// [`progress`]).
+    pub send_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -69,6 +76,7 @@ impl Default for ServeLimits {
             max_requests: 4096,
             drain_timeout: Duration::from_secs(30),
             idle_timeout: crate::config::DEFAULT_IDLE_TIMEOUT,
+            send_timeout: crate::config::DEFAULT_SEND_TIMEOUT,
         }
     }
 }
@@ -304,23 +312,10 @@ struct Conn {
     permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// A connection's requests: `(in progress, ever started)`, watched by its task.
-type Activity = watch::Sender<(usize, u64)>;
-
-/// Ends one request's count in its connection's [`Activity`], however the request ends.
-struct InProgress(Arc<Activity>);
-
-impl Drop for InProgress {
-    fn drop(&mut self) {
-        self.0.send_modify(|(open, _)| *open -= 1);
-    }
-}
-
 impl Conn {
-    /// Serves one connection; each request takes one of `requests` for as long as it is in
-    /// progress. The connection is closed gracefully when `stop` turns true or no request
-    /// has been in progress for `idle_timeout`, and dropped when its first head is not
-    /// complete within `header_read_timeout` of the connect.
+    /// Serves one connection; each request takes one of `requests` while its handler runs.
+    /// The connection ends at the deadlines of [`progress`]: dropped when its first head is
+    /// late or it stops taking its answers, closed gracefully when idle or at `stop`.
     async fn run<S: Readable>(self, stream: S, peer: SocketAddr, builder: AutoBuilder<TokioExecutor>) {
         let Conn {
             handler,
@@ -329,9 +324,10 @@ impl Conn {
             mut stop,
             permit,
         } = self;
-        let activity: Arc<Activity> = Arc::new(watch::Sender::new((0, 0)));
-        let mut seen = activity.subscribe();
-        let counted = activity.clone();
+        let connected = tokio::time::Instant::now();
+        let shared: progress::Shared = Arc::new(watch::Sender::new(progress::Activity::new(connected)));
+        let mut seen = shared.subscribe();
+        let counted = shared.clone();
         let socket = stream.tcp_socket();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             // Only where a CONNECT takes the whole connection over (HTTP/1): an HTTP/2
@@ -341,63 +337,60 @@ impl Conn {
             if let Some(socket) = socket.filter(|_| takes_over) {
                 req.extensions_mut().insert(socket);
             }
-            counted.send_modify(|(open, started)| {
-                *open += 1;
-                *started += 1;
-            });
-            let in_progress = InProgress(counted.clone());
+            let in_progress = progress::InProgress::enter(&counted);
             let handler = handler.clone();
             let slot = requests.clone().try_acquire_owned();
             async move {
-                let _in_progress = in_progress;
-                let Ok(_slot) = slot else {
-                    return Ok(overloaded());
+                let resp = match slot {
+                    Ok(_slot) => handler(peer, as_origin_form(req)).await,
+                    Err(_) => overloaded(),
                 };
-                Ok::<_, std::convert::Infallible>(handler(peer, as_origin_form(req)).await)
+                let unsent = in_progress.answered();
+                Ok::<_, std::convert::Infallible>(resp.map(|body| progress::Answer::new(body, unsent)))
             }
         });
+        let timeouts = progress::Timeouts {
+            first_head: connected + limits.header_read_timeout,
+            idle: limits.idle_timeout,
+            send: limits.send_timeout,
+            drain: limits.drain_timeout,
+        };
         // Telling HTTP/1.1 from HTTP/2 waits for the first bytes, and HTTP/1.1's header
         // timeout only starts after that: without this, a client that connects and sends
         // nothing would hold its connection slot for good.
-        let connected = tokio::time::Instant::now();
-        let first_head = connected + limits.header_read_timeout;
-        if !matches!(tokio::time::timeout_at(first_head, stream.ready()).await, Ok(Ok(()))) {
+        if !matches!(
+            tokio::time::timeout_at(timeouts.first_head, stream.ready()).await,
+            Ok(Ok(()))
+        ) {
             return;
         }
+        let io = TokioIo::new(progress::Watched::new(stream, shared.clone()));
         // With upgrades: a `CONNECT` answered 2xx hands its connection to the tunnel.
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
-        let mut closing = false;
-        let mut idle_since = connected;
+        let mut closing = None;
         loop {
-            let (open, started) = *seen.borrow_and_update();
-            // The first head must be complete within the header timeout counted from the
-            // connect, not a second one after the first bytes. Later heads get hyper's own
-            // timeout; a connection with nothing in progress gets `idle_timeout`, so idle
-            // HTTP/2 clients (which no header timeout covers) cannot hold every slot.
-            let deadline = match (started, open) {
-                (0, _) => Some(first_head.min(connected + limits.idle_timeout)),
-                (_, 0) if !closing => Some(idle_since + limits.idle_timeout),
-                _ => None,
-            };
+            let activity = *seen.borrow_and_update();
+            let next = progress::next_deadline(&activity, closing, &timeouts);
             tokio::select! {
                 _ = &mut conn => break,
-                changed = seen.changed() => {
-                    if changed.is_ok() && seen.borrow().0 == 0 {
-                        idle_since = tokio::time::Instant::now();
-                    }
-                }
-                _ = stop.changed(), if !closing => {
+                _ = seen.changed() => {}
+                _ = stop.changed(), if closing.is_none() => {
                     conn.as_mut().graceful_shutdown();
-                    closing = true;
+                    closing = Some(progress::Closing::Stop(tokio::time::Instant::now()));
                 }
-                _ = tokio::time::sleep_until(deadline.unwrap_or(first_head)), if deadline.is_some() => {
-                    if started == 0 {
-                        // No complete head in time: dropping the connection closes it.
-                        break;
+                _ = tokio::time::sleep_until(next.map_or(timeouts.first_head, |n| n.0)), if next.is_some() => {
+                    // Changes that only put a deadline off wake no one: look again now.
+                    let (now, activity) = (tokio::time::Instant::now(), *seen.borrow_and_update());
+                    match progress::next_deadline(&activity, closing, &timeouts) {
+                        Some((at, progress::Action::Close)) if at <= now => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = Some(progress::Closing::Idle(now));
+                        }
+                        // Dropping the connection closes it and frees its slot.
+                        Some((at, progress::Action::Drop)) if at <= now => break,
+                        _ => {}
                     }
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
                 }
             }
         }

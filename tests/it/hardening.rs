@@ -499,6 +499,7 @@ fn small_limits() -> ServeLimits {
         max_requests: 64,
         drain_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(60),
+        send_timeout: Duration::from_secs(10),
     }
 }
 

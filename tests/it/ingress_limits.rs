@@ -108,7 +108,7 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// What one held HTTP/2 stream came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
-    /// Courier answered 503 `overloaded` (with `Retry-After: 1`) without reading its body.
+    /// Courier answered 503 `overloaded` (with `Retry-After: 1`): its bytes did not fit.
     Overloaded,
     /// Courier took it and is reading its body, which never ends (no answer in 10 s).
     Reading,
@@ -206,8 +206,10 @@ async fn accepts_in_progress_stay_within_their_byte_budget_while_fsync_is_slow()
         baseline / MIB,
         peak / MIB
     );
+    // Bytes are charged as they arrive, so how many uploads are refused depends on how many
+    // bodies arrive at once (on a loaded machine the senders' own timeouts can end them
+    // first): only the memory bound is asserted here; part 2 checks the refusals.
     assert_within_budget(baseline, peak);
-    assert!(refused > 0.0, "past the budget, uploads are refused at once");
 
     // 2. 5,000 HTTP/2 streams that declare 1 MiB, send 128 KiB and hold: 40 connections of
     //    125 streams (courier serves 128 at once on one).
@@ -247,8 +249,9 @@ async fn accepts_in_progress_stay_within_their_byte_budget_while_fsync_is_slow()
     );
     assert_within_budget(baseline, peak);
     assert!(overloaded > 4_000, "{overloaded} refused, {reading} taken");
+    // Each read stream holds the 128 KiB that came (bytes are charged as they arrive).
     assert!(
-        reading <= (BUDGET / MIB) as usize,
+        reading <= (BUDGET / (128 << 10)) as usize,
         "{reading} streams read at once past the budget"
     );
     drop(release);
@@ -279,7 +282,7 @@ fn assert_within_budget(baseline: u64, peak: u64) {
 }
 
 /// Raises this process's descriptor limit to at least `n`; false when the hard limit is lower.
-fn raise_nofile(n: u64) -> bool {
+pub(crate) fn raise_nofile(n: u64) -> bool {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

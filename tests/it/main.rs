@@ -26,6 +26,7 @@ mod ingress;
 mod ingress_limits;
 mod intercept;
 mod lifecycle;
+mod lockout;
 mod logging;
 mod metrics;
 mod ordering;

@@ -62,6 +62,13 @@ fn the_ingress_limits_parse_and_are_checked() {
     );
     let msg = invalid("[admin]\nidle_timeout = \"500ms\"\n");
     assert!(msg.contains("admin.idle_timeout must be at least 1s"), "{msg}");
+    let msg = invalid("[ingress]\nsend_timeout = \"0s\"\n");
+    assert!(msg.contains("ingress.send_timeout must be at least 1s"), "{msg}");
+    let c = parse("[ingress]\nsend_timeout = \"3s\"\n[admin]\nsend_timeout = \"1m\"\n");
+    assert_eq!(
+        (c.ingress.send_timeout, c.admin.send_timeout),
+        (Duration::from_secs(3), Duration::from_secs(60))
+    );
     // Ingress's own keys are not admin's.
     assert!(Config::from_toml_str("[admin]\nallow_get = true\n", "t").is_err());
 }
@@ -355,9 +362,9 @@ fn summary_shows_the_listener_settings() {
         "listen 127.0.0.1:8787 (ingress), 127.0.0.1:8788 (admin), 0.0.0.0:8789 (ops); data_dir ./courier-data",
         concat!(
             "ingress: allowed_origins https://app.example, http://localhost:3000, https://app.example:8443, ",
-            "hosts courier.internal, 10.0.0.5:8787, [::1]:8787, idle_timeout 1m, ",
+            "hosts courier.internal, 10.0.0.5:8787, [::1]:8787, idle_timeout 1m, send_timeout 10s, ",
             "max_pending_bytes 67108864, allow_get false; ",
-            "admin: allowed_origins https://ops.example, hosts admin.example:8788, idle_timeout 1m; ",
+            "admin: allowed_origins https://ops.example, hosts admin.example:8788, idle_timeout 1m, send_timeout 10s; ",
             "allow_unauthenticated_network true"
         ),
     ] {
@@ -366,8 +373,9 @@ fn summary_shows_the_listener_settings() {
     let default = Config::default().summary();
     assert!(
         default.contains(
-            "ingress: allowed_origins none, hosts none, idle_timeout 1m, max_pending_bytes 67108864, \
-             allow_get false; admin: allowed_origins none, hosts none, idle_timeout 1m; \
+            "ingress: allowed_origins none, hosts none, idle_timeout 1m, send_timeout 10s, \
+             max_pending_bytes 67108864, allow_get false; admin: allowed_origins none, hosts none, \
+             idle_timeout 1m, send_timeout 10s; \
              allow_unauthenticated_network false"
         ),
         "{default}"

@@ -51,6 +51,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     ("COURIER_INGRESS_IDLE_TIMEOUT", "5s", |c| {
         c.ingress.idle_timeout == Duration::from_secs(5)
     }),
+    ("COURIER_INGRESS_SEND_TIMEOUT", "3s", |c| {
+        c.ingress.send_timeout == Duration::from_secs(3)
+    }),
     ("COURIER_INGRESS_MAX_PENDING_BYTES", "16MiB", |c| {
         c.ingress.max_pending_bytes == 16 << 20
     }),
@@ -63,6 +66,9 @@ const ENV_CASES: &[(&str, &str, Check)] = &[
     }),
     ("COURIER_ADMIN_IDLE_TIMEOUT", "2m", |c| {
         c.admin.idle_timeout == Duration::from_secs(120)
+    }),
+    ("COURIER_ADMIN_SEND_TIMEOUT", "30s", |c| {
+        c.admin.send_timeout == Duration::from_secs(30)
     }),
     ("COURIER_RETRY_BASE_DELAY", "2s", |c| {
         c.retry.base_delay == Duration::from_secs(2)
