@@ -16,6 +16,9 @@
 #   COURIER_TEST_GO              Debian's go (golang-go), whose net/http sends through
 #                                courier's interception in tests/it/intercept.rs (as do
 #                                requests in COURIER_TEST_PYTHON and undici under NODE_PATH)
+#   COURIER_TEST_JAVA            Debian's java (default-jdk-headless: javac and keytool too),
+#                                whose default trust manager tests/it/intercept_ca.rs checks
+#                                the intercept CA's name constraints with
 #   COURIER_TEST_REQUIRE_VERIFIERS=1   so the tests fail instead of skipping when a tool (or,
 #                                for the full-disk test, the right to mount a tmpfs) is missing
 # They live in the cargo target folder, never in the repository, and are installed only when
@@ -121,6 +124,15 @@ if [[ ! -x "$go_bin" ]]; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; }
   "$go_bin" version >/dev/null
 fi
+# Java's default trust manager skips a trust anchor's name constraints: the one client that
+# tells a constrained intermediate from a constrained root. Source-file mode, so no build.
+java_bin=/usr/bin/java
+if [[ ! -x "$java_bin" || ! -x /usr/bin/javac ]]; then
+  echo "verifiers: installing default-jdk-headless" >&2
+  apt-get install -y -qq default-jdk-headless >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jdk-headless >/dev/null; }
+  "$java_bin" -version 2>/dev/null
+fi
 if [[ ! -f "$node_dir/node_modules/undici/package.json" ]]; then
   echo "verifiers: installing undici into $node_dir" >&2
   npm install --prefix "$node_dir" --no-audit --no-fund --silent 'undici@^6'
@@ -128,6 +140,7 @@ fi
 
 export COURIER_TEST_PYTHON="$pyenv/bin/python"
 export COURIER_TEST_GO="$go_bin"
+export COURIER_TEST_JAVA="$java_bin"
 export COURIER_TEST_ED25519_PYTHON="$ed25519_python"
 export COURIER_TEST_CHROMIUM="$chromium"
 COURIER_TEST_TINYPROXY="$(command -v tinyproxy)"

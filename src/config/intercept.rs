@@ -30,9 +30,12 @@ section! {
         pub hosts: Vec<HostPattern> ["de::list::<Pattern, _>"] = Vec::new(),
         /// Hosts tunnelled byte for byte (patterns as `hosts`, or `"*"` for any other).
         pub passthrough: Vec<HostPattern> ["de::list::<Pattern, _>"] = Vec::new(),
-        /// The CA certificate (PEM); default `<data_dir>/intercept-ca.pem`, made at first start.
+        /// The certificate the apps trust (PEM); default `<data_dir>/intercept-ca.pem`, made
+        /// at first start (a root whose key is not kept).
         pub ca_cert: Option<PathBuf> = None,
-        /// The CA's private key (PEM); default `<data_dir>/intercept-ca.key` (mode 0600).
+        /// The key that signs leaves (PEM), then its certificate when it is an intermediate's
+        /// (courier's own: a name-constrained one); default `<data_dir>/intercept-ca.key`.
+        /// Refused unless the owner's only (mode 0600 or 0400).
         pub ca_key: Option<PathBuf> = None,
         /// Tunnels open at once (both kinds); past it a `CONNECT` gets 503 `overloaded`.
         pub max_tunnels: u32 = DEFAULT_MAX_TUNNELS,
@@ -47,7 +50,9 @@ impl InterceptConfig {
         !self.hosts.is_empty() || !self.passthrough.is_empty()
     }
 
-    /// The CA certificate and key files: as configured, else beside the store.
+    /// The CA certificate and key files: as configured, else beside the store (the one
+    /// directory every deployment keeps across restarts; docs/delivery.md says what that
+    /// means for backups).
     pub fn ca_files(&self, data_dir: &std::path::Path) -> (PathBuf, PathBuf) {
         let cert = self
             .ca_cert

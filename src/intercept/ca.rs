@@ -1,42 +1,41 @@
 //! The interception CA: loaded from `[intercept] ca_cert` / `ca_key`, or made at first
 //! start beside the store (`intercept-ca.pem`, and `intercept-ca.key` with mode 0600).
 //!
-//! A CA courier makes carries X.509 name constraints limited to the intercepted hosts, so
-//! its key, if it leaked, could not mint a certificate any client accepts for another site.
-//! A DNS constraint covers the name and every name under it (RFC 5280 §4.2.1.10); an IP
-//! constraint is the one address. Where no name (or no address of a family) is listed, a
-//! constraint that matches nothing useful (`invalid`, `0.0.0.0/32`, `::/128`) is put in its
-//! place: with no constraint of a type, that type is not constrained at all.
+//! A CA courier makes is two certificates (`ca_make.rs`): a root, which the apps trust and
+//! whose key is dropped once it has signed the second, a name-constrained intermediate
+//! whose key (in the key file, with its certificate) signs the leaves. Constraints in an
+//! intermediate bind every RFC 5280 validator, so that key, if it leaked, could not mint a
+//! certificate any client accepts for a host not listed when the CA was made. A key file
+//! with no certificate after the key (an operator's own CA, or one an older courier made)
+//! signs leaves with the trust anchor's own key: served, with a warning at each start.
 //!
 //! At every start the CA is checked against the configured hosts by verifying a leaf for
 //! each with webpki (which applies the constraints, as clients do): a host added to the
 //! config after the CA was made is refused with one line saying how to make a new one,
 //! rather than served with certificates every client rejects.
 
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CidrSubnet, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, NameConstraints,
-};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData as _};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::config::HostPattern;
 
-/// How long a CA courier makes is valid.
-const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86_400);
 /// Back-dating of every certificate, for clients whose clock is behind.
 const SKEW: Duration = Duration::from_secs(3600);
 
 /// The CA that signs the leaf certificates of intercepted hosts.
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
+    /// The certificates a leaf is sent with, between it and the trust anchor: the
+    /// intermediate; none when the anchor's own key signs leaves.
+    chain: Vec<CertificateDer<'static>>,
+    /// The trust anchor (`ca_cert`).
     cert_der: CertificateDer<'static>,
     cert_pem: String,
     cert_file: PathBuf,
@@ -96,19 +95,34 @@ impl Ca {
         Ca::load_or_create(cert, key, hosts, now).map(|_| true)
     }
 
-    /// Reads the CA certificate and key (PEM).
+    /// Reads the CA certificate (PEM), and the key file: the signing key, and the
+    /// intermediate's certificate after it when there is one.
     fn load(cert: &Path, key: &Path) -> Result<Ca, CaError> {
         let cert_pem = std::fs::read_to_string(cert).map_err(io(cert))?;
-        let key_pem = std::fs::read_to_string(key).map_err(io(key))?;
-        warn_if_readable_by_others(key);
-        let signing_key = KeyPair::from_pem(&key_pem)
-            .map_err(|e| CaError::Invalid(format!("{}: not a PEM private key ({e})", key.display())))?;
+        let (signing_key, chain) = files::read_key(key)?;
         let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
             .map_err(|e| CaError::Invalid(format!("{}: not a PEM certificate ({e})", cert.display())))?;
-        let issuer = Issuer::from_ca_cert_der(&cert_der, signing_key)
-            .map_err(|e| CaError::Invalid(format!("{}: not a CA certificate ({e})", cert.display())))?;
+        let (signing_cert, whose) = match chain.first() {
+            Some(intermediate) => (intermediate, "the certificate after it".to_string()),
+            None => (&cert_der, format!("the certificate at {}", cert.display())),
+        };
+        let unusable = |e: &dyn std::fmt::Display| {
+            CaError::Invalid(format!(
+                "the key at {}: {whose} is not a CA certificate ({e})",
+                key.display()
+            ))
+        };
+        let parsed = rustls::server::ParsedCertificate::try_from(signing_cert).map_err(|e| unusable(&e))?;
+        if parsed.subject_public_key_info().as_ref() != signing_key.subject_public_key_info().as_slice() {
+            return Err(CaError::Invalid(format!(
+                "the key at {} is not the key of {whose}",
+                key.display()
+            )));
+        }
+        let issuer = Issuer::from_ca_cert_der(signing_cert, signing_key).map_err(|e| unusable(&e))?;
         Ok(Ca {
             issuer,
+            chain,
             cert_der,
             cert_pem,
             cert_file: cert.to_path_buf(),
@@ -116,25 +130,42 @@ impl Ca {
         })
     }
 
-    /// Makes a CA constrained to `hosts` and writes it: the key with mode 0600, each file
-    /// under a temporary name first, so a crash leaves no half-written CA.
+    /// Makes a root and an intermediate constrained to `hosts` and writes them: the
+    /// intermediate's key and certificate to the key file (mode 0600), the root's
+    /// certificate to `cert`; each under a temporary name first, so a crash leaves no
+    /// half-written file. The root's key is never written.
     fn create(cert: &Path, key: &Path, hosts: &[HostPattern], now: SystemTime) -> Result<Ca, CaError> {
-        let signing_key = KeyPair::generate().map_err(|e| CaError::Invalid(format!("making a key: {e}")))?;
-        let params = ca_params(hosts, now);
-        let made = params
-            .self_signed(&signing_key)
-            .map_err(|e| CaError::Invalid(format!("making the certificate: {e}")))?;
-        write_new(key, signing_key.serialize_pem().as_bytes(), 0o600)?;
-        write_new(cert, made.pem().as_bytes(), 0o644)?;
+        let made = make::make(hosts, now)?;
+        let key_text = files::key_file_text(&made.key, &[&made.intermediate]);
+        files::write_new(key, key_text.as_bytes(), 0o600)?;
+        files::write_new(cert, made.root.pem().as_bytes(), 0o644)?;
         tracing::info!(cert = %cert.display(), key = %key.display(),
-            "made the intercept CA; the apps must trust its certificate (`courier intercept ca` prints it)");
+            "made the intercept CA (a root, whose key is not kept, and a name-constrained intermediate); \
+             the apps must trust its certificate (`courier intercept ca` prints it)");
         Ok(Ca {
-            cert_der: made.der().clone(),
-            cert_pem: made.pem(),
-            issuer: Issuer::new(params, signing_key),
+            chain: vec![made.intermediate.der().clone()],
+            cert_der: made.root.der().clone(),
+            cert_pem: made.root.pem(),
+            issuer: Issuer::new(made.intermediate_params, made.key),
             cert_file: cert.to_path_buf(),
             key_file: key.to_path_buf(),
         })
+    }
+
+    /// Whether the trust anchor's own key signs leaves (no intermediate in the key file):
+    /// its name constraints, if any, then bind only the clients that read an anchor's.
+    pub fn signs_with_anchor_key(&self) -> bool {
+        self.chain.is_empty()
+    }
+
+    /// The certificates to send after a leaf (the intermediate).
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.chain
+    }
+
+    /// The files: the certificate the apps trust, and the key file.
+    pub fn files(&self) -> (&Path, &Path) {
+        (&self.cert_file, &self.key_file)
     }
 
     /// The CA certificate, PEM: what the apps trust.
@@ -175,6 +206,7 @@ impl Ca {
     /// Verifies a leaf for a name each host pattern covers, as a client would (webpki,
     /// constraints included): a CA that cannot serve a host is refused at start.
     fn check_covers(&self, hosts: &[HostPattern], now: SystemTime) -> Result<(), CaError> {
+        use rustls::CertificateError::{BadSignature, UnknownIssuer};
         let at = UnixTime::since_unix_epoch(now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.cert_der.clone()).map_err(|e| {
@@ -192,10 +224,10 @@ impl Ca {
             let name = sample_name(pattern);
             let leaf = self.mint(&name, &key, now, Duration::from_secs(3600))?;
             let server = ServerName::try_from(name.clone()).map_err(|e| CaError::Invalid(e.to_string()))?;
-            let verified = verifier.verify_server_cert(&leaf, &[], &server, &[], at);
-            if let Err(rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)) = verified {
+            let verified = verifier.verify_server_cert(&leaf, &self.chain, &server, &[], at);
+            if let Err(rustls::Error::InvalidCertificate(BadSignature | UnknownIssuer)) = verified {
                 return Err(CaError::Invalid(format!(
-                    "the key at {} is not the key of the certificate at {}",
+                    "the certificate in {} is not one the certificate at {} signed",
                     self.key_file.display(),
                     self.cert_file.display()
                 )));
@@ -222,99 +254,11 @@ fn sample_name(pattern: &HostPattern) -> String {
     }
 }
 
-/// A CA for `hosts`: may sign leaves (path length 0), constrained to their names.
-fn ca_params(hosts: &[HostPattern], now: SystemTime) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "courier intercept CA");
-    params.distinguished_name.push(DnType::OrganizationName, "courier");
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params.not_before = (now - SKEW).into();
-    params.not_after = (now + CA_LIFETIME).into();
-    params.name_constraints = Some(NameConstraints {
-        permitted_subtrees: permitted(hosts),
-        excluded_subtrees: Vec::new(),
-    });
-    params
-}
+#[path = "ca_make.rs"]
+mod make;
 
-/// The permitted subtrees for `hosts`, with a placeholder for each type none of them has.
-fn permitted(hosts: &[HostPattern]) -> Vec<GeneralSubtree> {
-    let mut trees = Vec::new();
-    let (mut dns, mut v4, mut v6) = (false, false, false);
-    for pattern in hosts {
-        match pattern {
-            HostPattern::Name(name) | HostPattern::Under(name) => {
-                dns = true;
-                trees.push(GeneralSubtree::DnsName(name.clone()));
-            }
-            HostPattern::Ip(IpAddr::V4(ip)) => {
-                v4 = true;
-                trees.push(GeneralSubtree::IpAddress(CidrSubnet::V4(ip.octets(), [255; 4])));
-            }
-            HostPattern::Ip(IpAddr::V6(ip)) => {
-                v6 = true;
-                trees.push(GeneralSubtree::IpAddress(CidrSubnet::V6(ip.octets(), [255; 16])));
-            }
-            HostPattern::Any => {}
-        }
-    }
-    if !dns {
-        trees.push(GeneralSubtree::DnsName("invalid".to_string()));
-    }
-    if !v4 {
-        trees.push(GeneralSubtree::IpAddress(CidrSubnet::V4([0; 4], [255; 4])));
-    }
-    if !v6 {
-        trees.push(GeneralSubtree::IpAddress(CidrSubnet::V6([0; 16], [255; 16])));
-    }
-    trees
-}
-
-/// Writes `bytes` to `path` with `mode` through a temporary file of its own (a stale one,
-/// left by a crash, is removed first: an existing file would keep its old mode), renamed
-/// into place, and the directory synced so the name survives a power loss.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp)(e)),
-        _ => {}
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
-}
-
-/// Says once at start when the CA key can be read by the group or others.
-fn warn_if_readable_by_others(key: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(key) {
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(key = %key.display(), mode = format!("{:04o}", meta.permissions().mode() & 0o7777),
-                "the intercept CA key is readable by other users; anyone who reads it can mint certificates the apps trust (chmod 600)");
-        }
-    }
-}
+#[path = "ca_files.rs"]
+mod files;
 
 #[cfg(test)]
 #[path = "ca_tests.rs"]

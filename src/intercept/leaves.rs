@@ -31,8 +31,17 @@ pub struct Leaves {
 }
 
 impl Leaves {
-    /// Leaves signed by `ca`, with a fresh key.
+    /// Leaves signed by `ca`, with a fresh key. A CA whose trust anchor signs leaves itself
+    /// is served as before, with a warning: its constraints do not bind every client.
     pub fn new(ca: Ca) -> Result<Leaves, CaError> {
+        if ca.signs_with_anchor_key() {
+            let (cert, key) = ca.files();
+            tracing::warn!(cert = %cert.display(), key = %key.display(),
+                "the intercept CA's trusted certificate signs leaves with its own key, which can then sign for any name \
+                 as far as clients that skip a trust anchor's name constraints (Java's) are concerned; to have courier \
+                 make a root and a name-constrained intermediate instead, delete both files and restart \
+                 (the apps must then trust the new certificate)");
+        }
         let key = KeyPair::generate().map_err(|e| CaError::Invalid(format!("making a key: {e}")))?;
         Ok(Leaves {
             ca,
@@ -74,12 +83,13 @@ impl Leaves {
     }
 
     fn server_config(&self, host: &str, now: SystemTime) -> Result<Arc<ServerConfig>, CaError> {
-        let leaf = self.ca.mint(host, &self.key, now, LEAF_LIFETIME)?;
+        let mut chain = vec![self.ca.mint(host, &self.key, now, LEAF_LIFETIME)?];
+        chain.extend_from_slice(self.ca.chain());
         let key = PrivateKeyDer::try_from(self.key.serialize_der()).map_err(|e| CaError::Invalid(e.to_string()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .and_then(|b| b.with_no_client_auth().with_single_cert(vec![leaf], key))
+            .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
             .map_err(|e| CaError::Invalid(format!("the TLS config for {host:?}: {e}")))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
