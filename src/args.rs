@@ -20,6 +20,10 @@ pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
     let config = load_config(global)?;
     crate::outbound::tls::TlsMaterial::from_config(&config)?;
     config.store.keyring()?;
+    // A socket someone else could replace is refused before anything is opened.
+    if let crate::config::ListenAddr::Unix(path) = &config.listen {
+        crate::inbound::uds::check_directory(path).map_err(|e| ConfigError::invalid("listen", e))?;
+    }
     // The intercept CA, when it exists: one made for other hosts is refused here, before
     // anything is bound or opened.
     if !config.intercept.hosts.is_empty() {

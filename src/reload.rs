@@ -8,7 +8,9 @@
 //!   `delivery.request_timeout`, the egress allow list, TLS material (`[tls]`, the PEM
 //!   files of `[[host]]`, read again), `ingress_token`,
 //!   `admin_token`, `max_body` and `alert_url`. An attempt or accept reads one settings value
-//!   from start to end, so it never mixes the old config with the new one.
+//!   from start to end, so it never mixes the old config with the new one. What outlives
+//!   one decision watches [`crate::context::Context::reloads`]: an open `CONNECT` tunnel is
+//!   checked again, and closed when the new token or egress policy revokes it.
 //! - **Only at restart** ([`RESTART_ONLY`]): the listeners and the data dir (their sockets and
 //!   the store are open), and the settings the running components were sized with at start.
 //!   A reload that changes one of them still applies the rest, keeps the running value, and

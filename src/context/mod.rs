@@ -30,6 +30,9 @@ pub struct Context {
     wake: Arc<Notify>,
     /// What a reload may change, swapped whole: read at each attempt and accept.
     settings: arc_swap::ArcSwap<Settings>,
+    /// Counts the settings put in place by reloads: what lives longer than one decision (an
+    /// open tunnel) watches it to check itself against the new settings.
+    reloads: tokio::sync::watch::Sender<u64>,
     endpoints: EndpointTable,
     /// Held by a pause or resume across its whole change, and by the scheduler from its
     /// last look at the pause flag to its park write: a resume can then never land between
@@ -79,6 +82,7 @@ impl Context {
             metrics,
             wake,
             settings: arc_swap::ArcSwap::from_pointee(settings),
+            reloads: tokio::sync::watch::Sender::new(0),
             endpoints,
             pause_gate: Mutex::new(()),
             persist_lock: Mutex::new(()),
@@ -137,6 +141,14 @@ impl Context {
         );
         self.endpoints.set_caps(settings.policies.endpoint_caps());
         self.settings.store(Arc::new(settings));
+        // After the store: a watcher woken by this reads the new settings.
+        self.reloads.send_modify(|n| *n += 1);
+    }
+
+    /// Changes once per reload applied (after its settings are in place). Subscribe before
+    /// reading the settings a long-lived decision rests on, so no reload falls between.
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
     }
 
     /// The pause gate (see the field), held while the guard lives.

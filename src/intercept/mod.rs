@@ -15,9 +15,12 @@
 //! - **otherwise**: 403 `not_intercepted`, nothing stored.
 //!
 //! Tunnels are bounded (`max_tunnels`, then 503 `overloaded`), closed when idle
-//! (`idle_timeout`, passthrough; the listener's idle timeout inside intercepted ones) and
-//! at stop, and counted in `courier_tunnels_open` / `courier_tunnels_total`.
+//! (`idle_timeout`, passthrough; the listener's idle timeout inside intercepted ones), at
+//! stop, and at a reload that revokes them (`admitted`: `ingress_token` no longer the
+//! one the `CONNECT` carried, or `[egress]` no longer allowing a passthrough's address),
+//! and counted in `courier_tunnels_open` / `courier_tunnels_total`.
 
+mod admitted;
 pub mod ca;
 pub mod leaves;
 mod tunnel;
@@ -37,6 +40,7 @@ use crate::inbound::serve::{Body, Refusal, ServeLimits};
 use crate::metrics::TunnelKind;
 use crate::outbound::proxy::ProxyRoute;
 use crate::outbound::resolver::Resolve;
+use admitted::Admitted;
 use leaves::Leaves;
 
 /// The wall-clock time of `clock`, as certificates need it.
@@ -143,6 +147,10 @@ impl Intercept {
     }
 
     async fn open(self: Arc<Self>, peer: SocketAddr, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+        let ctx = self.parts.deliverer.context().clone();
+        // Before the last check below: a reload after it reaches the tunnel.
+        let reloads = ctx.reloads();
+        let admitted = Admitted::new(crate::headers::proxy_token(req.headers()).as_deref());
         let target = Target::of(req.uri())?;
         let kind = self.kind(&target.host).ok_or_else(|| not_intercepted(&target.host))?;
         let permit = self.tunnels.clone().try_acquire_owned().map_err(|_| {
@@ -158,11 +166,16 @@ impl Intercept {
                 let tls = leaves
                     .config(&target.host, wall(self.parts.deliverer.context().clock().as_ref()))
                     .map_err(|e| Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "intercept_failed", e.to_string()))?;
-                tokio::spawn(tunnel::intercepted(self.clone(), req, tls, target, peer, permit));
+                // A reload since `admit_connect` read the token is caught here.
+                let standing = tunnel::Standing::checked(admitted, reloads, &ctx)?;
+                let this = self.clone();
+                tokio::spawn(tunnel::intercepted(this, req, tls, target, peer, permit, standing));
             }
             TunnelKind::Passthrough => {
-                let upstream = tunnel::dial(&self, &target).await?;
-                tokio::spawn(tunnel::passthrough(self.clone(), req, upstream, permit));
+                let (upstream, admitted) = tunnel::dial(&self, &target, admitted).await?;
+                let standing = tunnel::Standing::checked(admitted, reloads, &ctx)?;
+                let this = self.clone();
+                tokio::spawn(tunnel::passthrough(this, req, upstream, permit, target, standing));
             }
         }
         Ok(crate::inbound::serve::empty(StatusCode::OK))

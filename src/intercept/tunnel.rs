@@ -2,6 +2,12 @@
 //! terminated, requests served by ingress as absolute-form `https://` requests) and a
 //! passthrough one (bytes copied to the checked address until either side is done, the
 //! tunnel is idle, or courier stops).
+//!
+//! Either is checked again at each reload against what it was admitted under
+//! ([`Admitted`]): one the new settings revoke is closed (an intercepted one as a stop
+//! closes it, the request in progress answered first), and each request inside an
+//! intercepted tunnel is checked too, so none is served under a revoked token even while
+//! the close is under way.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -15,8 +21,9 @@ use hyper_util::rt::TokioIo;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
+use super::admitted::Admitted;
 use super::{Intercept, Target};
 use crate::inbound::ingress::Tunnelled;
 use crate::inbound::serve::{self, Handler, Refusal, TcpSocket};
@@ -64,6 +71,7 @@ pub(super) async fn intercepted(
     target: Target,
     peer: SocketAddr,
     permit: OwnedSemaphorePermit,
+    standing: Standing,
 ) {
     let Some((client, socket, _open)) = take_over(&this, req, TunnelKind::Intercept).await else {
         return;
@@ -80,14 +88,73 @@ pub(super) async fn intercepted(
         Ok(Err(e)) => return this.tls_failed(peer.ip(), &target, &e),
         Err(_) => return,
     };
-    let ingress = this.parts.ingress.clone();
+    // Turned true at stop or revocation: the connection is then closed as a stop closes it.
+    let close = Arc::new(watch::Sender::new(false));
+    let (ingress, closing) = (this.parts.ingress.clone(), close.clone());
+    let ctx = this.parts.deliverer.context().clone();
+    let admitted = standing.admitted.clone();
     let authority = Arc::<str>::from(target.authority.as_str());
     let handler: Handler = Arc::new(move |peer, req: Request<Incoming>| -> serve::HandlerFuture {
+        if let Err(revoked) = admitted.check(&ctx.settings()) {
+            closing.send_replace(true);
+            return Box::pin(std::future::ready(ingress.refuse(revoked.refusal())));
+        }
         let req = addressed(req, &authority);
         Box::pin(ingress.clone().handle(peer, req))
     });
-    let (requests, stop) = (this.requests.clone(), this.parts.stop.clone());
-    serve::serve_tls(stream, peer, handler, limits, requests, stop, permit).await;
+    let requests = this.requests.clone();
+    let serving = serve::serve_tls(stream, peer, handler, limits, requests, close.subscribe(), permit);
+    let watching = async {
+        standing.lost(&this, &target, TunnelKind::Intercept).await;
+        close.send_replace(true);
+        // The connection ends the tunnel, once closed.
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = serving => {}
+        _ = watching => {}
+    }
+}
+
+/// What a tunnel was admitted under, and the reloads that may revoke it (subscribed to
+/// before the admission's last check, so none falls between).
+pub(super) struct Standing {
+    admitted: Admitted,
+    reloads: watch::Receiver<u64>,
+}
+
+impl Standing {
+    /// The standing of a tunnel about to open; refused when the settings now revoke it (a
+    /// reload since the checks before read them).
+    pub(super) fn checked(
+        admitted: Admitted,
+        reloads: watch::Receiver<u64>,
+        ctx: &crate::context::Context,
+    ) -> Result<Standing, Refusal> {
+        admitted.check(&ctx.settings()).map_err(|r| r.refusal())?;
+        Ok(Standing { admitted, reloads })
+    }
+
+    /// Returns when courier stops, or when a reload revokes the tunnel (said on one line).
+    async fn lost(mut self, this: &Intercept, target: &Target, kind: TunnelKind) {
+        let mut stop = this.parts.stop.clone();
+        loop {
+            let reloaded = tokio::select! {
+                _ = stop.wait_for(|stopped| *stopped) => return,
+                changed = self.reloads.changed() => changed.is_ok(),
+            };
+            if !reloaded {
+                // No more reloads can come.
+                return std::future::pending().await;
+            }
+            let settings = this.parts.deliverer.context().settings();
+            if let Err(revoked) = self.admitted.check(&settings) {
+                tracing::info!(host = %target.host, kind = ?kind, reason = %revoked,
+                    "a reload revoked an open tunnel; closing it");
+                return;
+            }
+        }
+    }
 }
 
 /// One end of a tunnel. The client's end asks the kernel to acknowledge each segment at
@@ -188,8 +255,13 @@ fn addressed<B>(req: Request<B>, authority: &str) -> Request<B> {
 
 /// Connects to a passthrough target under the egress policy: an IP literal checked, a
 /// name resolved and its address checked (the socket goes to that address), through
-/// `egress.proxy` when it applies, as delivery connects.
-pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream, Refusal> {
+/// `egress.proxy` when it applies, as delivery connects. `admitted` comes back with the
+/// address and the policy, for the checks at later reloads.
+pub(super) async fn dial(
+    this: &Intercept,
+    target: &Target,
+    admitted: Admitted,
+) -> Result<(TcpStream, Admitted), Refusal> {
     let settings = this.parts.deliverer.context().settings();
     let guard = GuardedResolver::new(this.parts.resolver.clone(), Arc::new(settings.egress.clone()));
     let failed = |e: crate::outbound::BoxError| {
@@ -207,7 +279,8 @@ pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream,
         let message = format!("cannot connect to {}: {}", target.authority, reasons.join(": "));
         Refusal::new(http::StatusCode::BAD_GATEWAY, "tunnel_failed", message)
     };
-    if let Ok(ip) = target.host.parse() {
+    let literal = target.host.parse().ok();
+    if let Some(ip) = literal {
         guard.check(ip).map_err(|e| failed(Box::new(e)))?;
     }
     let egress = Egress::new(
@@ -216,9 +289,10 @@ pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream,
         this.proxy.clone(),
         this.connect_timeout,
     );
-    let uri = format!("https://{}/", target.authority)
+    let uri: http::Uri = format!("https://{}/", target.authority)
         .parse()
         .map_err(|_| Refusal::bad("invalid_target", "CONNECT needs a host:port target"))?;
+    let proxied = this.proxy.as_ref().is_some_and(|p| p.intercepts(&uri));
     // Bounded as a whole: a proxy that never answers the CONNECT must not hold the
     // request (and its tunnel slot) forever.
     let connecting = tokio::time::timeout(this.connect_timeout, egress.connect(uri));
@@ -226,24 +300,30 @@ pub(super) async fn dial(this: &Intercept, target: &Target) -> Result<TcpStream,
         .await
         .map_err(|_| failed(format!("no connection within {:?}", this.connect_timeout).into()))?
         .map_err(failed)?;
-    Ok(io.into_inner())
+    let stream = io.into_inner();
+    // Direct, the peer is the address the policy checked; through a proxy, only a literal
+    // is known.
+    let direct = (!proxied).then(|| stream.peer_addr().ok().map(|a| a.ip())).flatten();
+    let admitted = admitted.dialled(literal.or(direct), &settings.egress);
+    Ok((stream, admitted))
 }
 
-/// Copies a passthrough tunnel's bytes both ways.
+/// Copies a passthrough tunnel's bytes both ways, until done, idle, stopped or revoked.
 pub(super) async fn passthrough(
     this: Arc<Intercept>,
     req: Request<Incoming>,
     upstream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    target: Target,
+    standing: Standing,
 ) {
     let Some((client, socket, _open)) = take_over(&this, req, TunnelKind::Passthrough).await else {
         return;
     };
-    let mut stop = this.parts.stop.clone();
     // The same client, the same split writes: acknowledged at once here too.
     tokio::select! {
         _ = copy_until_idle(client, socket, upstream, this.idle_timeout) => {}
-        _ = stop.wait_for(|stopped| *stopped) => {}
+        _ = standing.lost(&this, &target, TunnelKind::Passthrough) => {}
     }
 }
 

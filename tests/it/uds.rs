@@ -1,6 +1,6 @@
 //! Ingress on a Unix domain socket (`listen = "unix:/path"`): delivery through the socket,
 //! the file's mode, a stale socket replaced, anything else at the path refused, the file
-//! removed at shutdown.
+//! removed at shutdown, and a directory others could replace the socket in refused.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -111,4 +111,68 @@ async fn a_stale_socket_file_is_replaced_but_a_regular_file_is_not() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("cannot listen on unix:"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
+}
+
+#[tokio::test]
+async fn a_socket_directory_others_may_write_without_the_sticky_bit_is_refused() {
+    let rx = Receiver::start().await;
+    let d = tempfile::tempdir().unwrap();
+    // What an emptyDir on disk is: 0777, no sticky bit. Anyone could unlink the socket and
+    // listen in its place.
+    let shared = d.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let mode = |m: u32| std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(0o777);
+    let socket = shared.join("ingress.sock");
+    let (cmd, config_path, data_dir) = command(d.path(), &socket, "");
+    let out = exits(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "as other config errors: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    let why = format!(
+        "{} is in {}, which is writable by every user without the sticky bit (mode 0777)",
+        socket.display(),
+        shared.display()
+    );
+    assert!(stderr.contains(&why), "{stderr}");
+    assert!(!socket.exists(), "nothing bound");
+    let mut check = Command::new(bin());
+    check
+        .args(["check-config", "--config"])
+        .arg(&config_path)
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()));
+    let check = exits(check);
+    assert_eq!(check.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&check.stderr).contains(&why));
+
+    // With the sticky bit (a tmpfs, /tmp), or not shared at all: served.
+    for m in [0o1777, 0o755] {
+        mode(m);
+        let (cmd, _, _) = command(d.path(), &socket, "");
+        let mut c = Courier::launch(cmd, config_path.clone(), data_dir.clone());
+        let (status, body) = post_unix(&socket, &format!("/{}", rx.url("/ok")), "{}").await;
+        assert_eq!(status, 202, "{m:o}: {body}");
+        assert!(c.signal_and_wait("TERM").success(), "{}", c.log.all());
+    }
+}
+
+/// Runs `cmd`, which must end by itself (a refused start) within [`WAIT`]: one that serves
+/// instead is killed, and the test fails.
+fn exits(mut cmd: Command) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} ran on instead of refusing: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
