@@ -175,14 +175,38 @@ struct End<T> {
     watch: Option<Watch>,
 }
 
-/// When a byte last moved through a tunnel (ms since `start`), shared by its two ends.
+/// When a byte last moved through a tunnel (ms since `start`), and since when each end's
+/// writes have waited for its peer to read (ms since `start` + 1; 0: not waiting), shared
+/// by its two ends; `side` is the end this copy belongs to.
 #[derive(Clone)]
 struct Watch {
     start: tokio::time::Instant,
     seen: Arc<AtomicU64>,
+    blocked: Arc<[AtomicU64; 2]>,
+    /// Woken when a write starts to wait: its deadline may be the next one.
+    wake: Arc<tokio::sync::Notify>,
+    side: usize,
 }
 
 impl Watch {
+    fn new() -> Self {
+        Watch {
+            start: tokio::time::Instant::now(),
+            seen: Arc::new(AtomicU64::new(0)),
+            blocked: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
+            wake: Arc::new(tokio::sync::Notify::new()),
+            side: 0,
+        }
+    }
+
+    /// The same watch, for the other end.
+    fn other_end(&self) -> Self {
+        Watch {
+            side: 1 - self.side,
+            ..self.clone()
+        }
+    }
+
     fn moved(&self) {
         let ms = self.start.elapsed().as_millis() as u64;
         self.seen.fetch_max(ms, Ordering::Relaxed);
@@ -190,6 +214,34 @@ impl Watch {
 
     fn last(&self) -> tokio::time::Instant {
         self.start + std::time::Duration::from_millis(self.seen.load(Ordering::Relaxed))
+    }
+
+    /// Notes what this end's write came to: waiting for the peer, or moving.
+    fn wrote<T>(&self, polled: &Poll<std::io::Result<T>>) {
+        let slot = &self.blocked[self.side];
+        match polled {
+            Poll::Pending if slot.load(Ordering::Relaxed) == 0 => {
+                slot.store(self.start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                self.wake.notify_one();
+            }
+            Poll::Ready(_) => slot.store(0, Ordering::Relaxed),
+            Poll::Pending => {}
+        }
+    }
+
+    /// When the tunnel ends unless something moves: no byte either way for `idle`, or a
+    /// write its peer has not taken for `send`.
+    fn deadline(&self, idle: std::time::Duration, send: std::time::Duration) -> tokio::time::Instant {
+        let stalled = self
+            .blocked
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .filter(|&ms| ms > 0)
+            .min();
+        let idle_end = self.last() + idle;
+        stalled.map_or(idle_end, |ms| {
+            idle_end.min(self.start + std::time::Duration::from_millis(ms - 1) + send)
+        })
     }
 }
 
@@ -226,8 +278,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for End<T> {
 impl<T: AsyncWrite + Unpin> AsyncWrite for End<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let (Some(watch), Poll::Ready(Ok(1..))) = (&self.watch, &polled) {
-            watch.moved();
+        if let Some(watch) = &self.watch {
+            if let Poll::Ready(Ok(1..)) = &polled {
+                watch.moved();
+            }
+            watch.wrote(&polled);
         }
         polled
     }
@@ -322,24 +377,25 @@ pub(super) async fn passthrough(
     };
     // The same client, the same split writes: acknowledged at once here too.
     tokio::select! {
-        _ = copy_until_idle(client, socket, upstream, this.idle_timeout) => {}
+        _ = copy_until_idle(client, socket, upstream, (this.idle_timeout, this.parts.limits.send_timeout)) => {}
         _ = standing.lost(&this, &target, TunnelKind::Passthrough) => {}
     }
 }
 
 /// Copies `a` (the client, on `a_socket`) ↔ `b`, both ways at once, until both sides have
 /// finished sending (each end's write side is shut when the other's read ends), an error,
-/// or no byte either way for `idle` (a peer that stops reading stalls its direction, and
-/// is cut then too).
-async fn copy_until_idle<A, B>(a: A, a_socket: Option<TcpSocket>, b: B, idle: std::time::Duration)
-where
+/// no byte either way for `idle`, or a write that waited `send` for its peer to read (a
+/// peer that stops reading would otherwise hold the tunnel while the other way flows).
+async fn copy_until_idle<A, B>(
+    a: A,
+    a_socket: Option<TcpSocket>,
+    b: B,
+    (idle, send): (std::time::Duration, std::time::Duration),
+) where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let watch = Watch {
-        start: tokio::time::Instant::now(),
-        seen: Arc::new(AtomicU64::new(0)),
-    };
+    let watch = Watch::new();
     let mut a = End {
         inner: a,
         socket: a_socket,
@@ -348,16 +404,17 @@ where
     let mut b = End {
         inner: b,
         socket: None,
-        watch: Some(watch.clone()),
+        watch: Some(watch.other_end()),
     };
     let copying = tokio::io::copy_bidirectional(&mut a, &mut b);
     tokio::pin!(copying);
     loop {
-        // A timer to the end of the idle window; on waking, a byte moved since moves it.
+        // A timer to the nearest deadline; on waking, what moved since puts it off.
         tokio::select! {
             _ = &mut copying => return,
-            _ = tokio::time::sleep_until(watch.last() + idle) => {
-                if watch.last() + idle <= tokio::time::Instant::now() {
+            _ = watch.wake.notified() => {}
+            _ = tokio::time::sleep_until(watch.deadline(idle, send)) => {
+                if watch.deadline(idle, send) <= tokio::time::Instant::now() {
                     return;
                 }
             }
@@ -366,72 +423,5 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[test]
-    fn a_request_inside_a_tunnel_is_addressed_to_its_target() {
-        let req = Request::builder().uri("/hook?x=1").body(()).unwrap();
-        let req = addressed(req, "hooks.example:8443");
-        assert_eq!(req.uri(), "https://hooks.example:8443/hook?x=1");
-        assert!(req.extensions().get::<Tunnelled>().is_some());
-        let bare = addressed(Request::builder().uri("*").body(()).unwrap(), "[::1]:443");
-        assert_eq!(bare.uri().host(), Some("[::1]"));
-    }
-
-    #[tokio::test]
-    async fn bytes_go_both_ways_and_an_idle_tunnel_closes() {
-        let (client, mut app) = tokio::io::duplex(64);
-        let (server, mut receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_millis(300)));
-        app.write_all(b"ping").await.unwrap();
-        let mut buf = [0u8; 4];
-        receiver.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"ping");
-        receiver.write_all(b"pong").await.unwrap();
-        app.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"pong");
-        // Nothing more either way: the tunnel closes after the idle timeout.
-        tokio::time::timeout(Duration::from_secs(5), copying)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(app.read(&mut buf).await.unwrap(), 0, "closed");
-    }
-
-    #[tokio::test]
-    async fn a_peer_that_stops_reading_is_cut_when_idle() {
-        let (client, mut app) = tokio::io::duplex(64);
-        // The receiver's end is kept but never read: its direction stalls.
-        let (server, _receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_millis(300)));
-        let _ = tokio::time::timeout(Duration::from_millis(500), app.write_all(&[0u8; 4096])).await;
-        tokio::time::timeout(Duration::from_secs(5), copying)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_half_closed_side_still_gets_the_answer() {
-        let (client, mut app) = tokio::io::duplex(64);
-        let (server, mut receiver) = tokio::io::duplex(64);
-        let copying = tokio::spawn(copy_until_idle(client, None, server, Duration::from_secs(30)));
-        app.write_all(b"req").await.unwrap();
-        app.shutdown().await.unwrap();
-        let mut got = Vec::new();
-        receiver.read_to_end(&mut got).await.unwrap();
-        assert_eq!(got, b"req");
-        receiver.write_all(b"answer").await.unwrap();
-        receiver.shutdown().await.unwrap();
-        let mut answer = Vec::new();
-        app.read_to_end(&mut answer).await.unwrap();
-        assert_eq!(answer, b"answer");
-        tokio::time::timeout(Duration::from_secs(5), copying)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
+#[path = "tunnel_tests.rs"]
+mod tests;
