@@ -159,7 +159,7 @@ impl InProgress {
             a.unsent += 1;
             let first = a.unsent == 1;
             if first {
-                a.sent_at = Instant::now();
+                a.sent_at = tokio::time::Instant::now();
             }
             first
         });
@@ -173,7 +173,7 @@ impl Drop for InProgress {
             shared.send_if_modified(|a| {
                 a.open -= 1;
                 if a.quiet() {
-                    a.quiet_since = Instant::now();
+                    a.quiet_since = tokio::time::Instant::now();
                 }
                 a.open == 0
             });
@@ -188,7 +188,7 @@ impl Drop for Unsent {
     fn drop(&mut self) {
         self.0.send_if_modified(|a| {
             a.unsent -= 1;
-            let now = Instant::now();
+            let now = tokio::time::Instant::now();
             a.sent_at = now;
             let quiet = a.quiet();
             if quiet {
@@ -253,7 +253,8 @@ impl<S> Watched<S> {
         match (&poll, self.blocked) {
             (Poll::Pending, false) => {
                 self.blocked = true;
-                self.shared.send_modify(|a| a.blocked = Some(Instant::now()));
+                self.shared
+                    .send_modify(|a| a.blocked = Some(tokio::time::Instant::now()));
             }
             (Poll::Ready(_), true) => {
                 self.blocked = false;
