@@ -38,6 +38,7 @@ mod sealing;
 mod security;
 mod setup_script;
 mod signing_ed25519;
+mod stored_secrets;
 mod tls;
 mod trace_context;
 mod uds;
