@@ -5,8 +5,51 @@
 
 use std::path::Path;
 
-use crate::sealing::{generate_key, sealed_with};
+use crate::sealing::{files_holding, generate_key, sealed_with};
 use crate::support::*;
+
+const ALERT_PATH: &str = "/alerts/ALERT-PATH-m3Qx8";
+const ALERT_QUERY: &str = "key=ALERT-QUERY-v5Rt1";
+
+#[tokio::test]
+async fn a_queued_pause_alert_leaves_alert_url_in_no_file_and_is_delivered_after_a_restart() {
+    // The alert receiver is down until the restart: the alert waits in the store.
+    let alerts_at = dead_addr();
+    let rx = Receiver::scripted(|_, _| Reply::status(410).body("gone")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = generate_key(dir.path(), "store.key");
+    let cfg = format!(
+        "alert_url = \"http://{alerts_at}{ALERT_PATH}?{ALERT_QUERY}\"\n{}[delivery]\npause_after_permanent_failures = 1\n",
+        sealed_with(&[&key])
+    );
+    let mut c = Courier::start(dir.path(), &cfg);
+    let a = post(&c.prefixed(&rx.url("/gone")), &[], "x").await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    let alert = eventually("the pause alert to be stored and tried", || async {
+        let list = get(&c.admin_url("/deliveries?limit=100")).await.json();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["endpoint"].as_str().unwrap().ends_with("/[alert_url]") && d["attempts"].as_u64() >= Some(1))
+            .cloned()
+    })
+    .await;
+    let shown = alert["target"].as_str().unwrap();
+    assert!(!shown.contains("ALERT-"), "{shown}");
+    assert!(c.signal_and_wait("TERM").success());
+    let needles = ["ALERT-PATH-m3Qx8", "ALERT-QUERY-v5Rt1"];
+    assert_eq!(files_holding(&c.data_dir, &needles), Vec::<String>::new());
+
+    // After a restart the stored reference still finds alert_url, path and query.
+    c.restart();
+    let alerts = Receiver::start_on(alerts_at).await;
+    let seen = alerts.wait_for(1).await;
+    assert_eq!(seen[0].path, format!("{ALERT_PATH}?{ALERT_QUERY}"));
+    let body: serde_json::Value = serde_json::from_slice(&seen[0].body).unwrap();
+    assert_eq!(body["type"], "endpoint.paused");
+    wait_state(&c, alert["id"].as_str().unwrap(), "delivered").await;
+}
 
 /// The length of each of `ids`' stored payloads in the (stopped) store at `data_dir`.
 fn stored_payload_lengths(data_dir: &Path, ids: &[String]) -> Vec<usize> {
