@@ -86,3 +86,58 @@ async fn a_sealed_payload_is_as_long_whether_or_not_its_body_repeats_its_authori
     );
     assert!(lengths[0] < body.len(), "the body still compresses: {lengths:?}");
 }
+
+const ECHO_TOKEN: &str = "Bearer ECHO-TOKEN-w4Lp7-z2Nc";
+const ECHO_BODY: &str = r#"{"customer":"ada@example.com","card":"4242-4242-4242-4242"}"#;
+
+/// Every piece of `secret` of 8 bytes (the shortest piece courier takes out) found in `text`.
+fn pieces_in(text: &str, secret: &str) -> Vec<String> {
+    secret
+        .as_bytes()
+        .windows(8)
+        .filter(|w| text.as_bytes().windows(8).any(|t| t == *w))
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_receiver_echoing_the_request_leaves_none_of_it_in_last_error_or_the_history() {
+    let rx = Receiver::scripted(|_, seen| {
+        let auth = seen.header("authorization").unwrap_or_default();
+        let body = String::from_utf8_lossy(&seen.body).into_owned();
+        Reply::status(500).body(format!("rejected: authorization={auth} body={body}"))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = "[retry]\nbase_delay = \"50ms\"\nmax_delay = \"100ms\"\njitter = \"none\"\nmax_attempts = 2\n";
+    let c = Courier::start(dir.path(), cfg);
+    let a = post(
+        &c.prefixed(&rx.url("/hook")),
+        &[("authorization", ECHO_TOKEN)],
+        ECHO_BODY,
+    )
+    .await;
+    assert_eq!(a.status, 202, "{}", a.text());
+    let id = a.json()["id"].as_str().unwrap().to_string();
+    let dead = wait_state(&c, &id, "dead").await;
+    let echoed = &rx.seen()[0];
+    assert_eq!(
+        echoed.header("authorization").as_deref(),
+        Some(ECHO_TOKEN),
+        "the receiver got them"
+    );
+
+    let list = get(&c.admin_url("/deliveries?limit=100")).await.json();
+    let mut errors = vec![dead["last_error"].clone(), list["items"][0]["last_error"].clone()];
+    errors.extend(dead["history"].as_array().unwrap().iter().map(|h| h["error"].clone()));
+    assert_eq!(errors.len(), 4, "{dead}");
+    for error in &errors {
+        let error = error.as_str().unwrap();
+        assert!(error.starts_with("HTTP 500: rejected: authorization="), "{error}");
+        assert!(error.contains("[sent data]"), "{error}");
+        for secret in [ECHO_TOKEN, ECHO_BODY] {
+            let found = pieces_in(error, secret);
+            assert!(found.is_empty(), "{found:?} of {secret:?} in {error:?}");
+        }
+    }
+}
