@@ -65,6 +65,7 @@ pub mod redact;
 pub mod reload;
 pub mod retention;
 pub mod scheduler;
+pub mod scrub;
 pub mod signing;
 #[cfg(test)]
 mod sim;

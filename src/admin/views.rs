@@ -21,6 +21,10 @@ fn time_or_null(ms: u64) -> Value {
 /// The target as the admin API shows it: never userinfo, and `alert_url` only as its
 /// redacted key (its path may be the credential).
 pub fn shown_target(target: &str, endpoint: &str, alert_url: Option<&url::Url>) -> String {
+    // An alert stored by reference (`alert:` and the redacted key) shows as it is stored.
+    if crate::delivery::alert::is_reference(target) {
+        return target.to_string();
+    }
     match url::Url::parse(target) {
         // The current alert_url, or an alert stored under an earlier one (its endpoint key
         // is the redacted form, so it is recognised after a rotation too).

@@ -32,6 +32,8 @@ enum BuildError {
     Signing(#[from] signing::SigningError),
     #[error("stored target is not a URL: {0}")]
     Target(#[from] url::ParseError),
+    #[error("{0}")]
+    Alert(#[from] super::alert::Unresolved),
     #[error("stored method is invalid")]
     Method,
 }
@@ -68,7 +70,7 @@ fn build(
     traceparent: Option<String>,
 ) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(config.signing.scheme);
-    let url = url::Url::parse(&rec.target)?;
+    let url = url::Url::parse(super::alert::target_url(&rec.target, config.alert_url.as_ref())?)?;
     let secrets = secrets_for(config, &payload.signing, &url)?;
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
@@ -113,6 +115,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let trace_id = trace.map(|t| t.trace_id);
     let timeout = policy.request_timeout;
+    let mut echo = Echo::of(&payload);
     let req = match build(&settings.config, &rec, payload, started_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
@@ -125,7 +128,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             return;
         }
     };
-    let (sent, global) = send(&d, &settings.config, &rec, req, permit, started_ms).await;
+    echo.body = req.body.clone();
+    let (sent, global) = send(&d, &settings.config, &rec, req, permit, started_ms, &echo).await;
     let limits = Limits {
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
@@ -183,6 +187,7 @@ async fn send(
     req: OutboundRequest,
     permit: AttemptPermit,
     started_ms: u64,
+    echo: &Echo,
 ) -> (Sent, tokio::sync::OwnedSemaphorePermit) {
     d.ctx.metrics().attempt_started();
     // The guard's drop ends the count once, whether the send returns, panics or is cut off.
@@ -206,8 +211,9 @@ async fn send(
         Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
         Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
     };
-    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
-    let error = error.map(|e| crate::redact::clean(&e));
+    // Shown to operators (admin API, CLI): nothing the message sent (a receiver may echo
+    // it), then nothing that can disguise itself on a terminal.
+    let error = error.map(|e| crate::redact::clean(&echo.scrub(&e)));
     let sent = Sent {
         result,
         status,
@@ -281,11 +287,41 @@ fn host_outcome(
     }
 }
 
+/// What of the message its attempts' error text must not repeat (see `scrub`): the value
+/// of every header the app sent, the body, and the per-message secret. (Not the headers
+/// courier adds: event id, timestamp and signature are no secret, and errors name them.)
+struct Echo {
+    headers: Vec<Vec<u8>>,
+    /// Set once the request is built (shared with it, not copied).
+    body: Bytes,
+    secret: Option<String>,
+}
+
+impl Echo {
+    fn of(payload: &Payload) -> Echo {
+        Echo {
+            headers: payload.headers.iter().map(|(_, v)| v.clone()).collect(),
+            body: Bytes::new(),
+            secret: match &payload.signing {
+                SigningChoice::Inline(secret) => Some(secret.clone()),
+                _ => None,
+            },
+        }
+    }
+
+    fn scrub(&self, text: &str) -> String {
+        let mut sent: Vec<&[u8]> = self.headers.iter().map(Vec::as_slice).collect();
+        sent.push(&self.body);
+        sent.extend(self.secret.as_deref().map(str::as_bytes));
+        crate::scrub::scrub(text, &sent)
+    }
+}
+
 /// A short description of a non-2xx answer for `last_error`: the status and the start of
-/// the body, as text.
+/// the body, as text (cleaned with the rest of the error, after what was sent is taken out).
 fn response_error(status: u16, body: &[u8]) -> String {
-    let snippet = crate::redact::clean(&String::from_utf8_lossy(&body[..body.len().min(200)]));
-    if snippet.is_empty() {
+    let snippet = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    if crate::redact::clean(&snippet).is_empty() {
         format!("HTTP {status}")
     } else {
         format!("HTTP {status}: {snippet}")

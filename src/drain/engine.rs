@@ -64,6 +64,7 @@ pub async fn forward(
         token: config.drain.token.clone(),
         timeout: config.delivery.request_timeout,
     };
+    let alert_url = config.alert_url.clone();
     // Reading the PEM files must not stall an async worker (a running courier's ingress
     // and admin API share them).
     let (concurrency, listed) = (plan.concurrency, plan.listed);
@@ -74,6 +75,7 @@ pub async fn forward(
                 store,
                 transport,
                 peer,
+                alert_url,
                 clock,
                 metrics,
                 concurrency: concurrency as usize,
@@ -121,6 +123,8 @@ struct Engine {
     store: Arc<Store>,
     transport: Arc<dyn Transport>,
     peer: PeerAddr,
+    /// What an alert's stored reference resolves to (see `delivery::alert`).
+    alert_url: Option<url::Url>,
     /// Time, for the budget left and the waits between tries.
     clock: SharedClock,
     /// `courier_handed_off_total`.
@@ -320,20 +324,16 @@ impl Engine {
 
     /// Forwards one message until the peer holds it, refuses it, or the pass stops; marks
     /// it handed off after the peer's 202. Returns whether it was handed off.
-    async fn forward(&self, rec: MessageRecord, payload: Payload) -> bool {
+    async fn forward(&self, mut rec: MessageRecord, payload: Payload) -> bool {
+        // An alert goes with the URL its reference names (the peer stores it by reference
+        // again when that is its alert_url too).
+        match crate::delivery::alert::target_url(&rec.target, self.alert_url.as_ref()) {
+            Ok(url) => rec.target = url.to_string(),
+            Err(e) => return self.refused_here(&rec, e.code(), e.to_string()),
+        }
         let req = match forward_request(&self.peer, &rec, payload, self.clock.now_ms()) {
             Ok(req) => req,
-            Err(message) => {
-                let (id, event_id, code) = (rec.id.clone(), rec.event_id.clone(), "unreadable_record".into());
-                return self.refused(Refusal {
-                    seq: 0,
-                    id,
-                    event_id,
-                    status: 0,
-                    code,
-                    message,
-                });
-            }
+            Err(message) => return self.refused_here(&rec, "unreadable_record", message),
         };
         let receipt_key = self.peer.token.as_ref().map(|t| t.expose().as_bytes());
         for tries in 1.. {
@@ -386,6 +386,18 @@ impl Engine {
             }
             None => false,
         }
+    }
+
+    /// Counts a message that cannot be sent as it is (it stays pending here); always `false`.
+    fn refused_here(&self, rec: &MessageRecord, code: &str, message: String) -> bool {
+        self.refused(Refusal {
+            seq: 0,
+            id: rec.id.clone(),
+            event_id: rec.event_id.clone(),
+            status: 0,
+            code: code.into(),
+            message,
+        })
     }
 
     /// Counts a message the peer refused (it stays pending here); always `false`.
@@ -490,6 +502,7 @@ mod tests {
                 token: None,
                 timeout: std::time::Duration::from_secs(5),
             },
+            alert_url: None,
             clock: ManualClock::new(1_000),
             metrics: Arc::new(Metrics::default()),
             concurrency: 1,

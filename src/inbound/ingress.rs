@@ -215,6 +215,8 @@ impl Ingress {
         let mut msg = envelope.into_message(now, &mut crate::clock::rng(), self.deliverer.context().store().ids());
         // A route's ordering; an `[[endpoint]]` that orders wins (delivery applies it).
         msg.record.fifo = route_fifo.map(|on_dead| crate::store::Fifo { on_dead, pos: 0 });
+        // A message to alert_url (a drained alert) stores no secret URL either.
+        crate::delivery::alert::by_reference(&mut msg.record, config.alert_url.as_ref());
         self.commit(msg, held, config, trace).await
     }
 

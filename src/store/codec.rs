@@ -14,6 +14,10 @@ const MESSAGE_V2: [u8; 2] = [b'M', 2];
 /// through; written only for messages that came through a route.
 const MESSAGE_V3: [u8; 2] = [b'M', 3];
 const PAYLOAD_V1: [u8; 2] = [b'P', 1];
+/// Version 1 with the body LZ4-compressed on its own when that makes it smaller: written
+/// where payloads are sealed (RocksDB cannot compress those, and compressing the whole
+/// record would let a body's chosen text probe the headers and secret by size).
+const PAYLOAD_V2: [u8; 2] = [b'P', 2];
 const ATTEMPT_V1: [u8; 2] = [b'A', 1];
 /// Version 2 adds the revision of the policy the attempt was made under.
 const ATTEMPT_V2: [u8; 2] = [b'A', 2];
@@ -276,17 +280,34 @@ impl MessageRecord {
 }
 
 impl Payload {
-    /// Encodes the payload.
+    /// Encodes the payload as version 1, every field as it is (RocksDB compresses plain
+    /// payloads).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(false)
+    }
+
+    /// Encodes the payload to be sealed (version 2): the body compressed on its own, so no
+    /// compression context spans it and the headers or secret, and a sealed payload's size
+    /// depends on the body and on the other fields' lengths only.
+    pub fn encode_packed(&self) -> Vec<u8> {
+        self.encode_as(true)
+    }
+
+    fn encode_as(&self, packed: bool) -> Vec<u8> {
         let headers_len: usize = self.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
-        let mut w = Writer::new(PAYLOAD_V1, 32 + self.method.len() + headers_len + self.body.len());
+        let tag = if packed { PAYLOAD_V2 } else { PAYLOAD_V1 };
+        let mut w = Writer::new(tag, 32 + self.method.len() + headers_len + self.body.len());
         w.str(&self.method);
         w.u32(self.headers.len() as u32);
         for (name, value) in &self.headers {
             w.str(name);
             w.bytes(value);
         }
-        w.bytes(&self.body);
+        if packed {
+            w.packed(&self.body);
+        } else {
+            w.bytes(&self.body);
+        }
         w.u8(place_byte(&SCHEMES, self.scheme));
         let (tag, text) = match &self.signing {
             SigningChoice::Default => (0, None),
@@ -300,9 +321,10 @@ impl Payload {
         w.0
     }
 
-    /// Decodes a payload written by [`Payload::encode`].
+    /// Decodes a payload written by [`Payload::encode`] or [`Payload::encode_packed`].
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Reader::new("payload", PAYLOAD_V1, buf)?;
+        let packed = buf.get(..2) == Some(&PAYLOAD_V2[..]);
+        let mut r = Reader::new("payload", if packed { PAYLOAD_V2 } else { PAYLOAD_V1 }, buf)?;
         let method = r.string()?;
         let count = r.u32()? as usize;
         // A corrupt count must not make us allocate gigabytes up front.
@@ -312,7 +334,7 @@ impl Payload {
             let value = r.bytes()?.to_vec();
             headers.push((name, value));
         }
-        let body = r.bytes()?.to_vec();
+        let body = if packed { r.packed()? } else { r.bytes()?.to_vec() };
         let scheme = from_place(&SCHEMES, r.u8()?, "payload", "unknown signature scheme")?;
         let signing = match r.u8()? {
             0 => SigningChoice::Default,

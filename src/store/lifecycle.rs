@@ -126,9 +126,9 @@ fn table_options(block_cache_bytes: usize) -> BlockBasedOptions {
     table
 }
 
-/// One column family's options: payloads compressed (unless they are sealed: `seal`
-/// compresses each before sealing it, and RocksDB would only spend CPU failing to shrink
-/// ciphertext), counters merged by addition.
+/// One column family's options: payloads compressed (unless they are sealed: each body is
+/// compressed on its own before it is sealed, and RocksDB would only spend CPU failing to
+/// shrink ciphertext), counters merged by addition.
 fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize, sealed: bool) -> Options {
     let mut o = Options::default();
     o.set_block_based_table_factory(table);

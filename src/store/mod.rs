@@ -273,10 +273,8 @@ impl Store {
         let claim = claim && msg.record.fifo.is_none();
         // Sealed here, on the caller's thread: CPU only (about a microsecond per KiB), and the
         // commit thread, which every accept waits on, stays free of it.
-        let payload = self
-            .options
-            .keyring
-            .seal(keys::PAYLOADS, msg.record.id.as_bytes(), msg.payload.encode());
+        let ring = &self.options.keyring;
+        let payload = sealing::stored_payload(ring, true, msg.record.id.as_bytes(), &msg.payload);
         let (record, claimed) = if claim {
             msg.record.state = State::InFlight;
             (msg.record.clone(), Some(msg))

@@ -16,10 +16,13 @@
 //! payload), never `S`, so plain values written before sealing was turned on read as they
 //! are.
 //!
-//! The plaintext is a flag byte and the value: as it is (flag 0), or LZ4-compressed (flag
-//! 1: a 4-byte little-endian length, then an LZ4 block) when that makes it smaller: RocksDB
-//! cannot compress what is sealed, and payloads (JSON) compress well. As with any
-//! encryption after compression, a value's stored size says how well it compressed.
+//! The plaintext is a flag byte and the value as it is (flag 0). Values sealed by earlier
+//! couriers may carry flag 1 (a 4-byte little-endian length, then an LZ4 block of the
+//! whole value) and still open; nothing is sealed so any more. Compressing a whole payload
+//! made its sealed size depend on how well the app's headers and secrets match its body,
+//! which someone who chooses part of a body can measure (CRIME): a payload compresses its
+//! body alone, before it is sealed (`codec`, payload version 2), so what the seal hides
+//! never shares a compression context with anything else.
 //!
 //! # Key ids
 //! A key's id is the first 4 bytes of SHA-256 over a label and the key: enough to tell an
@@ -51,6 +54,7 @@ const TAG_LEN: usize = 16;
 const VALUE_KEY_LABEL: &[u8] = b"courier payload key v1\0";
 /// The plaintext's flag byte.
 const RAW: u8 = 0;
+/// Written by earlier couriers only (the whole value LZ4-compressed); still opened.
 const LZ4: u8 = 1;
 
 /// Which key sealed a value (shown as 8 hex digits).
@@ -159,7 +163,7 @@ impl Keyring {
     /// is when no key is configured.
     pub fn seal(&self, cf: &str, key: &[u8], plain: Vec<u8>) -> Vec<u8> {
         match self.keys.first() {
-            Some(k) => seal_with(k, cf, key, &plain),
+            Some(k) => seal_with(k, cf, key, RAW, &plain),
             None => plain,
         }
     }
@@ -179,20 +183,9 @@ impl Keyring {
             .map_err(|_| SealError::Forged(id))?;
         match plain.split_first() {
             Some((&RAW, value)) => Ok(Cow::Owned(value.to_vec())),
-            Some((&LZ4, packed)) => unpack(packed).map(Cow::Owned).ok_or(SealError::Forged(id)),
+            Some((&LZ4, packed)) => super::wire::unpack(packed).map(Cow::Owned).ok_or(SealError::Forged(id)),
             _ => Err(SealError::Forged(id)),
         }
-    }
-
-    /// `stored` as this keyring would write it now (`to_plain`: plain): `None` when it is
-    /// already so. For rekeying.
-    pub fn reseal(&self, cf: &str, key: &[u8], stored: &[u8], to_plain: bool) -> Result<Option<Vec<u8>>, SealError> {
-        let want = if to_plain { None } else { self.sealing() };
-        if sealed_with(stored) == want {
-            return Ok(None);
-        }
-        let plain = self.open(cf, key, stored)?.into_owned();
-        Ok(Some(if to_plain { plain } else { self.seal(cf, key, plain) }))
     }
 }
 
@@ -204,15 +197,11 @@ pub fn sealed_with(stored: &[u8]) -> Option<KeyId> {
     Some(KeyId(stored[2..2 + ID_LEN].try_into().expect("4 bytes")))
 }
 
-fn seal_with(k: &StoreKey, cf: &str, key: &[u8], plain: &[u8]) -> Vec<u8> {
+/// `flag ‖ body` sealed with `k` for the record `key` of `cf`. Courier seals only `RAW`
+/// values: the value's own length is all the sealed one says.
+fn seal_with(k: &StoreKey, cf: &str, key: &[u8], flag: u8, body: &[u8]) -> Vec<u8> {
     let mut nonce = [0u8; NONCE_LEN];
     crate::clock::rng().fill_bytes(&mut nonce);
-    let packed = lz4_flex::block::compress_prepend_size(plain);
-    let (flag, body) = if packed.len() < plain.len() {
-        (LZ4, &packed[..])
-    } else {
-        (RAW, plain)
-    };
     let mut out = Vec::with_capacity(HEADER_LEN + 1 + body.len() + TAG_LEN);
     out.extend_from_slice(&SEALED_V1);
     out.extend_from_slice(&k.id.0);
@@ -225,17 +214,6 @@ fn seal_with(k: &StoreKey, cf: &str, key: &[u8], plain: &[u8]) -> Vec<u8> {
         .expect("AES-256-GCM seals any length courier stores");
     out.extend_from_slice(tag.as_ref());
     out
-}
-
-/// The value of an LZ4 block with its length in front; `None` when it is not one. The length
-/// is checked against what LZ4 can reach (255 bytes out per byte in) before it is allocated.
-fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
-    let (len, block) = packed.split_first_chunk::<4>()?;
-    let len = u32::from_le_bytes(*len) as usize;
-    if len > block.len().saturating_mul(255) {
-        return None;
-    }
-    lz4_flex::block::decompress(block, len).ok()
 }
 
 /// `cf ‖ 0 ‖ key`: where the value lives, bound into its tag.
@@ -295,19 +273,27 @@ mod tests {
         let two = ring.seal("payloads", b"k", b"same".to_vec());
         assert_ne!(one[2 + ID_LEN..HEADER_LEN], two[2 + ID_LEN..HEADER_LEN], "nonces");
         assert_ne!(one[HEADER_LEN..], two[HEADER_LEN..]);
-        // Too short to gain from LZ4: the flag and the value as they are.
+        // The flag and the value as they are.
         assert_eq!(one.len(), HEADER_LEN + 1 + 4 + TAG_LEN);
     }
 
     #[test]
-    fn a_compressible_value_is_stored_smaller_and_reads_back_whole() {
+    fn a_value_is_sealed_uncompressed_and_one_compressed_by_an_older_courier_still_opens() {
         let ring = Keyring::new(&[A]);
         let plain = [&b"P\x01"[..], &[b'x'; 4000][..]].concat();
         let sealed = ring.seal("payloads", b"k", plain.clone());
-        assert!(sealed.len() < 200, "{}", sealed.len());
+        // Its length is the value's, however well it would compress.
+        assert_eq!(sealed.len(), HEADER_LEN + 1 + plain.len() + TAG_LEN);
         assert_eq!(ring.open("payloads", b"k", &sealed).unwrap(), plain);
         let empty = ring.seal("payloads", b"k", Vec::new());
         assert_eq!(ring.open("payloads", b"k", &empty).unwrap(), &b""[..]);
+        // As earlier couriers sealed it: the whole value LZ4-compressed.
+        let old = seal_with(&ring.keys[0], "payloads", b"k", LZ4, &crate::store::wire::pack(&plain));
+        assert!(old.len() < 200, "{}", old.len());
+        assert_eq!(ring.open("payloads", b"k", &old).unwrap(), plain);
+        // A compressed value whose block does not decode does not open.
+        let bad = seal_with(&ring.keys[0], "payloads", b"k", LZ4, b"\xff\xff\xff\x7fxx");
+        assert_eq!(ring.open("payloads", b"k", &bad), Err(SealError::Forged(KeyId::of(&A))));
     }
 
     #[test]
@@ -338,29 +324,9 @@ mod tests {
     }
 
     #[test]
-    fn reseal_moves_a_value_to_the_first_key_or_to_plain_and_leaves_it_when_there() {
-        let ring = Keyring::new(&[A, B]);
-        let by_b = Keyring::new(&[B]).seal("payloads", b"k", b"v".to_vec());
-        let moved = ring.reseal("payloads", b"k", &by_b, false).unwrap().unwrap();
-        assert_eq!(sealed_with(&moved), Some(KeyId::of(&A)));
-        assert_eq!(ring.reseal("payloads", b"k", &moved, false).unwrap(), None);
-        let plain = ring.reseal("payloads", b"k", &moved, true).unwrap().unwrap();
-        assert_eq!(plain, b"v");
-        assert_eq!(ring.reseal("payloads", b"k", &plain, true).unwrap(), None);
-        // Plain values are sealed by a rekey too.
-        let sealed = ring.reseal("payloads", b"k", &plain, false).unwrap().unwrap();
-        assert_eq!(sealed_with(&sealed), Some(KeyId::of(&A)));
-        // A value whose key is gone cannot be moved.
-        let lost = Keyring::new(&[[1; 32]]).seal("payloads", b"k", b"v".to_vec());
-        assert!(matches!(
-            ring.reseal("payloads", b"k", &lost, false),
-            Err(SealError::UnknownKey(_))
-        ));
-    }
-
-    #[test]
     fn a_length_lz4_could_not_reach_is_refused_before_it_is_allocated() {
-        let packed = lz4_flex::block::compress_prepend_size(&[b'x'; 1000]);
+        use crate::store::wire::unpack;
+        let packed = crate::store::wire::pack(&[b'x'; 1000]);
         assert_eq!(unpack(&packed).unwrap(), vec![b'x'; 1000]);
         let mut huge = packed.clone();
         huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());

@@ -12,8 +12,8 @@ use std::path::Path;
 
 use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions, DB};
 
-use super::seal::{KeyId, Keyring, SealError};
-use super::{cf_of, keys, CodecError, Store, StoreError};
+use super::seal::{sealed_with, KeyId, Keyring, SealError};
+use super::{cf_of, keys, CodecError, Payload, Store, StoreError};
 
 use keys::SEALED_BY;
 
@@ -114,6 +114,33 @@ pub(super) fn check_at_open(db: &DB, ring: &Keyring) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The stored form of `payload`, the record `key` of `payloads`: sealed with `ring`'s
+/// sealing key, its body compressed on its own (payload version 2), when `sealed`; plain,
+/// version 1 (RocksDB compresses it), otherwise.
+pub(super) fn stored_payload(ring: &Keyring, sealed: bool, key: &[u8], payload: &Payload) -> Vec<u8> {
+    match ring.sealing().filter(|_| sealed) {
+        Some(_) => ring.seal(keys::PAYLOADS, key, payload.encode_packed()),
+        None => payload.encode(),
+    }
+}
+
+/// The payload `stored` (the record `key`) as a store with `ring` writes it now (`to_plain`:
+/// plain): `None` when it is already under that key (or plain). A moved payload is decoded
+/// and written again, so it gets the current version's layout (a body compressed alone).
+pub(super) fn rewritten(
+    ring: &Keyring,
+    key: &[u8],
+    stored: &[u8],
+    to_plain: bool,
+) -> Result<Option<Vec<u8>>, CodecError> {
+    let want = if to_plain { None } else { ring.sealing() };
+    if sealed_with(stored) == want {
+        return Ok(None);
+    }
+    let payload = Payload::decode(&ring.open(keys::PAYLOADS, key, stored)?)?;
+    Ok(Some(stored_payload(ring, !to_plain, key, &payload)))
+}
+
 impl Store {
     /// The keys configured and the keys the data needs.
     pub fn keys_in_use(&self) -> Result<KeysInUse, StoreError> {
@@ -136,20 +163,20 @@ impl Store {
         let mut batch = WriteBatch::default();
         let mut it = self.range(keys::PAYLOADS, &[], None);
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            match ring.reseal(keys::PAYLOADS, k, v, to_plain) {
+            match rewritten(ring, k, v, to_plain) {
                 Ok(Some(value)) => {
                     batch.put_cf(cf, k, value);
                     done.moved += 1;
                 }
                 Ok(None) => done.kept += 1,
                 // (A key the data needs is missing only if the open check was skipped.)
-                Err(SealError::UnknownKey(id)) => {
+                Err(CodecError::Sealed(SealError::UnknownKey(id))) => {
                     return Err(StoreError::KeyMissing {
                         id,
                         configured: ring.ids(),
                     })
                 }
-                Err(SealError::Forged(_)) => {
+                Err(_) => {
                     done.unreadable += 1;
                     done.first_unreadable
                         .get_or_insert_with(|| String::from_utf8_lossy(k).into_owned());

@@ -49,6 +49,18 @@ impl Writer {
     pub(super) fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
+    /// `v` as a flag and bytes: LZ4-compressed on its own (flag 1, see [`pack`]) when that
+    /// makes it smaller, else as it is (flag 0).
+    pub(super) fn packed(&mut self, v: &[u8]) {
+        let packed = pack(v);
+        let (flag, bytes) = if packed.len() < v.len() {
+            (1, &packed[..])
+        } else {
+            (0, v)
+        };
+        self.u8(flag);
+        self.bytes(bytes);
+    }
     pub(super) fn opt_u16(&mut self, v: Option<u16>) {
         self.u8(u8::from(v.is_some()));
         if let Some(v) = v {
@@ -107,6 +119,15 @@ impl<'a> Reader<'a> {
         let b = self.bytes()?;
         String::from_utf8(b.to_vec()).map_err(|_| CodecError::Corrupt(self.kind, "text is not UTF-8"))
     }
+    /// Bytes written by [`Writer::packed`].
+    pub(super) fn packed(&mut self) -> Result<Vec<u8>, CodecError> {
+        let packed = self.flag()?;
+        let bytes = self.bytes()?;
+        match packed {
+            false => Ok(bytes.to_vec()),
+            true => unpack(bytes).ok_or(CodecError::Corrupt(self.kind, "bad LZ4 block")),
+        }
+    }
     pub(super) fn flag(&mut self) -> Result<bool, CodecError> {
         match self.u8()? {
             0 => Ok(false),
@@ -130,4 +151,21 @@ impl<'a> Reader<'a> {
             Err(CodecError::Corrupt(self.kind, "trailing bytes"))
         }
     }
+}
+
+/// `plain` as an LZ4 block with its length (4 bytes, little-endian) in front.
+pub(super) fn pack(plain: &[u8]) -> Vec<u8> {
+    lz4_flex::block::compress_prepend_size(plain)
+}
+
+/// The value of an LZ4 block with its length in front ([`pack`]); `None` when it is not one.
+/// The length is checked against what LZ4 can reach (255 bytes out per byte in) before it
+/// is allocated.
+pub(super) fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
+    let (len, block) = packed.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > block.len().saturating_mul(255) {
+        return None;
+    }
+    lz4_flex::block::decompress(block, len).ok()
 }

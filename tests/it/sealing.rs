@@ -29,7 +29,7 @@ fn secret() -> String {
 }
 
 /// `courier keys generate --store > dir/name`, as the docs say to make one.
-fn generate_key(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn generate_key(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
     let out = std::process::Command::new("sh")
         .arg("-c")
@@ -44,7 +44,8 @@ fn generate_key(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
-fn sealed_with(keys: &[&Path]) -> String {
+/// The config of a courier that retries quickly and seals with `keys`.
+pub(crate) fn sealed_with(keys: &[&Path]) -> String {
     let files: Vec<String> = keys.iter().map(|k| format!("\"{}\"", k.display())).collect();
     format!("{RETRY}[store]\nencryption_key_files = [{}]\n", files.join(", "))
 }
@@ -72,7 +73,11 @@ async fn post_marked(c: &Courier, target: &str, n: usize, prefix: &str) -> Vec<S
 /// Which of the marker, the token and the secret some file under `dir` holds.
 fn found_in_files(dir: &Path) -> Vec<String> {
     let secret = secret();
-    let needles = [MARKER, TOKEN.trim_start_matches("Bearer "), secret.as_str()];
+    files_holding(dir, &[MARKER, TOKEN.trim_start_matches("Bearer "), secret.as_str()])
+}
+
+/// `needle in path` for each of `needles` some file under `dir` holds (read byte for byte).
+pub(crate) fn files_holding(dir: &Path, needles: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {

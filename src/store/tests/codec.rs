@@ -118,6 +118,52 @@ fn payloads_attempts_endpoints_and_routing_round_trip() {
 }
 
 #[test]
+fn a_packed_payload_compresses_its_body_alone_and_reads_back_whole() {
+    let payload = |auth: &[u8], body: Vec<u8>| Payload {
+        method: "POST".into(),
+        headers: vec![("authorization".into(), auth.to_vec())],
+        body,
+        scheme: None,
+        signing: SigningChoice::Inline("whsec_c2VjcmV0".into()),
+    };
+    let json = b"{\"a\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}".repeat(20);
+    for body in [json.clone(), Vec::new(), (0..=255u8).collect()] {
+        let p = payload(b"Bearer t", body.clone());
+        let buf = p.encode_packed();
+        assert_eq!(buf[..2], [b'P', 2]);
+        assert_eq!(Payload::decode(&buf), Ok(p.clone()));
+        assert_eq!(Payload::decode(&p.encode()), Ok(p.clone()), "version 1 still reads");
+        for cut in 0..buf.len() {
+            assert!(Payload::decode(&buf[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+    // A compressible body shrinks; the record's length does not depend on whether the
+    // header or the secret repeat text of the body.
+    let p = payload(b"Bearer t", json.clone());
+    assert!(p.encode_packed().len() < json.len() / 4, "{}", p.encode_packed().len());
+    let guess = |auth: &[u8], secret: &str| {
+        let mut p = payload(auth, [&json[..], b"Bearer s3cr3t-token whsec_guessedsecret"].concat());
+        p.signing = SigningChoice::Inline(secret.into());
+        p.encode_packed().len()
+    };
+    assert_eq!(
+        guess(b"Bearer s3cr3t-token", "whsec_guessedsecret"),
+        guess(b"Bearer zzzzzzzzzzzz", "whsec_zzzzzzzzzzzzz")
+    );
+    // A flag no courier writes, or a block that does not decode, is an error.
+    let mut bad = payload(b"t", json).encode_packed();
+    // Kind and version, the method, the header count, the header's name and value.
+    let body_flag = 2 + (4 + 4) + 4 + (4 + 13) + (4 + 1);
+    assert_eq!(bad[body_flag], 1, "the body's flag");
+    bad[body_flag] = 2;
+    assert!(Payload::decode(&bad).is_err());
+    bad[body_flag] = 1;
+    let block = body_flag + 1 + 4;
+    bad[block..block + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(Payload::decode(&bad).is_err());
+}
+
+#[test]
 fn unknown_versions_are_errors_not_silence() {
     let mut buf = message().encode();
     buf[1] = 9;

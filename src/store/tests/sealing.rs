@@ -284,3 +284,62 @@ fn a_rekey_cut_short_by_a_crash_leaves_every_payload_readable_and_the_old_key_ne
     assert_eq!(store.rekey(false).unwrap().moved, 88);
     assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
 }
+
+/// Two payloads that differ only in a guess at the app's token (or at its per-message
+/// secret), one guess matching text the body carries: what the store writes for them.
+fn guessed(store: &Store, id: &str, token: &str, secret: &str) -> Vec<u8> {
+    let mut msg = marked(id);
+    // The part of the body a sender chooses: the text it hopes the header or secret repeats.
+    msg.payload.body = format!(
+        "{{\"note\":\"{}\",\"probe\":\"Bearer HEADER-TOKEN whsec_SECRET\"}}",
+        "n".repeat(300)
+    )
+    .into_bytes();
+    msg.payload.headers = vec![("authorization".into(), token.as_bytes().to_vec())];
+    msg.payload.signing = SigningChoice::Inline(secret.into());
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(store.accept(msg)).unwrap();
+    raw(store, id)
+}
+
+#[test]
+fn sealed_sizes_do_not_tell_whether_a_body_repeats_the_headers_or_the_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(&dir.path().join("data"), &[A]).unwrap();
+    let right = guessed(&store, "dlv_1", "Bearer HEADER-TOKEN", "whsec_SECRET");
+    let wrong = guessed(&store, "dlv_2", "Bearer ZQXJVKWPYBMQ", "whsec_ZQXJVK");
+    assert_eq!(right.len(), wrong.len(), "a right guess seals to another length");
+    // The body still compresses, on its own.
+    assert!(right.len() < 300, "{}", right.len());
+    assert_eq!(
+        store.payload("dlv_1").unwrap().unwrap().headers[0].1,
+        b"Bearer HEADER-TOKEN"
+    );
+}
+
+#[test]
+fn a_rewritten_payload_moves_to_the_sealing_key_or_to_plain_and_stays_when_there() {
+    use crate::store::sealing::{rewritten, stored_payload};
+    let payload = marked("dlv_1").payload;
+    let ring = Keyring::new(&[A, B]);
+    let moves = |stored: &[u8], to_plain: bool| rewritten(&ring, b"k", stored, to_plain);
+    let by_b = stored_payload(&Keyring::new(&[B]), true, b"k", &payload);
+    let moved = moves(&by_b, false).unwrap().unwrap();
+    assert_eq!(seal::sealed_with(&moved), Some(KeyId::of(&A)));
+    assert_eq!(moves(&moved, false).unwrap(), None);
+    let plain = moves(&moved, true).unwrap().unwrap();
+    assert_eq!(plain, payload.encode(), "plain payloads are version 1");
+    assert_eq!(moves(&plain, true).unwrap(), None);
+    // Plain payloads are sealed by a rekey too, their body compressed alone.
+    let sealed = moves(&plain, false).unwrap().unwrap();
+    let opened = ring.open(keys::PAYLOADS, b"k", &sealed).unwrap();
+    assert_eq!(opened[..2], [b'P', 2]);
+    assert_eq!(Payload::decode(&opened).unwrap(), payload);
+    // A payload whose key is gone cannot be moved; one that does not open neither.
+    let lost = stored_payload(&Keyring::new(&[[1; 32]]), true, b"k", &payload);
+    assert!(matches!(
+        moves(&lost, false),
+        Err(CodecError::Sealed(seal::SealError::UnknownKey(_)))
+    ));
+    assert!(rewritten(&ring, b"other", &by_b, false).is_err());
+}
