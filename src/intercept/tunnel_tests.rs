@@ -3,7 +3,19 @@
 
 use super::*;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+/// A tunnel between an app's end and a receiver's end (both `duplex(64)` pipes), copied
+/// with `(idle, send)` deadlines on a task of its own: `(app, receiver, copying)`.
+fn tunnel(limits: (Duration, Duration)) -> (DuplexStream, DuplexStream, tokio::task::JoinHandle<()>) {
+    let (client, app) = tokio::io::duplex(64);
+    let (server, receiver) = tokio::io::duplex(64);
+    (
+        app,
+        receiver,
+        tokio::spawn(copy_until_idle(client, None, server, limits)),
+    )
+}
 
 #[test]
 fn a_request_inside_a_tunnel_is_addressed_to_its_target() {
@@ -17,14 +29,7 @@ fn a_request_inside_a_tunnel_is_addressed_to_its_target() {
 
 #[tokio::test]
 async fn bytes_go_both_ways_and_an_idle_tunnel_closes() {
-    let (client, mut app) = tokio::io::duplex(64);
-    let (server, mut receiver) = tokio::io::duplex(64);
-    let copying = tokio::spawn(copy_until_idle(
-        client,
-        None,
-        server,
-        (Duration::from_millis(300), Duration::from_secs(30)),
-    ));
+    let (mut app, mut receiver, copying) = tunnel((Duration::from_millis(300), Duration::from_secs(30)));
     app.write_all(b"ping").await.unwrap();
     let mut buf = [0u8; 4];
     receiver.read_exact(&mut buf).await.unwrap();
@@ -42,15 +47,8 @@ async fn bytes_go_both_ways_and_an_idle_tunnel_closes() {
 
 #[tokio::test]
 async fn a_peer_that_stops_reading_is_cut_when_idle() {
-    let (client, mut app) = tokio::io::duplex(64);
     // The receiver's end is kept but never read: its direction stalls.
-    let (server, _receiver) = tokio::io::duplex(64);
-    let copying = tokio::spawn(copy_until_idle(
-        client,
-        None,
-        server,
-        (Duration::from_millis(300), Duration::from_secs(30)),
-    ));
+    let (mut app, _receiver, copying) = tunnel((Duration::from_millis(300), Duration::from_secs(30)));
     let _ = tokio::time::timeout(Duration::from_millis(500), app.write_all(&[0u8; 4096])).await;
     tokio::time::timeout(Duration::from_secs(5), copying)
         .await
@@ -60,11 +58,7 @@ async fn a_peer_that_stops_reading_is_cut_when_idle() {
 
 #[tokio::test]
 async fn a_peer_that_stops_reading_is_cut_while_the_other_way_flows() {
-    let (client, mut app) = tokio::io::duplex(64);
-    // The receiver writes on and on, but never reads what the app sends.
-    let (server, mut receiver) = tokio::io::duplex(64);
-    let limits = (Duration::from_secs(30), Duration::from_millis(300));
-    let copying = tokio::spawn(copy_until_idle(client, None, server, limits));
+    let (mut app, mut receiver, copying) = tunnel((Duration::from_secs(30), Duration::from_millis(300)));
     let started = std::time::Instant::now();
     let flowing = tokio::spawn(async move {
         while receiver.write_all(b"tick").await.is_ok() {
@@ -91,14 +85,7 @@ async fn a_peer_that_stops_reading_is_cut_while_the_other_way_flows() {
 
 #[tokio::test]
 async fn a_half_closed_side_still_gets_the_answer() {
-    let (client, mut app) = tokio::io::duplex(64);
-    let (server, mut receiver) = tokio::io::duplex(64);
-    let copying = tokio::spawn(copy_until_idle(
-        client,
-        None,
-        server,
-        (Duration::from_secs(30), Duration::from_secs(30)),
-    ));
+    let (mut app, mut receiver, copying) = tunnel((Duration::from_secs(30), Duration::from_secs(30)));
     app.write_all(b"req").await.unwrap();
     app.shutdown().await.unwrap();
     let mut got = Vec::new();
