@@ -17,7 +17,8 @@
 //!
 //! Layers, from the ground up (a module uses only modules of the layers below its own):
 //! 1. The vocabulary, no I/O of its own: [`model`], [`target`], [`clock`] (the clock and
-//!    randomness seams), [`timefmt`], [`redact`], [`batcher`] (a thread that handles queued
+//!    randomness seams), [`timefmt`], [`redact`], [`scrub`] (what a message sent, taken out
+//!    of the error text kept about it), [`batcher`] (a thread that handles queued
 //!    jobs in batches), [`sys`] (file descriptors, CPU priority, heap trimming).
 //! 2. [`policy`] (everything decided after an attempt, pure), [`signing`] (outbound
 //!    signatures and the drain receipt, pure), [`store`] (RocksDB).
