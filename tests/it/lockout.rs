@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::ingress_limits::raise_nofile;
 use crate::support::*;
@@ -120,8 +120,10 @@ async fn http2_clients_that_never_open_their_window_are_dropped_and_a_new_client
 const ADMIN_SLOTS_AT_1024: usize = 88;
 
 /// One HTTP/1.1 connection with a small receive buffer that pipelines `n` requests for a
-/// 17 KB file and reads nothing; counts itself in `closed` once courier closes it.
-async fn pipelining_client(addr: std::net::SocketAddr, n: usize, closed: Arc<AtomicUsize>) {
+/// 17 KB file and reads nothing; counts itself in `served` once its receive buffer holds
+/// answers (courier took its slot, and its writes are about to wait), and in `closed` once
+/// courier closes it.
+async fn pipelining_client(addr: std::net::SocketAddr, n: usize, [served, closed]: [Arc<AtomicUsize>; 2]) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let Ok(mut tcp) = socket.connect(addr).await else {
@@ -133,8 +135,15 @@ async fn pipelining_client(addr: std::net::SocketAddr, n: usize, closed: Arc<Ato
     // socket's own state says when courier's side is gone.
     use std::os::fd::AsRawFd;
     let fd = tcp.as_raw_fd();
+    let mut counted = false;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD into a c_int we own.
+        if !counted && unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) } == 0 && queued >= 2048 {
+            counted = true;
+            served.fetch_add(1, Ordering::Relaxed);
+        }
         // SAFETY: getsockopt into a struct we own, of the size we pass.
         let (rc, state) = unsafe {
             let mut info: libc::tcp_info = std::mem::zeroed();
@@ -186,13 +195,16 @@ async fn http1_clients_that_pipeline_and_never_read_are_dropped_and_admin_answer
         });
     }
     let c = Courier::launch(cmd, config_path, data_dir);
-    let closed = Arc::new(AtomicUsize::new(0));
+    let (served, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let started = Instant::now();
     let clients: Vec<_> = (0..CONNS)
-        .map(|_| tokio::spawn(pipelining_client(c.admin, 400, closed.clone())))
+        .map(|_| tokio::spawn(pipelining_client(c.admin, 400, [served.clone(), closed.clone()])))
         .collect();
-    // Long enough for every slot to fill and its writes to block.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every slot taken by a client whose answers fill its receive buffer.
+    eventually("every admin slot to hold a client that reads nothing", || async {
+        (served.load(Ordering::Relaxed) >= ADMIN_SLOTS_AT_1024).then_some(())
+    })
+    .await;
     let begun = Instant::now();
     let probe = tokio::time::timeout(2 * SEND + Duration::from_secs(1), get(&c.admin_url("/healthz"))).await;
     let took = begun.elapsed();
@@ -221,18 +233,25 @@ async fn uploads_that_declare_a_mebibyte_and_send_nothing_hold_no_budget() {
     // The defaults: max_pending_bytes 64 MiB, max_body 1 MiB.
     let c = Courier::start(d.path(), &format!("ingress_token = \"{TOKEN}\"\n"));
     let target = rx.url("/stalled");
+    // `Expect: 100-continue`: courier answers `100 Continue` once its handler reads the
+    // body, so the test knows every upload is being read (and, before bytes were charged as
+    // they arrive, held its declared 1 MiB).
     let head = format!(
         "POST /{target} HTTP/1.1\r\nhost: 127.0.0.1\r\ncourier-token: {TOKEN}\r\ncontent-type: application/json\r\n\
-         content-length: 1048576\r\n\r\n"
+         content-length: 1048576\r\nexpect: 100-continue\r\n\r\n"
     );
     let mut stalled = Vec::new();
     for _ in 0..STALLED {
         let mut s = tokio::net::TcpStream::connect(c.ingress).await.unwrap();
         s.write_all(head.as_bytes()).await.unwrap();
+        let mut line = [0u8; 25];
+        tokio::time::timeout(WAIT, s.read_exact(&mut line))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&line, b"HTTP/1.1 100 Continue\r\n\r\n");
         stalled.push(s);
     }
-    // Every head read and its handler waiting for the body.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let (status, took) = timed_post(&c, &rx, "/second", Duration::from_secs(1)).await;
     eprintln!("{STALLED} stalled uploads declaring 1 MiB each; the next client's POST: {status:?} in {took:?}");
     assert_eq!(status, Some(202), "a second client gets its 202 within 1 s");
