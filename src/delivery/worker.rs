@@ -59,12 +59,12 @@ fn secrets_for(config: &Config, choice: &SigningChoice, target: &url::Url) -> Re
     })
 }
 
-/// The request for one attempt. Takes the payload by value so the body moves into the
-/// request instead of being copied on every attempt.
+/// The request for one attempt. Takes the payload's body, which moves into the request
+/// instead of being copied on every attempt; the rest stays for the error's scrub.
 fn build(
     config: &Config,
     rec: &MessageRecord,
-    payload: Payload,
+    payload: &mut Payload,
     now_ms: u64,
     timeout: std::time::Duration,
     traceparent: Option<String>,
@@ -72,7 +72,8 @@ fn build(
     let scheme = payload.scheme.unwrap_or(config.signing.scheme);
     let url = url::Url::parse(super::alert::target_url(&rec.target, config.alert_url.as_ref())?)?;
     let secrets = secrets_for(config, &payload.signing, &url)?;
-    let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &payload.body)?;
+    let body = std::mem::take(&mut payload.body);
+    let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
     // The app's traceparent names the app's span; this attempt is a child of it, so the
     // stored one is replaced (tracestate goes on unchanged).
@@ -89,7 +90,7 @@ fn build(
         method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,
         url,
         headers,
-        body: Bytes::from(payload.body),
+        body: Bytes::from(body),
         timeout,
     })
 }
@@ -103,7 +104,10 @@ fn build(
 /// follows may wait behind other writes' fsync without holding a receiver slot. The global
 /// part is held until the result is written.
 pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit, running: Running) {
-    let Claimed { record: rec, payload } = claimed;
+    let Claimed {
+        record: rec,
+        mut payload,
+    } = claimed;
     let started_ms = d.ctx.clock().now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
     // One settings value for the whole attempt, whatever a reload does meanwhile.
@@ -115,8 +119,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let trace_id = trace.map(|t| t.trace_id);
     let timeout = policy.request_timeout;
-    let mut echo = Echo::of(&payload);
-    let req = match build(&settings.config, &rec, payload, started_ms, timeout, traceparent) {
+    let req = match build(&settings.config, &rec, &mut payload, started_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -128,7 +131,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
             return;
         }
     };
-    echo.body = req.body.clone();
+    let echo = Echo::of(&payload, req.body.clone());
     let (sent, global) = send(&d, &settings.config, &rec, req, permit, started_ms, &echo).await;
     let limits = Limits {
         max_attempts: rec.max_attempts,
@@ -187,7 +190,7 @@ async fn send(
     req: OutboundRequest,
     permit: AttemptPermit,
     started_ms: u64,
-    echo: &Echo,
+    echo: &Echo<'_>,
 ) -> (Sent, tokio::sync::OwnedSemaphorePermit) {
     d.ctx.metrics().attempt_started();
     // The guard's drop ends the count once, whether the send returns, panics or is cut off.
@@ -206,14 +209,13 @@ async fn send(
                 retry_after: resp.retry_after.clone(),
             },
             Some(resp.status),
-            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body)),
+            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body, echo)),
         ),
         Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
         Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
     };
-    // Shown to operators (admin API, CLI): nothing the message sent (a receiver may echo
-    // it), then nothing that can disguise itself on a terminal.
-    let error = error.map(|e| crate::redact::clean(&echo.scrub(&e)));
+    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
+    let error = error.map(|e| crate::redact::clean(&e));
     let sent = Sent {
         result,
         status,
@@ -287,40 +289,36 @@ fn host_outcome(
     }
 }
 
-/// What of the message its attempts' error text must not repeat (see `scrub`): the value
-/// of every header the app sent, the body, and the per-message secret. (Not the headers
-/// courier adds: event id, timestamp and signature are no secret, and errors name them.)
-struct Echo {
-    headers: Vec<Vec<u8>>,
-    /// Set once the request is built (shared with it, not copied).
+/// What of the message a receiver's error answer must not bring back into `last_error`
+/// (see `scrub`): the value of every header the app sent, the body (shared with the
+/// request, not copied), and the per-message secret. Borrowed: nothing is allocated unless
+/// an answer is scrubbed. (Not the headers courier adds: event id, timestamp and signature
+/// are no secret, and errors name them. Transport errors carry none of what was sent.)
+struct Echo<'a> {
+    payload: &'a Payload,
     body: Bytes,
-    secret: Option<String>,
 }
 
-impl Echo {
-    fn of(payload: &Payload) -> Echo {
-        Echo {
-            headers: payload.headers.iter().map(|(_, v)| v.clone()).collect(),
-            body: Bytes::new(),
-            secret: match &payload.signing {
-                SigningChoice::Inline(secret) => Some(secret.clone()),
-                _ => None,
-            },
-        }
+impl<'a> Echo<'a> {
+    fn of(payload: &'a Payload, body: Bytes) -> Self {
+        Echo { payload, body }
     }
 
     fn scrub(&self, text: &str) -> String {
-        let mut sent: Vec<&[u8]> = self.headers.iter().map(Vec::as_slice).collect();
+        let mut sent: Vec<&[u8]> = self.payload.headers.iter().map(|(_, v)| v.as_slice()).collect();
         sent.push(&self.body);
-        sent.extend(self.secret.as_deref().map(str::as_bytes));
+        if let SigningChoice::Inline(secret) = &self.payload.signing {
+            sent.push(secret.as_bytes());
+        }
         crate::scrub::scrub(text, &sent)
     }
 }
 
 /// A short description of a non-2xx answer for `last_error`: the status and the start of
-/// the body, as text (cleaned with the rest of the error, after what was sent is taken out).
-fn response_error(status: u16, body: &[u8]) -> String {
-    let snippet = String::from_utf8_lossy(&body[..body.len().min(200)]);
+/// the body, as text, with what the message sent taken out (cleaned with the rest of the
+/// error).
+fn response_error(status: u16, body: &[u8], echo: &Echo<'_>) -> String {
+    let snippet = echo.scrub(&String::from_utf8_lossy(&body[..body.len().min(200)]));
     if crate::redact::clean(&snippet).is_empty() {
         format!("HTTP {status}")
     } else {
