@@ -45,10 +45,14 @@ pub fn is_reference(target: &str) -> bool {
     target.starts_with(REFERENCE)
 }
 
-/// Stores `rec`'s target by reference when it is exactly `alert_url`.
+/// Stores `rec`'s target by reference when it is exactly `alert_url`, and its endpoint key
+/// as the redacted one when it was derived from that URL (its path holds the secret too).
 pub fn by_reference(rec: &mut MessageRecord, alert_url: Option<&Url>) {
     if let Some(url) = alert_url.filter(|u| u.as_str() == rec.target) {
         rec.target = reference(url);
+        if rec.endpoint == crate::target::default_endpoint_key(url) {
+            rec.endpoint = crate::redact::alert_key(url);
+        }
     }
 }
 
@@ -173,8 +177,23 @@ mod tests {
             ),
         ] {
             rec.target = target.to_string();
+            rec.endpoint = crate::target::default_endpoint_key(&target.parse().unwrap());
+            let derived = rec.endpoint.clone();
             by_reference(&mut rec, alert_url);
             assert_eq!(rec.target, want);
+            // The derived endpoint key holds the path too: redacted with the target.
+            let referenced = want.starts_with("alert:");
+            let endpoint = if referenced {
+                "https://hooks.chat.example/[alert_url]"
+            } else {
+                derived.as_str()
+            };
+            assert_eq!(rec.endpoint, endpoint);
         }
+        // An endpoint the app named is its own: left as it is.
+        rec.target = alert.to_string();
+        rec.endpoint = "chat".into();
+        by_reference(&mut rec, Some(&alert));
+        assert_eq!(rec.endpoint, "chat");
     }
 }

@@ -75,8 +75,9 @@ impl SocketFile {
 /// move its directory aside) and listen in its place, receiving the app's requests with
 /// their tokens and secrets. A Kubernetes `emptyDir` on disk is such a directory (0777, no
 /// sticky bit). The sticky bit makes a shared directory fine: only an entry's owner may
-/// remove it then. The path is resolved first (the kernel resolves it so at each
-/// connect); a directory that does not exist yet is left to the bind to report.
+/// remove it then. The directories are checked both as written and as resolved: the
+/// kernel resolves the path at each connect, so a link in a directory others may write
+/// could be pointed elsewhere; a directory that does not exist yet is left to the bind.
 pub fn check_directory(path: &Path) -> Result<(), String> {
     let parent = parent_of(path);
     let real = match std::fs::canonicalize(parent) {
@@ -91,7 +92,10 @@ pub fn check_directory(path: &Path) -> Result<(), String> {
     };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    for dir in real.ancestors() {
+    for dir in parent.ancestors().chain(real.ancestors()) {
+        if dir.as_os_str().is_empty() {
+            continue;
+        }
         let meta = std::fs::metadata(dir).map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
         if let Some(why) = exposed(meta.uid(), meta.mode(), me) {
             return Err(format!(
@@ -210,5 +214,20 @@ mod tests {
             Ok(()),
             "left to the bind"
         );
+    }
+
+    #[test]
+    fn a_link_in_a_directory_others_may_write_is_refused_though_its_target_is_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        let (shared, safe) = (dir.path().join("shared"), dir.path().join("safe"));
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::create_dir(&safe).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(&safe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&safe, shared.join("link")).unwrap();
+        assert_eq!(check_directory(&safe.join("s.sock")), Ok(()));
+        // Anyone could point `link` elsewhere between two connects.
+        let refused = check_directory(&shared.join("link/s.sock")).unwrap_err();
+        assert!(refused.contains("which is writable by every user"), "{refused}");
     }
 }
