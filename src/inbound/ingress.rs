@@ -207,7 +207,7 @@ impl Ingress {
             event_id,
             method,
             headers,
-            body: body.to_vec(),
+            body,
             scheme,
             signing,
         };
@@ -227,11 +227,7 @@ impl Ingress {
     /// client that declares large bodies and sends nothing must not hold the budget (64
     /// such requests once refused every other client for 30 s). A body that stops
     /// arriving holds what came until [`BODY_READ_TIMEOUT`] cuts it.
-    async fn read(
-        &self,
-        req: Request<Incoming>,
-        max_body: u64,
-    ) -> Result<(bytes::Bytes, OwnedSemaphorePermit), Refusal> {
+    async fn read(&self, req: Request<Incoming>, max_body: u64) -> Result<(Vec<u8>, OwnedSemaphorePermit), Refusal> {
         let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -243,12 +239,13 @@ impl Ingress {
         // it, held uploads and accepts left waiting on a slow fsync could pile bodies
         // up without bound.
         let mut held = self.hold_bytes(0)?;
-        let mut body = req.into_body();
-        let mut parts: Vec<bytes::Bytes> = Vec::new();
-        let mut len = 0u64;
+        let mut incoming = req.into_body();
+        // Grown as bytes arrive (never sized from the declared length): one copy, into the
+        // buffer the message keeps.
+        let mut body = Vec::new();
         let deadline = tokio::time::Instant::now() + BODY_READ_TIMEOUT;
         loop {
-            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            let frame = match tokio::time::timeout_at(deadline, incoming.frame()).await {
                 Err(_) => return Err(body_timeout()),
                 Ok(None) => break,
                 Ok(Some(Err(e))) => {
@@ -258,18 +255,12 @@ impl Ingress {
                 Ok(Some(Ok(frame))) => frame,
             };
             let Ok(data) = frame.into_data() else { continue };
-            len += data.len() as u64;
-            if len > max_body {
+            if (body.len() + data.len()) as u64 > max_body {
                 return Err(too_large(max_body));
             }
             held.merge(self.hold_bytes(data.len() as u64)?);
-            parts.push(data);
+            body.extend_from_slice(&data);
         }
-        let body = match parts.len() {
-            0 => bytes::Bytes::new(),
-            1 => parts.pop().expect("one part"),
-            _ => parts.concat().into(),
-        };
         Ok((body, held))
     }
 
