@@ -5,8 +5,7 @@
 //! the intermediate's certificate (and any others up to, not including, the certificate
 //! the apps trust): the chain a TLS server sends with its leaf.
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use rcgen::KeyPair;
@@ -23,21 +22,15 @@ const MAX_KEY_FILE: u64 = 64 << 10;
 /// a symlink: followed); one readable by group or others is refused, since whoever reads it
 /// can mint certificates the apps trust.
 pub(super) fn read_key(path: &Path) -> Result<(KeyPair, Vec<CertificateDer<'static>>), CaError> {
+    use crate::sys::owner_only::{self, OwnerOnlyError};
     let refused = |why: String| CaError::Invalid(format!("{}: {why}", path.display()));
-    let file = std::fs::File::open(path).map_err(io(path))?;
-    let meta = file.metadata().map_err(io(path))?;
-    if !meta.is_file() {
-        return Err(refused("is not a regular file".into()));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(refused(format!(
-            "the intercept CA key is readable by group or others (mode {mode:04o}); make it the owner's only \
-             (chmod 600): whoever reads it can mint certificates the apps trust"
-        )));
-    }
-    let mut pem = Vec::new();
-    file.take(MAX_KEY_FILE).read_to_end(&mut pem).map_err(io(path))?;
+    let pem = owner_only::read(path, MAX_KEY_FILE).map_err(|e| match e {
+        OwnerOnlyError::Io(e) => io(path)(e),
+        OwnerOnlyError::NotRegular => refused(e.to_string()),
+        OwnerOnlyError::Exposed(_) => refused(format!(
+            "the intercept CA key {e}: whoever reads it can mint certificates the apps trust"
+        )),
+    })?;
     let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| refused(format!("not a PEM private key ({e})")))?;
     let key = KeyPair::try_from(&key).map_err(|e| refused(format!("not a usable private key ({e})")))?;
     let chain = CertificateDer::pem_slice_iter(&pem)

@@ -3,7 +3,6 @@
 //! or others, or not exactly a key stops courier with one line naming the file; the line
 //! never shows the file's content.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -31,30 +30,16 @@ pub fn load(paths: &[PathBuf]) -> Result<(Keyring, Vec<(PathBuf, KeyId)>), Strin
     Ok((Keyring::new(&keys), named))
 }
 
-/// One key file's key, or why it cannot be used. The checks are of the file opened (a
-/// Kubernetes Secret's file is a symlink: followed), and the read is capped.
+/// One key file's key, or why it cannot be used (see [`crate::sys::owner_only`]).
 fn read(path: &Path) -> Result<[u8; KEY_LEN], String> {
-    use std::io::Read;
-    let cannot = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file".to_string(),
-        _ => format!("cannot read it: {e}"),
-    };
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let meta = file.metadata().map_err(cannot)?;
-    if !meta.is_file() {
-        return Err("is not a regular file".into());
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "is readable by group or others (mode {mode:04o}); make it the owner's only (chmod 600)"
-        ));
-    }
-    let mut text = String::new();
+    use crate::sys::owner_only::{self, OwnerOnlyError};
     // A key file is 45 bytes; anything much longer is not one.
-    file.take(1024)
-        .read_to_string(&mut text)
-        .map_err(|_| "is not a key file (not text)".to_string())?;
+    let bytes = owner_only::read(path, 1024).map_err(|e| match e {
+        OwnerOnlyError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => "no such file".to_string(),
+        OwnerOnlyError::Io(e) => format!("cannot read it: {e}"),
+        other => other.to_string(),
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| "is not a key file (not text)".to_string())?;
     decode(&text)
 }
 
@@ -84,6 +69,7 @@ pub fn generate() -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
         let path = dir.join(name);
