@@ -43,9 +43,20 @@ impl<J: Send + 'static> Batcher<J> {
         queue: usize,
         max_batch: usize,
         on_start: fn(),
-        mut handle: impl FnMut(Vec<J>) + Send + 'static,
+        handle: impl FnMut(Vec<J>) + Send + 'static,
     ) -> Self {
-        let (tx, mut rx) = mpsc::channel::<J>(queue);
+        let (tx, rx) = mpsc::channel::<J>(queue);
+        #[cfg(test)]
+        let (rx, handle) = match stepped::adopt(rx, handle, max_batch) {
+            Ok(()) => {
+                return Batcher {
+                    tx: Mutex::new(Some(tx)),
+                    thread: Mutex::new(None),
+                }
+            }
+            Err(both) => both,
+        };
+        let (mut rx, mut handle) = (rx, handle);
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
@@ -82,6 +93,92 @@ impl<J: Send + 'static> Batcher<J> {
 impl<J> Drop for Batcher<J> {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Tests: batchers without a thread, for the simulator. A batcher started on a thread that
+/// called [`stepped::begin`] handles its jobs only when [`stepped::Step::step`] is called,
+/// on the caller's thread, so a seed decides every batch's members and the order of
+/// everything the batches do.
+#[cfg(test)]
+pub(crate) mod stepped {
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::mpsc;
+
+    /// A stepped batcher, as the simulator holds it.
+    pub(crate) trait Step: Send + Sync {
+        /// Handles up to `max` of the queued jobs as one batch; how many it handled.
+        fn step(&self, max: usize) -> usize;
+        /// Jobs queued now.
+        fn queued(&self) -> usize;
+    }
+
+    thread_local! {
+        /// The batchers started on this thread since [`begin`], while it is on.
+        static ADOPTED: RefCell<Option<Vec<Arc<dyn Step>>>> = const { RefCell::new(None) };
+    }
+
+    /// Batchers started on this thread from now on are stepped (see [`take`]).
+    pub(crate) fn begin() {
+        ADOPTED.with(|a| *a.borrow_mut() = Some(Vec::new()));
+    }
+
+    /// The stepped batchers started on this thread since [`begin`], in start order; later
+    /// ones get threads again.
+    pub(crate) fn take() -> Vec<Arc<dyn Step>> {
+        ADOPTED.with(|a| a.borrow_mut().take()).unwrap_or_default()
+    }
+
+    type Handler<J> = Box<dyn FnMut(Vec<J>) + Send>;
+
+    struct Queue<J> {
+        inner: Mutex<(mpsc::Receiver<J>, Handler<J>)>,
+        max_batch: usize,
+    }
+
+    impl<J: Send + 'static> Step for Queue<J> {
+        fn step(&self, max: usize) -> usize {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let (rx, handle) = &mut *inner;
+            let mut jobs = Vec::new();
+            while jobs.len() < max.min(self.max_batch) {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            let n = jobs.len();
+            if n > 0 {
+                handle(jobs);
+            }
+            n
+        }
+
+        fn queued(&self) -> usize {
+            self.inner.lock().unwrap_or_else(|p| p.into_inner()).0.len()
+        }
+    }
+
+    /// Keeps `rx` and `handle` as a stepped batcher if this thread asked for them; else
+    /// gives them back.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn adopt<J: Send + 'static, H: FnMut(Vec<J>) + Send + 'static>(
+        rx: mpsc::Receiver<J>,
+        handle: H,
+        max_batch: usize,
+    ) -> Result<(), (mpsc::Receiver<J>, H)> {
+        ADOPTED.with(|a| match a.borrow_mut().as_mut() {
+            Some(list) => {
+                list.push(Arc::new(Queue {
+                    inner: Mutex::new((rx, Box::new(handle) as Handler<J>)),
+                    max_batch,
+                }));
+                Ok(())
+            }
+            None => Err((rx, handle)),
+        })
     }
 }
 

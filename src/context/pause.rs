@@ -45,7 +45,7 @@ impl Context {
         f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn_blocking(move || {
+        crate::sys::blocking::spawn_on(&self.runtime, move || {
             let _ = tx.send(f());
         });
         rx.recv().unwrap_or(Err(StoreError::Closed))

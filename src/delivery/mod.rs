@@ -15,7 +15,7 @@ mod running;
 mod settings;
 mod worker;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,7 +62,8 @@ pub struct Deliverer {
     /// Releases waiting for their message to read again (see `requeue`).
     waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
     /// Attempts counted as running, with their task once it is spawned (see `dispatch`).
-    in_flight: Mutex<HashMap<String, Option<AbortHandle>>>,
+    /// Ordered by id, so a drain cuts attempts in one order (a simulated run replays).
+    in_flight: Mutex<BTreeMap<String, Option<AbortHandle>>>,
     /// First attempts the commit thread started, waiting for the task that runs them
     /// (see `accept`); bounded by the attempt permits they hold.
     starting: Mutex<Vec<accept::Starting>>,
@@ -110,7 +111,7 @@ impl Deliverer {
             rng: Mutex::new(rng),
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             waiting_to_read: Default::default(),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(BTreeMap::new()),
             starting: Mutex::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
             idle: Notify::new(),
@@ -169,7 +170,7 @@ impl Deliverer {
             drop(registry);
             self.idle.notify_waiters();
             if self.trimmer.due(self.ctx.clock().now_ms()) {
-                self.ctx.runtime().spawn_blocking(crate::sys::trim::trim);
+                crate::sys::blocking::spawn_on(self.ctx.runtime(), crate::sys::trim::trim);
             }
         }
     }

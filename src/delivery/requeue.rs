@@ -36,7 +36,7 @@ impl Deliverer {
         let leased = self.ctx.store().is_leased(id);
         for n in 0..STORE_TRIES {
             let (store, released) = (self.ctx.store().clone(), id.to_string());
-            let e = match tokio::task::spawn_blocking(move || store.release(&released, due_ms)).await {
+            let e = match crate::sys::blocking::run(move || store.release(&released, due_ms)).await {
                 Ok(Ok(_)) => break,
                 Ok(Err(StoreError::Closed)) | Err(_) => break,
                 Ok(Err(e)) => e,
@@ -62,9 +62,9 @@ impl Deliverer {
         let went = self.when_it_reads(id.clone(), "requeueing a message", error, move || {
             let (s, i) = (store.clone(), id.clone());
             async move {
-                match tokio::task::spawn_blocking(move || s.release(&i, due_ms)).await {
+                match crate::sys::blocking::run(move || s.release(&i, due_ms)).await {
                     Ok(r) => r.map(|_| ()),
-                    Err(e) => Err(StoreError::Panicked(e.to_string())),
+                    Err(e) => Err(StoreError::Panicked(e)),
                 }
             }
         });

@@ -156,7 +156,7 @@ impl Scheduler {
                 owed = None;
                 from_floor = true;
             }
-            let (pass, resume) = match tokio::task::spawn_blocking(move || pass(&d, &limits, resume)).await {
+            let (pass, resume) = match crate::sys::blocking::run(move || pass(&d, &limits, resume)).await {
                 Ok(done) => done,
                 Err(e) => {
                     tracing::error!(error = %e, "a scheduler pass panicked");
@@ -207,12 +207,16 @@ impl Scheduler {
                 None => std::future::pending().await,
             }
         };
+        // In a fixed order (not tokio's random one), so a simulated run replays: a stop
+        // first; then a due time, whose walk from the floor also covers a wake-up that came
+        // with it.
         tokio::select! {
-            _ = self.d.context().wake_signal().notified() => {}
+            biased;
+            _ = stop.changed() => {}
             // A due time (or a breaker's probe time, or a token) came: what it was for may
             // lie before the last resume point, so the walk starts at the floor.
             _ = sleep => self.resume = None,
-            _ = stop.changed() => {}
+            _ = self.d.context().wake_signal().notified() => {}
         }
     }
 }

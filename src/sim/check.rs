@@ -2,6 +2,7 @@
 
 use super::receiver::{Answer, Seen};
 use super::world::World;
+use crate::clock::Clock;
 use crate::model::{DeadReason, State};
 use crate::store::MessageRecord;
 
@@ -26,6 +27,105 @@ pub fn step(w: &World) -> Result<(), String> {
         }
     }
     limits(w)
+}
+
+/// How late the scheduler's loop may wake for work it could do: its store-error backoff
+/// (`scheduler::STORE_ERROR_BACKOFF`, a pass whose read failed sleeps that long). Every
+/// other wait is exact on the simulated clock: the next due time, a token's time, a
+/// breaker's probe time, or a freed permit's wake-up.
+pub const LATENESS_MS: u64 = 1_000;
+
+/// The loop never sleeps past work it could do. While it is asleep (after a step settled),
+/// every open message it can see, not yet attempted and held by no stated limit, must be
+/// covered by its timer: the loop wakes no later than [`LATENESS_MS`] after the message's
+/// due time (or its host's probe time, while the host's breaker is open).
+///
+/// The stated limits, each of which wakes the loop itself when it lifts (a freed permit, a
+/// resume) or gives the timer above: its endpoint paused; an ordered line that holds it
+/// (it is not the head, or the line is blocked); `delivery.max_in_flight`, its host's cap
+/// or its endpoint's `max_in_flight` reached; a resume point left with attempts in flight
+/// (the loop goes on when they end); a message whose reads the simulator broke, or that
+/// the store holds back after a failed read (until its retry time). A leased message is
+/// being attempted.
+pub fn awake(w: &World) -> Result<(), String> {
+    let Some(asleep) = w.asleep() else {
+        return Err("the scheduler's loop is still awake after the step settled".into());
+    };
+    let d = w.d();
+    let store = w.store();
+    let now = w.clock.now_ms();
+    let max_all = w.config().delivery.max_in_flight as usize;
+    if d.in_flight_count() >= max_all || (asleep.resume.is_some() && d.in_flight_count() > 0) {
+        return Ok(());
+    }
+    let hosts: std::collections::HashMap<String, crate::limits::HostView> = d
+        .hosts()
+        .snapshot(false)
+        .into_iter()
+        .map(|h| (h.host.clone(), h))
+        .collect();
+    for rec in w.records(State::Pending) {
+        let held = w.broken.iter().any(|(b, _, _)| *b == rec.id)
+            || store.is_leased(&rec.id)
+            || d.context().endpoints().is_paused(&rec.endpoint)
+            || held_by_line(w, &rec)
+            || endpoint_full(w, &rec);
+        use crate::policy::circuit::CircuitState;
+        let host = hosts.get(&rec.host);
+        let host_full = host.is_some_and(|h| {
+            let limit = match h.state {
+                // A breaker closing again lets a few through at first.
+                CircuitState::Ramping(limit) => limit.min(h.cap),
+                _ => h.cap,
+            };
+            h.in_flight >= limit
+        });
+        if held || host_full {
+            continue;
+        }
+        let probe = host
+            .filter(|h| matches!(h.state, CircuitState::Open | CircuitState::Probing))
+            .and_then(|h| h.next_probe_ms)
+            .unwrap_or(0);
+        // A message that did not read when leased is held back until its retry time.
+        let held_back = store.held_back_until(&rec.id, now).unwrap_or(0);
+        let due = rec.next_attempt_at_ms.max(probe).max(held_back).max(now);
+        if asleep.until.is_none_or(|until| until > due + LATENESS_MS) {
+            return Err(format!(
+                "the scheduler sleeps until {:?} (now {now}) while {} ({}) is due at {} and nothing holds it \
+                 (host {:?}, {} attempts in flight, resume point {:?})",
+                asleep.until,
+                rec.id,
+                rec.endpoint,
+                rec.next_attempt_at_ms,
+                host,
+                d.in_flight_count(),
+                asleep.resume
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `rec`'s ordered line holds it: it is not the head, or the line is blocked.
+fn held_by_line(w: &World, rec: &MessageRecord) -> bool {
+    if rec.fifo.is_none() {
+        return false;
+    }
+    let store = w.store();
+    let line = super::world::quietly(&store, || store.line(&rec.endpoint).ok().flatten());
+    line.is_none_or(|l| l.blocked || l.head != rec.id)
+}
+
+/// Whether `rec`'s endpoint is at its own `max_in_flight` cap (its attempts at the
+/// receivers: a deleted message's attempt still holds its permit).
+fn endpoint_full(w: &World, rec: &MessageRecord) -> bool {
+    w.config()
+        .endpoints
+        .iter()
+        .find(|e| e.key == rec.endpoint)
+        .and_then(|e| e.policy.max_in_flight)
+        .is_some_and(|cap| w.rx.in_flight_to(&rec.target) >= cap as usize)
 }
 
 /// The caps: never more in flight to one host than its cap, to one endpoint than its
@@ -231,52 +331,99 @@ pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<
     Ok(())
 }
 
-/// The hosts whose breaker is open or probing now, with when their (next) probe may go.
-pub fn open_breakers(w: &World) -> std::collections::BTreeMap<String, Option<u64>> {
+/// The hosts whose breaker is open or probing now: when their (next) probe may go, and
+/// their attempts lost so far (panicked before the request left).
+pub fn open_breakers(w: &World) -> Breakers {
     use crate::policy::circuit::CircuitState;
-    w.d()
+    let hosts = w
+        .d()
         .hosts()
         .snapshot(true)
         .into_iter()
         .filter_map(|h| match h.state {
             // Probing: the time a probe out that long is taken for lost, and one may replace it.
-            CircuitState::Open | CircuitState::Probing => Some((h.host, h.next_probe_ms)),
+            CircuitState::Open | CircuitState::Probing => {
+                let panicked = w.rx.panicked(&h.host);
+                Some((h.host, (h.next_probe_ms, panicked)))
+            }
             _ => None,
         })
-        .collect()
+        .collect();
+    Breakers {
+        hosts,
+        held: w.rx.held_events().into_iter().collect(),
+    }
+}
+
+/// What [`open_breakers`] saw at the start of a step.
+pub struct Breakers {
+    hosts: std::collections::BTreeMap<String, (Option<u64>, usize)>,
+    /// The attempts held open by their receivers then, by event id.
+    held: std::collections::BTreeSet<String>,
 }
 
 /// During a step that began with `open` breakers: no attempt to such a host but its probe,
 /// at most one, and not before its probe time (with a probe out already: not before that
 /// probe is taken for lost, its probe timeout after it started; the simulated receivers
-/// can hold an answer far longer than a real request would wait).
-pub fn breakers_held(
-    w: &World,
-    open: &std::collections::BTreeMap<String, Option<u64>>,
-    log_start: usize,
-) -> Result<(), String> {
+/// can hold an answer far longer than a real request would wait). A probe answered so that
+/// the breaker closes lets what follows go as the closed breaker allows; a probe lost (its
+/// attempt cut off, or panicked before its request left) lets the next probe go at once.
+pub fn breakers_held(w: &World, open: &Breakers, log_start: usize) -> Result<(), String> {
+    let held_now: std::collections::BTreeSet<String> = w.rx.held_events().into_iter().collect();
+    let log = w.rx.log();
+    let host_of = |s: &Seen| url::Url::parse(&s.url).ok().map(|u| crate::target::host_key(&u));
+    // Per host: attempts lost during the step (held at its start or started in it, ended
+    // with no answer) and panicked ones; each lets one more probe go, at once.
+    let lost = |host: &str, panicked_before: usize| -> usize {
+        let cut = log
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                s.answer.is_none()
+                    && !held_now.contains(&s.event_id)
+                    && (*i >= log_start || open.held.contains(&s.event_id))
+                    && host_of(s).as_deref() == Some(host)
+            })
+            .count();
+        cut + w.rx.panicked(host).saturating_sub(panicked_before)
+    };
     let mut probes: std::collections::BTreeMap<String, usize> = Default::default();
-    for s in w.rx.log_from(log_start) {
-        let Ok(url) = url::Url::parse(&s.url) else { continue };
-        let host = crate::target::host_key(&url);
-        let Some(probe_at) = open.get(&host) else { continue };
+    // Hosts whose probe was answered in a way that closes the breaker.
+    let mut closed = std::collections::BTreeSet::new();
+    let closes = |a: &Option<Answer>| matches!(a, Some(Answer::Status(status, retry_after)) if retry_after.is_some() || !w.config().circuit.counts(*status));
+    // Attempts held at the step's start and answered in it: an answer that closes the
+    // breaker counts whenever the attempt started (the host is alive).
+    for s in log.get(..log_start).unwrap_or_default() {
+        if open.held.contains(&s.event_id) && closes(&s.answer) {
+            closed.extend(host_of(s));
+        }
+    }
+    for s in log.get(log_start..).unwrap_or_default() {
+        let Some(host) = host_of(s) else { continue };
+        let Some((probe_at, panicked)) = open.hosts.get(&host).filter(|_| !closed.contains(&host)) else {
+            continue;
+        };
+        if closes(&s.answer) {
+            closed.insert(host.clone());
+        }
         let n = probes.entry(host.clone()).or_default();
         *n += 1;
+        let lost = lost(&host, *panicked);
         match probe_at {
-            None => {
+            _ if *n > 1 + lost => return Err(format!("{n} attempts to {host} with its breaker open: one probe only")),
+            None if lost == 0 => {
                 return Err(format!(
                     "{} attempted at {} ms while {host}'s probe was out",
                     s.event_id, s.at_ms
                 ))
             }
-            Some(at) if s.at_ms < *at => {
+            Some(at) if s.at_ms < *at && lost == 0 => {
                 return Err(format!(
                     "{} attempted at {} ms while {host}'s breaker was open until {at} ms",
                     s.event_id, s.at_ms
                 ))
             }
-            Some(_) if *n > 1 => return Err(format!("{n} attempts to {host} with its breaker open: one probe only")),
-            Some(_) => {}
+            _ => {}
         }
     }
     Ok(())

@@ -86,15 +86,63 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// Runs one seed to the end: its trace, or `Err` on the first broken invariant.
+/// Runs one seed to the end: its trace, or `Err` on the first broken invariant. The trace
+/// ends with a hash of every attempt the receivers saw (when, what, and the answer).
 pub fn run(seed: u64) -> Result<Vec<String>, Failure> {
     let mut w = World::new(seed);
     let mut disturbed = Vec::new();
     let result = steps(&mut w, &mut disturbed).and_then(|()| finish(&mut w, &mut disturbed));
+    if result.is_ok() {
+        let log = w.rx.log();
+        let seen: Vec<String> = log
+            .iter()
+            .map(|s| format!("{} {} {} {} {:?}", s.event_id, s.url, s.at_ms, s.timestamp, s.answer))
+            .collect();
+        w.trace.push(format!(
+            "receivers saw {} attempts, hash {:016x}",
+            log.len(),
+            hash(&seen)
+        ));
+    }
     result.map(|()| std::mem::take(&mut w.trace)).map_err(|what| Failure {
         seed,
         what,
         trace: std::mem::take(&mut w.trace),
+    })
+}
+
+/// A hash of `lines` that is the same in every process (SipHash with fixed keys).
+fn hash(lines: &[String]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    lines.hash(&mut h);
+    h.finish()
+}
+
+/// Runs one seed twice: a seed that fails once must fail every time, so the two traces
+/// (every step, every attempt the receivers saw) must hash the same.
+pub fn run_twice(seed: u64) -> Result<Vec<String>, Failure> {
+    let first = run(seed)?;
+    let second = run(seed).map_err(|f| Failure {
+        what: format!("failed on its second run only: {}", f.what),
+        ..f
+    })?;
+    if hash(&first) == hash(&second) {
+        return Ok(first);
+    }
+    let at = first
+        .iter()
+        .zip(&second)
+        .position(|(a, b)| a != b)
+        .unwrap_or(first.len().min(second.len()));
+    Err(Failure {
+        seed,
+        what: format!(
+            "not deterministic: the traces of two runs differ at line {at}: {:?} then {:?}",
+            first.get(at),
+            second.get(at)
+        ),
+        trace: first,
     })
 }
 
@@ -106,7 +154,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         }
         let now = w.clock.now_ms();
         let (paused, log_start) = (w.paused(), w.rx.log_len());
-        let open = check::open_breakers(w);
+        let (open, starts) = (check::open_breakers(w), w.starts());
         let what = match w.rng.random_range(0..100) {
             0..=26 => {
                 let n = if w.large {
@@ -191,9 +239,18 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         w.forget_unfinished();
         let store = w.store();
         world::quietly(&store, || -> Result<(), String> {
+            check::awake(w)?;
             check::step(w)?;
-            check::paused_untouched(w, &paused, log_start)?;
-            check::breakers_held(w, &open, log_start)
+            // A resume inside the step may be followed by a pause of its own making (a
+            // blocked line's dead head pauses its endpoint again): the loop ran between.
+            if !what.contains("resume") {
+                check::paused_untouched(w, &paused, log_start)?;
+            }
+            // A restarted node starts with every breaker closed.
+            match w.starts() == starts {
+                true => check::breakers_held(w, &open, log_start),
+                false => Ok(()),
+            }
         })?;
     }
     Ok(())
@@ -255,7 +312,6 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
     resume_all(w, false)?;
     // A large run's backlog drains at the caps: a few messages a round.
     for round in 0..if w.large { 20_000 } else { 2_000 } {
-        w.settle()?;
         let open = w.store().counts().map_err(|e| e.to_string())?.open;
         if open == 0 {
             w.trace.push(format!(
@@ -266,18 +322,30 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
             w.note_finished();
             return check::quiescent(w, disturbed);
         }
-        if w.d().waiting_to_read() > 0 {
-            // A release waiting for its record to read tries again in real time.
-            w.idle(Duration::from_millis(5));
-        }
-        w.pass(false);
-        w.settle()?;
-        if w.store().counts().map_err(|e| e.to_string())?.open > 0 {
-            w.clock.advance(Duration::from_secs(5));
-        }
+        next_wake(w)?;
     }
     let stuck = w.list(crate::model::State::Pending);
     Err(format!("stuck: still open at quiescence: {stuck:?}"))
+}
+
+/// One round of the end of a run: the step's work settles, the loop must not sleep past
+/// work it could do ([`check::awake`]), and the clock moves to the loop's own wake time.
+/// Nothing else moves time here, so a wake-up the loop forgot is never covered by a tick.
+fn next_wake(w: &mut World) -> Result<(), String> {
+    w.settle()?;
+    {
+        let store = w.store();
+        world::quietly(&store, || check::awake(w))?;
+    }
+    let now = w.clock.now_ms();
+    match w.asleep().and_then(|a| a.until) {
+        Some(at) if at > now => w.clock.set(at),
+        Some(_) => w.clock.advance(Duration::from_millis(1)),
+        // Nothing asked for a time: what is open waits for a permit, a release waiting for
+        // its record to read (tried again on tokio's paused timers), or the broken.
+        None => w.idle(Duration::from_millis(5)),
+    }
+    Ok(())
 }
 
 /// As an operator would: resumes what is paused (resuming an active endpoint would also
@@ -303,7 +371,7 @@ fn resume_all(w: &mut World, tolerate: bool) -> Result<Vec<&'static str>, String
 fn around_the_broken(w: &mut World) -> Result<(), String> {
     let still_paused = resume_all(w, true)?;
     for round in 0..2_000_u32 {
-        w.settle()?;
+        next_wake(w)?;
         // Listing every open message is the cost here: not every round.
         let held_up = match round.is_multiple_of(10) || round == 1_999 {
             true => held_up(w, &still_paused),
@@ -334,16 +402,11 @@ fn around_the_broken(w: &mut World) -> Result<(), String> {
                 w.clock.now_ms()
             ));
         }
-        if round.is_multiple_of(10) && w.d().waiting_to_read() > 0 {
-            // A release or a result waiting for its record to read is tried again in real
-            // time, up to 300 result retry waits apart (300 ms here): a message healed
-            // while that wait had grown is released only after it, however far the manual
-            // clock runs. 200 such idles outlast the longest wait.
+        if w.d().waiting_to_read() > 0 {
+            // A release or a result waiting for its record to read is tried again on
+            // tokio's (paused) timers, up to 300 result retry waits apart (300 ms here).
             w.idle(Duration::from_millis(5));
         }
-        w.pass(false);
-        w.settle()?;
-        w.clock.advance(Duration::from_secs(5));
     }
     Ok(())
 }
@@ -380,9 +443,10 @@ fn held_up(w: &World, still_paused: &[&str]) -> Vec<String> {
 }
 
 /// Runs `seeds` seeds from `first` within `budget`, on as many threads as the machine has
-/// cores (each run is independent: its own data dir, runtime and clock); returns how many
-/// ran, or the failure with the lowest seed among those that failed.
-pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
+/// cores (each run is independent: its own data dir, runtime and clock), each seed twice
+/// with `twice` ([`run_twice`]); returns how many ran, or the failure with the lowest seed
+/// among those that failed.
+pub fn soak(first: u64, seeds: u64, budget: Duration, twice: bool) -> Result<u64, Failure> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Mutex;
     let started = Instant::now();
@@ -406,19 +470,25 @@ pub fn soak(first: u64, seeds: u64, budget: Duration) -> Result<u64, Failure> {
                     return;
                 }
                 // A panic in the harness or in courier names its seed, as a failure does.
-                let outcome =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed))).unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
-                        Err(Failure {
-                            seed,
-                            what: format!("panicked: {what}"),
-                            trace: Vec::new(),
-                        })
-                    });
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if twice {
+                        run_twice(seed)
+                    } else {
+                        run(seed)
+                    }
+                }))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    Err(Failure {
+                        seed,
+                        what: format!("panicked: {what}"),
+                        trace: Vec::new(),
+                    })
+                });
                 match outcome {
                     Ok(_) => {
                         // A soak may be stopped before its end: it says how far it got.

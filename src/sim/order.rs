@@ -6,8 +6,10 @@
 //! *generation* (they were sent concurrently, so no order between them is promised), later
 //! steps get later ones, and a replay is a new entry at the end, except the replay of the
 //! dead head a blocked line waits behind, which keeps its place (it is tried first again).
-//! Whether a message is still open is refreshed from the store before every scheduler pass
-//! (attempts start only in passes; the accept fast path must never start an ordered one).
+//! Whether a message ahead is still open is read from the store when an attempt starts
+//! (the scheduler's loop starts attempts whenever it runs; the accept fast path must never
+//! start an ordered one): a message only closes by a result written before its line moves
+//! on, and opens again only by a replay, which the model is told of.
 //!
 //! When a receiver sees an attempt to an ordered endpoint, it asks [`OrderBook::started`]:
 //! another attempt to that endpoint still unanswered is an overlap; an open message of the
@@ -92,22 +94,15 @@ impl OrderBook {
         self.lock().entries.remove(event);
     }
 
-    /// Reads whether each message is still open (`open(id)`), before a scheduler pass.
-    pub fn refresh(&self, open: impl Fn(&str) -> bool) {
-        for e in self.lock().entries.values_mut() {
-            e.open = open(&e.id);
-        }
-    }
-
-    /// Reads from `store` whether each message is still open, before a scheduler pass.
-    pub fn refresh_from(&self, store: &crate::store::Store) {
-        self.refresh(|id| {
+    /// Whether `id` is open in `store` (read past any broken item).
+    fn open_in(store: &crate::store::Store, id: &str) -> bool {
+        super::world::quietly(store, || {
             store
                 .message(id)
                 .ok()
                 .flatten()
                 .is_some_and(|r| matches!(r.state, State::Pending | State::InFlight))
-        });
+        })
     }
 
     /// Before replaying `ids`: the ordered ones, by event id, each with whether it keeps its
@@ -136,8 +131,9 @@ impl OrderBook {
         }
     }
 
-    /// An attempt to `endpoint` for `event` reached its receiver.
-    pub fn started(&self, endpoint: &str, event: &str, at_ms: u64) {
+    /// An attempt to `endpoint` for `event` reached its receiver; `store` is the running
+    /// node's, where whether the messages ahead are still open is read.
+    pub fn started(&self, endpoint: &str, event: &str, at_ms: u64, store: Option<&crate::store::Store>) {
         let mut g = self.lock();
         if !g.ordered.contains(endpoint) {
             return;
@@ -151,12 +147,16 @@ impl OrderBook {
         let Some(me) = g.entries.get(event).cloned() else {
             return;
         };
-        let ahead: Vec<String> = g
-            .entries
-            .iter()
-            .filter(|(ev, e)| *ev != event && e.open && e.endpoint == me.endpoint && e.generation < me.generation)
-            .map(|(ev, e)| format!("{ev} ({})", e.id))
-            .collect();
+        let mut ahead = Vec::new();
+        for (ev, e) in g.entries.iter_mut() {
+            if *ev == event || !e.open || e.endpoint != me.endpoint || e.generation >= me.generation {
+                continue;
+            }
+            e.open = store.is_none_or(|s| Self::open_in(s, &e.id));
+            if e.open {
+                ahead.push(format!("{ev} ({})", e.id));
+            }
+        }
         if !ahead.is_empty() {
             let v = format!(
                 "{event} ({}) attempted at {at_ms} ms on ordered {endpoint} before {ahead:?}, accepted earlier and still open",

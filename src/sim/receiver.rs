@@ -48,6 +48,9 @@ struct Held {
 struct State {
     rng: StdRng,
     log: Vec<Seen>,
+    /// Attempts that panicked before their request left, per host (they reach no
+    /// receiver, but a breaker's probe among them is lost and lets the next go).
+    panicked: BTreeMap<String, usize>,
     held: Vec<Held>,
     healthy: bool,
     /// Attempts in flight per host now, the most ever, and the most in total.
@@ -78,6 +81,7 @@ impl SimTransport {
             state: Mutex::new(State {
                 rng,
                 log: Vec::new(),
+                panicked: BTreeMap::new(),
                 held: Vec::new(),
                 healthy: false,
                 in_flight: BTreeMap::new(),
@@ -153,6 +157,11 @@ impl SimTransport {
         (st.max_per_host.clone(), st.max_total)
     }
 
+    /// Attempts in flight to `endpoint` now.
+    pub fn in_flight_to(&self, endpoint: &str) -> usize {
+        self.lock().in_flight_endpoint.get(endpoint).copied().unwrap_or(0)
+    }
+
     /// The most attempts ever in flight at once to one endpoint, per endpoint.
     pub fn max_in_flight_per_endpoint(&self) -> BTreeMap<String, usize> {
         self.lock().max_per_endpoint.clone()
@@ -167,6 +176,11 @@ impl SimTransport {
         if let Some(n) = st.in_flight_endpoint.get_mut(url) {
             *n = n.saturating_sub(1);
         }
+    }
+
+    /// Attempts to `host` that panicked before their request left, so far.
+    pub fn panicked(&self, host: &str) -> usize {
+        self.lock().panicked.get(host).copied().unwrap_or(0)
     }
 
     /// Everything seen so far.
@@ -274,6 +288,7 @@ impl Transport for SimTransport {
         // A worker that panics before its request leaves (a bug in courier, not the
         // receiver's doing): the message must be requeued, uncounted, its lease ended.
         if !st.healthy && st.rng.random_ratio(1, 40) {
+            *st.panicked.entry(crate::target::host_key(&req.url)).or_default() += 1;
             drop(st);
             quiet_simulated_panics();
             return Box::pin(async { panic!("{SIMULATED_PANIC}") });
@@ -306,7 +321,8 @@ impl Transport for SimTransport {
         *max = (*max).max(now_endpoint);
         let index = st.log.len();
         let event = header(&req, crate::signing::WEBHOOK_ID);
-        self.order.started(&url, &event, now);
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner()).upgrade();
+        self.order.started(&url, &event, now, store.as_deref());
         st.log.push(Seen {
             event_id: header(&req, crate::signing::WEBHOOK_ID),
             url: req.url.to_string(),
@@ -315,9 +331,17 @@ impl Transport for SimTransport {
             timestamp: header(&req, crate::signing::WEBHOOK_TIMESTAMP),
             answer: answer.clone(),
         });
+        // Ends the attempt at the receiver however its future ends: answered, or dropped by
+        // courier (an attempt cut off closes its connection; the receiver stops waiting).
+        let attempt = Attempt {
+            rx: self,
+            index,
+            host,
+            url,
+        };
         match answer {
             Some(a) => Box::pin(async move {
-                self.ended(&host, &url);
+                drop(attempt);
                 respond(a)
             }),
             None => {
@@ -326,7 +350,7 @@ impl Transport for SimTransport {
                 Box::pin(async move {
                     match rx.await {
                         Ok(a) => {
-                            self.ended(&host, &url);
+                            drop(attempt);
                             respond(a)
                         }
                         // Dropped by a crash: this attempt never ends (its task is gone).
@@ -335,5 +359,20 @@ impl Transport for SimTransport {
                 })
             }
         }
+    }
+}
+
+/// One attempt at a receiver, ended when dropped (see [`SimTransport::send`]).
+struct Attempt<'a> {
+    rx: &'a SimTransport,
+    index: usize,
+    host: String,
+    url: String,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        self.rx.lock().held.retain(|h| h.index != self.index);
+        self.rx.ended(&self.host, &self.url);
     }
 }

@@ -9,7 +9,7 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn seeds() {
     if let Some(seed) = env_u64("COURIER_SIM_SEED") {
-        match super::run(seed) {
+        match super::run_twice(seed) {
             Ok(trace) => {
                 for line in &trace {
                     println!("  {line}");
@@ -20,14 +20,22 @@ fn seeds() {
         }
         return;
     }
+    // CI's seeds run twice each (their traces must hash the same); a soak once, unless
+    // `COURIER_SIM_TWICE=1`.
+    let twice = env_u64("COURIER_SIM_SEEDS").is_none() || env_u64("COURIER_SIM_TWICE") == Some(1);
     let seeds = env_u64("COURIER_SIM_SEEDS").unwrap_or(super::CI_SEEDS);
     let first = env_u64("COURIER_SIM_FIRST").unwrap_or(1);
     let budget = Duration::from_secs(env_u64("COURIER_SIM_BUDGET").unwrap_or(3600 * 24));
     let started = std::time::Instant::now();
-    match super::soak(first, seeds, budget) {
+    match super::soak(first, seeds, budget, twice) {
         Ok(ran) => println!(
-            "{ran} seeds from {first} in {:.1}s, every invariant held",
-            started.elapsed().as_secs_f64()
+            "{ran} seeds from {first} in {:.1}s{}, every invariant held",
+            started.elapsed().as_secs_f64(),
+            if twice {
+                ", each run twice with equal traces"
+            } else {
+                ""
+            }
         ),
         Err(f) => panic!("{f}"),
     }

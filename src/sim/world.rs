@@ -22,13 +22,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::receiver::SimTransport;
+use crate::batcher::stepped::Step;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Config;
 use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
-use crate::scheduler::Limits;
+use crate::scheduler::{Asleep, Limits, Nap, Scheduler};
 use crate::store::{Accepted, HandOff, ItemFault, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
 
 /// Whether `id` is stored (read past any broken item: the simulator's own look).
@@ -38,9 +39,9 @@ fn store_has(store: &Store, id: &str) -> bool {
 
 /// Runs the simulator's own reads of `store` with broken items reading as healthy.
 pub fn quietly<T>(store: &Store, f: impl FnOnce() -> T) -> T {
-    store.faults().suspend(true);
+    let before = store.faults().suspend(true);
     let out = f();
-    store.faults().suspend(false);
+    store.faults().suspend(before);
     out
 }
 
@@ -92,7 +93,43 @@ struct Node {
     rt: tokio::runtime::Runtime,
     store: Arc<Store>,
     d: Arc<Deliverer>,
-    resume: Option<(u64, String)>,
+    /// The commit thread's and the result writer's batchers, run as steps of the simulation
+    /// (see [`World::run_until`]).
+    steppers: Vec<Arc<dyn Step>>,
+    /// Draws how many queued jobs each batch takes, so batch boundaries come from the seed.
+    batches: std::cell::RefCell<StdRng>,
+    /// Whether the scheduler's loop is asleep, until when, and from where it walks next.
+    nap: Nap,
+    /// Stops the scheduler's loop (a graceful stop).
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Node {
+    /// Runs every stepper once, each batch as large as the seed says; how many jobs ran.
+    fn step_batchers(&self) -> usize {
+        let mut moved = 0;
+        for s in &self.steppers {
+            if s.queued() > 0 {
+                let max = match self.batches.borrow_mut().random_range(0..4) {
+                    0 => 1,
+                    1 => 2,
+                    _ => usize::MAX,
+                };
+                moved += s.step(max);
+            }
+        }
+        moved
+    }
+
+    /// Whether a stepper has jobs queued.
+    fn batches_waiting(&self) -> bool {
+        self.steppers.iter().any(|s| s.queued() > 0)
+    }
+
+    /// The loop's sleep, if it is asleep.
+    pub fn asleep(&self) -> Option<Asleep> {
+        self.nap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// Drops the old node's store once this is its last handle, so RocksDB closes here,
@@ -239,6 +276,9 @@ impl World {
             Limits::DEFAULT
         };
         rx.order.set_ordered(ORDERED.iter().map(|(e, _)| e.to_string()));
+        // Blocking calls (a scheduler pass, a release, a resume's pages) run on this thread,
+        // so nothing runs beside the simulation (see `Drop for World`).
+        crate::sys::blocking::inline::set(true);
         let mut w = World {
             rng: StdRng::seed_from_u64(seed),
             _dir: dir,
@@ -292,6 +332,8 @@ impl World {
         // The last process may still be letting go of the directory's lock (a thread that
         // held the store finishing): wait for it, as a restarted process would.
         let mut tries = 0;
+        // The commit thread and the result writer become steps of the simulation.
+        crate::batcher::stepped::begin();
         let store = loop {
             match Store::open(
                 &self.data,
@@ -310,8 +352,11 @@ impl World {
                 Err(e) => panic!("reopening the store: {e}"),
             }
         };
+        // Tokio's own timers (a result tried again, a release waiting for its record) move
+        // only when nothing else can: a seed replays however fast the machine is.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .expect("runtime");
         let d = {
@@ -333,37 +378,31 @@ impl World {
         for (id, how, _) in &self.broken {
             store.faults().break_item(id, *how);
         }
+        let steppers = crate::batcher::stepped::take();
+        assert_eq!(steppers.len(), 2, "the commit thread and the result writer are stepped");
         d.recover_at_start().expect("startup recovery");
         self.rx.watch_store(&store);
+        // courier's own scheduler loop, as `app::start` runs it.
+        let nap = Nap::default();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        rt.spawn(Scheduler::observed(d.clone(), self.limits, nap.clone()).run(stopped));
         self.node = Some(Node {
             rt,
             store,
             d,
-            resume: None,
+            steppers,
+            batches: std::cell::RefCell::new(StdRng::seed_from_u64(self.rng.random())),
+            nap,
+            stop,
         });
     }
 
-    /// Ids in flight now (from the store's state index).
+    /// Ids in flight now (from the store's state index), with their event ids.
     fn in_flight_ids(&self) -> Vec<(String, String)> {
-        let store = self.store();
-        quietly(&store, || self.in_flight_ids_of(&store))
-    }
-
-    fn in_flight_ids_of(&self, store: &Store) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut cursor = None;
-        loop {
-            let filter = ListFilter {
-                state: Some(State::InFlight),
-                ..ListFilter::default()
-            };
-            let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
-            out.extend(page.items.into_iter().map(|r| (r.id, r.event_id)));
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return out,
-            }
-        }
+        self.records(State::InFlight)
+            .into_iter()
+            .map(|r| (r.id, r.event_id))
+            .collect()
     }
 
     /// Kill -9: nothing of the node runs again; reopen and recover.
@@ -375,10 +414,12 @@ impl World {
         // A failing disk is what a restart would not survive: the new process finds it
         // healed (a record that does not decode stays so).
         self.heal(usize::MAX, Some(ItemFault::Io));
-        let node = self.node.take().expect("running");
-        node.rt.shutdown_background();
-        drop(node.d);
-        let_go(node.store);
+        let Node {
+            rt, store, d, steppers, ..
+        } = self.node.take().expect("running");
+        rt.shutdown_background();
+        drop((d, steppers));
+        let_go(store);
         self.start_node();
     }
 
@@ -419,11 +460,10 @@ impl World {
         for (_, event) in self.in_flight_ids() {
             *self.model.cut.entry(event).or_default() += 1;
         }
-        let node = self.node();
-        let d = node.d.clone();
-        let cut = node.rt.block_on(async move { d.drain(Duration::ZERO).await });
-        self.rx.drop_held();
-        cut
+        let d = self.node().d.clone();
+        // The receivers see each cut attempt end as its request is dropped; the scheduler's
+        // loop runs on and may start the released messages again at once.
+        self.run_until(async move { d.drain(Duration::ZERO).await })
     }
 
     /// SIGTERM with no grace: running attempts are cut off and put back uncounted.
@@ -432,13 +472,17 @@ impl World {
             *self.model.cut.entry(event).or_default() += 1;
         }
         self.heal(usize::MAX, Some(ItemFault::Io));
-        let node = self.node.take().expect("running");
-        node.rt.block_on(node.d.drain(Duration::ZERO));
+        let d = self.d();
+        self.node().stop.send_replace(true);
+        self.run_until(async move { d.drain(Duration::ZERO).await });
         self.rx.drop_held();
-        node.rt.shutdown_background();
-        drop(node.d);
-        node.store.close();
-        let_go(node.store);
+        let Node {
+            rt, store, d, steppers, ..
+        } = self.node.take().expect("running");
+        rt.shutdown_background();
+        drop((d, steppers));
+        store.close();
+        let_go(store);
         self.start_node();
     }
 
@@ -464,30 +508,61 @@ impl World {
             .count()
     }
 
-    /// Lets every attempt that can finish finish (held ones stay), and their results land.
+    /// Runs `fut` on the node's runtime to its end. Between its polls every task that can
+    /// run runs, and then the batchers take a batch each (their sizes drawn from the seed);
+    /// `fut` is polled only when neither moved, so what it checks is settled.
+    fn run_until<F: std::future::Future>(&self, fut: F) -> F::Output {
+        use std::task::Poll;
+        let node = self.node();
+        node.rt.block_on(async {
+            let mut fut = std::pin::pin!(fut);
+            let mut spins = 0u32;
+            loop {
+                pause(&mut spins).await;
+                if node.step_batchers() > 0 {
+                    spins = 0;
+                    continue;
+                }
+                let polled = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+                if let Poll::Ready(out) = polled {
+                    return out;
+                }
+            }
+        })
+    }
+
+    /// Lets every attempt that can finish finish (held ones stay), their results land and
+    /// the scheduler's loop go back to sleep.
     pub fn settle(&mut self) -> Result<(), String> {
         let stalled = self.stalled_by_io();
         let node = self.node();
         let (d, rx) = (node.d.clone(), self.rx.clone());
-        node.rt.block_on(async move {
+        let settled =
+            || d.in_flight_count() <= rx.held() + stalled && node.asleep().is_some() && !node.batches_waiting();
+        self.run_until(async {
             let waited = tokio::time::timeout(Duration::from_secs(30), async {
                 let mut spins = 0u32;
-                while d.in_flight_count() > rx.held() + stalled {
+                while !settled() {
                     pause(&mut spins).await;
                 }
             })
             .await;
-            waited.map_err(|_| format!("{} attempts never finished", d.in_flight_count()))
+            waited.map_err(|_| {
+                format!(
+                    "never settled: {} attempts in flight, the scheduler {}",
+                    d.in_flight_count(),
+                    if node.asleep().is_some() { "asleep" } else { "awake" }
+                )
+            })
         })
     }
 
-    /// Lets the node's attempts run for up to `at_most` of real time, or until every one
-    /// that can finish has (see [`World::settle`]).
+    /// Lets the node's attempts run for up to `at_most` (of the runtime's paused time), or
+    /// until every one that can finish has (see [`World::settle`]).
     pub fn let_run(&mut self, at_most: Duration) {
         let stalled = self.stalled_by_io();
-        let node = self.node();
-        let (d, rx) = (node.d.clone(), self.rx.clone());
-        node.rt.block_on(async move {
+        let (d, rx) = (self.node().d.clone(), self.rx.clone());
+        self.run_until(async {
             let _ = tokio::time::timeout(at_most, async {
                 let mut spins = 0u32;
                 while d.in_flight_count() > rx.held() + stalled {
@@ -498,10 +573,10 @@ impl World {
         });
     }
 
-    /// Lets the node's background tasks run for `for_` of real time.
+    /// Lets the node's background tasks run for `for_` of the runtime's (paused) time.
     pub fn idle(&mut self, for_: Duration) {
         // Made inside the runtime: a timer needs its reactor.
-        self.node().rt.block_on(async move { tokio::time::sleep(for_).await });
+        self.run_until(async move { tokio::time::sleep(for_).await });
     }
 
     /// Accepts `n` messages concurrently (so some share a commit batch), some of them
@@ -563,7 +638,7 @@ impl World {
         }
         let ids: Vec<String> = msgs.iter().map(|m| m.record.id.clone()).collect();
         let d = self.node().d.clone();
-        let answers = self.node().rt.block_on(async move {
+        let answers = self.run_until(async move {
             let tasks: Vec<_> = msgs
                 .into_iter()
                 .map(|m| {
@@ -632,24 +707,36 @@ impl World {
         Ok(())
     }
 
-    /// One scheduler pass. With `mid_pass_operator`, an operator action runs after the
-    /// pass's scan decided and before its writes; returns what that action did.
+    /// A wake-up of the scheduler's loop, as an accept or a freed permit gives (its pass
+    /// runs when the step settles). With `mid_pass_operator`, first a pass made here, from
+    /// the floor, with an operator action after its scan decided and before its writes (the
+    /// interleaving a real resume or delete can hit); the wake-up then has the loop walk
+    /// again, so the wake times that pass found are the loop's to keep. Returns what the
+    /// operator did.
     pub fn pass(&mut self, mid_pass_operator: bool) -> Option<String> {
-        let node = self.node.as_mut().expect("running");
-        let (d, resume, handle) = (node.d.clone(), node.resume.take(), node.rt.handle().clone());
-        // Attempts start only in passes: what is open now is what they must not overtake.
-        quietly(d.context().store(), || self.rx.order.refresh_from(d.context().store()));
-        let _g = handle.enter();
+        let d = self.d();
         let mut note = None;
-        let limits = self.limits;
-        let (_, resume) = crate::scheduler::pass::pass_with(&d, &limits, resume, &mut || {
-            if mid_pass_operator {
+        if mid_pass_operator {
+            let handle = self.node().rt.handle().clone();
+            let _g = handle.enter();
+            let limits = self.limits;
+            let (_, resume) = crate::scheduler::pass::pass_with(&d, &limits, None, &mut || {
                 note = Some(self.operator());
-            }
-        });
-        self.resume_points += usize::from(resume.is_some());
-        self.node.as_mut().expect("running").resume = resume;
+            });
+            self.resume_points += usize::from(resume.is_some());
+        }
+        d.context().wake();
         note
+    }
+
+    /// How many times the node started (a crash or a restart starts it again).
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
+    /// The scheduler loop's sleep, if it is asleep (it is after [`World::settle`]).
+    pub fn asleep(&self) -> Option<Asleep> {
+        self.node().asleep()
     }
 
     /// Endpoints, by index into [`TARGETS`] (their keys are the targets).
@@ -686,6 +773,10 @@ impl World {
                         if r.is_some() {
                             self.rx.order.after_replay(ordered);
                         }
+                        // As the admin API does.
+                        if r == Some(Some(true)) {
+                            d.context().wake();
+                        }
                         format!("replay {id}: {r:?}")
                     }
                     None => "replay: nothing dead".into(),
@@ -702,6 +793,9 @@ impl World {
                         .replay_dead(&ListFilter::default(), now, |_| give_up),
                     "bulk replay",
                 );
+                if n.is_some_and(|n| n > 0) {
+                    d.context().wake();
+                }
                 if n.is_none() {
                     // A crash cut the replay between pages: only what left `dead` was replayed.
                     let still: BTreeSet<String> = self.list(State::Dead).into_iter().collect();
@@ -726,6 +820,10 @@ impl World {
                             Some(HandOff::Done)
                         );
                         if done {
+                            // A real drain has stopped the scheduler and forwards an ordered
+                            // line's next too; here the node runs on and the next is its own,
+                            // due now, as after a delete.
+                            d.context().wake();
                             if let Some((event, _, _)) = self.model.acked.remove(id) {
                                 self.model.handed_off.insert(event, self.rx.log().len());
                             }
@@ -742,6 +840,10 @@ impl World {
                         let Some(gone) = self.live(d.context().store().delete(id, now), "delete") else {
                             return format!("delete {id}: cut by the crash");
                         };
+                        if gone {
+                            // As the admin API does: an ordered line's next is due now.
+                            d.context().wake();
+                        }
                         if let Some((event, _, _)) = self.model.acked.remove(id) {
                             self.rx.order.deleted(&event);
                             if gone {
@@ -759,40 +861,42 @@ impl World {
 
     /// Ids in `state`.
     pub fn list(&self, state: State) -> Vec<String> {
-        let store = self.store();
-        quietly(&store, || self.list_of(&store, state))
+        self.records(state).into_iter().map(|r| r.id).collect()
     }
 
-    fn list_of(&self, store: &Store, state: State) -> Vec<String> {
+    /// Records in `state` (read past any broken item).
+    pub fn records(&self, state: State) -> Vec<crate::store::MessageRecord> {
+        let store = self.store();
         let filter = ListFilter {
             state: Some(state),
             ..ListFilter::default()
         };
         let mut out = Vec::new();
         let mut cursor = None;
-        loop {
+        quietly(&store, || loop {
             let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
-            out.extend(page.items.into_iter().map(|r| r.id));
+            out.extend(page.items);
             match page.next_cursor {
                 Some(c) => cursor = Some(c),
                 None => return out,
             }
-        }
+        })
     }
 
     /// Forgets "finished" for messages that are back in the store unfinished (replayed), so
     /// that losing one of them is seen as the loss it is. Cheap: run after every step.
     pub fn forget_unfinished(&mut self) {
         let store = self.store();
-        store.faults().suspend(true);
-        self.model.finished.retain(|id| {
-            store
-                .message(id)
-                .ok()
-                .flatten()
-                .is_none_or(|r| matches!(r.state, State::Delivered | State::Dead))
+        let finished = &mut self.model.finished;
+        quietly(&store, || {
+            finished.retain(|id| {
+                store
+                    .message(id)
+                    .ok()
+                    .flatten()
+                    .is_none_or(|r| matches!(r.state, State::Delivered | State::Dead))
+            })
         });
-        store.faults().suspend(false);
     }
 
     /// Records which messages are finished (retention may remove them after this). A message
@@ -800,11 +904,10 @@ impl World {
     /// losing it now would be a real loss.
     pub fn note_finished(&mut self) {
         let store = self.store();
-        store.faults().suspend(true);
-        self.model
-            .finished
-            .retain(|id| store.message(id).ok().flatten().is_none());
-        store.faults().suspend(false);
+        let finished = &mut self.model.finished;
+        quietly(&store, || {
+            finished.retain(|id| store.message(id).ok().flatten().is_none())
+        });
         for state in [State::Delivered, State::Dead] {
             for id in self.list(state) {
                 self.model.finished.insert(id);
@@ -888,5 +991,11 @@ impl World {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        crate::sys::blocking::inline::set(false);
     }
 }

@@ -121,6 +121,12 @@ impl Store {
         self.leases.contains(id)
     }
 
+    /// Tests: when a held-back message may be tried again, if after `now_ms`.
+    #[cfg(test)]
+    pub(crate) fn held_back_until(&self, id: &str, now_ms: u64) -> Option<u64> {
+        self.leases.held_until(id, now_ms)
+    }
+
     /// Leases due entries for an attempt at `now_ms`, reading each record and payload: the
     /// answer has one slot per entry, `None` for an entry that is stale (the message moved
     /// on since the scan, or is leased already), the error for one that cannot be read (not

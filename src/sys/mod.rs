@@ -1,7 +1,8 @@
-//! The process's share of the machine: file descriptors ([`fds`]), delivery's CPU priority
+//! The process's share of the machine: where blocking calls run ([`blocking`]), file descriptors ([`fds`]), delivery's CPU priority
 //! over ingress ([`priority`]), freed heap given back when delivery goes idle ([`trim`]), and
 //! files that hold a secret, read only when their owner alone may ([`owner_only`]).
 
+pub mod blocking;
 pub mod fds;
 pub mod owner_only;
 pub mod priority;

@@ -155,9 +155,10 @@ impl Faults {
         self.broken_n.load(SeqCst) > 0
     }
 
-    /// While `on`, broken items read as healthy (for the simulator's own reads).
-    pub(crate) fn suspend(&self, on: bool) {
-        self.suspended.store(on, SeqCst);
+    /// While `on`, broken items read as healthy (for the simulator's own reads); returns
+    /// whether they did before, so nested reads restore it.
+    pub(crate) fn suspend(&self, on: bool) -> bool {
+        self.suspended.swap(on, SeqCst)
     }
 
     /// Arms a crash at a record read: `reads` more message reads succeed, and the process
