@@ -112,34 +112,35 @@ fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
 }
 
 /// The store in `dir` opened read-only, for an offline check: RocksDB replays its log in
-/// memory as a start would, and writes nothing. The returned file holds the data dir's lock
-/// as RocksDB takes it (an fcntl write lock on `LOCK`; a read-only open takes none), so
-/// the check refuses a data dir a courier runs on ([`StoreError::Locked`]) and no courier
-/// starts on it meanwhile.
-pub(super) fn open_read_only(dir: &Path, options: &StoreOptions) -> Result<(DB, std::fs::File), StoreError> {
+/// memory as a start would, and writes nothing. The returned file holds a read lock on the
+/// data dir's `LOCK` (the fcntl lock RocksDB takes for writing; a read-only open takes
+/// none), so the check refuses a data dir a courier runs on ([`StoreError::Locked`]) and no
+/// courier starts on it meanwhile. Only read access is needed (a disk mounted read-only).
+pub(super) fn open_read_only(dir: &Path, options: &StoreOptions) -> Result<(DB, Option<std::fs::File>), StoreError> {
     let lock = lock_data_dir(dir)?;
     let db_opts = db_options(options.write_buffer_bytes);
     let db = DB::open_cf_descriptors_read_only(&db_opts, dir, descriptors(options), false)?;
     Ok((db, lock))
 }
 
-/// Takes RocksDB's lock on the data dir `dir` (its `LOCK` file, which every store has) for
-/// as long as the returned file is open.
-fn lock_data_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+/// A read lock on the data dir's `LOCK` file for as long as the returned file is open;
+/// `None` when there is no such file (a copy of a store without it: nothing runs on it).
+fn lock_data_dir(dir: &Path) -> Result<Option<std::fs::File>, StoreError> {
     use std::os::fd::AsRawFd;
+    let path = dir.join("LOCK");
     let err = |source| StoreError::Dir {
-        path: dir.join("LOCK"),
+        path: path.clone(),
         source,
     };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.join("LOCK"))
-        .map_err(err)?;
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
     // SAFETY: a zeroed `flock` is a valid value of this plain C struct; its fields are set
     // below before the call.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_type = libc::F_RDLCK as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: fcntl on a descriptor `file` owns, with a pointer to a live `flock`.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } == -1 {
@@ -149,7 +150,7 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
             _ => Err(err(e)),
         };
     }
-    Ok(file)
+    Ok(Some(file))
 }
 
 /// The table options every column family shares: one bounded block cache, bloom filters.
