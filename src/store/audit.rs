@@ -106,7 +106,7 @@ impl Audit<'_> {
         // One snapshot for every family: a write landing between two reads (a background
         // release, a result) must not look like a record and its index disagreeing.
         let snap = self.db.snapshot();
-        let ix = self.read_indexes(&snap)?;
+        let ix = self.read_indexes(&snap, &mut problems)?;
         let lines = self.audit_lines(&snap, &ix.records, quiescent, &mut problems)?;
         let tally = audit_records(&ix, quiescent, &mut problems);
         for id in ix.states.keys().chain(ix.due.keys()).chain(ix.parked.keys()) {
@@ -122,8 +122,9 @@ impl Audit<'_> {
         cf_of(self.db, name)
     }
 
-    /// The records and the payload, state, due and parked keys, from `snap`.
-    fn read_indexes(&self, snap: &rocksdb::Snapshot<'_>) -> Result<Indexes, StoreError> {
+    /// The records and the payload, state, due and parked keys, from `snap` (a key that
+    /// does not parse is a problem, not a panic: an operator runs this on a damaged disk).
+    fn read_indexes(&self, snap: &rocksdb::Snapshot<'_>, problems: &mut Vec<String>) -> Result<Indexes, StoreError> {
         let mut records: BTreeMap<String, MessageRecord> = BTreeMap::new();
         for item in snap.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
             let (k, v) = item?;
@@ -140,14 +141,21 @@ impl Audit<'_> {
         let payloads: BTreeSet<Vec<u8>> = keys_of(keys::PAYLOADS)?.into_iter().collect();
         let mut states: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for k in keys_of(keys::STATES)? {
+            let Some((state, id)) = k.split_first() else {
+                problems.push("states: an empty key".into());
+                continue;
+            };
             states
-                .entry(String::from_utf8_lossy(&k[1..]).into_owned())
+                .entry(String::from_utf8_lossy(id).into_owned())
                 .or_default()
-                .push(k[0]);
+                .push(*state);
         }
         let mut due: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for k in keys_of(keys::DUE)? {
-            let (ms, id) = keys::split_time_key(&k).expect("due keys are time keys");
+            let Some((ms, id)) = keys::split_time_key(&k) else {
+                problems.push(format!("due: a key that is not a time key: {k:?}"));
+                continue;
+            };
             due.entry(id.to_string()).or_default().push(ms);
         }
         let mut parked: BTreeMap<String, String> = BTreeMap::new();
