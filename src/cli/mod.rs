@@ -2,7 +2,8 @@
 //! (`deliveries`, `endpoints`) that talk to a running courier's admin API, `drain`, which
 //! hands a courier's open messages to another courier, `keys`, which makes Ed25519
 //! signing keys offline (and store keys), `store rekey`, which moves stored payloads to
-//! another store key, and `intercept ca`, which prints the interception CA.
+//! another store key, `store check`, which audits a stopped courier's store, and
+//! `intercept ca`, which prints the interception CA.
 
 pub mod intercept;
 pub mod keys;
@@ -49,7 +50,8 @@ pub enum Command {
     /// Create Ed25519 signing keys (whsk_) and print their public keys (whpk_).
     #[command(subcommand)]
     Keys(crate::cli::keys::KeysCommand),
-    /// The store's sealing keys: move every payload to the first key (`[store]`).
+    /// The store, courier stopped: move every payload to the first store key (`rekey`), or
+    /// check its consistency (`check`).
     #[command(subcommand)]
     Store(crate::cli::store::StoreCommand),
     /// The HTTPS interception CA (`[intercept]`).

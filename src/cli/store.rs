@@ -1,16 +1,21 @@
-//! `courier store rekey`: moves every stored payload to the first key of `[store]
-//! encryption_key_files` (or, with `--to-plain`, stores every one plain), so an old key file
-//! can be dropped, or sealing turned off. Offline: it opens the data dir itself, so courier
-//! must be stopped (a running courier holds the data dir's lock, and the verb says so).
+//! `courier store …`, the offline store commands: they open the data dir themselves, so
+//! courier must be stopped (a running courier holds the data dir's lock, and they say so).
 //!
-//! New writes need no rekey: a new first key seals them from the next start on.
+//! `store rekey` moves every stored payload to the first key of `[store]
+//! encryption_key_files` (or, with `--to-plain`, stores every one plain), so an old key file
+//! can be dropped, or sealing turned off. New writes need no rekey: a new first key seals
+//! them from the next start on.
+//!
+//! `store check` audits the store as the next start would find it (after a power loss, a
+//! disk scare), changing nothing: see [`Store::check`].
 
 use std::process::ExitCode;
 
 use clap::Subcommand;
 
 use crate::args::{load_checked, store_options, GlobalArgs};
-use crate::store::{Store, StoreError};
+use crate::config::Config;
+use crate::store::{Store, StoreError, StoreOptions};
 
 /// `courier store …`
 #[derive(Debug, Subcommand)]
@@ -22,12 +27,14 @@ pub enum StoreCommand {
         #[arg(long)]
         to_plain: bool,
     },
+    /// Check the store's consistency (courier stopped), e.g. after a power loss: prints
+    /// each problem on a line of its own and a summary; exit 0 when consistent, 1 otherwise.
+    Check,
 }
 
 /// Runs a `store` command; exit 0, 2 for settings that do not load, or 1 with one line on
-/// stderr.
+/// stderr (or, for `check`, with the problems found).
 pub fn run(global: &GlobalArgs, cmd: StoreCommand) -> ExitCode {
-    let StoreCommand::Rekey { to_plain } = cmd;
     let (config, options) = match load_checked(global).and_then(|c| store_options(&c).map(|o| (c, o))) {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -35,18 +42,34 @@ pub fn run(global: &GlobalArgs, cmd: StoreCommand) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    match cmd {
+        StoreCommand::Rekey { to_plain } => rekey(&config, options, to_plain),
+        StoreCommand::Check => check(&config, &options),
+    }
+}
+
+/// Whether `config`'s data dir holds a store; says so when not. Only a store: opening one
+/// would make one in any directory a typo names.
+fn store_here(config: &Config) -> bool {
+    let here = config.data_dir.join("CURRENT").is_file();
+    if !here {
+        eprintln!(
+            "courier: no store in {} (give the data dir courier runs on: --data-dir)",
+            config.data_dir.display()
+        );
+    }
+    here
+}
+
+/// `store rekey`.
+fn rekey(config: &Config, options: StoreOptions, to_plain: bool) -> ExitCode {
     let Some(sealing) = options.keyring.sealing() else {
         eprintln!(
             "courier: store.encryption_key_files lists no key: list the key to seal with first (and, with --to-plain, the keys the data is sealed with)"
         );
         return ExitCode::from(2);
     };
-    // Only a store: `Store::open` would make one in any directory a typo names.
-    if !config.data_dir.join("CURRENT").is_file() {
-        eprintln!(
-            "courier: no store in {} (give the data dir courier runs on: --data-dir)",
-            config.data_dir.display()
-        );
+    if !store_here(config) {
         return ExitCode::FAILURE;
     }
     let store = match Store::open(&config.data_dir, options) {
@@ -92,5 +115,48 @@ pub fn run(global: &GlobalArgs, cmd: StoreCommand) -> ExitCode {
             eprintln!("courier: rekey stopped: {e} (what was moved before stays readable with the keys listed)");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `store check`: the problems, one per line, then a summary on stdout.
+fn check(config: &Config, options: &StoreOptions) -> ExitCode {
+    if !store_here(config) {
+        return ExitCode::FAILURE;
+    }
+    let dir = config.data_dir.display();
+    let checked = match Store::check(&config.data_dir, options) {
+        Ok(checked) => checked,
+        Err(StoreError::Locked(_)) => {
+            eprintln!(
+                "courier: {dir} is in use by a running courier: stop it, then check (a store in use changes under the check)"
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("courier: checking the store in {dir} stopped: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for problem in &checked.problems {
+        println!("problem: {}", crate::redact::escape(problem));
+    }
+    let c = checked.counts;
+    let held = format!(
+        "{} messages: {} open ({} in flight, which the next start queues again), {} delivered, {} dead, {} handed off",
+        c.open + c.delivered + c.dead + c.handed_off,
+        c.open,
+        checked.in_flight,
+        c.delivered,
+        c.dead,
+        c.handed_off
+    );
+    if checked.problems.is_empty() {
+        println!("store check: {dir} is consistent; {held}");
+        ExitCode::SUCCESS
+    } else {
+        let n = checked.problems.len();
+        let problems = if n == 1 { "problem" } else { "problems" };
+        println!("store check: {n} {problems} in {dir}; {held}");
+        ExitCode::FAILURE
     }
 }

@@ -82,20 +82,25 @@ impl Store {
     }
 }
 
-/// Opens RocksDB in `dir` with every column family, tuned by `options`.
-fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
+/// Every column family's descriptor, tuned by `options`.
+fn descriptors(options: &StoreOptions) -> impl Iterator<Item = ColumnFamilyDescriptor> + '_ {
     let table = table_options(options.block_cache_bytes);
     // The unused `default` column family is opened with our small write buffer too:
     // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
     // writing after a disk-full error (it reserves the largest write buffer) would be
     // 64 MiB, and on a small volume courier would never accept again by itself.
-    let descriptors = keys::CF_NAMES
+    keys::CF_NAMES
         .iter()
         .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
-        .map(|name| {
+        .map(move |name| {
             let sealed = options.keyring.sealing().is_some();
             ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes, sealed))
-        });
+        })
+}
+
+/// Opens RocksDB in `dir` with every column family, tuned by `options`.
+fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
+    let descriptors = descriptors(options);
     DB::open_cf_descriptors(&db_options(options.write_buffer_bytes), dir, descriptors).map_err(|e| {
         let text = e.to_string();
         if text.contains("lock") && (text.contains("LOCK") || text.contains("unavailable")) {
@@ -104,6 +109,48 @@ fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
             StoreError::Rocks(e)
         }
     })
+}
+
+/// The store in `dir` opened read-only, for an offline check: RocksDB replays its log in
+/// memory as a start would, and writes nothing. The returned file holds a read lock on the
+/// data dir's `LOCK` (the fcntl lock RocksDB takes for writing; a read-only open takes
+/// none), so the check refuses a data dir a courier runs on ([`StoreError::Locked`]) and no
+/// courier starts on it meanwhile. Only read access is needed (a disk mounted read-only).
+pub(super) fn open_read_only(dir: &Path, options: &StoreOptions) -> Result<(DB, Option<std::fs::File>), StoreError> {
+    let lock = lock_data_dir(dir)?;
+    let db_opts = db_options(options.write_buffer_bytes);
+    let db = DB::open_cf_descriptors_read_only(&db_opts, dir, descriptors(options), false)?;
+    Ok((db, lock))
+}
+
+/// A read lock on the data dir's `LOCK` file for as long as the returned file is open;
+/// `None` when there is no such file (a copy of a store without it: nothing runs on it).
+fn lock_data_dir(dir: &Path) -> Result<Option<std::fs::File>, StoreError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("LOCK");
+    let err = |source| StoreError::Dir {
+        path: path.clone(),
+        source,
+    };
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    // SAFETY: a zeroed `flock` is a valid value of this plain C struct; its fields are set
+    // below before the call.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_RDLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: fcntl on a descriptor `file` owns, with a pointer to a live `flock`.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } == -1 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EACCES) => Err(StoreError::Locked(dir.to_path_buf())),
+            _ => Err(err(e)),
+        };
+    }
+    Ok(Some(file))
 }
 
 /// The table options every column family shares: one bounded block cache, bloom filters.

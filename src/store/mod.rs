@@ -21,6 +21,7 @@
 
 // The `Store` operations live in one child module per concern, each an `impl Store` block
 // that sees the private fields and helpers below; each module's doc says what it holds.
+mod audit;
 mod claim;
 pub mod codec;
 mod committer;
@@ -49,6 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions, DB};
 
 pub use crate::model::Transition;
+pub use audit::Checked;
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
 #[cfg(not(test))]

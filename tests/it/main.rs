@@ -39,6 +39,7 @@ mod sealing;
 mod security;
 mod setup_script;
 mod signing_ed25519;
+mod store_check;
 mod stored_secrets;
 mod tls;
 mod trace_context;

@@ -1,130 +1,39 @@
 //! Power loss on a real filesystem: courier's data dir on powercut (tests/powercut), a FUSE
 //! filesystem that keeps every write in memory until `fsync`/`fdatasync` of the file (and
-//! every create, rename and unlink until an fsync of its directory) and on a cut drops
-//! everything unsynced. A kill -9 keeps the kernel's page cache; a cut does not.
+//! every create, rename and unlink until an fsync of its directory). A kill -9 keeps the
+//! kernel's page cache; a cut does not. A cut drops the unsynced writes in one of two
+//! modes: drop (all of them) or torn (a random prefix of each file's unsynced writes
+//! survives: the first k whole and part of the next, as on a disk that wrote some of them
+//! in order before the power went; seeded).
 //!
-//! `filesystem_keeps_only_what_was_synced` shows the filesystem really drops unsynced data.
-//! `acknowledged_messages_survive_power_cuts` runs courier under load, cuts the power (drops
-//! the unsynced data and SIGKILLs courier at the same moment) again and again, restarts it
-//! on what is left, and checks every message answered 202 is delivered. Payloads are sealed
-//! at rest in every run here (`[store] encryption_key_files`).
+//! `filesystem_keeps_only_what_was_synced` and `filesystem_tears_unsynced_writes_in_torn_mode`
+//! show the filesystem does what it says. `under_load` runs courier under load, cuts the
+//! power (the unsynced data dropped or torn, courier SIGKILLed at the same moment) again and
+//! again, in each mode, half the cuts at a moment when the write-ahead log holds unsynced
+//! writes; after each cut, before courier starts again, `courier store check` audits the
+//! data dir as the cut left it, and at the end every message answered 202 must be delivered
+//! and every repeated delivery must be one a cut can explain (`bound`: at most the
+//! deliveries since the last durable accept's request was sent, plus
+//! `delivery.max_in_flight`, per cut). Payloads are sealed at rest in every run here
+//! (`[store] encryption_key_files`).
 //!
 //! The filesystem's binary comes from `COURIER_TEST_POWERCUT` (scripts/verifiers.sh builds
 //! it); without it, or without the right to mount, the tests fail (`support::skip`: only
 //! `COURIER_TEST_ALLOW_SKIP=1` lets them pass without running, never under CI's
 //! `COURIER_TEST_REQUIRE_VERIFIERS=1`). `COURIER_POWER_CUTS` (default 10) sets the number of
-//! cuts, e.g. `COURIER_POWER_CUTS=200` for a soak; the schedule's seed is printed and
-//! `COURIER_POWER_SEED` replays it.
+//! cuts in each mode, e.g. `COURIER_POWER_CUTS=200` for a soak; the schedule's seed (also
+//! torn mode's) is printed and `COURIER_POWER_SEED` replays it.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
 
-use rand::{Rng, SeedableRng};
-
-use crate::support::load::{client, config, env_number, sealed, seed, send, Acked, Load, Tally};
+use crate::support::load::{client, sealed, send, Acked};
+use crate::support::powercut::{fsync_dir, mount_or_skip, write_file, Mode};
 use crate::support::*;
 
-/// A mounted powercut filesystem, driven through its stdin.
-struct PowerFs {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-    mnt: PathBuf,
-}
-
-impl PowerFs {
-    /// Mounts powercut on `mnt`, or says why it cannot (the test then skips or fails).
-    fn mount(mnt: &Path) -> Result<PowerFs, String> {
-        let bin = std::env::var("COURIER_TEST_POWERCUT")
-            .map_err(|_| "COURIER_TEST_POWERCUT is not set (scripts/verifiers.sh builds tests/powercut)".to_string())?;
-        std::fs::create_dir_all(mnt).unwrap();
-        let mut child = Command::new(&bin)
-            .arg(mnt)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {bin}: {e}"))?;
-        let stdin = child.stdin.take().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        if line.trim() != "mounted" {
-            let mut err = String::new();
-            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-            let _ = child.wait();
-            return Err(format!("powercut did not mount on {}: {}", mnt.display(), err.trim()));
-        }
-        Ok(PowerFs {
-            child,
-            stdin,
-            out,
-            mnt: mnt.to_path_buf(),
-        })
-    }
-
-    fn command(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        assert!(!line.is_empty(), "powercut exited on {cmd:?}");
-        line.trim().to_string()
-    }
-
-    /// Drops everything unsynced; until [`PowerFs::thaw`] every operation fails with EIO.
-    fn cut(&mut self) -> String {
-        let answer = self.command("cut");
-        assert!(answer.starts_with("cut "), "{answer}");
-        answer
-    }
-
-    fn thaw(&mut self) {
-        assert_eq!(self.command("thaw"), "thawed");
-    }
-}
-
-impl Drop for PowerFs {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "quit");
-        let _ = self.stdin.flush();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
-}
-
-/// Mounts powercut under `dir`, or skips the test (fails it when skipping is not allowed).
-fn mount_or_skip(dir: &Path) -> Option<PowerFs> {
-    match PowerFs::mount(&dir.join("mnt")) {
-        Ok(fs) => Some(fs),
-        Err(reason) => {
-            skip(&reason);
-            None
-        }
-    }
-}
-
-fn fsync_dir(dir: &Path) {
-    std::fs::File::open(dir).unwrap().sync_all().unwrap();
-}
-
-fn write_file(path: &Path, bytes: &[u8], sync: bool) {
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(bytes).unwrap();
-    if sync {
-        f.sync_all().unwrap();
-    }
-}
+// The duplicate bound, and the load test in each mode.
+mod bound;
+mod under_load;
 
 #[test]
 fn filesystem_keeps_only_what_was_synced() {
@@ -172,7 +81,7 @@ fn filesystem_keeps_only_what_was_synced() {
     let err = std::fs::read(at("resynced")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     fs.thaw();
-    eprintln!("powercut self-test: {answer} (files gone, bytes dropped, then per file)");
+    eprintln!("powercut self-test: {answer} (files gone, bytes dropped, bytes kept, then per file)");
 
     assert_eq!(
         std::fs::read(at("appended")).unwrap(),
@@ -205,136 +114,102 @@ fn filesystem_keeps_only_what_was_synced() {
     assert!(!at("never-synced").exists(), "a never-synced file survived");
 }
 
-/// One message in `every` is refused until the end, so it must come out of the store after
-/// the last restart; the others are delivered at once (their results are written and cut
-/// too).
-fn refused_until_calm(event_id: &str, every: u64) -> bool {
-    event_id
-        .rsplit('-')
-        .next()
-        .and_then(|n| n.parse::<u64>().ok())
-        .is_some_and(|n| n % every == 1)
-}
-
-/// Sums powercut's `cut` answers (`cut <files gone> <bytes> <name>:<bytes>...`) by kind of
-/// RocksDB file: how many bytes each kind lost over the cuts, and in how many cuts.
-fn dropped_by_kind(answers: &[String]) -> String {
-    let mut kinds: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
-    for answer in answers {
-        let mut seen = std::collections::BTreeSet::new();
-        for item in answer.split(' ').skip(3) {
-            let Some((name, bytes)) = item.rsplit_once(':') else {
-                continue;
-            };
-            let kind = match name {
-                n if n.ends_with(".log") => "WAL",
-                n if n.ends_with(".sst") => "SST",
-                n if n.starts_with("MANIFEST") => "MANIFEST",
-                n if n.starts_with("LOG") => "info LOG",
-                n if n.starts_with("OPTIONS") => "OPTIONS",
-                _ => "other",
-            };
-            let entry = kinds.entry(kind).or_default();
-            entry.0 += bytes.parse::<usize>().unwrap_or(0);
-            if seen.insert(kind) {
-                entry.1 += 1;
+/// Every content a file written `synced` and synced, then `writes` unsynced, can have after
+/// a torn cut: the first k writes whole and the first bytes of the next. Each with (k, bytes
+/// kept of the next).
+fn torn_outcomes(synced: &[u8], writes: &[(u64, &[u8])]) -> Vec<(usize, usize, Vec<u8>)> {
+    let apply = |data: &mut Vec<u8>, (at, bytes): (u64, &[u8])| {
+        let at = at as usize;
+        if data.len() < at + bytes.len() {
+            data.resize(at + bytes.len(), 0);
+        }
+        data[at..at + bytes.len()].copy_from_slice(bytes);
+    };
+    let mut out = Vec::new();
+    for k in 0..=writes.len() {
+        let mut data = synced.to_vec();
+        for w in &writes[..k] {
+            apply(&mut data, *w);
+        }
+        let next = writes.get(k).map_or(0, |(_, b)| b.len());
+        for part in 0..next.max(1) {
+            let mut torn = data.clone();
+            if let Some((at, bytes)) = writes.get(k) {
+                apply(&mut torn, (*at, &bytes[..part]));
             }
+            out.push((k, part, torn));
         }
     }
-    let parts: Vec<String> = kinds
-        .iter()
-        .map(|(kind, (bytes, cuts))| format!("{kind} {bytes} bytes in {cuts} cuts"))
-        .collect();
-    format!("{} (of {} cuts)", parts.join(", "), answers.len())
+    out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn acknowledged_messages_survive_power_cuts() {
+#[test]
+fn filesystem_tears_unsynced_writes_in_torn_mode() {
     let dir = tempfile::tempdir().unwrap();
     let Some(mut fs) = mount_or_skip(dir.path()) else {
         return;
     };
-    let cuts = env_number("COURIER_POWER_CUTS", 10) as usize;
-    let seed = seed("COURIER_POWER_SEED");
-    eprintln!("power_loss: seed {seed}, {cuts} cuts (COURIER_POWER_SEED={seed} replays the schedule)");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let started = Instant::now();
-    // Half the messages held back in CI's short run; in a soak a tenth, retried less often,
-    // so the retries of tens of thousands of held messages do not crowd out the load.
-    let (hold_every, max_delay) = if cuts <= 20 { (2, "4s") } else { (10, "20s") };
-    let tally = Tally::start(move |id| Reply::status(if refused_until_calm(id, hold_every) { 503 } else { 200 })).await;
-
-    // courier makes the data dir itself and syncs its parent (see
-    // `a_fresh_data_dir_survives_a_power_cut`).
-    let data_dir = fs.mnt.join("data");
-    let mut courier = Courier::start_with_data_dir(
-        dir.path(),
-        &data_dir,
-        &sealed(dir.path(), &config("1s", max_delay)),
-        &[],
-    );
-    let load = Load::start(courier.ingress, &tally.rx, "power", (5, 50));
-
-    // The cuts: load for a random while, then power off (unsynced data dropped, courier
-    // killed), power on, courier restarted on what is left.
-    let mut dropped = Vec::new();
-    for _ in 0..cuts {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
-        let answer = tokio::task::block_in_place(|| {
-            let answer = fs.cut();
-            courier.kill();
-            fs.thaw();
-            courier.restart();
-            answer
-        });
-        dropped.push(answer);
-        load.moved(courier.ingress);
-    }
-    let (acked, refused) = load.stop().await;
-
-    // Drain: the receiver takes everything; every acknowledged id must arrive.
-    let drain_started = Instant::now();
-    let missing = tally.calm_down(&acked, Duration::from_secs(180)).await;
-    let (duplicates, _) = tally.duplicates(&acked);
-    let refused_acked = acked
-        .iter()
-        .filter(|(id, _)| refused_until_calm(id, hold_every))
-        .count();
-    eprintln!(
-        "power_loss: cuts {cuts}, acknowledged {} ({refused_acked} held back until the last restart), lost {}, \
-         duplicates {duplicates}, not acknowledged {refused:?}, took {:?} (drain {:?})",
-        acked.len(),
-        missing.len(),
-        started.elapsed(),
-        drain_started.elapsed()
-    );
-    eprintln!(
-        "power_loss: unsynced data the cuts dropped: {}",
-        dropped_by_kind(&dropped)
-    );
-    if !missing.is_empty() {
-        // What the store has for the first few lost messages, and a copy of what survived.
-        let mut report = String::new();
-        for (id, delivery) in missing.iter().take(5) {
-            let answer = get(&courier.admin_url(&format!("/deliveries/{delivery}"))).await;
-            report += &format!("\n  {id} ({delivery}): admin API {} {}", answer.status, answer.text());
+    let root = fs.mnt.clone();
+    // Appends and an overwrite of synced bytes, each its own write (the files are opened
+    // with direct I/O: one write call, one write to the filesystem).
+    let writes: [(u64, &[u8]); 4] = [(6, b"-one"), (10, b"-two"), (1, b"XY"), (14, b"-three")];
+    fs.mode(Mode::Torn(41));
+    let (mut none, mut some, mut torn, mut all) = (0, 0, 0, 0);
+    for round in 0..16 {
+        let (f, g) = (root.join(format!("f{round}")), root.join(format!("g{round}")));
+        write_file(&f, b"synced", true);
+        write_file(&g, b"all", false);
+        fsync_dir(&root);
+        let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+        for (at, bytes) in writes {
+            file.write_all_at(bytes, at).unwrap();
         }
-        let keep = std::env::temp_dir().join(format!("courier-power-loss-{seed}"));
-        let _ = Command::new("cp").arg("-a").arg(&data_dir).arg(&keep).status();
-        panic!(
-            "{} acknowledged messages never arrived after {cuts} power cuts (seed {seed}); the store's data \
-             copied to {}:{report}\ncourier log:\n{}",
-            missing.len(),
-            keep.display(),
-            courier.log.all()
+        // Unsynced writes, then a sync: nothing of it may be lost.
+        let mut synced = std::fs::OpenOptions::new().append(true).open(&g).unwrap();
+        synced.write_all(b" synced").unwrap();
+        synced.sync_data().unwrap();
+        let answer = fs.cut();
+        fs.thaw();
+        assert_eq!(
+            std::fs::read(&g).unwrap(),
+            b"all synced",
+            "a synced write was lost: {answer}"
         );
+        let survived = std::fs::read(&f).unwrap();
+        let outcomes = torn_outcomes(b"synced", &writes);
+        let Some((k, part, _)) = outcomes.iter().find(|(_, _, data)| *data == survived) else {
+            panic!(
+                "{:?} is not the synced bytes and a prefix of the writes ({answer})",
+                String::from_utf8_lossy(&survived)
+            );
+        };
+        match (k, part) {
+            (0, 0) => none += 1,
+            (4, _) => all += 1,
+            (_, 0) => some += 1,
+            _ => torn += 1,
+        }
     }
+    eprintln!("powercut torn self-test: of 16 cuts, {none} kept nothing, {some} some writes whole, {torn} tore a write, {all} kept all");
     assert!(
-        acked.len() >= 100,
-        "the senders got too few acks ({}) to mean anything",
-        acked.len()
+        none > 0 && some > 0 && torn > 0 && all > 0,
+        "seed 41 draws each outcome"
     );
-    drop(courier);
+
+    // Back to drop mode: nothing unsynced survives.
+    fs.mode(Mode::Drop);
+    let f = root.join("dropped");
+    write_file(&f, b"synced", true);
+    fsync_dir(&root);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"-gone", 6)
+        .unwrap();
+    fs.cut();
+    fs.thaw();
+    assert_eq!(std::fs::read(&f).unwrap(), b"synced");
 }
 
 /// courier's first start on a new data dir: the messages it acknowledged must survive a cut

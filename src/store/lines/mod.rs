@@ -143,7 +143,6 @@ impl LineLocks {
         }
     }
 
-    #[cfg(test)]
     pub(super) fn is_ghost(&self, id: &str) -> bool {
         super::locked(&self.ghosts).contains_key(id)
     }

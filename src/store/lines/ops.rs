@@ -130,7 +130,6 @@ impl Store {
     }
 
     /// Whether `id` is a head deleted while its attempt was in flight (audit).
-    #[cfg(test)]
     pub(in crate::store) fn is_ghost_head(&self, id: &str) -> bool {
         self.lines.is_ghost(id)
     }

@@ -4,7 +4,6 @@
 //!
 //! `message` and `claim` are `pub(crate)`: other modules' store-backed tests use them.
 
-mod audit;
 mod endpoints;
 mod expiry;
 pub(crate) mod faults;

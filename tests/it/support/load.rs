@@ -103,6 +103,8 @@ pub struct Tally {
     /// The receiver itself.
     pub rx: Receiver,
     delivered: Arc<Mutex<HashMap<String, usize>>>,
+    /// When each request answered 2xx arrived, and its event id.
+    arrivals: Arc<Mutex<Vec<(Instant, String)>>>,
     calm: Arc<AtomicBool>,
     /// Signalled at each 2xx answer (a permit is kept when no one waits: none is lost).
     arrived: Arc<tokio::sync::Notify>,
@@ -112,9 +114,10 @@ impl Tally {
     /// Starts the receiver; `mood` answers each message (by its event id) while not calm.
     pub async fn start(mood: impl Fn(&str) -> Reply + Send + Sync + 'static) -> Tally {
         let delivered: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let arrivals: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
         let calm = Arc::new(AtomicBool::new(false));
         let arrived = Arc::new(tokio::sync::Notify::new());
-        let (tally, quiet, ring) = (delivered.clone(), calm.clone(), arrived.clone());
+        let (tally, times, quiet, ring) = (delivered.clone(), arrivals.clone(), calm.clone(), arrived.clone());
         let rx = Receiver::scripted(move |_, seen| {
             let Some(id) = seen.header("webhook-id") else {
                 return Reply::status(400);
@@ -125,6 +128,7 @@ impl Tally {
                 mood(&id)
             };
             if (200..300).contains(&reply.status) {
+                times.lock().unwrap().push((seen.at, id.clone()));
                 *tally.lock().unwrap().entry(id).or_default() += 1;
                 ring.notify_one();
             }
@@ -134,6 +138,7 @@ impl Tally {
         Tally {
             rx,
             delivered,
+            arrivals,
             calm,
             arrived,
         }
@@ -142,6 +147,11 @@ impl Tally {
     /// The 2xx answers given so far, per event id.
     pub fn delivered(&self) -> HashMap<String, usize> {
         self.delivered.lock().unwrap().clone()
+    }
+
+    /// Every request answered 2xx so far: when it arrived, and its event id.
+    pub fn arrivals(&self) -> Vec<(Instant, String)> {
+        self.arrivals.lock().unwrap().clone()
     }
 
     /// Calms the receiver down and waits up to `limit` for every acknowledged message:
@@ -187,6 +197,8 @@ pub type NotAcked = HashMap<Option<u16>, usize>;
 pub struct Load {
     stop: Arc<AtomicBool>,
     acked: Arc<Mutex<Vec<Acked>>>,
+    /// Per 202: when its request was sent, and when the 202 came.
+    stamps: Arc<Mutex<Vec<(Instant, Instant)>>>,
     ingress: Arc<Mutex<SocketAddr>>,
     senders: Vec<JoinHandle<NotAcked>>,
 }
@@ -198,10 +210,12 @@ impl Load {
     pub fn start(ingress: SocketAddr, rx: &Receiver, tag: &str, (answered, down): (u64, u64)) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+        let stamps: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
         let ingress = Arc::new(Mutex::new(ingress));
         let mut senders = Vec::new();
         for s in 0..SENDERS {
             let (stop, acked, ingress) = (stop.clone(), acked.clone(), ingress.clone());
+            let stamps = stamps.clone();
             let (target, tag) = (rx.url(&format!("/s{s}")), tag.to_string());
             senders.push(tokio::spawn(async move {
                 let client = client();
@@ -211,8 +225,10 @@ impl Load {
                     let addr: SocketAddr = *ingress.lock().unwrap();
                     let id = format!("{tag}-{s}-{n}");
                     n += 1;
+                    let sent = Instant::now();
                     let pause = match send(&client, &format!("http://{addr}/{target}"), &id).await {
                         Ok(delivery) => {
+                            stamps.lock().unwrap().push((sent, Instant::now()));
                             acked.lock().unwrap().push((id, delivery));
                             answered
                         }
@@ -233,6 +249,7 @@ impl Load {
         Load {
             stop,
             acked,
+            stamps,
             ingress,
             senders,
         }
@@ -241,6 +258,11 @@ impl Load {
     /// courier restarted: its ingress is now `addr`.
     pub fn moved(&self, addr: SocketAddr) {
         *self.ingress.lock().unwrap() = addr;
+    }
+
+    /// Per 202 so far: when its request was sent, and when the 202 came.
+    pub fn stamps(&self) -> Vec<(Instant, Instant)> {
+        self.stamps.lock().unwrap().clone()
     }
 
     /// Stops the senders: the acknowledged messages, and the other answers.

@@ -18,6 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 pub mod load;
+pub mod powercut;
 mod receiver;
 pub mod resolver;
 

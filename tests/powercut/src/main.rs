@@ -8,12 +8,30 @@
 //! so, as on a real disk, it promises nothing. Files are opened with direct I/O, so the
 //! kernel's page cache holds nothing of ours that could outlive a cut.
 //!
+//! Two modes say what a cut does to a file's unsynced writes:
+//! - drop (the default): all of them are lost; the file is as it was at its last sync.
+//! - torn: a random prefix of them survives, as on a disk that wrote some of the queued
+//!   writes, in order, before the power went: the first k whole (k from 0 to all) and, when
+//!   k is not all, the first bytes of the next one (none to all but its last byte). Nothing
+//!   synced is ever lost; a kept write may overwrite synced bytes, as it would on a disk. The
+//!   choices come from a seeded generator walking the files in inode order, so the same seed
+//!   and the same writes give the same cut. Directory entries stay all or nothing in both
+//!   modes: a directory is as it was at its last fsync.
+//!
 //! `powercut <mountpoint>` mounts (as root, straight through the mount syscall, or through
 //! fusermount3 otherwise), prints `mounted`, and reads commands on stdin, one per line,
 //! answering each with one line:
-//!   cut    drop everything unsynced and freeze: every later operation fails with EIO
-//!          (the machine is off) until `thaw`. Answers `cut <files gone> <bytes dropped>`
-//!          and `<name>:<bytes dropped>` for each file that lost unsynced bytes.
+//!   cut    power off: what the mode keeps of the unsynced writes stays, the rest is gone,
+//!          and every later operation fails with EIO (the machine is off) until `thaw`.
+//!          Answers `cut <files gone> <bytes dropped> <bytes kept>` and
+//!          `<name>:<bytes dropped>:<bytes kept>` for each file that had unsynced writes
+//!          (bytes written since the file's last sync).
+//!   cut-in <suffix>
+//!          `cut` once a file whose name ends with <suffix> holds unsynced writes (or after
+//!          5 s), so the cut lands between such a write and its sync (`cut-in .log`:
+//!          RocksDB's write-ahead log). Answers as `cut`.
+//!   mode drop | mode torn <seed>
+//!          the mode of the next cuts. Answers `mode drop` or `mode torn <seed>`.
 //!   thaw   power back on: the filesystem serves what survived. Answers `thawed`.
 //!   stats  `stats <nodes> <durable bytes> <unsynced bytes>`.
 //!   ignore-sync <suffix>
@@ -21,17 +39,25 @@
 //!          disk that lies; the tests' negative control). Answers `ignoring <suffix>`.
 //!   quit   (or end of input) unmount and exit.
 
+// A test tool that keeps file times and waits in real time; `clippy.toml` guards courier's
+// own code.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+// Torn mode: a file's unsynced changes, and which prefix of them a cut keeps.
+mod torn;
+
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
     ReplyWrite, Request, TimeOrNow,
 };
+use torn::{Change, Keep, Rng};
 
 /// Nothing is cached by the kernel: every lookup and attribute read comes to us, so a cut
 /// shows at once.
@@ -52,6 +78,9 @@ struct Node {
     /// (a truncate then an extend must not bring old durable bytes back).
     dirty: Option<(usize, usize)>,
     min_len: usize,
+    /// Every write and length change since the last sync, in order: what a torn cut keeps
+    /// a prefix of.
+    changes: Vec<Change>,
     /// A directory's entries now, and as they would survive a cut.
     entries: BTreeMap<OsString, u64>,
     synced_entries: BTreeMap<OsString, u64>,
@@ -70,6 +99,7 @@ impl Node {
     }
 
     fn set_len(&mut self, len: usize) {
+        self.changes.push(Change::SetLen(len));
         self.data.resize(len, 0);
         self.min_len = self.min_len.min(len);
         if self.dirty.is_none() && self.data.len() != self.synced.len() {
@@ -78,6 +108,7 @@ impl Node {
     }
 
     fn write(&mut self, offset: usize, bytes: &[u8]) {
+        self.changes.push(Change::Write(offset, bytes.to_vec()));
         let end = offset + bytes.len();
         if self.data.len() < end {
             self.data.resize(end, 0);
@@ -90,6 +121,7 @@ impl Node {
 
     /// fsync/fdatasync: the file's bytes now are what survives.
     fn sync(&mut self) {
+        self.changes.clear();
         let Some((lo, hi)) = self.dirty.take() else {
             return;
         };
@@ -111,6 +143,31 @@ impl Node {
             None => 0,
         }
     }
+
+    /// Power cut: the file becomes its synced bytes with `keep` of the unsynced changes
+    /// applied on top, and that is now what is durable. Returns (bytes dropped, bytes kept)
+    /// of the writes since the last sync.
+    fn cut(&mut self, keep: Keep) -> (usize, usize) {
+        let written: usize = self.changes.iter().map(Change::written).sum();
+        let mut kept = 0;
+        if self.dirty.take().is_some() || !self.changes.is_empty() {
+            let mut data = std::mem::take(&mut self.synced);
+            let changes = std::mem::take(&mut self.changes);
+            for (i, change) in changes.iter().enumerate() {
+                let part = match (i.cmp(&keep.whole), change) {
+                    (std::cmp::Ordering::Less, _) => change.written(),
+                    (std::cmp::Ordering::Equal, Change::Write(..)) => keep.torn,
+                    _ => break,
+                };
+                change.apply(&mut data, part);
+                kept += part;
+            }
+            self.data = data;
+            self.synced = self.data.clone();
+        }
+        self.min_len = self.data.len();
+        (written - kept, kept)
+    }
 }
 
 #[derive(Default)]
@@ -124,6 +181,8 @@ struct State {
     frozen: bool,
     /// fsyncs of files named with this suffix are ignored (`ignore-sync`).
     ignore_sync: Option<OsString>,
+    /// Torn mode's generator (`mode torn <seed>`); drop mode when `None`.
+    torn: Option<Rng>,
 }
 
 impl State {
@@ -214,28 +273,32 @@ impl State {
         self.nodes.retain(|ino, _| keep.contains(ino));
     }
 
-    /// Power cut: every node goes back to its durable version; whatever is no longer
-    /// reachable from the root through durable entries is gone. Returns (nodes, bytes) lost.
-    fn cut(&mut self) -> (usize, usize, Vec<String>) {
+    /// Power cut: every node goes back to its durable version (with, in torn mode, a prefix
+    /// of its unsynced writes); whatever is no longer reachable from the root through
+    /// durable entries is gone. Returns (nodes gone, bytes dropped, bytes kept, per file).
+    fn cut(&mut self) -> (usize, usize, usize, Vec<String>) {
         let before = self.nodes.len();
-        let mut dropped = 0;
         let names: HashMap<u64, OsString> = self
             .nodes
             .values()
             .flat_map(|d| d.entries.iter().map(|(name, ino)| (*ino, name.clone())))
             .collect();
-        let mut files = Vec::new();
-        for (ino, n) in self.nodes.iter_mut() {
-            let lost = n.unsynced_bytes();
-            if lost > 0 {
-                let name = names.get(ino).map_or("?".into(), |n| n.to_string_lossy().into_owned());
-                files.push(format!("{name}:{lost}"));
+        let (mut dropped, mut kept, mut files) = (0, 0, Vec::new());
+        // In inode order: the generator's draws must not depend on a hash map's order.
+        let mut inos: Vec<u64> = self.nodes.keys().copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            let n = self.nodes.get_mut(&ino).expect("listed above");
+            let keep = match &mut self.torn {
+                Some(rng) if !n.changes.is_empty() => rng.keep(&n.changes),
+                _ => Keep { whole: 0, torn: 0 },
+            };
+            let (lost, saved) = n.cut(keep);
+            if lost + saved > 0 {
+                let name = names.get(&ino).map_or("?".into(), |n| n.to_string_lossy().into_owned());
+                files.push(format!("{name}:{lost}:{saved}"));
             }
-            dropped += lost;
-            if n.dirty.take().is_some() {
-                n.data = n.synced.clone();
-            }
-            n.min_len = n.data.len();
+            (dropped, kept) = (dropped + lost, kept + saved);
             n.entries = n.synced_entries.clone();
         }
         self.handles.clear();
@@ -253,7 +316,17 @@ impl State {
         self.nodes.retain(|ino, _| reachable.contains(ino));
         self.frozen = true;
         files.sort();
-        (before - self.nodes.len(), dropped, files)
+        (before - self.nodes.len(), dropped, kept, files)
+    }
+
+    /// Whether a file named with `suffix` holds unsynced writes (`cut-in`).
+    fn unsynced_in(&self, suffix: &str) -> bool {
+        self.nodes.values().any(|d| {
+            d.entries.iter().any(|(name, ino)| {
+                name.as_encoded_bytes().ends_with(suffix.as_bytes())
+                    && self.nodes.get(ino).is_some_and(|n| !n.changes.is_empty())
+            })
+        })
     }
 
     /// Whether an fsync of `ino` is to be ignored (`ignore-sync`): any of its names ends with
@@ -635,11 +708,17 @@ impl Filesystem for PowerCut {
     }
 }
 
+/// `cut`'s answer: `cut <files gone> <bytes dropped> <bytes kept> <name>:<dropped>:<kept>…`.
+fn cut(state: &mut State) -> String {
+    let (nodes, dropped, kept, files) = state.cut();
+    format!("cut {nodes} {dropped} {kept} {}", files.join(" "))
+}
+
 fn main() {
     let mountpoint = match std::env::args_os().nth(1) {
         Some(m) => m,
         None => {
-            eprintln!("usage: powercut <mountpoint>  (commands on stdin: cut, thaw, stats, quit)");
+            eprintln!("usage: powercut <mountpoint>  (commands on stdin: cut, cut-in, mode, thaw, stats, quit)");
             std::process::exit(2);
         }
     };
@@ -662,10 +741,31 @@ fn main() {
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         match line.trim() {
-            "cut" => {
-                let (nodes, bytes, files) = state.lock().unwrap().cut();
-                say(&mut out, format!("cut {nodes} {bytes} {}", files.join(" ")));
+            "cut" => say(&mut out, cut(&mut state.lock().unwrap())),
+            other if other.starts_with("cut-in ") => {
+                let suffix = &other["cut-in ".len()..];
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let answer = loop {
+                    let mut s = state.lock().unwrap();
+                    if s.unsynced_in(suffix) || std::time::Instant::now() > deadline {
+                        break cut(&mut s);
+                    }
+                    drop(s);
+                    std::thread::sleep(Duration::from_micros(200));
+                };
+                say(&mut out, answer);
             }
+            "mode drop" => {
+                state.lock().unwrap().torn = None;
+                say(&mut out, "mode drop".into());
+            }
+            other if other.starts_with("mode torn ") => match other["mode torn ".len()..].parse::<u64>() {
+                Ok(seed) => {
+                    state.lock().unwrap().torn = Some(Rng(seed));
+                    say(&mut out, format!("mode torn {seed}"));
+                }
+                Err(_) => say(&mut out, format!("error not a seed: {other:?}")),
+            },
             "thaw" => {
                 state.lock().unwrap().frozen = false;
                 say(&mut out, "thawed".into());
@@ -719,6 +819,39 @@ mod tests {
         s.cut();
         assert_eq!(s.nodes[&ino].data, b"durable");
         assert!(s.frozen);
+    }
+
+    #[test]
+    fn a_torn_cut_keeps_a_prefix_of_the_unsynced_writes_in_order() {
+        let node = || {
+            let mut n = Node::new(false, 0o644, 0, 0);
+            n.write(0, b"0123456789");
+            n.sync();
+            n.write(10, b"abc");
+            n.write(2, b"XY");
+            n.set_len(6);
+            n.write(6, b"zz");
+            n
+        };
+        let cases: [(usize, usize, &[u8]); 6] = [
+            (0, 0, b"0123456789"),
+            (0, 2, b"0123456789ab"),
+            (1, 0, b"0123456789abc"),
+            (1, 1, b"01X3456789abc"),
+            (3, 1, b"01XY45z"),
+            (4, 0, b"01XY45zz"),
+        ];
+        for (whole, torn, survives) in cases {
+            let mut n = node();
+            let now = n.data.clone();
+            let (dropped, kept) = n.cut(Keep { whole, torn });
+            assert_eq!(n.data, survives, "{whole} whole, {torn} torn");
+            assert_eq!(n.synced, n.data, "what survived is durable");
+            assert_eq!(dropped + kept, 7);
+            if whole == 4 {
+                assert_eq!(n.data, now, "keeping every change is the file as it was");
+            }
+        }
     }
 
     #[test]

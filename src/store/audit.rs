@@ -1,13 +1,32 @@
-//! A consistency audit of the whole store, for tests and the simulator: every record in
-//! exactly one state with the index entries that state needs, no index entry without its
-//! record, counters equal to what they count, and every ordered endpoint's line whole (one
-//! head, the rest waiting with no due entry). It reads everything: never in production.
+//! A consistency audit of the whole store: every record in exactly one state with the
+//! index entries that state needs, no index entry without its record, counters equal to
+//! what they count, and every ordered endpoint's line whole (one head, the rest waiting with
+//! no due entry). It reads everything, so it never runs on the delivery path: the simulator
+//! runs it after every step ([`Store::audit`]), and `courier store check` runs it offline on
+//! a stopped courier's data dir ([`Store::check`]), e.g. after a power loss.
+//!
+//! What a crash may leave and the next start repairs is not a problem here: messages in
+//! flight (startup queues them again), and a line whose head was deleted while its attempt
+//! was in flight (startup moves the line on). Everything else holds after any crash: every
+//! change of state is one `WriteBatch` with its indexes, counters and line.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
-use rocksdb::IteratorMode;
+use rocksdb::{ColumnFamily, IteratorMode, DB};
 
-use crate::store::{decode_message, keys, MessageRecord, State, Store, StoreError};
+use crate::store::{cf_of, decode_message, keys, Counts, MessageRecord, State, Store, StoreError, StoreOptions};
+
+/// What [`Store::check`] found in a data dir.
+#[derive(Debug, Clone, Default)]
+pub struct Checked {
+    /// Every inconsistency, one line each (empty: consistent).
+    pub problems: Vec<String>,
+    /// The messages by state, as the records say.
+    pub counts: Counts,
+    /// Of the open messages, those a crash left in flight (the next start queues them).
+    pub in_flight: u64,
+}
 
 /// Every family's keys read from one snapshot, by message id.
 struct Indexes {
@@ -22,6 +41,7 @@ struct Indexes {
 #[derive(Default)]
 struct Tally {
     open: u64,
+    in_flight: u64,
     delivered: u64,
     dead: u64,
     handed_off: u64,
@@ -38,11 +58,55 @@ impl Store {
     /// Every inconsistency found (empty when the store is consistent). `quiescent` adds the
     /// rules that hold only when nothing is running: no message in flight.
     pub fn audit(&self, quiescent: bool) -> Result<Vec<String>, StoreError> {
+        let ghost = |id: &str| self.is_ghost_head(id);
+        let audit = Audit {
+            db: &self.db,
+            ghost: &ghost,
+        };
+        Ok(audit.run(quiescent)?.0)
+    }
+
+    /// The audit of the store in `dir` as the next start would find it, courier stopped:
+    /// opened read-only (RocksDB replays its log in memory, as a start does, and writes
+    /// nothing), with the data dir's lock held meanwhile, so no courier starts on it.
+    /// [`StoreError::Locked`] when a courier runs on it.
+    pub fn check(dir: &Path, options: &StoreOptions) -> Result<Checked, StoreError> {
+        let (db, _lock) = super::lifecycle::open_read_only(dir, options)?;
+        // In memory only, lost in a crash: any head that is gone may have been deleted in
+        // flight, and the next start moves its line on.
+        let audit = Audit {
+            db: &db,
+            ghost: &|_| true,
+        };
+        let (problems, tally) = audit.run(false)?;
+        let counts = Counts {
+            open: tally.open,
+            delivered: tally.delivered,
+            dead: tally.dead,
+            handed_off: tally.handed_off,
+        };
+        Ok(Checked {
+            problems,
+            counts,
+            in_flight: tally.in_flight,
+        })
+    }
+}
+
+/// One audit: the database, and which line heads may be gone (deleted in flight).
+struct Audit<'a> {
+    db: &'a DB,
+    ghost: &'a dyn Fn(&str) -> bool,
+}
+
+impl Audit<'_> {
+    /// Every inconsistency found, and what the records count.
+    fn run(&self, quiescent: bool) -> Result<(Vec<String>, Tally), StoreError> {
         let mut problems = Vec::new();
         // One snapshot for every family: a write landing between two reads (a background
         // release, a result) must not look like a record and its index disagreeing.
         let snap = self.db.snapshot();
-        let ix = self.read_indexes(&snap)?;
+        let ix = self.read_indexes(&snap, &mut problems)?;
         let lines = self.audit_lines(&snap, &ix.records, quiescent, &mut problems)?;
         let tally = audit_records(&ix, quiescent, &mut problems);
         for id in ix.states.keys().chain(ix.due.keys()).chain(ix.parked.keys()) {
@@ -51,11 +115,16 @@ impl Store {
             }
         }
         self.audit_counters(&snap, &tally, lines, &mut problems)?;
-        Ok(problems)
+        Ok((problems, tally))
     }
 
-    /// The records and the payload, state, due and parked keys, from `snap`.
-    fn read_indexes(&self, snap: &rocksdb::Snapshot<'_>) -> Result<Indexes, StoreError> {
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        cf_of(self.db, name)
+    }
+
+    /// The records and the payload, state, due and parked keys, from `snap` (a key that
+    /// does not parse is a problem, not a panic: an operator runs this on a damaged disk).
+    fn read_indexes(&self, snap: &rocksdb::Snapshot<'_>, problems: &mut Vec<String>) -> Result<Indexes, StoreError> {
         let mut records: BTreeMap<String, MessageRecord> = BTreeMap::new();
         for item in snap.iterator_cf(self.cf(keys::MESSAGES), IteratorMode::Start) {
             let (k, v) = item?;
@@ -72,14 +141,21 @@ impl Store {
         let payloads: BTreeSet<Vec<u8>> = keys_of(keys::PAYLOADS)?.into_iter().collect();
         let mut states: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for k in keys_of(keys::STATES)? {
+            let Some((state, id)) = k.split_first() else {
+                problems.push("states: an empty key".into());
+                continue;
+            };
             states
-                .entry(String::from_utf8_lossy(&k[1..]).into_owned())
+                .entry(String::from_utf8_lossy(id).into_owned())
                 .or_default()
-                .push(k[0]);
+                .push(*state);
         }
         let mut due: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for k in keys_of(keys::DUE)? {
-            let (ms, id) = keys::split_time_key(&k).expect("due keys are time keys");
+            let Some((ms, id)) = keys::split_time_key(&k) else {
+                problems.push(format!("due: a key that is not a time key: {k:?}"));
+                continue;
+            };
             due.entry(id.to_string()).or_default().push(ms);
         }
         let mut parked: BTreeMap<String, String> = BTreeMap::new();
@@ -239,7 +315,7 @@ impl Store {
             problems.push(format!("line {endpoint}: a member past the tail {}", line.tail));
         }
         match records.get(&line.head) {
-            None if !quiescent && self.is_ghost_head(&line.head) => {}
+            None if !quiescent && (self.ghost)(&line.head) => {}
             None => problems.push(format!("line {endpoint}: head {} does not exist", line.head)),
             Some(h) if h.endpoint != *endpoint || h.fifo.is_none_or(|f| f.pos != 0) => {
                 problems.push(format!("line {endpoint}: head {} is not this line's head", line.head))
@@ -272,6 +348,7 @@ fn audit_records(ix: &Indexes, quiescent: bool, problems: &mut Vec<String>) -> T
         let is_parked = ix.parked.get(id).is_some_and(|e| *e == rec.endpoint);
         if matches!(rec.state, State::Pending | State::InFlight) {
             tally.open += 1;
+            tally.in_flight += u64::from(rec.state == State::InFlight);
             *tally.open_per_endpoint.entry(rec.endpoint.clone()).or_default() += 1;
         }
         match rec.state {
