@@ -201,32 +201,40 @@ pub fn quiescent(w: &World, disturbed: &[u64]) -> Result<(), String> {
             }
         }
     }
-    rates(w, disturbed)?;
+    rates(w)?;
     limits(w)
 }
 
-/// Per endpoint, never more attempts in any second than its token bucket allows: a full
-/// bucket (one second's worth) plus one second of refill. Windows holding a crash or
-/// restart are skipped (a new process starts with full buckets).
-fn rates(w: &World, disturbed: &[u64]) -> Result<(), String> {
-    let rate = u64::from(w.config().delivery.rate_per_second);
-    let mut per_endpoint: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
-    for s in w.rx.log() {
-        per_endpoint.entry(s.url.clone()).or_default().push(s.at_ms);
+/// Per endpoint, the token bucket's own bound: over any interval from one attempt to a
+/// later one, at most its burst (one second's worth, `rate`) plus what the rate refills in
+/// that interval, `rate × length`. A restart starts a new process with full buckets, so an
+/// interval is counted from the last start before its end.
+fn rates(w: &World) -> Result<(), String> {
+    let rate = i64::from(w.config().delivery.rate_per_second);
+    let burst = rate;
+    let mut per_endpoint: std::collections::BTreeMap<String, Vec<(usize, u64)>> = Default::default();
+    for (i, s) in w.rx.log().into_iter().enumerate() {
+        per_endpoint.entry(s.url).or_default().push((i, s.at_ms));
     }
-    for (endpoint, mut times) in per_endpoint {
-        times.sort_unstable();
-        let mut start = 0;
-        for end in 0..times.len() {
-            while times[end] - times[start] >= 1000 {
-                start += 1;
+    for (endpoint, attempts) in per_endpoint {
+        // With g(k) = 1000·k − rate·t_k over the attempts since the last start, attempts
+        // i..=j break the bound when g(j) − g(i) > 1000·(burst − 1).
+        // The smallest g so far, and the attempt's time and index (the interval's start).
+        let (mut min_g, mut base, mut start) = ((i64::MAX, 0u64, 0usize), 0usize, 0usize);
+        for (k, (index, at)) in attempts.iter().enumerate() {
+            let this_start = w.started_at_log.iter().filter(|s| **s <= *index).count();
+            if this_start != start {
+                (min_g, base, start) = ((i64::MAX, 0, 0), k, this_start);
             }
-            let in_window = (end - start + 1) as u64;
-            let quiet = !disturbed.iter().any(|t| *t >= times[start] && *t <= times[end]);
-            if in_window > 2 * rate && quiet {
+            let g = 1000 * (k - base) as i64 - rate * *at as i64;
+            if g < min_g.0 {
+                min_g = (g, *at, k);
+            }
+            if g - min_g.0 > 1000 * (burst - 1) {
                 return Err(format!(
-                    "{in_window} attempts to {endpoint} within one second (from {} ms), rate {rate}/s",
-                    times[start]
+                    "{endpoint}: {} attempts from {} ms to {at} ms, more than its bucket allows (rate {rate}/s, burst {burst})",
+                    k - min_g.2 + 1,
+                    min_g.1
                 ));
             }
         }

@@ -198,6 +198,9 @@ pub struct World {
     store_keys: Vec<[u8; 32]>,
     /// Starts so far.
     starts: u32,
+    /// Per start, how many attempts the receivers had seen then: a new process starts with
+    /// full token buckets.
+    pub started_at_log: Vec<usize>,
 }
 
 /// The settings of every run: short delays so a run covers many retries, small caps so
@@ -298,6 +301,7 @@ impl World {
             // must stay readable beside sealed ones).
             store_keys: if seed % 4 == 1 { Vec::new() } else { vec![[0xa0; 32]] },
             starts: 0,
+            started_at_log: Vec::new(),
         };
         w.trace.push(format!(
             "class: {}, limits {limits:?}",
@@ -328,6 +332,7 @@ impl World {
             self.store_keys.insert(0, [self.starts as u8; 32]);
         }
         self.starts += 1;
+        self.started_at_log.push(self.rx.log_len());
         let keyring = crate::store::Keyring::new(&self.store_keys);
         // The last process may still be letting go of the directory's lock (a thread that
         // held the store finishing): wait for it, as a restarted process would.
@@ -924,14 +929,24 @@ impl World {
     }
 
     /// `r`'s value; an error is a bug, unless an armed crash happened (then the process is
-    /// dead and whatever it was doing fails).
-    fn live<T, E: std::fmt::Display>(&self, r: Result<T, E>, what: &str) -> Option<T> {
+    /// dead and whatever it was doing fails) or a broken message explains it: the record
+    /// that did not decode is a broken one, or an I/O error while one reads with I/O errors
+    /// (nothing tells those from a failing disk).
+    fn live<T>(&self, r: Result<T, StoreError>, what: &str) -> Option<T> {
         match r {
             Ok(v) => Some(v),
             Err(_) if self.store().faults().crashed() => None,
-            // An action that read a broken message fails, as it does for an operator.
-            Err(_) if self.store().faults().any_broken() => None,
-            Err(e) => panic!("{what}: {e}"),
+            Err(e) if self.explains(&e) => None,
+            Err(e) => panic!("{what}: {e} (broken: {:?})", self.broken),
+        }
+    }
+
+    /// Whether a broken message explains `e` (see [`World::live`]).
+    fn explains(&self, e: &StoreError) -> bool {
+        match e {
+            StoreError::Codec { key, .. } => self.broken.iter().any(|(id, how, _)| key == id && *how == ItemFault::Corrupt),
+            StoreError::Injected => self.broken.iter().any(|(_, how, _)| *how == ItemFault::Io),
+            _ => false,
         }
     }
 

@@ -150,11 +150,6 @@ impl Faults {
         self.broken_n.store(map.len(), SeqCst);
     }
 
-    /// Whether any item is broken now.
-    pub(crate) fn any_broken(&self) -> bool {
-        self.broken_n.load(SeqCst) > 0
-    }
-
     /// While `on`, broken items read as healthy (for the simulator's own reads); returns
     /// whether they did before, so nested reads restore it.
     pub(crate) fn suspend(&self, on: bool) -> bool {
