@@ -22,20 +22,37 @@ impl Context {
                 tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "ordered line unblocked: the next message goes");
             }
         }
+        let was_paused = self.endpoints.is_paused(endpoint);
         self.endpoints.set_paused(endpoint, paused, now);
-        self.persist_endpoint(endpoint, true)?;
         if paused {
+            self.persist_endpoint(endpoint, true)?;
             tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "endpoint paused");
-        } else {
-            // A resume can release a whole outage's backlog: that is delivery's work, so it
-            // runs on delivery's threads, at delivery's priority (see `priority`), not on the
-            // admin request's.
-            let (store, key) = (self.store.clone(), endpoint.to_string());
-            let n = self.on_delivery_threads(move || store.unpark_endpoint(&key, now))?;
-            tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), released = n, "endpoint resumed");
-            self.wake();
+            return Ok(());
         }
-        Ok(())
+        // A resume can release a whole outage's backlog: that is delivery's work, so it runs
+        // on delivery's threads, at delivery's priority (see `priority`), not on the admin
+        // request's.
+        let (store, key) = (self.store.clone(), endpoint.to_string());
+        let released = self
+            .persist_endpoint(endpoint, true)
+            .and_then(|()| self.on_delivery_threads(move || store.unpark_endpoint(&key, now)));
+        match released {
+            Ok(n) => {
+                tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), released = n, "endpoint resumed");
+                self.wake();
+                Ok(())
+            }
+            Err(e) if was_paused => {
+                // A resume that failed leaves the endpoint paused, as its error says: active,
+                // what is still parked would wait for the next start (nothing else puts a
+                // parked message back). What it released already is parked again.
+                self.endpoints.set_paused(endpoint, true, now);
+                let _ = self.persist_endpoint(endpoint, true);
+                self.wake();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs a blocking store call on delivery's runtime's blocking threads and waits for

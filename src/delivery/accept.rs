@@ -58,8 +58,17 @@ impl Deliverer {
                     None => d.ctx.wake(),
                 }
             }
-            Stored::Duplicate => d.ctx.metrics().duplicate(),
-            Stored::Failed => {}
+            Stored::Duplicate | Stored::Failed => {
+                if matches!(stored, Stored::Duplicate) {
+                    d.ctx.metrics().duplicate();
+                }
+                // The permits taken for a first attempt that will not run go back: a pass
+                // that found them taken may have left a message waiting for them.
+                if permit.is_some() {
+                    drop(permit);
+                    d.wake_if_waiting();
+                }
+            }
         });
         self.ctx.store().accept_then(msg, claim, then).await
     }

@@ -72,10 +72,21 @@ pub struct Scheduler {
     limits: Limits,
     /// Where the last pass stopped on a long blocked run.
     resume: Option<(u64, String)>,
+    /// Whether the next wake-up by a timer keeps the resume point (see [`Scheduler::wait`]).
+    timer_keeps_resume: bool,
     /// Tests: whether the loop is asleep, and until when.
     #[cfg(test)]
     nap: Option<Nap>,
+    /// Tests: run inside each pass, after its scan decided and before its writes (the
+    /// simulator runs the commit thread's and the result writer's batches there: what a
+    /// pass on its blocking thread meets).
+    #[cfg(test)]
+    between: Option<Between>,
 }
+
+/// Tests: what runs inside a pass (see `Scheduler::between`).
+#[cfg(test)]
+pub(crate) type Between = Arc<dyn Fn() + Send + Sync>;
 
 /// Tests: while the loop waits, until when (`None`: for a wake-up only) and its resume
 /// point; `None` while it works. Set when the wait is first polled and cleared when it
@@ -120,8 +131,20 @@ impl Scheduler {
             d,
             limits: Limits::DEFAULT,
             resume: None,
+            timer_keeps_resume: false,
             #[cfg(test)]
             nap: None,
+            #[cfg(test)]
+            between: None,
+        }
+    }
+
+    /// Tests: runs `between` inside every pass, after its scan and before its writes.
+    #[cfg(test)]
+    pub(crate) fn with_between(self, between: Between) -> Self {
+        Scheduler {
+            between: Some(between),
+            ..self
         }
     }
 
@@ -156,7 +179,16 @@ impl Scheduler {
                 owed = None;
                 from_floor = true;
             }
-            let (pass, resume) = match crate::sys::blocking::run(move || pass(&d, &limits, resume)).await {
+            #[cfg(test)]
+            let between = self.between.clone();
+            let walk = move || {
+                #[cfg(test)]
+                if let Some(between) = between {
+                    return pass::pass_with(&d, &limits, resume, &mut || between());
+                }
+                pass(&d, &limits, resume)
+            };
+            let (pass, resume) = match crate::sys::blocking::run(walk).await {
                 Ok(done) => done,
                 Err(e) => {
                     tracing::error!(error = %e, "a scheduler pass panicked");
@@ -214,8 +246,17 @@ impl Scheduler {
             biased;
             _ = stop.changed() => {}
             // A due time (or a breaker's probe time, or a token) came: what it was for may
-            // lie before the last resume point, so the walk starts at the floor.
-            _ = sleep => self.resume = None,
+            // lie before the last resume point, so the walk starts at the floor. Every other
+            // such wake-up goes on from the resume point instead (what the timer was for is
+            // still owed, and reached when that walk wraps): else, with only timers waking
+            // it, every wake-up would spend its budget on the same blocked run from the
+            // floor, and what lies past it would wait until that run drains.
+            _ = sleep => {
+                if !self.timer_keeps_resume {
+                    self.resume = None;
+                }
+                self.timer_keeps_resume = !self.timer_keeps_resume;
+            }
             _ = self.d.context().wake_signal().notified() => {}
         }
     }

@@ -43,8 +43,9 @@ pub const LATENESS_MS: u64 = 1_000;
 /// The stated limits, each of which wakes the loop itself when it lifts (a freed permit, a
 /// resume) or gives the timer above: its endpoint paused; an ordered line that holds it
 /// (it is not the head, or the line is blocked); `delivery.max_in_flight`, its host's cap
-/// or its endpoint's `max_in_flight` reached; a resume point left with attempts in flight
-/// (the loop goes on when they end); a message whose reads the simulator broke, or that
+/// or its endpoint's `max_in_flight` reached; a resume point it lies past, while attempts
+/// are in flight or the loop has a timer (it goes on from there at the next wake-up, or
+/// the one after); a message whose reads the simulator broke, or that
 /// the store holds back after a failed read (until its retry time). A leased message is
 /// being attempted.
 pub fn awake(w: &World) -> Result<(), String> {
@@ -55,9 +56,20 @@ pub fn awake(w: &World) -> Result<(), String> {
     let store = w.store();
     let now = w.clock.now_ms();
     let max_all = w.config().delivery.max_in_flight as usize;
-    if d.in_flight_count() >= max_all || (asleep.resume.is_some() && d.in_flight_count() > 0) {
+    if d.in_flight_count() >= max_all {
         return Ok(());
     }
+    // What lies past a resume point waits for the next wake-up: an attempt's end, or the
+    // loop's timer (every other timer wake-up goes on from there).
+    let past_resume = |rec: &MessageRecord| {
+        let waits = d.in_flight_count() > 0 || asleep.until.is_some();
+        let key = (rec.next_attempt_at_ms, rec.id.as_str());
+        waits
+            && asleep
+                .resume
+                .as_ref()
+                .is_some_and(|(due, id)| key > (*due, id.as_str()))
+    };
     let hosts: std::collections::HashMap<String, crate::limits::HostView> = d
         .hosts()
         .snapshot(false)
@@ -69,7 +81,8 @@ pub fn awake(w: &World) -> Result<(), String> {
             || store.is_leased(&rec.id)
             || d.context().endpoints().is_paused(&rec.endpoint)
             || held_by_line(w, &rec)
-            || endpoint_full(w, &rec);
+            || endpoint_full(w, &rec)
+            || past_resume(&rec);
         use crate::policy::circuit::CircuitState;
         let host = hosts.get(&rec.host);
         let host_full = host.is_some_and(|h| {

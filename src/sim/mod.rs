@@ -155,7 +155,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         let now = w.clock.now_ms();
         let (paused, log_start) = (w.paused(), w.rx.log_len());
         let (open, starts) = (check::open_breakers(w), w.starts());
-        let what = match w.rng.random_range(0..100) {
+        let what = match w.rng.random_range(0..105) {
             0..=26 => {
                 let n = if w.large {
                     w.rng.random_range(50..300)
@@ -232,15 +232,19 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
                 disturbed.push(now);
                 format!("{} attempts cut off", w.cut_off())
             }
-            _ => unreachable!("every step draws from 0..100"),
+            100..=104 => {
+                disturbed.push(now);
+                w.store_fault(inside_a_crash)?
+            }
+            _ => unreachable!("every step draws from 0..105"),
         };
         w.trace.push(format!("{step}: t+{}ms {what}", now - world_start()));
         w.settle()?;
         w.forget_unfinished();
         let store = w.store();
         world::quietly(&store, || -> Result<(), String> {
-            check::awake(w)?;
             check::step(w)?;
+            check::awake(w)?;
             // A resume inside the step may be followed by a pause of its own making (a
             // blocked line's dead head pauses its endpoint again): the loop ran between.
             if !what.contains("resume") {
@@ -418,6 +422,17 @@ fn swept_around_the_broken(w: &mut World) -> Result<(), String> {
     let mut left = w.list(crate::model::State::Delivered);
     left.extend(w.list(crate::model::State::Dead));
     left.retain(|id| !w.broken.iter().any(|(b, _, _)| b == id));
+    // The head of a line whose removal hands over to a broken member waits for it too.
+    let store = w.store();
+    let broken_lines: Vec<String> = (w.broken.iter())
+        .filter_map(|(id, _, _)| w.model.acked.get(id).map(|(_, target, _)| target.clone()))
+        .collect();
+    left.retain(|id| {
+        let head_of = |target: &String| {
+            world::quietly(&store, || store.line(target).ok().flatten()).is_some_and(|l| l.head == *id)
+        };
+        !broken_lines.iter().any(head_of)
+    });
     match left.is_empty() {
         true => Ok(()),
         false => Err(format!("retention swept nothing past a broken message: {left:?} left")),

@@ -39,9 +39,10 @@ fn store_has(store: &Store, id: &str) -> bool {
 
 /// Runs the simulator's own reads of `store` with broken items reading as healthy.
 pub fn quietly<T>(store: &Store, f: impl FnOnce() -> T) -> T {
-    let before = store.faults().suspend(true);
+    let (before, walks) = (store.faults().suspend(true), crate::store::fail_walks(0));
     let out = f();
     store.faults().suspend(before);
+    crate::store::fail_walks(walks);
     out
 }
 
@@ -198,6 +199,8 @@ pub struct World {
     store_keys: Vec<[u8; 32]>,
     /// Starts so far.
     starts: u32,
+    /// A store fault is armed (see [`World::store_fault`]): an I/O error is no bug.
+    faulting: bool,
     /// Per start, how many attempts the receivers had seen then: a new process starts with
     /// full token buckets.
     pub started_at_log: Vec<usize>,
@@ -301,6 +304,7 @@ impl World {
             // must stay readable beside sealed ones).
             store_keys: if seed % 4 == 1 { Vec::new() } else { vec![[0xa0; 32]] },
             starts: 0,
+            faulting: false,
             started_at_log: Vec::new(),
         };
         w.trace.push(format!(
@@ -390,7 +394,22 @@ impl World {
         // courier's own scheduler loop, as `app::start` runs it.
         let nap = Nap::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        rt.spawn(Scheduler::observed(d.clone(), self.limits, nap.clone()).run(stopped));
+        // Inside a pass (between its scan and its writes) the commit thread and the result
+        // writer may take a batch, as they do beside a pass on its blocking thread: results
+        // land, permits come back and accepts are stored while the pass runs, and the
+        // wake-ups they give arrive then.
+        let inside = steppers.clone();
+        let rng = std::sync::Mutex::new(StdRng::seed_from_u64(self.rng.random()));
+        let between: crate::scheduler::Between = Arc::new(move || {
+            let mut rng = rng.lock().unwrap_or_else(|p| p.into_inner());
+            for s in &inside {
+                if rng.random_bool(0.3) {
+                    s.step(rng.random_range(1..4));
+                }
+            }
+        });
+        let scheduler = Scheduler::observed(d.clone(), self.limits, nap.clone()).with_between(between);
+        rt.spawn(scheduler.run(stopped));
         self.node = Some(Node {
             rt,
             store,
@@ -458,6 +477,37 @@ impl World {
         ))
     }
 
+    /// A failing disk for one step: the next one or two writes (of any kind), record reads
+    /// or iterator walks fail, wherever they are, while `step` runs and its effects settle;
+    /// then the disk heals. The process lives on: each path must retry, hold the message
+    /// back or give the operator an error, and strand nothing.
+    pub fn store_fault(&mut self, step: impl FnOnce(&mut World) -> Result<String, String>) -> Result<String, String> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.rng.random_range(1..3);
+        let store = self.store();
+        let kind = match self.rng.random_range(0..3) {
+            0 => {
+                store.faults().fail_writes.store(n, SeqCst);
+                "writes"
+            }
+            1 => {
+                store.faults().fail_reads.store(n, SeqCst);
+                "record reads"
+            }
+            _ => {
+                crate::store::fail_walks(n);
+                "iterator walks"
+            }
+        };
+        self.faulting = true;
+        let done = step(self).and_then(|what| self.settle().map(|()| what));
+        store.faults().fail_writes.store(0, SeqCst);
+        store.faults().fail_reads.store(0, SeqCst);
+        crate::store::fail_walks(0);
+        self.faulting = false;
+        Ok(format!("{}; the next {n} {kind} failed", done?))
+    }
+
     /// Running attempts cut off and put back uncounted, the node running on (what a
     /// running courier's drain does before it forwards): each message is released where it
     /// was, its lease ended and the due floor lowered, with no reopen to hide a slip.
@@ -497,19 +547,24 @@ impl World {
     /// held by their receiver. A held one is counted among the held already; counting it
     /// twice let a step end before another attempt it had dispatched started (seed 226681).
     fn stalled_by_io(&self) -> usize {
-        if !self.broken.iter().any(|(_, how, _)| *how == ItemFault::Io) {
+        let io: Vec<&String> = (self.broken.iter())
+            .filter(|(_, how, _)| *how == ItemFault::Io)
+            .map(|(id, _, _)| id)
+            .collect();
+        if io.is_empty() {
             return 0;
         }
-        let held = self.rx.held_events();
-        let in_flight: BTreeSet<String> = self
-            .in_flight_ids()
-            .into_iter()
-            .filter(|(_, event)| !held.contains(event))
-            .map(|(id, _)| id)
+        // An ordered line whose member reads with I/O errors: its head's result moves the
+        // line on and must read the member first (all or nothing), so it waits too.
+        let io_lines: BTreeSet<String> = (self.model.acked.iter())
+            .filter(|(id, (_, target, _))| io.contains(id) && self.rx.order.is_ordered(target))
+            .map(|(_, (_, target, _))| target.clone())
             .collect();
-        self.broken
-            .iter()
-            .filter(|(id, how, _)| *how == ItemFault::Io && in_flight.contains(id))
+        let held = self.rx.held_events();
+        self.records(State::InFlight)
+            .into_iter()
+            .filter(|r| !held.contains(&r.event_id))
+            .filter(|r| io.contains(&&r.id) || io_lines.contains(&r.target))
             .count()
     }
 
@@ -539,11 +594,14 @@ impl World {
     /// Lets every attempt that can finish finish (held ones stay), their results land and
     /// the scheduler's loop go back to sleep.
     pub fn settle(&mut self) -> Result<(), String> {
-        let stalled = self.stalled_by_io();
         let node = self.node();
         let (d, rx) = (node.d.clone(), self.rx.clone());
-        let settled =
-            || d.in_flight_count() <= rx.held() + stalled && node.asleep().is_some() && !node.batches_waiting();
+        // What I/O errors stall changes as the loop starts attempts: counted as it goes.
+        let settled = || {
+            node.asleep().is_some()
+                && !node.batches_waiting()
+                && (d.in_flight_count() <= rx.held() || d.in_flight_count() <= rx.held() + self.stalled_by_io())
+        };
         self.run_until(async {
             let waited = tokio::time::timeout(Duration::from_secs(30), async {
                 let mut spins = 0u32;
@@ -554,9 +612,14 @@ impl World {
             .await;
             waited.map_err(|_| {
                 format!(
-                    "never settled: {} attempts in flight, the scheduler {}",
+                    "never settled: {} attempts in flight ({} held by receivers, {} stalled by I/O, {} waiting to read), \
+                     the scheduler {}, batches {}",
                     d.in_flight_count(),
-                    if node.asleep().is_some() { "asleep" } else { "awake" }
+                    rx.held(),
+                    self.stalled_by_io(),
+                    d.waiting_to_read(),
+                    if node.asleep().is_some() { "asleep" } else { "awake" },
+                    if node.batches_waiting() { "waiting" } else { "done" }
                 )
             })
         })
@@ -678,7 +741,7 @@ impl World {
                 }
                 Ok(Accepted::Duplicate { id: first }) => duplicates.push((first, event, target)),
                 // Only an injected fault (a failing write, an armed crash) may fail an accept.
-                Err(e) if !fail_write && !self.store().faults().crashed() => {
+                Err(e) if !fail_write && !self.faulting && !self.store().faults().crashed() => {
                     return Err(format!("accept of {event} failed with no fault: {e}"))
                 }
                 Err(_) => {}
@@ -944,8 +1007,11 @@ impl World {
     /// Whether a broken message explains `e` (see [`World::live`]).
     fn explains(&self, e: &StoreError) -> bool {
         match e {
-            StoreError::Codec { key, .. } => self.broken.iter().any(|(id, how, _)| key == id && *how == ItemFault::Corrupt),
-            StoreError::Injected => self.broken.iter().any(|(_, how, _)| *how == ItemFault::Io),
+            StoreError::Codec { key, .. } => self
+                .broken
+                .iter()
+                .any(|(id, how, _)| key == id && *how == ItemFault::Corrupt),
+            StoreError::Injected => self.faulting || self.broken.iter().any(|(_, how, _)| *how == ItemFault::Io),
             _ => false,
         }
     }

@@ -69,6 +69,7 @@ impl Store {
             it.next();
         }
         it.status()?;
+        super::walk_step()?;
         drop(it);
         // Nothing more is due now: report when the next entry is (at or above the floor).
         let it = self.range(

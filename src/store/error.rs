@@ -75,6 +75,12 @@ impl Faults {
     }
 }
 
+/// Called at the end of every iterator walk; tests can make it fail (`store::tests::faults`).
+#[cfg(not(test))]
+pub(crate) fn walk_step() -> Result<(), StoreError> {
+    Ok(())
+}
+
 impl StoreError {
     /// Makes a record under `key` that does not decode a store error.
     pub(crate) fn codec(key: impl Into<String>) -> impl FnOnce(CodecError) -> StoreError {

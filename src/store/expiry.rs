@@ -32,20 +32,24 @@ impl Store {
         let mut removed = 0;
         for (ms, id) in entries {
             let _g = self.lock(&id);
-            let mut tx = Tx::new(&self.db);
+            let mut tx = Tx::reading(&self.db, &self.faults);
             tx.delete(keys::EXPIRY, keys::time_key(ms, &id));
+            // Looked at again later, after the others: one record that does not read (or a
+            // line member its removal must read) must not hold every sweep at its entry.
+            let later = |tx: Tx<'_>, e: StoreError| {
+                tracing::error!(delivery_id = %id, error = %e, "retention: a record does not read; looked at again in an hour");
+                let mut tx = tx;
+                tx.put(
+                    keys::EXPIRY,
+                    keys::time_key(now_ms.saturating_add(UNREADABLE_AGAIN_MS), &id),
+                    [],
+                );
+                self.commit(tx, false)
+            };
             let rec = match self.message(&id) {
                 Ok(rec) => rec,
                 Err(e) => {
-                    // Looked at again later, after the others: one record that does not
-                    // read must not hold every sweep at its entry.
-                    tracing::error!(delivery_id = %id, error = %e, "retention: a record does not read; looked at again in an hour");
-                    tx.put(
-                        keys::EXPIRY,
-                        keys::time_key(now_ms.saturating_add(UNREADABLE_AGAIN_MS), &id),
-                        [],
-                    );
-                    self.commit(tx, false)?;
+                    later(tx, e)?;
                     continue;
                 }
             };
@@ -55,7 +59,13 @@ impl Store {
             if let Some(rec) = rec.as_ref().filter(|r| r.state.is_finished()) {
                 let due = self.expires_at(rec);
                 if due <= now_ms {
-                    self.remove(&mut tx, rec, now_ms)?;
+                    if let Err(e) = self.remove(&mut tx, rec, now_ms) {
+                        // Nothing of what it staged is written: the entry alone moves.
+                        let mut fresh = Tx::reading(&self.db, &self.faults);
+                        fresh.delete(keys::EXPIRY, keys::time_key(ms, &id));
+                        later(fresh, e)?;
+                        continue;
+                    }
                     removed += 1;
                 } else if due != ms {
                     // Retention was lengthened since this entry was written.

@@ -33,7 +33,7 @@ impl Store {
             }
         }
         let _lines = self.lines.lock(line_endpoints.iter().map(String::as_str));
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         // A second item for an id already in the call (`None`): every record is read before
         // any write lands, so applying it again would count the attempt twice.
         let out: Vec<_> = (items.iter().zip(records))
@@ -163,13 +163,13 @@ impl Store {
             // Deleted while in flight: if it headed a line, the next goes now.
             if let Some(endpoint) = self.lines.ghost_of(id) {
                 let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
-                let mut tx = Tx::new(&self.db);
+                let mut tx = Tx::reading(&self.db, &self.faults);
                 self.settle_ghost(&mut tx, id, due_ms)?;
                 self.commit(tx, false)?;
             }
             return Ok(false);
         };
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         match rec.state {
             State::InFlight => tx.move_state(id, State::InFlight, State::Pending),
             State::Pending if leased => {

@@ -56,7 +56,7 @@ impl Store {
         if self.leases.contains(id) {
             return Ok(HandOff::Leased);
         }
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         // Out of wherever it waits: the due queue, its paused endpoint's parked set, or its
         // line (a waiting member leaves it; a head hands over to the next, due now).
         tx.delete(keys::DUE, keys::time_key(rec.next_attempt_at_ms, id));

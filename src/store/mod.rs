@@ -54,6 +54,8 @@ pub use audit::Checked;
 pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
 pub(crate) use counters::CounterDeltas;
 #[cfg(not(test))]
+use error::walk_step;
+#[cfg(not(test))]
 pub use error::Faults;
 pub use error::StoreError;
 pub use expiry::Swept;
@@ -63,6 +65,10 @@ pub use lines::LineRecord;
 pub use operator::{ListFilter, Page};
 pub use seal::{KeyId, Keyring};
 pub use sealing::{check_keys, keys_in_data_dir, KeysInUse, Rekeyed};
+#[cfg(test)]
+pub(crate) use tests::faults::fail_walks;
+#[cfg(test)]
+use tests::faults::walk_step;
 #[cfg(test)]
 pub use tests::faults::{Faults, ItemFault};
 
@@ -391,6 +397,7 @@ fn page<T>(
         it.next();
     }
     it.status()?;
+    walk_step()?;
     Ok((out, it.key().map(<[u8]>::to_vec)))
 }
 

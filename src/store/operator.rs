@@ -46,7 +46,7 @@ impl Store {
         let _lines = self
             .lines
             .lock(dead.iter().filter(|r| r.fifo.is_some()).map(|r| r.endpoint.as_str()));
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         for rec in dead {
             let give_up_at_ms = give_up_at(rec);
             self.replay_into(&mut tx, rec.clone(), now_ms, give_up_at_ms)?;
@@ -128,7 +128,7 @@ impl Store {
         let _line = self.lines.lock(rec.fifo.map(|_| rec.endpoint.as_str()).into_iter());
         // Read again under the line's stripe: a promotion may have moved it meanwhile.
         let Some(rec) = self.message(id)? else { return Ok(false) };
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         self.remove(&mut tx, &rec, now_ms)?;
         self.commit(tx, true)?;
         Ok(true)

@@ -35,7 +35,7 @@ impl Store {
     /// (see the module doc).
     pub fn park_many(&self, entries: &[DueEntry], now_ms: u64) -> Result<(), StoreError> {
         let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         for entry in entries {
             let rec = match self.message(&entry.id) {
                 Ok(rec) => rec,
@@ -74,7 +74,7 @@ impl Store {
             };
             after = Some(last.clone());
             let _guards = super::lock_stripes(&self.stripes, parked.iter().map(|(id, _)| id.as_str()));
-            let mut tx = Tx::new(&self.db);
+            let mut tx = Tx::reading(&self.db, &self.faults);
             for (id, parked_due) in &parked {
                 let rec = match (self.message(id), parked_due) {
                     (Ok(rec), _) => rec,

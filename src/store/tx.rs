@@ -14,6 +14,9 @@ use super::{cf_of, keys, CounterDeltas, MessageRecord, Routing, State, Store, St
 /// A write batch being staged, with what its writing must be followed by.
 pub(super) struct Tx<'a> {
     pub(super) db: &'a DB,
+    /// The store's fault switches, for the records a transaction reads (see
+    /// [`Tx::message`]); tests and the simulator set them.
+    faults: Option<&'a super::Faults>,
     b: WriteBatch,
     counters: CounterDeltas,
     pub(super) lines: LineTx,
@@ -34,9 +37,26 @@ impl<'a> Tx<'a> {
         Tx::with_capacity(db, 0)
     }
 
+    /// A transaction whose record reads go through `faults` (see [`Tx::message`]).
+    pub(super) fn reading(db: &'a DB, faults: &'a super::Faults) -> Self {
+        Tx {
+            faults: Some(faults),
+            ..Tx::new(db)
+        }
+    }
+
+    /// Reads a message record, as [`super::Store::message`] does.
+    pub(super) fn message(&self, id: &str) -> Result<Option<super::MessageRecord>, StoreError> {
+        if let Some(f) = self.faults {
+            f.read_of(id)?;
+        }
+        super::message_in(self.db, id)
+    }
+
     pub(super) fn with_capacity(db: &'a DB, bytes: usize) -> Self {
         Tx {
             db,
+            faults: None,
             b: WriteBatch::with_capacity_bytes(bytes),
             counters: CounterDeltas::default(),
             lines: LineTx::default(),

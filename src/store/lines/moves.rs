@@ -5,7 +5,7 @@
 use super::{decode_line, LineRecord};
 use crate::model::OnDead;
 use crate::store::tx::Tx;
-use crate::store::{cf_of, keys, message_in, page, Fifo, MessageRecord, State, StoreError};
+use crate::store::{cf_of, keys, page, Fifo, MessageRecord, State, StoreError};
 
 impl Tx<'_> {
     /// `endpoint`'s line record, read once per batch.
@@ -78,7 +78,7 @@ impl Tx<'_> {
                 return Ok(None);
             };
             leaving.push((k.to_vec(), pos));
-            let rec = message_in(self.db, &String::from_utf8_lossy(v))?;
+            let rec = self.message(&String::from_utf8_lossy(v))?;
             // A member whose record moved on (never written so, but never worth stopping
             // a line for): dropped, and the next one looked at.
             Ok(rec.filter(|r| r.state == State::Pending && r.fifo.is_some_and(|f| f.pos == pos)))

@@ -39,7 +39,7 @@ impl Store {
 
     /// An ordered endpoint's line, if it has one.
     pub fn line(&self, endpoint: &str) -> Result<Option<LineRecord>, StoreError> {
-        Ok(Tx::new(&self.db).line(endpoint)?.take())
+        Ok(Tx::reading(&self.db, &self.faults).line(endpoint)?.take())
     }
 
     /// How many messages are ahead of an open ordered message in its line: 0 for the head,
@@ -69,7 +69,7 @@ impl Store {
     /// message (due at `now_ms`). Returns whether it was blocked.
     pub fn unblock_line(&self, endpoint: &str, now_ms: u64) -> Result<bool, StoreError> {
         let _line = self.lines.lock(std::iter::once(endpoint));
-        let mut tx = Tx::new(&self.db);
+        let mut tx = Tx::reading(&self.db, &self.faults);
         let head = match tx.line(endpoint)? {
             Some(line) if line.blocked => line.head.clone(),
             _ => return Ok(false),
@@ -87,7 +87,7 @@ impl Store {
         let mut blocked = Vec::new();
         for endpoint in self.line_endpoints()? {
             let _line = self.lines.lock(std::iter::once(endpoint.as_str()));
-            let mut tx = Tx::new(&self.db);
+            let mut tx = Tx::reading(&self.db, &self.faults);
             let Some(line) = tx.line(&endpoint)?.clone() else {
                 // Members without a line record: never written so (the audit checks it);
                 // said loudly rather than guessed at.

@@ -27,6 +27,13 @@ pub struct Faults {
     pub fail_accepts: std::sync::atomic::AtomicUsize,
     /// Attempt-result batches.
     pub fail_results: std::sync::atomic::AtomicUsize,
+    /// Writes of any kind, wherever they are (a commit batch, a result batch, a park, a
+    /// release, a promotion, a replay, a sweep chunk, an endpoint's state, a rekey), as a
+    /// full disk fails them: the process lives on.
+    pub fail_writes: std::sync::atomic::AtomicUsize,
+    /// Record reads of any message (a lease, a result's read, a release, a resume page, a
+    /// replay, a line member a promotion reads), as an I/O error fails them.
+    pub fail_reads: std::sync::atomic::AtomicUsize,
     /// Messages whose reads fail, and how: the per-message read errors the scheduler, the
     /// result writer, a release, a resume, a replay and a sweep must survive without
     /// stalling the others.
@@ -76,6 +83,9 @@ impl Faults {
         use std::sync::atomic::Ordering::SeqCst;
         // Production: two relaxed loads of zeros.
         let quiet = std::sync::atomic::Ordering::Relaxed;
+        if self.take(&self.fail_writes) {
+            return Err(StoreError::Injected);
+        }
         if self.writes_before_crash.load(quiet) == 0 && !self.crashed.load(quiet) {
             return Ok(());
         }
@@ -111,6 +121,9 @@ impl Faults {
                 self.crashed.store(true, SeqCst);
                 return Err(StoreError::Injected);
             }
+        }
+        if self.take(&self.fail_reads) {
+            return Err(StoreError::Injected);
         }
         match self.broken(id) {
             Some(ItemFault::Corrupt) => Err(StoreError::Codec {
@@ -175,4 +188,26 @@ impl Faults {
     pub(crate) fn crashed(&self) -> bool {
         self.crashed.load(SeqCst)
     }
+}
+
+thread_local! {
+    /// Iterator walks to fail on this thread (the simulator runs a store on one thread).
+    static FAIL_WALKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the next `n` iterator walks on this thread fail (a due scan, a page of any index),
+/// as an I/O error in the middle of a walk does; returns how many were still to fail.
+pub(crate) fn fail_walks(n: usize) -> usize {
+    FAIL_WALKS.with(|w| w.replace(n))
+}
+
+/// Called at the end of every iterator walk: `Err` if a test made it fail.
+pub(crate) fn walk_step() -> Result<(), StoreError> {
+    FAIL_WALKS.with(|w| match w.get() {
+        0 => Ok(()),
+        n => {
+            w.set(n - 1);
+            Err(StoreError::Injected)
+        }
+    })
 }
