@@ -9,7 +9,8 @@ use crate::store::StoreError;
 impl Context {
     /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
     /// messages back in the queue at once and wakes the scheduler. A resume of an ordered
-    /// endpoint blocked behind a dead head lets the next message go.
+    /// endpoint blocked behind a dead head lets the next message go. A resume that fails
+    /// (the store) leaves the endpoint paused, to be resumed again.
     pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), StoreError> {
         let _gate = self.pause_gate();
         let now = self.clock.now_ms();

@@ -22,8 +22,10 @@
 //! from the floor, once per wake-up (what woke it, an accept or a freed permit, may sort
 //! before it), and the wake times asked for before it stay owed until a walk from the floor
 //! asks for them again. A wake-up whose scan budget (4,096 entries) runs out on blocked runs leaves what
-//! lies past the resume point to the next wake-up, which the blocked attempts give as they
-//! end.
+//! lies past the resume point to the next wake-up: the blocked attempts give one as they
+//! end, and of the wake-ups a timer gives (a token, a due time), every other one goes on
+//! from the resume point rather than the floor, so what lies past a blocked run that only
+//! timers drain (a rate-limited backlog) is reached too.
 //!
 //! A pass runs on a blocking thread: it reads the store, and its park writes wait behind the
 //! accepts' fsync, neither of which may hold up the async workers that serve ingress.
@@ -72,8 +74,10 @@ pub struct Scheduler {
     limits: Limits,
     /// Where the last pass stopped on a long blocked run.
     resume: Option<(u64, String)>,
-    /// Whether the next wake-up by a timer keeps the resume point (see [`Scheduler::wait`]).
+    /// Whether the next wake-up by a timer goes on from `far` (see [`Scheduler::wait`]).
     timer_keeps_resume: bool,
+    /// The resume point a timer wake-up set aside to walk from the floor.
+    far: Option<(u64, String)>,
     /// Tests: whether the loop is asleep, and until when.
     #[cfg(test)]
     nap: Option<Nap>,
@@ -132,6 +136,7 @@ impl Scheduler {
             limits: Limits::DEFAULT,
             resume: None,
             timer_keeps_resume: false,
+            far: None,
             #[cfg(test)]
             nap: None,
             #[cfg(test)]
@@ -246,14 +251,17 @@ impl Scheduler {
             biased;
             _ = stop.changed() => {}
             // A due time (or a breaker's probe time, or a token) came: what it was for may
-            // lie before the last resume point, so the walk starts at the floor. Every other
-            // such wake-up goes on from the resume point instead (what the timer was for is
-            // still owed, and reached when that walk wraps): else, with only timers waking
-            // it, every wake-up would spend its budget on the same blocked run from the
-            // floor, and what lies past it would wait until that run drains.
+            // lie before the last resume point, so the walk starts at the floor, and the
+            // point is set aside. The next such wake-up goes on from the furthest point set
+            // aside instead (what its timer was for stays owed, and is reached when that
+            // walk wraps): else, with only timers waking it, every wake-up would spend its
+            // budget on the same blocked run from the floor, and what lies past the run
+            // would wait until it drains.
             _ = sleep => {
-                if !self.timer_keeps_resume {
-                    self.resume = None;
+                if self.timer_keeps_resume {
+                    self.resume = self.resume.take().max(self.far.take());
+                } else {
+                    self.far = self.resume.take().max(self.far.take());
                 }
                 self.timer_keeps_resume = !self.timer_keeps_resume;
             }

@@ -467,3 +467,47 @@ async fn a_walk_from_a_resume_point_that_reaches_the_end_goes_on_from_the_floor(
     events.insert(T0 + 500, vec![Event::Accept(0)]);
     run_script(0, msgs, events).await.unwrap();
 }
+
+/// A backlog of a rate-limited endpoint due first, longer than a wake-up's scan budget, and
+/// one free message due just after it, with nothing in flight: only the rate's timers wake
+/// the loop. Every other timer wake-up goes on from the furthest resume point, so the free
+/// message goes within two wake-ups per scan budget of backlog, not once the backlog has
+/// drained at the rate (about a minute here).
+#[tokio::test]
+async fn what_lies_past_a_rate_limited_backlog_is_reached_by_timer_wake_ups() {
+    let backlog = 60;
+    let mut msgs: Vec<Msg> = (0..backlog)
+        .map(|i| Msg {
+            url: format!("{RATED}?m={i}"),
+            kind: Kind::Rated,
+            accept: T0,
+            due: T0,
+        })
+        .collect();
+    msgs.push(Msg {
+        url: "https://free.example/after".into(),
+        kind: Kind::Free,
+        accept: T0,
+        due: T0 + 1,
+    });
+    let mut run = Run::new(7, msgs);
+    for i in 0..=backlog {
+        run.accept(i).await;
+    }
+    run.start_loop();
+    for _ in 0..200 {
+        let asleep = run.settle().await;
+        if let Some(at) = run.attempts().get("https://free.example/after") {
+            // Two timer wake-ups (a token a second) per scan budget of the backlog.
+            let (waited, bound) = (at[0] - T0, 2 * (backlog as u64 / LIMITS.scan_budget as u64 + 1) * 1_000);
+            assert!(
+                waited <= bound,
+                "the free message waited {waited} ms behind the backlog (bound {bound})"
+            );
+            return;
+        }
+        let until = asleep.until.expect("the rated backlog's next token is a timer");
+        run.clock.set(until.max(run.clock.now_ms() + 1));
+    }
+    panic!("the free message was never attempted");
+}

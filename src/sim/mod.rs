@@ -2,41 +2,53 @@
 //! and TigerBeetle's VOPR: one seed draws a workload and a fault schedule, the real
 //! components run it, and invariants are checked after every step and at quiescence.
 //!
+//! What runs: the real store, the commit thread and the result writer (as steps of the
+//! simulation, their batch sizes drawn from the seed: see `batcher::stepped`), courier's own
+//! scheduler loop (`Scheduler::run` on the manual clock: its waits on the real wake-up, the
+//! wake times it owes, its wraps and resume points; its passes inline, and inside each pass,
+//! between its scan and its writes, the commit thread and result writer may take a batch),
+//! delivery workers, the endpoint table, operator actions and retention. Blocking calls run
+//! inline (`sys::blocking`) and tokio's timers are paused, so nothing runs beside the
+//! simulation and the same seed gives the same trace: CI runs each seed twice and compares a
+//! hash of the two traces (every step, and every attempt the receivers saw).
+//!
 //! What a run does (all drawn from the seed): accepts from several senders, duplicates
-//! among them and within one commit batch; scheduler passes, some with an operator action
-//! (pause, resume, replay one, bulk replay, delete, hand off as `courier drain` does) between
-//! the pass's scan and its writes;
-//! every class of receiver answer, with `Retry-After` in seconds and as dates, timeouts,
-//! network errors and slow answers held across steps; the clock moved by milliseconds to
-//! hours; failed synced accept writes and failed result writes; single messages broken for
-//! a few steps (a record that does not decode, a missing payload, an I/O error), whatever
-//! state they are in; crashes (everything dropped, the data dir reopened), also at the Nth
-//! write or record read from a point, and graceful restarts; retention sweeps. Then the
-//! receivers heal, every endpoint is resumed and the clock runs until nothing is open:
-//! first with the broken messages still broken (nothing else may wait for them), then
-//! healed. One seed in [`world::LARGE_EVERY`] is a large run (thousands of messages against
-//! the scheduler's own limits); some others run the scheduler with small limits.
+//! among them and within one commit batch; wake-ups of the loop, and passes made with an
+//! operator action (pause, resume, replay one, bulk replay, delete, hand off as `courier
+//! drain` does) between the pass's scan and its writes; every class of receiver answer,
+//! with `Retry-After` in seconds and as dates, timeouts, network errors and slow answers
+//! held across steps; the clock moved by milliseconds to hours; failed synced accept
+//! writes and failed result writes; a failing disk for a step (the next writes of any kind,
+//! record reads, line-member reads or iterator walks fail wherever they are); single
+//! messages broken for a few steps (a record that does not decode, a missing payload, an
+//! I/O error), whatever state they are in; crashes (everything dropped, the data dir
+//! reopened), also at the Nth write or record read from a point, and graceful restarts;
+//! retention sweeps. Then the receivers heal, every endpoint is resumed and the clock moves
+//! only to the loop's own wake times until nothing is open: first with the broken messages
+//! still broken (nothing else may wait for them), then healed. One seed in
+//! [`world::LARGE_EVERY`] is a large run (thousands of messages against the scheduler's own
+//! limits); some others run the scheduler with small limits.
 //!
-//! What must hold is in [`check`]: nothing acknowledged is lost or stuck, the store's
-//! indexes and counters agree with its records, attempts counted equal attempts seen (less
-//! those a crash cut), no attempt comes before its backoff or `Retry-After`, none after its
-//! message was handed off, the host caps,
-//! `max_in_flight`, an endpoint's `max_in_flight` and each endpoint's rate hold, bodies and
-//! event ids arrive as accepted with a fresh timestamp per attempt, a
-//! duplicate is acknowledged only when its original is stored, and for the ordered endpoints
-//! (one `on_dead = "skip"`, one `"block"`) attempts start in acceptance order and never
-//! overlap ([`order`]).
+//! What must hold is in [`check`]: nothing acknowledged is lost or stuck; the loop never
+//! sleeps past work no stated limit holds ([`check::awake`], within
+//! [`check::LATENESS_MS`]); the store's indexes and counters agree with its records; attempts
+//! counted equal attempts seen (less those a crash cut); no attempt comes before its backoff
+//! or `Retry-After`, none after its message was handed off; the host caps,
+//! `max_in_flight`, an endpoint's `max_in_flight` hold, and each endpoint's attempts stay
+//! within its token bucket (burst plus rate × interval); bodies and event ids arrive as
+//! accepted with a fresh timestamp per attempt; a duplicate is acknowledged only when its
+//! original is stored; an operator action fails only where a fault explains it; and for the
+//! ordered endpoints (one `on_dead = "skip"`, one `"block"`) attempts start in acceptance
+//! order and never overlap ([`order`]).
 //!
-//! Limits, said plainly: the commit and result-writer threads are real threads, so the
-//! order in which one batch's members reach the commit thread can vary between runs of one
-//! seed (each step waits for its effects, so the steps themselves replay exactly); a crash
-//! keeps every completed write, as a killed process does — losing unsynced writes to a power
-//! cut would need RocksDB's fault-injection environment, which the Rust bindings do not expose.
+//! Limits, said plainly: a crash keeps every completed write, as a killed process does
+//! (power cuts that lose unsynced writes are tested on a real filesystem:
+//! `tests/it/power_loss.rs`); the wall clock never steps back.
 //!
-//! `cargo test --lib sim::` runs [`CI_SEEDS`] seeds. `COURIER_SIM_SEEDS=N` runs N seeds
-//! (with `COURIER_SIM_BUDGET=<seconds>` as a time bound and `COURIER_SIM_THREADS` threads),
-//! `COURIER_SIM_SEED=S` replays one;
-//! a failure prints its seed, the steps that led to it and the command that replays it.
+//! `cargo test --lib sim::` runs [`CI_SEEDS`] seeds, each twice. `COURIER_SIM_SEEDS=N` runs
+//! N seeds once each (`COURIER_SIM_TWICE=1`: twice), with `COURIER_SIM_BUDGET=<seconds>` as a
+//! time bound and `COURIER_SIM_THREADS` threads; `COURIER_SIM_SEED=S` replays one (twice). A
+//! failure prints its seed, the steps that led to it and the command that replays it.
 
 mod check;
 mod order;

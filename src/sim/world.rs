@@ -1,13 +1,12 @@
-//! One simulated run: the real store, committer, scheduler pass, delivery workers, result
+//! One simulated run: the real store, committer, scheduler loop, delivery workers, result
 //! writer, endpoint table, operator actions and retention, on a [`ManualClock`] and the
 //! simulated receivers, driven step by step from one seeded RNG.
 //!
-//! Determinism: the simulator owns the order of everything that matters. It runs the
-//! scheduler's pass itself (no background scheduler), on its own thread, with operator
-//! actions injected between a pass's scan and its writes; attempts run on a current-thread
-//! runtime that only makes progress when the simulator waits for them; receivers answer from
-//! the seeded RNG. What stays on real threads (the commit and result-writer threads) is
-//! waited for at each step, so a step's effects are complete before the next step starts.
+//! Determinism: nothing runs beside the simulation. The node's runtime is a current-thread
+//! runtime with tokio's time paused, driven only while the simulator waits for a step to
+//! settle ([`World::run_until`]); the commit thread and the result writer are stepped
+//! batchers run between its polls; blocking calls (a pass, a release, a resume's pages)
+//! run inline on the simulator's thread; receivers answer from the seeded RNG.
 //!
 //! A crash drops the runtime (every attempt task with it), the delivery context and the
 //! store without any shutdown code running, then reopens the same data dir and runs the
