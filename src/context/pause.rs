@@ -9,8 +9,8 @@ use crate::store::StoreError;
 impl Context {
     /// Pauses or resumes an endpoint, persisting the change; a resume puts its parked
     /// messages back in the queue at once and wakes the scheduler. A resume of an ordered
-    /// endpoint blocked behind a dead head lets the next message go. A resume that fails
-    /// (the store) leaves the endpoint paused, to be resumed again.
+    /// endpoint blocked behind a dead head lets the next message go. A pause or a resume
+    /// that fails (the store) leaves the endpoint as it was, to be asked again.
     pub fn set_paused(&self, endpoint: &str, paused: bool) -> Result<(), StoreError> {
         let _gate = self.pause_gate();
         let now = self.clock.now_ms();
@@ -26,7 +26,14 @@ impl Context {
         let was_paused = self.endpoints.is_paused(endpoint);
         self.endpoints.set_paused(endpoint, paused, now);
         if paused {
-            self.persist_endpoint(endpoint, true)?;
+            if let Err(e) = self.persist_endpoint(endpoint, true) {
+                // A pause that is not stored is not made: the next start would not know of
+                // it, so the endpoint stays as it was, as the error says.
+                if !was_paused {
+                    self.endpoints.set_paused(endpoint, false, now);
+                }
+                return Err(e);
+            }
             tracing::info!(endpoint = %crate::redact::url_for_log(endpoint), "endpoint paused");
             return Ok(());
         }

@@ -341,11 +341,15 @@ fn dead_reason(w: &World, id: &str, rec: &MessageRecord) -> Result<(), String> {
 /// pause were logged before it: every step waits for its attempts to start.
 pub fn paused_untouched(w: &World, paused: &[&str], log_start: usize) -> Result<(), String> {
     let still: Vec<&str> = w.paused();
-    for s in w.rx.log_from(log_start) {
+    for (i, s) in w.rx.log_from(log_start).into_iter().enumerate() {
         if paused.contains(&s.url.as_str()) && still.contains(&s.url.as_str()) {
             return Err(format!(
-                "{} attempted at {} ms while its endpoint {} was paused",
-                s.event_id, s.at_ms, s.url
+                "{} attempted at {} ms while its endpoint {} was paused (attempt {} of the run; starts at {:?})",
+                s.event_id,
+                s.at_ms,
+                s.url,
+                log_start + i,
+                w.started_at_log
             ));
         }
     }
