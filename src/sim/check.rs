@@ -43,9 +43,9 @@ pub const LATENESS_MS: u64 = 1_000;
 /// The stated limits, each of which wakes the loop itself when it lifts (a freed permit, a
 /// resume) or gives the timer above: its endpoint paused; an ordered line that holds it
 /// (it is not the head, or the line is blocked); `delivery.max_in_flight`, its host's cap
-/// or its endpoint's `max_in_flight` reached; a resume point it lies past, while attempts
-/// are in flight or the loop has a timer (it goes on from there at the next wake-up, or
-/// the one after); a message whose reads the simulator broke, or that
+/// or its endpoint's `max_in_flight` reached; a resume point left by a wake-up whose scan
+/// budget ran out, while attempts are in flight or the loop has a timer (the next wake-up
+/// goes on from there, and wraps to the floor); a message whose reads the simulator broke, or that
 /// the store holds back after a failed read (until its retry time). A leased message is
 /// being attempted.
 pub fn awake(w: &World) -> Result<(), String> {
@@ -59,17 +59,11 @@ pub fn awake(w: &World) -> Result<(), String> {
     if d.in_flight_count() >= max_all {
         return Ok(());
     }
-    // What lies past a resume point waits for the next wake-up: an attempt's end, or the
-    // loop's timer (every other timer wake-up goes on from there).
-    let past_resume = |rec: &MessageRecord| {
-        let waits = d.in_flight_count() > 0 || asleep.until.is_some();
-        let key = (rec.next_attempt_at_ms, rec.id.as_str());
-        waits
-            && asleep
-                .resume
-                .as_ref()
-                .is_some_and(|(due, id)| key > (*due, id.as_str()))
-    };
+    // With a resume point left, a wake-up whose scan budget ran out leaves the rest to the
+    // next one: what lies past the point (its walk goes on from there, and every other
+    // timer wake-up does too) and what lies before it (that walk wraps to the floor). The
+    // next wake-up is an attempt's end or the loop's timer.
+    let resumes = asleep.resume.is_some() && (d.in_flight_count() > 0 || asleep.until.is_some());
     let hosts: std::collections::HashMap<String, crate::limits::HostView> = d
         .hosts()
         .snapshot(false)
@@ -82,7 +76,7 @@ pub fn awake(w: &World) -> Result<(), String> {
             || d.context().endpoints().is_paused(&rec.endpoint)
             || held_by_line(w, &rec)
             || endpoint_full(w, &rec)
-            || past_resume(&rec);
+            || resumes;
         use crate::policy::circuit::CircuitState;
         let host = hosts.get(&rec.host);
         let host_full = host.is_some_and(|h| {
