@@ -128,13 +128,20 @@ impl Deliverer {
 
     /// Wakes the scheduler when messages wait for a permit that was just freed.
     pub(super) fn wake_if_waiting(&self) {
-        if self.queue_first.load(Ordering::Acquire) {
+        if self.queue_first.load(Ordering::Acquire) || self.passing.load(Ordering::Acquire) {
             self.ctx.wake();
         }
     }
 
+    /// Told by the scheduler when a pass starts.
+    pub(crate) fn pass_started(&self) {
+        self.passing.store(true, Ordering::Release);
+    }
+
     /// Told by the scheduler after each pass whether due messages were left waiting.
     pub(crate) fn set_queue_waiting(&self, waiting: bool) {
+        // In this order: at every moment one of the two says to wake.
         self.queue_first.store(waiting, Ordering::Release);
+        self.passing.store(false, Ordering::Release);
     }
 }

@@ -71,6 +71,9 @@ pub struct Deliverer {
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
     queue_first: std::sync::atomic::AtomicBool,
+    /// Set while a pass runs, too: a permit freed then (after the pass found none) wakes
+    /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
+    passing: std::sync::atomic::AtomicBool,
     idle: Notify,
     results: results::ResultWriter,
     trimmer: crate::sys::trim::Trimmer,
@@ -114,6 +117,7 @@ impl Deliverer {
             in_flight: Mutex::new(BTreeMap::new()),
             starting: Mutex::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
+            passing: std::sync::atomic::AtomicBool::new(false),
             idle: Notify::new(),
             trimmer: Default::default(),
         })
@@ -173,6 +177,13 @@ impl Deliverer {
                 crate::sys::blocking::spawn_on(self.ctx.runtime(), crate::sys::trim::trim);
             }
         }
+    }
+
+    /// Tests: `delivery.max_in_flight` permits free now (an attempt holds one until its
+    /// result is written, and a first attempt from its accept).
+    #[cfg(test)]
+    pub(crate) fn free_attempt_permits(&self) -> usize {
+        self.all_attempts.available_permits()
     }
 
     /// Attempts running now.

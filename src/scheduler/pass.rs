@@ -54,6 +54,8 @@ pub(crate) fn pass_with(
     between: &mut dyn FnMut(),
 ) -> (Pass, Option<Key>) {
     let now = d.context().clock().now_ms();
+    // From here to the end of the pass a freed permit wakes the loop (see `set_queue_waiting`).
+    d.pass_started();
     let mut walk = Walk::default();
     let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
     let scanned = d.context().store().scan_due(now, limits.scan_budget, after, |entry| {

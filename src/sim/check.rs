@@ -55,8 +55,9 @@ pub fn awake(w: &World) -> Result<(), String> {
     let d = w.d();
     let store = w.store();
     let now = w.clock.now_ms();
-    let max_all = w.config().delivery.max_in_flight as usize;
-    if d.in_flight_count() >= max_all {
+    // Every `delivery.max_in_flight` permit taken (by running attempts, results not yet
+    // written, first attempts from their accepts): an attempt's end wakes the loop.
+    if d.free_attempt_permits() == 0 {
         return Ok(());
     }
     // With a resume point left, a wake-up whose scan budget ran out leaves the rest to the
