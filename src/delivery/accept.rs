@@ -58,13 +58,13 @@ impl Deliverer {
                     None => d.ctx.wake(),
                 }
             }
-            Stored::Duplicate | Stored::Failed => {
-                if matches!(stored, Stored::Duplicate) {
+            not_stored => {
+                if let Stored::Duplicate = not_stored {
                     d.ctx.metrics().duplicate();
                 }
                 // The permits taken for a first attempt that will not run go back: a pass
                 // that found them taken may have left a message waiting for them.
-                if permit.is_some() {
+                if let Some(permit) = permit {
                     drop(permit);
                     d.wake_if_waiting();
                 }
