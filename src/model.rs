@@ -56,12 +56,28 @@ pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
 /// even when they share a millisecond: two random ULIDs in one millisecond sort by their
 /// random bits, not by when they were made. Within a millisecond (or if the wall clock
 /// steps back) the next id is the last one plus one, as in the ULID spec's monotonic mode.
+/// A store's sequence starts after the newest id it holds, so a restart while the wall
+/// clock is behind does not give new messages ids that list before older ones.
 #[derive(Debug, Default)]
 pub struct IdSeq {
     last: std::sync::Mutex<u128>,
 }
 
 impl IdSeq {
+    /// A sequence whose ids come after `newest`, the newest id a store holds.
+    pub fn after(newest: Option<&str>) -> IdSeq {
+        let last = newest
+            .and_then(|id| id.strip_prefix(DELIVERY_ID_PREFIX))
+            .and_then(|raw| ulid::Ulid::from_string(raw).ok())
+            .map_or(0, u128::from);
+        IdSeq { last: last.into() }
+    }
+
+    /// The time of the newest id given out (or that the sequence started after).
+    pub fn newest_ms(&self) -> u64 {
+        ulid::Ulid::from(*self.last.lock().unwrap_or_else(|e| e.into_inner())).timestamp_ms()
+    }
+
     /// The next delivery id: `dlv_<ULID>`, greater than every id this sequence gave before.
     pub fn next_delivery_id(&self, now_ms: u64, rng: &mut impl rand::RngCore) -> String {
         let fresh = u128::from(ulid_at(now_ms, rng));
@@ -271,6 +287,18 @@ mod tests {
             prev = id;
         }
         assert_eq!(delivery_id_millis(&prev), Some(6_000));
+    }
+
+    #[test]
+    fn a_sequence_after_a_stored_id_gives_later_ids_even_on_an_earlier_clock() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let stored = new_delivery_id(9_000, &mut rng);
+        let seq = IdSeq::after(Some(&stored));
+        assert_eq!(seq.newest_ms(), 9_000);
+        let next = seq.next_delivery_id(1_000, &mut rng);
+        assert!(next > stored, "{next} after {stored}");
+        assert_eq!(IdSeq::after(None).newest_ms(), 0);
+        assert_eq!(IdSeq::after(Some("not an id")).newest_ms(), 0);
     }
 
     #[test]

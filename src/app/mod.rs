@@ -21,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
-use crate::clock::{SharedClock, SystemClock};
+use crate::clock::{SharedClock, SteadyClock};
 use crate::config::Config;
 use crate::config::ListenAddr;
 use crate::context::Context;
@@ -99,7 +99,7 @@ pub struct Seams {
 impl Default for Seams {
     fn default() -> Self {
         Seams {
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(SteadyClock::new()),
             transport: None,
             resolver: Arc::new(SystemResolver),
             rng_seed: None,

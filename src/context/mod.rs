@@ -64,6 +64,9 @@ impl Context {
         wake: Arc<Notify>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Arc<Context>, StoreError> {
+        // A wall clock stepped back before a restart does not set courier's time behind
+        // what it already stored.
+        clock.hold_at_least(store.ids().newest_ms());
         let now = clock.now_ms();
         let endpoints = EndpointTable::new(
             config.delivery.rate_per_second,

@@ -65,7 +65,7 @@ fn build(
     config: &Config,
     rec: &MessageRecord,
     payload: &mut Payload,
-    now_ms: u64,
+    wall_ms: u64,
     timeout: std::time::Duration,
     traceparent: Option<String>,
 ) -> Result<OutboundRequest, BuildError> {
@@ -73,7 +73,7 @@ fn build(
     let url = url::Url::parse(super::alert::target_url(&rec.target, config.alert_url.as_ref())?)?;
     let secrets = secrets_for(config, &payload.signing, &url)?;
     let body = std::mem::take(&mut payload.body);
-    let fresh = signing::sign(scheme, &secrets, &rec.event_id, (now_ms / 1000) as i64, &body)?;
+    let fresh = signing::sign(scheme, &secrets, &rec.event_id, (wall_ms / 1000) as i64, &body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));
     // The app's traceparent names the app's span; this attempt is a child of it, so the
     // stored one is replaced (tracestate goes on unchanged).
@@ -119,7 +119,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
     let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
     let trace_id = trace.map(|t| t.trace_id);
     let timeout = policy.request_timeout;
-    let req = match build(&settings.config, &rec, &mut payload, started_ms, timeout, traceparent) {
+    // The receiver checks the signature's timestamp against its own wall clock.
+    let wall_ms = d.ctx.clock().wall_ms();
+    let req = match build(&settings.config, &rec, &mut payload, wall_ms, timeout, traceparent) {
         Ok(req) => req,
         Err(e) => {
             drop(permit);
@@ -137,7 +139,17 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         max_attempts: rec.max_attempts,
         give_up_at_ms: rec.give_up_at_ms,
     };
-    let transition = d.with_rng(|rng| decide(&sent.result, rec.attempts + 1, &limits, &policy, sent.now, rng));
+    let transition = d.with_rng(|rng| {
+        decide(
+            &sent.result,
+            rec.attempts + 1,
+            &limits,
+            &policy,
+            sent.now,
+            sent.wall,
+            rng,
+        )
+    });
     let item = FinishedAttempt {
         id: rec.id.clone(),
         attempt: AttemptRecord {
@@ -179,6 +191,8 @@ pub(super) struct Sent {
     pub(super) duration: std::time::Duration,
     /// When the answer came.
     pub(super) now: u64,
+    /// The wall clock then: what a `Retry-After` date is counted from.
+    pub(super) wall: u64,
 }
 
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
@@ -198,7 +212,7 @@ async fn send(
     let timer = crate::clock::Stopwatch::start();
     let answer = d.transport.send(req).await;
     let duration = timer.elapsed();
-    let now = d.ctx.clock().now_ms();
+    let (now, wall) = (d.ctx.clock().now_ms(), d.ctx.clock().wall_ms());
     drop(counted);
     host_outcome(d, config, &rec.host, permit.host_epoch(), &answer, now);
     let global = d.host_permit_returned(permit);
@@ -222,6 +236,7 @@ async fn send(
         error,
         duration,
         now,
+        wall,
     };
     (sent, global)
 }

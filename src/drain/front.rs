@@ -28,7 +28,7 @@ use url::Url;
 use super::plan::{DrainPlan, DrainRequest, NotStarted};
 use super::progress::{Phase, Progress, Status};
 use crate::args::GlobalArgs;
-use crate::clock::{SharedClock, SystemClock};
+use crate::clock::{SharedClock, SteadyClock};
 use crate::config::Config;
 use crate::delivery::Deliverer;
 use crate::inbound::ingress::{AcceptsInProgress, ACCEPT_COMMIT_MARGIN, BODY_READ_TIMEOUT};
@@ -113,7 +113,7 @@ async fn drain(config: Arc<Config>, plan: DrainPlan) -> Result<Status, String> {
 
 /// The pass here, on a store nobody else has open.
 async fn offline(config: Arc<Config>, store: Arc<Store>, plan: DrainPlan) -> Status {
-    let clock: SharedClock = Arc::new(SystemClock);
+    let clock: SharedClock = Arc::new(SteadyClock::new());
     let to = url_for_log(plan.to.as_str());
     let dir = config.data_dir.display().to_string();
     if !plan.deliver_for.is_zero() {

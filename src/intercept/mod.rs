@@ -45,7 +45,7 @@ use leaves::Leaves;
 
 /// The wall-clock time of `clock`, as certificates need it.
 pub fn wall(clock: &dyn crate::clock::Clock) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_millis(clock.now_ms())
+    SystemTime::UNIX_EPOCH + Duration::from_millis(clock.wall_ms())
 }
 
 /// Client addresses whose failed handshake was logged (once each), at most.

@@ -53,6 +53,7 @@ pub fn decide(
     limits: &Limits,
     policy: &RetryPolicy<Statuses<'_>>,
     now_ms: u64,
+    wall_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Transition {
     let (class, retry_after) = match result {
@@ -62,7 +63,7 @@ pub fn decide(
             let class = policy.statuses.classify(*code);
             // Only these two statuses carry a meaningful Retry-After (RFC 9110 §10.2.3, RFC 6585).
             let asked = match (code, retry_after) {
-                (429 | 503, Some(value)) => parse_retry_after(value, now_ms),
+                (429 | 503, Some(value)) => parse_retry_after(value, wall_ms),
                 _ => None,
             };
             (class, asked)

@@ -63,7 +63,15 @@ const DEAD_EXPIRED: Transition = Transition::Dead(DeadReason::Expired);
 const DEAD_PERMANENT: Transition = Transition::Dead(DeadReason::PermanentStatus);
 
 fn run(result: &AttemptResult, attempts: u32, limits: &Limits, policy: &RetryPolicy<Statuses>) -> Transition {
-    decide(result, attempts, limits, policy, NOW, &mut StdRng::seed_from_u64(1))
+    decide(
+        result,
+        attempts,
+        limits,
+        policy,
+        NOW,
+        NOW,
+        &mut StdRng::seed_from_u64(1),
+    )
 }
 
 #[test]
@@ -269,7 +277,7 @@ fn jittered_delays_with_a_fixed_seed() {
     let full = policy(Jitter::Full);
     let mut rng = StdRng::seed_from_u64(7);
     let got: Vec<Transition> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &equal, NOW, &mut rng))
+        .map(|n| decide(&status(500), n, &l, &equal, NOW, NOW, &mut rng))
         .collect();
     assert_eq!(got, EQUAL_SEED_7.map(retry_in).to_vec());
     for (n, d) in (1..=4).zip(&got) {
@@ -279,13 +287,13 @@ fn jittered_delays_with_a_fixed_seed() {
     }
     let mut rng = StdRng::seed_from_u64(7);
     let got: Vec<Transition> = (1..=4)
-        .map(|n| decide(&status(500), n, &l, &full, NOW, &mut rng))
+        .map(|n| decide(&status(500), n, &l, &full, NOW, NOW, &mut rng))
         .collect();
     assert_eq!(got, FULL_SEED_7.map(retry_in).to_vec());
     // Retry-After still wins over a jittered (shorter) backoff.
     let mut rng = StdRng::seed_from_u64(7);
     assert_eq!(
-        decide(&status_ra(503, "600"), 1, &l, &full, NOW, &mut rng),
+        decide(&status_ra(503, "600"), 1, &l, &full, NOW, NOW, &mut rng),
         retry_in(10 * MIN)
     );
 }
@@ -301,7 +309,15 @@ fn no_overflow_at_the_end_of_time() {
         give_up_at_ms: u64::MAX,
     };
     assert_eq!(
-        decide(&status(500), 1, &l, &p, u64::MAX - 1, &mut StdRng::seed_from_u64(0)),
+        decide(
+            &status(500),
+            1,
+            &l,
+            &p,
+            u64::MAX - 1,
+            u64::MAX - 1,
+            &mut StdRng::seed_from_u64(0)
+        ),
         Transition::RetryAt(u64::MAX)
     );
 }
@@ -377,7 +393,7 @@ fn jitter_applies_to_a_schedule() {
         };
         let mut rng = StdRng::seed_from_u64(11);
         for n in 1..=7 {
-            let Transition::RetryAt(at_ms) = decide(&status(500), n, &l, &p, NOW, &mut rng) else {
+            let Transition::RetryAt(at_ms) = decide(&status(500), n, &l, &p, NOW, NOW, &mut rng) else {
                 panic!("retry expected")
             };
             let base = schedule.base(n).as_millis() as u64;

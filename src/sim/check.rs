@@ -115,6 +115,27 @@ pub fn awake(w: &World) -> Result<(), String> {
     Ok(())
 }
 
+/// No message waits longer than the policy lets one wait: every pending message is due
+/// within the longest backoff or capped `Retry-After` of now, plus what restarts set
+/// courier's time back ([`World::clock_drops`]). A wall clock stepped back an hour that
+/// courier's time followed would leave every retry an hour away.
+pub fn not_stalled(w: &World) -> Result<(), String> {
+    let r = &w.config().retry;
+    let longest = r.max_delay.max(r.max_retry_after).as_millis() as u64 + w.clock_drops;
+    let now = w.clock.now_ms();
+    for rec in w.records(State::Pending) {
+        if rec.next_attempt_at_ms > now + longest {
+            return Err(format!(
+                "{} is due at {} ms, {} ms from now: longer than any wait the policy allows ({longest} ms)",
+                rec.id,
+                rec.next_attempt_at_ms,
+                rec.next_attempt_at_ms - now
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `rec`'s ordered line holds it: it is not the head, or the line is blocked.
 fn held_by_line(w: &World, rec: &MessageRecord) -> bool {
     if rec.fifo.is_none() {
@@ -290,8 +311,11 @@ fn message(
         if s.body != body || s.url != target {
             return Err(format!("{id}: the receiver saw another body or target"));
         }
-        if s.timestamp != (s.at_ms / 1000).to_string() {
-            return Err(format!("{id}: webhook-timestamp {} at {} ms", s.timestamp, s.at_ms));
+        if s.timestamp != (s.wall_ms / 1000).to_string() {
+            return Err(format!(
+                "{id}: webhook-timestamp {} at {} ms on the wall clock",
+                s.timestamp, s.wall_ms
+            ));
         }
     }
     gaps(w, id, seen, disturbed)
@@ -460,7 +484,8 @@ fn gaps(w: &World, id: &str, seen: &[&Seen], disturbed: &[u64]) -> Result<(), St
     for pair in seen.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         n += 1;
-        if disturbed.iter().any(|t| *t >= a.at_ms && *t <= b.at_ms) {
+        // Courier's time goes back only at a restart (see `World::clock_drops`).
+        if b.at_ms < a.at_ms || disturbed.iter().any(|t| *t >= a.at_ms && *t <= b.at_ms) {
             n = 0;
             continue;
         }
@@ -472,7 +497,7 @@ fn gaps(w: &World, id: &str, seen: &[&Seen], disturbed: &[u64]) -> Result<(), St
                 Err(_) => httpdate::parse_http_date(after)
                     .ok()
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| (d.as_millis() as u64).saturating_sub(a.at_ms)),
+                    .map_or(0, |d| (d.as_millis() as u64).saturating_sub(a.wall_ms)),
             };
             least = least.max(wait.min(max_retry_after));
         }

@@ -17,7 +17,9 @@
 //! operator action (pause, resume, replay one, bulk replay, delete, hand off as `courier
 //! drain` does) between the pass's scan and its writes; every class of receiver answer,
 //! with `Retry-After` in seconds and as dates, timeouts, network errors and slow answers
-//! held across steps; the clock moved by milliseconds to hours; failed synced accept
+//! held across steps; the clock moved by milliseconds to hours, and the wall clock stepped
+//! back an hour or forward a day (courier's clock, `clock::Steady`, must neither go back
+//! nor stall; signatures and `Retry-After` dates use the wall clock); failed synced accept
 //! writes and failed result writes; a failing disk for a step (the next writes of any kind,
 //! record reads, line-member reads or iterator walks fail wherever they are); single
 //! messages broken for a few steps (a record that does not decode, a missing payload, an
@@ -37,13 +39,14 @@
 //! `max_in_flight`, an endpoint's `max_in_flight` hold, and each endpoint's attempts stay
 //! within its token bucket (burst plus rate × interval); bodies and event ids arrive as
 //! accepted with a fresh timestamp per attempt; a duplicate is acknowledged only when its
-//! original is stored; an operator action fails only where a fault explains it; and for the
+//! original is stored; no pending message is due further off than the policy's longest wait
+//! ([`check::not_stalled`]); an operator action fails only where a fault explains it; and for the
 //! ordered endpoints (one `on_dead = "skip"`, one `"block"`) attempts start in acceptance
 //! order and never overlap ([`order`]).
 //!
 //! Limits, said plainly: a crash keeps every completed write, as a killed process does
 //! (power cuts that lose unsynced writes are tested on a real filesystem:
-//! `tests/it/power_loss.rs`); the wall clock never steps back.
+//! `tests/it/power_loss.rs`).
 //!
 //! `cargo test --lib sim::` runs [`CI_SEEDS`] seeds, each twice. `COURIER_SIM_SEEDS=N` runs
 //! N seeds once each (`COURIER_SIM_TWICE=1`: twice), with `COURIER_SIM_BUDGET=<seconds>` as a
@@ -167,7 +170,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         let now = w.clock.now_ms();
         let (paused, log_start) = (w.paused(), w.rx.log_len());
         let (open, starts) = (check::open_breakers(w), w.starts());
-        let what = match w.rng.random_range(0..105) {
+        let what = match w.rng.random_range(0..107) {
             0..=26 => {
                 let n = if w.large {
                     w.rng.random_range(50..300)
@@ -248,15 +251,28 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
                 disturbed.push(now);
                 w.store_fault(inside_a_crash)?
             }
-            _ => unreachable!("every step draws from 0..105"),
+            105 => {
+                // NTP steps the wall clock back an hour: courier's time must not stall.
+                w.clock.step_wall(-3_600_000);
+                "the wall clock steps back 1 h".into()
+            }
+            106 => {
+                // A VM resumed after a day: everything falls due, released at the caps.
+                w.clock.step_wall(86_400_000);
+                "the wall clock steps forward 1 day".into()
+            }
+            _ => unreachable!("every step draws from 0..107"),
         };
-        w.trace.push(format!("{step}: t+{}ms {what}", now - world_start()));
+        // Signed: a restart while a step back is absorbed reads the wall clock, maybe before the start.
+        w.trace
+            .push(format!("{step}: t{:+}ms {what}", now as i64 - world_start() as i64));
         w.settle()?;
         w.forget_unfinished();
         let store = w.store();
         world::quietly(&store, || -> Result<(), String> {
             check::step(w)?;
             check::awake(w)?;
+            check::not_stalled(w)?;
             // A resume inside the step may be followed by a pause of its own making (a
             // blocked line's dead head pauses its endpoint again): the loop ran between.
             if !what.contains("resume") {
@@ -355,7 +371,7 @@ fn next_wake(w: &mut World) -> Result<(), String> {
     }
     let now = w.clock.now_ms();
     match w.asleep().and_then(|a| a.until) {
-        Some(at) if at > now => w.clock.set(at),
+        Some(at) if at > now => w.clock.advance_to(at),
         Some(_) => w.clock.advance(Duration::from_millis(1)),
         // Nothing asked for a time: what is open waits for a permit, a release waiting for
         // its record to read (tried again on tokio's paused timers), or the broken.
@@ -432,7 +448,9 @@ fn around_the_broken(w: &mut World) -> Result<(), String> {
 
 /// A retention sweep past every retention removes every finished message but the broken.
 fn swept_around_the_broken(w: &mut World) -> Result<(), String> {
-    w.clock.advance(w.config().dead_retention + Duration::from_secs(1));
+    // Courier's time, which may be absorbing a step back at half speed.
+    w.clock
+        .advance_to(w.clock.now_ms() + (w.config().dead_retention + Duration::from_secs(1)).as_millis() as u64);
     w.sweep();
     let mut left = w.list(crate::model::State::Delivered);
     left.extend(w.list(crate::model::State::Dead));

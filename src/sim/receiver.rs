@@ -21,8 +21,10 @@ pub struct Seen {
     pub url: String,
     /// The body.
     pub body: Vec<u8>,
-    /// When it arrived (the simulated clock).
+    /// When it arrived (courier's time on the simulated clock).
     pub at_ms: u64,
+    /// The wall clock then (stepped by the simulator), which signatures are stamped with.
+    pub wall_ms: u64,
     /// `webhook-timestamp`.
     pub timestamp: String,
     /// What the receiver answered (`None`: still held, or cut by a crash).
@@ -208,7 +210,8 @@ impl SimTransport {
         out
     }
 
-    fn draw(&self, rng: &mut StdRng, now_ms: u64) -> Option<Answer> {
+    /// An answer; a `Retry-After` date is on the receiver's wall clock, `wall_ms`.
+    fn draw(&self, rng: &mut StdRng, wall_ms: u64) -> Option<Answer> {
         let roll = rng.random_range(0..100);
         Some(match roll {
             0..=34 => Answer::Status(if rng.random_bool(0.5) { 200 } else { 204 }, None),
@@ -221,7 +224,7 @@ impl SimTransport {
             }
             58..=65 => {
                 let at =
-                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms + rng.random_range(0..300_000));
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(wall_ms + rng.random_range(0..300_000));
                 let after = rng.random_bool(0.7).then(|| httpdate::fmt_http_date(at));
                 Answer::Status(503, after)
             }
@@ -283,7 +286,7 @@ impl Transport for SimTransport {
             // Never reaches a receiver: nothing is logged.
             return Box::pin(async { Err(TransportError::Network("the node crashed".into())) });
         }
-        let now = self.clock.now_ms();
+        let (now, wall) = (self.clock.now_ms(), self.clock.wall_ms());
         let mut st = self.lock();
         // A worker that panics before its request leaves (a bug in courier, not the
         // receiver's doing): the message must be requeued, uncounted, its lease ended.
@@ -297,7 +300,7 @@ impl Transport for SimTransport {
             Some(Answer::Status(200, None))
         } else {
             let mut rng = std::mem::replace(&mut st.rng, rand::SeedableRng::seed_from_u64(0));
-            let a = self.draw(&mut rng, now);
+            let a = self.draw(&mut rng, wall);
             st.rng = rng;
             a
         };
@@ -328,6 +331,7 @@ impl Transport for SimTransport {
             url: req.url.to_string(),
             body: req.body.to_vec(),
             at_ms: now,
+            wall_ms: wall,
             timestamp: header(&req, crate::signing::WEBHOOK_TIMESTAMP),
             answer: answer.clone(),
         });

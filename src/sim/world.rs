@@ -203,6 +203,10 @@ pub struct World {
     /// Per start, how many attempts the receivers had seen then: a new process starts with
     /// full token buckets.
     pub started_at_log: Vec<usize>,
+    /// How far courier's time went back at restarts, added up: a restart reads the wall
+    /// clock afresh, held only at the newest acceptance the store holds, so what a step back
+    /// still being absorbed had scheduled may wait that much longer.
+    pub clock_drops: u64,
 }
 
 /// The settings of every run: short delays so a run covers many retries, small caps so
@@ -305,6 +309,7 @@ impl World {
             starts: 0,
             faulting: false,
             started_at_log: Vec::new(),
+            clock_drops: 0,
         };
         w.trace.push(format!(
             "class: {}, limits {limits:?}",
@@ -336,6 +341,9 @@ impl World {
         }
         self.starts += 1;
         self.started_at_log.push(self.rx.log_len());
+        // A new process reads the clock afresh (`Context::new` holds it at the store's newest).
+        let before = self.clock.now_ms();
+        self.clock.restart();
         let keyring = crate::store::Keyring::new(&self.store_keys);
         // The last process may still be letting go of the directory's lock (a thread that
         // held the store finishing): wait for it, as a restarted process would.
@@ -380,6 +388,7 @@ impl World {
             .expect("delivery context");
             Deliverer::new(ctx, self.rx.clone(), StdRng::seed_from_u64(self.rng.random()), None)
         };
+        self.clock_drops += before.saturating_sub(self.clock.now_ms());
         d.set_result_retry(Duration::from_millis(1));
         // What is broken is on the disk: a restarted process reads it broken too (an I/O
         // error is healed by the restart: see `crash`).
