@@ -195,6 +195,9 @@ impl Store {
         } else {
             ring.sealing().into_iter().collect()
         };
+        // A failed (or crashed) write of the record leaves the old keys listed as needed:
+        // every payload still opens, and running rekey again finishes.
+        self.faults.before_write()?;
         write_in_data(&self.db, &now_needed)?;
         self.db.flush_cf(cf)?;
         let mut compact = CompactOptions::default();

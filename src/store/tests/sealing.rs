@@ -285,6 +285,34 @@ fn a_rekey_cut_short_by_a_crash_leaves_every_payload_readable_and_the_old_key_ne
     assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
 }
 
+#[test]
+fn a_rekey_whose_record_of_needed_keys_fails_leaves_the_old_key_needed_and_finishes_when_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = open_with(&path, &[A]).unwrap();
+    let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
+    accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
+    stop(store);
+
+    // Both batches of payloads are written; the record that only B is needed is not.
+    let store = open_with(&path, &[B, A]).unwrap();
+    store.faults().crash_after(2);
+    assert!(matches!(store.rekey(false), Err(StoreError::Injected)));
+    drop(store);
+    let store = open_with(&path, &[B, A]).unwrap();
+    assert_eq!(
+        store.keys_in_use().unwrap().in_data,
+        vec![KeyId::of(&A), KeyId::of(&B)],
+        "A is still needed"
+    );
+    for id in &ids {
+        assert_eq!(store.payload(id).unwrap().unwrap(), marked(id).payload);
+    }
+    let again = store.rekey(false).unwrap();
+    assert_eq!((again.moved, again.kept), (0, 600));
+    assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
+}
+
 /// Two payloads that differ only in a guess at the app's token (or at its per-message
 /// secret), one guess matching text the body carries: what the store writes for them.
 fn guessed(store: &Store, id: &str, token: &str, secret: &str) -> Vec<u8> {
