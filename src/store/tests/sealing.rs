@@ -251,66 +251,42 @@ fn a_refused_start_leaves_every_file_of_the_data_dir_as_it_was() {
     assert!(before == files(), "the refused start changed the data dir");
 }
 
+/// A rekey from A to B of 600 payloads (two batches of 512) that the process dies in:
+/// at the second batch (some payloads moved, the rest not), or at the record of the keys
+/// the data needs (every payload moved, the record not). Every payload still opens, A is
+/// still needed, and a second rekey finishes.
 #[test]
 fn a_rekey_cut_short_by_a_crash_leaves_every_payload_readable_and_the_old_key_needed() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data");
-    let store = open_with(&path, &[A]).unwrap();
-    let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
-    accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
-    stop(store);
+    for (writes, moved, left) in [(1, 512usize, 88usize), (2, 600, 0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let store = open_with(&path, &[A]).unwrap();
+        let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
+        accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
+        stop(store);
+        let store = open_with(&path, &[B, A]).unwrap();
+        store.faults().crash_after(writes);
+        assert!(matches!(store.rekey(false), Err(StoreError::Injected)));
+        drop(store);
 
-    // The process dies at the second batch of 512: some payloads moved, the rest not.
-    let store = open_with(&path, &[B, A]).unwrap();
-    store.faults().crash_after(1);
-    assert!(matches!(store.rekey(false), Err(StoreError::Injected)));
-    drop(store);
-    let store = open_with(&path, &[B, A]).unwrap();
-    let under = |key: &[u8; 32]| {
-        ids.iter()
-            .filter(|id| seal::sealed_with(&raw(&store, id)) == Some(KeyId::of(key)))
-            .count()
-    };
-    assert_eq!((under(&B), under(&A)), (512, 88));
-    assert_eq!(
-        store.keys_in_use().unwrap().in_data,
-        vec![KeyId::of(&A), KeyId::of(&B)],
-        "A is still needed"
-    );
-    for id in &ids {
-        assert_eq!(store.payload(id).unwrap().unwrap(), marked(id).payload);
+        let store = open_with(&path, &[B, A]).unwrap();
+        let under = |key: &[u8; 32]| {
+            ids.iter()
+                .filter(|id| seal::sealed_with(&raw(&store, id)) == Some(KeyId::of(key)))
+                .count()
+        };
+        assert_eq!((under(&B), under(&A)), (moved, left), "crash at write {writes}");
+        assert_eq!(
+            store.keys_in_use().unwrap().in_data,
+            vec![KeyId::of(&A), KeyId::of(&B)],
+            "A is still needed"
+        );
+        for id in &ids {
+            assert_eq!(store.payload(id).unwrap().unwrap(), marked(id).payload);
+        }
+        assert_eq!(store.rekey(false).unwrap().moved as usize, left);
+        assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
     }
-    // Run again, it finishes.
-    assert_eq!(store.rekey(false).unwrap().moved, 88);
-    assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
-}
-
-#[test]
-fn a_rekey_whose_record_of_needed_keys_fails_leaves_the_old_key_needed_and_finishes_when_run_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data");
-    let store = open_with(&path, &[A]).unwrap();
-    let ids: Vec<String> = (0..600).map(|i| format!("dlv_{i:04}")).collect();
-    accept(&store, &ids.iter().map(String::as_str).collect::<Vec<_>>());
-    stop(store);
-
-    // Both batches of payloads are written; the record that only B is needed is not.
-    let store = open_with(&path, &[B, A]).unwrap();
-    store.faults().crash_after(2);
-    assert!(matches!(store.rekey(false), Err(StoreError::Injected)));
-    drop(store);
-    let store = open_with(&path, &[B, A]).unwrap();
-    assert_eq!(
-        store.keys_in_use().unwrap().in_data,
-        vec![KeyId::of(&A), KeyId::of(&B)],
-        "A is still needed"
-    );
-    for id in &ids {
-        assert_eq!(store.payload(id).unwrap().unwrap(), marked(id).payload);
-    }
-    let again = store.rekey(false).unwrap();
-    assert_eq!((again.moved, again.kept), (0, 600));
-    assert_eq!(store.keys_in_use().unwrap().in_data, vec![KeyId::of(&B)]);
 }
 
 /// Two payloads that differ only in a guess at the app's token (or at its per-message
