@@ -55,7 +55,8 @@ pub fn new_delivery_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
 /// accepted one after another list (and, for ordered endpoints, deliver) in that order
 /// even when they share a millisecond: two random ULIDs in one millisecond sort by their
 /// random bits, not by when they were made. Within a millisecond (or if the wall clock
-/// steps back) the next id is the last one plus one, as in the ULID spec's monotonic mode.
+/// steps back) the next id is the last one plus a random step, as in the ULID spec's
+/// monotonic mode but with a random step instead of one.
 /// A store's sequence starts after the newest id it holds, so a restart while the wall
 /// clock is behind does not give new messages ids that list before older ones.
 #[derive(Debug, Default)]
@@ -82,7 +83,15 @@ impl IdSeq {
     pub fn next_delivery_id(&self, now_ms: u64, rng: &mut impl rand::RngCore) -> String {
         let fresh = u128::from(ulid_at(now_ms, rng));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let id = if fresh > *last { fresh } else { last.saturating_add(1) };
+        // Not the last plus one: a sequence that starts after the newest stored id would
+        // give a deleted newer one's id again. A random step keeps the order and makes that
+        // as unlikely as a random id's collision (2^40 ids a millisecond still fit).
+        let step = 1 + (fresh & 0xFF_FFFF_FFFF);
+        let id = if fresh > *last {
+            fresh
+        } else {
+            last.saturating_add(step)
+        };
         *last = id;
         format!("{DELIVERY_ID_PREFIX}{}", ulid::Ulid::from(id))
     }

@@ -70,7 +70,7 @@ pub(crate) fn pass_with(
     let exhausted = matches!(scanned, Ok((ScanEnd::Exhausted { .. }, _)));
     let p = &walk.pass;
     d.set_queue_waiting(!exhausted || resumed.is_some() || walk.first_left.is_some() || p.global_full || p.store_error);
-    walk.end(d, now, scanned, resumed.is_some())
+    walk.end(d, now, scanned, resumed.is_some(), limits.scan_budget)
 }
 
 /// What a pass carries through its walk and its writes.
@@ -312,6 +312,7 @@ impl Walk {
         now: u64,
         scanned: Result<(ScanEnd, FloorMark), StoreError>,
         resumed: bool,
+        budget: usize,
     ) -> (Pass, Option<Key>) {
         let store = d.context().store();
         let pass = &mut self.pass;
@@ -333,14 +334,23 @@ impl Walk {
                 pass.cut = !pass.store_error && self.stopped_at.is_none() && !pass.global_full;
                 if !pass.store_error && !resumed {
                     if let Some(last) = self.last_seen {
-                        let last = (last, self.last_id);
+                        let last = (last, self.last_id.clone());
                         let (to, id) = self.first_left.map_or(last.clone(), |f| f.min(last));
                         store.raise_due_floor_to_key(floor, to, &id);
                     }
                 }
                 pass.stopped_on_run = self.stopped_at.is_some();
-                // Resume just before the entry we stopped on, so it is looked at again.
-                resume = self.stopped_at.map(|(due, id)| resume_before(due, &id));
+                // Resume just before the entry we stopped on, so it is looked at again. A walk
+                // the scan budget cut goes on just past the last entry it saw: without a
+                // resume point the next wake-up would walk the same entries from the floor
+                // and never reach what lies past them.
+                resume = match (self.stopped_at, self.last_seen) {
+                    (Some((due, id)), _) => Some(resume_before(due, &id)),
+                    (None, Some(last)) if pass.scanned >= budget && !pass.global_full => {
+                        Some((last, std::mem::take(&mut self.last_id)))
+                    }
+                    _ => None,
+                };
             }
             Err(e) => {
                 tracing::error!(error = %e, "reading the due queue failed");

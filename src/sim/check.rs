@@ -484,8 +484,10 @@ fn gaps(w: &World, id: &str, seen: &[&Seen], disturbed: &[u64]) -> Result<(), St
     for pair in seen.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         n += 1;
-        // Courier's time goes back only at a restart (see `World::clock_drops`).
-        if b.at_ms < a.at_ms || disturbed.iter().any(|t| *t >= a.at_ms && *t <= b.at_ms) {
+        // A restart in between is a disturbance whatever the times say: courier's time
+        // may go back at one (see `World::clock_drops`).
+        let restarted = w.started_at_log.iter().any(|s| a.index < *s && *s <= b.index);
+        if restarted || disturbed.iter().any(|t| *t >= a.at_ms && *t <= b.at_ms) {
             n = 0;
             continue;
         }

@@ -25,6 +25,8 @@ pub struct Seen {
     pub at_ms: u64,
     /// The wall clock then (stepped by the simulator), which signatures are stamped with.
     pub wall_ms: u64,
+    /// Its place in the log (what a start's `World::started_at_log` entry counts).
+    pub index: usize,
     /// `webhook-timestamp`.
     pub timestamp: String,
     /// What the receiver answered (`None`: still held, or cut by a crash).
@@ -332,6 +334,7 @@ impl Transport for SimTransport {
             body: req.body.to_vec(),
             at_ms: now,
             wall_ms: wall,
+            index,
             timestamp: header(&req, crate::signing::WEBHOOK_TIMESTAMP),
             answer: answer.clone(),
         });

@@ -27,6 +27,13 @@ fn seeds() {
     let first = env_u64("COURIER_SIM_FIRST").unwrap_or(1);
     let budget = Duration::from_secs(env_u64("COURIER_SIM_BUDGET").unwrap_or(3600 * 24));
     let started = std::time::Instant::now();
+    if env_u64("COURIER_SIM_SEEDS").is_none() {
+        for &seed in super::CI_KEPT {
+            if let Err(f) = super::run_twice(seed) {
+                panic!("{f}");
+            }
+        }
+    }
     match super::soak(first, seeds, budget, twice) {
         Ok(ran) => println!(
             "{ran} seeds from {first} in {:.1}s{}, every invariant held",
