@@ -29,7 +29,7 @@ fn seeds() {
     let started = std::time::Instant::now();
     if env_u64("COURIER_SIM_SEEDS").is_none() {
         for &seed in super::CI_KEPT {
-            if let Err(f) = super::run_twice(seed) {
+            if let Err(f) = super::soak(seed, 1, budget, true) {
                 panic!("{f}");
             }
         }

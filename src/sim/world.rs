@@ -132,6 +132,24 @@ impl Node {
     }
 }
 
+/// Every record in `state`, page by page.
+fn records_in(store: &Arc<Store>, state: State) -> Vec<crate::store::MessageRecord> {
+    let filter = ListFilter {
+        state: Some(state),
+        ..ListFilter::default()
+    };
+    let mut out = Vec::new();
+    let mut cursor = None;
+    quietly(store, || loop {
+        let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
+        out.extend(page.items);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    })
+}
+
 /// Drops the old node's store once this is its last handle, so RocksDB closes here,
 /// before the next open. Threads that outlive a runtime shut down in the background (the
 /// result writer ending the attempts still queued, a scheduler pass on a blocking thread)
@@ -389,6 +407,19 @@ impl World {
             Deliverer::new(ctx, self.rx.clone(), StdRng::seed_from_u64(self.rng.random()), None)
         };
         self.clock_drops += before.saturating_sub(self.clock.now_ms());
+        // A restart never sets courier's clock before what the store accepted last (a new
+        // id would sort before it, and what a step back had scheduled would stall).
+        let newest = [State::Pending, State::InFlight, State::Delivered, State::Dead]
+            .into_iter()
+            .flat_map(|state| records_in(&store, state))
+            .map(|r| r.accepted_at_ms)
+            .max()
+            .unwrap_or(0);
+        assert!(
+            self.clock.now_ms() >= newest,
+            "courier's clock reads {} ms after a restart, before the newest acceptance stored ({newest} ms)",
+            self.clock.now_ms()
+        );
         d.set_result_retry(Duration::from_millis(1));
         // What is broken is on the disk: a restarted process reads it broken too (an I/O
         // error is healed by the restart: see `crash`).
@@ -942,21 +973,7 @@ impl World {
 
     /// Records in `state` (read past any broken item).
     pub fn records(&self, state: State) -> Vec<crate::store::MessageRecord> {
-        let store = self.store();
-        let filter = ListFilter {
-            state: Some(state),
-            ..ListFilter::default()
-        };
-        let mut out = Vec::new();
-        let mut cursor = None;
-        quietly(&store, || loop {
-            let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
-            out.extend(page.items);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => return out,
-            }
-        })
+        records_in(&self.store(), state)
     }
 
     /// Forgets "finished" for messages that are back in the store unfinished (replayed), so
