@@ -173,10 +173,17 @@ impl Default for SteadyClock {
     }
 }
 
+/// The longest [`SteadyClock`] sleeps without reading the clock again: tokio's timers run
+/// on the monotonic clock, which a wall-clock step forward (or a suspended VM) does not
+/// move, so what fell due with such a step is seen within this.
+pub const STEP_NOTICED_WITHIN: Duration = Duration::from_secs(5);
+
 impl Clock for SteadyClock {
     fn now_ms(&self) -> u64 {
-        let (wall, mono) = (SystemClock.now_ms(), self.mono_ms());
-        self.steady().read(wall, mono)
+        // Both clocks read under the lock: a reading taken before another thread's must
+        // not be applied after it (courier's time would go back by the difference).
+        let mut steady = self.steady();
+        steady.read(SystemClock.now_ms(), self.mono_ms())
     }
 
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
@@ -188,7 +195,8 @@ impl Clock for SteadyClock {
                 if now >= at_ms {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(at_ms - now)).await;
+                let left = Duration::from_millis(at_ms - now);
+                tokio::time::sleep(left.min(STEP_NOTICED_WITHIN)).await;
             }
         })
     }
@@ -198,8 +206,8 @@ impl Clock for SteadyClock {
     }
 
     fn hold_at_least(&self, ms: u64) {
-        let (wall, mono) = (SystemClock.now_ms(), self.mono_ms());
-        self.steady().hold_at_least(ms, wall, mono);
+        let mut steady = self.steady();
+        steady.hold_at_least(ms, SystemClock.now_ms(), self.mono_ms());
     }
 }
 
@@ -258,8 +266,10 @@ impl ManualClock {
         self.moved.notify_waiters();
     }
 
-    /// Sets the time (forward; the wall clock steps with [`ManualClock::step_wall`]).
+    /// Sets the monotonic time, forward only (the wall clock steps with
+    /// [`ManualClock::step_wall`]).
     pub fn set(&self, ms: u64) {
+        debug_assert!(ms >= self.mono_ms(), "a manual clock's monotonic time never goes back");
         self.now.fetch_max(ms, Ordering::SeqCst);
         self.moved.notify_waiters();
     }
@@ -298,8 +308,8 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        let (wall, mono) = (self.wall_ms(), self.mono_ms());
-        self.steady().read(wall, mono)
+        let mut steady = self.steady();
+        steady.read(self.wall_ms(), self.mono_ms())
     }
 
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
@@ -321,8 +331,8 @@ impl Clock for ManualClock {
     }
 
     fn hold_at_least(&self, ms: u64) {
-        let (wall, mono) = (self.wall_ms(), self.mono_ms());
-        self.steady().hold_at_least(ms, wall, mono);
+        let mut steady = self.steady();
+        steady.hold_at_least(ms, self.wall_ms(), self.mono_ms());
     }
 }
 

@@ -114,6 +114,8 @@ async fn drain(config: Arc<Config>, plan: DrainPlan) -> Result<Status, String> {
 /// The pass here, on a store nobody else has open.
 async fn offline(config: Arc<Config>, store: Arc<Store>, plan: DrainPlan) -> Status {
     let clock: SharedClock = Arc::new(SteadyClock::new());
+    // As a start does (`Context::new`): never before what the store accepted last.
+    clock.hold_at_least(store.ids().newest_ms());
     let to = url_for_log(plan.to.as_str());
     let dir = config.data_dir.display().to_string();
     if !plan.deliver_for.is_zero() {

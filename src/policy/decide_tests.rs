@@ -166,6 +166,26 @@ fn retry_after_http_date_on_429_and_503() {
     );
 }
 
+/// A date is read against the wall clock, a delay counted on courier's: with courier's time
+/// an hour ahead (a wall clock stepped back), a date three hours away on the wall clock
+/// is still three hours away.
+#[test]
+fn a_retry_after_date_counts_from_the_wall_clock() {
+    let (p, l) = (policy(Jitter::None), limits());
+    let in_3h = "Wed, 15 Nov 2023 01:13:20 GMT";
+    let courier_ahead = NOW + HOUR;
+    let got = decide(
+        &status_ra(503, in_3h),
+        1,
+        &l,
+        &p,
+        courier_ahead,
+        NOW,
+        &mut StdRng::seed_from_u64(1),
+    );
+    assert_eq!(got, Transition::RetryAt(courier_ahead + 3 * HOUR));
+}
+
 #[test]
 fn retry_after_is_ignored_on_other_statuses() {
     let p = policy(Jitter::None);

@@ -25,7 +25,9 @@
 //! lies past the resume point to the next wake-up: the blocked attempts give one as they
 //! end, and of the wake-ups a timer gives (a token, a due time), every other one goes on
 //! from the resume point rather than the floor, so what lies past a blocked run that only
-//! timers drain (a rate-limited backlog) is reached too.
+//! timers drain (a rate-limited backlog) is reached too. A walk the scan budget cuts
+//! before any such run (every entry it read held, none of them a run as long as
+//! `skip_run`) leaves a resume point just past the last entry it read, in the same way.
 //!
 //! A pass runs on a blocking thread: it reads the store, and its park writes wait behind the
 //! accepts' fsync, neither of which may hold up the async workers that serve ingress.
@@ -72,7 +74,7 @@ impl Limits {
 pub struct Scheduler {
     d: Arc<Deliverer>,
     limits: Limits,
-    /// Where the last pass stopped on a long blocked run.
+    /// Where the last pass stopped: on a long blocked run, or where the scan budget ran out.
     resume: Option<(u64, String)>,
     /// Whether the next wake-up by a timer goes on from `far` (see [`Scheduler::wait`]).
     timer_keeps_resume: bool,

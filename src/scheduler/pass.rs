@@ -59,7 +59,9 @@ pub(crate) fn pass_with(
     let mut walk = Walk::default();
     let after = resumed.as_ref().map(|(due, id)| (*due, id.as_str()));
     let scanned = d.context().store().scan_due(now, limits.scan_budget, after, |entry| {
-        walk.visit(d, limits, now, entry)
+        let step = walk.visit(d, limits, now, entry);
+        walk.stopped |= step == ScanStep::Stop;
+        step
     });
     walk.lease(d, now);
     between();
@@ -70,7 +72,7 @@ pub(crate) fn pass_with(
     let exhausted = matches!(scanned, Ok((ScanEnd::Exhausted { .. }, _)));
     let p = &walk.pass;
     d.set_queue_waiting(!exhausted || resumed.is_some() || walk.first_left.is_some() || p.global_full || p.store_error);
-    walk.end(d, now, scanned, resumed.is_some(), limits.scan_budget)
+    walk.end(d, now, scanned, resumed.is_some())
 }
 
 /// What a pass carries through its walk and its writes.
@@ -101,6 +103,9 @@ struct Walk {
     last_id: String,
     skipped_in_a_row: usize,
     stopped_at: Option<Key>,
+    /// The walk told the scan to stop (a run, every permit taken, a full claim batch): a
+    /// scan cut without it was cut by the scan budget.
+    stopped: bool,
 }
 
 impl Walk {
@@ -312,7 +317,6 @@ impl Walk {
         now: u64,
         scanned: Result<(ScanEnd, FloorMark), StoreError>,
         resumed: bool,
-        budget: usize,
     ) -> (Pass, Option<Key>) {
         let store = d.context().store();
         let pass = &mut self.pass;
@@ -346,7 +350,7 @@ impl Walk {
                 // and never reach what lies past them.
                 resume = match (self.stopped_at, self.last_seen) {
                     (Some((due, id)), _) => Some(resume_before(due, &id)),
-                    (None, Some(last)) if pass.scanned >= budget && !pass.global_full => {
+                    (None, Some(last)) if !self.stopped && !pass.global_full => {
                         Some((last, std::mem::take(&mut self.last_id)))
                     }
                     _ => None,

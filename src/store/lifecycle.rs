@@ -30,7 +30,7 @@ impl Store {
         create_private_dir(dir)?;
         let db = Arc::new(open_db(dir, &options)?);
         sealing::check_at_open(&db, &options.keyring)?;
-        let ids = crate::model::IdSeq::after(newest_id(&db).as_deref());
+        let ids = crate::model::IdSeq::after(newest_id(&db)?.as_deref());
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
         let counter_gate = Arc::new(std::sync::RwLock::new(()));
@@ -84,10 +84,11 @@ impl Store {
 }
 
 /// The newest delivery id stored (ids sort by acceptance time): one seek.
-fn newest_id(db: &DB) -> Option<String> {
+fn newest_id(db: &DB) -> Result<Option<String>, StoreError> {
     let mut it = db.raw_iterator_cf(super::cf_of(db, keys::MESSAGES));
     it.seek_to_last();
-    it.key().and_then(|k| String::from_utf8(k.to_vec()).ok())
+    it.status()?;
+    Ok(it.key().and_then(|k| String::from_utf8(k.to_vec()).ok()))
 }
 
 /// Every column family's descriptor, tuned by `options`.
