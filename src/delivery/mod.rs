@@ -186,6 +186,17 @@ impl Deliverer {
         self.all_attempts.available_permits()
     }
 
+    /// Tests: the messages whose attempts are running now.
+    #[cfg(test)]
+    pub(crate) fn in_flight_ids(&self) -> Vec<String> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Attempts running now.
     pub fn in_flight_count(&self) -> usize {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).len()

@@ -74,8 +74,8 @@ pub struct Model {
     pub acked: BTreeMap<String, (String, String, Vec<u8>)>,
     /// (event id, target) → id, for duplicates.
     pub by_event: BTreeMap<(String, String), String>,
-    /// Ids an operator deleted.
-    pub deleted: BTreeSet<String>,
+    /// Ids an operator deleted → (event id, target): an attempt under way may still end.
+    pub deleted: BTreeMap<String, (String, String)>,
     /// Ids seen finished (delivered or dead) in the store: retention may remove them.
     pub finished: BTreeSet<String>,
     /// Per event id: attempts cut by a crash or a shutdown (in flight then).
@@ -600,11 +600,17 @@ impl World {
             .map(|(_, (_, target, _))| target.clone())
             .collect();
         let held = self.rx.held_events();
-        self.records(State::InFlight)
-            .into_iter()
+        let stored = (self.records(State::InFlight).into_iter())
             .filter(|r| !held.contains(&r.event_id))
             .filter(|r| io.contains(&&r.id) || io_lines.contains(&r.target))
-            .count()
+            .count();
+        // A head deleted during its attempt: the attempt's end still moves its line on, so
+        // it waits on the broken member too (seed 8328).
+        let deleted = (self.node().d.in_flight_ids().iter())
+            .filter_map(|id| self.model.deleted.get(id))
+            .filter(|(event, target)| !held.contains(event) && io_lines.contains(target))
+            .count();
+        stored + deleted
     }
 
     /// Runs `fut` on the node's runtime to its end. Between its polls every task that can
@@ -951,13 +957,13 @@ impl World {
                             // As the admin API does: an ordered line's next is due now.
                             d.context().wake();
                         }
-                        if let Some((event, _, _)) = self.model.acked.remove(id) {
+                        if let Some((event, target, _)) = self.model.acked.remove(id) {
                             self.rx.order.deleted(&event);
                             if gone {
-                                self.model.deleted_events.insert(event, self.rx.log().len());
+                                self.model.deleted_events.insert(event.clone(), self.rx.log().len());
                             }
+                            self.model.deleted.insert(id.clone(), (event, target));
                         }
-                        self.model.deleted.insert(id.clone());
                         format!("delete {id}: {gone}")
                     }
                     None => "delete: nothing".into(),
