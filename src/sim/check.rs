@@ -44,8 +44,8 @@ pub const LATENESS_MS: u64 = 1_000;
 /// resume) or gives the timer above: its endpoint paused; an ordered line that holds it
 /// (it is not the head, or the line is blocked); `delivery.max_in_flight`, its host's cap
 /// or its endpoint's `max_in_flight` reached; a resume point left by a wake-up whose scan
-/// budget ran out, while attempts are in flight or the loop has a timer (the next wake-up
-/// goes on from there, and wraps to the floor); a message whose reads the simulator broke, or that
+/// budget ran out, while attempts are in flight (an attempt's end goes on from there, and
+/// wraps to the floor) or, for a message past the point, while the loop has a timer; a message whose reads the simulator broke, or that
 /// the store holds back after a failed read (until its retry time). A leased message is
 /// being attempted.
 pub fn awake(w: &World) -> Result<(), String> {
@@ -61,10 +61,15 @@ pub fn awake(w: &World) -> Result<(), String> {
         return Ok(());
     }
     // With a resume point left, a wake-up whose scan budget ran out leaves the rest to the
-    // next one: what lies past the point (its walk goes on from there, and every other
-    // timer wake-up does too) and what lies before it (that walk wraps to the floor). The
-    // next wake-up is an attempt's end or the loop's timer.
-    let resumes = asleep.resume.is_some() && (d.in_flight_count() > 0 || asleep.until.is_some());
+    // next one. An attempt's end is one (its walk goes on from the point and wraps to the
+    // floor). Else the loop's timer is: what lies past the point was not seen and waits for
+    // it; what lies before it was seen, and the wake time asked for it is owed until a walk
+    // from the floor, so the timer covers it (a loop that forgot it sleeps past it).
+    let in_flight = d.in_flight_count() > 0;
+    let past_resume = |rec: &MessageRecord| {
+        (asleep.resume.as_ref())
+            .is_some_and(|(due, id)| (rec.next_attempt_at_ms, rec.id.as_str()) > (*due, id.as_str()))
+    };
     let hosts: std::collections::HashMap<String, crate::limits::HostView> = d
         .hosts()
         .snapshot(false)
@@ -77,7 +82,8 @@ pub fn awake(w: &World) -> Result<(), String> {
             || d.context().endpoints().is_paused(&rec.endpoint)
             || held_by_line(w, &rec)
             || endpoint_full(w, &rec)
-            || resumes;
+            || (asleep.resume.is_some() && in_flight)
+            || (past_resume(&rec) && asleep.until.is_some());
         use crate::policy::circuit::CircuitState;
         let host = hosts.get(&rec.host);
         let host_full = host.is_some_and(|h| {
