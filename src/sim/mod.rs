@@ -29,7 +29,8 @@
 //! only to the loop's own wake times until nothing is open: first with the broken messages
 //! still broken (nothing else may wait for them), then healed. One seed in
 //! [`world::LARGE_EVERY`] is a large run (thousands of messages against the scheduler's own
-//! limits); some others run the scheduler with small limits.
+//! limits); some others run the scheduler with small limits, half of those with every
+//! endpoint rated at 1/s.
 //!
 //! What must hold is in [`check`]: nothing acknowledged is lost or stuck; the loop never
 //! sleeps past work no stated limit holds ([`check::awake`], within
