@@ -88,6 +88,9 @@ pub struct Scheduler {
     /// pass on its blocking thread meets).
     #[cfg(test)]
     between: Option<Between>,
+    /// Tests: where the loop reports its walks and sleeps.
+    #[cfg(test)]
+    walks: Option<Walks>,
 }
 
 /// Tests: what runs inside a pass (see `Scheduler::between`).
@@ -109,6 +112,22 @@ pub(crate) struct Asleep {
     pub until: Option<u64>,
     /// Where its next walk starts, if not at the floor.
     pub resume: Option<(u64, String)>,
+}
+
+/// Tests: what the loop did, in order (see [`LoopEvent`]).
+#[cfg(test)]
+pub(crate) type Walks = Arc<std::sync::Mutex<Vec<LoopEvent>>>;
+
+/// Tests: one thing the loop did. From these the simulator holds the loop to its rule that
+/// a wake time asked for by a walk since the last walk from the floor is owed: no sleep is
+/// longer.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LoopEvent {
+    /// A walk, from the floor or from a resume point, and the wake time it asked for.
+    Walked { from_floor: bool, wake_at: Option<u64> },
+    /// A sleep, until when (`None`: for a wake-up only).
+    Slept { until: Option<u64> },
 }
 
 /// Marks the loop asleep until dropped (see [`Nap`]).
@@ -143,6 +162,24 @@ impl Scheduler {
             nap: None,
             #[cfg(test)]
             between: None,
+            #[cfg(test)]
+            walks: None,
+        }
+    }
+
+    /// Tests: reports every walk and sleep to `walks`.
+    #[cfg(test)]
+    pub(crate) fn with_walks(self, walks: Walks) -> Self {
+        Scheduler {
+            walks: Some(walks),
+            ..self
+        }
+    }
+
+    #[cfg(test)]
+    fn report(&self, event: LoopEvent) {
+        if let Some(walks) = &self.walks {
+            walks.lock().unwrap_or_else(|p| p.into_inner()).push(event);
         }
     }
 
@@ -209,6 +246,11 @@ impl Scheduler {
                 }
             };
             self.resume = resume;
+            #[cfg(test)]
+            self.report(LoopEvent::Walked {
+                from_floor: !resumed,
+                wake_at: pass.wake_at,
+            });
             self.d.context().metrics().scheduler_pass();
             scanned_since_wait += pass.scanned;
             owed = earliest(owed, pass.wake_at);
@@ -229,6 +271,8 @@ impl Scheduler {
                 let backoff = self.d.context().clock().now_ms() + STORE_ERROR_BACKOFF.as_millis() as u64;
                 wake_at = earliest(wake_at, Some(backoff));
             }
+            #[cfg(test)]
+            self.report(LoopEvent::Slept { until: wake_at });
             self.wait(wake_at, &mut stop).await;
         }
     }

@@ -274,6 +274,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         w.trace
             .push(format!("{step}: t{:+}ms {what}", now as i64 - world_start() as i64));
         w.settle()?;
+        w.owed_kept()?;
         w.forget_unfinished();
         let store = w.store();
         world::quietly(&store, || -> Result<(), String> {
@@ -333,6 +334,7 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
     w.rx.heal();
     w.rx.release_all();
     w.settle()?;
+    w.owed_kept()?;
     disturbed.push(w.clock.now_ms());
     // Some break now, at the end, in whatever state (most are finished by now).
     for _ in 0..w.rng.random_range(0..3) {
@@ -372,6 +374,7 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
 /// Nothing else moves time here, so a wake-up the loop forgot is never covered by a tick.
 fn next_wake(w: &mut World) -> Result<(), String> {
     w.settle()?;
+    w.owed_kept()?;
     {
         let store = w.store();
         world::quietly(&store, || check::awake(w))?;

@@ -28,7 +28,7 @@ use crate::delivery::Deliverer;
 use crate::envelope::Envelope;
 use crate::metrics::Metrics;
 use crate::model::{Jitter, State};
-use crate::scheduler::{Asleep, Limits, Nap, Scheduler};
+use crate::scheduler::{Asleep, Limits, LoopEvent, Nap, Scheduler, Walks};
 use crate::store::{Accepted, HandOff, ItemFault, ListFilter, SigningChoice, Store, StoreError, StoreOptions};
 
 /// Whether `id` is stored (read past any broken item: the simulator's own look).
@@ -100,6 +100,8 @@ struct Node {
     batches: std::cell::RefCell<StdRng>,
     /// Whether the scheduler's loop is asleep, until when, and from where it walks next.
     nap: Nap,
+    /// The loop's walks and sleeps since the last check (see [`World::owed_kept`]).
+    walks: Walks,
     /// Stops the scheduler's loop (a graceful stop).
     stop: tokio::sync::watch::Sender<bool>,
 }
@@ -225,6 +227,9 @@ pub struct World {
     /// clock afresh, held only at the newest acceptance the store holds, so what a step back
     /// still being absorbed had scheduled may wait that much longer.
     pub clock_drops: u64,
+    /// The earliest wake time a walk of the running loop asked for since its last walk from
+    /// the floor, as the simulator counts it from the loop's reports.
+    owed: Option<u64>,
 }
 
 /// The settings of every run: short delays so a run covers many retries, small caps so
@@ -336,6 +341,7 @@ impl World {
             faulting: false,
             started_at_log: Vec::new(),
             clock_drops: 0,
+            owed: None,
         };
         w.trace.push(format!(
             "class: {}, limits {limits:?}",
@@ -455,7 +461,11 @@ impl World {
                 }
             }
         });
-        let scheduler = Scheduler::observed(d.clone(), self.limits, nap.clone()).with_between(between);
+        let walks = Walks::default();
+        self.owed = None;
+        let scheduler = Scheduler::observed(d.clone(), self.limits, nap.clone())
+            .with_between(between)
+            .with_walks(walks.clone());
         rt.spawn(scheduler.run(stopped));
         self.node = Some(Node {
             rt,
@@ -464,6 +474,7 @@ impl World {
             steppers,
             batches: std::cell::RefCell::new(StdRng::seed_from_u64(self.rng.random())),
             nap,
+            walks,
             stop,
         });
     }
@@ -853,6 +864,36 @@ impl World {
     /// How many times the node started (a crash or a restart starts it again).
     pub fn starts(&self) -> u32 {
         self.starts
+    }
+
+    /// The loop kept what it owes: every sleep since the last check ended no later than
+    /// the earliest wake time a walk asked for since the last walk from the floor. A walk
+    /// from a resume point does not see what lies before it, so what that asked for (a
+    /// token, a breaker's probe) is owed across sleeps until a walk from the floor asks
+    /// anew; a loop that forgot it sleeps past it whenever its later walks ask for later.
+    pub fn owed_kept(&mut self) -> Result<(), String> {
+        let events = std::mem::take(&mut *self.node().walks.lock().unwrap_or_else(|p| p.into_inner()));
+        for event in events {
+            match event {
+                LoopEvent::Walked { from_floor, wake_at } => {
+                    let before = if from_floor { None } else { self.owed };
+                    self.owed = match (before, wake_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                LoopEvent::Slept { until } => {
+                    if let Some(owed) = self.owed {
+                        if until.is_none_or(|u| u > owed) {
+                            return Err(format!(
+                                "the loop slept until {until:?}, though a walk since its last walk from the floor asked to wake at {owed}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The scheduler loop's sleep, if it is asleep (it is after [`World::settle`]).
