@@ -316,7 +316,8 @@ impl Scheduler {
     }
 }
 
-fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+/// The earlier of two optional times (either alone if the other is absent).
+pub(crate) fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

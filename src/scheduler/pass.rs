@@ -350,9 +350,7 @@ impl Walk {
                 // and never reach what lies past them.
                 resume = match (self.stopped_at, self.last_seen) {
                     (Some((due, id)), _) => Some(resume_before(due, &id)),
-                    (None, Some(last)) if !self.stopped && !pass.global_full => {
-                        Some((last, std::mem::take(&mut self.last_id)))
-                    }
+                    (None, Some(last)) if !self.stopped => Some((last, std::mem::take(&mut self.last_id))),
                     _ => None,
                 };
             }

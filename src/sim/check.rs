@@ -45,9 +45,9 @@ pub const LATENESS_MS: u64 = 1_000;
 /// (it is not the head, or the line is blocked); `delivery.max_in_flight`, its host's cap
 /// or its endpoint's `max_in_flight` reached; a resume point left by a wake-up whose scan
 /// budget ran out, while attempts are in flight (an attempt's end goes on from there, and
-/// wraps to the floor) or, for a message past the point, while the loop has a timer; a message whose reads the simulator broke, or that
-/// the store holds back after a failed read (until its retry time). A leased message is
-/// being attempted.
+/// wraps to the floor) or, for a message past the point, while the loop has a timer; a
+/// message whose reads the simulator broke, or that the store holds back after a failed
+/// read (until its retry time). A leased message is being attempted.
 pub fn awake(w: &World) -> Result<(), String> {
     let Some(asleep) = w.asleep() else {
         return Err("the scheduler's loop is still awake after the step settled".into());

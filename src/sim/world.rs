@@ -877,10 +877,7 @@ impl World {
             match event {
                 LoopEvent::Walked { from_floor, wake_at } => {
                     let before = if from_floor { None } else { self.owed };
-                    self.owed = match (before, wake_at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
+                    self.owed = crate::scheduler::earliest(before, wake_at);
                 }
                 LoopEvent::Slept { until } => {
                     if let Some(owed) = self.owed {
