@@ -334,8 +334,12 @@ impl Walk {
                     store.raise_due_floor_to_key(floor, to, &id);
                 }
             }
-            Ok((ScanEnd::Cut, floor)) => {
+            Ok((ScanEnd::Cut { held_until }, floor)) => {
                 pass.cut = !pass.store_error && self.stopped_at.is_none() && !pass.global_full;
+                // Held back before the resume point: a later walk from it does not see them.
+                if let Some(at) = held_until {
+                    pass.wake_no_later_than(at);
+                }
                 if !pass.store_error && !resumed {
                     if let Some(last) = self.last_seen {
                         let last = (last, self.last_id.clone());

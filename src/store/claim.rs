@@ -21,8 +21,9 @@ impl Store {
     /// `after` continues an earlier walk just past that entry instead of at the floor.
     ///
     /// An entry held back because its message could not be read (see `lease`) is passed
-    /// over until its retry time, which then counts as the next due time; it is reported
-    /// to the floor as a write is, so the raise after this walk stays below it.
+    /// over until its retry time, which then counts as the next due time (of a cut walk
+    /// too: the next walk resumes past it); it is reported to the floor as a write is, so
+    /// the raise after this walk stays below it.
     pub fn scan_due(
         &self,
         now_ms: u64,
@@ -44,7 +45,7 @@ impl Store {
         let mut held_until: Option<u64> = None;
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
             if seen >= budget {
-                return Ok((ScanEnd::Cut, mark));
+                return Ok((ScanEnd::Cut { held_until }, mark));
             }
             seen += 1;
             let Some((due_ms, id)) = keys::split_time_key(k) else {
@@ -64,7 +65,7 @@ impl Store {
                 routing,
             }) == ScanStep::Stop
             {
-                return Ok((ScanEnd::Cut, mark));
+                return Ok((ScanEnd::Cut { held_until }, mark));
             }
             it.next();
         }

@@ -184,7 +184,12 @@ pub enum ScanEnd {
         next_due_ms: Option<u64>,
     },
     /// The budget ran out or the callback stopped: more may be due now.
-    Cut,
+    Cut {
+        /// The earliest retry time of the held-back entries the walk passed over (see
+        /// `lease`): they lie before where the next walk resumes, so this is a wake time
+        /// the scheduler owes them.
+        held_until: Option<u64>,
+    },
 }
 
 /// Message counts kept by the store.

@@ -255,6 +255,15 @@ async fn an_unreadable_entry_fails_alone_and_is_held_back_until_its_retry() {
         },
         "held back, with its retry time as a wake-up"
     );
+    // A walk the budget cuts past it owes its retry time too: the next walk resumes past
+    // it (soak seed 22439, where the loop then slept for 5 s with the message due).
+    let (end, _) = store.scan_due(1_000, 2, None, |_| ScanStep::Continue).unwrap();
+    assert_eq!(
+        end,
+        ScanEnd::Cut {
+            held_until: Some(1_200)
+        }
+    );
     assert_eq!(due_ids(&store, 1_000), vec!["dlv_a", "dlv_c"], "passed over until then");
     assert_eq!(due_ids(&store, 1_200), vec!["dlv_a", "dlv_b", "dlv_c"]);
     assert!(store.lease_many(&entries[1..2], 1_200)[0].is_err());

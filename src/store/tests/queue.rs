@@ -15,7 +15,7 @@ async fn scan_sees_only_what_is_due_in_due_order() {
     );
     assert_eq!(
         store.scan_due(250, 1, None, |_| ScanStep::Continue).unwrap().0,
-        ScanEnd::Cut
+        ScanEnd::Cut { held_until: None }
     );
     assert_eq!(store.next_due_ms().unwrap(), Some(100));
 }
