@@ -14,3 +14,5 @@ COURIER_BIN="${CARGO_TARGET_DIR:-target}/debug/courier" bash deploy/validate.sh
 cargo run --locked --example loadgen -- --smoke --json "${CARGO_TARGET_DIR:-target}/bench-smoke.json"
 # The sealing scenario, which the full run leaves out (about 15 s).
 cargo run --locked --example loadgen -- --smoke --seal-only --json "${CARGO_TARGET_DIR:-target}/bench-smoke-seal.json"
+# Courier against baseline (g), one pair at tiny scale, which the full run leaves out.
+cargo run --locked --example loadgen -- --smoke --floor-only --json "${CARGO_TARGET_DIR:-target}/bench-smoke-floor.json"

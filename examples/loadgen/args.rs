@@ -58,6 +58,14 @@ pub struct Args {
     /// rest (`[store] encryption_key_files`) and without, and the CPU it adds per message.
     #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only", "fleet_only"])]
     pub seal_only: bool,
+    /// Only the floor scenario: courier against baseline (g), the minimal durable forwarder,
+    /// alternating (courier, (g), (g), courier per pair): closed loop, fixed rates, and the
+    /// sustainable rate, each run on a fresh data dir.
+    #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only", "fleet_only", "seal_only"])]
+    pub floor_only: bool,
+    /// Pairs of the floor scenario (default 3; 1 with --smoke).
+    #[arg(long)]
+    pub pairs: Option<usize>,
     /// Endpoint counts of the many-endpoints scenario (default 10000,100000,1000000;
     /// 10000 with --quick; 200 with --smoke).
     #[arg(long, value_delimiter = ',')]
@@ -79,6 +87,10 @@ pub struct Args {
     /// Internal: serve baseline (f), a forwarding proxy to this receiver, and print its port.
     #[arg(long, hide = true)]
     pub serve_forward_baseline: Option<SocketAddr>,
+    /// Internal: serve baseline (g), the minimal durable forwarder, to RECEIVER_ADDR with
+    /// its RocksDB in DIR, and print its address.
+    #[arg(long, hide = true, num_args = 2, value_names = ["RECEIVER_ADDR", "DIR"])]
+    pub serve_floor_baseline: Option<Vec<String>>,
 }
 
 /// Sizes and durations of one run.

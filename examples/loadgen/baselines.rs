@@ -1,6 +1,7 @@
 //! The servers courier is compared with: (a) a bare hyper 202, (b) RocksDB's synced writes,
-//! (d) and (e) durable 202s, (f) a non-durable forwarding proxy; each server runs in a child
-//! process (this binary re-executed with a hidden flag) so its CPU can be read apart.
+//! (d) and (e) durable 202s, (f) a non-durable forwarding proxy, and the spawning of (g)
+//! (the minimal durable forwarder, in `floor_server`); each server runs in a child process
+//! (this binary re-executed with a hidden flag) so its CPU can be read apart.
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
@@ -274,6 +275,9 @@ pub enum Baseline<'a> {
     Rocks(&'a Path),
     /// (f): forwards each POST to this receiver, answers 202 once it answered.
     Forward(SocketAddr),
+    /// (g): the minimal durable forwarder (`floor_server`) to this receiver, storing in
+    /// this dir.
+    Floor(SocketAddr, &'a Path),
 }
 
 /// Starts a baseline server (this binary re-executed with the flag that serves it),
@@ -285,6 +289,7 @@ pub fn spawn_baseline(which: Baseline) -> Res<(KillOnDrop, SocketAddr)> {
         Baseline::File(dir) => cmd.arg("--serve-durable-baseline").arg(dir),
         Baseline::Rocks(dir) => cmd.arg("--serve-durable-baseline").arg(dir).arg("--rocksdb"),
         Baseline::Forward(to) => cmd.arg("--serve-forward-baseline").arg(to.to_string()),
+        Baseline::Floor(to, dir) => cmd.arg("--serve-floor-baseline").arg(to.to_string()).arg(dir),
     };
     let mut child = KillOnDrop(cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn()?);
     let mut first = String::new();

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo build --release --bin courier
-//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only | --many-only | --fleet-only] [--json out.json] [--backlog N]
+//! cargo run --release --example loadgen -- [--quick | --smoke] [--sustain-only | --many-only | --fleet-only | --floor-only] [--json out.json] [--backlog N]
 //! ```
 //!
 //! It starts the release `courier` binary (found next to this executable, or `--courier PATH`)
@@ -15,7 +15,9 @@
 //!   threads each writing single records (RocksDB's group commit) and with one thread writing
 //!   batches of N; (c) a direct POST to the receiver with no proxy in between; (d) and (e)
 //!   durable 202s (group-committed fdatasync, RocksDB); (f) a non-durable forwarding proxy
-//!   that answers 202 once the receiver answered; and nginx as a peer proxy when installed;
+//!   that answers 202 once the receiver answered; (g) the minimal durable forwarder (synced
+//!   RocksDB group commit, 202, forward, delete; `--floor-only` only); and nginx as a peer
+//!   proxy when installed;
 //! - ingest (202/s, closed loop, N keep-alive connections each sending back-to-back 1 KiB
 //!   JSON POSTs) with the receiver down (a dead port) and up;
 //! - ack latency at 25% of the measured maximum (open loop: sends are scheduled at fixed
@@ -36,7 +38,12 @@
 //!   `redis-server` this run starts (Debian's; the run fails without one) and without it,
 //!   their ratio, and Redis's CPU and script calls per delivered message. Not part of
 //!   `--smoke`'s run (two searches take longer than its seconds): smoke-test it with
-//!   `--smoke --fleet-only`.
+//!   `--smoke --fleet-only`;
+//! - floor (`--floor-only` only, `--pairs N`): courier against (g) in pairs run courier,
+//!   (g), (g), courier, each on a fresh data dir: closed-loop delivered/s with CPU, context
+//!   switches and bytes written per delivered message, CPU and ack latency at fixed rates,
+//!   the sustainable rate; medians, ratios and their targets. Not part of the full run (12
+//!   runs of three phases per 3 pairs); smoke-tested with `--smoke --floor-only`.
 //!
 //! It prints one table (each figure with its ratio to a baseline of the same run) and writes
 //! the numbers as JSON (`--json`, default `bench-results.json`). `--smoke` runs every scenario
@@ -44,9 +51,9 @@
 //!
 //! Modules: [`args`] (flags and run sizes), [`load`] (closed and open loops, pacing),
 //! [`receiver`], [`courier`] (the courier process and `/proc` readings), [`baselines`] and
-//! [`nginx`] (the servers compared with), [`report`], and one module per group of scenarios:
-//! [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`], [`many`] (with [`hosts`]
-//! and [`fanout`]) and [`fleet`].
+//! [`nginx`] and [`floor_server`] (the servers compared with), [`report`], and one module per
+//! group of scenarios: [`run`], [`e2e`], [`sustain`] (with [`probe`]), [`backlog`], [`many`]
+//! (with [`hosts`] and [`fanout`]), [`fleet`], [`seal`] and [`floor`].
 #![allow(clippy::disallowed_methods)] // A tool: real time and fresh randomness are what it wants.
 
 mod args;
@@ -56,6 +63,8 @@ mod courier;
 mod e2e;
 mod fanout;
 mod fleet;
+mod floor;
+mod floor_server;
 mod hosts;
 mod load;
 mod many;
@@ -115,11 +124,28 @@ pub fn body_1k() -> Bytes {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let result = if args.serve_baseline {
+    let result = if let Some(flag) = &args.serve_floor_baseline {
+        // (g) builds a runtime of its own (two workers, as the forwarder it copies).
+        floor_server::serve(flag)
+    } else {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        run_on(&rt, args)
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs what the flags ask for on `rt`.
+fn run_on(rt: &tokio::runtime::Runtime, args: Args) -> Res<()> {
+    if args.serve_baseline {
         rt.block_on(baselines::serve_baseline())
     } else if let Some(dir) = args.serve_durable_baseline.clone() {
         rt.block_on(baselines::serve_durable_baseline(dir, args.rocksdb))
@@ -137,14 +163,9 @@ fn main() -> std::process::ExitCode {
         rt.block_on(fleet::fleet_only(args))
     } else if args.seal_only {
         rt.block_on(seal::seal_only(args))
+    } else if args.floor_only {
+        rt.block_on(floor::floor_only(args))
     } else {
         rt.block_on(run::run(args))
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("loadgen: {e}");
-            std::process::ExitCode::FAILURE
-        }
     }
 }

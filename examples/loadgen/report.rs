@@ -10,11 +10,13 @@ pub fn vs(name: impl Into<String>, value: impl Into<String>, ratio: f64) -> Vs {
     (name.into(), value.into(), ratio)
 }
 
-/// One line of the table: a figure and its comparisons with same-run baselines.
+/// One line of the table: a figure, its comparisons with same-run baselines, and the
+/// target it is judged against, if any.
 pub struct Row {
     metric: String,
     value: String,
     vs: Vec<Vs>,
+    target: Option<String>,
 }
 
 /// The rows printed so far and the JSON object written at the end.
@@ -27,20 +29,37 @@ pub struct Report {
 impl Report {
     /// Adds a row (and prints it at once, so a long run shows progress).
     pub fn row(&mut self, metric: impl Into<String>, value: impl Into<String>, vs: Vec<Vs>) {
-        let row = Row {
+        self.push(Row {
             metric: metric.into(),
             value: value.into(),
             vs,
-        };
+            target: None,
+        });
+    }
+
+    /// Adds a row with its target and verdict (`">= 0.75x: pass"`), shown in a column of
+    /// its own.
+    pub fn judged(&mut self, metric: impl Into<String>, value: impl Into<String>, vs: Vec<Vs>, target: String) {
+        self.push(Row {
+            metric: metric.into(),
+            value: value.into(),
+            vs,
+            target: Some(target),
+        });
+    }
+
+    /// Prints a row and keeps it for the table.
+    fn push(&mut self, row: Row) {
         eprintln!(
-            "  {:<52} {:>14} {}",
+            "  {:<52} {:>14} {}{}",
             row.metric,
             row.value,
             row.vs
                 .iter()
                 .map(|(n, v, r)| format!("| {n} {v} ({r:.2}x)"))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(" "),
+            row.target.as_ref().map_or(String::new(), |t| format!(" | target {t}"))
         );
         self.rows.push(row);
     }
@@ -50,34 +69,36 @@ impl Report {
         self.json.insert(key.to_string(), v);
     }
 
-    /// The rows as a Markdown table (one line per baseline compared with).
+    /// The rows as a Markdown table (one line per baseline compared with); a target column
+    /// only when some row has a target, so the other scenarios' tables stay as they were.
     pub fn table(&self) -> String {
-        let mut out = String::new();
-        out.push_str(&format!(
-            "| {:<54} | {:>16} | {:<44} | {:>7} |\n",
-            "metric", "courier", "baseline (same run)", "ratio"
-        ));
-        out.push_str(&format!("|{:-<56}|{:->18}|{:-<46}|{:->9}|\n", "", ":", "", ":"));
+        let judged = self.rows.iter().any(|r| r.target.is_some());
+        let line = |m: &str, v: &str, b: &str, r: &str, t: &str| {
+            let mut l = format!("| {m:<54} | {v:>16} | {b:<44} | {r:>7} |");
+            if judged {
+                l.push_str(&format!(" {t:<22} |"));
+            }
+            l.push('\n');
+            l
+        };
+        let mut out = line("metric", "courier", "baseline (same run)", "ratio", "target");
+        out.push_str(&format!("|{:-<56}|{:->18}|{:-<46}|{:->9}|", "", ":", "", ":"));
+        if judged {
+            out.push_str(&format!("{:-<24}|", ""));
+        }
+        out.push('\n');
         for r in &self.rows {
+            let target = r.target.as_deref().unwrap_or("");
             if r.vs.is_empty() {
-                out.push_str(&format!(
-                    "| {:<54} | {:>16} | {:<44} | {:>7} |\n",
-                    r.metric, r.value, "", ""
-                ));
+                out.push_str(&line(&r.metric, &r.value, "", "", target));
             }
             for (i, (name, v, ratio)) in r.vs.iter().enumerate() {
-                let (m, val) = if i == 0 {
-                    (r.metric.as_str(), r.value.as_str())
+                let (m, val, t) = if i == 0 {
+                    (r.metric.as_str(), r.value.as_str(), target)
                 } else {
-                    ("", "")
+                    ("", "", "")
                 };
-                out.push_str(&format!(
-                    "| {:<54} | {:>16} | {:<44} | {:>7} |\n",
-                    m,
-                    val,
-                    format!("{name}: {v}"),
-                    format!("{ratio:.2}x")
-                ));
+                out.push_str(&line(m, val, &format!("{name}: {v}"), &format!("{ratio:.2}x"), t));
             }
         }
         out

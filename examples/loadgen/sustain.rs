@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::baselines::{rocks_batches, spawn_baseline, Baseline};
-use crate::courier::{cpu_in_window, cpu_secs, us_per, Courier};
+use crate::courier::{cpu_in_window, cpu_secs, us_per, Courier, KillOnDrop};
 use crate::load::closed_loop;
 use crate::nginx::Nginx;
 use crate::probe::{probe, Probe, P99_BOUND_MS};
@@ -41,13 +41,17 @@ pub enum Subject {
     /// A stateless forwarder, running throughout: nothing outlives a probe, since every
     /// answer comes after the receiver's.
     Fixed { addr: SocketAddr, pid: u32 },
+    /// Baseline (g), the minimal durable forwarder: like courier, started fresh on an empty
+    /// data dir for every probe.
+    Floor,
 }
 
-/// A server up for one probe; a courier is killed and its data dir removed on drop.
+/// A server up for one probe; a courier or (g) is killed and its data dir removed on drop.
 pub struct Live {
     pub addr: SocketAddr,
     pub pid: u32,
     courier: Option<(Courier, PathBuf)>,
+    floor: Option<(KillOnDrop, PathBuf)>,
 }
 
 impl Drop for Live {
@@ -55,6 +59,10 @@ impl Drop for Live {
         if let Some((mut c, data)) = self.courier.take() {
             c.kill();
             // A 30 s probe leaves hundreds of MB; eight of them would fill a small /tmp.
+            let _ = std::fs::remove_dir_all(data);
+        }
+        if let Some((child, data)) = self.floor.take() {
+            drop(child); // killed and reaped before its files go
             let _ = std::fs::remove_dir_all(data);
         }
     }
@@ -68,7 +76,18 @@ impl Subject {
                 addr: *addr,
                 pid: *pid,
                 courier: None,
+                floor: None,
             }),
+            Subject::Floor => {
+                let data = cx.tmp.path().join(format!("data-floor-{tag}"));
+                let (child, addr) = spawn_baseline(Baseline::Floor(cx.receiver.addr, &data))?;
+                Ok(Live {
+                    addr,
+                    pid: child.0.id(),
+                    courier: None,
+                    floor: Some((child, data)),
+                })
+            }
             Subject::Courier | Subject::Fleet(_) | Subject::Sealed(_) => {
                 let data = cx.tmp.path().join(format!("data-sustain-{tag}"));
                 let config = match self {
@@ -82,6 +101,7 @@ impl Subject {
                     addr: c.ingress,
                     pid: c.pid(),
                     courier: Some((c, data)),
+                    floor: None,
                 })
             }
         }
