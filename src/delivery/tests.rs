@@ -198,15 +198,26 @@ impl Harness {
         id
     }
 
-    /// Wakes the scheduler and waits until a whole pass has run since: what it would do
-    /// with the current clock and permits has been done.
+    /// Wakes the scheduler and waits until a whole pass has run since and none has run for
+    /// 20 ms: what it would do with the current clock and permits has been done.
     pub(super) async fn settle(&self) {
         let before = self.d.context().metrics().scheduler_passes();
+        let passes = || self.d.context().metrics().scheduler_passes();
         tokio::time::timeout(WAIT, async {
             // Two passes: the first may have started before the test changed anything.
-            while self.d.context().metrics().scheduler_passes() < before + 2 {
+            while passes() < before + 2 {
                 self.d.context().wake();
                 tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // A wake-up sent while a pass ran is kept for the next one: on a loaded machine
+            // that pass may come after this returns, and a test counting passes from here
+            // would take it for a poll. Settled means no pass for a while.
+            loop {
+                let seen = passes();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if passes() == seen {
+                    break;
+                }
             }
         })
         .await
