@@ -12,29 +12,6 @@ pub fn load_config(global: &GlobalArgs) -> Result<Config, ConfigError> {
     Config::load(global, &|name| std::env::var(name).ok())
 }
 
-/// [`load_config`], then builds the TLS material from it: every PEM file is read and
-/// checked, so a bad one is refused here (one line naming the key and the file) rather than
-/// at the first delivery; an existing intercept CA is checked against `[intercept] hosts`. For the commands that deliver or check; the operator commands only
-/// need the admin address.
-pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
-    let config = load_config(global)?;
-    crate::outbound::tls::TlsMaterial::from_config(&config)?;
-    config.store.keyring()?;
-    // A socket someone else could replace is refused before anything is opened.
-    if let crate::config::ListenAddr::Unix(path) = &config.listen {
-        crate::inbound::uds::check_directory(path).map_err(|e| ConfigError::invalid("listen", e))?;
-    }
-    // The intercept CA, when it exists: one made for other hosts is refused here, before
-    // anything is bound or opened.
-    if !config.intercept.hosts.is_empty() {
-        let (cert, key) = config.intercept.ca_files(&config.data_dir);
-        let now = crate::intercept::wall(&crate::clock::SystemClock);
-        crate::intercept::ca::Ca::check_existing(&cert, &key, &config.intercept.hosts, now)
-            .map_err(|e| ConfigError::invalid("[intercept]", e))?;
-    }
-    Ok(config)
-}
-
 /// The store's options from the config: how long finished messages are kept, and the
 /// keys payloads are sealed with (the key files read again: a bad one is one line).
 pub fn store_options(config: &Config) -> Result<crate::store::StoreOptions, ConfigError> {

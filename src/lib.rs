@@ -32,7 +32,7 @@
 //! 6. [`delivery`] (attempts), [`endpoint_page`], [`operator`] (the operator commands).
 //! 7. [`scheduler`], [`inbound`] (listeners, access rules, ingress), [`reload`].
 //! 8. [`drain`] (the hand-off to another courier at scale-down), [`ops`] (probes and
-//!    metrics), [`ui`].
+//!    metrics), [`ui`], [`intercept`] (HTTPS interception: the CA and the tunnels).
 //! 9. [`admin`]; 10. [`app`] (the wiring); 11. [`cli`].
 
 #![warn(missing_docs)]
@@ -55,6 +55,8 @@ pub mod fleet;
 pub mod headers;
 pub mod inbound;
 pub mod intercept;
+#[cfg(test)]
+mod layers_tests;
 pub mod limits;
 pub mod metrics;
 pub mod model;

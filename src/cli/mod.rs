@@ -13,8 +13,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::args::{load_checked, load_config, GlobalArgs};
-use crate::config::{LogFormat, StoreConfig};
+use crate::args::{load_config, GlobalArgs};
+use crate::config::{Config, ConfigError, LogFormat, StoreConfig};
 
 /// courier: durable webhook delivery sidecar.
 #[derive(Debug, Parser)]
@@ -168,4 +168,29 @@ fn fatal(format: LogFormat, message: &str) {
         LogFormat::Text => eprintln!("courier: {message}"),
         LogFormat::Json => tracing::error!(error = message, "exiting"),
     }
+}
+
+/// [`load_config`], then builds the TLS material from it: every PEM file is read and
+/// checked, so a bad one is refused here (one line naming the key and the file) rather than
+/// at the first delivery; an existing intercept CA is checked against `[intercept] hosts`.
+/// For the commands that deliver or check; the operator commands only need the admin
+/// address. Here rather than in `args`: it reaches into `inbound` and `intercept`, which
+/// sit above `args`.
+pub fn load_checked(global: &GlobalArgs) -> Result<Config, ConfigError> {
+    let config = load_config(global)?;
+    crate::outbound::tls::TlsMaterial::from_config(&config)?;
+    config.store.keyring()?;
+    // A socket someone else could replace is refused before anything is opened.
+    if let crate::config::ListenAddr::Unix(path) = &config.listen {
+        crate::inbound::uds::check_directory(path).map_err(|e| ConfigError::invalid("listen", e))?;
+    }
+    // The intercept CA, when it exists: one made for other hosts is refused here, before
+    // anything is bound or opened.
+    if !config.intercept.hosts.is_empty() {
+        let (cert, key) = config.intercept.ca_files(&config.data_dir);
+        let now = crate::intercept::wall(&crate::clock::SystemClock);
+        crate::intercept::ca::Ca::check_existing(&cert, &key, &config.intercept.hosts, now)
+            .map_err(|e| ConfigError::invalid("[intercept]", e))?;
+    }
+    Ok(config)
 }

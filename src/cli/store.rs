@@ -13,7 +13,8 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::args::{load_checked, store_options, GlobalArgs};
+use super::load_checked;
+use crate::args::{store_options, GlobalArgs};
 use crate::config::Config;
 use crate::store::{Store, StoreError, StoreOptions};
 

@@ -4,7 +4,7 @@
 //! Values only (config is below the I/O layer). The PEM files are read, parsed and matched
 //! (a key against its certificate) by `crate::outbound::tls::TlsMaterial::from_config`, which
 //! `courier serve` and `courier check-config` run right after loading the configuration
-//! (`crate::args::load_checked`), so a bad file is refused at start, not at the first
+//! (`crate::cli::load_checked`), so a bad file is refused at start, not at the first
 //! delivery.
 
 use std::path::PathBuf;

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{AttemptPermit, Deliverer};
-use crate::store::{Accepted, Claimed, MessageRecord, NewMessage, StoreError, Stored};
+use crate::store::{Accepted, Leased, MessageRecord, NewMessage, StoreError, Stored};
 
 /// A first attempt waiting to be started on delivery's runtime, with what its accept holds
 /// until then (see [`Deliverer::accept`]).
-pub(super) type Starting = (Claimed, AttemptPermit, Box<dyn Send>);
+pub(super) type Starting = (Leased, AttemptPermit, Box<dyn Send>);
 
 impl Deliverer {
     /// Stores a new message durably; when its first attempt can start now, it is written
@@ -76,7 +76,7 @@ impl Deliverer {
     /// Starts a first attempt from the commit thread. The attempts of one batch go to
     /// delivery's runtime together, in one task: one wake-up of a delivery thread per
     /// batch rather than one per message (each a context switch on a busy machine).
-    fn start_soon(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit, keep: Box<dyn Send>) {
+    fn start_soon(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit, keep: Box<dyn Send>) {
         let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
         starting.push((claimed, permit, keep));
         if starting.len() > 1 {

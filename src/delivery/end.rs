@@ -6,11 +6,29 @@ use std::sync::Arc;
 
 use super::results::{Recorded, StreakNote};
 use super::running::Running;
-use super::worker::{blocks_its_line, Sent};
 use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::context::endpoints::EndpointChange;
+use crate::policy::AttemptResult;
 use crate::redact::url_for_log;
 use crate::store::{FinishedAttempt, MessageRecord, StoreError, Transition};
+
+/// What came back from one attempt's send.
+pub(super) struct Sent {
+    pub(super) result: AttemptResult,
+    pub(super) status: Option<u16>,
+    /// What went wrong, cleaned for operators' terminals.
+    pub(super) error: Option<String>,
+    pub(super) duration: std::time::Duration,
+    /// When the answer came.
+    pub(super) now: u64,
+    /// The wall clock then: what a `Retry-After` date is counted from.
+    pub(super) wall: u64,
+}
+
+/// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
+pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {
+    matches!(transition, Transition::Dead(_)) && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block)
+}
 
 /// Logs an attempt's outcome with the fields that identify it; `trace_id` and `span_id`
 /// only when the message carries a trace context, so its log lines can be found from the app's trace.

@@ -25,7 +25,7 @@ use tokio::task::AbortHandle;
 
 use crate::context::Context;
 use crate::outbound::transport::Transport;
-use crate::store::Claimed;
+use crate::store::Leased;
 
 use running::Running;
 use settings::host_caps;
@@ -145,7 +145,7 @@ impl Deliverer {
     /// Runs one attempt for a claimed message on its own task, holding its permits as
     /// [`AttemptPermit`] says; it counts as running (see [`Running`]) until its result is
     /// settled, which may be after the task ended (see `worker`).
-    pub fn dispatch(self: &Arc<Self>, claimed: Claimed, permit: AttemptPermit) {
+    pub fn dispatch(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
         // In before the task exists (it may end, and leave, before `spawn` returns); no lock
         // is held across the spawn, as a runtime already shut down drops the attempt (and

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::end::End;
+use super::end::{blocks_its_line, End, Sent};
 use super::results::StreakNote;
 use super::running::Running;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
@@ -18,7 +18,7 @@ use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Limits};
 use crate::signing::{self, Secret};
-use crate::store::{AttemptRecord, Claimed, FinishedAttempt, MessageRecord, Payload, SigningChoice, Transition};
+use crate::store::{AttemptRecord, FinishedAttempt, Leased, MessageRecord, Payload, SigningChoice};
 
 /// Why an attempt could not even be built. Courier's (or its operator's) failure, never
 /// the receiver's: no attempt is counted.
@@ -103,8 +103,8 @@ fn build(
 /// send failed): the host's cap limits requests at the receiver, and the result write that
 /// follows may wait behind other writes' fsync without holding a receiver slot. The global
 /// part is held until the result is written.
-pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: AttemptPermit, running: Running) {
-    let Claimed {
+pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptPermit, running: Running) {
+    let Leased {
         record: rec,
         mut payload,
     } = claimed;
@@ -182,19 +182,6 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Claimed, permit: Attempt
         .await;
 }
 
-/// What came back from one attempt's send.
-pub(super) struct Sent {
-    pub(super) result: AttemptResult,
-    pub(super) status: Option<u16>,
-    /// What went wrong, cleaned for operators' terminals.
-    pub(super) error: Option<String>,
-    pub(super) duration: std::time::Duration,
-    /// When the answer came.
-    pub(super) now: u64,
-    /// The wall clock then: what a `Retry-After` date is counted from.
-    pub(super) wall: u64,
-}
-
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
 /// gives the host permit back once answered and returns the global one.
 async fn send(
@@ -239,11 +226,6 @@ async fn send(
         wall,
     };
     (sent, global)
-}
-
-/// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
-pub(super) fn blocks_its_line(rec: &MessageRecord, transition: Transition) -> bool {
-    matches!(transition, Transition::Dead(_)) && rec.fifo.is_some_and(|f| f.on_dead == crate::model::OnDead::Block)
 }
 
 /// One attempt counted as in flight to its endpoint until dropped.

@@ -36,7 +36,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::serve::Body;
+/// What an answer carries: `serve`'s body type (spelled out here, as `serve` uses this module).
+type Body = http_body_util::Full<Bytes>;
 
 /// What one connection is doing, as its task sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@
 //! `finish`.
 
 use super::{
-    keys, Claimed, CodecError, DueEntry, FloorMark, MessageRecord, Routing, ScanEnd, ScanStep, State, Store, StoreError,
+    keys, CodecError, DueEntry, FloorMark, MessageRecord, NewMessage, Routing, ScanEnd, ScanStep, State, Store,
+    StoreError,
 };
 
 impl Store {
@@ -93,7 +94,7 @@ impl Store {
 
     /// The message a due entry points at, with its payload, if the entry is current (the
     /// message is pending and due at the entry's time); `None` for a stale entry.
-    pub(super) fn due_message(&self, entry: &DueEntry) -> Result<Option<Claimed>, StoreError> {
+    pub(super) fn due_message(&self, entry: &DueEntry) -> Result<Option<NewMessage>, StoreError> {
         let current = |r: &MessageRecord| r.state == State::Pending && r.next_attempt_at_ms == entry.due_ms;
         let Some(record) = self.message(&entry.id)?.filter(current) else {
             return Ok(None);
@@ -104,6 +105,6 @@ impl Store {
                 source: CodecError::Corrupt("payload", "missing payload"),
             });
         };
-        Ok(Some(Claimed { record, payload }))
+        Ok(Some(NewMessage { record, payload }))
     }
 }

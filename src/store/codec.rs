@@ -449,6 +449,45 @@ impl Routing {
 
 // The tests live with the other store tests; as a child of this module they reach the
 // writer and the version tags, to build records older couriers wrote.
+const LINE_V1: [u8; 2] = [b'L', 1];
+
+/// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineRecord {
+    /// The head: the message attempted now (open), the dead one the line is blocked behind,
+    /// or one deleted while its attempt was in flight (until that attempt ends).
+    pub head: String,
+    /// Blocked behind a dead head (`on_dead = "block"`) until a resume or a replay.
+    pub blocked: bool,
+    /// The last position given to a waiting member.
+    pub tail: u64,
+    /// Members waiting behind the head.
+    pub waiting: u64,
+}
+
+impl LineRecord {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(LINE_V1, 32 + self.head.len());
+        w.str(&self.head);
+        w.u8(u8::from(self.blocked));
+        w.u64(self.tail);
+        w.u64(self.waiting);
+        w.0
+    }
+
+    pub(super) fn decode(buf: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new("line", LINE_V1, buf)?;
+        let rec = LineRecord {
+            head: r.string()?,
+            blocked: r.flag()?,
+            tail: r.u64()?,
+            waiting: r.u64()?,
+        };
+        r.end()?;
+        Ok(rec)
+    }
+}
+
 #[cfg(test)]
 #[path = "tests/codec.rs"]
 mod tests;

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::{locked, Claimed, DueEntry, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{locked, DueEntry, Leased, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// The first wait before a message that could not be read is tried again; it doubles with
 /// each failure, up to [`HELD_RETRY_MAX_MS`].
@@ -131,22 +131,21 @@ impl Store {
     /// answer has one slot per entry, `None` for an entry that is stale (the message moved
     /// on since the scan, or is leased already), the error for one that cannot be read (not
     /// leased, and held back: see the module doc). Writes nothing.
-    pub fn lease_many(&self, entries: &[DueEntry], now_ms: u64) -> Vec<Result<Option<Claimed>, StoreError>> {
+    pub fn lease_many(&self, entries: &[DueEntry], now_ms: u64) -> Vec<Result<Option<Leased>, StoreError>> {
         let _guards = super::lock_stripes(&self.stripes, entries.iter().map(|e| e.id.as_str()));
         entries.iter().map(|entry| self.lease(entry, now_ms)).collect()
     }
 
     /// One entry of [`Store::lease_many`]; the caller holds its stripe.
-    fn lease(&self, entry: &DueEntry, now_ms: u64) -> Result<Option<Claimed>, StoreError> {
+    fn lease(&self, entry: &DueEntry, now_ms: u64) -> Result<Option<Leased>, StoreError> {
         if self.leases.contains(&entry.id) {
             return Ok(None);
         }
         let read = self.due_message(entry).inspect_err(|_| self.hold_back(entry, now_ms))?;
         self.leases.release_hold(&entry.id);
-        let Some(mut claimed) = read else { return Ok(None) };
+        let Some(msg) = read else { return Ok(None) };
         locked(&self.leases.ids).insert(entry.id.clone(), entry.due_ms);
-        claimed.record.state = State::InFlight;
-        Ok(Some(claimed))
+        Ok(Some(Leased::of(msg)))
     }
 
     /// Holds back a due entry whose message could not be read (see the module doc).

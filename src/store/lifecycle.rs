@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use super::counters::add_counter;
-use super::{committer, floor, keys, lines, sealing, Faults, Store, StoreError, StoreOptions, LOCK_STRIPES};
+use super::{committer, floor, keys, lines, sealing, Faults, KeyId, Store, StoreError, StoreOptions, LOCK_STRIPES};
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
@@ -18,7 +18,7 @@ impl Store {
         // A data dir the store keys cannot open is refused before RocksDB opens it for
         // writing (which replays and rewrites its log, manifest and options files): the
         // refused start leaves every file as it was.
-        match sealing::keys_in_data_dir(dir) {
+        match keys_in_data_dir(dir) {
             Ok(Some(needed)) => sealing::check_keys(&needed, &options.keyring)?,
             Ok(None) => {}
             // Never a reason to refuse a start: `check_at_open` checks the keys again
@@ -118,6 +118,25 @@ fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
             StoreError::Rocks(e)
         }
     })
+}
+
+/// The keys the payloads of the store in `dir` may be sealed with (`None`: no store there),
+/// read without opening it for writing: by a start before it opens the store (so a refused
+/// start changes no file), and by `check-config` while a courier may be running on it.
+/// A read-only open writes nothing in the data dir (RocksDB keeps no `LOG` for one) and
+/// takes no lock.
+pub fn keys_in_data_dir(dir: &Path) -> Result<Option<Vec<KeyId>>, StoreError> {
+    if !dir.join("CURRENT").is_file() {
+        return Ok(None);
+    }
+    let mut opts = db_options(0);
+    opts.create_if_missing(false);
+    // With its merge operator, as the store opens it: the log replayed holds counter merges.
+    let mut meta = rocksdb::Options::default();
+    meta.set_merge_operator_associative("courier_add_i64", add_counter);
+    let meta = rocksdb::ColumnFamilyDescriptor::new(keys::META, meta);
+    let db = DB::open_cf_descriptors_read_only(&opts, dir, [meta], false)?;
+    sealing::in_data(&db).map(Some)
 }
 
 /// The store in `dir` opened read-only, for an offline check: RocksDB replays its log in

@@ -51,7 +51,9 @@ use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions
 
 pub use crate::model::Transition;
 pub use audit::Checked;
-pub use codec::{AttemptRecord, CodecError, EndpointRecord, Fifo, MessageRecord, Payload, Routing, SigningChoice};
+pub use codec::{
+    AttemptRecord, CodecError, EndpointRecord, Fifo, LineRecord, MessageRecord, Payload, Routing, SigningChoice,
+};
 pub(crate) use counters::CounterDeltas;
 #[cfg(not(test))]
 use error::walk_step;
@@ -61,10 +63,10 @@ pub use error::StoreError;
 pub use expiry::Swept;
 pub use floor::FloorMark;
 pub use handoff::HandOff;
-pub use lines::LineRecord;
+pub use lifecycle::keys_in_data_dir;
 pub use operator::{ListFilter, Page};
 pub use seal::{KeyId, Keyring};
-pub use sealing::{check_keys, keys_in_data_dir, KeysInUse, Rekeyed};
+pub use sealing::{check_keys, KeysInUse, Rekeyed};
 #[cfg(test)]
 pub(crate) use tests::faults::fail_walks;
 #[cfg(test)]
@@ -101,8 +103,8 @@ impl Default for StoreOptions {
     }
 }
 
-/// A message with its payload: one to accept (its record pending, due at
-/// `next_attempt_at_ms`), or one claimed for an attempt ([`Claimed`]).
+/// A message with its payload, to accept (its record pending, due at
+/// `next_attempt_at_ms`) or as read from the store.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     /// The record.
@@ -111,8 +113,28 @@ pub struct NewMessage {
     pub payload: Payload,
 }
 
-/// A message claimed for an attempt: its record `in_flight`, and what to send.
-pub type Claimed = NewMessage;
+/// A message leased for an attempt (written in flight at its accept, or leased from the
+/// due queue): its record `in_flight`, and what to send. Only the store makes one, so
+/// holding one means no other attempt of the message runs.
+#[derive(Debug)]
+pub struct Leased {
+    /// The record, `in_flight`.
+    pub record: MessageRecord,
+    /// What is sent.
+    pub payload: Payload,
+}
+
+impl Leased {
+    /// `msg`, its record marked in flight: called only by the store, where the lease is
+    /// taken or written.
+    pub(crate) fn of(mut msg: NewMessage) -> Leased {
+        msg.record.state = crate::model::State::InFlight;
+        Leased {
+            record: msg.record,
+            payload: msg.payload,
+        }
+    }
+}
 
 /// What an accept came to, as the commit thread tells [`Store::accept_then`]'s `then`.
 // Made and moved once per accept; boxing the message would cost an allocation each.
@@ -120,7 +142,7 @@ pub type Claimed = NewMessage;
 #[derive(Debug)]
 pub enum Stored {
     /// Stored (and synced); with the message to run when it was written claimed.
-    New(Option<Claimed>),
+    New(Option<Leased>),
     /// The same event id and target were accepted before: nothing was stored.
     Duplicate,
     /// Not stored (the write failed).
@@ -281,7 +303,7 @@ impl Store {
     /// ordered is written already claimed (in flight, no due entry), so no scan, claim read
     /// or claim write stands between its 202 and its first attempt: `then` gets it to run
     /// when it was new. A duplicate stores nothing and claims nothing.
-    pub async fn accept_then(&self, mut msg: NewMessage, claim: bool, then: OnStored) -> Result<Accepted, StoreError> {
+    pub async fn accept_then(&self, msg: NewMessage, claim: bool, then: OnStored) -> Result<Accepted, StoreError> {
         // Only the head of an ordered line may start: the committer decides that.
         let claim = claim && msg.record.fifo.is_none();
         // Sealed here, on the caller's thread: CPU only (about a microsecond per KiB), and the
@@ -289,8 +311,8 @@ impl Store {
         let ring = &self.options.keyring;
         let payload = sealing::stored_payload(ring, true, msg.record.id.as_bytes(), &msg.payload);
         let (record, claimed) = if claim {
-            msg.record.state = State::InFlight;
-            (msg.record.clone(), Some(msg))
+            let leased = Leased::of(msg);
+            (leased.record.clone(), Some(leased))
         } else {
             (msg.record, None)
         };

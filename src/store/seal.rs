@@ -183,10 +183,28 @@ impl Keyring {
             .map_err(|_| SealError::Forged(id))?;
         match plain.split_first() {
             Some((&RAW, value)) => Ok(Cow::Owned(value.to_vec())),
-            Some((&LZ4, packed)) => super::wire::unpack(packed).map(Cow::Owned).ok_or(SealError::Forged(id)),
+            Some((&LZ4, packed)) => unpack(packed).map(Cow::Owned).ok_or(SealError::Forged(id)),
             _ => Err(SealError::Forged(id)),
         }
     }
+}
+
+/// `plain` as an LZ4 block with its length (4 bytes, little-endian) in front: a payload's
+/// body in `codec` (version 2), and the whole value sealed by earlier couriers (flag 1).
+pub(super) fn pack(plain: &[u8]) -> Vec<u8> {
+    lz4_flex::block::compress_prepend_size(plain)
+}
+
+/// The value of an LZ4 block with its length in front ([`pack`]); `None` when it is not one.
+/// The length is checked against what LZ4 can reach (255 bytes out per byte in) before it
+/// is allocated.
+pub(super) fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
+    let (len, block) = packed.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > block.len().saturating_mul(255) {
+        return None;
+    }
+    lz4_flex::block::decompress(block, len).ok()
 }
 
 /// The key that sealed `stored`, or `None` when it was written plain.
@@ -288,7 +306,7 @@ mod tests {
         let empty = ring.seal("payloads", b"k", Vec::new());
         assert_eq!(ring.open("payloads", b"k", &empty).unwrap(), &b""[..]);
         // As earlier couriers sealed it: the whole value LZ4-compressed.
-        let old = seal_with(&ring.keys[0], "payloads", b"k", LZ4, &crate::store::wire::pack(&plain));
+        let old = seal_with(&ring.keys[0], "payloads", b"k", LZ4, &pack(&plain));
         assert!(old.len() < 200, "{}", old.len());
         assert_eq!(ring.open("payloads", b"k", &old).unwrap(), plain);
         // A compressed value whose block does not decode does not open.
@@ -325,8 +343,7 @@ mod tests {
 
     #[test]
     fn a_length_lz4_could_not_reach_is_refused_before_it_is_allocated() {
-        use crate::store::wire::unpack;
-        let packed = crate::store::wire::pack(&[b'x'; 1000]);
+        let packed = pack(&[b'x'; 1000]);
         assert_eq!(unpack(&packed).unwrap(), vec![b'x'; 1000]);
         let mut huge = packed.clone();
         huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());

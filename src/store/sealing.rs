@@ -8,8 +8,6 @@
 //! courier refuses to start, naming it, before it writes anything. Without the record a
 //! start would have to read every payload to find out.
 
-use std::path::Path;
-
 use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, WriteOptions, DB};
 
 use super::seal::{sealed_with, KeyId, Keyring, SealError};
@@ -48,7 +46,7 @@ pub struct Rekeyed {
 }
 
 /// The keys the store's values may be sealed with.
-fn in_data(db: &DB) -> Result<Vec<KeyId>, StoreError> {
+pub(super) fn in_data(db: &DB) -> Result<Vec<KeyId>, StoreError> {
     let v = db.get_pinned_cf(cf_of(db, keys::META), SEALED_BY)?;
     let bytes = v.as_deref().unwrap_or_default();
     if bytes.len() % 4 != 0 {
@@ -70,25 +68,6 @@ fn write_in_data(db: &DB, ids: &[KeyId]) -> Result<(), StoreError> {
     let mut batch = WriteBatch::default();
     batch.put_cf(cf_of(db, keys::META), SEALED_BY, bytes);
     Ok(db.write_opt(batch, &synced)?)
-}
-
-/// The keys the payloads of the store in `dir` may be sealed with (`None`: no store there),
-/// read without opening it for writing: by a start before it opens the store (so a refused
-/// start changes no file), and by `check-config` while a courier may be running on it.
-/// A read-only open writes nothing in the data dir (RocksDB keeps no `LOG` for one) and
-/// takes no lock.
-pub fn keys_in_data_dir(dir: &Path) -> Result<Option<Vec<KeyId>>, StoreError> {
-    if !dir.join("CURRENT").is_file() {
-        return Ok(None);
-    }
-    let mut opts = super::lifecycle::db_options(0);
-    opts.create_if_missing(false);
-    // With its merge operator, as the store opens it: the log replayed holds counter merges.
-    let mut meta = rocksdb::Options::default();
-    meta.set_merge_operator_associative("courier_add_i64", super::counters::add_counter);
-    let meta = rocksdb::ColumnFamilyDescriptor::new(keys::META, meta);
-    let db = DB::open_cf_descriptors_read_only(&opts, dir, [meta], false)?;
-    in_data(&db).map(Some)
 }
 
 /// Refuses `ring` when it lacks a key the data needs (`needed`).

@@ -6,10 +6,11 @@
 //! floor only after the write (the floor's one rule, see `floor`), and the deleted heads it
 //! makes or settles become or stop being ghosts only then, so a failed write changes nothing.
 
+use std::collections::{HashMap, HashSet};
+
 use rocksdb::{WriteBatch, DB};
 
-use super::lines::LineTx;
-use super::{cf_of, keys, CounterDeltas, MessageRecord, Routing, State, Store, StoreError};
+use super::{cf_of, keys, CounterDeltas, LineRecord, MessageRecord, Routing, State, Store, StoreError};
 
 /// A write batch being staged, with what its writing must be followed by.
 pub(super) struct Tx<'a> {
@@ -138,5 +139,40 @@ impl Store {
             self.due_floor.wrote(due);
         }
         Ok(())
+    }
+}
+
+/// The line changes of one [`Tx`] (made by `lines`): line records read once and changed in memory (so
+/// several accepts of one endpoint in one batch see each other), and the ghosts it makes
+/// and settles. [`LineTx::write_into`] adds the changed records to the batch.
+#[derive(Debug, Default)]
+pub(super) struct LineTx {
+    pub(super) records: HashMap<String, Option<LineRecord>>,
+    pub(super) dirty: HashSet<String>,
+    /// Per endpoint, the last member position promoted in this batch.
+    pub(super) taken: HashMap<String, u64>,
+    /// Ghosts this batch settles (forgotten once it is written).
+    pub(super) settled: Vec<String>,
+    /// Heads this batch deletes while their attempt is in flight (id, endpoint): ghosts
+    /// once it is written, not before (a failed write changes nothing).
+    pub(super) ghosted: Vec<(String, String)>,
+}
+
+impl LineTx {
+    pub(super) fn is_empty(&self) -> bool {
+        self.dirty.is_empty() && self.settled.is_empty()
+    }
+
+    /// Adds the changed line records to `b`; answers the ghosts settled and made.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn write_into(self, db: &DB, b: &mut WriteBatch) -> (Vec<String>, Vec<(String, String)>) {
+        for endpoint in &self.dirty {
+            let key = keys::line_key(endpoint);
+            match self.records.get(endpoint).and_then(Option::as_ref) {
+                Some(line) => b.put_cf(cf_of(db, keys::LINES), key, line.encode()),
+                None => b.delete_cf(cf_of(db, keys::LINES), key),
+            }
+        }
+        (self.settled, self.ghosted)
     }
 }

@@ -24,6 +24,8 @@ pub enum CodecError {
     Sealed(#[from] super::seal::SealError),
 }
 
+use super::seal::{pack, unpack};
+
 /// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).
 pub(super) struct Writer(pub(super) Vec<u8>);
 
@@ -151,21 +153,4 @@ impl<'a> Reader<'a> {
             Err(CodecError::Corrupt(self.kind, "trailing bytes"))
         }
     }
-}
-
-/// `plain` as an LZ4 block with its length (4 bytes, little-endian) in front.
-pub(super) fn pack(plain: &[u8]) -> Vec<u8> {
-    lz4_flex::block::compress_prepend_size(plain)
-}
-
-/// The value of an LZ4 block with its length in front ([`pack`]); `None` when it is not one.
-/// The length is checked against what LZ4 can reach (255 bytes out per byte in) before it
-/// is allocated.
-pub(super) fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
-    let (len, block) = packed.split_first_chunk::<4>()?;
-    let len = u32::from_le_bytes(*len) as usize;
-    if len > block.len().saturating_mul(255) {
-        return None;
-    }
-    lz4_flex::block::decompress(block, len).ok()
 }

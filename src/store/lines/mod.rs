@@ -19,7 +19,7 @@
 //! Every change to a line is written in the same `WriteBatch` as the message transition
 //! that causes it, so a kill -9 between any two writes leaves a line that is whole:
 //! - accept: no line record → the message is the head (due entry as usual); else it is
-//!   appended (the batch's own earlier accepts of the endpoint count, see [`LineTx`]);
+//!   appended (the batch's own earlier accepts of the endpoint count, see `tx::LineTx`);
 //! - the head delivered, or dead with `on_dead = "skip"`, or deleted, or removed by
 //!   retention: the next member is promoted (its member key goes, its due entry is written,
 //!   due at once) or, with none left, the line record goes;
@@ -47,57 +47,16 @@
 //! a waiting member's record (delete is the only one: it has no due entry, is never leased,
 //! parked or replayed) takes that stripe before reading it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use rocksdb::{WriteBatch, DB};
-
-use super::codec::{Reader, Writer};
-use super::{cf_of, keys, CodecError, StoreError};
+use super::codec::LineRecord;
+use super::StoreError;
 
 // What the store's operations do with lines (delete, retention, resume, startup, admin).
 mod ops;
 // How a transaction moves a line (join, advance, block, leave).
 mod moves;
-
-const LINE_V1: [u8; 2] = [b'L', 1];
-
-/// An ordered endpoint's line, as stored under `endpoint ‖ 0`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LineRecord {
-    /// The head: the message attempted now (open), the dead one the line is blocked behind,
-    /// or one deleted while its attempt was in flight (until that attempt ends).
-    pub head: String,
-    /// Blocked behind a dead head (`on_dead = "block"`) until a resume or a replay.
-    pub blocked: bool,
-    /// The last position given to a waiting member.
-    pub tail: u64,
-    /// Members waiting behind the head.
-    pub waiting: u64,
-}
-
-impl LineRecord {
-    fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(LINE_V1, 32 + self.head.len());
-        w.str(&self.head);
-        w.u8(u8::from(self.blocked));
-        w.u64(self.tail);
-        w.u64(self.waiting);
-        w.0
-    }
-
-    fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Reader::new("line", LINE_V1, buf)?;
-        let rec = LineRecord {
-            head: r.string()?,
-            blocked: r.flag()?,
-            tail: r.u64()?,
-            waiting: r.u64()?,
-        };
-        r.end()?;
-        Ok(rec)
-    }
-}
 
 pub(super) fn decode_line(endpoint: &str, v: &[u8]) -> Result<LineRecord, StoreError> {
     LineRecord::decode(v).map_err(StoreError::codec(format!("line {endpoint}")))
@@ -145,40 +104,5 @@ impl LineLocks {
 
     pub(super) fn is_ghost(&self, id: &str) -> bool {
         super::locked(&self.ghosts).contains_key(id)
-    }
-}
-
-/// The line changes of one [`Tx`]: line records read once and changed in memory (so
-/// several accepts of one endpoint in one batch see each other), and the ghosts it makes
-/// and settles. [`LineTx::write_into`] adds the changed records to the batch.
-#[derive(Debug, Default)]
-pub(super) struct LineTx {
-    records: HashMap<String, Option<LineRecord>>,
-    dirty: HashSet<String>,
-    /// Per endpoint, the last member position promoted in this batch.
-    taken: HashMap<String, u64>,
-    /// Ghosts this batch settles (forgotten once it is written).
-    settled: Vec<String>,
-    /// Heads this batch deletes while their attempt is in flight (id, endpoint): ghosts
-    /// once it is written, not before (a failed write changes nothing).
-    ghosted: Vec<(String, String)>,
-}
-
-impl LineTx {
-    pub(super) fn is_empty(&self) -> bool {
-        self.dirty.is_empty() && self.settled.is_empty()
-    }
-
-    /// Adds the changed line records to `b`; answers the ghosts settled and made.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn write_into(self, db: &DB, b: &mut WriteBatch) -> (Vec<String>, Vec<(String, String)>) {
-        for endpoint in &self.dirty {
-            let key = keys::line_key(endpoint);
-            match self.records.get(endpoint).and_then(Option::as_ref) {
-                Some(line) => b.put_cf(cf_of(db, keys::LINES), key, line.encode()),
-                None => b.delete_cf(cf_of(db, keys::LINES), key),
-            }
-        }
-        (self.settled, self.ghosted)
     }
 }

@@ -2,9 +2,10 @@
 //! member is promoted, a dead head blocks it, a waiting member leaves it. Staged on a
 //! [`Tx`] with the batch's other writes, so a line moves only when its batch is written.
 
-use super::{decode_line, LineRecord};
+use super::decode_line;
 use crate::model::OnDead;
 use crate::store::tx::Tx;
+use crate::store::LineRecord;
 use crate::store::{cf_of, keys, page, Fifo, MessageRecord, State, StoreError};
 
 impl Tx<'_> {

@@ -3,8 +3,8 @@
 //! start, and what the admin API reads (a line, a message's place, the waiting count). The
 //! layout and the rules are in the parent module's doc.
 
-use super::LineRecord;
 use crate::store::tx::Tx;
+use crate::store::LineRecord;
 use crate::store::{keys, MessageRecord, State, Store, StoreError};
 
 impl Store {

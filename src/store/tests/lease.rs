@@ -142,7 +142,7 @@ async fn a_release_puts_a_leased_message_back_where_the_scheduler_looks() {
 }
 
 /// Accepts `msg` to be claimed: the answer, and the message `then` was given to run.
-async fn accept_claimed(store: &Store, msg: crate::store::NewMessage) -> (Accepted, Option<crate::store::Claimed>) {
+async fn accept_claimed(store: &Store, msg: crate::store::NewMessage) -> (Accepted, Option<crate::store::Leased>) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let then = Box::new(move |stored| {
         let _ = tx.send(match stored {

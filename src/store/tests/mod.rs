@@ -94,18 +94,18 @@ fn entry(store: &Store, id: &str) -> DueEntry {
 }
 
 /// Puts a due message in flight on disk (shared with other modules' tests).
-pub(crate) fn claim(store: &Store, id: &str) -> Claimed {
+pub(crate) fn claim(store: &Store, id: &str) -> Leased {
     // What an accept that starts its attempt at once, or a crash mid-attempt, leaves on
     // disk: no due entry, the record in flight (courier itself leases in memory).
     let entry = entry(store, id);
-    let Claimed { mut record, payload } = store.due_message(&entry).unwrap().expect("claimable");
+    let NewMessage { mut record, payload } = store.due_message(&entry).unwrap().expect("claimable");
     let mut tx = crate::store::tx::Tx::new(&store.db);
     tx.delete(keys::DUE, keys::time_key(entry.due_ms, id));
     tx.move_state(id, State::Pending, State::InFlight);
     record.state = State::InFlight;
     tx.put_record(&record);
     store.commit(tx, false).unwrap();
-    Claimed { record, payload }
+    Leased { record, payload }
 }
 
 fn attempt(status: u16) -> AttemptRecord {
