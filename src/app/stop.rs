@@ -64,8 +64,12 @@ impl Stopping {
         if let Some(file) = self.socket_file {
             file.remove();
         }
-        let s = self.store.clone();
-        let _ = tokio::task::spawn_blocking(move || s.close()).await;
+        let (s, d) = (self.store.clone(), self.deliverer.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            d.stop_accepts();
+            s.close()
+        })
+        .await;
         drop(self.delivery_rt);
         tracing::info!("stopped");
     }

@@ -15,88 +15,151 @@
 //! that was cut off.
 //!
 //! An ordered message never takes this path: only the head of its line may start, and
-//! which message is the head is decided by the commit thread (see `store::lines`).
+//! which message is the head is decided in its accept batch (see `store::lines`).
 //!
 //! "No older message waiting" keeps the fast path from overtaking a backlog: once a message
 //! had to go to the queue (a busy host, an endpoint out of tokens, all permits taken), new
 //! messages follow it there until a scheduler pass finds nothing left waiting.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::{AttemptPermit, Deliverer};
-use crate::store::{Accepted, Leased, MessageRecord, NewMessage, StoreError, Stored};
+use crate::batcher::Batcher;
+use crate::store::{Accepted, Accepting, Leased, MessageRecord, NewMessage, Settled, StoreError};
 
-/// A first attempt waiting to be started on delivery's runtime, with what its accept holds
-/// until then (see [`Deliverer::accept`]).
-pub(super) type Starting = (Leased, AttemptPermit, Box<dyn Send>);
+/// The most accepts one batch carries; bounds the latency a batch adds to its last member.
+const MAX_BATCH: usize = 1024;
+/// Accepts waiting for the writer; past this, callers wait (backpressure).
+const QUEUE: usize = 8192;
 
-impl Deliverer {
-    /// Stores a new message durably; when its first attempt can start now, it is written
-    /// claimed and that attempt is started. Answers as [`crate::store::Store::accept`].
-    ///
-    /// What follows the write (the accept counted, the attempt started or the scheduler
-    /// woken) is set off by the commit thread the moment the outcome is known, not by this
-    /// future: it happens even if the caller has gone (a sender that left before its 202).
-    /// `keep` (an accept's count, its body's bytes) is held until the attempt is started.
-    pub async fn accept(
-        self: &Arc<Self>,
-        mut msg: NewMessage,
-        keep: impl Send + 'static,
-    ) -> Result<Accepted, StoreError> {
-        self.order(&mut msg.record);
-        let permit = self.start_at_accept(&msg.record);
-        let claim = permit.is_some();
-        let d = self.clone();
-        let then = Box::new(move |stored: Stored| match stored {
-            Stored::New(claimed) => {
-                d.ctx.metrics().accepted();
-                match claimed.zip(permit) {
-                    Some((claimed, permit)) => d.start_soon(claimed, permit, Box::new(keep)),
-                    None => d.ctx.wake(),
-                }
-            }
-            not_stored => {
-                if let Stored::Duplicate = not_stored {
-                    d.ctx.metrics().duplicate();
-                }
-                // The permits taken for a first attempt that will not run go back: a pass
-                // that found them taken may have left a message waiting for them.
-                if let Some(permit) = permit {
-                    drop(permit);
-                    d.wake_if_waiting();
-                }
+/// One accept waiting for its batch: the message, the permits taken for its first attempt,
+/// what the accept holds until then, and its caller.
+struct Job {
+    accepting: Accepting,
+    permit: Option<AttemptPermit>,
+    keep: Box<dyn Send>,
+    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+}
+
+/// The accept writer: one thread that takes every accept queued while the previous batch
+/// was written, writes them as one synced batch ([`crate::store::Store::accept_batch`]),
+/// then starts the first attempts it wrote claimed and only then answers the callers. So
+/// what follows the write happens whether or not a caller is still there (a sender that
+/// left before its 202), and is done before any 202 is sent.
+pub(super) struct AcceptWriter {
+    batcher: Batcher<Job>,
+}
+
+impl AcceptWriter {
+    /// Starts the thread, which works for `d` while it lives.
+    pub(super) fn start(d: Weak<Deliverer>) -> AcceptWriter {
+        // It works for ingest: it runs at ingest's priority (see `priority`).
+        let lower = crate::sys::priority::lower_current_thread;
+        let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
+            if let Some(d) = d.upgrade() {
+                d.write_accepts(jobs);
             }
         });
-        self.ctx.store().accept_then(msg, claim, then).await
+        AcceptWriter { batcher }
     }
 
-    /// Starts a first attempt from the commit thread. The attempts of one batch go to
-    /// delivery's runtime together, in one task: one wake-up of a delivery thread per
-    /// batch rather than one per message (each a context switch on a busy machine).
-    fn start_soon(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit, keep: Box<dyn Send>) {
-        let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
-        starting.push((claimed, permit, keep));
-        if starting.len() > 1 {
-            return; // the task below is not yet run: it takes this one too
+    /// Stops taking accepts and waits until every queued one is answered.
+    pub(super) fn stop(&self) {
+        self.batcher.stop();
+    }
+}
+
+impl Deliverer {
+    /// Stores a new message durably (fsynced, possibly sharing the fsync with concurrent
+    /// accepts), unless one with the same event id and target exists; when its first
+    /// attempt can start now, it is written claimed and that attempt is started.
+    ///
+    /// What follows the write (the accept counted, the attempt started or the scheduler
+    /// woken) is done by the accept writer, not by this future: it happens even if the
+    /// caller has gone. `keep` (an accept's count, its body's bytes) is held until the
+    /// attempt is started.
+    pub async fn accept(&self, mut msg: NewMessage, keep: impl Send + 'static) -> Result<Accepted, StoreError> {
+        self.order(&mut msg.record);
+        let permit = self.start_at_accept(&msg.record);
+        let accepting = self.ctx.store().accepting(msg, permit.is_some());
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            accepting,
+            permit,
+            keep: Box::new(keep),
+            reply,
+        };
+        if !self.accepts.batcher.send(job).await {
+            return Err(StoreError::Closed);
         }
-        drop(starting);
-        let d = self.clone();
-        self.ctx.runtime().spawn(async move {
-            let batch = std::mem::take(&mut *d.starting.lock().unwrap_or_else(|p| p.into_inner()));
-            for (claimed, permit, keep) in batch {
-                d.dispatch(claimed, permit);
-                drop(keep);
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stops the accept writer once the accepts queued are answered (at shutdown, before
+    /// the store closes).
+    pub fn stop_accepts(&self) {
+        self.accepts.stop();
+    }
+
+    /// Writes one batch of accepts and settles each: counted, its first attempt started
+    /// (all the batch's in one task on delivery's runtime: one wake-up of a delivery thread
+    /// per batch, not one per message), or the scheduler woken; then the callers answered.
+    fn write_accepts(self: &Arc<Self>, jobs: Vec<Job>) {
+        let (batch, waiting): (Vec<_>, Vec<_>) = jobs
+            .into_iter()
+            .map(|j| (j.accepting, (j.permit, j.keep, j.reply)))
+            .unzip();
+        let settled = self.ctx.store().accept_batch(batch);
+        let mut starting: Vec<(Leased, AttemptPermit, Box<dyn Send>)> = Vec::new();
+        let mut replies = Vec::with_capacity(settled.len());
+        let mut queued = false;
+        for (settled, (permit, keep, reply)) in settled.into_iter().zip(waiting) {
+            replies.push((reply, settled.answer()));
+            match (settled, permit) {
+                (Settled::New(claimed), permit) => {
+                    self.ctx.metrics().accepted();
+                    match claimed.zip(permit) {
+                        Some((claimed, permit)) => starting.push((claimed, permit, keep)),
+                        None => queued = true,
+                    }
+                }
+                (not_stored, permit) => {
+                    if let Settled::Duplicate { .. } = not_stored {
+                        self.ctx.metrics().duplicate();
+                    }
+                    // The permits taken for a first attempt that will not run go back: a
+                    // pass that found them taken may have left a message waiting for them.
+                    if let Some(permit) = permit {
+                        drop(permit);
+                        self.wake_if_waiting();
+                    }
+                }
             }
-        });
+        }
+        if queued {
+            self.ctx.wake();
+        }
+        if !starting.is_empty() {
+            let d = self.clone();
+            self.ctx.runtime().spawn(async move {
+                for (claimed, permit, keep) in starting {
+                    d.dispatch(claimed, permit);
+                    drop(keep);
+                }
+            });
+        }
+        for (reply, answer) in replies {
+            let _ = reply.send(answer);
+        }
     }
 
     /// The permits for a new message's first attempt, if it can start the moment it is
     /// durable. `None` sends it through the due queue.
     fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
-        // An ordered message starts only as the head of its line, which the commit thread
+        // An ordered message starts only as the head of its line, which its accept batch
         // decides: it goes through the queue (and leaves `queue_first` alone, as its wait
         // is its line's, not the host's).
         // With `[fleet]` on, a first attempt needs a lease from Redis, and ingress never

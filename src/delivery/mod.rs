@@ -64,9 +64,6 @@ pub struct Deliverer {
     /// Attempts counted as running, with their task once it is spawned (see `dispatch`).
     /// Ordered by id, so a drain cuts attempts in one order (a simulated run replays).
     in_flight: Mutex<BTreeMap<String, Option<AbortHandle>>>,
-    /// First attempts the commit thread started, waiting for the task that runs them
-    /// (see `accept`); bounded by the attempt permits they hold.
-    starting: Mutex<Vec<accept::Starting>>,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -75,6 +72,8 @@ pub struct Deliverer {
     /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
     passing: std::sync::atomic::AtomicBool,
     idle: Notify,
+    /// Writes accepts in synced batches and starts what they claimed (see `accept`).
+    accepts: accept::AcceptWriter,
     results: results::ResultWriter,
     trimmer: crate::sys::trim::Trimmer,
 }
@@ -104,7 +103,9 @@ impl Deliverer {
             host_caps(cfg),
             cfg.circuit.settings(settings.policies.longest_request_timeout()),
         );
-        Arc::new(Deliverer {
+        Arc::new_cyclic(|d| Deliverer {
+            // Started first: the simulator steps the accept writer, then the result writer.
+            accepts: accept::AcceptWriter::start(d.clone()),
             results: results::ResultWriter::start(ctx.clone()),
             all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
             hosts,
@@ -115,7 +116,6 @@ impl Deliverer {
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             waiting_to_read: Default::default(),
             in_flight: Mutex::new(BTreeMap::new()),
-            starting: Mutex::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
             passing: std::sync::atomic::AtomicBool::new(false),
             idle: Notify::new(),

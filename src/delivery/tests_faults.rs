@@ -108,11 +108,8 @@ async fn an_in_flight_message_unreadable_at_startup_goes_once_it_reads() {
     for (id, event) in [("dlv_a", "e1"), ("dlv_b", "e2")] {
         let mut m = crate::store::tests::message(id, event, T0);
         m.record.state = State::InFlight;
-        h.d.context()
-            .store()
-            .accept_then(m, true, Box::new(drop))
-            .await
-            .unwrap();
+        let store = h.d.context().store();
+        store.accept_batch(vec![store.accepting(m, true)])[0].answer().unwrap();
         ids.push(id);
     }
     h.d.context().store().faults().make_unreadable("dlv_a");

@@ -274,9 +274,9 @@ impl Ingress {
         trace: Option<crate::outbound::trace::TraceParent>,
     ) -> Result<Response<Body>, Refusal> {
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        // Counted as an accept under way, with its bytes held, until the commit thread has
-        // settled it: the store commits a message whose sender went away before the 202 (the
-        // committer has it), so neither a drain waiting for accepts nor the byte budget may
+        // Counted as an accept under way, with its bytes held, until the accept writer has
+        // settled it: a message whose sender went away before the 202 is still committed
+        // (the writer has it), so neither a drain waiting for accepts nor the byte budget may
         // let go of it with the handler (dropped with the connection).
         let keep = (self.in_progress.enter(), held);
         let outcome = self.deliverer.accept(msg, keep).await;

@@ -2,8 +2,8 @@
 //! moving the floor up after a pass, and reading what a due entry points at.
 //!
 //! Courier takes a due message for an attempt with an in-memory lease (`lease`), or writes
-//! it in flight at accept (`Store::accept_then` with `claim`); what happens after the attempt is in
-//! `finish`.
+//! it in flight at accept (`Store::accepting` with `claim`); what happens after the attempt is
+//! in `finish`.
 
 use super::{
     keys, CodecError, DueEntry, FloorMark, MessageRecord, NewMessage, Routing, ScanEnd, ScanStep, State, Store,

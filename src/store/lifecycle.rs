@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use super::counters::add_counter;
-use super::{committer, floor, keys, lines, sealing, Faults, KeyId, Store, StoreError, StoreOptions, LOCK_STRIPES};
+use super::{floor, keys, sealing, Faults, KeyId, Store, StoreError, StoreOptions, LOCK_STRIPES};
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
@@ -33,19 +33,10 @@ impl Store {
         let ids = crate::model::IdSeq::after(newest_id(&db)?.as_deref());
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());
-        let counter_gate = Arc::new(std::sync::RwLock::new(()));
-        let lines = Arc::new(lines::LineLocks::default());
-        let committer = committer::Committer::start(
-            db.clone(),
-            due_floor.clone(),
-            faults.clone(),
-            counter_gate.clone(),
-            lines.clone(),
-        );
         Ok(Store {
             db,
             due_floor,
-            committer,
+            accepting: Mutex::new(()),
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             synced: {
                 let mut w = WriteOptions::default();
@@ -55,9 +46,9 @@ impl Store {
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
             ids,
             leases: Default::default(),
-            lines,
+            lines: Default::default(),
             faults,
-            counter_gate,
+            counter_gate: Default::default(),
             options,
             path: dir.to_path_buf(),
         })
@@ -68,10 +59,9 @@ impl Store {
         self.db.put_cf(self.cf(keys::META), b"probe", b"").is_ok()
     }
 
-    /// Stops accepting, waits for queued accepts to be answered, and flushes the WAL
-    /// and memtables so the next start has little to replay.
+    /// Flushes the WAL and memtables so the next start has little to replay (called once
+    /// nothing writes: the accept writer stopped first).
     pub fn close(&self) {
-        self.committer.stop();
         if let Err(e) = self.db.flush_wal(true) {
             tracing::warn!(error = %e, "flushing the WAL at close failed");
         }

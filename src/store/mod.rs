@@ -7,24 +7,24 @@
 //! history, endpoint state, ordered endpoints' lines, and counters.
 //!
 //! # Durability
-//! Accepts go through the `committer`: one thread that drains every queued accept into one
-//! `WriteBatch` written with `sync = true`, then answers them all. Concurrent requests share
-//! one fsync; no caller is answered before its batch is on disk. Every later transition
+//! Accepts are written in batches ([`Store::accept_batch`]: one `WriteBatch` written with
+//! `sync = true`, one batch at a time); the caller gathers every accept queued meanwhile,
+//! so concurrent requests share one fsync, and answers none before its batch is on disk. Every later transition
 //! (claim, attempt result, replay) is a batch written without fsync: the WAL write reaches the
 //! OS before the call returns, so a killed process loses nothing, and losing one on power
 //! failure only repeats an attempt (at-least-once).
 //!
 //! # Concurrency
 //! Read-modify-write of one message (worker, admin, retention) is serialised by a lock
-//! striped over the id, so the store needs no global lock and the committer never waits for
-//! one (new ids cannot collide with existing ones).
+//! striped over the id, so the store needs no global lock and an accept batch never waits
+//! for one (new ids cannot collide with existing ones).
 
 // The `Store` operations live in one child module per concern, each an `impl Store` block
 // that sees the private fields and helpers below; each module's doc says what it holds.
+mod accept;
 mod audit;
 mod claim;
 pub mod codec;
-mod committer;
 mod counters;
 mod endpoints;
 mod error;
@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rocksdb::{ColumnFamily, DBRawIterator, ReadOptions, WriteBatch, WriteOptions, DB};
 
 pub use crate::model::Transition;
+pub use accept::{Accepting, Settled};
 pub use audit::Checked;
 pub use codec::{
     AttemptRecord, CodecError, EndpointRecord, Fifo, LineRecord, MessageRecord, Payload, Routing, SigningChoice,
@@ -136,22 +137,6 @@ impl Leased {
     }
 }
 
-/// What an accept came to, as the commit thread tells [`Store::accept_then`]'s `then`.
-// Made and moved once per accept; boxing the message would cost an allocation each.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Stored {
-    /// Stored (and synced); with the message to run when it was written claimed.
-    New(Option<Leased>),
-    /// The same event id and target were accepted before: nothing was stored.
-    Duplicate,
-    /// Not stored (the write failed).
-    Failed,
-}
-
-/// Runs once an accept's outcome is known: see [`Store::accept_then`].
-pub type OnStored = Box<dyn FnOnce(Stored) + Send>;
-
 /// The answer to an accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -233,12 +218,14 @@ const LOCK_STRIPES: usize = 64;
 pub struct Store {
     db: Arc<DB>,
     /// Held shared by every writer that can raise a per-endpoint open counter (the accept
-    /// committer, replays), and exclusively while zero counters are removed, so a removal
+    /// batches, replays), and exclusively while zero counters are removed, so a removal
     /// never loses an increment that raced it.
-    counter_gate: Arc<std::sync::RwLock<()>>,
+    counter_gate: std::sync::RwLock<()>,
     /// No due entry sorts before this time (see [`Store::scan_due`]).
     due_floor: Arc<floor::DueFloor>,
-    committer: committer::Committer,
+    /// Held while an accept batch is checked and written: one at a time, so two batches
+    /// cannot both store one event id (see `accept`).
+    accepting: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     synced: WriteOptions,
     /// Synced writes made outside the accept path (tests check that operator changes sync).
@@ -247,8 +234,8 @@ pub struct Store {
     ids: crate::model::IdSeq,
     /// Messages the scheduler took for an attempt (see `lease`).
     leases: lease::Leases,
-    /// Ordered endpoints' line stripes (shared with the committer) and deleted heads.
-    lines: Arc<lines::LineLocks>,
+    /// Ordered endpoints' line stripes  and deleted heads.
+    lines: lines::LineLocks,
     /// Writes a test has asked to fail.
     faults: Arc<Faults>,
     options: StoreOptions,
@@ -290,40 +277,6 @@ impl Store {
         self.db.write_opt(batch, &self.synced)?;
         self.operator_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Durably stores a new message (fsynced, possibly sharing the fsync with concurrent
-    /// accepts), unless one with the same event id and target exists.
-    pub async fn accept(&self, msg: NewMessage) -> Result<Accepted, StoreError> {
-        self.accept_then(msg, false, Box::new(drop)).await
-    }
-
-    /// [`Store::accept`], running `then` on the commit thread once the outcome is known
-    /// (whether or not this call is still awaited then). With `claim`, a message that is not
-    /// ordered is written already claimed (in flight, no due entry), so no scan, claim read
-    /// or claim write stands between its 202 and its first attempt: `then` gets it to run
-    /// when it was new. A duplicate stores nothing and claims nothing.
-    pub async fn accept_then(&self, msg: NewMessage, claim: bool, then: OnStored) -> Result<Accepted, StoreError> {
-        // Only the head of an ordered line may start: the committer decides that.
-        let claim = claim && msg.record.fifo.is_none();
-        // Sealed here, on the caller's thread: CPU only (about a microsecond per KiB), and the
-        // commit thread, which every accept waits on, stays free of it.
-        let ring = &self.options.keyring;
-        let payload = sealing::stored_payload(ring, true, msg.record.id.as_bytes(), &msg.payload);
-        let (record, claimed) = if claim {
-            let leased = Leased::of(msg);
-            (leased.record.clone(), Some(leased))
-        } else {
-            (msg.record, None)
-        };
-        let then: committer::Then = Box::new(move |outcome| {
-            then(match outcome {
-                Some(Accepted::New) => Stored::New(claimed),
-                Some(Accepted::Duplicate { .. }) => Stored::Duplicate,
-                None => Stored::Failed,
-            })
-        });
-        self.committer.submit(record, payload, then).await
     }
 
     /// Reads a message record.

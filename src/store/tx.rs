@@ -1,8 +1,8 @@
 //! One store write in the making: its `WriteBatch`, its counter changes summed, its line
 //! changes (see `lines`), and what must follow once it is on disk.
 //!
-//! Every transition is staged on a [`Tx`] and written with [`Store::commit`] (the accept
-//! committer writes its own, synced): the due entries a batch writes are reported to the due
+//! Every transition is staged on a [`Tx`] and written with [`Store::commit`] (an accept
+//! batch writes its own, synced): the due entries a batch writes are reported to the due
 //! floor only after the write (the floor's one rule, see `floor`), and the deleted heads it
 //! makes or settles become or stop being ghosts only then, so a failed write changes nothing.
 

@@ -5,7 +5,7 @@
 //! the harder an app pushes the less courier delivers, and the backlog and the latency
 //! grow without bound while the receiver is fast and idle. Delivery therefore runs on a
 //! runtime of its own (see `app`), and the threads that serve ingest (the main runtime and
-//! the accept committer) lower their own priority by [`INGRESS_NICE`]. When the CPU is
+//! the accept writer) lower their own priority by [`INGRESS_NICE`]. When the CPU is
 //! free this changes nothing; when it is contended, the kernel gives delivery threads about
 //! three times the share of ingest threads, so delivery keeps pace and the app's 202s slow
 //! instead (backpressure), which is the only stable answer to sustained overload. A slow or

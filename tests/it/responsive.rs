@@ -33,7 +33,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
     let later = now_ms() + DAY_MS;
     let mut rng = rand::rng();
     for chunk in 0..n.div_ceil(1000) {
-        let mut tasks = Vec::new();
+        let mut batch = Vec::new();
         for i in 0..1000.min(n - chunk * 1000) {
             let env = Envelope {
                 target: url::Url::parse(target).unwrap(),
@@ -50,11 +50,14 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
             };
             let mut msg = env.into_message(later, &mut rng, store.ids());
             msg.record.next_attempt_at_ms = later;
-            let s = store.clone();
-            tasks.push(tokio::spawn(async move { s.accept(msg).await.unwrap() }));
+            batch.push(store.accepting(msg, false));
         }
-        for t in tasks {
-            t.await.unwrap();
+        let s = store.clone();
+        let settled = tokio::task::spawn_blocking(move || s.accept_batch(batch))
+            .await
+            .unwrap();
+        for one in settled {
+            one.answer().unwrap();
         }
     }
     let s = store.clone();

@@ -11,9 +11,9 @@
 //!   dead head (`on_dead = "block"`), the last position given out and how many wait. It sorts
 //!   before its members, so one seek reads the record and then the next member.
 //! - `endpoint ‖ 0 ‖ be64(pos)` → id: the waiting members, in position order. Positions
-//!   come from the line record's own counter, taken by the commit thread in the order it
+//!   come from the line record's own counter, taken by the accept writer in the order it
 //!   writes accepts, so a line's order is the order of the 202s (ids alone would not be: an
-//!   id is drawn before its accept reaches the commit thread, and a clock stepped back
+//!   id is drawn before its accept reaches the accept writer, and a clock stepped back
 //!   across a restart would sort new ids before old ones).
 //!
 //! Every change to a line is written in the same `WriteBatch` as the message transition
@@ -41,7 +41,7 @@
 //! Concurrency: line changes are serialised per endpoint by a lock striped over the
 //! endpoint key. Order: id stripes, then the counter gate, then line stripes, several at
 //! once only in stripe order; nobody takes an id stripe or the gate while holding a line
-//! stripe. The commit thread holds its batch's line stripes across the synced write (a
+//! stripe. An accept batch holds its line stripes across the synced write (a
 //! decision head-or-member must not be overtaken by a promotion that read the line before
 //! it). A promoted member's record is written under its line's stripe only: every writer of
 //! a waiting member's record (delete is the only one: it has no due entry, is never leased,

@@ -141,17 +141,14 @@ async fn a_release_puts_a_leased_message_back_where_the_scheduler_looks() {
     assert_eq!((b.state, b.attempts, b.next_attempt_at_ms), (State::Pending, 0, 5_000));
 }
 
-/// Accepts `msg` to be claimed: the answer, and the message `then` was given to run.
+/// Accepts `msg` to be claimed: the answer, and the message given back to run.
 async fn accept_claimed(store: &Store, msg: crate::store::NewMessage) -> (Accepted, Option<crate::store::Leased>) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let then = Box::new(move |stored| {
-        let _ = tx.send(match stored {
-            crate::store::Stored::New(claimed) => claimed,
-            _ => None,
-        });
-    });
-    let accepted = store.accept_then(msg, true, then).await.unwrap();
-    (accepted, rx.await.unwrap())
+    let settled = store.accept_batch(vec![store.accepting(msg, true)]).remove(0);
+    let accepted = settled.answer().unwrap();
+    match settled {
+        crate::store::Settled::New(claimed) => (accepted, claimed),
+        _ => (accepted, None),
+    }
 }
 
 #[tokio::test]

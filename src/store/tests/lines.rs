@@ -72,7 +72,7 @@ async fn only_the_head_is_queued_and_the_next_goes_when_it_is_delivered() {
 
 #[tokio::test]
 async fn concurrent_accepts_line_up_in_commit_order() {
-    // Forty accepts at once, so the committer takes them in batches of its choosing: each
+    // Forty accepts at once, each a batch of its own in the order the tasks run: each
     // gets the next place as its batch commits, whatever order the tasks ran in.
     let (_d, store) = open();
     let store = Arc::new(store);

@@ -116,7 +116,7 @@ async fn startup_releases_the_others_and_names_an_unreadable_in_flight_message()
     for (id, ev) in [("dlv_a", "e1"), ("dlv_b", "e2")] {
         let mut m = message(id, ev, 100);
         m.record.state = State::InFlight;
-        store.accept_then(m, true, Box::new(drop)).await.unwrap();
+        store.accept_batch(vec![store.accepting(m, true)])[0].answer().unwrap();
     }
     store.faults().make_unreadable("dlv_a");
     let (n, unreadable) = store.recover_in_flight(500).unwrap();
