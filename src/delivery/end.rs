@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use super::results::{Recorded, StreakNote};
 use super::running::Running;
 use super::{Deliverer, SELF_FAILURE_DELAY};
 use crate::context::endpoints::EndpointChange;
@@ -23,6 +22,27 @@ pub(super) struct Sent {
     pub(super) now: u64,
     /// The wall clock then: what a `Retry-After` date is counted from.
     pub(super) wall: u64,
+}
+
+/// What a result means for its endpoint besides its transition and status: whose streak
+/// it counts in, and whether it blocks the endpoint's ordered line (known before the write,
+/// so the writer can take the pause gate first).
+#[derive(Debug, Clone)]
+pub(super) struct StreakNote {
+    /// Endpoint key.
+    pub endpoint: String,
+    /// The result kills the head of an ordered line with `on_dead = "block"` (see
+    /// `blocks_its_line`): written, it blocks the line and pauses the endpoint.
+    pub blocks_line: bool,
+}
+
+/// A written result.
+#[derive(Debug)]
+pub(super) struct Recorded {
+    /// As [`Store::finish_attempts`] answers: the record, or `None` if the result was stale.
+    pub message: Option<MessageRecord>,
+    /// What it did to the endpoint (already written).
+    pub endpoint: EndpointChange,
 }
 
 /// Whether this attempt's result blocks its ordered line (and so pauses the endpoint).
@@ -72,15 +92,18 @@ impl End {
             Ok(recorded) => self.written(recorded),
             Err(e) => {
                 let rt = self.d.ctx.runtime().clone();
-                rt.spawn(async move {
-                    let (item, note) = self.retry.clone();
-                    match record_again(&self.d, item, note, e).await {
-                        Written::Now(recorded) => self.written(*recorded),
-                        Written::Later => self.later(),
-                        Written::Not => self.not_written().await,
-                    }
-                });
+                rt.spawn(self.again(e));
             }
+        }
+    }
+
+    /// On delivery's runtime, after the result writer failed to write the result (`e`).
+    async fn again(self, e: StoreError) {
+        let (item, note) = self.retry.clone();
+        match record_again(&self.d, item, note, e).await {
+            Written::Now(recorded) => self.written(*recorded),
+            Written::Later => self.later(),
+            Written::Not => self.not_written().await,
         }
     }
 

@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::results::StreakNote;
+use super::end::StreakNote;
 use super::{Deliverer, STORE_TRIES};
 use crate::store::{FinishedAttempt, StoreError};
 

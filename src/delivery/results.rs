@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::end::{End, Recorded, StreakNote};
 use crate::batcher::Batcher;
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
@@ -25,27 +26,6 @@ const MAX_BATCH: usize = 1024;
 /// Results waiting for the writer; past this, attempts wait (never reached while the
 /// per-host caps bound the attempts in flight to fewer).
 const QUEUE: usize = 8192;
-
-/// What a result means for its endpoint besides its transition and status: whose streak
-/// it counts in, and whether it blocks the endpoint's ordered line (known before the write,
-/// so the writer can take the pause gate first).
-#[derive(Debug, Clone)]
-pub(super) struct StreakNote {
-    /// Endpoint key.
-    pub endpoint: String,
-    /// The result kills the head of an ordered line with `on_dead = "block"` (see
-    /// `worker::blocks_its_line`): written, it blocks the line and pauses the endpoint.
-    pub blocks_line: bool,
-}
-
-/// A written result.
-#[derive(Debug)]
-pub(super) struct Recorded {
-    /// As [`Store::finish_attempts`] answers: the record, or `None` if the result was stale.
-    pub message: Option<MessageRecord>,
-    /// What it did to the endpoint (already written).
-    pub endpoint: EndpointChange,
-}
 
 type Answer = Result<Recorded, StoreError>;
 
@@ -60,8 +40,9 @@ struct Job {
 enum Reply {
     /// A task waiting for it (a barrier, a result tried again).
     Waiting(oneshot::Sender<Answer>),
-    /// Run on the writer thread: an attempt's end, with no task of its own to wake.
-    Then(Box<dyn FnOnce(Answer) + Send>),
+    /// An attempt's end, which the writer thread runs: it has no task of its own to wake.
+    /// Boxed: it is large, and the job queue holds thousands.
+    End(Box<End>),
 }
 
 impl Reply {
@@ -72,8 +53,8 @@ impl Reply {
             }
             // A panic in an attempt's end must not end the thread (every later result
             // would wait for ever); what it held is dropped as after a panicking attempt.
-            Reply::Then(then) => {
-                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(answer))) {
+            Reply::End(end) => {
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| end.recorded(answer))) {
                     tracing::error!(panic = %panic_text(panic.as_ref()), "ending an attempt panicked");
                 }
             }
@@ -127,18 +108,13 @@ impl ResultWriter {
         self.send(Some((item, note))).await
     }
 
-    /// [`ResultWriter::record`], with `then` run on the writer thread once the batch holding
-    /// it is written: the caller need not wait (nor be woken). Once the writer has stopped,
-    /// `then` is dropped unrun.
-    pub(super) async fn record_then(
-        &self,
-        item: FinishedAttempt,
-        note: StreakNote,
-        then: Box<dyn FnOnce(Answer) + Send>,
-    ) {
+    /// [`ResultWriter::record`], the attempt's `end` run on the writer thread once the batch
+    /// holding it is written: the caller need not wait (nor be woken). Once the writer has
+    /// stopped, `end` is dropped unrun.
+    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: End) {
         let job = Job {
             item: Some((item, note)),
-            reply: Reply::Then(then),
+            reply: Reply::End(Box::new(end)),
         };
         self.batcher.send(job).await;
     }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::end::{blocks_its_line, End, Sent};
-use super::results::StreakNote;
+use super::end::{blocks_its_line, End, Sent, StreakNote};
 use super::running::Running;
 use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
 use crate::config::Config;
@@ -177,9 +176,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         running,
         retry: (item.clone(), note.clone()),
     };
-    d.results
-        .record_then(item, note, Box::new(move |answer| end.recorded(answer)))
-        .await;
+    d.results.record_ending(item, note, end).await;
 }
 
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
