@@ -70,21 +70,23 @@ async fn only_the_head_is_queued_and_the_next_goes_when_it_is_delivered() {
     clean(&store);
 }
 
-#[tokio::test]
-async fn concurrent_accepts_line_up_in_commit_order() {
-    // Forty accepts at once, each a batch of its own in the order the tasks run: each
-    // gets the next place as its batch commits, whatever order the tasks ran in.
+#[test]
+fn batched_accepts_line_up_in_commit_order() {
+    // Forty accepts in batches of uneven sizes (as the accept writer takes them): each gets
+    // the next place as its batch commits, several members of one line in one batch too.
     let (_d, store) = open();
-    let store = Arc::new(store);
-    let tasks: Vec<_> = (0..40)
-        .map(|i| {
-            let s = store.clone();
-            tokio::spawn(async move { s.accept(ordered(&format!("dlv_{i:03}"), OnDead::Skip)).await })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.unwrap().unwrap(), Accepted::New);
+    let mut ids = (0..40).map(|i| format!("dlv_{i:03}"));
+    for size in [1, 3, 8, 2, 5, 1, 7, 4, 6, 3] {
+        let batch: Vec<_> = ids
+            .by_ref()
+            .take(size)
+            .map(|id| store.accepting(ordered(&id, OnDead::Skip), false))
+            .collect();
+        for settled in store.accept_batch(batch) {
+            assert_eq!(settled.answer().unwrap(), Accepted::New);
+        }
     }
+    assert_eq!(ids.next(), None, "the batches take all forty");
     assert_eq!(due_ids(&store, 1_000).len(), 1, "one head, whatever the batches");
     assert_eq!(head(&store).unwrap().2, 39);
     clean(&store);
