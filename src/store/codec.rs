@@ -280,15 +280,16 @@ impl MessageRecord {
 }
 
 impl Payload {
-    /// Encodes the payload as version 1, every field as it is (RocksDB compresses plain
-    /// payloads).
+    /// Encodes the payload as version 1, every field as it is: as couriers wrote plain
+    /// payloads before they packed every body (still read; tests write it).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         self.encode_as(false)
     }
 
-    /// Encodes the payload to be sealed (version 2): the body compressed on its own, so no
-    /// compression context spans it and the headers or secret, and a sealed payload's size
-    /// depends on the body and on the other fields' lengths only.
+    /// Encodes the payload as version 2, the body compressed on its own: so no compression
+    /// context spans it and the headers or secret, and a sealed payload's size depends on
+    /// the body and on the other fields' lengths only.
     pub fn encode_packed(&self) -> Vec<u8> {
         self.encode_as(true)
     }

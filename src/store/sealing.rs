@@ -93,13 +93,16 @@ pub(super) fn check_at_open(db: &DB, ring: &Keyring) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The stored form of `payload`, the record `key` of `payloads`: sealed with `ring`'s
-/// sealing key, its body compressed on its own (payload version 2), when `sealed`; plain,
-/// version 1 (RocksDB compresses it), otherwise.
+/// The stored form of `payload`, the record `key` of `payloads`: its body compressed on its
+/// own (payload version 2), then sealed with `ring`'s sealing key when `sealed`. Plain
+/// payloads are packed too: the write-ahead log is not compressed, and the body is most of
+/// what an accept writes, so packing it before the write shrinks both the log and the
+/// memtable (RocksDB's own compression acts only when a memtable is flushed).
 pub(super) fn stored_payload(ring: &Keyring, sealed: bool, key: &[u8], payload: &Payload) -> Vec<u8> {
+    let packed = payload.encode_packed();
     match ring.sealing().filter(|_| sealed) {
-        Some(_) => ring.seal(keys::PAYLOADS, key, payload.encode_packed()),
-        None => payload.encode(),
+        Some(_) => ring.seal(keys::PAYLOADS, key, packed),
+        None => packed,
     }
 }
 

@@ -151,6 +151,7 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
     let store = open_with(&path, &[]).unwrap();
     accept(&store, &["dlv_1"]);
     assert!(shows(&raw(&store, "dlv_1"), "BODY-SECRET"));
+    assert_eq!(raw(&store, "dlv_1")[..2], [b'P', 2], "a plain payload is packed too");
     stop(store);
 
     // Sealing on: the plain payload still reads, new ones are sealed, a rekey seals the rest.
@@ -332,7 +333,9 @@ fn a_rewritten_payload_moves_to_the_sealing_key_or_to_plain_and_stays_when_there
     assert_eq!(seal::sealed_with(&moved), Some(KeyId::of(&A)));
     assert_eq!(moves(&moved, false).unwrap(), None);
     let plain = moves(&moved, true).unwrap().unwrap();
-    assert_eq!(plain, payload.encode(), "plain payloads are version 1");
+    assert_eq!(plain, payload.encode_packed(), "plain payloads are packed too (version 2)");
+    // One written plain by an older courier (version 1) is already plain: it stays.
+    assert_eq!(moves(&payload.encode(), true).unwrap(), None);
     assert_eq!(moves(&plain, true).unwrap(), None);
     // Plain payloads are sealed by a rekey too, their body compressed alone.
     let sealed = moves(&plain, false).unwrap().unwrap();
