@@ -1,7 +1,7 @@
 //! A thread that handles queued jobs in batches: every job queued while the previous batch
 //! was being handled becomes the next batch, so under load one expensive step (an fsync, a
 //! RocksDB write) serves many jobs, and idle a lone job is handled at once. The store's
-//! group commit of accepts and delivery's result writer are both one of these.
+//! store writer (accepts group-committed, results beside them) is one of these.
 
 use std::sync::Mutex;
 use std::thread::JoinHandle;

@@ -66,7 +66,7 @@ impl Stopping {
         }
         let (s, d) = (self.store.clone(), self.deliverer.clone());
         let _ = tokio::task::spawn_blocking(move || {
-            d.stop_accepts();
+            d.stop_writer();
             s.close()
         })
         .await;

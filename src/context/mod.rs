@@ -1,10 +1,10 @@
 //! What the components share: the store, the clock, the metrics, the reloadable settings,
 //! the per-endpoint state and the scheduler's wake-up ([`Context`]). Ingress, admin, ops,
 //! endpoint pages, drain and delivery each take this, not each other: delivery keeps only
-//! its attempt machinery (permits, the in-flight registry, the result writer).
+//! its attempt machinery (permits, the in-flight registry, the store writer).
 //!
 //! Endpoint state changes (pause, resume, park, persist, expire) live here too, because
-//! admin, the scheduler and the result writer all make them and must serialise on the
+//! admin, the scheduler and the store writer all make them and must serialise on the
 //! same two locks (see `pause`).
 
 pub mod endpoints;

@@ -116,7 +116,7 @@ impl Context {
         let (mut deleted, mut from) = (0, None);
         loop {
             // No endpoint write may land between a record's read and its delete; a chunk at
-            // a time, so the result writer's endpoint writes wait for one chunk at most.
+            // a time, so the store writer's endpoint writes wait for one chunk at most.
             let _order = self.persist_order();
             let (n, next) = self.store.expire_endpoints_chunk(from.as_deref(), before)?;
             deleted += n;

@@ -22,54 +22,21 @@
 //! messages follow it there until a scheduler pass finds nothing left waiting.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
+use super::writer::Write;
 use super::{AttemptPermit, Deliverer};
-use crate::batcher::Batcher;
 use crate::store::{Accepted, Accepting, Leased, MessageRecord, NewMessage, Settled, StoreError};
-
-/// The most accepts one batch carries; bounds the latency a batch adds to its last member.
-const MAX_BATCH: usize = 1024;
-/// Accepts waiting for the writer; past this, callers wait (backpressure).
-const QUEUE: usize = 8192;
 
 /// One accept waiting for its batch: the message, the permits taken for its first attempt,
 /// what the accept holds until then, and its caller.
-struct Job {
+pub(super) struct Job {
     accepting: Accepting,
     permit: Option<AttemptPermit>,
     keep: Box<dyn Send>,
     reply: oneshot::Sender<Result<Accepted, StoreError>>,
-}
-
-/// The accept writer: one thread that takes every accept queued while the previous batch
-/// was written, writes them as one synced batch ([`crate::store::Store::accept_batch`]),
-/// then starts the first attempts it wrote claimed and only then answers the callers. So
-/// what follows the write happens whether or not a caller is still there (a sender that
-/// left before its 202), and is done before any 202 is sent.
-pub(super) struct AcceptWriter {
-    batcher: Batcher<Job>,
-}
-
-impl AcceptWriter {
-    /// Starts the thread, which works for `d` while it lives.
-    pub(super) fn start(d: Weak<Deliverer>) -> AcceptWriter {
-        // It works for ingest: it runs at ingest's priority (see `priority`).
-        let lower = crate::sys::priority::lower_current_thread;
-        let batcher = Batcher::start_with("courier-commit", QUEUE, MAX_BATCH, lower, move |jobs| {
-            if let Some(d) = d.upgrade() {
-                d.write_accepts(jobs);
-            }
-        });
-        AcceptWriter { batcher }
-    }
-
-    /// Stops taking accepts and waits until every queued one is answered.
-    pub(super) fn stop(&self) {
-        self.batcher.stop();
-    }
 }
 
 impl Deliverer {
@@ -78,7 +45,7 @@ impl Deliverer {
     /// attempt can start now, it is written claimed and that attempt is started.
     ///
     /// What follows the write (the accept counted, the attempt started or the scheduler
-    /// woken) is done by the accept writer, not by this future: it happens even if the
+    /// woken) is done by the store writer (see `writer`), not by this future: it happens even if the
     /// caller has gone. `keep` (an accept's count, its body's bytes) is held until the
     /// attempt is started.
     pub async fn accept(&self, mut msg: NewMessage, keep: impl Send + 'static) -> Result<Accepted, StoreError> {
@@ -92,22 +59,16 @@ impl Deliverer {
             keep: Box::new(keep),
             reply,
         };
-        if !self.accepts.batcher.send(job).await {
+        if !self.writer.send(Write::Accept(job)).await {
             return Err(StoreError::Closed);
         }
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Stops the accept writer once the accepts queued are answered (at shutdown, before
-    /// the store closes).
-    pub fn stop_accepts(&self) {
-        self.accepts.stop();
-    }
-
-    /// Writes one batch of accepts and settles each: counted, its first attempt started
-    /// (all the batch's in one task on delivery's runtime: one wake-up of a delivery thread
-    /// per batch, not one per message), or the scheduler woken; then the callers answered.
-    fn write_accepts(self: &Arc<Self>, jobs: Vec<Job>) {
+    /// Writes one batch of accepts and settles each: counted, its first attempt started (its
+    /// task spawned on delivery's runtime), or the scheduler woken; then the callers
+    /// answered.
+    pub(super) fn write_accepts(self: &Arc<Self>, jobs: Vec<Job>) {
         let (batch, waiting): (Vec<_>, Vec<_>) = jobs
             .into_iter()
             .map(|j| (j.accepting, (j.permit, j.keep, j.reply)))
@@ -142,14 +103,12 @@ impl Deliverer {
         if queued {
             self.ctx.wake();
         }
-        if !starting.is_empty() {
-            let d = self.clone();
-            self.ctx.runtime().spawn(async move {
-                for (claimed, permit, keep) in starting {
-                    d.dispatch(claimed, permit);
-                    drop(keep);
-                }
-            });
+        // Each attempt's task is spawned from here, not from a task of the batch's: a batch
+        // of one (the usual one below saturation) then costs one task and one wake-up of a
+        // delivery thread, not two tasks.
+        for (claimed, permit, keep) in starting {
+            self.dispatch(claimed, permit);
+            drop(keep);
         }
         for (reply, answer) in replies {
             let _ = reply.send(answer);

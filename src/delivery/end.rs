@@ -1,4 +1,4 @@
-//! An attempt after its send: the result writer ends it once its result is written (see
+//! An attempt after its send: the store writer ends it once its result is written (see
 //! [`End`]), or a task of its own tries the write again; then its permits go back, the
 //! scheduler is told, and the outcome is counted and logged in one place.
 
@@ -85,7 +85,7 @@ pub(super) struct End {
 }
 
 impl End {
-    /// On the result writer's thread, once the batch holding the result was written or
+    /// On the store writer's thread, once the batch holding the result was written or
     /// failed: ends the attempt, or tries again on a task of its own (see [`record_again`]).
     pub(super) fn recorded(self, answer: Result<Recorded, StoreError>) {
         match answer {
@@ -97,7 +97,7 @@ impl End {
         }
     }
 
-    /// On delivery's runtime, after the result writer failed to write the result (`e`).
+    /// On delivery's runtime, after the store writer failed to write the result (`e`).
     async fn again(self, e: StoreError) {
         let (item, note) = self.retry.clone();
         match record_again(&self.d, item, note, e).await {
@@ -221,7 +221,7 @@ fn report(
     }
 }
 
-/// Writes an attempt's result again after the result writer failed to (`error`). Until it
+/// Writes an attempt's result again after the store writer failed to (`error`). Until it
 /// lands the message stays leased and cannot start again, and a failed write wrote nothing.
 ///
 /// What a failure means decides what comes next. A store that refuses writes (a full disk,
@@ -254,7 +254,7 @@ async fn record_again(d: &Arc<Deliverer>, item: FinishedAttempt, streak: StreakN
         }
         tokio::time::sleep(d.store_backoff(n).min(d.result_retry() * MAX_RESULT_WAITS)).await;
         n = n.saturating_add(1);
-        answer = d.results.record(item.clone(), streak.clone()).await;
+        answer = d.record(item.clone(), streak.clone()).await;
     }
 }
 

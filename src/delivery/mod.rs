@@ -2,8 +2,8 @@
 //! attempt needs (store, transport, clock, policy, limits, endpoint state, metrics);
 //! [`Deliverer::dispatch`] runs one attempt on its own task, isolated so that a panic in
 //! it is courier's failure (the message goes back to the queue with no attempt counted),
-//! and tracked so shutdown can wait for it, then cut it off. Results are recorded by one
-//! result-writer thread that puts every result finished meanwhile into one write.
+//! and tracked so shutdown can wait for it, then cut it off. Accepts and results are written by
+//! one store-writer thread that puts every one queued meanwhile into its next turn.
 
 mod accept;
 mod admit;
@@ -14,6 +14,7 @@ mod results;
 mod running;
 mod settings;
 mod worker;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -44,7 +45,7 @@ pub const SELF_FAILURE_DELAY: Duration = Duration::from_secs(5);
 /// bad does not hold a `max_in_flight` permit for ever.
 const STORE_TRIES: u32 = 5;
 
-/// The attempt machinery: permits, limits, the in-flight registry and the result writer,
+/// The attempt machinery: permits, limits, the in-flight registry and the store writer,
 /// over the shared [`Context`].
 pub struct Deliverer {
     ctx: Arc<Context>,
@@ -72,9 +73,9 @@ pub struct Deliverer {
     /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
     passing: std::sync::atomic::AtomicBool,
     idle: Notify,
-    /// Writes accepts in synced batches and starts what they claimed (see `accept`).
-    accepts: accept::AcceptWriter,
-    results: results::ResultWriter,
+    /// Writes accepts (in synced batches, starting what they claimed: see `accept`) and
+    /// results (see `results`) on one thread.
+    writer: writer::StoreWriter,
     trimmer: crate::sys::trim::Trimmer,
 }
 
@@ -104,9 +105,7 @@ impl Deliverer {
             cfg.circuit.settings(settings.policies.longest_request_timeout()),
         );
         Arc::new_cyclic(|d| Deliverer {
-            // Started first: the simulator steps the accept writer, then the result writer.
-            accepts: accept::AcceptWriter::start(d.clone()),
-            results: results::ResultWriter::start(ctx.clone()),
+            writer: writer::StoreWriter::start(d.clone(), results::Writer { ctx: ctx.clone() }),
             all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
             hosts,
             ctx,

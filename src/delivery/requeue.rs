@@ -79,7 +79,7 @@ impl Deliverer {
         let d = self.clone();
         self.when_it_reads(item.id.clone(), "writing an attempt's result", error, move || {
             let (d, item, streak) = (d.clone(), item.clone(), streak.clone());
-            async move { d.results.record(item, streak).await.map(|_| ()) }
+            async move { d.record(item, streak).await.map(|_| ()) }
         })
     }
 

@@ -1,8 +1,7 @@
-//! Attempt results, written in batches. Attempts that end while the previous results are
-//! being written are recorded together in one `WriteBatch` by one thread, the way accepts
-//! are group-committed: under load, one trip through RocksDB's write queue (which may wait
-//! behind the accepts' fsync) serves many attempts, and no async worker ever waits on it.
-//! Idle, a lone result is written at once.
+//! Attempt results, written in batches. Attempts that end while the store writer (see
+//! `writer`) is busy are recorded together in one `WriteBatch` in its next turn, beside
+//! that turn's accepts: under load, one write serves many attempts, and no async worker
+//! ever waits on it. Idle, a lone result is written at once.
 //!
 //! The same thread applies each written result to its endpoint's permanent-failure streak
 //! and writes the endpoints that changed in one more write per batch, so a permanent
@@ -16,22 +15,17 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::end::{End, Recorded, StreakNote};
-use crate::batcher::Batcher;
+use super::writer::Write;
+use super::Deliverer;
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
 use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
-
-/// The most results one batch carries.
-const MAX_BATCH: usize = 1024;
-/// Results waiting for the writer; past this, attempts wait (never reached while the
-/// per-host caps bound the attempts in flight to fewer).
-const QUEUE: usize = 8192;
 
 type Answer = Result<Recorded, StoreError>;
 
 /// A result to record, or (`None`) a barrier answered once everything queued before it is
 /// written.
-struct Job {
+pub(super) struct Job {
     item: Option<(FinishedAttempt, StreakNote)>,
     reply: Reply,
 }
@@ -67,36 +61,18 @@ impl Reply {
 /// line blocks and pauses after it) or after both (it unblocks and resumes), never between
 /// them, where the pause would undo it; endpoint writes hold the persist lock as every
 /// endpoint write does (see `context`).
-struct Writer {
-    ctx: Arc<Context>,
+pub(super) struct Writer {
+    pub(super) ctx: Arc<Context>,
 }
 
-/// Handle to the result-writing thread. Dropping it stops the thread once the queued
-/// results are written.
-pub(super) struct ResultWriter {
-    batcher: Batcher<Job>,
-}
-
-impl ResultWriter {
-    /// Starts the thread.
-    pub(super) fn start(ctx: Arc<Context>) -> ResultWriter {
-        let w = Writer { ctx };
-        let batcher = Batcher::start("courier-results", QUEUE, MAX_BATCH, move |jobs| {
-            w.write_batch(jobs, &mut || {})
-        });
-        ResultWriter { batcher }
-    }
-
-    async fn send(&self, item: Option<(FinishedAttempt, StreakNote)>) -> Answer {
+impl Deliverer {
+    async fn send_result(&self, item: Option<(FinishedAttempt, StreakNote)>) -> Answer {
         let (reply, answer) = oneshot::channel();
-        if !self
-            .batcher
-            .send(Job {
-                item,
-                reply: Reply::Waiting(reply),
-            })
-            .await
-        {
+        let job = Job {
+            item,
+            reply: Reply::Waiting(reply),
+        };
+        if !self.writer.send(Write::Result(job)).await {
             return Err(StoreError::Closed);
         }
         answer.await.map_err(|_| StoreError::Closed)?
@@ -105,10 +81,10 @@ impl ResultWriter {
     /// Records one finished attempt and, if it applied, its streak; answers once the batch
     /// holding it is written.
     pub(super) async fn record(&self, item: FinishedAttempt, note: StreakNote) -> Answer {
-        self.send(Some((item, note))).await
+        self.send_result(Some((item, note))).await
     }
 
-    /// [`ResultWriter::record`], the attempt's `end` run on the writer thread once the batch
+    /// [`Deliverer::record`], the attempt's `end` run on the writer thread once the batch
     /// holding it is written: the caller need not wait (nor be woken). Once the writer has
     /// stopped, `end` is dropped unrun.
     pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: End) {
@@ -116,15 +92,15 @@ impl ResultWriter {
             item: Some((item, note)),
             reply: Reply::End(Box::new(end)),
         };
-        self.batcher.send(job).await;
+        self.writer.send(Write::Result(job)).await;
     }
 
     /// Waits until every result queued before this call is written (or failed). An attempt
     /// cut off while its result waited in the queue still has that result written; whoever
     /// puts the message back in the queue waits for this first, so the write is not taken
     /// for a stale one and the attempt is not forgotten.
-    pub(super) async fn flush(&self) {
-        let _ = self.send(None).await;
+    pub(super) async fn flush_results(&self) {
+        let _ = self.send_result(None).await;
     }
 }
 
@@ -137,9 +113,9 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Writer {
-    /// Writes one batch. `between` runs after the results are written and before their
+    /// Writes one batch, then ends its attempts. `between` runs after the results are written and before their
     /// endpoint changes: tests put an operator's resume there.
-    fn write_batch(&self, jobs: Vec<Job>, between: &mut dyn FnMut()) {
+    pub(super) fn write_batch(&self, jobs: Vec<Job>, between: &mut dyn FnMut()) {
         let (mut items, mut notes, mut replies, mut barriers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for Job { item, reply } in jobs {
             match item {

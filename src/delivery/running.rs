@@ -2,7 +2,7 @@
 //! settled.
 //!
 //! The registry is what shutdown waits on and cuts off, and what the metrics count. An
-//! attempt's task ends once its result is handed to the result writer, which ends the
+//! attempt's task ends once its result is handed to the store writer, which ends the
 //! attempt when the result is written (see `worker`), so the entry is not the task's: it
 //! is this guard, which moves from the task to the writer. Dropped before it is settled
 //! (the attempt panicked, or was cut off at shutdown) it first puts the message back in
@@ -47,7 +47,7 @@ impl Running {
         // Cut off while a retry of its result waited to be written (see `end`): let that
         // write land first, so the release below finds the message no longer in flight
         // and leaves it.
-        d.results.flush().await;
+        d.flush_results().await;
         d.requeue(&self.id, due).await;
     }
 }

@@ -1,4 +1,4 @@
-//! The result writer's tests: batching, stale results, barriers, streaks, and a resume
+//! The result writing's tests: batching, stale results, barriers, streaks, and a resume
 //! landing between a line's block and its pause.
 
 use super::*;
@@ -38,8 +38,26 @@ fn writer(ctx: &Arc<Context>) -> Writer {
     Writer { ctx: ctx.clone() }
 }
 
+/// Results written on a thread of their own, as the store writer's turns write them.
+struct ResultWriter(crate::batcher::Batcher<Job>);
+
+impl ResultWriter {
+    async fn record(&self, item: FinishedAttempt, note: StreakNote) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            item: Some((item, note)),
+            reply: Reply::Waiting(reply),
+        };
+        assert!(self.0.send(job).await);
+        answer.await.unwrap()
+    }
+}
+
 fn start(store: &Arc<Store>) -> ResultWriter {
-    ResultWriter::start(context(store))
+    let w = writer(&context(store));
+    ResultWriter(crate::batcher::Batcher::start("results", 64, 1024, move |jobs| {
+        w.write_batch(jobs, &mut || {})
+    }))
 }
 
 fn note(endpoint: &str) -> StreakNote {

@@ -95,7 +95,7 @@ fn build(
 }
 
 /// Runs one attempt of a claimed message: build the request, send it, judge the answer,
-/// and hand the result to the result writer, which ends the attempt once it is written
+/// and hand the result to the store writer, which ends the attempt once it is written
 /// ([`End`]): this task does not wait for the write, so nothing wakes it after.
 ///
 /// The host part of `permit` is given back the moment the receiver has answered (or the
@@ -176,7 +176,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         running,
         retry: (item.clone(), note.clone()),
     };
-    d.results.record_ending(item, note, end).await;
+    d.record_ending(item, note, end).await;
 }
 
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;

@@ -274,7 +274,7 @@ impl Ingress {
         trace: Option<crate::outbound::trace::TraceParent>,
     ) -> Result<Response<Body>, Refusal> {
         let (id, event_id) = (msg.record.id.clone(), msg.record.event_id.clone());
-        // Counted as an accept under way, with its bytes held, until the accept writer has
+        // Counted as an accept under way, with its bytes held, until the store writer has
         // settled it: a message whose sender went away before the 202 is still committed
         // (the writer has it), so neither a drain waiting for accepts nor the byte budget may
         // let go of it with the handler (dropped with the connection).

@@ -84,7 +84,7 @@ pub struct Scheduler {
     #[cfg(test)]
     nap: Option<Nap>,
     /// Tests: run inside each pass, after its scan decided and before its writes (the
-    /// simulator runs the accept writer's and the result writer's batches there: what a
+    /// simulator runs the store writer's batches there: what a
     /// pass on its blocking thread meets).
     #[cfg(test)]
     between: Option<Between>,

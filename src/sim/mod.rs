@@ -2,11 +2,11 @@
 //! and TigerBeetle's VOPR: one seed draws a workload and a fault schedule, the real
 //! components run it, and invariants are checked after every step and at quiescence.
 //!
-//! What runs: the real store, the accept writer and the result writer (as steps of the
+//! What runs: the real store, the store writer (as a step of the
 //! simulation, their batch sizes drawn from the seed: see `batcher::stepped`), courier's own
 //! scheduler loop (`Scheduler::run` on the manual clock: its waits on the real wake-up, the
 //! wake times it owes, its wraps and resume points; its passes inline, and inside each pass,
-//! between its scan and its writes, the accept writer and result writer may take a batch),
+//! between its scan and its writes, the store writer may take a batch),
 //! delivery workers, the endpoint table, operator actions and retention. Blocking calls run
 //! inline (`sys::blocking`) and tokio's timers are paused, so nothing runs beside the
 //! simulation and the same seed gives the same trace: CI runs each seed twice and compares a
@@ -301,7 +301,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
     Ok(())
 }
 
-/// What runs while a crash is armed: an accept (the accept writer's batch), a pass (its park
+/// What runs while a crash is armed: an accept (the store writer's batch), a pass (its park
 /// writes), an operator action (a multi-page resume or bulk replay, a delete, a hand-off), a
 /// retention sweep (its chunks), or held answers released (their results, line promotions).
 fn inside_a_crash(w: &mut World) -> Result<String, String> {

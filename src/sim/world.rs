@@ -4,7 +4,7 @@
 //!
 //! Determinism: nothing runs beside the simulation. The node's runtime is a current-thread
 //! runtime with tokio's time paused, driven only while the simulator waits for a step to
-//! settle ([`World::run_until`]); the accept writer and the result writer are stepped
+//! settle ([`World::run_until`]); the store writer is stepped
 //! batchers run between its polls; blocking calls (a pass, a release, a resume's pages)
 //! run inline on the simulator's thread; receivers answer from the seeded RNG.
 //!
@@ -93,7 +93,7 @@ struct Node {
     rt: tokio::runtime::Runtime,
     store: Arc<Store>,
     d: Arc<Deliverer>,
-    /// The accept writer's and the result writer's batchers, run as steps of the simulation
+    /// The store writer's batcher, run as steps of the simulation
     /// (see [`World::run_until`]).
     steppers: Vec<Arc<dyn Step>>,
     /// Draws how many queued jobs each batch takes, so batch boundaries come from the seed.
@@ -380,7 +380,7 @@ impl World {
         // The last process may still be letting go of the directory's lock (a thread that
         // held the store finishing): wait for it, as a restarted process would.
         let mut tries = 0;
-        // The accept writer and the result writer become steps of the simulation.
+        // The store writer becomes a step of the simulation.
         crate::batcher::stepped::begin();
         let store = loop {
             match Store::open(
@@ -441,14 +441,14 @@ impl World {
             store.faults().break_item(id, *how);
         }
         let steppers = crate::batcher::stepped::take();
-        assert_eq!(steppers.len(), 2, "the accept writer and the result writer are stepped");
+        assert_eq!(steppers.len(), 1, "the store writer is stepped");
         d.recover_at_start().expect("startup recovery");
         self.rx.watch_store(&store);
         // courier's own scheduler loop, as `app::start` runs it.
         let nap = Nap::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        // Inside a pass (between its scan and its writes) the accept writer and the result
-        // writer may take a batch, as they do beside a pass on its blocking thread: results
+        // Inside a pass (between its scan and its writes) the store writer may take a
+        // batch, as they do beside a pass on its blocking thread: results
         // land, permits come back and accepts are stored while the pass runs, and the
         // wake-ups they give arrive then.
         let inside = steppers.clone();

@@ -9,7 +9,7 @@
 //! it is leased, and the result write moves it on from pending in one step (`finish`). The
 //! lease ends when that write lands, or when the attempt is handed back (`release`). Bounded:
 //! a lease is taken with an attempt permit, and outlives it only while its result waits in
-//! the result writer's bounded queue.
+//! the store writer's bounded queue.
 //!
 //! No lease outlives its attempt, whatever fails. A result that cannot be written keeps its
 //! lease for the worker's retry (the message must not start again meanwhile); a release ends

@@ -60,7 +60,7 @@ impl Store {
     }
 
     /// Flushes the WAL and memtables so the next start has little to replay (called once
-    /// nothing writes: the accept writer stopped first).
+    /// nothing writes: the store writer stopped first).
     pub fn close(&self) {
         if let Err(e) = self.db.flush_wal(true) {
             tracing::warn!(error = %e, "flushing the WAL at close failed");

@@ -4,11 +4,12 @@
 //! overload: hundreds of connections' worth of ready tasks against a few dozen attempts, so
 //! the harder an app pushes the less courier delivers, and the backlog and the latency
 //! grow without bound while the receiver is fast and idle. Delivery therefore runs on a
-//! runtime of its own (see `app`), and the threads that serve ingest (the main runtime and
-//! the accept writer) lower their own priority by [`INGRESS_NICE`]. When the CPU is
-//! free this changes nothing; when it is contended, the kernel gives delivery threads about
-//! three times the share of ingest threads, so delivery keeps pace and the app's 202s slow
-//! instead (backpressure), which is the only stable answer to sustained overload. A slow or
+//! runtime of its own (see `app`), and the threads that serve ingest (the main runtime)
+//! lower their own priority by [`INGRESS_NICE`] (the store writer, which writes both
+//! accepts and results, keeps delivery's: a result must not wait behind ingest for CPU).
+//! When the CPU is free this changes nothing; when it is contended, the kernel gives
+//! delivery threads about three times the share of ingest threads, so delivery keeps pace
+//! and the app's 202s slow instead (backpressure), which is the only stable answer to sustained overload. A slow or
 //! failing receiver costs delivery little CPU, so it never slows ingest this way.
 //!
 //! Raising one's own nice value needs no privilege; a failure is logged and ignored.

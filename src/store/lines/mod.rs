@@ -11,9 +11,9 @@
 //!   dead head (`on_dead = "block"`), the last position given out and how many wait. It sorts
 //!   before its members, so one seek reads the record and then the next member.
 //! - `endpoint ‖ 0 ‖ be64(pos)` → id: the waiting members, in position order. Positions
-//!   come from the line record's own counter, taken by the accept writer in the order it
+//!   come from the line record's own counter, taken by the store writer in the order it
 //!   writes accepts, so a line's order is the order of the 202s (ids alone would not be: an
-//!   id is drawn before its accept reaches the accept writer, and a clock stepped back
+//!   id is drawn before its accept reaches the store writer, and a clock stepped back
 //!   across a restart would sort new ids before old ones).
 //!
 //! Every change to a line is written in the same `WriteBatch` as the message transition

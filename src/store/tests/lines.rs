@@ -72,7 +72,7 @@ async fn only_the_head_is_queued_and_the_next_goes_when_it_is_delivered() {
 
 #[test]
 fn batched_accepts_line_up_in_commit_order() {
-    // Forty accepts in batches of uneven sizes (as the accept writer takes them): each gets
+    // Forty accepts in batches of uneven sizes (as the store writer takes them): each gets
     // the next place as its batch commits, several members of one line in one batch too.
     let (_d, store) = open();
     let mut ids = (0..40).map(|i| format!("dlv_{i:03}"));

@@ -333,7 +333,11 @@ fn a_rewritten_payload_moves_to_the_sealing_key_or_to_plain_and_stays_when_there
     assert_eq!(seal::sealed_with(&moved), Some(KeyId::of(&A)));
     assert_eq!(moves(&moved, false).unwrap(), None);
     let plain = moves(&moved, true).unwrap().unwrap();
-    assert_eq!(plain, payload.encode_packed(), "plain payloads are packed too (version 2)");
+    assert_eq!(
+        plain,
+        payload.encode_packed(),
+        "plain payloads are packed too (version 2)"
+    );
     // One written plain by an older courier (version 1) is already plain: it stays.
     assert_eq!(moves(&payload.encode(), true).unwrap(), None);
     assert_eq!(moves(&plain, true).unwrap(), None);
