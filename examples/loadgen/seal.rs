@@ -91,7 +91,7 @@ fn seal_and_open_us(cx: &Ctx) -> (f64, f64, usize) {
         scheme: None,
         signing: SigningChoice::Default,
     }
-    .encode();
+    .encode_packed();
     const N: u32 = 100_000;
     let started = std::time::Instant::now();
     let mut sealed = Vec::new();
