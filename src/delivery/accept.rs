@@ -26,45 +26,19 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::writer::Write;
 use super::{AttemptPermit, Deliverer};
-use crate::store::{Accepted, Accepting, Leased, MessageRecord, NewMessage, Settled, StoreError};
+use crate::store::{Accepted, Accepting, Leased, MessageRecord, Settled, StoreError};
 
 /// One accept waiting for its batch: the message, the permits taken for its first attempt,
 /// what the accept holds until then, and its caller.
 pub(super) struct Job {
-    accepting: Accepting,
-    permit: Option<AttemptPermit>,
-    keep: Box<dyn Send>,
-    reply: oneshot::Sender<Result<Accepted, StoreError>>,
+    pub(super) accepting: Accepting,
+    pub(super) permit: Option<AttemptPermit>,
+    pub(super) keep: Box<dyn Send>,
+    pub(super) reply: oneshot::Sender<Result<Accepted, StoreError>>,
 }
 
 impl Deliverer {
-    /// Stores a new message durably (fsynced, possibly sharing the fsync with concurrent
-    /// accepts), unless one with the same event id and target exists; when its first
-    /// attempt can start now, it is written claimed and that attempt is started.
-    ///
-    /// What follows the write (the accept counted, the attempt started or the scheduler
-    /// woken) is done by the store writer (see `writer`), not by this future: it happens even if the
-    /// caller has gone. `keep` (an accept's count, its body's bytes) is held until the
-    /// attempt is started.
-    pub async fn accept(&self, mut msg: NewMessage, keep: impl Send + 'static) -> Result<Accepted, StoreError> {
-        self.order(&mut msg.record);
-        let permit = self.start_at_accept(&msg.record);
-        let accepting = self.ctx.store().accepting(msg, permit.is_some());
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            accepting,
-            permit,
-            keep: Box::new(keep),
-            reply,
-        };
-        if !self.writer.send(Write::Accept(job)).await {
-            return Err(StoreError::Closed);
-        }
-        answer.await.map_err(|_| StoreError::Closed)?
-    }
-
     /// Writes one batch of accepts and settles each: counted, its first attempt started (its
     /// task spawned on delivery's runtime), or the scheduler woken; then the callers
     /// answered.
@@ -117,7 +91,7 @@ impl Deliverer {
 
     /// The permits for a new message's first attempt, if it can start the moment it is
     /// durable. `None` sends it through the due queue.
-    fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
+    pub(super) fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
         // An ordered message starts only as the head of its line, which its accept batch
         // decides: it goes through the queue (and leaves `queue_first` alone, as its wait
         // is its line's, not the host's).

@@ -2,18 +2,19 @@
 //! attempt needs (store, transport, clock, policy, limits, endpoint state, metrics);
 //! [`Deliverer::dispatch`] runs one attempt on its own task, isolated so that a panic in
 //! it is courier's failure (the message goes back to the queue with no attempt counted),
-//! and tracked so shutdown can wait for it, then cut it off. Accepts and results are written by
-//! one store-writer thread that puts every one queued meanwhile into its next turn.
+//! and tracked so shutdown can wait for it, then cut it off. Accepts and results are
+//! written by one store-writer thread that puts every one queued meanwhile into its next
+//! turn. A message's life after its accept reads top to bottom in `lifecycle`.
 
 mod accept;
 mod admit;
 pub mod alert;
-mod end;
+mod lifecycle;
+mod request;
 mod requeue;
 mod results;
 mod running;
 mod settings;
-mod worker;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -143,7 +144,7 @@ impl Deliverer {
 
     /// Runs one attempt for a claimed message on its own task, holding its permits as
     /// [`AttemptPermit`] says; it counts as running (see [`Running`]) until its result is
-    /// settled, which may be after the task ended (see `worker`).
+    /// settled, which may be after the task ended (see `lifecycle`).
     pub fn dispatch(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit) {
         let id = claimed.record.id.clone();
         // In before the task exists (it may end, and leave, before `spawn` returns); no lock
@@ -157,7 +158,7 @@ impl Deliverer {
         let task = self
             .ctx
             .runtime()
-            .spawn(worker::attempt(self.clone(), claimed, permit, running));
+            .spawn(lifecycle::attempt(self.clone(), claimed, permit, running));
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = registry.get_mut(&id) {
             *entry = Some(task.abort_handle());

@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::end::StreakNote;
+use super::lifecycle::StreakNote;
 use super::{Deliverer, STORE_TRIES};
 use crate::store::{FinishedAttempt, StoreError};
 

@@ -14,24 +14,22 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::end::{End, Recorded, StreakNote};
-use super::writer::Write;
-use super::Deliverer;
+use super::lifecycle::{End, Recorded, StreakNote};
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
 use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
 
-type Answer = Result<Recorded, StoreError>;
+pub(super) type Answer = Result<Recorded, StoreError>;
 
 /// A result to record, or (`None`) a barrier answered once everything queued before it is
 /// written.
 pub(super) struct Job {
-    item: Option<(FinishedAttempt, StreakNote)>,
-    reply: Reply,
+    pub(super) item: Option<(FinishedAttempt, StreakNote)>,
+    pub(super) reply: Reply,
 }
 
 /// Who hears how a result went.
-enum Reply {
+pub(super) enum Reply {
     /// A task waiting for it (a barrier, a result tried again).
     Waiting(oneshot::Sender<Answer>),
     /// An attempt's end, which the writer thread runs: it has no task of its own to wake.
@@ -63,45 +61,6 @@ impl Reply {
 /// endpoint write does (see `context`).
 pub(super) struct Writer {
     pub(super) ctx: Arc<Context>,
-}
-
-impl Deliverer {
-    async fn send_result(&self, item: Option<(FinishedAttempt, StreakNote)>) -> Answer {
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            item,
-            reply: Reply::Waiting(reply),
-        };
-        if !self.writer.send(Write::Result(job)).await {
-            return Err(StoreError::Closed);
-        }
-        answer.await.map_err(|_| StoreError::Closed)?
-    }
-
-    /// Records one finished attempt and, if it applied, its streak; answers once the batch
-    /// holding it is written.
-    pub(super) async fn record(&self, item: FinishedAttempt, note: StreakNote) -> Answer {
-        self.send_result(Some((item, note))).await
-    }
-
-    /// [`Deliverer::record`], the attempt's `end` run on the writer thread once the batch
-    /// holding it is written: the caller need not wait (nor be woken). Once the writer has
-    /// stopped, `end` is dropped unrun.
-    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: End) {
-        let job = Job {
-            item: Some((item, note)),
-            reply: Reply::End(Box::new(end)),
-        };
-        self.writer.send(Write::Result(job)).await;
-    }
-
-    /// Waits until every result queued before this call is written (or failed). An attempt
-    /// cut off while its result waited in the queue still has that result written; whoever
-    /// puts the message back in the queue waits for this first, so the write is not taken
-    /// for a stale one and the attempt is not forgotten.
-    pub(super) async fn flush_results(&self) {
-        let _ = self.send_result(None).await;
-    }
 }
 
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {

@@ -3,7 +3,7 @@
 //!
 //! The registry is what shutdown waits on and cuts off, and what the metrics count. An
 //! attempt's task ends once its result is handed to the store writer, which ends the
-//! attempt when the result is written (see `worker`), so the entry is not the task's: it
+//! attempt when the result is written (see `lifecycle`), so the entry is not the task's: it
 //! is this guard, which moves from the task to the writer. Dropped before it is settled
 //! (the attempt panicked, or was cut off at shutdown) it first puts the message back in
 //! the queue, with no attempt counted: courier's failure, not the receiver's. A task of
@@ -44,7 +44,7 @@ impl Running {
         } else {
             now
         };
-        // Cut off while a retry of its result waited to be written (see `end`): let that
+        // Cut off while a retry of its result waited to be written (see `lifecycle`): let that
         // write land first, so the release below finds the message no longer in flight
         // and leaves it.
         d.flush_results().await;

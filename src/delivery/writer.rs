@@ -8,14 +8,22 @@
 //! the receiver's dedupe absorbs) and ends their attempts, then writes its accepts in one
 //! synced batch and answers them.
 //!
+//! What goes in is here too ([`Deliverer::accept`], and an attempt's result through
+//! `record`, `record_ending` and `flush_results`); what a turn does with each kind is in
+//! `accept` and `results`.
+//!
 //! It runs at delivery's priority, not ingest's (see `sys::priority`): a result must not
 //! wait for CPU behind the accepts that overload it. Ingest still yields where it begins,
 //! on the ingress runtime's threads, and the queue below is the accepts' backpressure.
 
 use std::sync::Weak;
 
+use tokio::sync::oneshot;
+
+use super::lifecycle::{End, StreakNote};
 use super::{accept, results, Deliverer};
 use crate::batcher::Batcher;
+use crate::store::{Accepted, FinishedAttempt, NewMessage, StoreError};
 
 /// The most jobs one turn takes; bounds the latency a turn adds to its last member.
 const MAX_BATCH: usize = 1024;
@@ -24,8 +32,9 @@ const QUEUE: usize = 8192;
 
 /// A job for the writer.
 pub(super) enum Write {
-    /// A message to store (synced) and answer.
-    Accept(accept::Job),
+    /// A message to store (synced) and answer. Boxed: a job moves through the queue and
+    /// into its batch, and an accept's is several times a result's size.
+    Accept(Box<accept::Job>),
     /// An attempt's result to record, or a barrier.
     Result(results::Job),
 }
@@ -42,7 +51,7 @@ impl StoreWriter {
             let (mut accepts, mut ended) = (Vec::new(), Vec::new());
             for job in jobs {
                 match job {
-                    Write::Accept(job) => accepts.push(job),
+                    Write::Accept(job) => accepts.push(*job),
                     Write::Result(job) => ended.push(job),
                 }
             }
@@ -68,6 +77,68 @@ impl StoreWriter {
 }
 
 impl Deliverer {
+    /// Stores a new message durably (fsynced, possibly sharing the fsync with concurrent
+    /// accepts), unless one with the same event id and target exists; when its first
+    /// attempt can start now, it is written claimed and that attempt is started.
+    ///
+    /// What follows the write (the accept counted, the attempt started or the scheduler
+    /// woken) is done by the store writer's turn, not by this future: it happens even if
+    /// the caller has gone. `keep` (an accept's count, its body's bytes) is held until the
+    /// attempt is started.
+    pub async fn accept(&self, mut msg: NewMessage, keep: impl Send + 'static) -> Result<Accepted, StoreError> {
+        self.order(&mut msg.record);
+        let permit = self.start_at_accept(&msg.record);
+        let accepting = self.ctx.store().accepting(msg, permit.is_some());
+        let (reply, answer) = oneshot::channel();
+        let job = accept::Job {
+            accepting,
+            permit,
+            keep: Box::new(keep),
+            reply,
+        };
+        if !self.writer.send(Write::Accept(Box::new(job))).await {
+            return Err(StoreError::Closed);
+        }
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn send_result(&self, item: Option<(FinishedAttempt, StreakNote)>) -> results::Answer {
+        let (reply, answer) = oneshot::channel();
+        let job = results::Job {
+            item,
+            reply: results::Reply::Waiting(reply),
+        };
+        if !self.writer.send(Write::Result(job)).await {
+            return Err(StoreError::Closed);
+        }
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Records one finished attempt and, if it applied, its streak; answers once the batch
+    /// holding it is written.
+    pub(super) async fn record(&self, item: FinishedAttempt, note: StreakNote) -> results::Answer {
+        self.send_result(Some((item, note))).await
+    }
+
+    /// [`Deliverer::record`], the attempt's `end` run on the writer thread once the batch
+    /// holding it is written: the caller need not wait (nor be woken). Once the writer has
+    /// stopped, `end` is dropped unrun.
+    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: End) {
+        let job = results::Job {
+            item: Some((item, note)),
+            reply: results::Reply::End(Box::new(end)),
+        };
+        self.writer.send(Write::Result(job)).await;
+    }
+
+    /// Waits until every result queued before this call is written (or failed). An attempt
+    /// cut off while its result waited in the queue still has that result written; whoever
+    /// puts the message back in the queue waits for this first, so the write is not taken
+    /// for a stale one and the attempt is not forgotten.
+    pub(super) async fn flush_results(&self) {
+        let _ = self.send_result(None).await;
+    }
+
     /// Stops the store writer once the jobs queued are done (at shutdown, after the drain
     /// and before the store closes): later accepts are refused as closed, later results
     /// are written at the next start (their messages are in flight on disk).

@@ -1,15 +1,224 @@
-//! An attempt after its send: the store writer ends it once its result is written (see
-//! [`End`]), or a task of its own tries the write again; then its permits go back, the
-//! scheduler is told, and the outcome is counted and logged in one place.
+//! One message's life after its accept, top to bottom. The states are values:
+//!
+//! 1. **Accepted** (`accept`): stored durably in the store writer's synced batch; when its
+//!    first attempt can start at once it is written already leased, else it waits in the
+//!    due queue for the scheduler, which leases it (`scheduler`).
+//! 2. **Leased** ([`Leased`]): record and payload in memory, with an [`AttemptPermit`];
+//!    [`attempt`] runs on a task of its own.
+//! 3. **Sent** ([`Sent`]): the request built and signed afresh (`request`), sent within the
+//!    policy's timeout; the host permit goes back as soon as the receiver answered.
+//! 4. **Decided**: `policy::decide` turns the answer into a [`Transition`] (delivered, retry
+//!    at, dead) and a [`FinishedAttempt`] to record, with its [`StreakNote`].
+//! 5. **Recorded** ([`Recorded`]): the store writer writes the result in its next turn and
+//!    hands the attempt's [`End`] the answer on its thread: the global permit goes back,
+//!    the scheduler is told, the outcome counted and logged, the attempt leaves the
+//!    registry. A failed write is tried again on delivery's runtime ([`End::again`]).
+//!
+//! Courier's own failures (a request that cannot be built, a panic, a result that cannot be
+//! written) count no attempt: the message goes back to the queue (`requeue`, `running`).
 
 use std::sync::Arc;
 
+use super::request::{build, response_error, Echo};
 use super::running::Running;
-use super::{Deliverer, SELF_FAILURE_DELAY};
+use super::{AttemptPermit, Deliverer, SELF_FAILURE_DELAY};
+use crate::config::Config;
 use crate::context::endpoints::EndpointChange;
-use crate::policy::AttemptResult;
+use crate::outbound::trace::{new_span_id, TraceParent};
+use crate::outbound::transport::{OutboundRequest, TransportError};
+use crate::policy::circuit::{CircuitChange, HostOutcome};
+use crate::policy::{decide, AttemptResult, Limits};
 use crate::redact::url_for_log;
-use crate::store::{FinishedAttempt, MessageRecord, StoreError, Transition};
+use crate::store::{AttemptRecord, FinishedAttempt, Leased, MessageRecord, StoreError, Transition};
+
+/// Runs one attempt of a claimed message: build the request, send it, judge the answer,
+/// and hand the result to the store writer, which ends the attempt once it is written
+/// ([`End`]): this task does not wait for the write, so nothing wakes it after.
+///
+/// The host part of `permit` is given back the moment the receiver has answered (or the
+/// send failed): the host's cap limits requests at the receiver, and the result write that
+/// follows may wait behind other writes' fsync without holding a receiver slot. The global
+/// part is held until the result is written.
+pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptPermit, running: Running) {
+    let Leased {
+        record: rec,
+        mut payload,
+    } = claimed;
+    let started_ms = d.ctx.clock().now_ms();
+    // What the config says now for this endpoint and route: a lookup, nothing allocated.
+    // One settings value for the whole attempt, whatever a reload does meanwhile.
+    let settings = d.ctx.settings();
+    let policy = settings.policies.resolve(rec.route.as_deref(), &rec.endpoint);
+    // A span of its own per attempt, so retries show as siblings under the app's span.
+    let trace = TraceParent::from_headers(&payload.headers);
+    let span_id = trace.as_ref().map(|_| d.with_rng(new_span_id));
+    let traceparent = trace.as_ref().zip(span_id.as_deref()).map(|(t, s)| t.child(s));
+    let trace_id = trace.map(|t| t.trace_id);
+    let timeout = policy.request_timeout;
+    // The receiver checks the signature's timestamp against its own wall clock.
+    let wall_ms = d.ctx.clock().wall_ms();
+    let req = match build(&settings.config, &rec, &mut payload, wall_ms, timeout, traceparent) {
+        Ok(req) => req,
+        Err(e) => {
+            drop(permit);
+            tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
+                "cannot build the attempt; message stays pending until the config is fixed");
+            d.requeue(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64)
+                .await;
+            running.settle();
+            return;
+        }
+    };
+    let echo = Echo::of(&payload, req.body.clone());
+    let (sent, global) = send(&d, &settings.config, &rec, req, permit, started_ms, &echo).await;
+    let limits = Limits {
+        max_attempts: rec.max_attempts,
+        give_up_at_ms: rec.give_up_at_ms,
+    };
+    let transition = d.with_rng(|rng| {
+        decide(
+            &sent.result,
+            rec.attempts + 1,
+            &limits,
+            &policy,
+            sent.now,
+            sent.wall,
+            rng,
+        )
+    });
+    let item = FinishedAttempt {
+        id: rec.id.clone(),
+        attempt: AttemptRecord {
+            at_ms: started_ms,
+            status: sent.status,
+            error: sent.error.clone(),
+            duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
+            policy_revision: Some(policy.revision()),
+            span_id: span_id.clone(),
+        },
+        transition,
+        now_ms: sent.now,
+    };
+    let note = StreakNote {
+        endpoint: rec.endpoint.clone(),
+        blocks_line: blocks_its_line(&rec, transition),
+    };
+    let end = End {
+        d: d.clone(),
+        rec,
+        ids: (trace_id, span_id),
+        sent,
+        transition,
+        global,
+        running,
+        retry: (item.clone(), note.clone()),
+    };
+    d.record_ending(item, note, end).await;
+}
+
+/// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
+/// gives the host permit back once answered and returns the global one.
+async fn send(
+    d: &Deliverer,
+    config: &Config,
+    rec: &MessageRecord,
+    req: OutboundRequest,
+    permit: AttemptPermit,
+    started_ms: u64,
+    echo: &Echo<'_>,
+) -> (Sent, tokio::sync::OwnedSemaphorePermit) {
+    d.ctx.metrics().attempt_started();
+    // The guard's drop ends the count once, whether the send returns, panics or is cut off.
+    let counted = InFlight::start(d, &rec.endpoint, started_ms);
+    let timer = crate::clock::Stopwatch::start();
+    let answer = d.transport.send(req).await;
+    let duration = timer.elapsed();
+    let (now, wall) = (d.ctx.clock().now_ms(), d.ctx.clock().wall_ms());
+    drop(counted);
+    host_outcome(d, config, &rec.host, permit.host_epoch(), &answer, now);
+    let global = d.host_permit_returned(permit);
+    let (result, status, error) = match &answer {
+        Ok(resp) => (
+            AttemptResult::Status {
+                code: resp.status,
+                retry_after: resp.retry_after.clone(),
+            },
+            Some(resp.status),
+            (!(200..300).contains(&resp.status)).then(|| response_error(resp.status, &resp.body, echo)),
+        ),
+        Err(TransportError::EgressDenied(msg)) => (AttemptResult::EgressDenied, None, Some(msg.clone())),
+        Err(e) => (AttemptResult::NetworkError, None, Some(e.to_string())),
+    };
+    // Shown to operators (admin API, CLI): nothing that can disguise itself on a terminal.
+    let error = error.map(|e| crate::redact::clean(&e));
+    let sent = Sent {
+        result,
+        status,
+        error,
+        duration,
+        now,
+        wall,
+    };
+    (sent, global)
+}
+
+/// One attempt counted as in flight to its endpoint until dropped.
+struct InFlight<'a> {
+    d: &'a Deliverer,
+    endpoint: &'a str,
+}
+
+impl<'a> InFlight<'a> {
+    fn start(d: &'a Deliverer, endpoint: &'a str, now_ms: u64) -> Self {
+        d.ctx.endpoints().started(endpoint, now_ms);
+        InFlight { d, endpoint }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.d
+            .ctx
+            .endpoints()
+            .finished(self.endpoint, self.d.ctx.clock().now_ms());
+    }
+}
+
+/// Tells the host's circuit breaker how the attempt went; logs and counts a change.
+fn host_outcome(
+    d: &Deliverer,
+    config: &Config,
+    host: &str,
+    epoch: u64,
+    sent: &Result<crate::outbound::transport::InboundResponse, TransportError>,
+    now: u64,
+) {
+    let outcome = match sent {
+        Ok(resp) if resp.retry_after.is_none() && config.circuit.counts(resp.status) => HostOutcome::Failed,
+        Ok(_) => HostOutcome::Answered,
+        Err(TransportError::EgressDenied(_)) => HostOutcome::Neutral,
+        Err(_) => HostOutcome::Failed,
+    };
+    match d.hosts.record(host, outcome, epoch, now) {
+        None => {}
+        Some(CircuitChange::Opened { probe_at_ms }) => {
+            d.ctx.metrics().circuit_opened();
+            tracing::warn!(
+                host,
+                probe_in_ms = probe_at_ms.saturating_sub(now),
+                "host circuit open: its messages wait (no attempts counted) until a probe gets an answer"
+            );
+        }
+        Some(CircuitChange::Recovering) => {
+            tracing::info!(host, "host answered the probe; circuit ramping up to its cap");
+            d.ctx.wake();
+        }
+        Some(CircuitChange::Closed) => {
+            tracing::info!(host, "host circuit closed");
+            d.ctx.wake();
+        }
+    }
+}
 
 /// What came back from one attempt's send.
 pub(super) struct Sent {
