@@ -33,18 +33,6 @@ impl<J: Send + 'static> Batcher<J> {
     /// Starts a thread named `name` that hands `handle` up to `max_batch` jobs at a time.
     /// Past `queue` waiting jobs, [`Batcher::send`] waits (backpressure).
     pub fn start(name: &str, queue: usize, max_batch: usize, handle: impl FnMut(Vec<J>) + Send + 'static) -> Self {
-        Self::start_with(name, queue, max_batch, || {}, handle)
-    }
-
-    /// [`Batcher::start`], running `on_start` first on the new thread (e.g. to set its
-    /// priority).
-    pub fn start_with(
-        name: &str,
-        queue: usize,
-        max_batch: usize,
-        on_start: fn(),
-        handle: impl FnMut(Vec<J>) + Send + 'static,
-    ) -> Self {
         let (tx, rx) = mpsc::channel::<J>(queue);
         #[cfg(test)]
         let (rx, handle) = match stepped::adopt(rx, handle, max_batch) {
@@ -60,7 +48,6 @@ impl<J: Send + 'static> Batcher<J> {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                on_start();
                 while let Some(first) = rx.blocking_recv() {
                     let mut jobs = Vec::with_capacity(64.min(max_batch));
                     jobs.push(first);
