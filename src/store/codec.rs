@@ -280,24 +280,28 @@ impl MessageRecord {
 }
 
 impl Payload {
-    /// Encodes the payload as version 1, every field as it is: as couriers wrote plain
-    /// payloads before they packed every body (still read; tests write it).
-    #[cfg(test)]
+    /// Encodes the payload as version 1, every field as it is (RocksDB compresses plain
+    /// payloads).
     pub fn encode(&self) -> Vec<u8> {
         self.encode_as(false)
     }
 
-    /// Encodes the payload as version 2, the body compressed on its own: so no compression
-    /// context spans it and the headers or secret, and a sealed payload's size depends on
-    /// the body and on the other fields' lengths only.
+    /// Encodes the payload to be sealed (version 2): the body compressed on its own, so no
+    /// compression context spans it and the headers or secret, and a sealed payload's size
+    /// depends on the body and on the other fields' lengths only.
     pub fn encode_packed(&self) -> Vec<u8> {
         self.encode_as(true)
     }
 
-    fn encode_as(&self, packed: bool) -> Vec<u8> {
+    /// About the length of [`Payload::encode`]'s output (what its buffer is sized for).
+    pub fn encode_len(&self) -> usize {
         let headers_len: usize = self.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
+        32 + self.method.len() + headers_len + self.body.len()
+    }
+
+    fn encode_as(&self, packed: bool) -> Vec<u8> {
         let tag = if packed { PAYLOAD_V2 } else { PAYLOAD_V1 };
-        let mut w = Writer::new(tag, 32 + self.method.len() + headers_len + self.body.len());
+        let mut w = Writer::new(tag, self.encode_len());
         w.str(&self.method);
         w.u32(self.headers.len() as u32);
         for (name, value) in &self.headers {

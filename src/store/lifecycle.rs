@@ -91,7 +91,10 @@ fn descriptors(options: &StoreOptions) -> impl Iterator<Item = ColumnFamilyDescr
     keys::CF_NAMES
         .iter()
         .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
-        .map(move |name| ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes)))
+        .map(move |name| {
+            let sealed = options.keyring.sealing().is_some();
+            ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes, sealed))
+        })
 }
 
 /// Opens RocksDB in `dir` with every column family, tuned by `options`.
@@ -188,15 +191,19 @@ fn table_options(block_cache_bytes: usize) -> BlockBasedOptions {
     table
 }
 
-/// One column family's options: counters merged by addition; nothing compressed by RocksDB
-/// (a payload's body is compressed on its own before it is written, see `sealing`, and
-/// RocksDB would only spend CPU failing to shrink it again).
-fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize) -> Options {
+/// One column family's options: payloads compressed (unless they are sealed: each body is
+/// compressed on its own before it is sealed, and RocksDB would only spend CPU failing to
+/// shrink ciphertext), counters merged by addition.
+fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize, sealed: bool) -> Options {
     let mut o = Options::default();
     o.set_block_based_table_factory(table);
     o.set_write_buffer_size(write_buffer_bytes);
     o.set_max_write_buffer_number(3);
-    o.set_compression_type(DBCompressionType::None);
+    o.set_compression_type(if name == keys::PAYLOADS && !sealed {
+        DBCompressionType::Lz4
+    } else {
+        DBCompressionType::None
+    });
     o.set_level_compaction_dynamic_level_bytes(true);
     if name == keys::META {
         o.set_merge_operator_associative("courier_add_i64", add_counter);

@@ -93,16 +93,21 @@ pub(super) fn check_at_open(db: &DB, ring: &Keyring) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The stored form of `payload`, the record `key` of `payloads`: its body compressed on its
-/// own (payload version 2), then sealed with `ring`'s sealing key when `sealed`. Plain
-/// payloads are packed too: the write-ahead log is not compressed, and the body is most of
-/// what an accept writes, so packing it before the write shrinks both the log and the
-/// memtable (RocksDB's own compression acts only when a memtable is flushed).
+/// The stored form of `payload`, the record `key` of `payloads`: sealed with `ring`'s
+/// sealing key, its body compressed on its own (payload version 2), when `sealed`.
+///
+/// Plain, it is packed too (version 2) when that at least halves the body, else written as
+/// it is (version 1) and compressed by RocksDB when its memtable is flushed. The
+/// write-ahead log is not compressed, so a body that packs well costs its packed size
+/// there instead of its whole size; a typical JSON event with ids and numbers shrinks far
+/// less on its own, and RocksDB's block compression, which sees many payloads at once,
+/// does better with it than a packed body would.
 pub(super) fn stored_payload(ring: &Keyring, sealed: bool, key: &[u8], payload: &Payload) -> Vec<u8> {
     let packed = payload.encode_packed();
     match ring.sealing().filter(|_| sealed) {
         Some(_) => ring.seal(keys::PAYLOADS, key, packed),
-        None => packed,
+        None if packed.len() * 2 <= payload.encode_len() => packed,
+        None => payload.encode(),
     }
 }
 

@@ -151,7 +151,11 @@ fn a_plain_store_takes_sealing_on_and_rekey_to_plain_takes_it_off() {
     let store = open_with(&path, &[]).unwrap();
     accept(&store, &["dlv_1"]);
     assert!(shows(&raw(&store, "dlv_1"), "BODY-SECRET"));
-    assert_eq!(raw(&store, "dlv_1")[..2], [b'P', 2], "a plain payload is packed too");
+    assert_eq!(
+        raw(&store, "dlv_1")[..2],
+        [b'P', 1],
+        "a small plain body is written as it is"
+    );
     stop(store);
 
     // Sealing on: the plain payload still reads, new ones are sealed, a rekey seals the rest.
@@ -323,6 +327,30 @@ fn sealed_sizes_do_not_tell_whether_a_body_repeats_the_headers_or_the_secret() {
 }
 
 #[test]
+fn a_plain_payload_is_packed_when_that_at_least_halves_it() {
+    use crate::store::sealing::stored_payload;
+    let plain = Keyring::new(&[]);
+    let mut payload = marked("dlv_1").payload;
+    // An event with ids and numbers: packed alone it shrinks too little, and RocksDB's
+    // block compression at flush does better with many of them.
+    payload.body = (0..64u32)
+        .map(|i| format!("{{\"n\":{},\"k\":\"{:08x}\"}}", i * 7919, i.wrapping_mul(2_654_435_761)))
+        .collect::<String>()
+        .into_bytes();
+    let stored = stored_payload(&plain, false, b"k", &payload);
+    assert_eq!(stored[..2], [b'P', 1]);
+    assert_eq!(Payload::decode(&stored).unwrap(), payload);
+    // A body that packs to less than half: packed, so the write-ahead log carries less.
+    payload.body = [&b"{\"pad\":\""[..], &[b'x'; 990], b"\"}"].concat();
+    let stored = stored_payload(&plain, false, b"k", &payload);
+    assert_eq!(stored[..2], [b'P', 2]);
+    assert!(stored.len() * 2 < payload.body.len(), "{}", stored.len());
+    assert_eq!(Payload::decode(&stored).unwrap(), payload);
+    // Sealing asked for but no sealing key: plain, by the same rule.
+    assert_eq!(stored_payload(&plain, true, b"k", &payload), stored);
+}
+
+#[test]
 fn a_rewritten_payload_moves_to_the_sealing_key_or_to_plain_and_stays_when_there() {
     use crate::store::sealing::{rewritten, stored_payload};
     let payload = marked("dlv_1").payload;
@@ -335,11 +363,11 @@ fn a_rewritten_payload_moves_to_the_sealing_key_or_to_plain_and_stays_when_there
     let plain = moves(&moved, true).unwrap().unwrap();
     assert_eq!(
         plain,
-        payload.encode_packed(),
-        "plain payloads are packed too (version 2)"
+        payload.encode(),
+        "a plain body that does not pack to half is version 1"
     );
-    // One written plain by an older courier (version 1) is already plain: it stays.
-    assert_eq!(moves(&payload.encode(), true).unwrap(), None);
+    // One packed plain (version 2) is already plain: it stays.
+    assert_eq!(moves(&payload.encode_packed(), true).unwrap(), None);
     assert_eq!(moves(&plain, true).unwrap(), None);
     // Plain payloads are sealed by a rekey too, their body compressed alone.
     let sealed = moves(&plain, false).unwrap().unwrap();
