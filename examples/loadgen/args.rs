@@ -63,6 +63,10 @@ pub struct Args {
     /// sustainable rate, each run on a fresh data dir.
     #[arg(long, conflicts_with_all = ["ack_only", "sustain_only", "many_only", "fleet_only", "seal_only"])]
     pub floor_only: bool,
+    /// POST a typical JSON event (ids, amounts, URLs; it packs to about 85%) instead of the
+    /// 1 KiB body padded with `x` (which packs to a few percent).
+    #[arg(long)]
+    pub event_body: bool,
     /// Pairs of the floor scenario (default 3; 1 with --smoke).
     #[arg(long)]
     pub pairs: Option<usize>,

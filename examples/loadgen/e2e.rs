@@ -243,7 +243,7 @@ pub async fn ack_only(args: Args, rate: f64) -> Res<()> {
     let tmp = tempfile::Builder::new()
         .prefix("courier-bench-")
         .tempdir_in(std::env::temp_dir())?;
-    let (body, seq) = (body_1k(), Arc::new(AtomicU64::new(0)));
+    let (body, seq) = (body_1k(args.event_body), Arc::new(AtomicU64::new(0)));
     let receiver = Receiver::start().await?;
     let (_a, base_addr) = spawn_baseline(Baseline::Bare)?;
     let (_d, durable_addr) = spawn_baseline(Baseline::File(tmp.path()))?;

@@ -56,7 +56,7 @@ impl Ctx {
             bin.display(),
             tmp.path().display()
         );
-        let body = body_1k();
+        let body = body_1k(args.event_body);
         let mut rep = Report::default();
         rep.set(
             "run",
