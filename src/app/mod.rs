@@ -173,7 +173,7 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
         &config,
         InterceptParts {
             ingress: ingress.clone(),
-            deliverer: deliverer.clone(),
+            ctx: deliverer.context().clone(),
             resolver,
             limits: limits.ingress.clone(),
             stop: http_rx.clone(),

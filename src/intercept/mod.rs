@@ -34,7 +34,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::{Config, HostPattern};
-use crate::delivery::Deliverer;
+use crate::context::Context;
 use crate::inbound::ingress::Ingress;
 use crate::inbound::serve::{Body, Refusal, ServeLimits};
 use crate::metrics::TunnelKind;
@@ -55,8 +55,8 @@ const MAX_WARNED: usize = 1024;
 pub struct InterceptParts {
     /// Admits the `CONNECT`, and serves the requests inside intercepted tunnels.
     pub ingress: Arc<Ingress>,
-    /// The settings (egress policy) and metrics.
-    pub deliverer: Arc<Deliverer>,
+    /// The settings (egress policy), clock and metrics.
+    pub ctx: Arc<Context>,
     /// DNS for passthrough tunnels.
     pub resolver: Arc<dyn Resolve>,
     /// The ingress listener's limits, applied inside intercepted tunnels.
@@ -101,7 +101,7 @@ impl Intercept {
             true => None,
             false => {
                 let (cert, key) = section.ca_files(&config.data_dir);
-                let now = wall(parts.deliverer.context().clock().as_ref());
+                let now = wall(parts.ctx.clock().as_ref());
                 Some(Leaves::new(ca::Ca::load_or_create(&cert, &key, &section.hosts, now)?)?)
             }
         };
@@ -147,7 +147,7 @@ impl Intercept {
     }
 
     async fn open(self: Arc<Self>, peer: SocketAddr, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
-        let ctx = self.parts.deliverer.context().clone();
+        let ctx = self.parts.ctx.clone();
         // Before the last check below: a reload after it reaches the tunnel.
         let reloads = ctx.reloads();
         let admitted = Admitted::new(crate::headers::proxy_token(req.headers()).as_deref());
@@ -164,7 +164,7 @@ impl Intercept {
             TunnelKind::Intercept => {
                 let leaves = self.leaves.as_ref().expect("a CA when hosts are listed");
                 let tls = leaves
-                    .config(&target.host, wall(self.parts.deliverer.context().clock().as_ref()))
+                    .config(&target.host, wall(self.parts.ctx.clock().as_ref()))
                     .map_err(|e| Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "intercept_failed", e.to_string()))?;
                 // A reload since `admit_connect` read the token is caught here.
                 let standing = tunnel::Standing::checked(admitted, reloads, &ctx)?;
@@ -195,7 +195,7 @@ impl Intercept {
     /// Logs a client's failed handshake: at `warn` the first time for its address, then
     /// at `debug` (a client that does not trust the CA fails every connection).
     fn tls_failed(&self, peer: IpAddr, target: &Target, error: &std::io::Error) {
-        self.parts.deliverer.context().metrics().tunnel_tls_failed();
+        self.parts.ctx.metrics().tunnel_tls_failed();
         let first = {
             let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
             if warned.len() >= MAX_WARNED {

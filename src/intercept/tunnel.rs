@@ -37,7 +37,7 @@ struct Open(Arc<Metrics>, TunnelKind);
 
 impl Open {
     fn new(intercept: &Intercept, kind: TunnelKind) -> Open {
-        let metrics = intercept.parts.deliverer.context().metrics().clone();
+        let metrics = intercept.parts.ctx.metrics().clone();
         metrics.tunnel(kind, true);
         Open(metrics, kind)
     }
@@ -91,7 +91,7 @@ pub(super) async fn intercepted(
     // Turned true at stop or revocation: the connection is then closed as a stop closes it.
     let close = Arc::new(watch::Sender::new(false));
     let (ingress, closing) = (this.parts.ingress.clone(), close.clone());
-    let ctx = this.parts.deliverer.context().clone();
+    let ctx = this.parts.ctx.clone();
     let admitted = standing.admitted.clone();
     let authority = Arc::<str>::from(target.authority.as_str());
     let handler: Handler = Arc::new(move |peer, req: Request<Incoming>| -> serve::HandlerFuture {
@@ -147,7 +147,7 @@ impl Standing {
                 // No more reloads can come.
                 return std::future::pending().await;
             }
-            let settings = this.parts.deliverer.context().settings();
+            let settings = this.parts.ctx.settings();
             if let Err(revoked) = self.admitted.check(&settings) {
                 tracing::info!(host = %target.host, kind = ?kind, reason = %revoked,
                     "a reload revoked an open tunnel; closing it");
@@ -317,7 +317,7 @@ pub(super) async fn dial(
     target: &Target,
     admitted: Admitted,
 ) -> Result<(TcpStream, Admitted), Refusal> {
-    let settings = this.parts.deliverer.context().settings();
+    let settings = this.parts.ctx.settings();
     let guard = GuardedResolver::new(this.parts.resolver.clone(), Arc::new(settings.egress.clone()));
     let failed = |e: crate::outbound::BoxError| {
         // The policy's refusal may sit under the connector's own error.
