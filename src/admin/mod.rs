@@ -17,11 +17,11 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 use crate::context::Context;
-use crate::delivery::Deliverer;
 use crate::drain::DrainControl;
 use crate::endpoint_page::EndpointQuery;
 use crate::inbound::access::AccessPolicy;
 use crate::inbound::serve::{self, Body};
+use crate::limits::HostLimiter;
 use crate::model::State;
 use crate::ops::Probes;
 use crate::outbound::trace::TraceParent;
@@ -39,8 +39,8 @@ pub const DEFAULT_PAGE: usize = 100;
 /// The admin component.
 pub struct Admin {
     ctx: Arc<Context>,
-    /// Delivery, for its per-host view.
-    d: Arc<Deliverer>,
+    /// The per-host limiter, for its view.
+    hosts: Arc<HostLimiter>,
     probes: Arc<Probes>,
     drain: Arc<DrainControl>,
     access: AccessPolicy,
@@ -85,16 +85,22 @@ fn decode_segment(s: &str) -> String {
 impl Admin {
     /// Builds the component: the probes it also serves, the reloader of `POST /reload`, the
     /// drain it starts and shows (`/drain`), and the browser rules of `[admin]`.
-    pub fn new(d: Arc<Deliverer>, probes: Arc<Probes>, reloader: Arc<Reloader>, drain: Arc<DrainControl>) -> Self {
-        let config = d.context().config();
+    pub fn new(
+        ctx: Arc<Context>,
+        hosts: Arc<HostLimiter>,
+        probes: Arc<Probes>,
+        reloader: Arc<Reloader>,
+        drain: Arc<DrainControl>,
+    ) -> Self {
+        let config = ctx.config();
         let access = AccessPolicy::new(
             "admin",
             config.admin.allowed_origins.clone(),
             config.admin.hosts.clone(),
         );
         Admin {
-            ctx: d.context().clone(),
-            d,
+            ctx,
+            hosts,
             probes,
             access,
             reloader,
@@ -397,8 +403,7 @@ impl Admin {
             Some(_) => return Err(bad_request("state must be open")),
         };
         let items: Vec<Value> = self
-            .d
-            .hosts()
+            .hosts
             .snapshot(open_only)
             .into_iter()
             .map(|h| {

@@ -242,7 +242,8 @@ fn handlers(
 ) -> [Handler; 3] {
     let probes = Arc::new(Probes::new(deliverer.clone(), draining.clone()));
     let admin = Arc::new(Admin::new(
-        deliverer.clone(),
+        deliverer.context().clone(),
+        deliverer.hosts().clone(),
         probes.clone(),
         reloader.clone(),
         drain.clone(),

@@ -52,7 +52,7 @@ pub struct Deliverer {
     ctx: Arc<Context>,
     transport: Arc<dyn Transport>,
     /// Per-host caps and breakers.
-    hosts: HostLimiter,
+    hosts: Arc<HostLimiter>,
     /// Fleet-wide limits on Redis (`[fleet]`), when configured.
     fleet: Option<crate::fleet::Fleet>,
     rng: Mutex<StdRng>,
@@ -100,11 +100,11 @@ impl Deliverer {
         let cfg = &settings.config;
         // A probe is taken for lost after twice the longest an attempt may take, which a
         // route or endpoint may set above delivery.request_timeout.
-        let hosts = HostLimiter::new(
+        let hosts = Arc::new(HostLimiter::new(
             cfg.delivery.max_in_flight_per_host,
             host_caps(cfg),
             cfg.circuit.settings(settings.policies.longest_request_timeout()),
-        );
+        ));
         Arc::new_cyclic(|d| Deliverer {
             writer: writer::StoreWriter::start(d.clone(), results::Writer { ctx: ctx.clone() }),
             all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
@@ -133,8 +133,8 @@ impl Deliverer {
         self.fleet.as_ref()
     }
 
-    /// What the per-host limiter shows (admin, metrics).
-    pub fn hosts(&self) -> &HostLimiter {
+    /// The per-host limiter: what it shows (admin, metrics) and a handle to it.
+    pub fn hosts(&self) -> &Arc<HostLimiter> {
         &self.hosts
     }
 
