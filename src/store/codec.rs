@@ -283,35 +283,38 @@ impl Payload {
     /// Encodes the payload as version 1, every field as it is (RocksDB compresses plain
     /// payloads).
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_as(false)
+        self.encode_as(None)
     }
 
     /// Encodes the payload to be sealed (version 2): the body compressed on its own, so no
     /// compression context spans it and the headers or secret, and a sealed payload's size
     /// depends on the body and on the other fields' lengths only.
     pub fn encode_packed(&self) -> Vec<u8> {
-        self.encode_as(true)
+        self.encode_as(Some(&super::seal::pack(&self.body)))
     }
 
-    /// About the length of [`Payload::encode`]'s output (what its buffer is sized for).
-    pub fn encode_len(&self) -> usize {
+    /// Encodes the payload to be stored plain: version 2 when its body packs to half its
+    /// size or less, else version 1 (see `sealing::stored_payload`). The body is compressed
+    /// once, whichever is written.
+    pub fn encode_plain(&self) -> Vec<u8> {
+        let packed = super::seal::pack(&self.body);
+        self.encode_as((packed.len() * 2 <= self.body.len()).then_some(&packed[..]))
+    }
+
+    /// Version 2 with the body already packed (`packed`), or version 1 (`None`).
+    fn encode_as(&self, packed: Option<&[u8]>) -> Vec<u8> {
         let headers_len: usize = self.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
-        32 + self.method.len() + headers_len + self.body.len()
-    }
-
-    fn encode_as(&self, packed: bool) -> Vec<u8> {
-        let tag = if packed { PAYLOAD_V2 } else { PAYLOAD_V1 };
-        let mut w = Writer::new(tag, self.encode_len());
+        let tag = if packed.is_some() { PAYLOAD_V2 } else { PAYLOAD_V1 };
+        let mut w = Writer::new(tag, 32 + self.method.len() + headers_len + self.body.len());
         w.str(&self.method);
         w.u32(self.headers.len() as u32);
         for (name, value) in &self.headers {
             w.str(name);
             w.bytes(value);
         }
-        if packed {
-            w.packed(&self.body);
-        } else {
-            w.bytes(&self.body);
+        match packed {
+            Some(packed) => w.packed(&self.body, packed),
+            None => w.bytes(&self.body),
         }
         w.u8(place_byte(&SCHEMES, self.scheme));
         let (tag, text) = match &self.signing {

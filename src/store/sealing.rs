@@ -103,11 +103,9 @@ pub(super) fn check_at_open(db: &DB, ring: &Keyring) -> Result<(), StoreError> {
 /// less on its own, and RocksDB's block compression, which sees many payloads at once,
 /// does better with it than a packed body would.
 pub(super) fn stored_payload(ring: &Keyring, sealed: bool, key: &[u8], payload: &Payload) -> Vec<u8> {
-    let packed = payload.encode_packed();
     match ring.sealing().filter(|_| sealed) {
-        Some(_) => ring.seal(keys::PAYLOADS, key, packed),
-        None if packed.len() * 2 <= payload.encode_len() => packed,
-        None => payload.encode(),
+        Some(_) => ring.seal(keys::PAYLOADS, key, payload.encode_packed()),
+        None => payload.encode_plain(),
     }
 }
 

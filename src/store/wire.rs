@@ -24,7 +24,7 @@ pub enum CodecError {
     Sealed(#[from] super::seal::SealError),
 }
 
-use super::seal::{pack, unpack};
+use super::seal::unpack;
 
 /// Builds a record: a kind byte, a version byte, then the fields (shared with `lines`).
 pub(super) struct Writer(pub(super) Vec<u8>);
@@ -51,15 +51,10 @@ impl Writer {
     pub(super) fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
-    /// `v` as a flag and bytes: LZ4-compressed on its own (flag 1, see [`pack`]) when that
-    /// makes it smaller, else as it is (flag 0).
-    pub(super) fn packed(&mut self, v: &[u8]) {
-        let packed = pack(v);
-        let (flag, bytes) = if packed.len() < v.len() {
-            (1, &packed[..])
-        } else {
-            (0, v)
-        };
+    /// `v` as a flag and bytes: LZ4-compressed on its own (flag 1, `packed`, which is
+    /// `seal::pack(v)`) when that makes it smaller, else as it is (flag 0).
+    pub(super) fn packed(&mut self, v: &[u8], packed: &[u8]) {
+        let (flag, bytes) = if packed.len() < v.len() { (1, packed) } else { (0, v) };
         self.u8(flag);
         self.bytes(bytes);
     }
