@@ -95,7 +95,7 @@ async fn a_sweep_over_50k_endpoints_keeps_memory_under_its_caps_and_records_expi
         "endpoints held in memory: at most {most_endpoints}"
     );
     assert!(most_hosts <= HOSTS, "hosts held: at most {most_hosts}");
-    // Each 410 left a streak of one: on disk, and not all in memory. The result writer
+    // Each 410 left a streak of one: on disk, and not all in memory. The store writer
     // writes a batch's streaks just after the batch's results, so the last ones may still
     // be on their way when the counts say every message finished.
     let on_disk = tokio::time::timeout(WAIT, async {

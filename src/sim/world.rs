@@ -1,5 +1,5 @@
-//! One simulated run: the real store, accept writer, scheduler loop, delivery workers, result
-//! writer, endpoint table, operator actions and retention, on a [`ManualClock`] and the
+//! One simulated run: the real store, store writer, scheduler loop, delivery workers,
+//! endpoint table, operator actions and retention, on a [`ManualClock`] and the
 //! simulated receivers, driven step by step from one seeded RNG.
 //!
 //! Determinism: nothing runs beside the simulation. The node's runtime is a current-thread
@@ -154,7 +154,7 @@ fn records_in(store: &Arc<Store>, state: State) -> Vec<crate::store::MessageReco
 
 /// Drops the old node's store once this is its last handle, so RocksDB closes here,
 /// before the next open. Threads that outlive a runtime shut down in the background (the
-/// result writer ending the attempts still queued, a scheduler pass on a blocking thread)
+/// store writer ending the attempts still queued, a scheduler pass on a blocking thread)
 /// hold it a moment longer; an open racing their close could fail on RocksDB's own files
 /// (the info log it rotates), not on its lock, which the opener waits for.
 fn let_go(store: Arc<Store>) {

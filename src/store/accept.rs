@@ -2,7 +2,7 @@
 //! for duplicates (against the store and each other, so two racing requests with the same
 //! event id cannot both be stored), writes the new ones as one `WriteBatch` with
 //! `sync = true`, and only then says what became of each. The thread that gathers the batch
-//! (delivery's accept writer) is the caller's: under load one fsync covers hundreds of
+//! (delivery's store writer) is the caller's: under load one fsync covers hundreds of
 //! requests; when idle a lone accept is written at once.
 
 use std::collections::HashMap;

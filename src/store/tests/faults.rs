@@ -35,7 +35,7 @@ pub struct Faults {
     /// replay, a line member a promotion reads), as an I/O error fails them.
     pub fail_reads: std::sync::atomic::AtomicUsize,
     /// Messages whose reads fail, and how: the per-message read errors the scheduler, the
-    /// result writer, a release, a resume, a replay and a sweep must survive without
+    /// store writer, a release, a resume, a replay and a sweep must survive without
     /// stalling the others.
     broken: std::sync::Mutex<std::collections::HashMap<String, ItemFault>>,
     /// How many are broken: the read path looks at this, not at the lock.
