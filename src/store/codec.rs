@@ -280,8 +280,9 @@ impl MessageRecord {
 }
 
 impl Payload {
-    /// Encodes the payload as version 1, every field as it is (RocksDB compresses plain
-    /// payloads).
+    /// Encodes the payload as version 1, every field as it is: what [`Payload::encode_plain`]
+    /// writes when the body does not pack to half (tests write it directly).
+    #[cfg(test)]
     pub fn encode(&self) -> Vec<u8> {
         self.encode_as(None)
     }
@@ -329,7 +330,8 @@ impl Payload {
         w.0
     }
 
-    /// Decodes a payload written by [`Payload::encode`] or [`Payload::encode_packed`].
+    /// Decodes a payload written by [`Payload::encode_plain`] or [`Payload::encode_packed`]
+    /// (version 1 or 2).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
         let packed = buf.get(..2) == Some(&PAYLOAD_V2[..]);
         let mut r = Reader::new("payload", if packed { PAYLOAD_V2 } else { PAYLOAD_V1 }, buf)?;

@@ -84,6 +84,7 @@ fn newest_id(db: &DB) -> Result<Option<String>, StoreError> {
 /// Every column family's descriptor, tuned by `options`.
 fn descriptors(options: &StoreOptions) -> impl Iterator<Item = ColumnFamilyDescriptor> + '_ {
     let table = table_options(options.block_cache_bytes);
+    let sealed = options.keyring.sealing().is_some();
     // The unused `default` column family is opened with our small write buffer too:
     // with RocksDB's own 64 MiB, the free space RocksDB waits for before it resumes
     // writing after a disk-full error (it reserves the largest write buffer) would be
@@ -92,7 +93,6 @@ fn descriptors(options: &StoreOptions) -> impl Iterator<Item = ColumnFamilyDescr
         .iter()
         .chain(std::iter::once(&rocksdb::DEFAULT_COLUMN_FAMILY_NAME))
         .map(move |name| {
-            let sealed = options.keyring.sealing().is_some();
             ColumnFamilyDescriptor::new(*name, cf_options(name, &table, options.write_buffer_bytes, sealed))
         })
 }
