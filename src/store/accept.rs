@@ -13,7 +13,7 @@ use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::LineLocks;
 use super::tx::Tx;
-use super::{cf_of, keys, sealing, Accepted, Leased, NewMessage, Store, StoreError};
+use super::{cf_of, keys, sealing, Accepted, Leased, NewMessage, Payload, Store, StoreError};
 use crate::model::State;
 
 /// One accept ready for its batch. The record and payload are encoded by its caller (see
@@ -24,8 +24,9 @@ pub struct Accepting {
     record: MessageRecord,
     record_bytes: Vec<u8>,
     payload_bytes: Vec<u8>,
-    /// The message to run, when it is written claimed.
-    claimed: Option<Leased>,
+    /// What is sent, when it is written claimed: with `record`, the message to run (kept
+    /// apart until then, so the record is not copied for the batch).
+    claimed: Option<Payload>,
 }
 
 /// What became of one accept of a batch.
@@ -64,12 +65,11 @@ impl Store {
     pub fn accepting(&self, msg: NewMessage, claim: bool) -> Accepting {
         let ring = &self.options.keyring;
         let payload_bytes = sealing::stored_payload(ring, true, msg.record.id.as_bytes(), &msg.payload);
-        let (record, claimed) = if claim && msg.record.fifo.is_none() {
-            let leased = Leased::of(msg);
-            (leased.record.clone(), Some(leased))
-        } else {
-            (msg.record, None)
-        };
+        let NewMessage { mut record, payload } = msg;
+        let claimed = (claim && record.fifo.is_none()).then(|| {
+            record.state = State::InFlight;
+            payload
+        });
         Accepting {
             // An ordered record is encoded in its batch, once its place is known.
             record_bytes: record.fifo.map_or_else(|| record.encode(), |_| Vec::new()),
@@ -208,7 +208,9 @@ impl<'a> Gathered<'a> {
                 Ok(queued) => {
                     self.put(&accepting, &event_key, queued);
                     self.in_batch.insert(event_key, accepting.record.id.clone());
-                    self.stored.push((i, accepting.claimed));
+                    let Accepting { record, claimed, .. } = accepting;
+                    self.stored
+                        .push((i, claimed.map(|payload| Leased::of(NewMessage { record, payload }))));
                     None
                 }
                 Err(e) => Some(Settled::Failed(e)),
