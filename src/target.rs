@@ -124,6 +124,11 @@ pub fn resolve_target(
 /// The endpoint key used when the app sends no `Courier-Endpoint`: the target URL without
 /// its query (and fragment), in `url`'s normal form.
 pub fn default_endpoint_key(url: &Url) -> String {
+    // Without a query or fragment the key is the URL's own text: `set_query` re-serialises
+    // the whole URL, once per accepted message.
+    if url.query().is_none() && url.fragment().is_none() {
+        return url.as_str().to_string();
+    }
     let mut key = url.clone();
     key.set_query(None);
     key.set_fragment(None);
@@ -558,6 +563,7 @@ mod tests {
             ("https://r.example", "https://r.example/"),
             ("https://r.example:8443/a/b?x#y", "https://r.example:8443/a/b"),
             ("https://R.Example:443/h?", "https://r.example/h"),
+            ("https://r.example/h#f", "https://r.example/h"),
         ];
         for (url, key) in cases {
             assert_eq!(default_endpoint_key(&Url::parse(url).unwrap()), key, "{url}");
