@@ -165,10 +165,12 @@ impl Store {
         }
     }
 
-    /// A message as readers see it: `in_flight` while leased. The lease is looked at before
-    /// the record is read: a result or release writes the record first and ends the lease
-    /// after, so this never shows the record from before such a write as no longer leased.
+    /// A message as readers see it: `in_flight` while leased. Read under the id's stripe: a
+    /// result or release writes the record and ends the lease under it, so a reader sees
+    /// both before or both after, never the written retry (its attempt counted) as still in
+    /// flight, nor the record from before the write as no longer leased.
     pub fn message_shown(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+        let _g = self.lock(id);
         let leased = self.leases.contains(id);
         Ok(self.message(id)?.map(|mut rec| {
             if leased && rec.state == State::Pending {

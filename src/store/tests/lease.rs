@@ -268,3 +268,53 @@ async fn an_unreadable_entry_fails_alone_and_is_held_back_until_its_retry() {
     store.faults().heal("dlv_b");
     assert!(matches!(store.lease_many(&entries[1..2], 3_200)[0], Ok(Some(_))));
 }
+
+/// Finding (a CI run of `client_limits`): a reader could see a leased message's retry
+/// written (its attempt counted) but its lease not yet ended, and showed it in flight with
+/// the attempt counted and no next attempt. `message_shown` reads under the id's stripe,
+/// which the result holds across its write and the lease's end. Without that lock this
+/// failed at the first attempt here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_never_sees_a_written_retry_still_in_flight() {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let (_d, store) = open();
+    let store = std::sync::Arc::new(store);
+    // The attempt whose result is being written now (0: none): while it is, a reader sees
+    // the record from before (that attempt not counted, in flight) or from after (counted,
+    // pending), never counted and in flight.
+    let writing = std::sync::Arc::new(AtomicU32::new(0));
+    let done = std::sync::Arc::new(AtomicU32::new(0));
+    let reader = {
+        let (store, writing, done) = (store.clone(), writing.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while done.load(SeqCst) == 0 {
+                let before = writing.load(SeqCst);
+                let Some(rec) = store.message_shown("dlv_a").unwrap() else {
+                    continue;
+                };
+                reads += 1;
+                if before != 0 && writing.load(SeqCst) == before && rec.attempts == before {
+                    assert_eq!(rec.state, State::Pending, "attempt {before} counted, still in flight");
+                }
+            }
+            reads
+        })
+    };
+    store.accept(message("dlv_a", "e", 100)).await.unwrap();
+    for attempt_no in 1..=2_000u32 {
+        let due = 100 + u64::from(attempt_no);
+        store.lease_many(&[entry(&store, "dlv_a")], 0);
+        writing.store(attempt_no, SeqCst);
+        store
+            .finish_attempt("dlv_a", &attempt(503), Transition::RetryAt(due), 150)
+            .unwrap()
+            .expect("leased");
+        writing.store(0, SeqCst);
+    }
+    done.store(1, SeqCst);
+    assert!(
+        reader.join().unwrap() > 0,
+        "the reader read while the results were written"
+    );
+}
