@@ -42,17 +42,30 @@ first_line() { for _ in $(seq 1 600); do [ -s "$1" ] && { head -1 "$1"; return; 
 "$loadgen" --serve-baseline > "$work/rx.addr" & pids+=($!)
 receiver="$(first_line "$work/rx.addr")"
 
-# measure NAME URL PID: the window's instructions / its 202s.
+# Waits until PID has drained: its CPU time grows by under 5 ticks in half a second (what is
+# left is timers; a delivery under valgrind costs more). At most two minutes.
+wait_idle() {
+    local cpu last=-100
+    for _ in $(seq 1 240); do
+        cpu=$(awk '{print $14 + $15}' "/proc/$1/stat")
+        [ $((cpu - last)) -lt 5 ] && return
+        last=$cpu
+        sleep 0.5
+    done
+    echo "instructions: pid $1 never went idle" >&2; exit 1
+}
+
+# measure NAME URL PID OUT: the window's instructions / its 202s.
 measure() {
     local name=$1 url=$2 pid=$3 out=$4
     wrk -t1 -c8 -d3s -s "$work/post.lua" "$url" >/dev/null
-    sleep 2
+    wait_idle "$pid"
     callgrind_control -d "$pid" >/dev/null 2>&1
     local acks
     acks=$(wrk -t1 -c8 -d"${window}s" -s "$work/post.lua" "$url" | awk '/requests in/ {print $1}')
-    sleep 3
+    wait_idle "$pid"
     callgrind_control -d "$pid" >/dev/null 2>&1
-    sleep 1
+    [ -s "$out.$pid.2" ] || { echo "instructions: no profile of the window from pid $pid" >&2; exit 1; }
     local ir
     ir=$(callgrind_annotate "$out.$pid.2" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
     per=$((ir / acks))

@@ -312,7 +312,7 @@ impl Ingress {
             id: &id,
             event_id: &event_id,
             status,
-            duplicate: duplicate.then_some(true),
+            duplicate,
         };
         Ok(accepted(config, &id, &event_id, &body))
     }
@@ -380,21 +380,20 @@ fn too_large(max: u64) -> Refusal {
 }
 
 /// The 202's body (CONTRACT §2), serialised from its fields: a `serde_json::Value` would
-/// build a map and its strings for every accept.
+/// build a map and its strings for every accept. `duplicate` is written only when true.
 #[derive(serde::Serialize)]
 struct AcceptedBody<'a> {
     id: &'a str,
     event_id: &'a str,
     status: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duplicate: Option<bool>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    duplicate: bool,
 }
 
 /// The 202 for a message stored as `id`; with `ingress_token` set, its `Courier-Receipt`
 /// (the proof a draining courier checks before it marks a message handed off).
 fn accepted(config: &crate::config::Config, id: &str, event_id: &str, body: &AcceptedBody<'_>) -> Response<Body> {
-    let body = serde_json::to_string(body).expect("a struct of strings serialises");
-    let mut resp = serve::text(StatusCode::ACCEPTED, "application/json", body);
+    let mut resp = serve::json(StatusCode::ACCEPTED, body);
     if let Ok(v) = http::HeaderValue::from_str(id) {
         resp.headers_mut().insert("courier-delivery-id", v);
     }

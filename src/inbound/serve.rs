@@ -444,9 +444,10 @@ impl Refusal {
     }
 }
 
-/// A JSON answer.
-pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    text(status, "application/json", value.to_string())
+/// A JSON answer: a `serde_json::Value`, or a struct serialised straight from its fields.
+pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let body = serde_json::to_string(value).expect("JSON values and string-keyed structs serialise");
+    text(status, "application/json", body)
 }
 
 /// The one error shape: `{"error": "<code>", "message": "<sentence>"}`.
