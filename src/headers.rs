@@ -8,6 +8,7 @@
 //! or repeated control header is a 400. Values of `Courier-Signing-Secret` and
 //! `Courier-Token` never appear in errors or `Debug` output.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
@@ -199,16 +200,20 @@ pub fn forwardable_headers(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
 /// `webhook-signature` (courier sets fresh ones) and without `drop_also` (the chosen scheme's
 /// signature headers), compared case-insensitively. Headers that are never forwarded are
 /// dropped again here, so a record written by an older or buggy writer cannot leak them.
-pub fn outbound_headers(stored: &[(String, Vec<u8>)], drop_also: &[&str]) -> Vec<(String, Vec<u8>)> {
+pub fn outbound_headers(stored: &[(String, Vec<u8>)], drop_also: &[&str]) -> Vec<(Cow<'static, str>, Vec<u8>)> {
     stored
         .iter()
         .filter(|(name, _)| {
-            let lower = name.to_ascii_lowercase();
+            // Stored names are lowercase (courier stores them from `http`'s): no copy then.
+            let lower = match name.bytes().any(|b| b.is_ascii_uppercase()) {
+                true => Cow::Owned(name.to_ascii_lowercase()),
+                false => Cow::Borrowed(name.as_str()),
+            };
             !never_forwarded(&lower)
-                && !STANDARD_WEBHOOK_HEADERS.contains(&lower.as_str())
+                && !STANDARD_WEBHOOK_HEADERS.contains(&&*lower)
                 && !drop_also.iter().any(|d| d.eq_ignore_ascii_case(&lower))
         })
-        .cloned()
+        .map(|(name, value)| (Cow::Owned(name.clone()), value.clone()))
         .collect()
 }
 
@@ -507,7 +512,8 @@ mod tests {
         .iter()
         .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
         .collect();
-        let names = |v: Vec<(String, Vec<u8>)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let names =
+            |v: Vec<(Cow<'static, str>, Vec<u8>)>| v.into_iter().map(|(n, _)| n.into_owned()).collect::<Vec<_>>();
         let cases: &[(&[&str], &[&str])] = &[
             (
                 &[],

@@ -2,6 +2,8 @@
 //! signature, the attempt's own trace span), and the receiver's error answer described for
 //! operators with nothing the message sent echoed back.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::config::Config;
@@ -69,12 +71,12 @@ pub(super) fn build(
     // stored one is replaced (tracestate goes on unchanged).
     if let Some(child) = traceparent {
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case(TRACEPARENT));
-        headers.push((TRACEPARENT.to_string(), child.into_bytes()));
+        headers.push((Cow::Borrowed(TRACEPARENT), child.into_bytes()));
     }
     headers.extend(
         fresh
             .into_iter()
-            .map(|(name, value)| (name.to_string(), value.into_bytes())),
+            .map(|(name, value)| (Cow::Borrowed(name), value.into_bytes())),
     );
     Ok(OutboundRequest {
         method: http::Method::from_bytes(payload.method.as_bytes()).map_err(|_| BuildError::Method)?,

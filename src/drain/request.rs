@@ -22,6 +22,7 @@
 //! trace goes on at the peer). The route a message came through is not sent: the peer has
 //! its own routes; its policy for the endpoint applies there.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -60,12 +61,13 @@ pub fn forward_request(
     let method = http::Method::from_bytes(payload.method.as_bytes())
         .map_err(|_| format!("stored method {:?} is not an HTTP method", payload.method))?;
     // The app's own event id headers are replaced by the one courier keeps.
-    let mut headers: Vec<(String, Vec<u8>)> = payload
+    let mut headers: Vec<(Cow<'static, str>, Vec<u8>)> = payload
         .headers
         .into_iter()
         .filter(|(name, _)| !name.eq_ignore_ascii_case(WEBHOOK_ID))
+        .map(|(name, value)| (Cow::Owned(name), value))
         .collect();
-    let mut control = |name: &str, value: String| headers.push((name.to_string(), value.into_bytes()));
+    let mut control = |name: &'static str, value: String| headers.push((Cow::Borrowed(name), value.into_bytes()));
     control(WEBHOOK_ID, rec.event_id.clone());
     control(COURIER_TARGET, rec.target.clone());
     control(COURIER_ENDPOINT, rec.endpoint.clone());

@@ -23,6 +23,7 @@
 //! Idle pooled connections are bounded per host by hyper-util's pool and, all hosts
 //! together, by [`crate::outbound::conn_cap`] (`delivery.max_idle_connections`).
 
+use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
@@ -203,8 +204,11 @@ impl HttpTransport {
         let proxied = self.through_proxy(&current, &req.url).await?;
         let url = proxied.as_ref().map_or(&req.url, |p| &p.url);
         let mut builder = http::Request::builder().method(req.method).uri(url.as_str());
-        for (name, value) in &req.headers {
-            builder = builder.header(name.as_str(), value.as_slice());
+        if let Some(headers) = builder.headers_mut() {
+            headers.reserve(req.headers.len() + 2);
+            for (name, value) in req.headers {
+                headers.append(header_name(name)?, header_value(value)?);
+            }
         }
         if let Some(p) = &proxied {
             builder = builder.header(http::header::HOST, p.host.as_str());
@@ -303,6 +307,22 @@ impl Transport for HttpTransport {
     }
 }
 
+/// A header name of an attempt. A static one is courier's own constant (lowercase, valid:
+/// `static_header_names_are_valid` checks each), taken without an allocation.
+fn header_name(name: Cow<'static, str>) -> Result<http::HeaderName, TransportError> {
+    match name {
+        Cow::Borrowed(name) => Ok(http::HeaderName::from_static(name)),
+        Cow::Owned(name) => {
+            http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| TransportError::Network(e.to_string()))
+        }
+    }
+}
+
+/// A header value of an attempt, moved into the request rather than copied.
+fn header_value(value: Vec<u8>) -> Result<http::HeaderValue, TransportError> {
+    http::HeaderValue::from_maybe_shared(Bytes::from(value)).map_err(|e| TransportError::Network(e.to_string()))
+}
+
 /// Maps a client error to a transport error, finding an egress refusal or a timeout
 /// anywhere in its cause chain.
 fn classify_error(err: hyper_util::client::legacy::Error) -> TransportError {
@@ -327,5 +347,40 @@ fn classify_error(err: hyper_util::client::legacy::Error) -> TransportError {
         TransportError::Timeout(message)
     } else {
         TransportError::Network(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::*;
+    use crate::model::SignatureScheme;
+
+    /// Every static name an attempt or a drain sends: `HeaderName::from_static` panics on
+    /// an invalid one, so each is taken here once.
+    #[test]
+    fn static_header_names_are_valid() {
+        let schemes = [
+            SignatureScheme::Standard,
+            SignatureScheme::Stripe,
+            SignatureScheme::Github,
+            SignatureScheme::None,
+        ];
+        let signing = schemes.into_iter().flat_map(crate::signing::signature_headers).copied();
+        let control = [
+            COURIER_TARGET,
+            COURIER_ENDPOINT,
+            COURIER_SIGNING_SECRET,
+            COURIER_SIGNING_KEY,
+            COURIER_SIGNATURE_SCHEME,
+            COURIER_MAX_ATTEMPTS,
+            COURIER_GIVE_UP_AFTER,
+            COURIER_TOKEN,
+            crate::outbound::trace::TRACEPARENT,
+        ];
+        for name in signing.chain(control) {
+            let got = header_name(Cow::Borrowed(name)).unwrap();
+            assert_eq!(got.as_str(), name);
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! [`Transport`] trait, so component tests inject a scripted fake and the real
 //! [`crate::outbound::client::HttpTransport`] stays out of the retry logic.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -14,8 +15,9 @@ pub struct OutboundRequest {
     pub method: http::Method,
     /// Where to send it.
     pub url: url::Url,
-    /// Headers in order (lowercase names).
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Headers in order (lowercase names): courier's own names are static, so sending them
+    /// allocates nothing; values move into the request without a copy.
+    pub headers: Vec<(Cow<'static, str>, Vec<u8>)>,
     /// The body.
     pub body: Bytes,
     /// The whole attempt's time limit: the message's policy's `request_timeout`.

@@ -205,6 +205,12 @@ fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize, 
         DBCompressionType::None
     });
     o.set_level_compaction_dynamic_level_bytes(true);
+    if name == keys::EVENTS {
+        // Every accept asks for its event id and nearly every answer is no: a memtable
+        // bloom filter answers that without walking the memtable.
+        o.set_memtable_whole_key_filtering(true);
+        o.set_memtable_prefix_bloom_ratio(0.02);
+    }
     if name == keys::META {
         o.set_merge_operator_associative("courier_add_i64", add_counter);
     }
