@@ -23,7 +23,7 @@ pub(super) enum BuildError {
     #[error("{0}")]
     Signing(#[from] signing::SigningError),
     #[error("stored target is not a URL: {0}")]
-    Target(#[from] url::ParseError),
+    Target(String),
     #[error("{0}")]
     Alert(#[from] super::alert::Unresolved),
     #[error("stored method is invalid")]
@@ -33,7 +33,7 @@ pub(super) enum BuildError {
 /// The secrets a message signs with. A named key's targets are checked again here, at
 /// every attempt, not only at ingress: a message accepted before the key was bound (or
 /// before its binding was narrowed) must not be signed for a target now outside it.
-fn secrets_for(config: &Config, choice: &SigningChoice, target: &url::Url) -> Result<Vec<Secret>, BuildError> {
+fn secrets_for(config: &Config, choice: &SigningChoice, target: &str) -> Result<Vec<Secret>, BuildError> {
     Ok(match choice {
         SigningChoice::Default => config.signing.secrets.clone(),
         SigningChoice::Key(name) => {
@@ -42,7 +42,9 @@ fn secrets_for(config: &Config, choice: &SigningChoice, target: &url::Url) -> Re
                 .keys
                 .get(name)
                 .ok_or_else(|| BuildError::MissingKey(name.clone()))?;
-            if !crate::signing::scope::allowed(&key.targets, target) {
+            // Parsed as `url` does only here: a named key's targets match `url`'s form.
+            let target = url::Url::parse(target).map_err(|e| BuildError::Target(e.to_string()))?;
+            if !crate::signing::scope::allowed(&key.targets, &target) {
                 return Err(BuildError::KeyNotAllowed(name.clone()));
             }
             key.secrets.clone()
@@ -62,8 +64,11 @@ pub(super) fn build(
     traceparent: Option<String>,
 ) -> Result<OutboundRequest, BuildError> {
     let scheme = payload.scheme.unwrap_or(config.signing.scheme);
-    let url = url::Url::parse(super::alert::target_url(&rec.target, config.alert_url.as_ref())?)?;
-    let secrets = secrets_for(config, &payload.signing, &url)?;
+    let target = super::alert::target_url(&rec.target, config.alert_url.as_ref())?;
+    let url: http::Uri = target
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| BuildError::Target(e.to_string()))?;
+    let secrets = secrets_for(config, &payload.signing, target)?;
     let body = std::mem::take(&mut payload.body);
     let fresh = signing::sign(scheme, &secrets, &rec.event_id, (wall_ms / 1000) as i64, &body)?;
     let mut headers = crate::headers::outbound_headers(&payload.headers, signing::signature_headers(scheme));

@@ -487,7 +487,7 @@ async fn another_host_is_served_behind_a_long_blocked_backlog() {
     let other = h.accept_url("https://other.example/x", vec![]).await;
     let calls = t.wait_calls(2).await;
     assert_eq!(
-        calls[1].1.url.host_str(),
+        calls[1].1.url.host(),
         Some("other.example"),
         "the other host was reached"
     );

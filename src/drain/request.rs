@@ -87,7 +87,11 @@ pub fn forward_request(
     }
     Ok(OutboundRequest {
         method,
-        url: peer.url.clone(),
+        url: peer
+            .url
+            .as_str()
+            .parse()
+            .map_err(|e| format!("peer URL {}: {e}", peer.url))?,
         headers,
         body: Bytes::from(payload.body),
         timeout: peer.timeout,
@@ -156,7 +160,7 @@ mod tests {
         let (rec, payload) = stored(SigningChoice::Default, None);
         let req = forward_request(&peer(Some("tier-token")), &rec, payload, 21_000).unwrap();
         assert_eq!(req.method, http::Method::PUT);
-        assert_eq!(req.url.as_str(), "http://tier.example:8787/");
+        assert_eq!(req.url.to_string(), "http://tier.example:8787/");
         assert_eq!(&req.body[..], b"{\"a\":1}");
         assert_eq!(req.timeout, Duration::from_secs(7));
         assert_eq!(header(&req, "webhook-id"), ["evt_app_1"], "the kept event id, once");

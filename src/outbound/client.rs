@@ -39,7 +39,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::{Config, DeliveryConfig};
 use crate::outbound::conn_cap::{host_key, ConnCap};
-use crate::outbound::egress::{literal_ip, EgressDenied, EgressPolicy};
+use crate::outbound::egress::{uri_literal_ip, EgressDenied, EgressPolicy};
 use crate::outbound::proxy::{Egress, ProxyRoute};
 pub use crate::outbound::resolver::GuardedResolver;
 use crate::outbound::resolver::Resolve;
@@ -147,21 +147,14 @@ impl tower_service::Service<Uri> for Connector {
 impl HttpTransport {
     /// For an http target the proxy intercepts: the URL rewritten to the checked address,
     /// and the `Host` and `Proxy-Authorization` headers to send with it. `None`: no rewrite.
-    async fn through_proxy(
-        &self,
-        current: &Current,
-        url: &url::Url,
-    ) -> Result<Option<ProxiedHttp<'_>>, TransportError> {
-        let Some(proxy) = self.parts.proxy.as_ref().filter(|_| url.scheme() == "http") else {
+    async fn through_proxy(&self, current: &Current, uri: &Uri) -> Result<Option<ProxiedHttp<'_>>, TransportError> {
+        let Some(proxy) = self.parts.proxy.as_ref().filter(|_| uri.scheme_str() == Some("http")) else {
             return Ok(None);
         };
-        let uri: http::Uri = url
-            .as_str()
-            .parse()
-            .map_err(|e| TransportError::Network(format!("{e}")))?;
-        if !proxy.intercepts(&uri) {
+        if !proxy.intercepts(uri) {
             return Ok(None);
         }
+        let url = url::Url::parse(&uri.to_string()).map_err(|e| TransportError::Network(format!("{e}")))?;
         let host = url.host_str().unwrap_or_default();
         // What hyper would have written from the URL (the port only when not the default).
         let host_header = match url.port() {
@@ -176,18 +169,19 @@ impl HttpTransport {
                 Ok(denied) => TransportError::EgressDenied(denied.to_string()),
                 Err(e) => TransportError::Network(e.to_string()),
             })?;
-        let mut url = url.clone();
+        let mut url = url;
         url.set_ip_host(ip)
             .map_err(|()| TransportError::Network("cannot address the target by IP".to_string()))?;
         // The connector decides again on the address this URL now names: when `no_proxy`
         // lists it (a network, or the IP itself), the request goes direct to the receiver,
         // and the proxy's credentials must not go with it.
-        let through = url
+        let uri: Uri = url
             .as_str()
-            .parse::<http::Uri>()
-            .is_ok_and(|ip_uri| proxy.intercepts(&ip_uri));
+            .parse()
+            .map_err(|e| TransportError::Network(format!("{e}")))?;
+        let through = proxy.intercepts(&uri);
         Ok(Some(ProxiedHttp {
-            url,
+            uri,
             host: host_header,
             proxy: through.then_some(&**proxy),
         }))
@@ -195,15 +189,18 @@ impl HttpTransport {
 
     async fn attempt(&self, req: OutboundRequest) -> Result<InboundResponse, TransportError> {
         let current = self.current.load_full();
-        if let Some(ip) = literal_ip(&req.url) {
+        if let Some(ip) = uri_literal_ip(&req.url) {
             current
                 .guard
                 .check(ip)
                 .map_err(|d| TransportError::EgressDenied(d.to_string()))?;
         }
         let proxied = self.through_proxy(&current, &req.url).await?;
-        let url = proxied.as_ref().map_or(&req.url, |p| &p.url);
-        let mut builder = http::Request::builder().method(req.method).uri(url.as_str());
+        let uri = match &proxied {
+            Some(p) => p.uri.clone(),
+            None => req.url,
+        };
+        let mut builder = http::Request::builder().method(req.method).uri(uri);
         if let Some(headers) = builder.headers_mut() {
             headers.reserve(req.headers.len() + 2);
             for (name, value) in req.headers {
@@ -270,7 +267,7 @@ impl HttpTransport {
 
 /// An http target's request rewritten for the proxy (see [`HttpTransport::through_proxy`]).
 struct ProxiedHttp<'a> {
-    url: url::Url,
+    uri: Uri,
     host: String,
     /// The proxy, when the request goes through it at all (not when `no_proxy` lists the
     /// checked address).

@@ -111,6 +111,15 @@ pub fn literal_ip(url: &url::Url) -> Option<IpAddr> {
     }
 }
 
+/// The host of `uri` when it is an IP literal (an IPv6 one without its brackets). For a
+/// target as courier stores it, normalised by `url` at ingest, this is the address
+/// [`literal_ip`] finds: each attempt checks it without parsing the URL again.
+pub fn uri_literal_ip(uri: &http::Uri) -> Option<IpAddr> {
+    let host = uri.host()?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    host.parse().ok()
+}
+
 /// Whether `host` is a loopback name by definition (RFC 6761 §6.3): `localhost`, and every
 /// name under `.localhost`, with or without the trailing dot, in any case. Such a name never
 /// needs DNS: it is loopback wherever it is resolved.
@@ -492,8 +501,11 @@ mod tests {
             ("https://localhost/", None),
         ];
         for (url, want) in cases {
-            let got = literal_ip(&url::Url::parse(url).unwrap());
-            assert_eq!(got, want.map(ip), "{url}");
+            let parsed = url::Url::parse(url).unwrap();
+            assert_eq!(literal_ip(&parsed), want.map(ip), "{url}");
+            // As an attempt sees it: the stored (normalised) text, parsed as a URI.
+            let stored: http::Uri = parsed.as_str().parse().unwrap();
+            assert_eq!(uri_literal_ip(&stored), want.map(ip), "{url} as stored");
         }
     }
 }

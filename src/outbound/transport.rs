@@ -13,8 +13,9 @@ use bytes::Bytes;
 pub struct OutboundRequest {
     /// HTTP method.
     pub method: http::Method,
-    /// Where to send it.
-    pub url: url::Url,
+    /// Where to send it: the stored target (normalised by `url` at ingest), parsed once,
+    /// straight into the type the client sends.
+    pub url: http::Uri,
     /// Headers in order (lowercase names): courier's own names are static, so sending them
     /// allocates nothing; values move into the request without a copy.
     pub headers: Vec<(Cow<'static, str>, Vec<u8>)>,

@@ -53,7 +53,7 @@ impl Transport for Receiver {
         Box::pin(async move {
             let url = req.url.to_string();
             self.calls.lock().unwrap().push((self.clock.now_ms(), url));
-            if req.url.host_str() == Some(BUSY) {
+            if req.url.host() == Some(BUSY) {
                 let (tx, rx) = oneshot::channel();
                 self.held.lock().unwrap().push(tx);
                 let _ = rx.await;

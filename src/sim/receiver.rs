@@ -239,6 +239,11 @@ impl SimTransport {
     }
 }
 
+/// `host:port` of an attempt's URI, as the delivery side keys hosts (`target::host_key`).
+fn uri_host_key(uri: &http::Uri) -> String {
+    crate::outbound::conn_cap::host_key(uri).map_or_else(String::new, |k| k.to_string())
+}
+
 fn header(req: &OutboundRequest, name: &str) -> String {
     req.headers
         .iter()
@@ -293,7 +298,7 @@ impl Transport for SimTransport {
         // A worker that panics before its request leaves (a bug in courier, not the
         // receiver's doing): the message must be requeued, uncounted, its lease ended.
         if !st.healthy && st.rng.random_ratio(1, 40) {
-            *st.panicked.entry(crate::target::host_key(&req.url)).or_default() += 1;
+            *st.panicked.entry(uri_host_key(&req.url)).or_default() += 1;
             drop(st);
             quiet_simulated_panics();
             return Box::pin(async { panic!("{SIMULATED_PANIC}") });
@@ -306,7 +311,7 @@ impl Transport for SimTransport {
             st.rng = rng;
             a
         };
-        let host = crate::target::host_key(&req.url);
+        let host = uri_host_key(&req.url);
         let now_host = {
             let n = st.in_flight.entry(host.clone()).or_default();
             *n += 1;
