@@ -116,8 +116,8 @@ struct Entries {
     /// The capped endpoints' semaphores, each with whether it limits now: one a reload left
     /// uncapped while attempts held its permits stays (not limiting) until those end, so a
     /// cap put back meanwhile counts them.
-    caps: HashMap<String, (bool, Resizable)>,
-    map: HashMap<String, Entry>,
+    caps: foldhash::HashMap<String, (bool, Resizable)>,
+    map: foldhash::HashMap<String, Entry>,
     /// The size at which the next prune runs.
     prune_at: usize,
 }
@@ -164,8 +164,8 @@ impl EndpointTable {
             listed_for_ms,
             entries: Mutex::new(Entries {
                 rates: Rates { default_rate, rates },
-                caps: HashMap::new(),
-                map: HashMap::new(),
+                caps: Default::default(),
+                map: Default::default(),
                 prune_at: PRUNE_ABOVE,
             }),
             any_cap: AtomicBool::new(false),

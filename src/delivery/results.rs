@@ -9,7 +9,6 @@
 //! the store read that brings back a forgotten endpoint's streak happens here, off the
 //! async workers.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -136,7 +135,7 @@ impl Writer {
     ) -> Vec<EndpointChange> {
         let mut changes = Vec::with_capacity(notes.len());
         // Endpoint → the record its last change in this batch left.
-        let mut dirty: HashMap<&str, EndpointRecord> = HashMap::new();
+        let mut dirty: foldhash::HashMap<&str, EndpointRecord> = Default::default();
         let mut synced = false;
         for ((item, note), answer) in items.iter().zip(notes).zip(answers) {
             let change = match answer {

@@ -62,7 +62,7 @@ struct Hosts {
     /// The breaker's settings: a reload may change the probe timeout (it follows the
     /// longest `request_timeout`).
     circuit: CircuitSettings,
-    map: HashMap<String, Host>,
+    map: foldhash::HashMap<String, Host>,
     /// The size at which idle hosts are next forgotten: at least twice what the last prune
     /// kept, so a prune that frees little (every host busy) is not paid again per attempt.
     prune_at: usize,
@@ -106,7 +106,7 @@ impl HostLimiter {
             hosts: Arc::new(Mutex::new(Hosts {
                 caps: Caps { default_cap, overrides },
                 circuit,
-                map: HashMap::new(),
+                map: Default::default(),
                 prune_at: PRUNE_ABOVE,
             })),
         }

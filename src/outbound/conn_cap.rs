@@ -32,7 +32,7 @@
 //! connection closed this way a moment earlier never had a byte written, so hyper-util
 //! retries it on a new connection (`retry_canceled_requests`, on by default).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,7 +166,7 @@ pub struct Registry {
     /// A logical clock for least-recently-used order (no wall clock: ties cannot happen).
     tick: u64,
     next_id: u64,
-    hosts: HashMap<Arc<str>, Host>,
+    hosts: foldhash::HashMap<Arc<str>, Host>,
     /// The closable hosts, least recently used first.
     lru: BTreeSet<(u64, Arc<str>)>,
     /// Sum of every host's idle connections.
@@ -186,7 +186,7 @@ impl Registry {
             armed: false,
             tick: 0,
             next_id: 0,
-            hosts: HashMap::new(),
+            hosts: Default::default(),
             lru: BTreeSet::new(),
             idle: 0,
             last_trim: None,

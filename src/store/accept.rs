@@ -5,8 +5,6 @@
 //! (delivery's store writer) is the caller's: under load one fsync covers hundreds of
 //! requests; when idle a lone accept is written at once.
 
-use std::collections::HashMap;
-
 use rocksdb::WriteBatch;
 
 use super::codec::MessageRecord;
@@ -137,7 +135,7 @@ fn commit(
 struct Gathered<'a> {
     tx: Tx<'a>,
     /// Event key to message id, for the accepts already in this batch.
-    in_batch: HashMap<Vec<u8>, String>,
+    in_batch: foldhash::HashMap<Vec<u8>, String>,
     /// Where each stored accept is in the batch, with the message to run.
     stored: Vec<(usize, Option<Leased>)>,
     /// A duplicate of a message in this very batch is answered with the batch's result:
@@ -155,7 +153,7 @@ impl<'a> Gathered<'a> {
             .sum();
         Gathered {
             tx: Tx::with_capacity(db, bytes),
-            in_batch: HashMap::new(),
+            in_batch: Default::default(),
             stored: Vec::with_capacity(batch.len()),
             in_batch_duplicates: Vec::new(),
         }

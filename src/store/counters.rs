@@ -11,7 +11,7 @@ use super::{keys, Counts, State, Store, StoreError};
 /// Counter changes of one batch, summed per counter: a batch of many transitions then
 /// merges each counter once instead of once per message.
 #[derive(Debug, Default)]
-pub(crate) struct CounterDeltas(std::collections::HashMap<Vec<u8>, i64>);
+pub(crate) struct CounterDeltas(foldhash::HashMap<Vec<u8>, i64>);
 
 impl CounterDeltas {
     pub(crate) fn add(&mut self, key: &[u8], delta: i64) {

@@ -19,7 +19,7 @@ impl Store {
         let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id.as_str()));
         // Each record is read once, here: the ordered ones say which lines to lock (after
         // the id stripes, as every line change does), before anything is staged.
-        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        let mut seen = foldhash::HashSet::with_capacity_and_hasher(items.len(), Default::default());
         let records: Vec<Option<Result<Option<MessageRecord>, StoreError>>> = items
             .iter()
             .map(|item| seen.insert(item.id.as_str()).then(|| self.message(&item.id)))
@@ -66,7 +66,7 @@ impl Store {
     /// retries the result, which must not then be taken for stale, and the message must not
     /// start again meanwhile.
     fn end_leases(&self, items: &[FinishedAttempt], out: &[Result<Option<MessageRecord>, StoreError>]) {
-        let failed: std::collections::HashSet<&str> = items
+        let failed: foldhash::HashSet<&str> = items
             .iter()
             .zip(out)
             .filter(|(_, r)| r.is_err())

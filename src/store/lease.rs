@@ -32,7 +32,6 @@
 //!
 //! Readers that show state (the admin API) see a leased message as `in_flight`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -49,8 +48,8 @@ pub(super) const HELD_MAX: usize = 1024;
 /// queue. And the entries held back because their message could not be read.
 #[derive(Debug, Default)]
 pub(super) struct Leases {
-    ids: Mutex<HashMap<String, u64>>,
-    held: Mutex<HashMap<String, Held>>,
+    ids: Mutex<foldhash::HashMap<String, u64>>,
+    held: Mutex<foldhash::HashMap<String, Held>>,
     /// How many are held: the due walk looks at this, not at the lock.
     held_n: AtomicUsize,
 }
