@@ -45,7 +45,7 @@ impl Envelope {
         let record = MessageRecord {
             id,
             event_id,
-            target: self.target.to_string(),
+            target: self.target.into(),
             endpoint,
             host,
             route: self.route,

@@ -93,13 +93,22 @@ impl IdSeq {
             last.saturating_add(step)
         };
         *last = id;
-        format!("{DELIVERY_ID_PREFIX}{}", ulid::Ulid::from(id))
+        prefixed(DELIVERY_ID_PREFIX, ulid::Ulid::from(id))
     }
 }
 
 /// A new event id: `msg_<ULID>` (26 Crockford base32 characters after the prefix).
 pub fn new_event_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
-    format!("{EVENT_ID_PREFIX}{}", ulid_at(now_ms, rng))
+    prefixed(EVENT_ID_PREFIX, ulid_at(now_ms, rng))
+}
+
+/// `prefix` and the ULID's text, in one allocation (one or two per accept: no formatter).
+fn prefixed(prefix: &str, ulid: ulid::Ulid) -> String {
+    let mut text = [0u8; ulid::ULID_LEN];
+    let mut id = String::with_capacity(prefix.len() + ulid::ULID_LEN);
+    id.push_str(prefix);
+    id.push_str(ulid.array_to_str(&mut text));
+    id
 }
 
 fn ulid_at(now_ms: u64, rng: &mut impl rand::RngCore) -> ulid::Ulid {

@@ -140,10 +140,13 @@ pub fn default_endpoint_key(url: &Url) -> String {
 /// limit; IPv6 literals in brackets.
 pub fn host_key(url: &Url) -> String {
     let host = url.host_str().unwrap_or("");
-    match url.port_or_known_default() {
-        Some(port) => format!("{host}:{port}"),
-        None => host.to_string(),
+    let mut key = String::with_capacity(host.len() + 6);
+    key.push_str(host);
+    if let Some(port) = url.port_or_known_default() {
+        key.push(':');
+        key.push_str(itoa::Buffer::new().format(port));
     }
+    key
 }
 
 /// Length of the RFC 3986 scheme at the start of `s` (`ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )`),

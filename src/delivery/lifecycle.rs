@@ -86,33 +86,26 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
             rng,
         )
     });
-    let item = FinishedAttempt {
-        id: rec.id.clone(),
-        attempt: AttemptRecord {
-            at_ms: started_ms,
-            status: sent.status,
-            error: sent.error.clone(),
-            duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
-            policy_revision: Some(policy.revision()),
-            span_id: span_id.clone(),
-        },
-        transition,
-        now_ms: sent.now,
-    };
-    let note = StreakNote {
-        endpoint: rec.endpoint.clone(),
-        blocks_line: blocks_its_line(&rec, transition),
+    let attempt = AttemptRecord {
+        at_ms: started_ms,
+        status: sent.status,
+        error: sent.error.clone(),
+        duration_ms: sent.duration.as_millis().min(u32::MAX as u128) as u32,
+        policy_revision: Some(policy.revision()),
+        span_id: span_id.clone(),
     };
     let end = End {
         d: d.clone(),
+        blocks_line: blocks_its_line(&rec, transition),
         rec,
         ids: (trace_id, span_id),
         sent,
         transition,
         global,
         running,
-        retry: (item.clone(), note.clone()),
+        attempt,
     };
+    let (item, note) = end.result();
     d.record_ending(item, note, end).await;
 }
 
@@ -289,11 +282,28 @@ pub(super) struct End {
     /// The `max_in_flight` permit, held until the result is written.
     pub(super) global: tokio::sync::OwnedSemaphorePermit,
     pub(super) running: Running,
-    /// The result again, for another try if the write failed.
-    pub(super) retry: (FinishedAttempt, StreakNote),
+    /// The attempt as recorded, and whether its result blocks its line: what
+    /// [`End::result`] makes the result to write from, again if a write failed.
+    pub(super) attempt: AttemptRecord,
+    pub(super) blocks_line: bool,
 }
 
 impl End {
+    /// The result to write, and the streak note that goes with it.
+    fn result(&self) -> (FinishedAttempt, StreakNote) {
+        let item = FinishedAttempt {
+            id: self.rec.id.clone(),
+            attempt: self.attempt.clone(),
+            transition: self.transition,
+            now_ms: self.sent.now,
+        };
+        let note = StreakNote {
+            endpoint: self.rec.endpoint.clone(),
+            blocks_line: self.blocks_line,
+        };
+        (item, note)
+    }
+
     /// On the store writer's thread, once the batch holding the result was written or
     /// failed: ends the attempt, or tries again on a task of its own (see [`record_again`]).
     pub(super) fn recorded(self, answer: Result<Recorded, StoreError>) {
@@ -308,7 +318,7 @@ impl End {
 
     /// On delivery's runtime, after the store writer failed to write the result (`e`).
     async fn again(self, e: StoreError) {
-        let (item, note) = self.retry.clone();
+        let (item, note) = self.result();
         match record_again(&self.d, item, note, e).await {
             Written::Now(recorded) => self.written(*recorded),
             Written::Later => self.later(),

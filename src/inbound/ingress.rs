@@ -395,7 +395,9 @@ struct AcceptedBody<'a> {
 fn accepted(config: &crate::config::Config, id: &str, event_id: &str, body: &AcceptedBody<'_>) -> Response<Body> {
     let mut resp = serve::json(StatusCode::ACCEPTED, body);
     if let Ok(v) = http::HeaderValue::from_str(id) {
-        resp.headers_mut().insert("courier-delivery-id", v);
+        // A static name: a `&str` one is parsed and copied for every answer.
+        resp.headers_mut()
+            .insert(http::HeaderName::from_static("courier-delivery-id"), v);
     }
     if let Some(token) = &config.ingress_token {
         let receipt = crate::signing::receipt::receipt(token.expose().as_bytes(), event_id, id);

@@ -459,7 +459,7 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
 pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     Response::builder()
         .status(status)
-        .header(http::header::CONTENT_TYPE, content_type)
+        .header(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type))
         .body(Full::new(Bytes::from(body)))
         .expect("static response parts are valid")
 }

@@ -75,7 +75,12 @@ pub fn host_key(uri: &Uri) -> Option<Arc<str>> {
     let port = uri
         .port_u16()
         .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
-    Some(format!("{}:{port}", host.to_ascii_lowercase()).into())
+    let mut key = String::with_capacity(host.len() + 6);
+    key.push_str(host);
+    key.make_ascii_lowercase();
+    key.push(':');
+    key.push_str(itoa::Buffer::new().format(port));
+    Some(key.into())
 }
 
 /// The close switch of one connection, shared by the registry and the connection's IO.
