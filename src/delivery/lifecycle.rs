@@ -29,7 +29,7 @@ use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Limits};
 use crate::redact::url_for_log;
-use crate::store::{AttemptRecord, FinishedAttempt, Leased, MessageRecord, StoreError, Transition};
+use crate::store::{AttemptRecord, Claim, FinishedAttempt, Leased, MessageRecord, StoreError, Transition};
 
 /// Runs one attempt of a claimed message: build the request, send it, judge the answer,
 /// and hand the result to the store writer, which ends the attempt once it is written
@@ -43,6 +43,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
     let Leased {
         record: rec,
         mut payload,
+        claim,
     } = claimed;
     let started_ms = d.ctx.clock().now_ms();
     // What the config says now for this endpoint and route: a lookup, nothing allocated.
@@ -104,6 +105,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         global,
         running,
         attempt,
+        claim,
     };
     let (item, note) = end.result();
     d.record_ending(item, note, end).await;
@@ -286,6 +288,9 @@ pub(super) struct End {
     /// [`End::result`] makes the result to write from, again if a write failed.
     pub(super) attempt: AttemptRecord,
     pub(super) blocks_line: bool,
+    /// How the message was taken: a result of one written in flight at accept carries its
+    /// record to the store.
+    pub(super) claim: Claim,
 }
 
 impl End {
@@ -296,6 +301,7 @@ impl End {
             attempt: self.attempt.clone(),
             transition: self.transition,
             now_ms: self.sent.now,
+            claimed: (self.claim == Claim::AtAccept).then(|| Box::new(self.rec.clone())),
         };
         let note = StreakNote {
             endpoint: self.rec.endpoint.clone(),

@@ -93,7 +93,7 @@ impl Writer {
         // ever): it fails this batch, whose attempts retry their results as after a failed
         // write, as they did when each result had a blocking task of its own.
         let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.ctx.store().finish_attempts(&items)
+            self.ctx.store().finish_attempts(&mut items)
         }))
         .unwrap_or_else(|panic| {
             let why = panic_text(panic.as_ref());

@@ -84,6 +84,7 @@ fn delivered(id: &str) -> FinishedAttempt {
         },
         transition: Transition::Delivered,
         now_ms: 200,
+        claimed: None,
     }
 }
 

@@ -11,7 +11,7 @@ use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::LineLocks;
 use super::tx::Tx;
-use super::{cf_of, keys, sealing, Accepted, Leased, NewMessage, Payload, Store, StoreError};
+use super::{cf_of, keys, sealing, Accepted, Claim, Leased, NewMessage, Payload, Store, StoreError};
 use crate::model::State;
 
 /// One accept ready for its batch. The record and payload are encoded by its caller (see
@@ -207,8 +207,10 @@ impl<'a> Gathered<'a> {
                     self.put(&accepting, &event_key, queued);
                     self.in_batch.insert(event_key, accepting.record.id.clone());
                     let Accepting { record, claimed, .. } = accepting;
-                    self.stored
-                        .push((i, claimed.map(|payload| Leased::of(NewMessage { record, payload }))));
+                    self.stored.push((
+                        i,
+                        claimed.map(|payload| Leased::of(NewMessage { record, payload }, Claim::AtAccept)),
+                    ));
                     None
                 }
                 Err(e) => Some(Settled::Failed(e)),

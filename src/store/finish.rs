@@ -6,7 +6,7 @@
 //! with their counter changes summed (see `counters`).
 
 use super::tx::Tx;
-use super::{keys, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::{keys, locked, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
     /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
@@ -15,14 +15,17 @@ impl Store {
     /// message was deleted meanwhile; an item whose record cannot be read fails alone, a
     /// failed write fails them all. A second item for an id already in the call is
     /// answered `None` (stale), as it would be after the first was written.
-    pub fn finish_attempts(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
+    pub fn finish_attempts(&self, items: &mut [FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
+        let carried: Vec<Option<Box<MessageRecord>>> = items.iter_mut().map(|i| i.claimed.take()).collect();
+        let items = &*items;
         let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id.as_str()));
-        // Each record is read once, here: the ordered ones say which lines to lock (after
+        // Each record is had once, here: the ordered ones say which lines to lock (after
         // the id stripes, as every line change does), before anything is staged.
         let mut seen = foldhash::HashSet::with_capacity_and_hasher(items.len(), Default::default());
         let records: Vec<Option<Result<Option<MessageRecord>, StoreError>>> = items
             .iter()
-            .map(|item| seen.insert(item.id.as_str()).then(|| self.message(&item.id)))
+            .zip(carried)
+            .map(|(item, carried)| seen.insert(item.id.as_str()).then(|| self.record_of(&item.id, carried)))
             .collect();
         let mut line_endpoints: Vec<String> = Vec::new();
         for (item, rec) in items.iter().zip(&records) {
@@ -61,10 +64,22 @@ impl Store {
         out
     }
 
-    /// Ends the leases of the items whose result was written (or stale). An item that
-    /// failed wrote nothing (see [`Store::stage_finish`]) and keeps its lease: its worker
-    /// retries the result, which must not then be taken for stale, and the message must not
-    /// start again meanwhile.
+    /// The record a result is staged on (the caller holds its stripe): the one the attempt
+    /// carries when it was written in flight at accept ([`super::Claim::AtAccept`]), which
+    /// nothing but a delete changes meanwhile (a message in flight is not replayed, parked,
+    /// handed off or moved in a line, and is released only by its own attempt, after its
+    /// result), so no read and decode per delivered message; else the stored one.
+    fn record_of(&self, id: &str, carried: Option<Box<MessageRecord>>) -> Result<Option<MessageRecord>, StoreError> {
+        match carried {
+            Some(rec) => Ok((!locked(&self.deleted_in_flight).contains(id)).then_some(*rec)),
+            None => self.message(id),
+        }
+    }
+
+    /// Ends the leases of the items whose result was written (or stale), and forgets their
+    /// deletes in flight. An item that failed wrote nothing (see [`Store::stage_finish`])
+    /// and keeps its lease: its worker retries the result, which must not then be taken for
+    /// stale, and the message must not start again meanwhile.
     fn end_leases(&self, items: &[FinishedAttempt], out: &[Result<Option<MessageRecord>, StoreError>]) {
         let failed: foldhash::HashSet<&str> = items
             .iter()
@@ -72,8 +87,12 @@ impl Store {
             .filter(|(_, r)| r.is_err())
             .map(|(item, _)| item.id.as_str())
             .collect();
+        let mut deleted = locked(&self.deleted_in_flight);
         for item in items.iter().filter(|i| !failed.contains(i.id.as_str())) {
             self.leases.remove(&item.id);
+            if !deleted.is_empty() {
+                deleted.remove(&item.id);
+            }
         }
     }
 
@@ -95,6 +114,7 @@ impl Store {
             attempt,
             transition,
             now_ms,
+            ..
         } = item;
         let (id, now_ms) = (id.as_str(), *now_ms);
         let Some(mut rec) = rec else {
@@ -160,6 +180,7 @@ impl Store {
         let leased = self.leases.contains(id);
         let Some(mut rec) = self.message(id)? else {
             self.leases.remove(id);
+            locked(&self.deleted_in_flight).remove(id);
             // Deleted while in flight: if it headed a line, the next goes now.
             if let Some(endpoint) = self.lines.ghost_of(id) {
                 let _line = self.lines.lock(std::iter::once(endpoint.as_str()));

@@ -35,7 +35,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::{locked, DueEntry, Leased, ListFilter, MessageRecord, Page, State, Store, StoreError};
+use super::{locked, Claim, DueEntry, Leased, ListFilter, MessageRecord, Page, State, Store, StoreError};
 
 /// The first wait before a message that could not be read is tried again; it doubles with
 /// each failure, up to [`HELD_RETRY_MAX_MS`].
@@ -144,7 +144,7 @@ impl Store {
         self.leases.release_hold(&entry.id);
         let Some(msg) = read else { return Ok(None) };
         locked(&self.leases.ids).insert(entry.id.clone(), entry.due_ms);
-        Ok(Some(Leased::of(msg)))
+        Ok(Some(Leased::of(msg, Claim::FromQueue)))
     }
 
     /// Holds back a due entry whose message could not be read (see the module doc).

@@ -46,6 +46,7 @@ impl Store {
             operator_syncs: std::sync::atomic::AtomicU64::new(0),
             ids,
             leases: Default::default(),
+            deleted_in_flight: Default::default(),
             lines: Default::default(),
             faults,
             counter_gate: Default::default(),

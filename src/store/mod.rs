@@ -123,16 +123,29 @@ pub struct Leased {
     pub record: MessageRecord,
     /// What is sent.
     pub payload: Payload,
+    /// How it was taken.
+    pub claim: Claim,
+}
+
+/// How a message was taken for its attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Written in flight at its accept: stored as [`Leased::record`] says, and nothing but a
+    /// delete changes it before its result (which is then staged on it, unread).
+    AtAccept,
+    /// Leased from the due queue: pending on disk, the lease in memory.
+    FromQueue,
 }
 
 impl Leased {
     /// `msg`, its record marked in flight: called only by the store, where the lease is
     /// taken or written.
-    pub(crate) fn of(mut msg: NewMessage) -> Leased {
+    pub(crate) fn of(mut msg: NewMessage, claim: Claim) -> Leased {
         msg.record.state = crate::model::State::InFlight;
         Leased {
             record: msg.record,
             payload: msg.payload,
+            claim,
         }
     }
 }
@@ -160,6 +173,12 @@ pub struct FinishedAttempt {
     pub transition: Transition,
     /// When the attempt ended.
     pub now_ms: u64,
+    /// The record the attempt started from, when it was written in flight at accept
+    /// ([`Claim::AtAccept`]): only a delete can change such a record before its result, so
+    /// the result is staged on it rather than on a read of it (see
+    /// [`Store::finish_attempts`]). `None`: read it. Boxed: a result moves through the
+    /// store writer's queue, whose jobs stay small.
+    pub claimed: Option<Box<MessageRecord>>,
 }
 
 /// One due entry seen by [`Store::scan_due`].
@@ -234,6 +253,10 @@ pub struct Store {
     ids: crate::model::IdSeq,
     /// Messages the scheduler took for an attempt (see `lease`).
     leases: lease::Leases,
+    /// Messages written in flight at accept and deleted while their attempt ran, from the
+    /// delete to that attempt's result or release: their results, staged on the record the
+    /// attempt carries, are stale (see `finish`). At most one entry per attempt in flight.
+    deleted_in_flight: Mutex<foldhash::HashSet<String>>,
     /// Ordered endpoints' line stripes  and deleted heads.
     lines: lines::LineLocks,
     /// Writes a test has asked to fail.

@@ -10,7 +10,7 @@
 //! the change itself (see `lines`).
 
 use super::tx::Tx;
-use super::{decode_message, keys, MessageRecord, State, Store, StoreError};
+use super::{decode_message, keys, locked, MessageRecord, State, Store, StoreError};
 
 impl Store {
     /// Replays a dead message: pending again, attempts reset, a new give-up time (what
@@ -131,6 +131,10 @@ impl Store {
         let mut tx = Tx::reading(&self.db, &self.faults);
         self.remove(&mut tx, &rec, now_ms)?;
         self.commit(tx, true)?;
+        if rec.state == State::InFlight {
+            // Its attempt's result is staged on the record the attempt carries: stale now.
+            locked(&self.deleted_in_flight).insert(rec.id);
+        }
         Ok(true)
     }
 

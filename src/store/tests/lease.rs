@@ -189,8 +189,9 @@ async fn a_result_that_fails_alone_keeps_its_lease_for_the_retry() {
         attempt: attempt(200),
         transition: Transition::Delivered,
         now_ms: 160,
+        claimed: None,
     };
-    let answers = store.finish_attempts(&[item("dlv_a"), item("dlv_b")]);
+    let answers = store.finish_attempts(&mut [item("dlv_a"), item("dlv_b")]);
     assert!(matches!(answers[0], Ok(Some(_))), "{:?}", answers[0]);
     assert!(answers[1].is_err());
     assert!(!store.is_leased("dlv_a"));
@@ -316,5 +317,51 @@ async fn a_reader_never_sees_a_written_retry_still_in_flight() {
     assert!(
         reader.join().unwrap() > 0,
         "the reader read while the results were written"
+    );
+}
+
+/// The result of a message written in flight at accept, carrying its record.
+fn carried(rec: crate::store::MessageRecord, now_ms: u64) -> FinishedAttempt {
+    FinishedAttempt {
+        id: rec.id.clone(),
+        attempt: attempt(200),
+        transition: Transition::Delivered,
+        now_ms,
+        claimed: Some(Box::new(rec)),
+    }
+}
+
+/// A result carrying the record its attempt started from is staged on it, not on a read
+/// (the record here does not read: the result is written all the same), and a delete while
+/// the attempt ran makes it stale: without that mark the carried record would be written
+/// back, bringing a deleted message back as delivered.
+#[tokio::test]
+async fn a_carried_record_is_written_unread_and_a_delete_in_flight_makes_it_stale() {
+    let (_d, store) = open();
+    let (_, a) = accept_claimed(&store, message("dlv_a", "e1", 100)).await;
+    let (_, b) = accept_claimed(&store, message("dlv_b", "e2", 100)).await;
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        (a.claim, b.claim),
+        (crate::store::Claim::AtAccept, crate::store::Claim::AtAccept)
+    );
+    let (a, b) = (a.record, b.record);
+    store.faults().make_unreadable("dlv_a");
+    let answers = store.finish_attempts(&mut [carried(a, 200)]);
+    let rec = answers[0].as_ref().unwrap().as_ref().expect("written");
+    assert_eq!((rec.state, rec.attempts), (State::Delivered, 1));
+    store.faults().heal("dlv_a");
+    assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::Delivered);
+
+    assert!(store.delete("dlv_b", 250).unwrap());
+    let answers = store.finish_attempts(&mut [carried(b.clone(), 300)]);
+    assert!(matches!(answers[0], Ok(None)), "stale: {:?}", answers[0]);
+    assert!(store.message("dlv_b").unwrap().is_none(), "not brought back");
+    assert!(store.history("dlv_b").unwrap().is_empty());
+    let counts = store.counts().unwrap();
+    assert_eq!((counts.open, counts.delivered), (0, 1));
+    assert!(
+        locked(&store.deleted_in_flight).is_empty(),
+        "the mark ends with the result"
     );
 }

@@ -105,7 +105,11 @@ pub(crate) fn claim(store: &Store, id: &str) -> Leased {
     record.state = State::InFlight;
     tx.put_record(&record);
     store.commit(tx, false).unwrap();
-    Leased { record, payload }
+    Leased {
+        record,
+        payload,
+        claim: crate::store::Claim::AtAccept,
+    }
 }
 
 fn attempt(status: u16) -> AttemptRecord {

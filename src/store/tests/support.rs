@@ -39,13 +39,14 @@ impl Store {
         transition: Transition,
         now_ms: u64,
     ) -> Result<Option<MessageRecord>, StoreError> {
-        let item = FinishedAttempt {
+        let mut item = FinishedAttempt {
             id: id.to_string(),
             attempt: attempt.clone(),
             transition,
             now_ms,
+            claimed: None,
         };
-        self.finish_attempts(std::slice::from_ref(&item))
+        self.finish_attempts(std::slice::from_mut(&mut item))
             .pop()
             .unwrap_or(Ok(None))
     }
