@@ -38,6 +38,7 @@
 //!
 //! Pure: the caller passes the request's parts.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::{HeaderMap, Method, Uri};
@@ -112,7 +113,7 @@ impl AccessPolicy {
     fn check_cross_site(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let section = self.section;
         if let Some(origin) = lowercase(headers, http::header::ORIGIN) {
-            if self.allowed_origins.contains(&origin) {
+            if self.allowed_origins.iter().any(|o| *o == *origin) {
                 return Ok(());
             }
             // The web view's own requests carry admin's own origin (a POST always has
@@ -187,13 +188,17 @@ fn is_unmarked_get(method: &Method, headers: &HeaderMap) -> bool {
 /// `Host`. (The `Host` itself is checked separately against rebinding.)
 fn is_own_origin(origin: &str, headers: &HeaderMap) -> bool {
     let host = lowercase(headers, http::header::HOST);
-    host.is_some_and(|host| origin.strip_prefix("http://") == Some(host.as_str()))
+    host.is_some_and(|host| origin.strip_prefix("http://") == Some(&*host))
 }
 
-/// The header `name`, trimmed and lowercased.
-fn lowercase(headers: &HeaderMap, name: http::HeaderName) -> Option<String> {
+/// The header `name`, trimmed and lowercased: borrowed when it already is (a `Host` on
+/// every accept), copied only when it must change.
+fn lowercase(headers: &HeaderMap, name: http::HeaderName) -> Option<Cow<'_, str>> {
     let v = headers.get(name)?;
-    Some(String::from_utf8_lossy(v.as_bytes()).trim().to_ascii_lowercase())
+    Some(match String::from_utf8_lossy(v.as_bytes()) {
+        Cow::Borrowed(text) if !text.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(text.trim()),
+        text => Cow::Owned(text.trim().to_ascii_lowercase()),
+    })
 }
 
 /// `name:port`, `[v6]:port`, `name` or `[v6]` → (name without brackets, port).

@@ -23,6 +23,11 @@ impl CounterDeltas {
         }
     }
 
+    /// [`CounterDeltas::add`] for a key made for the call (an endpoint's), kept as it is.
+    pub(crate) fn add_owned(&mut self, key: Vec<u8>, delta: i64) {
+        *self.0.entry(key).or_default() += delta;
+    }
+
     /// Appends the merges to `b` (counters that summed to zero are left out).
     pub(crate) fn write_into(self, b: &mut WriteBatch, meta: &ColumnFamily) {
         for (key, delta) in self.0 {

@@ -84,7 +84,7 @@ impl<'a> Tx<'a> {
     /// The open counters (all and the endpoint's) change by `delta`.
     pub(super) fn count_open(&mut self, endpoint: &str, delta: i64) {
         self.count(keys::COUNT_OPEN, delta);
-        self.count(&keys::endpoint_open_key(endpoint), delta);
+        self.counters.add_owned(keys::endpoint_open_key(endpoint), delta);
     }
 
     /// Writes the record of `rec`.
