@@ -65,7 +65,8 @@ pub struct Deliverer {
     waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
     /// Attempts counted as running, with their task once it is spawned (see `dispatch`).
     /// Ordered by id, so a drain cuts attempts in one order (a simulated run replays).
-    in_flight: Mutex<BTreeMap<String, Option<AbortHandle>>>,
+    /// Keyed by a shared id: one allocation per attempt for the entry and its guard.
+    in_flight: Mutex<BTreeMap<Arc<str>, Option<AbortHandle>>>,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -146,7 +147,7 @@ impl Deliverer {
     /// [`AttemptPermit`] says; it counts as running (see [`Running`]) until its result is
     /// settled, which may be after the task ended (see `lifecycle`).
     pub fn dispatch(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit) {
-        let id = claimed.record.id.clone();
+        let id: Arc<str> = claimed.record.id.as_str().into();
         // In before the task exists (it may end, and leave, before `spawn` returns); no lock
         // is held across the spawn, as a runtime already shut down drops the attempt (and
         // its entry, which takes the lock) inside it.
@@ -160,7 +161,7 @@ impl Deliverer {
             .runtime()
             .spawn(lifecycle::attempt(self.clone(), claimed, permit, running));
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = registry.get_mut(&id) {
+        if let Some(entry) = registry.get_mut(&*id) {
             *entry = Some(task.abort_handle());
         }
     }
@@ -193,7 +194,7 @@ impl Deliverer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
-            .cloned()
+            .map(|id| id.to_string())
             .collect()
     }
 

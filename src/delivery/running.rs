@@ -16,13 +16,13 @@ use super::{Deliverer, SELF_FAILURE_DELAY};
 /// One attempt counted as running (see the module doc).
 pub(crate) struct Running {
     d: Arc<Deliverer>,
-    id: String,
+    id: Arc<str>,
     settled: bool,
 }
 
 impl Running {
     /// The entry of `id`; the caller puts it in the registry.
-    pub(super) fn new(d: Arc<Deliverer>, id: String) -> Self {
+    pub(super) fn new(d: Arc<Deliverer>, id: Arc<str>) -> Self {
         Running { d, id, settled: false }
     }
 
