@@ -162,7 +162,8 @@ fn unknown(shown: &str) -> HeaderError {
     ))
 }
 
-const KNOWN: [&str; 8] = [
+/// Every control header courier reads.
+pub(crate) const KNOWN: [&str; 8] = [
     COURIER_TARGET,
     COURIER_ENDPOINT,
     COURIER_SIGNING_SECRET,

@@ -350,7 +350,6 @@ fn classify_error(err: hyper_util::client::legacy::Error) -> TransportError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::*;
     use crate::model::SignatureScheme;
 
     /// Every static name an attempt or a drain sends: `HeaderName::from_static` panics on
@@ -364,17 +363,9 @@ mod tests {
             SignatureScheme::None,
         ];
         let signing = schemes.into_iter().flat_map(crate::signing::signature_headers).copied();
-        let control = [
-            COURIER_TARGET,
-            COURIER_ENDPOINT,
-            COURIER_SIGNING_SECRET,
-            COURIER_SIGNING_KEY,
-            COURIER_SIGNATURE_SCHEME,
-            COURIER_MAX_ATTEMPTS,
-            COURIER_GIVE_UP_AFTER,
-            COURIER_TOKEN,
-            crate::outbound::trace::TRACEPARENT,
-        ];
+        let control = crate::headers::KNOWN
+            .into_iter()
+            .chain([crate::outbound::trace::TRACEPARENT]);
         for name in signing.chain(control) {
             let got = header_name(Cow::Borrowed(name)).unwrap();
             assert_eq!(got.as_str(), name);
