@@ -206,16 +206,22 @@ pub fn outbound_headers(stored: &[(String, Vec<u8>)], drop_also: &[&str]) -> Vec
         .iter()
         .filter(|(name, _)| {
             // Stored names are lowercase (courier stores them from `http`'s): no copy then.
-            let lower = match name.bytes().any(|b| b.is_ascii_uppercase()) {
-                true => Cow::Owned(name.to_ascii_lowercase()),
-                false => Cow::Borrowed(name.as_str()),
-            };
+            let lower = lowercased(name);
             !never_forwarded(&lower)
                 && !STANDARD_WEBHOOK_HEADERS.contains(&&*lower)
                 && !drop_also.iter().any(|d| d.eq_ignore_ascii_case(&lower))
         })
         .map(|(name, value)| (Cow::Owned(name.clone()), value.clone()))
         .collect()
+}
+
+/// `text` in ASCII lowercase, borrowed when it already is (most header names and hosts on
+/// the ingest and delivery paths), copied only when a letter must change.
+pub fn lowercased(text: &str) -> Cow<'_, str> {
+    match text.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => Cow::Owned(text.to_ascii_lowercase()),
+        false => Cow::Borrowed(text),
+    }
 }
 
 /// The ingress token of `Proxy-Authorization`: `Bearer <token>`, or `Basic` whose password

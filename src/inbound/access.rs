@@ -196,8 +196,8 @@ fn is_own_origin(origin: &str, headers: &HeaderMap) -> bool {
 fn lowercase(headers: &HeaderMap, name: http::HeaderName) -> Option<Cow<'_, str>> {
     let v = headers.get(name)?;
     Some(match String::from_utf8_lossy(v.as_bytes()) {
-        Cow::Borrowed(text) if !text.bytes().any(|b| b.is_ascii_uppercase()) => Cow::Borrowed(text.trim()),
-        text => Cow::Owned(text.trim().to_ascii_lowercase()),
+        Cow::Borrowed(text) => crate::headers::lowercased(text.trim()),
+        Cow::Owned(text) => Cow::Owned(text.trim().to_ascii_lowercase()),
     })
 }
 

@@ -154,7 +154,7 @@ impl HttpTransport {
         if !proxy.intercepts(uri) {
             return Ok(None);
         }
-        let url = url::Url::parse(&uri.to_string()).map_err(|e| TransportError::Network(format!("{e}")))?;
+        let mut url = url::Url::parse(&uri.to_string()).map_err(|e| TransportError::Network(format!("{e}")))?;
         let host = url.host_str().unwrap_or_default();
         // What hyper would have written from the URL (the port only when not the default).
         let host_header = match url.port() {
@@ -169,7 +169,6 @@ impl HttpTransport {
                 Ok(denied) => TransportError::EgressDenied(denied.to_string()),
                 Err(e) => TransportError::Network(e.to_string()),
             })?;
-        let mut url = url;
         url.set_ip_host(ip)
             .map_err(|()| TransportError::Network("cannot address the target by IP".to_string()))?;
         // The connector decides again on the address this URL now names: when `no_proxy`

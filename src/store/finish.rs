@@ -19,8 +19,9 @@ impl Store {
         let carried: Vec<Option<Box<MessageRecord>>> = items.iter_mut().map(|i| i.claimed.take()).collect();
         let items = &*items;
         let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id.as_str()));
-        // Each record is had once, here: the ordered ones say which lines to lock (after
-        // the id stripes, as every line change does), before anything is staged.
+        // Each record is had once, here (carried, or read): the ordered ones say which lines
+        // to lock (after the id stripes, as every line change does), before anything is
+        // staged.
         let mut seen = foldhash::HashSet::with_capacity_and_hasher(items.len(), Default::default());
         let records: Vec<Option<Result<Option<MessageRecord>, StoreError>>> = items
             .iter()
