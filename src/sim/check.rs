@@ -148,7 +148,7 @@ fn held_by_line(w: &World, rec: &MessageRecord) -> bool {
         return false;
     }
     let store = w.store();
-    let line = super::world::quietly(&store, || store.line(&rec.endpoint).ok().flatten());
+    let line = store.quietly(|| store.line(&rec.endpoint).ok().flatten());
     line.is_none_or(|l| l.blocked || l.head != rec.id)
 }
 

@@ -282,7 +282,7 @@ fn steps(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
         w.owed_kept()?;
         w.forget_unfinished();
         let store = w.store();
-        world::quietly(&store, || -> Result<(), String> {
+        store.quietly(|| -> Result<(), String> {
             check::step(w)?;
             check::awake(w)?;
             check::not_stalled(w)?;
@@ -382,7 +382,7 @@ fn next_wake(w: &mut World) -> Result<(), String> {
     w.owed_kept()?;
     {
         let store = w.store();
-        world::quietly(&store, || check::awake(w))?;
+        store.quietly(|| check::awake(w))?;
     }
     let now = w.clock.now_ms();
     match w.asleep().and_then(|a| a.until) {
@@ -478,7 +478,9 @@ fn swept_around_the_broken(w: &mut World) -> Result<(), String> {
         .collect();
     left.retain(|id| {
         let head_of = |target: &String| {
-            world::quietly(&store, || store.line(target).ok().flatten()).is_some_and(|l| l.head == *id)
+            store
+                .quietly(|| store.line(target).ok().flatten())
+                .is_some_and(|l| l.head == *id)
         };
         !broken_lines.iter().any(head_of)
     });

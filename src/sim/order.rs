@@ -96,7 +96,7 @@ impl OrderBook {
 
     /// Whether `id` is open in `store` (read past any broken item).
     fn open_in(store: &crate::store::Store, id: &str) -> bool {
-        super::world::quietly(store, || {
+        store.quietly(|| {
             store
                 .message(id)
                 .ok()

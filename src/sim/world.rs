@@ -33,16 +33,7 @@ use crate::store::{Accepted, HandOff, ItemFault, ListFilter, SigningChoice, Stor
 
 /// Whether `id` is stored (read past any broken item: the simulator's own look).
 fn store_has(store: &Store, id: &str) -> bool {
-    quietly(store, || store.message(id).ok().flatten().is_some())
-}
-
-/// Runs the simulator's own reads of `store` with broken items reading as healthy.
-pub fn quietly<T>(store: &Store, f: impl FnOnce() -> T) -> T {
-    let (before, walks) = (store.faults().suspend(true), crate::store::fail_walks(0));
-    let out = f();
-    store.faults().suspend(before);
-    crate::store::fail_walks(walks);
-    out
+    store.quietly(|| store.message(id).ok().flatten().is_some())
 }
 
 /// Most messages broken at once: fewer than the attempt permits, so what a broken message
@@ -142,7 +133,7 @@ fn records_in(store: &Arc<Store>, state: State) -> Vec<crate::store::MessageReco
     };
     let mut out = Vec::new();
     let mut cursor = None;
-    quietly(store, || loop {
+    store.quietly(|| loop {
         let page = store.list(&filter, 1000, cursor.as_deref()).expect("list");
         out.extend(page.items);
         match page.next_cursor {
@@ -815,7 +806,7 @@ impl World {
             // The original must be stored, under the same event and target: a duplicate is
             // acknowledged only when what it duplicates is durable.
             let store = self.store();
-            let stored = quietly(&store, || store.message(&first).ok().flatten());
+            let stored = store.quietly(|| store.message(&first).ok().flatten());
             match stored {
                 Some(rec) if rec.event_id == event && rec.target == target => {}
                 Some(rec) => {
@@ -923,7 +914,7 @@ impl World {
                 let dead = self.list(State::Dead);
                 match dead.get(self.rng.random_range(0..dead.len().max(1))) {
                     Some(id) => {
-                        let ordered = quietly(d.context().store(), || {
+                        let ordered = d.context().store().quietly(|| {
                             self.rx
                                 .order
                                 .before_replay(d.context().store(), std::slice::from_ref(id))
@@ -943,9 +934,10 @@ impl World {
             }
             4 => {
                 let dead = self.list(State::Dead);
-                let mut ordered = quietly(d.context().store(), || {
-                    self.rx.order.before_replay(d.context().store(), &dead)
-                });
+                let mut ordered = d
+                    .context()
+                    .store()
+                    .quietly(|| self.rx.order.before_replay(d.context().store(), &dead));
                 let n = self.live(
                     d.context()
                         .store()
@@ -1033,7 +1025,7 @@ impl World {
     pub fn forget_unfinished(&mut self) {
         let store = self.store();
         let finished = &mut self.model.finished;
-        quietly(&store, || {
+        store.quietly(|| {
             finished.retain(|id| {
                 store
                     .message(id)
@@ -1050,9 +1042,7 @@ impl World {
     pub fn note_finished(&mut self) {
         let store = self.store();
         let finished = &mut self.model.finished;
-        quietly(&store, || {
-            finished.retain(|id| store.message(id).ok().flatten().is_none())
-        });
+        store.quietly(|| finished.retain(|id| store.message(id).ok().flatten().is_none()));
         for state in [State::Delivered, State::Dead] {
             for id in self.list(state) {
                 self.model.finished.insert(id);

@@ -15,6 +15,16 @@ impl Store {
         &self.faults
     }
 
+    /// Runs `f` (the simulator's own reads) with broken items reading as healthy and no
+    /// walk failing.
+    pub(crate) fn quietly<T>(&self, f: impl FnOnce() -> T) -> T {
+        let (before, walks) = (self.faults.suspend(true), fail_walks(0));
+        let out = f();
+        self.faults.suspend(before);
+        fail_walks(walks);
+        out
+    }
+
     /// Saves one endpoint's state, not synced.
     pub(crate) fn put_endpoint(&self, key: &str, rec: &EndpointRecord, now_ms: u64) -> Result<(), StoreError> {
         self.put_endpoints(&[(key.to_string(), rec.clone())], now_ms, false)
