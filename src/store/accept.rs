@@ -135,7 +135,7 @@ fn commit(
 struct Gathered<'a> {
     tx: Tx<'a>,
     /// Event key to message id, for the accepts already in this batch.
-    in_batch: foldhash::HashMap<Vec<u8>, String>,
+    in_batch: foldhash::HashMap<keys::Key, String>,
     /// Where each stored accept is in the batch, with the message to run.
     stored: Vec<(usize, Option<Leased>)>,
     /// A duplicate of a message in this very batch is answered with the batch's result:

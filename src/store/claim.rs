@@ -34,7 +34,11 @@ impl Store {
     ) -> Result<(ScanEnd, FloorMark), StoreError> {
         let mark = self.due_floor.mark();
         let floor = keys::time_key(mark.floor, &mark.id);
-        let mut it = self.range(keys::DUE, &floor, Some(keys::time_key(now_ms.saturating_add(1), "")));
+        let mut it = self.range(
+            keys::DUE,
+            &floor,
+            Some(keys::time_key(now_ms.saturating_add(1), "").to_vec()),
+        );
         if let Some((due, id)) = after {
             let from = keys::time_key(due, id);
             it.seek(&from);

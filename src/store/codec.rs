@@ -196,7 +196,15 @@ impl MessageRecord {
             (None, Some(_)) => MESSAGE_V2,
             (None, None) => MESSAGE_V1,
         };
-        let mut w = Writer::new(tag, 128 + self.target.len() * 2);
+        // Room for all it writes (5 strings and 2 optional ones, each after a 4-byte
+        // length; at most 60 bytes of numbers and flags), so it never grows.
+        let strings = [&self.id, &self.event_id, &self.target, &self.endpoint, &self.host];
+        let optional = [self.last_error.as_ref(), self.route.as_ref()];
+        let capacity = 60
+            + 4 * 7
+            + strings.iter().map(|s| s.len()).sum::<usize>()
+            + optional.iter().flatten().map(|s| s.len()).sum::<usize>();
+        let mut w = Writer::new(tag, capacity);
         w.str(&self.id);
         w.str(&self.event_id);
         w.str(&self.target);

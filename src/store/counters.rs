@@ -11,20 +11,20 @@ use super::{keys, Counts, State, Store, StoreError};
 /// Counter changes of one batch, summed per counter: a batch of many transitions then
 /// merges each counter once instead of once per message.
 #[derive(Debug, Default)]
-pub(crate) struct CounterDeltas(foldhash::HashMap<Vec<u8>, i64>);
+pub(crate) struct CounterDeltas(foldhash::HashMap<keys::Key, i64>);
 
 impl CounterDeltas {
     pub(crate) fn add(&mut self, key: &[u8], delta: i64) {
         match self.0.get_mut(key) {
             Some(v) => *v += delta,
             None => {
-                self.0.insert(key.to_vec(), delta);
+                self.0.insert(keys::Key::from_slice(key), delta);
             }
         }
     }
 
     /// [`CounterDeltas::add`] for a key made for the call (an endpoint's), kept as it is.
-    pub(crate) fn add_owned(&mut self, key: Vec<u8>, delta: i64) {
+    pub(crate) fn add_owned(&mut self, key: keys::Key, delta: i64) {
         *self.0.entry(key).or_default() += delta;
     }
 
@@ -104,7 +104,7 @@ impl Store {
     pub fn open_endpoints_page(&self, after: Option<&str>, prefix: &str, limit: usize) -> Result<OpenPage, StoreError> {
         let base = keys::COUNT_OPEN_ENDPOINT;
         // Strictly after `after`, but not before the first key of `prefix`.
-        let start = keys::after(base, after).max(keys::endpoint_open_key(prefix));
+        let start = keys::after(base, after).max(keys::endpoint_open_key(prefix).to_vec());
         let until = keys::prefix_end(&keys::endpoint_open_key(prefix));
         let mut it = self.range(keys::META, &start, Some(until));
         let (mut out, mut looked) = (Vec::new(), 0);

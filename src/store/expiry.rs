@@ -24,7 +24,7 @@ impl Store {
     /// Removes finished (delivered, dead, handed-off) messages whose retention ended at or
     /// before `now_ms`, looking at most `limit` due entries.
     pub fn sweep_expired(&self, now_ms: u64, limit: usize) -> Result<Swept, StoreError> {
-        let range = (&[][..], Some(keys::time_key(now_ms.saturating_add(1), "")));
+        let range = (&[][..], Some(keys::time_key(now_ms.saturating_add(1), "").to_vec()));
         let (entries, _) = super::page(&self.db, keys::EXPIRY, range, limit, |k, _| {
             Ok(keys::split_time_key(k).map(|(ms, id)| (ms, id.to_string())))
         })?;

@@ -37,9 +37,23 @@ pub const LINES: &str = "lines";
 /// be64(remove-at millis) ‖ id → empty: the retention sweep's order.
 pub const EXPIRY: &str = "expiry";
 
+/// A key as made: inline up to 40 bytes (an id and a time, state or attempt number), so
+/// the several keys each message's writes make need no allocation; longer ones (endpoint
+/// keys) spill to the heap.
+pub type Key = smallvec::SmallVec<[u8; 40]>;
+
+/// The concatenation of `parts`.
+fn key(parts: &[&[u8]]) -> Key {
+    let mut k = Key::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        k.extend_from_slice(p);
+    }
+    k
+}
+
 /// `be64(ms) ‖ id`, the layout of `due` and `expiry` keys.
-pub fn time_key(ms: u64, id: &str) -> Vec<u8> {
-    [&ms.to_be_bytes()[..], id.as_bytes()].concat()
+pub fn time_key(ms: u64, id: &str) -> Key {
+    key(&[&ms.to_be_bytes(), id.as_bytes()])
 }
 
 /// Splits a `time_key` back into its time and id.
@@ -53,30 +67,30 @@ pub fn split_time_key(key: &[u8]) -> Option<(u64, &str)> {
 }
 
 /// `state byte ‖ id`.
-pub fn state_key(state: u8, id: &str) -> Vec<u8> {
-    [&[state][..], id.as_bytes()].concat()
+pub fn state_key(state: u8, id: &str) -> Key {
+    key(&[&[state], id.as_bytes()])
 }
 
 /// `a ‖ 0 ‖ b`, for `parked` (endpoint, id) and `events` (event id, target). Neither
 /// endpoints nor event ids may contain a NUL byte (ingress rejects control characters).
-pub fn pair_key(a: &str, b: &str) -> Vec<u8> {
-    [a.as_bytes(), &[0][..], b.as_bytes()].concat()
+pub fn pair_key(a: &str, b: &str) -> Key {
+    key(&[a.as_bytes(), &[0], b.as_bytes()])
 }
 
 /// The prefix of every `pair_key(a, _)`.
-pub fn pair_prefix(a: &str) -> Vec<u8> {
+pub fn pair_prefix(a: &str) -> Key {
     pair_key(a, "")
 }
 
 /// `endpoint ‖ 0`: the key of an ordered endpoint's line record. It sorts before every
 /// waiting member of that line, so one seek finds the record and then the first member.
-pub fn line_key(endpoint: &str) -> Vec<u8> {
+pub fn line_key(endpoint: &str) -> Key {
     pair_prefix(endpoint)
 }
 
 /// `endpoint ‖ 0 ‖ be64(pos)`: a message waiting in an ordered endpoint's line.
-pub fn line_member_key(endpoint: &str, pos: u64) -> Vec<u8> {
-    [endpoint.as_bytes(), &[0][..], &pos.to_be_bytes()[..]].concat()
+pub fn line_member_key(endpoint: &str, pos: u64) -> Key {
+    key(&[endpoint.as_bytes(), &[0], &pos.to_be_bytes()])
 }
 
 /// Splits a `lines` key into its endpoint and, for a member, its position.
@@ -90,8 +104,8 @@ pub fn split_line_key(key: &[u8]) -> Option<(&str, Option<u64>)> {
 }
 
 /// `id ‖ be32(attempt)`.
-pub fn history_key(id: &str, attempt: u32) -> Vec<u8> {
-    [id.as_bytes(), &attempt.to_be_bytes()[..]].concat()
+pub fn history_key(id: &str, attempt: u32) -> Key {
+    key(&[id.as_bytes(), &attempt.to_be_bytes()])
 }
 
 /// Where a walk of the keys `prefix ‖ …` resumes strictly after `prefix ‖ after` (at the
@@ -130,8 +144,8 @@ pub const COUNT_LINED: &[u8] = b"count/lined";
 pub const COUNT_OPEN_ENDPOINT: &[u8] = b"open/";
 
 /// The per-endpoint open counter key.
-pub fn endpoint_open_key(endpoint: &str) -> Vec<u8> {
-    [COUNT_OPEN_ENDPOINT, endpoint.as_bytes()].concat()
+pub fn endpoint_open_key(endpoint: &str) -> Key {
+    key(&[COUNT_OPEN_ENDPOINT, endpoint.as_bytes()])
 }
 
 #[cfg(test)]
@@ -157,7 +171,7 @@ mod tests {
         let p = pair_prefix("https://a.example/x");
         assert!(pair_key("https://a.example/x", "dlv_1").starts_with(&p));
         assert!(!pair_key("https://a.example/xy", "dlv_1").starts_with(&p));
-        assert!(prefix_end(&p) > pair_key("https://a.example/x", "\u{7f}\u{7f}"));
+        assert!(prefix_end(&p)[..] > pair_key("https://a.example/x", "\u{7f}\u{7f}")[..]);
     }
 
     #[test]
@@ -172,7 +186,7 @@ mod tests {
         let e = "https://a.example/x";
         assert!(line_key(e) < line_member_key(e, 0));
         assert!(line_member_key(e, 255) < line_member_key(e, 256));
-        assert!(line_member_key(e, u64::MAX) < prefix_end(&line_key(e)));
+        assert!(line_member_key(e, u64::MAX)[..] < prefix_end(&line_key(e))[..]);
         assert_eq!(split_line_key(&line_key(e)), Some((e, None)));
         assert_eq!(split_line_key(&line_member_key(e, 300)), Some((e, Some(300))));
         assert_eq!(split_line_key(b"no-separator"), None);

@@ -147,7 +147,11 @@ impl Store {
         tx.delete(keys::MESSAGES, id);
         tx.delete(keys::PAYLOADS, id);
         tx.delete(keys::STATES, keys::state_key(rec.state.to_byte(), id));
-        tx.delete_range(keys::HISTORY, keys::history_key(id, 0), keys::history_key(id, u32::MAX));
+        tx.delete_range(
+            keys::HISTORY,
+            keys::history_key(id, 0).to_vec(),
+            keys::history_key(id, u32::MAX).to_vec(),
+        );
         tx.delete(keys::HISTORY, keys::history_key(id, u32::MAX));
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes()) {

@@ -55,7 +55,7 @@ impl Store {
             return Ok(Some(0));
         }
         let from = keys::line_member_key(&rec.endpoint, 0);
-        let ahead = (&from[..], Some(keys::line_member_key(&rec.endpoint, fifo.pos)));
+        let ahead = (&from[..], Some(keys::line_member_key(&rec.endpoint, fifo.pos).to_vec()));
         let (members, _) = crate::store::page(&self.db, keys::LINES, ahead, usize::MAX, |_, _| Ok(Some(())))?;
         Ok(Some(1 + members.len() as u64)) // the head, and the members ahead
     }

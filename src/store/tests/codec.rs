@@ -66,6 +66,34 @@ fn every_message_version_round_trips() {
 }
 
 #[test]
+fn a_record_is_encoded_into_one_allocation_that_never_grows() {
+    // Every field present (a fifo place, a route, a status and an error): the room made
+    // before writing is all it writes; grown, the buffer's capacity would be about twice
+    // its length.
+    let full = MessageRecord {
+        fifo: Some(Fifo {
+            on_dead: OnDead::Skip,
+            pos: u64::MAX,
+        }),
+        ..message()
+    };
+    let buf = full.encode();
+    assert_eq!(buf.capacity(), buf.len());
+    assert_eq!(MessageRecord::decode(&buf), Ok(full));
+    let bare = MessageRecord {
+        route: None,
+        last_error: None,
+        last_status: None,
+        ..message()
+    };
+    let buf = bare.encode();
+    assert!(
+        buf.capacity() < buf.len() + 32,
+        "room for absent fields only, not a regrowth"
+    );
+}
+
+#[test]
 fn payloads_attempts_endpoints_and_routing_round_trip() {
     for signing in [
         SigningChoice::Default,
