@@ -19,9 +19,12 @@
 //! [`Activity`] is the connection's state, kept in a `watch` its task waits on: requests
 //! count themselves in and out ([`InProgress`], [`Unsent`]), and the socket wrapper
 //! ([`Watched`]) says when a write blocks and when it moves again. [`next_deadline`] is the
-//! table above as a pure function of that state and the time. Only a change that can bring
-//! a deadline, or an earlier one, wakes the task (a later or vanished deadline is found
-//! when the earlier timer fires): about two wake-ups per request, as before deadlines.
+//! table above as a pure function of that state and the time. The task's timer looks again
+//! at most [`Timeouts::horizon`] after it is set ([`wake_at`]), so every deadline that a
+//! request starts (its answer's `send_timeout`, then the idle time) falls at or after it:
+//! while the timer is set ([`Activity::armed`]) requests wake no one, and a deadline put off
+//! is found when the timer fires. Only a change with no timer set, or a blocked write,
+//! wakes the task: none per request on a busy keep-alive connection.
 
 use std::convert::Infallible;
 use std::io;
@@ -54,6 +57,9 @@ pub(super) struct Activity {
     pub quiet_since: Instant,
     /// Since when a write to the socket has been waiting for the client to read.
     pub blocked: Option<Instant>,
+    /// When the connection's task looks at its deadlines next (its timer); `None` when it
+    /// has none. Set by the task with what it read, under the same lock.
+    pub armed: Option<Instant>,
 }
 
 impl Activity {
@@ -66,6 +72,7 @@ impl Activity {
             sent_at: now,
             quiet_since: now,
             blocked: None,
+            armed: None,
         }
     }
 
@@ -103,6 +110,20 @@ pub(super) struct Timeouts {
     pub idle: Duration,
     pub send: Duration,
     pub drain: Duration,
+}
+
+impl Timeouts {
+    /// The longest the task's timer waits: no longer than any deadline a request starts.
+    fn horizon(&self) -> Duration {
+        self.send.min(self.idle)
+    }
+}
+
+/// When the task, having read `a` at `now`, looks again: at its next deadline, or sooner,
+/// one [`Timeouts::horizon`] on (a deadline starting later cannot come before that), or
+/// never (`None`: it has none, so the next change must wake it).
+pub(super) fn wake_at(a: &Activity, closing: Option<Closing>, t: &Timeouts, now: Instant) -> Option<Instant> {
+    next_deadline(a, closing, t).map(|(at, _)| at.min(now + t.horizon()))
 }
 
 /// The next deadline of a connection in state `a` (told to close when `closing`), and what
@@ -162,7 +183,7 @@ impl InProgress {
             if first {
                 a.sent_at = tokio::time::Instant::now();
             }
-            first
+            first && a.armed.is_none()
         });
         Unsent(shared)
     }
@@ -176,7 +197,7 @@ impl Drop for InProgress {
                 if a.quiet() {
                     a.quiet_since = tokio::time::Instant::now();
                 }
-                a.open == 0
+                a.open == 0 && a.armed.is_none()
             });
         }
     }
@@ -195,7 +216,7 @@ impl Drop for Unsent {
             if quiet {
                 a.quiet_since = now;
             }
-            quiet
+            quiet && a.armed.is_none()
         });
     }
 }

@@ -181,3 +181,61 @@ fn a_blocked_write_is_noted_once_and_cleared_when_it_moves() {
     assert!(!rx.has_changed().unwrap());
     assert_eq!(rx.borrow_and_update().blocked, None);
 }
+
+#[test]
+fn the_timer_looks_again_no_later_than_any_deadline_a_request_can_start() {
+    let t0 = Instant::now();
+    // A quiet connection: its idle deadline is 60 s away, but its task looks again after
+    // the send timeout, the shorter of the two; with a shorter idle time, after that.
+    let t = timeouts(t0);
+    assert_eq!(wake_at(&started(t0), None, &t, t0), Some(t0 + 5 * S));
+    let short_idle = Timeouts { idle: 2 * S, ..t };
+    assert_eq!(wake_at(&started(t0), None, &short_idle, t0), Some(t0 + 2 * S));
+    // A deadline sooner than that is kept; no deadline, no timer.
+    let unsent = Activity {
+        unsent: 1,
+        sent_at: t0 - 4 * S,
+        ..started(t0)
+    };
+    assert_eq!(wake_at(&unsent, None, &t, t0), Some(t0 + S));
+    assert_eq!(wake_at(&Activity { open: 1, ..started(t0) }, None, &t, t0), None);
+    // Whatever was read and whenever a request then starts a deadline (an answer to send,
+    // or the idle time), that deadline is not before the timer.
+    for (send, idle) in [(5, 60), (60, 5), (7, 7)] {
+        let t = Timeouts {
+            send: send * S,
+            idle: idle * S,
+            ..t
+        };
+        for read in [started(t0), unsent, Activity { open: 1, ..started(t0) }] {
+            let Some(armed) = wake_at(&read, None, &t, t0) else {
+                continue;
+            };
+            for later in [Duration::ZERO, S / 2, 3 * S] {
+                let at = t0 + later;
+                assert!(at + t.send >= armed && at + t.idle >= armed, "{send} {idle} {read:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn with_the_timer_set_requests_wake_no_one_and_without_it_they_do() {
+    let t0 = Instant::now();
+    for armed in [Some(t0 + 5 * S), None] {
+        let shared: Shared = Arc::new(watch::Sender::new(Activity { armed, ..started(t0) }));
+        let mut seen = shared.subscribe();
+        seen.borrow_and_update();
+        let request = InProgress::enter(&shared);
+        assert!(!seen.has_changed().unwrap(), "a handler running brings no deadline");
+        let unsent = request.answered();
+        assert_eq!(seen.has_changed().unwrap(), armed.is_none(), "answered, {armed:?}");
+        seen.borrow_and_update();
+        drop(Answer::new(http_body_util::Full::new(Bytes::from_static(b"x")), unsent));
+        assert_eq!(seen.has_changed().unwrap(), armed.is_none(), "taken, {armed:?}");
+        seen.borrow_and_update();
+        drop(InProgress::enter(&shared)); // a client that gave up
+        assert_eq!(seen.has_changed().unwrap(), armed.is_none(), "given up, {armed:?}");
+        assert_eq!((shared.borrow().open, shared.borrow().unsent), (0, 0));
+    }
+}

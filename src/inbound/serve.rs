@@ -370,8 +370,16 @@ impl Conn {
         tokio::pin!(conn);
         let mut closing = None;
         loop {
-            let activity = *seen.borrow_and_update();
-            let next = progress::next_deadline(&activity, closing, &timeouts);
+            // Seen first, then read and armed in one step: a change after it finds the
+            // timer set (or wakes this task), one before it is in what is read.
+            seen.borrow_and_update();
+            let now = tokio::time::Instant::now();
+            let mut wake = None;
+            shared.send_if_modified(|a| {
+                wake = progress::wake_at(a, closing, &timeouts, now);
+                a.armed = wake;
+                false
+            });
             tokio::select! {
                 _ = &mut conn => break,
                 _ = seen.changed() => {}
@@ -379,7 +387,7 @@ impl Conn {
                     conn.as_mut().graceful_shutdown();
                     closing = Some(progress::Closing::Stop(tokio::time::Instant::now()));
                 }
-                _ = tokio::time::sleep_until(next.map_or(timeouts.first_head, |n| n.0)), if next.is_some() => {
+                _ = tokio::time::sleep_until(wake.unwrap_or(timeouts.first_head)), if wake.is_some() => {
                     // Changes that only put a deadline off wake no one: look again now.
                     let (now, activity) = (tokio::time::Instant::now(), *seen.borrow_and_update());
                     match progress::next_deadline(&activity, closing, &timeouts) {
