@@ -3,10 +3,12 @@
 //! RocksDB write) serves many jobs, and idle a lone job is handled at once. The store's
 //! store writer (accepts group-committed, results beside them) is one of these.
 
+use std::future::Future;
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 
 /// Handle to a batching thread. Dropping it stops the thread once the queued jobs are
 /// handled.
@@ -67,12 +69,23 @@ impl<J: Send + 'static> Batcher<J> {
         }
     }
 
-    /// Queues a job. `false` once the batcher is stopped (the job was not queued).
-    pub async fn send(&self, job: J) -> bool {
+    /// Queues a job, at once when there is room (as nearly always): the future answers
+    /// `false` once the batcher is stopped (the job was not queued). Only a full queue
+    /// makes it wait, in a send of its own, boxed: it is several times the job's size, and
+    /// every caller's future (an accept's, an attempt's) would be that much larger to
+    /// allocate and move.
+    pub fn send(&self, job: J) -> impl Future<Output = bool> + Send + 'static {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match tx {
-            Some(tx) => tx.send(job).await.is_ok(),
-            None => false,
+        let waiting = match tx.map(|tx| (tx.try_send(job), tx)) {
+            Some((Ok(()), _)) => Err(true),
+            None | Some((Err(TrySendError::Closed(_)), _)) => Err(false),
+            Some((Err(TrySendError::Full(job)), tx)) => Ok(Box::pin(async move { tx.send(job).await.is_ok() })),
+        };
+        async move {
+            match waiting {
+                Ok(send) => send.await,
+                Err(done) => done,
+            }
         }
     }
 }
@@ -203,5 +216,35 @@ mod tests {
             vec![vec![0], vec![1, 2, 3, 4], vec![5, 6]],
             "batches are capped at max_batch and keep the queue's order"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_is_queued_when_sent_and_a_full_queue_makes_the_sender_wait() {
+        let handled = Arc::new(Mutex::new(Vec::new()));
+        let seen = handled.clone();
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        let b = Batcher::start("test-batcher", 2, 8, move |jobs: Vec<u32>| {
+            if seen.lock().unwrap().is_empty() {
+                entered_tx.send(()).unwrap();
+                gate_rx.recv().unwrap();
+            }
+            seen.lock().unwrap().extend(jobs);
+        });
+        assert!(b.send(0).await);
+        tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+            .await
+            .unwrap();
+        // Room for two: queued by the call itself, before (and without) any poll.
+        let (one, two) = (b.send(1), b.send(2));
+        // The queue is full: this one waits until the thread takes the others.
+        let three = b.send(3);
+        tokio::pin!(three);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), three.as_mut()).await;
+        assert!(waited.is_err(), "a full queue makes the sender wait");
+        gate_tx.send(()).unwrap();
+        assert!(three.await && one.await && two.await);
+        b.stop();
+        assert_eq!(*handled.lock().unwrap(), vec![0, 1, 2, 3], "in the order sent");
     }
 }

@@ -64,8 +64,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
             drop(permit);
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
-            d.requeue(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64)
-                .await;
+            // Boxed: a rare path whose future would otherwise size every attempt's.
+            Box::pin(d.requeue(&rec.id, started_ms + SELF_FAILURE_DELAY.as_millis() as u64)).await;
             running.settle();
             return;
         }
@@ -95,7 +95,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         policy_revision: Some(policy.revision()),
         span_id: span_id.clone(),
     };
-    let end = End {
+    // Boxed now, as the writer's job holds it: moved as a pointer from here on.
+    let end = Box::new(End {
         d: d.clone(),
         blocks_line: blocks_its_line(&rec, transition),
         rec,
@@ -106,7 +107,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         running,
         attempt,
         claim,
-    };
+    });
     let (item, note) = end.result();
     d.record_ending(item, note, end).await;
 }

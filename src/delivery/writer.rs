@@ -21,6 +21,7 @@
 //! queue is one, first in first out: under an ingest flood a result waits behind at most
 //! `QUEUE` jobs, a few turns of `MAX_BATCH`, and the attempt holding it waits to send it.
 
+use std::future::Future;
 use std::sync::Weak;
 
 use tokio::sync::oneshot;
@@ -70,9 +71,10 @@ impl StoreWriter {
         StoreWriter { batcher }
     }
 
-    /// Queues a job; `false` once the writer is stopped (the job was not queued).
-    pub(super) async fn send(&self, job: Write) -> bool {
-        self.batcher.send(job).await
+    /// Queues a job (see [`Batcher::send`]); `false` once the writer is stopped (the job
+    /// was not queued).
+    pub(super) fn send(&self, job: Write) -> impl Future<Output = bool> + Send + 'static {
+        self.batcher.send(job)
     }
 
     /// Stops taking jobs and waits until every queued one is done.
@@ -90,7 +92,14 @@ impl Deliverer {
     /// woken) is done by the store writer's turn, not by this future: it happens even if
     /// the caller has gone. `keep` (an accept's count, its body's bytes) is held until the
     /// attempt is started.
-    pub async fn accept(&self, mut msg: NewMessage, keep: impl Send + 'static) -> Result<Accepted, StoreError> {
+    ///
+    /// The job is made and queued when this is called; the future only waits for the
+    /// writer's answer (small, so its caller's future is too).
+    pub fn accept(
+        &self,
+        mut msg: NewMessage,
+        keep: impl Send + 'static,
+    ) -> impl Future<Output = Result<Accepted, StoreError>> + Send + 'static {
         self.order(&mut msg.record);
         let permit = self.start_at_accept(&msg.record);
         let accepting = self.ctx.store().accepting(msg, permit.is_some());
@@ -101,10 +110,13 @@ impl Deliverer {
             keep: Box::new(keep),
             reply,
         };
-        if !self.writer.send(Write::Accept(Box::new(job))).await {
-            return Err(StoreError::Closed);
+        let queued = self.writer.send(Write::Accept(Box::new(job)));
+        async move {
+            if !queued.await {
+                return Err(StoreError::Closed);
+            }
+            answer.await.map_err(|_| StoreError::Closed)?
         }
-        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn send_result(&self, item: Option<(FinishedAttempt, StreakNote)>) -> results::Answer {
@@ -128,10 +140,10 @@ impl Deliverer {
     /// [`Deliverer::record`], the attempt's `end` run on the writer thread once the batch
     /// holding it is written: the caller need not wait (nor be woken). Once the writer has
     /// stopped, `end` is dropped unrun.
-    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: End) {
+    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: Box<End>) {
         let job = results::Job {
             item: Some((item, note)),
-            reply: results::Reply::End(Box::new(end)),
+            reply: results::Reply::End(end),
         };
         self.writer.send(Write::Result(job)).await;
     }
