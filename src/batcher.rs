@@ -187,14 +187,17 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn jobs_queued_together_are_handled_together_and_stop_waits_for_them() {
+    /// A batcher whose first batch (job 0, sent here) holds its thread until the returned
+    /// gate opens, so the jobs sent meanwhile queue up; it records each batch it handles.
+    async fn held(
+        queue: usize,
+        max_batch: usize,
+    ) -> (Batcher<u32>, Arc<Mutex<Vec<Vec<u32>>>>, std::sync::mpsc::Sender<()>) {
         let batches = Arc::new(Mutex::new(Vec::new()));
         let seen = batches.clone();
         let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
         let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-        let b = Batcher::start("test-batcher", 64, 4, move |jobs: Vec<u32>| {
-            // The first batch holds the thread until the gate opens, so the rest queue up.
+        let b = Batcher::start("test-batcher", queue, max_batch, move |jobs: Vec<u32>| {
             if seen.lock().unwrap().is_empty() {
                 entered_tx.send(()).unwrap();
                 gate_rx.recv().unwrap();
@@ -205,10 +208,16 @@ mod tests {
         tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
             .await
             .unwrap();
+        (b, batches, gate_tx)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_queued_together_are_handled_together_and_stop_waits_for_them() {
+        let (b, batches, gate) = held(64, 4).await;
         for i in 1..=6 {
             assert!(b.send(i).await);
         }
-        gate_tx.send(()).unwrap();
+        gate.send(()).unwrap();
         b.stop();
         assert!(!b.send(7).await, "a stopped batcher takes nothing");
         assert_eq!(
@@ -220,21 +229,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_is_queued_when_sent_and_a_full_queue_makes_the_sender_wait() {
-        let handled = Arc::new(Mutex::new(Vec::new()));
-        let seen = handled.clone();
-        let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
-        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-        let b = Batcher::start("test-batcher", 2, 8, move |jobs: Vec<u32>| {
-            if seen.lock().unwrap().is_empty() {
-                entered_tx.send(()).unwrap();
-                gate_rx.recv().unwrap();
-            }
-            seen.lock().unwrap().extend(jobs);
-        });
-        assert!(b.send(0).await);
-        tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
-            .await
-            .unwrap();
+        let (b, batches, gate) = held(2, 8).await;
         // Room for two: queued by the call itself, before (and without) any poll.
         let (one, two) = (b.send(1), b.send(2));
         // The queue is full: this one waits until the thread takes the others.
@@ -242,9 +237,9 @@ mod tests {
         tokio::pin!(three);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(50), three.as_mut()).await;
         assert!(waited.is_err(), "a full queue makes the sender wait");
-        gate_tx.send(()).unwrap();
+        gate.send(()).unwrap();
         assert!(three.await && one.await && two.await);
         b.stop();
-        assert_eq!(*handled.lock().unwrap(), vec![0, 1, 2, 3], "in the order sent");
+        assert_eq!(batches.lock().unwrap().concat(), vec![0, 1, 2, 3], "in the order sent");
     }
 }
