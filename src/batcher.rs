@@ -70,10 +70,11 @@ impl<J: Send + 'static> Batcher<J> {
     }
 
     /// Queues a job, at once when there is room (as nearly always): the future answers
-    /// `false` once the batcher is stopped (the job was not queued). Only a full queue
-    /// makes it wait, in a send of its own, boxed: it is several times the job's size, and
-    /// every caller's future (an accept's, an attempt's) would be that much larger to
-    /// allocate and move.
+    /// `false` when the batcher was stopped before the job was queued. Only a full queue
+    /// makes it wait, in a send of its own, boxed (it is several times the job's size, and
+    /// would make every caller's future, an accept's or an attempt's, that much larger to
+    /// allocate and move); that send queues the job when first polled (a job sent later
+    /// may go first), and dropping the future unpolled drops the job.
     pub fn send(&self, job: J) -> impl Future<Output = bool> + Send + 'static {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let waiting = match tx.map(|tx| (tx.try_send(job), tx)) {

@@ -89,12 +89,13 @@ impl Deliverer {
     /// attempt can start now, it is written claimed and that attempt is started.
     ///
     /// What follows the write (the accept counted, the attempt started or the scheduler
-    /// woken) is done by the store writer's turn, not by this future: it happens even if
-    /// the caller has gone. `keep` (an accept's count, its body's bytes) is held until the
+    /// woken) is done by the store writer's turn, not by this future: once the job is
+    /// queued, it happens even if the caller has gone. `keep` (an accept's count, its body's bytes) is held until the
     /// attempt is started.
     ///
-    /// The job is made and queued when this is called; the future only waits for the
-    /// writer's answer (small, so its caller's future is too).
+    /// The job is made when this is called, and queued then unless the queue is full (see
+    /// [`Batcher::send`]); the future waits for room if it must, then for the writer's
+    /// answer, and is small, so its caller's is too.
     pub fn accept(
         &self,
         mut msg: NewMessage,

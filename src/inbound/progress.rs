@@ -20,11 +20,14 @@
 //! count themselves in and out ([`InProgress`], [`Unsent`]), and the socket wrapper
 //! ([`Watched`]) says when a write blocks and when it moves again. [`next_deadline`] is the
 //! table above as a pure function of that state and the time. The task's timer looks again
-//! at most [`Timeouts::horizon`] after it is set ([`wake_at`]), so every deadline that a
-//! request starts (its answer's `send_timeout`, then the idle time) falls at or after it:
-//! while the timer is set ([`Activity::armed`]) requests wake no one, and a deadline put off
-//! is found when the timer fires. Only a change with no timer set, or a blocked write,
-//! wakes the task: none per request on a busy keep-alive connection.
+//! at most [`Timeouts::horizon`] after it is set ([`wake_at`]), so the deadlines an answer
+//! starts (its `send_timeout`, then the idle time) fall at or after it: while the timer is
+//! set ([`Activity::armed`]) an answer made or taken wakes no one, and a deadline put off is
+//! found when the timer fires. A change with no timer set wakes the task, as do a blocked
+//! write and a handler that ends without an answer (the grace of a connection already told
+//! to close may then be past). So a busy keep-alive connection's task wakes for none of its
+//! requests' answers; the price is that an idle one looks at its deadlines every
+//! `min(send_timeout, idle_timeout)` (10 s by default) instead of once at the idle timeout.
 
 use std::convert::Infallible;
 use std::io;
@@ -197,7 +200,9 @@ impl Drop for InProgress {
                 if a.quiet() {
                     a.quiet_since = tokio::time::Instant::now();
                 }
-                a.open == 0 && a.armed.is_none()
+                // Not only when no timer is set: a connection told to close for idleness
+                // may now be past its grace.
+                a.open == 0
             });
         }
     }

@@ -234,8 +234,10 @@ fn with_the_timer_set_requests_wake_no_one_and_without_it_they_do() {
         drop(Answer::new(http_body_util::Full::new(Bytes::from_static(b"x")), unsent));
         assert_eq!(seen.has_changed().unwrap(), armed.is_none(), "taken, {armed:?}");
         seen.borrow_and_update();
-        drop(InProgress::enter(&shared)); // a client that gave up
-        assert_eq!(seen.has_changed().unwrap(), armed.is_none(), "given up, {armed:?}");
+        // A client that gave up: the last handler ending wakes the task either way (a
+        // connection told to close may be past its grace then).
+        drop(InProgress::enter(&shared));
+        assert!(seen.has_changed().unwrap(), "given up, {armed:?}");
         assert_eq!((shared.borrow().open, shared.borrow().unsent), (0, 0));
     }
 }
