@@ -90,8 +90,8 @@ impl Deliverer {
     ///
     /// What follows the write (the accept counted, the attempt started or the scheduler
     /// woken) is done by the store writer's turn, not by this future: once the job is
-    /// queued, it happens even if the caller has gone. `keep` (an accept's count, its body's bytes) is held until the
-    /// attempt is started.
+    /// queued, it happens even if the caller has gone. `keep` (an accept's count, its
+    /// body's bytes) is held until the attempt is started.
     ///
     /// The job is made when this is called, and queued then unless the queue is full (see
     /// [`Batcher::send`]); the future waits for room if it must, then for the writer's
