@@ -139,10 +139,16 @@ pub fn default_endpoint_key(url: &Url) -> String {
 /// from the scheme when absent, so `https://a.example` and `https://a.example:443` share a
 /// limit; IPv6 literals in brackets.
 pub fn host_key(url: &Url) -> String {
-    let host = url.host_str().unwrap_or("");
+    host_port(url.host_str().unwrap_or(""), url.port_or_known_default())
+}
+
+/// `host:port` (or `host` without a port), lowercased, in one allocation: the key hosts are
+/// counted under, here and by the connection cap (`outbound::conn_cap`).
+pub fn host_port(host: &str, port: Option<u16>) -> String {
     let mut key = String::with_capacity(host.len() + 6);
     key.push_str(host);
-    if let Some(port) = url.port_or_known_default() {
+    key.make_ascii_lowercase();
+    if let Some(port) = port {
         key.push(':');
         key.push_str(itoa::Buffer::new().format(port));
     }

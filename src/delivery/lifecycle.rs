@@ -98,7 +98,6 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
     // Boxed now, as the writer's job holds it: moved as a pointer from here on.
     let end = Box::new(End {
         d: d.clone(),
-        blocks_line: blocks_its_line(&rec, transition),
         rec,
         ids: (trace_id, span_id),
         sent,
@@ -285,10 +284,9 @@ pub(super) struct End {
     /// The `max_in_flight` permit, held until the result is written.
     pub(super) global: tokio::sync::OwnedSemaphorePermit,
     pub(super) running: Running,
-    /// The attempt as recorded, and whether its result blocks its line: what
-    /// [`End::result`] makes the result to write from, again if a write failed.
+    /// The attempt as recorded: what [`End::result`] makes the result to write from, again
+    /// if a write failed.
     pub(super) attempt: AttemptRecord,
-    pub(super) blocks_line: bool,
     /// How the message was taken: a result of one written in flight at accept carries its
     /// record to the store.
     pub(super) claim: Claim,
@@ -306,7 +304,7 @@ impl End {
         };
         let note = StreakNote {
             endpoint: self.rec.endpoint.clone(),
-            blocks_line: self.blocks_line,
+            blocks_line: blocks_its_line(&self.rec, self.transition),
         };
         (item, note)
     }
@@ -325,7 +323,11 @@ impl End {
 
     /// On delivery's runtime, after the store writer failed to write the result (`e`).
     async fn again(self, e: StoreError) {
-        let (item, note) = self.result();
+        let (mut item, note) = self.result();
+        // Tried again on the record as stored, not the one carried: what a failed batch
+        // left behind (even written, had it failed after its commit) reads as it is, and a
+        // result already applied then comes back stale instead of counted twice.
+        item.claimed = None;
         match record_again(&self.d, item, note, e).await {
             Written::Now(recorded) => self.written(*recorded),
             Written::Later => self.later(),

@@ -75,12 +75,7 @@ pub fn host_key(uri: &Uri) -> Option<Arc<str>> {
     let port = uri
         .port_u16()
         .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
-    let mut key = String::with_capacity(host.len() + 6);
-    key.push_str(host);
-    key.make_ascii_lowercase();
-    key.push(':');
-    key.push_str(itoa::Buffer::new().format(port));
-    Some(key.into())
+    Some(crate::target::host_port(host, Some(port)).into())
 }
 
 /// The close switch of one connection, shared by the registry and the connection's IO.

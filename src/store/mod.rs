@@ -255,7 +255,9 @@ pub struct Store {
     leases: lease::Leases,
     /// Messages written in flight at accept and deleted while their attempt ran, from the
     /// delete to that attempt's result or release: their results, staged on the record the
-    /// attempt carries, are stale (see `finish`). At most one entry per attempt in flight.
+    /// attempt carries, are stale (see `finish`). At most one entry per attempt in flight,
+    /// plus, until the next start, those whose release delivery gave up on after store
+    /// failures (a few, bounded by its background retries: see `delivery::requeue`).
     deleted_in_flight: Mutex<foldhash::HashSet<String>>,
     /// Ordered endpoints' line stripes  and deleted heads.
     lines: lines::LineLocks,

@@ -364,4 +364,14 @@ async fn a_carried_record_is_written_unread_and_a_delete_in_flight_makes_it_stal
         locked(&store.deleted_in_flight).is_empty(),
         "the mark ends with the result"
     );
+
+    // An attempt given back instead (a release) ends its mark too.
+    let _ = accept_claimed(&store, message("dlv_c", "e3", 100)).await;
+    assert!(store.delete("dlv_c", 350).unwrap());
+    assert!(!locked(&store.deleted_in_flight).is_empty());
+    assert!(!store.release("dlv_c", 400).unwrap(), "nothing to release");
+    assert!(
+        locked(&store.deleted_in_flight).is_empty(),
+        "the mark ends with the release"
+    );
 }
