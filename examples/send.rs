@@ -7,7 +7,7 @@
 //! 3. header: `POST http://127.0.0.1:8787/` with `Courier-Target: <target URL>`
 //!
 //! ```text
-//! cargo run --example receiver -- --secret whsec_vdZJW4oIWKVzs3WHZOD0X4LX0tJMBVyo &
+//! python3 examples/receiver.py --secret whsec_vdZJW4oIWKVzs3WHZOD0X4LX0tJMBVyo &
 //! cargo run --example send -- http://127.0.0.1:9000/hooks 127.0.0.1:8787 \
 //!     --secret whsec_vdZJW4oIWKVzs3WHZOD0X4LX0tJMBVyo
 //! ```

@@ -61,7 +61,7 @@ pub fn public_key(secret: &str) -> Option<String> {
 }
 
 /// The public key of `whpk_<base64>`: `None` unless it is 32 bytes that decode to a curve
-/// point. For receivers (the example receiver, tests); courier itself only signs.
+/// point. For the tests' receivers; courier itself only signs.
 #[cfg(test)]
 pub fn decode_public(public: &str) -> Option<ed25519_dalek::VerifyingKey> {
     let encoded = public.strip_prefix(PUBLIC_PREFIX)?;

@@ -1,6 +1,6 @@
 //! Adoption, checked the way a user would: the copy-paste snippets in `examples/` (curl,
 //! Python, Node) run against the real courier and a local receiver by each of the three
-//! zero-code forms; the `receiver` example verifies what courier signs with each scheme;
+//! zero-code forms; the receiver example (`examples/receiver.py`) verifies what courier signs with each scheme;
 //! and third-party libraries (Python `standardwebhooks`, `svix`, `stripe`; npm
 //! `@octokit/webhooks-methods`) verify courier's real outgoing signatures.
 //!
@@ -11,13 +11,12 @@
 //! `python3`) and `NODE_PATH` (a `node_modules` folder).
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 
@@ -191,108 +190,6 @@ async fn node_snippet_sends_by_url_prefix_proxy_and_header() {
 
 // --- 2. the receiver example ---------------------------------------------------------------
 
-/// The path of a built example next to this test binary (target/<profile>/examples/),
-/// building it once if `cargo test --all-targets` did not.
-fn example_binary(name: &str) -> PathBuf {
-    static BUILD: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/it-<hash> -> target/<profile>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary in target/<profile>/deps");
-    let path = profile_dir
-        .join("examples")
-        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    // Built (or found up to date) by cargo every time, never taken as it is: a target folder
-    // kept between runs can hold an example binary older than the code under test.
-    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    if BUILT
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .any(|n| n == name)
-        && path.exists()
-    {
-        return path;
-    }
-    let mut cargo = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-    cargo
-        .args(["build", "--example", name])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cargo.arg("--release");
-    }
-    let status = cargo.status();
-    assert!(
-        status.is_ok_and(|s| s.success()) && path.exists(),
-        "{} is missing and `cargo build --example {name}` did not make it; run `cargo test --all-targets`",
-        path.display()
-    );
-    BUILT.lock().unwrap_or_else(|e| e.into_inner()).push(name.to_string());
-    path
-}
-
-/// A process whose stdout and stderr lines are collected as they come.
-struct Spawned {
-    child: Child,
-    lines: Arc<(Mutex<Vec<String>>, Condvar)>,
-}
-
-impl Spawned {
-    fn start(mut cmd: Command) -> Spawned {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
-        let lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
-        let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
-        let stderr: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
-        for stream in [stdout, stderr] {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    lines.0.lock().unwrap().push(line);
-                    lines.1.notify_all();
-                }
-            });
-        }
-        Spawned { child, lines }
-    }
-
-    /// Waits (on the blocking pool) for a line containing `needle`.
-    async fn wait_for(&self, needle: &str) -> String {
-        let lines = self.lines.clone();
-        let needle = needle.to_string();
-        tokio::task::spawn_blocking(move || {
-            let deadline = Instant::now() + WAIT;
-            let mut all = lines.0.lock().unwrap();
-            loop {
-                if let Some(l) = all.iter().find(|l| l.contains(&needle)) {
-                    return l.clone();
-                }
-                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                    panic!("no line with {needle:?}; output so far:\n{}", all.join("\n"));
-                };
-                all = lines.1.wait_timeout(all, left).unwrap().0;
-            }
-        })
-        .await
-        .unwrap()
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts the receiver example with `secret` on a free port, points a courier signing with
 /// `scheme` and `secret` at it, and checks the receiver verifies the real message — and
 /// that it refuses one signed with another secret (so its "verified" means something).
@@ -303,7 +200,20 @@ async fn receiver_example_verifies(scheme: &str, secret: &str, wrong_secret: &st
 /// The same, with the receiver given `receiver_secret` (a `whpk_` public key for courier's
 /// `whsk_` secret).
 async fn receiver_example_verifies_with(scheme: &str, secret: &str, receiver_secret: &str, wrong_secret: &str) {
-    let mut cmd = Command::new(example_binary("receiver"));
+    // An Ed25519 public key needs Debian's `cryptography`; the HMAC schemes, Python alone.
+    let python = if receiver_secret.starts_with("whpk_") {
+        // `verifier` has said why when there is none.
+        let Some(python) = crate::signing_ed25519::verifier() else {
+            return;
+        };
+        python
+    } else if runs("python3", &["--version"]) {
+        "python3".to_string()
+    } else {
+        return skip("python3 not found, for examples/receiver.py");
+    };
+    let mut cmd = Command::new(python);
+    cmd.arg(example_path("receiver.py"));
     cmd.args([
         "--listen",
         "127.0.0.1:0",

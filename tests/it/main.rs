@@ -33,6 +33,7 @@ mod ordering;
 mod policy;
 mod power_loss;
 mod proxy;
+mod quickstart;
 mod reload;
 mod responsive;
 mod sealing;

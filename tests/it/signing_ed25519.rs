@@ -149,8 +149,9 @@ async fn python_verifies(py: &str, seen: &Seen, public: &[&str], wrong: &[&str],
     stdout
 }
 
-/// The verifier, or `None` after [`skip`] (which fails under CI).
-fn verifier() -> Option<String> {
+/// The verifier, or `None` after [`skip`] (which fails under CI); also the python that
+/// runs `examples/receiver.py` with a `whpk_` key (`adoption`).
+pub(crate) fn verifier() -> Option<String> {
     let py = ed25519_python();
     if py.is_none() {
         skip("no python with the `cryptography` package (Debian: python3-cryptography)");

@@ -558,3 +558,76 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A process whose stdout and stderr lines are collected as they come.
+pub struct Spawned {
+    child: Child,
+    lines: Collected,
+}
+
+impl Spawned {
+    /// Starts `cmd` with its stdin closed, collecting its stdout and stderr lines.
+    pub fn start(mut cmd: Command) -> Spawned {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let lines = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let stdout: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let stderr: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for stream in [stdout, stderr] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.0.lock().unwrap().push(line);
+                    lines.1.notify_all();
+                }
+            });
+        }
+        Spawned { child, lines }
+    }
+
+    /// Waits (on the blocking pool) for a line containing `needle`, up to [`WAIT`].
+    pub async fn wait_for(&self, needle: &str) -> String {
+        let lines = self.lines.clone();
+        let needle = needle.to_string();
+        tokio::task::spawn_blocking(move || wait_line(&lines, &needle, WAIT))
+            .await
+            .unwrap()
+    }
+
+    /// Waits on this thread for a line containing `needle`, up to `wait`.
+    pub fn wait_line(&self, needle: &str, wait: Duration) -> String {
+        wait_line(&self.lines, needle, wait)
+    }
+
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.0.lock().unwrap().clone()
+    }
+}
+
+type Collected = Arc<(Mutex<Vec<String>>, Condvar)>;
+
+fn wait_line(lines: &Collected, needle: &str, wait: Duration) -> String {
+    let deadline = Instant::now() + wait;
+    let mut all = lines.0.lock().unwrap();
+    loop {
+        if let Some(l) = all.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            panic!("no line with {needle:?}; output so far:\n{}", all.join("\n"));
+        };
+        all = lines.1.wait_timeout(all, left).unwrap().0;
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
