@@ -8,15 +8,18 @@
 //! lower their own priority by [`INGRESS_NICE`] (the store writer, which writes both
 //! accepts and results, keeps delivery's: a result must not wait behind ingest for CPU).
 //! When the CPU is free this changes nothing; when it is contended, the kernel gives
-//! delivery threads about three times the share of ingest threads, so delivery keeps pace
+//! delivery threads about five times the share of ingest threads, so delivery keeps pace
 //! and the app's 202s slow instead (backpressure), which is the only stable answer to sustained overload. A slow or
 //! failing receiver costs delivery little CPU, so it never slows ingest this way.
 //!
 //! Raising one's own nice value needs no privilege; a failure is logged and ignored.
 
 /// How much lower ingress threads run (the Linux nice scale: each step is about 1.25×
-/// less weight, so 5 steps is about 3×).
-pub const INGRESS_NICE: i32 = 5;
+/// less weight, so 7 steps is about 5×). The share delivery needs to keep pace grows as an
+/// accept gets cheaper next to an attempt: 5 steps (3×) kept pace until ingest's cost per
+/// message fell by a fifth, then let acknowledgements run 7–19% ahead of deliveries at 256
+/// connections; 7 keeps them within 3% (docs/benchmarks.md, "Issue 43, step 7").
+pub const INGRESS_NICE: i32 = 7;
 
 /// Lowers the calling thread's priority to [`INGRESS_NICE`] steps below the process's own
 /// (the main thread's: a unit started with `Nice=` keeps the same gap between ingress and
