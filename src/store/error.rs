@@ -45,6 +45,17 @@ pub enum StoreError {
         /// The keys configured.
         configured: Vec<KeyId>,
     },
+    /// The data dir was written by a newer courier, in a format this one does not read:
+    /// courier refuses to start (before it writes anything) rather than misread it.
+    #[error(
+        "the data dir was written by a newer courier (store format {found}; this courier reads format {} and older): \
+         run that courier again, or a newer one; nothing was changed",
+        super::format::FORMAT
+    )]
+    NewerFormat {
+        /// The format the data dir's marker names.
+        found: u32,
+    },
     /// A write a test made fail (as on a full disk); see [`Faults`].
     #[error("storage error: injected write failure")]
     Injected,
@@ -103,6 +114,7 @@ impl StoreError {
         match self {
             StoreError::Locked(_) => "data_dir_locked",
             StoreError::KeyMissing { .. } => "store_key_missing",
+            StoreError::NewerFormat { .. } => "store_format_newer",
             StoreError::Codec { .. } => "corrupt_record",
             StoreError::Closed => "shutting_down",
             StoreError::Rocks(_) | StoreError::Dir { .. } | StoreError::Panicked(_) | StoreError::Injected => {

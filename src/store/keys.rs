@@ -31,6 +31,8 @@ pub const META: &str = "meta";
 /// The `meta` key of the ids (4 bytes each) of every key a stored payload may be sealed
 /// with (see `store::sealing`).
 pub const SEALED_BY: &[u8] = b"seal/keys";
+/// `meta`: the store's format (see `format`).
+pub const FORMAT: &[u8] = b"format";
 /// Ordered endpoints' lines: endpoint ‖ 0 → [`LineRecord`](super::LineRecord), endpoint ‖ 0 ‖
 /// be64(position) → id of each message waiting behind the head (see `store::lines`).
 pub const LINES: &str = "lines";

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options, WriteOptions, DB};
 
 use super::counters::add_counter;
-use super::{floor, keys, sealing, Faults, KeyId, Store, StoreError, StoreOptions, LOCK_STRIPES};
+use super::{floor, format, keys, sealing, Faults, KeyId, Store, StoreError, StoreOptions, LOCK_STRIPES};
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, which is created with mode 0700.
@@ -21,6 +21,7 @@ impl Store {
         match keys_in_data_dir(dir) {
             Ok(Some(needed)) => sealing::check_keys(&needed, &options.keyring)?,
             Ok(None) => {}
+            Err(e @ StoreError::NewerFormat { .. }) => return Err(e),
             // Never a reason to refuse a start: `check_at_open` checks the keys again
             // below, before anything is written.
             Err(e) => {
@@ -29,6 +30,7 @@ impl Store {
         }
         create_private_dir(dir)?;
         let db = Arc::new(open_db(dir, &options)?);
+        format::check_at_open(&db)?;
         sealing::check_at_open(&db, &options.keyring)?;
         let ids = crate::model::IdSeq::after(newest_id(&db)?.as_deref());
         let due_floor = Arc::new(floor::DueFloor::default());
@@ -111,7 +113,8 @@ fn open_db(dir: &Path, options: &StoreOptions) -> Result<DB, StoreError> {
     })
 }
 
-/// The keys the payloads of the store in `dir` may be sealed with (`None`: no store there),
+/// The keys the payloads of the store in `dir` may be sealed with (`None`: no store there;
+/// [`StoreError::NewerFormat`] for a store a newer courier wrote, see `format`),
 /// read without opening it for writing: by a start before it opens the store (so a refused
 /// start changes no file), and by `check-config` while a courier may be running on it.
 /// A read-only open writes nothing in the data dir (RocksDB keeps no `LOG` for one) and
@@ -127,6 +130,7 @@ pub fn keys_in_data_dir(dir: &Path) -> Result<Option<Vec<KeyId>>, StoreError> {
     meta.set_merge_operator_associative("courier_add_i64", add_counter);
     let meta = rocksdb::ColumnFamilyDescriptor::new(keys::META, meta);
     let db = DB::open_cf_descriptors_read_only(&opts, dir, [meta], false)?;
+    format::check(format::in_data(&db)?)?;
     sealing::in_data(&db).map(Some)
 }
 
@@ -139,6 +143,7 @@ pub(super) fn open_read_only(dir: &Path, options: &StoreOptions) -> Result<(DB, 
     let lock = lock_data_dir(dir)?;
     let db_opts = db_options(options.write_buffer_bytes);
     let db = DB::open_cf_descriptors_read_only(&db_opts, dir, descriptors(options), false)?;
+    format::check(format::in_data(&db)?)?;
     Ok((db, lock))
 }
 

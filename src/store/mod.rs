@@ -31,6 +31,7 @@ mod error;
 mod expiry;
 mod finish;
 mod floor;
+mod format;
 mod handoff;
 pub mod keyfiles;
 pub mod keys;

@@ -41,6 +41,7 @@ mod security;
 mod setup_script;
 mod signing_ed25519;
 mod store_check;
+mod store_format;
 mod stored_secrets;
 mod tls;
 mod trace_context;

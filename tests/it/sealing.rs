@@ -124,20 +124,6 @@ fn assert_intact(rx: &Receiver, events: &[String]) {
     }
 }
 
-/// Every file of `dir` with its bytes, by name.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let path = e.unwrap().path();
-            let bytes = std::fs::read(&path).unwrap_or_default();
-            (path, bytes)
-        })
-        .collect();
-    files.sort();
-    files
-}
-
 /// The receiver comes up on `down`; once `c` counts every one of `events` delivered (after
 /// that it sends nothing more for them), each arrived once, whole.
 async fn delivered_intact(c: &Courier, down: std::net::SocketAddr, events: &[String]) {
@@ -149,14 +135,6 @@ async fn delivered_intact(c: &Courier, down: std::net::SocketAddr, events: &[Str
     })
     .await;
     assert_intact(&rx, events);
-}
-
-/// `courier serve` on `config`, expected to refuse to start: its stderr.
-async fn refused_start(config: &Path, data_dir: &Path) -> String {
-    let (config, data) = (config.display().to_string(), data_dir.display().to_string());
-    let out = courier_cli(&["serve", "--config", &config, "--data-dir", &data], &[], "").await;
-    assert!(!out.status.success(), "courier started");
-    String::from_utf8_lossy(&out.stderr).trim().to_string()
 }
 
 async fn ready_keys(c: &Courier) -> serde_json::Value {

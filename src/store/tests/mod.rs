@@ -8,6 +8,7 @@ mod endpoints;
 mod expiry;
 pub(crate) mod faults;
 mod finish;
+mod format;
 mod handoff;
 mod lease;
 mod lines;

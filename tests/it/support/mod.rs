@@ -631,3 +631,25 @@ impl Drop for Spawned {
         let _ = self.child.wait();
     }
 }
+
+/// Every file of `dir` with its bytes, by name.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            (path, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `courier serve` on `config`, expected to refuse to start: its stderr.
+pub async fn refused_start(config: &Path, data_dir: &Path) -> String {
+    let (config, data) = (config.display().to_string(), data_dir.display().to_string());
+    let out = courier_cli(&["serve", "--config", &config, "--data-dir", &data], &[], "").await;
+    assert!(!out.status.success(), "courier started");
+    String::from_utf8_lossy(&out.stderr).trim().to_string()
+}

@@ -1,0 +1,55 @@
+//! The store's format: which layout of keys and records a data dir holds, written in `meta`
+//! when a courier first opens it (`format` → the number, in decimal).
+//!
+//! A courier opens a data dir of its own format or an older one (it reads every older
+//! layout, and writes its own from then on); it refuses one written by a newer courier,
+//! before RocksDB opens it for writing (so the refused start changes no file), rather than
+//! misread records it does not know or leave them unswept. That makes a downgrade safe to
+//! try: the older courier says so and stops. Couriers from before the marker (format 1,
+//! the layout with no marker) do not look for it.
+
+use rocksdb::{WriteBatch, WriteOptions, DB};
+
+use super::{cf_of, keys, StoreError};
+
+/// The format this courier writes, and the newest it reads.
+pub const FORMAT: u32 = 1;
+
+/// The data dir's format as its marker says (`None`: no marker yet, a store first opened
+/// by a courier from before it, or by none).
+pub(super) fn in_data(db: &DB) -> Result<Option<u32>, StoreError> {
+    let Some(v) = db.get_pinned_cf(cf_of(db, keys::META), keys::FORMAT)? else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(&v).ok();
+    match text.and_then(|t| t.parse().ok()) {
+        Some(n) => Ok(Some(n)),
+        None => Err(StoreError::codec("meta format")(super::CodecError::Corrupt(
+            "meta",
+            "store format is not a number",
+        ))),
+    }
+}
+
+/// Refuses a format newer than [`FORMAT`].
+pub(super) fn check(found: Option<u32>) -> Result<(), StoreError> {
+    match found {
+        Some(found) if found > FORMAT => Err(StoreError::NewerFormat { found }),
+        _ => Ok(()),
+    }
+}
+
+/// At open: refuses a newer format, and marks a store without a marker with [`FORMAT`]
+/// (synced, before anything else is written).
+pub(super) fn check_at_open(db: &DB) -> Result<(), StoreError> {
+    let found = in_data(db)?;
+    check(found)?;
+    if found.is_none() {
+        let mut synced = WriteOptions::default();
+        synced.set_sync(true);
+        let mut batch = WriteBatch::default();
+        batch.put_cf(cf_of(db, keys::META), keys::FORMAT, FORMAT.to_string());
+        db.write_opt(batch, &synced)?;
+    }
+    Ok(())
+}
