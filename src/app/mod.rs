@@ -41,7 +41,7 @@ use crate::outbound::transport::Transport;
 use crate::reload::{ConfigSource, Reloader};
 use crate::scheduler::Scheduler;
 use crate::store::{Store, StoreError};
-use crate::sys::priority::DeliveryRuntime;
+use crate::sys::delivery_runtime::DeliveryRuntime;
 
 mod listen;
 mod stop;
@@ -193,6 +193,14 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
         scheduler_done.send_replace(true);
     });
     let retention_task = retention(&deliverer, sched_rx);
+    // Ingest's pace: on ingest's runtime, which is the one to slow.
+    let (waiting, threads) = (deliverer.clone(), delivery_rt.threads());
+    tokio::spawn(
+        deliverer
+            .pace()
+            .clone()
+            .run(move || threads.cpu(), move || waiting.messages_waiting()),
+    );
     // `ops` is left out of the line when there is no ops listener.
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = ops_addr.map(tracing::field::display),
         data_dir = %config.data_dir.display(), "listening");

@@ -136,13 +136,9 @@ fn serve(global: &GlobalArgs) -> ExitCode {
     };
     let format = config.log.format;
     crate::args::init_logging(format, "info");
-    // The main runtime serves ingress (and admin): below delivery's priority, which runs
-    // on a runtime of its own (see `priority`).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_start(crate::sys::priority::lower_current_thread)
-        .build()
-    {
+    // The main runtime serves ingress (and admin); delivery runs on a runtime of its own
+    // (see `delivery_runtime`), and ingest is slowed when delivery is short of CPU (see `pace`).
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             fatal(format, &format!("cannot start the runtime: {e}"));

@@ -43,7 +43,7 @@ pub struct Context {
     /// runs: the last write is always the latest state, whatever order the changes'
     /// writers reached the store in.
     persist_lock: Mutex<()>,
-    /// Delivery's runtime: a resume's backlog is delivery's work and runs at its priority.
+    /// Delivery's runtime: a resume's backlog is delivery's work and runs on its threads.
     runtime: tokio::runtime::Handle,
 }
 
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// The context over `store`; loads the persisted paused endpoints. `runtime` is
-    /// delivery's (see `sys::priority`).
+    /// delivery's (see `sys::delivery_runtime`).
     pub fn new(
         store: Arc<Store>,
         clock: SharedClock,

@@ -38,8 +38,7 @@ impl Context {
             return Ok(());
         }
         // A resume can release a whole outage's backlog: that is delivery's work, so it runs
-        // on delivery's threads, at delivery's priority (see `priority`), not on the admin
-        // request's.
+        // on delivery's threads (see `sys::delivery_runtime`), not on the admin request's.
         let (store, key) = (self.store.clone(), endpoint.to_string());
         let released = self
             .persist_endpoint(endpoint, true)

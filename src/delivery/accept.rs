@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::{AttemptPermit, Deliverer};
+use super::{pace, AttemptPermit, Deliverer};
 use crate::store::{Accepted, Accepting, Leased, MessageRecord, Settled, StoreError};
 
 /// One accept waiting for its batch: the message, the permits taken for its first attempt,
@@ -110,6 +110,7 @@ impl Deliverer {
         if taken.is_none() {
             // This one waits in the queue: later ones must not overtake it.
             self.queue_first.store(true, Ordering::Release);
+            self.pace.messages_wait();
         }
         taken
     }
@@ -139,5 +140,18 @@ impl Deliverer {
         // In this order: at every moment one of the two says to wake.
         self.queue_first.store(waiting, Ordering::Release);
         self.passing.store(false, Ordering::Release);
+        if waiting {
+            self.pace.messages_wait();
+        }
+    }
+
+    /// Whether due messages wait for a permit (see `queue_first`).
+    pub(crate) fn messages_waiting(&self) -> bool {
+        self.queue_first.load(Ordering::Acquire)
+    }
+
+    /// The gate ingest's accepts pass (see `pace`).
+    pub fn pace(&self) -> &Arc<pace::Pace> {
+        &self.pace
     }
 }

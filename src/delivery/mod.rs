@@ -10,6 +10,7 @@ mod accept;
 mod admit;
 pub mod alert;
 mod lifecycle;
+pub mod pace;
 mod request;
 mod requeue;
 mod results;
@@ -75,6 +76,8 @@ pub struct Deliverer {
     /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
     passing: std::sync::atomic::AtomicBool,
     idle: Notify,
+    /// The gate ingest's accepts pass: limited while delivery is short of CPU (see `pace`).
+    pace: Arc<pace::Pace>,
     /// Writes accepts (in synced batches, starting what they claimed: see `accept`) and
     /// results (see `results`) on one thread.
     writer: writer::StoreWriter,
@@ -120,6 +123,7 @@ impl Deliverer {
             queue_first: std::sync::atomic::AtomicBool::new(true),
             passing: std::sync::atomic::AtomicBool::new(false),
             idle: Notify::new(),
+            pace: Arc::default(),
             trimmer: Default::default(),
         })
     }

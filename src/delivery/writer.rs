@@ -15,10 +15,8 @@
 //! `record`, `record_ending` and `flush_results`); what a turn does with each kind is in
 //! `accept` and `results`.
 //!
-//! It runs at delivery's priority, not ingest's (see `sys::priority`): a result must not
-//! wait for CPU behind the accepts that overload it. Ingest still yields where it begins,
-//! on the ingress runtime's threads, and the queue below is the accepts' backpressure. The
-//! queue is one, first in first out: under an ingest flood a result waits behind at most
+//! Ingest yields where it begins (accepts wait at `delivery::pace`'s gate while delivery
+//! is short of CPU), and the queue below is the accepts' backpressure. The queue is one, first in first out: under an ingest flood a result waits behind at most
 //! `QUEUE` jobs, a few turns of `MAX_BATCH`, and the attempt holding it waits to send it.
 
 use std::future::Future;

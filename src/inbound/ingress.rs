@@ -279,7 +279,11 @@ impl Ingress {
         // (the writer has it), so neither a drain waiting for accepts nor the byte budget may
         // let go of it with the handler (dropped with the connection).
         let keep = (self.in_progress.enter(), held);
+        // Waits only while delivery is short of CPU (see `delivery::pace`), and only here,
+        // with the body read: a client cannot hold a place by sending slowly.
+        let pass = self.deliverer.pace().pass().await;
         let outcome = self.deliverer.accept(msg, keep).await;
+        drop(pass);
         let (id, status, duplicate) = match outcome {
             Ok(Accepted::New) => {
                 let trace_id = trace.as_ref().map(|t| t.trace_id.as_str());

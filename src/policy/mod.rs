@@ -13,6 +13,7 @@
 //! - [`decide`] combines them with the give-up limits into one
 //!   [`Transition`](crate::model::Transition): where the message goes, which is also how the
 //!   store, the metrics and the endpoint's streak count the attempt.
+//! - [`pace`] is how many accepts may be in progress while delivery is short of CPU.
 //! - [`settings`] is the full set of retry settings, what a config section overrides of it,
 //!   and how a message's sections lay over the global set; [`book`] looks them up.
 
@@ -21,6 +22,7 @@ pub mod book;
 pub mod circuit;
 pub mod classify;
 pub mod decide;
+pub mod pace;
 pub mod rate;
 pub mod retry_after;
 pub mod settings;

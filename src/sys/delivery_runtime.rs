@@ -1,0 +1,147 @@
+//! Delivery's runtime, and how much CPU its workers got and waited for.
+//!
+//! Delivery runs on a runtime of its own (see `app`), so ingest's tasks never queue in
+//! front of it. The ids of its worker threads are kept here, so that `delivery::pace` can
+//! read from the kernel how long they ran and how long they waited, runnable, for a CPU:
+//! the measure of delivery short of CPU that slows ingest (`policy::pace` says why both).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The runtime delivery runs on (the scheduler, every attempt and its HTTP connections),
+/// with the ids of its worker threads (see [`DeliveryThreads`]).
+/// Dropping it shuts it down without waiting (allowed inside an async context, where
+/// courier drops it after the drain).
+pub struct DeliveryRuntime(Option<tokio::runtime::Runtime>, Arc<DeliveryThreads>);
+
+/// The Linux thread ids of delivery's worker threads (not its blocking pool's, whose store
+/// calls are not what more CPU would speed up): each is listed the first time it parks,
+/// which a worker does as soon as it starts, idle, and dropped when it stops.
+#[derive(Debug, Default)]
+pub struct DeliveryThreads(Mutex<Vec<i32>>);
+
+thread_local! {
+    /// Whether this thread is listed in its runtime's [`DeliveryThreads`].
+    static LISTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl DeliveryRuntime {
+    /// One worker thread per core, named `courier-delivery`.
+    pub fn start() -> std::io::Result<DeliveryRuntime> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let ids = Arc::new(DeliveryThreads::default());
+        let (started, stopped) = (ids.clone(), ids.clone());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("courier-delivery")
+            .on_thread_park(move || {
+                if !LISTED.replace(true) {
+                    started.list().push(thread_id());
+                }
+            })
+            .on_thread_stop(move || {
+                if LISTED.replace(false) {
+                    let id = thread_id();
+                    stopped.list().retain(|t| *t != id);
+                }
+            })
+            .enable_all()
+            .build()?;
+        Ok(DeliveryRuntime(Some(rt), ids))
+    }
+
+    /// A handle to spawn on it.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.0.as_ref().expect("running until dropped").handle().clone()
+    }
+
+    /// Its threads.
+    pub fn threads(&self) -> Arc<DeliveryThreads> {
+        self.1.clone()
+    }
+}
+
+impl DeliveryThreads {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<i32>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long these threads have run, and waited, runnable, for a CPU, each summed (the
+    /// kernel's scheduler statistics, `/proc/self/task/<id>/schedstat`): `None` where the
+    /// kernel keeps none. A thread that stopped meanwhile drops out of the sums.
+    pub fn cpu(&self) -> Option<CpuTimes> {
+        let ids = self.list().clone();
+        let mut total = CpuTimes::default();
+        for id in ids {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/self/task/{id}/schedstat")) else {
+                continue;
+            };
+            let (ran, waited) = schedstat(&text)?;
+            total.ran += Duration::from_nanos(ran);
+            total.waited += Duration::from_nanos(waited);
+        }
+        Some(total)
+    }
+}
+
+/// Time on a CPU and time waiting for one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// On a CPU.
+    pub ran: Duration,
+    /// Runnable, on a run queue.
+    pub waited: Duration,
+}
+
+/// The first two fields of a `schedstat` line: nanoseconds on a CPU, and runnable on a run
+/// queue.
+fn schedstat(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace().map(str::parse::<u64>);
+    Some((fields.next()?.ok()?, fields.next()?.ok()?))
+}
+
+fn thread_id() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+impl Drop for DeliveryRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedstat_gives_time_on_a_cpu_then_time_waiting_for_one() {
+        assert_eq!(schedstat("2104957 88103 38\n"), Some((2104957, 88103)));
+        assert_eq!(schedstat("garbage"), None);
+    }
+
+    #[test]
+    fn a_runtime_knows_its_threads_and_their_wait_for_a_cpu() {
+        let rt = DeliveryRuntime::start().unwrap();
+        let threads = rt.threads();
+        rt.handle().block_on(async { tokio::task::yield_now().await });
+        rt.handle().spawn_blocking(|| ()); // a blocking thread is not listed
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while threads.list().len() < workers {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "workers not listed: {:?}",
+                threads.list()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Every Linux kernel courier supports keeps scheduler statistics per thread.
+        assert!(threads.cpu().is_some());
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(threads.list().len(), workers, "only the workers are listed");
+    }
+}
