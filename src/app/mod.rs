@@ -194,13 +194,12 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     });
     let retention_task = retention(&deliverer, sched_rx);
     // Ingest's pace: on ingest's runtime, which is the one to slow.
-    let (waiting, threads) = (deliverer.clone(), delivery_rt.threads());
-    tokio::spawn(
-        deliverer
-            .pace()
-            .clone()
-            .run(move || threads.cpu(), move || waiting.messages_waiting()),
-    );
+    // It holds delivery weakly: a stopped courier's store is not kept open by it.
+    let (waiting, threads) = (Arc::downgrade(&deliverer), delivery_rt.threads());
+    tokio::spawn(deliverer.pace().clone().run(
+        move || threads.sample(),
+        move || waiting.upgrade().map(|d| d.messages_waiting()),
+    ));
     // `ops` is left out of the line when there is no ops listener.
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = ops_addr.map(tracing::field::display),
         data_dir = %config.data_dir.display(), "listening");

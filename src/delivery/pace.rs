@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::policy::pace::{next, Limit, Tick};
-use crate::sys::delivery_runtime::CpuTimes;
 #[cfg(doc)]
 use crate::sys::delivery_runtime::DeliveryThreads;
+use crate::sys::delivery_runtime::Sample;
 
 /// How often the limit is set while it is (or may have to be) in force.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -86,33 +86,36 @@ impl Pace {
         self.waiting.notify_one();
     }
 
-    /// Sets the limit every [`TICK`] while one is in force or messages wait (`behind`),
-    /// from how long delivery's workers ran and waited for a CPU (`cpu`, summed since they
-    /// started: [`DeliveryThreads::cpu`]). Runs until the process ends; returns at once when
-    /// the kernel keeps no such figures (the gate stays open).
-    pub async fn run(self: Arc<Self>, cpu: impl Fn() -> Option<CpuTimes>, behind: impl Fn() -> bool) {
+    /// Sets the limit every [`TICK`] while one is in force or messages wait (`behind`:
+    /// `None` once delivery is gone), from how long delivery's workers ran and waited for a
+    /// CPU (`sample`: [`DeliveryThreads::sample`]). Returns, the gate open, once delivery is
+    /// gone or when the kernel keeps no such figures.
+    pub async fn run(self: Arc<Self>, sample: impl Fn() -> Option<Sample>, behind: impl Fn() -> Option<bool>) {
         let mut limit = Limit::Open;
         let mut warned: Option<crate::clock::Stopwatch> = None;
-        loop {
-            if limit == Limit::Open && !behind() {
+        while let Some(waiting) = behind() {
+            if limit == Limit::Open && !waiting {
                 self.waiting.notified().await;
                 continue;
             }
-            let Some(before) = cpu() else {
+            let Some(before) = sample() else {
                 tracing::info!(
                     "no scheduler statistics from the kernel: ingest is not slowed when delivery is short of CPU"
                 );
-                return;
+                break;
             };
             // tokio's clock: the tick as the runtime's timer saw it (paused in tests).
             let started = tokio::time::Instant::now();
             tokio::time::sleep(TICK).await;
-            let after = cpu().unwrap_or(before);
+            let (Some(after), Some(waiting)) = (sample(), behind()) else {
+                break;
+            };
             let elapsed = started.elapsed().as_secs_f64();
+            let spent = after.since(&before);
             let tick = Tick {
-                behind: behind(),
-                cpu_run: after.ran.saturating_sub(before.ran).as_secs_f64() / elapsed,
-                cpu_wait: after.waited.saturating_sub(before.waited).as_secs_f64() / elapsed,
+                behind: waiting,
+                cpu_run: spent.ran.as_secs_f64() / elapsed,
+                cpu_wait: spent.waited.as_secs_f64() / elapsed,
                 in_use: self.in_use(limit),
             };
             let decided = next(limit, tick);
@@ -132,6 +135,8 @@ impl Pace {
                 limit = decided;
             }
         }
+        // Never left narrowed with no one to open it.
+        self.set(total(limit), OPEN);
     }
 
     /// Accepts holding a pass.
@@ -203,7 +208,7 @@ mod tests {
         // Each look at the kernel's figures finds another half tick run and a whole tick
         // waited (starved), until `starved` is cleared.
         let starved = Arc::new(AtomicBool::new(true));
-        let clock = Arc::new(Mutex::new(CpuTimes::default()));
+        let clock = Arc::new(Mutex::new(crate::sys::delivery_runtime::CpuTimes::default()));
         let cpu = {
             let (starved, clock) = (starved.clone(), clock.clone());
             move || {
@@ -212,12 +217,12 @@ mod tests {
                     t.ran += TICK / 2;
                     t.waited += TICK;
                 }
-                Some(*t)
+                Some(Sample(vec![(1, *t)]))
             }
         };
         let behind = {
             let starved = starved.clone();
-            move || starved.load(Ordering::SeqCst)
+            move || Some(starved.load(Ordering::SeqCst))
         };
         tokio::spawn(pace.clone().run(cpu, behind));
         pace.messages_wait();
@@ -237,6 +242,38 @@ mod tests {
         tokio::time::sleep(TICK * 2).await;
         let all: Vec<Pass> = (0..1000).map(|_| pace.pass().now_or_never().expect("open")).collect();
         assert_eq!(all.len(), 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_narrowed_gate_opens_when_delivery_is_gone() {
+        use std::sync::atomic::AtomicBool;
+        let pace = Arc::new(Pace::default());
+        let held: Vec<Pass> = (0..40).map(|_| pace.pass().now_or_never().unwrap()).collect();
+        let gone = Arc::new(AtomicBool::new(false));
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let sample = {
+            let ticks = ticks.clone();
+            move || {
+                let n = ticks.fetch_add(1, Ordering::SeqCst) as u32;
+                let t = crate::sys::delivery_runtime::CpuTimes {
+                    ran: TICK / 2 * n,
+                    waited: TICK * n,
+                };
+                Some(Sample(vec![(1, t)]))
+            }
+        };
+        let behind = {
+            let gone = gone.clone();
+            move || (!gone.load(Ordering::SeqCst)).then_some(true)
+        };
+        let task = tokio::spawn(pace.clone().run(sample, behind));
+        pace.messages_wait();
+        tokio::time::sleep(TICK + TICK / 2).await;
+        assert!(pace.pass().now_or_never().is_none(), "narrowed below the 40 in use");
+        gone.store(true, Ordering::SeqCst);
+        task.await.unwrap();
+        drop(held);
+        assert_eq!(pace.permits.available_permits(), OPEN, "left open");
     }
 
     #[test]

@@ -15,10 +15,15 @@
 //! for a CPU longer than they get one. So the limit comes down (by a quarter a tick, from
 //! what is in progress when it first bites) only while messages wait **and** delivery's
 //! workers ran at least [`MIN_RUN`] of a core in the last tick **and** waited, runnable, at
-//! least as long (as the kernel counts it), and goes back up by an eighth a tick otherwise; once
-//! it no longer binds (fewer than half its accepts in use) there is none. Multiplicative
-//! down, gentle up: the limit settles where delivery keeps up, and a burst that ends
-//! opens ingest again within a second or two.
+//! least as long (as the kernel counts it), and goes back up by an eighth a tick otherwise;
+//! once it no longer binds (fewer than half its accepts in use) there is none.
+//! Multiplicative down, gentle up: the limit settles where delivery keeps up, and a burst
+//! that ends opens ingest again within a second or two.
+//!
+//! What it cannot tell apart: a receiver at its concurrency cap whose answers courier is
+//! slow to read because the cores are full. Delivery then works and waits as above, and
+//! ingest is slowed; more CPU would read those answers sooner and free the cap's slots, so
+//! that too is delivery short of CPU.
 
 /// How much of a core delivery's workers must have run in a tick for ingest to be slowed:
 /// below it, delivery has too little work for more CPU to deliver more (a slow or down

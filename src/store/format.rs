@@ -39,17 +39,12 @@ pub(super) fn check(found: Option<u32>) -> Result<(), StoreError> {
     }
 }
 
-/// At open: refuses a newer format, and marks a store without a marker with [`FORMAT`]
-/// (synced, before anything else is written).
-pub(super) fn check_at_open(db: &DB) -> Result<(), StoreError> {
-    let found = in_data(db)?;
-    check(found)?;
-    if found.is_none() {
-        let mut synced = WriteOptions::default();
-        synced.set_sync(true);
-        let mut batch = WriteBatch::default();
-        batch.put_cf(cf_of(db, keys::META), keys::FORMAT, FORMAT.to_string());
-        db.write_opt(batch, &synced)?;
-    }
-    Ok(())
+/// Marks a store that has no marker with [`FORMAT`] (synced), once the start's checks
+/// passed and before anything else is written.
+pub(super) fn mark(db: &DB) -> Result<(), StoreError> {
+    let mut synced = WriteOptions::default();
+    synced.set_sync(true);
+    let mut batch = WriteBatch::default();
+    batch.put_cf(cf_of(db, keys::META), keys::FORMAT, FORMAT.to_string());
+    Ok(db.write_opt(batch, &synced)?)
 }

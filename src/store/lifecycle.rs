@@ -30,8 +30,13 @@ impl Store {
         }
         create_private_dir(dir)?;
         let db = Arc::new(open_db(dir, &options)?);
-        format::check_at_open(&db)?;
+        // Refused first, marked last: a start refused for either writes no marker.
+        let found = format::in_data(&db)?;
+        format::check(found)?;
         sealing::check_at_open(&db, &options.keyring)?;
+        if found.is_none() {
+            format::mark(&db)?;
+        }
         let ids = crate::model::IdSeq::after(newest_id(&db)?.as_deref());
         let due_floor = Arc::new(floor::DueFloor::default());
         let faults = Arc::new(Faults::default());

@@ -66,21 +66,45 @@ impl DeliveryThreads {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How long these threads have run, and waited, runnable, for a CPU, each summed (the
-    /// kernel's scheduler statistics, `/proc/self/task/<id>/schedstat`): `None` where the
-    /// kernel keeps none. A thread that stopped meanwhile drops out of the sums.
-    pub fn cpu(&self) -> Option<CpuTimes> {
+    /// How long each of these threads has run, and waited, runnable, for a CPU (the
+    /// kernel's scheduler statistics, `/proc/self/task/<id>/schedstat`); `None` when not
+    /// one of them could be read (a kernel that keeps none). A thread that stopped is left
+    /// out.
+    pub fn sample(&self) -> Option<Sample> {
         let ids = self.list().clone();
-        let mut total = CpuTimes::default();
-        for id in ids {
-            let Ok(text) = std::fs::read_to_string(format!("/proc/self/task/{id}/schedstat")) else {
-                continue;
-            };
-            let (ran, waited) = schedstat(&text)?;
-            total.ran += Duration::from_nanos(ran);
-            total.waited += Duration::from_nanos(waited);
+        let read: Vec<(i32, CpuTimes)> = ids
+            .iter()
+            .filter_map(|id| {
+                let text = std::fs::read_to_string(format!("/proc/self/task/{id}/schedstat")).ok()?;
+                let (ran, waited) = schedstat(&text)?;
+                let times = CpuTimes {
+                    ran: Duration::from_nanos(ran),
+                    waited: Duration::from_nanos(waited),
+                };
+                Some((*id, times))
+            })
+            .collect();
+        (ids.is_empty() || !read.is_empty()).then_some(Sample(read))
+    }
+}
+
+/// Each listed thread's [`CpuTimes`] at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sample(pub Vec<(i32, CpuTimes)>);
+
+impl Sample {
+    /// What the threads in both samples spent between `earlier` and this one, summed: a
+    /// thread listed or stopped in between counts for nothing (its whole life is not one
+    /// tick's).
+    pub fn since(&self, earlier: &Sample) -> CpuTimes {
+        let mut spent = CpuTimes::default();
+        for (id, now) in &self.0 {
+            if let Some((_, then)) = earlier.0.iter().find(|(e, _)| e == id) {
+                spent.ran += now.ran.saturating_sub(then.ran);
+                spent.waited += now.waited.saturating_sub(then.waited);
+            }
         }
-        Some(total)
+        spent
     }
 }
 
@@ -124,6 +148,18 @@ mod tests {
     }
 
     #[test]
+    fn a_tick_counts_only_threads_in_both_samples() {
+        let t = |ran: u64, waited: u64| CpuTimes {
+            ran: Duration::from_millis(ran),
+            waited: Duration::from_millis(waited),
+        };
+        let before = Sample(vec![(1, t(100, 50)), (2, t(10, 10))]);
+        // 2 stopped, 3 was listed since: only 1's tick counts.
+        let after = Sample(vec![(1, t(130, 90)), (3, t(5_000, 5_000))]);
+        assert_eq!(after.since(&before), t(30, 40));
+    }
+
+    #[test]
     fn a_runtime_knows_its_threads_and_their_wait_for_a_cpu() {
         let rt = DeliveryRuntime::start().unwrap();
         let threads = rt.threads();
@@ -140,7 +176,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         // Every Linux kernel courier supports keeps scheduler statistics per thread.
-        assert!(threads.cpu().is_some());
+        assert_eq!(threads.sample().map(|s| s.0.len()), Some(workers));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(threads.list().len(), workers, "only the workers are listed");
     }

@@ -85,18 +85,6 @@ async fn run(mut cmd: Command, stdin: String) -> Output {
     .unwrap()
 }
 
-/// Panics with the tool's output unless it exited 0; returns its stdout.
-fn success(what: &str, output: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
-
 fn example_path(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(file)
 }

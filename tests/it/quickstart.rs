@@ -65,16 +65,12 @@ fn sh(command: &str, cwd: &Path) -> String {
     let out = Command::new("sh")
         .args(["-c", command])
         .current_dir(cwd)
+        // curl as written, but never through a proxy the environment names.
+        .env("NO_PROXY", "127.0.0.1")
+        .env("no_proxy", "127.0.0.1")
         .output()
         .unwrap_or_else(|e| panic!("sh -c {command:?}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{command:?} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    success(command, &out)
 }
 
 /// Fails, naming the port, when something else listens on one of the quick start's.
@@ -133,15 +129,8 @@ fn the_readme_quick_start_delivers_with_a_valid_signature() {
         cmd.args(["serve", "--config"]).arg(&config_file).current_dir(d.path());
         cmd
     });
-    let up = Instant::now() + WAIT;
-    while std::net::TcpStream::connect("127.0.0.1:8787").is_err() {
-        assert!(
-            Instant::now() < up,
-            "courier did not listen on 8787:\n{}",
-            courier.lines().join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Its own line, not just something answering on the port.
+    courier.wait_line("listening ingress=127.0.0.1:8787", WAIT);
 
     let answer = sh(send, d.path());
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");

@@ -653,3 +653,15 @@ pub async fn refused_start(config: &Path, data_dir: &Path) -> String {
     assert!(!out.status.success(), "courier started");
     String::from_utf8_lossy(&out.stderr).trim().to_string()
 }
+
+/// Panics with the tool's output unless it exited 0; returns its stdout.
+pub fn success(what: &str, output: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
