@@ -92,6 +92,8 @@ const GAUGES: [&str; 6] = [
     "courier_line_waiting Ordered messages waiting behind the head of their endpoint's line.",
 ];
 const HOST_CIRCUIT_OPEN: &str = "courier_host_circuit_open Hosts whose circuit breaker is open or probing (1 each).";
+const INGEST_SLOWED: &str =
+    "courier_ingest_slowed 1 while accepts are slowed so that a delivery short of CPU keeps pace, else 0.";
 const LATENCY: &str = "courier_delivery_latency_seconds Time from acceptance to delivery.";
 const ATTEMPT_DURATION: &str = "courier_attempt_duration_seconds Duration of one delivery attempt.";
 const REDIS_UP: &str =
@@ -246,6 +248,7 @@ pub struct Metrics {
     tunnels_open: [AtomicI64; 2],
     tunnels: [AtomicU64; 2],
     tunnel_tls_failures: AtomicU64,
+    ingest_slowed: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Metrics {
@@ -262,6 +265,7 @@ impl Default for Metrics {
             tunnels_open: Default::default(),
             tunnels: Default::default(),
             tunnel_tls_failures: AtomicU64::new(0),
+            ingest_slowed: Default::default(),
         }
     }
 }
@@ -388,6 +392,11 @@ impl Metrics {
         }
     }
 
+    /// Accepts are slowed so that delivery keeps pace (`delivery::pace`), or no longer.
+    pub fn ingest_slowed(&self, slowed: bool) {
+        self.ingest_slowed.store(slowed, Relaxed);
+    }
+
     /// An intercepted tunnel's client failed the TLS handshake.
     pub fn tunnel_tls_failed(&self) {
         self.tunnel_tls_failures.fetch_add(1, Relaxed);
@@ -424,6 +433,8 @@ impl Metrics {
         }
         let hosts = g.circuit_open_hosts.iter().map(|h| (h.as_str(), 1));
         family(out, "gauge", HOST_CIRCUIT_OPEN, "host", hosts);
+        let slowed = u8::from(self.ingest_slowed.load(Relaxed));
+        family(out, "gauge", INGEST_SLOWED, "", [("", slowed)]);
         self.latency.render(out, LATENCY);
         self.attempt_duration.render(out, ATTEMPT_DURATION);
         let open = self.tunnels_open.iter().map(|n| n.load(Relaxed).max(0));
@@ -489,6 +500,7 @@ mod tests {
         let text = m.render(&gauges);
         let specs = COUNTS[..8].iter().chain(&GAUGES);
         let specs = specs.chain(&[ATTEMPTS, DEAD, REJECTED, HOST_CIRCUIT_OPEN, LATENCY, ATTEMPT_DURATION]);
+        let specs = specs.chain(&[INGEST_SLOWED]);
         let specs = specs.chain(&[TUNNELS_OPEN, TUNNELS, TUNNEL_TLS_FAILURES]);
         for name in specs.map(|spec| spec.split_once(' ').unwrap().0) {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
@@ -513,6 +525,9 @@ mod tests {
         assert!(text.contains("courier_tunnels_open{kind=\"passthrough\"} 1\n"));
         assert!(text.contains("courier_tunnels_total{kind=\"intercept\"} 1\n"));
         assert!(text.contains("courier_tunnel_tls_failures_total 1\n"));
+        assert!(text.contains("courier_ingest_slowed 0\n"));
+        m.ingest_slowed(true);
+        assert!(m.render(&gauges).contains("courier_ingest_slowed 1\n"));
     }
 
     #[test]

@@ -196,9 +196,11 @@ pub async fn start(mut config: Config, mut seams: Seams) -> Result<Running, AppE
     // Ingest's pace: on ingest's runtime, which is the one to slow.
     // It holds delivery weakly: a stopped courier's store is not kept open by it.
     let (waiting, threads) = (Arc::downgrade(&deliverer), delivery_rt.threads());
+    let metrics = deliverer.context().metrics().clone();
     tokio::spawn(deliverer.pace().clone().run(
         move || threads.sample(),
         move || waiting.upgrade().map(|d| d.messages_waiting()),
+        move |slowed| metrics.ingest_slowed(slowed),
     ));
     // `ops` is left out of the line when there is no ops listener.
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, ops = ops_addr.map(tracing::field::display),

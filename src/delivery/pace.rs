@@ -88,9 +88,15 @@ impl Pace {
 
     /// Sets the limit every [`TICK`] while one is in force or messages wait (`behind`:
     /// `None` once delivery is gone), from how long delivery's workers ran and waited for a
-    /// CPU (`sample`: [`DeliveryThreads::sample`]). Returns, the gate open, once delivery is
-    /// gone or when the kernel keeps no such figures.
-    pub async fn run(self: Arc<Self>, sample: impl Fn() -> Option<Sample>, behind: impl Fn() -> Option<bool>) {
+    /// CPU (`sample`: [`DeliveryThreads::sample`]), and tells `slowed` whenever ingest starts
+    /// or stops being slowed. Returns, the gate open, once delivery is gone or when the
+    /// kernel keeps no such figures.
+    pub async fn run(
+        self: Arc<Self>,
+        sample: impl Fn() -> Option<Sample>,
+        behind: impl Fn() -> Option<bool>,
+        slowed: impl Fn(bool),
+    ) {
         let mut limit = Limit::Open;
         let mut warned: Option<crate::clock::Stopwatch> = None;
         while let Some(waiting) = behind() {
@@ -121,6 +127,9 @@ impl Pace {
             let decided = next(limit, tick);
             if decided != limit {
                 self.set(total(limit), total(decided));
+                if (limit == Limit::Open) != (decided == Limit::Open) {
+                    slowed(decided != Limit::Open);
+                }
                 let quiet = warned.as_ref().is_some_and(|w| w.elapsed() < WARN_EVERY);
                 match decided {
                     Limit::At(n) if limit == Limit::Open && !quiet => {
@@ -137,6 +146,7 @@ impl Pace {
         }
         // Never left narrowed with no one to open it.
         self.set(total(limit), OPEN);
+        slowed(false);
     }
 
     /// Accepts holding a pass.
@@ -224,11 +234,14 @@ mod tests {
             let starved = starved.clone();
             move || Some(starved.load(Ordering::SeqCst))
         };
-        tokio::spawn(pace.clone().run(cpu, behind));
+        let shown = Arc::new(AtomicBool::new(false));
+        let gauge = shown.clone();
+        tokio::spawn(pace.clone().run(cpu, behind, move |s| gauge.store(s, Ordering::SeqCst)));
         pace.messages_wait();
         tokio::time::sleep(TICK + TICK / 2).await;
         assert_eq!(pace.in_use(Limit::At(30)), 40, "limited to 3/4 of the 40 in use");
         assert!(pace.pass().now_or_never().is_none(), "40 in use, limit 30");
+        assert!(shown.load(Ordering::SeqCst), "the gauge says ingest is slowed");
         tokio::time::sleep(TICK).await; // 30 → 23: 17 owed by the 40 held
         let mut held = held.into_iter();
         for _ in 0..15 {
@@ -242,6 +255,7 @@ mod tests {
         tokio::time::sleep(TICK * 2).await;
         let all: Vec<Pass> = (0..1000).map(|_| pace.pass().now_or_never().expect("open")).collect();
         assert_eq!(all.len(), 1000);
+        assert!(!shown.load(Ordering::SeqCst), "the gauge says it no longer is");
     }
 
     #[tokio::test(start_paused = true)]
@@ -266,7 +280,7 @@ mod tests {
             let gone = gone.clone();
             move || (!gone.load(Ordering::SeqCst)).then_some(true)
         };
-        let task = tokio::spawn(pace.clone().run(sample, behind));
+        let task = tokio::spawn(pace.clone().run(sample, behind, |_| ()));
         pace.messages_wait();
         tokio::time::sleep(TICK + TICK / 2).await;
         assert!(pace.pass().now_or_never().is_none(), "narrowed below the 40 in use");
