@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 
 use crate::policy::pace::{next, Limit, Tick};
 #[cfg(doc)]
@@ -32,9 +32,9 @@ const OPEN: usize = 1 << 20;
 /// The gate and what its task needs.
 #[derive(Debug)]
 pub struct Pace {
-    permits: Arc<Semaphore>,
+    permits: Semaphore,
     /// Permits to forget as they come back, when a lowered limit is below what is in use.
-    debt: Arc<AtomicUsize>,
+    debt: AtomicUsize,
     /// Wakes the task when messages start to wait.
     waiting: Notify,
 }
@@ -42,21 +42,22 @@ pub struct Pace {
 impl Default for Pace {
     fn default() -> Self {
         Pace {
-            permits: Arc::new(Semaphore::new(OPEN)),
-            debt: Arc::default(),
+            permits: Semaphore::new(OPEN),
+            debt: AtomicUsize::new(0),
             waiting: Notify::new(),
         }
     }
 }
 
-/// One accept's place at the gate, given back when dropped.
+/// One accept's place at the gate, given back when dropped (borrowed from the gate: no
+/// reference count moves per accept).
 #[derive(Debug)]
-pub struct Pass {
-    permit: Option<OwnedSemaphorePermit>,
-    debt: Arc<AtomicUsize>,
+pub struct Pass<'a> {
+    permit: Option<SemaphorePermit<'a>>,
+    debt: &'a AtomicUsize,
 }
 
-impl Drop for Pass {
+impl Drop for Pass<'_> {
     fn drop(&mut self) {
         let owed = self
             .debt
@@ -70,14 +71,14 @@ impl Drop for Pass {
 
 impl Pace {
     /// Waits for a place when the gate is limited; at once when it is open.
-    pub async fn pass(&self) -> Pass {
-        let permit = match self.permits.clone().try_acquire_owned() {
+    pub async fn pass(&self) -> Pass<'_> {
+        let permit = match self.permits.try_acquire() {
             Ok(p) => p,
-            Err(_) => (self.permits.clone().acquire_owned().await).expect("the gate is never closed"),
+            Err(_) => self.permits.acquire().await.expect("the gate is never closed"),
         };
         Pass {
             permit: Some(permit),
-            debt: self.debt.clone(),
+            debt: &self.debt,
         }
     }
 

@@ -164,7 +164,9 @@ mod tests {
         let rt = DeliveryRuntime::start().unwrap();
         let threads = rt.threads();
         rt.handle().block_on(async { tokio::task::yield_now().await });
-        rt.handle().spawn_blocking(|| ()); // a blocking thread is not listed
+        // A blocking thread has run (and gone idle) before the list is read: it is not listed.
+        let blocking = rt.handle().spawn_blocking(|| ());
+        rt.handle().block_on(blocking).unwrap();
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while threads.list().len() < workers {
@@ -177,7 +179,6 @@ mod tests {
         }
         // Every Linux kernel courier supports keeps scheduler statistics per thread.
         assert_eq!(threads.sample().map(|s| s.0.len()), Some(workers));
-        std::thread::sleep(Duration::from_millis(50));
         assert_eq!(threads.list().len(), workers, "only the workers are listed");
     }
 }
