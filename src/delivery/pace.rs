@@ -291,6 +291,50 @@ mod tests {
         assert_eq!(pace.permits.available_permits(), OPEN, "left open");
     }
 
+    /// Seeded random runs of passes taken and given back between limits set anywhere (the
+    /// orders threads can put them in): the gate never admits past its limit once what is
+    /// owed is paid, counts exactly the passes held, and opens whole.
+    #[test]
+    fn passes_and_limits_in_any_order_keep_the_count() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..200u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let pace = Pace::default();
+            let mut limit = Limit::Open;
+            let mut held = Vec::new();
+            for _ in 0..300 {
+                match rng.random_range(0..4) {
+                    0 | 1 => {
+                        let got = pace.pass().now_or_never();
+                        let room = total(limit) > held.len() && pace.debt.load(Ordering::SeqCst) == 0;
+                        assert!(got.is_some() || !room, "seed {seed}: refused with room");
+                        held.extend(got);
+                    }
+                    2 if !held.is_empty() => drop(held.swap_remove(rng.random_range(0..held.len()))),
+                    _ => {
+                        let to = match rng.random_range(0..5) {
+                            0 => Limit::Open,
+                            _ => Limit::At(rng.random_range(crate::policy::pace::FLOOR..60)),
+                        };
+                        pace.set(total(limit), total(to));
+                        limit = to;
+                    }
+                }
+                assert_eq!(pace.in_use(limit), held.len(), "seed {seed}");
+                let owed = pace.debt.load(Ordering::SeqCst);
+                assert_eq!(
+                    held.len() + pace.permits.available_permits(),
+                    total(limit) + owed,
+                    "seed {seed}"
+                );
+                assert!(owed <= held.len(), "seed {seed}: more owed than held");
+            }
+            drop(held);
+            pace.set(total(limit), OPEN);
+            assert_eq!(pace.permits.available_permits(), OPEN, "seed {seed}");
+        }
+    }
+
     #[test]
     fn raising_a_limit_pays_the_debt_before_adding_permits() {
         let pace = Pace::default();
