@@ -170,9 +170,39 @@ fn scheme_prefix_len(s: &str) -> Option<usize> {
     )
 }
 
+/// Targets parsed lately on this thread, in a small table indexed by their text's hash (a
+/// slot holds the last target that hashed to it): an app sends to a handful of receivers,
+/// and checking and parsing one (`url`'s WHATWG parser, IDNA) cost about 8,000 instructions,
+/// 4% of a delivered message's (docs/benchmarks.md, issue 43, step 8). Bounded whatever the
+/// texts; a miss costs one parse, as before.
+const MEMO_SLOTS: usize = 64;
+
+/// One slot of the table: the text, whether it came from the path, its URL.
+type Memo = Option<(Box<str>, bool, Url)>;
+
+thread_local! {
+    static PARSED: (foldhash::fast::RandomState, std::cell::RefCell<Vec<Memo>>) =
+        (Default::default(), std::cell::RefCell::new(vec![None; MEMO_SLOTS]));
+}
+
+/// [`parse_strictly`], remembered per thread (it is a pure function of its arguments).
+fn parse_target(text: &str, from_path: bool) -> Result<Url, TargetError> {
+    use std::hash::BuildHasher;
+    PARSED.with(|(hasher, table)| {
+        let slot = hasher.hash_one((text, from_path)) as usize % MEMO_SLOTS;
+        let hit = |m: &Memo| matches!(m, Some((t, f, _)) if **t == *text && *f == from_path);
+        if let Some((_, _, url)) = table.borrow().get(slot).filter(|m| hit(m)).and_then(Option::as_ref) {
+            return Ok(url.clone());
+        }
+        let url = parse_strictly(text, from_path)?;
+        table.borrow_mut()[slot] = Some((text.into(), from_path, url.clone()));
+        Ok(url)
+    })
+}
+
 /// Checks a target strictly, then parses it. `from_path` allows the `https:/host` form that
 /// some proxies produce by merging the double slash of a URL carried in a path.
-fn parse_target(text: &str, from_path: bool) -> Result<Url, TargetError> {
+fn parse_strictly(text: &str, from_path: bool) -> Result<Url, TargetError> {
     if text.len() > MAX_TARGET_LEN {
         return Err(TargetError::Invalid(TOO_LONG));
     }
@@ -338,6 +368,40 @@ mod tests {
     fn resolve(header: Option<&str>, uri: &str) -> Result<ResolvedTarget, TargetError> {
         let uri: http::Uri = uri.parse().unwrap();
         resolve_target(header, &uri, &routes)
+    }
+
+    /// The per-thread table answers exactly what a fresh parse does: for more texts than it
+    /// has slots (so texts evict each other), each asked several times, in both forms (the
+    /// collapsed `https:/host` is valid only from the path), and refusals are never kept.
+    #[test]
+    fn remembered_parses_answer_what_a_fresh_parse_does() {
+        let mut texts: Vec<String> = (0..3 * MEMO_SLOTS)
+            .map(|i| format!("https://h{}.example:{}/p?{i}", i % 7, 8000 + i))
+            .collect();
+        texts.extend(
+            [
+                "https:/collapsed.example/x",
+                "ftp://a.example/",
+                "https://u@a.example/",
+                "http://0x7f.1/",
+            ]
+            .map(String::from),
+        );
+        for round in 0..3 {
+            for text in texts.iter().rev().skip(round) {
+                for from_path in [false, true] {
+                    assert_eq!(
+                        parse_target(text, from_path),
+                        parse_strictly(text, from_path),
+                        "{text} {from_path}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            parse_target("http://0x7f.1/", true).unwrap().as_str(),
+            "http://127.0.0.1/"
+        );
     }
 
     #[test]
