@@ -61,6 +61,7 @@ impl Envelope {
             last_status: None,
             last_error: None,
             fifo: None,
+            last_attempt: None,
         };
         let payload = Payload {
             method: self.method,

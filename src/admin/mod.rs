@@ -235,7 +235,7 @@ impl Admin {
         let store = self.ctx.store();
         let rec = store.message_shown(id).map_err(store_failed)?;
         let rec = rec.ok_or_else(|| not_found(&format!("delivery {id:?}")))?;
-        let history = store.history(id).map_err(store_failed)?;
+        let history = store.history(&rec).map_err(store_failed)?;
         let mut v = delivery_json(&rec, Some(&history), self.ctx.config().alert_url.as_ref());
         // The trace the app's traceparent started, kept with the payload's headers
         // (only this view reads the payload: a list would read every body).

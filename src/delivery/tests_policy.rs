@@ -95,7 +95,7 @@ jitter = "none"
             .policies
             .resolve(Some("billing"), "https://r.example/billing")
             .revision();
-    let history = h.d.context().store().history(&id).unwrap();
+    let history = h.d.context().store().history_of(&id).unwrap();
     assert_eq!(history.len(), 3);
     assert!(
         history.iter().all(|a| a.policy_revision == Some(revision)),

@@ -134,7 +134,7 @@ async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled(
         applied.push(a.await.unwrap().unwrap().message.is_some());
     }
     assert_eq!(applied, vec![true, true, false]);
-    assert_eq!(store.history("dlv_000").unwrap().len(), 1);
+    assert_eq!(store.history_of("dlv_000").unwrap().len(), 1);
     assert_eq!(store.counts().unwrap().delivered, 2);
 }
 

@@ -293,6 +293,18 @@ fn message(
 ) -> Result<(), String> {
     let cut = w.model.cut.get(&rec.event_id).copied().unwrap_or(0) as usize;
     let recorded = rec.history_len as usize;
+    // Its history as read back (the `history` entries and the attempt the record keeps)
+    // lists every attempt the record counts, with the last one's status.
+    let history = w.store().history(rec).map_err(|e| format!("{id}: history: {e}"))?;
+    if history.len() != recorded || history.last().map(|a| a.status) != recorded.checked_sub(1).map(|_| rec.last_status)
+    {
+        return Err(format!(
+            "{id}: {recorded} attempts recorded, the history lists {} ending {:?} (record: {:?})",
+            history.len(),
+            history.last().map(|a| a.status),
+            rec.last_status
+        ));
+    }
     if seen.len() < recorded {
         return Err(format!(
             "{id}: {recorded} attempts recorded, the receiver saw {}",

@@ -13,6 +13,9 @@ const MESSAGE_V2: [u8; 2] = [b'M', 2];
 /// Version 1 plus an optional [`Fifo`] place and the route the message was accepted
 /// through; written only for messages that came through a route.
 const MESSAGE_V3: [u8; 2] = [b'M', 3];
+/// Version 3's fields (a flags byte says which of the fifo place and route follow) plus the
+/// last attempt's [`LastAttempt`]: written once a message has had an attempt (store format 2).
+const MESSAGE_V4: [u8; 2] = [b'M', 4];
 const PAYLOAD_V1: [u8; 2] = [b'P', 1];
 /// Version 1 with the body LZ4-compressed on its own when that makes it smaller: written
 /// where payloads are sealed (RocksDB cannot compress those, and compressing the whole
@@ -68,6 +71,50 @@ pub struct MessageRecord {
     /// Set when the message is ordered (`ordering = "fifo"` on its endpoint or route at
     /// acceptance): it is attempted only as the head of its endpoint's line.
     pub fifo: Option<Fifo>,
+    /// The rest of the last attempt, kept in the record rather than as a `history` entry
+    /// (one write fewer per attempt: a message delivered at its first has none), number
+    /// `history_len`; it moves to `history` when the next attempt is recorded. `None` before
+    /// the first attempt, and in records of store format 1, whose attempts are all in
+    /// `history`.
+    pub last_attempt: Option<LastAttempt>,
+}
+
+/// The last attempt of a message as its record keeps it: its status and error are the
+/// record's `last_status` and `last_error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAttempt {
+    /// When it started (unix millis).
+    pub at_ms: u64,
+    /// How long it took.
+    pub duration_ms: u32,
+    /// The revision of the policy it was made under.
+    pub policy_revision: Option<u32>,
+    /// The span id of the `traceparent` it sent.
+    pub span_id: Option<String>,
+}
+
+impl LastAttempt {
+    /// The part of `attempt` the record keeps.
+    pub fn of(attempt: &AttemptRecord) -> Self {
+        LastAttempt {
+            at_ms: attempt.at_ms,
+            duration_ms: attempt.duration_ms,
+            policy_revision: attempt.policy_revision,
+            span_id: attempt.span_id.clone(),
+        }
+    }
+
+    /// The whole attempt, with the record's status and error.
+    pub fn with(self, status: Option<u16>, error: Option<String>) -> AttemptRecord {
+        AttemptRecord {
+            at_ms: self.at_ms,
+            status,
+            error,
+            duration_ms: self.duration_ms,
+            policy_revision: self.policy_revision,
+            span_id: self.span_id,
+        }
+    }
 }
 
 /// An ordered message's part in its endpoint's line (see `store::lines`).
@@ -191,17 +238,21 @@ impl MessageRecord {
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
         // The oldest version that carries the record, so older couriers read what they can.
-        let tag = match (&self.route, self.fifo) {
-            (Some(_), _) => MESSAGE_V3,
-            (None, Some(_)) => MESSAGE_V2,
-            (None, None) => MESSAGE_V1,
+        let tag = match (&self.last_attempt, &self.route, self.fifo) {
+            (Some(_), _, _) => MESSAGE_V4,
+            (None, Some(_), _) => MESSAGE_V3,
+            (None, None, Some(_)) => MESSAGE_V2,
+            (None, None, None) => MESSAGE_V1,
         };
-        // Room for all it writes (5 strings and 2 optional ones, each after a 4-byte
-        // length; at most 60 bytes of numbers and flags), so it never grows.
+        // Room for all it writes (5 strings and 3 optional ones, each after a 4-byte
+        // length; at most 60 bytes of numbers and flags, 18 more for the last attempt), so
+        // it never grows.
         let strings = [&self.id, &self.event_id, &self.target, &self.endpoint, &self.host];
-        let optional = [self.last_error.as_ref(), self.route.as_ref()];
+        let span = self.last_attempt.as_ref().and_then(|a| a.span_id.as_ref());
+        let optional = [self.last_error.as_ref(), self.route.as_ref(), span];
         let capacity = 60
-            + 4 * 7
+            + if self.last_attempt.is_some() { 18 } else { 0 }
+            + 4 * 8
             + strings.iter().map(|s| s.len()).sum::<usize>()
             + optional.iter().flatten().map(|s| s.len()).sum::<usize>();
         let mut w = Writer::new(tag, capacity);
@@ -221,8 +272,11 @@ impl MessageRecord {
         w.u8(place_byte(&REASONS, self.dead_reason));
         w.opt_u16(self.last_status);
         w.opt_str(self.last_error.as_deref());
-        // Version 3: a flag, maybe the fifo place, then the route; version 2: the fifo place.
-        if self.route.is_some() {
+        // Version 4: flags, maybe the fifo place and the route, the last attempt; version 3:
+        // a flag, maybe the fifo place, then the route; version 2: the fifo place.
+        if tag == MESSAGE_V4 {
+            w.u8(u8::from(self.fifo.is_some()) | u8::from(self.route.is_some()) << 1);
+        } else if tag == MESSAGE_V3 {
             w.u8(u8::from(self.fifo.is_some()));
         }
         if let Some(fifo) = self.fifo {
@@ -232,16 +286,27 @@ impl MessageRecord {
         if let Some(route) = &self.route {
             w.str(route);
         }
+        if let Some(a) = &self.last_attempt {
+            w.u64(a.at_ms);
+            w.u32(a.duration_ms);
+            w.u8(u8::from(a.policy_revision.is_some()));
+            if let Some(rev) = a.policy_revision {
+                w.u32(rev);
+            }
+            w.opt_str(a.span_id.as_deref());
+        }
         w.0
     }
 
     /// Decodes a record of any version [`MessageRecord::encode`] writes: 1 (no fifo place,
-    /// no route), 2 (a fifo place) or 3 (maybe a fifo place, and a route).
+    /// no route), 2 (a fifo place), 3 (maybe a fifo place, and a route) or 4 (maybe either,
+    /// and the last attempt).
     pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
         let version = buf.get(..2).filter(|t| t[0] == b'M').map_or(1, |t| t[1]);
         let tag = match version {
             2 => MESSAGE_V2,
             3 => MESSAGE_V3,
+            4 => MESSAGE_V4,
             _ => MESSAGE_V1,
         };
         let mut r = Reader::new("message", tag, buf)?;
@@ -264,12 +329,18 @@ impl MessageRecord {
             last_status: r.opt_u16()?,
             last_error: r.opt_string()?,
             fifo: None,
+            last_attempt: None,
         };
-        // Version 2: the fifo place; version 3: a flag and maybe the fifo place, then the route.
-        let has_fifo = match version {
-            2 => true,
-            3 => r.flag()?,
-            _ => false,
+        // Version 2: the fifo place; version 3: a flag and maybe the fifo place, then the
+        // route; version 4: flags for both.
+        let (has_fifo, has_route) = match version {
+            2 => (true, false),
+            3 => (r.flag()?, true),
+            4 => match r.u8()? {
+                flags @ 0..=3 => (flags & 1 == 1, flags & 2 == 2),
+                _ => return Err(CodecError::Corrupt("message", "unknown flags")),
+            },
+            _ => (false, false),
         };
         if has_fifo {
             let on_dead = match r.u8()? {
@@ -279,8 +350,16 @@ impl MessageRecord {
             };
             rec.fifo = Some(Fifo { on_dead, pos: r.u64()? });
         }
-        if version == 3 {
+        if has_route {
             rec.route = Some(r.string()?);
+        }
+        if version == 4 {
+            rec.last_attempt = Some(LastAttempt {
+                at_ms: r.u64()?,
+                duration_ms: r.u32()?,
+                policy_revision: if r.flag()? { Some(r.u32()?) } else { None },
+                span_id: r.opt_string()?,
+            });
         }
         r.end()?;
         Ok(rec)

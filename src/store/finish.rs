@@ -6,7 +6,7 @@
 //! with their counter changes summed (see `counters`).
 
 use super::tx::Tx;
-use super::{keys, locked, FinishedAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::{keys, locked, FinishedAttempt, LastAttempt, MessageRecord, State, Store, StoreError, Transition};
 
 impl Store {
     /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
@@ -132,10 +132,17 @@ impl Store {
             _ => return Ok(None),
         };
         let old_due = keys::time_key(rec.next_attempt_at_ms, id);
+        // The attempt before this one leaves the record for the history (the record keeps
+        // only the last); a record from before it kept one has all its attempts there.
+        let earlier = rec
+            .last_attempt
+            .take()
+            .map(|a| (rec.history_len, a.with(rec.last_status, rec.last_error.take())));
         rec.attempts += 1;
         rec.history_len += 1;
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
+        rec.last_attempt = Some(LastAttempt::of(attempt));
         match *transition {
             Transition::RetryAt(at) => (rec.state, rec.next_attempt_at_ms) = (State::Pending, at),
             Transition::Delivered => rec.state = State::Delivered,
@@ -149,7 +156,9 @@ impl Store {
         if from == State::Pending {
             tx.delete(keys::DUE, old_due);
         }
-        tx.put(keys::HISTORY, keys::history_key(id, rec.history_len), attempt.encode());
+        if let Some((number, earlier)) = earlier {
+            tx.put(keys::HISTORY, keys::history_key(id, number), earlier.encode());
+        }
         if rec.state == State::Pending {
             tx.enqueue(&rec);
         } else {

@@ -12,8 +12,9 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 
 use super::{cf_of, keys, StoreError};
 
-/// The format this courier writes, and the newest it reads.
-pub const FORMAT: u32 = 1;
+/// The format this courier writes, and the newest it reads. 2: a message's record keeps its
+/// last attempt (record version 4), which `history` held in format 1.
+pub const FORMAT: u32 = 2;
 
 /// The data dir's format as its marker says (`None`: no marker yet, a store first opened
 /// by a courier from before it, or by none).
@@ -39,8 +40,8 @@ pub(super) fn check(found: Option<u32>) -> Result<(), StoreError> {
     }
 }
 
-/// Marks a store that has no marker with [`FORMAT`] (synced), once the start's checks
-/// passed and before anything else is written.
+/// Marks a store that has no marker, or an older format's, with [`FORMAT`] (synced), once
+/// the start's checks passed and before anything else is written.
 pub(super) fn mark(db: &DB) -> Result<(), StoreError> {
     let mut synced = WriteOptions::default();
     synced.set_sync(true);

@@ -34,7 +34,7 @@ impl Store {
         let found = format::in_data(&db)?;
         format::check(found)?;
         sealing::check_at_open(&db, &options.keyring)?;
-        if found.is_none() {
+        if found.is_none_or(|f| f < format::FORMAT) {
             format::mark(&db)?;
         }
         let ids = crate::model::IdSeq::after(newest_id(&db)?.as_deref());

@@ -54,7 +54,8 @@ pub use crate::model::Transition;
 pub use accept::{Accepting, Settled};
 pub use audit::Checked;
 pub use codec::{
-    AttemptRecord, CodecError, EndpointRecord, Fifo, LineRecord, MessageRecord, Payload, Routing, SigningChoice,
+    AttemptRecord, CodecError, EndpointRecord, Fifo, LastAttempt, LineRecord, MessageRecord, Payload, Routing,
+    SigningChoice,
 };
 pub(crate) use counters::CounterDeltas;
 #[cfg(not(test))]
@@ -327,17 +328,36 @@ impl Store {
         Payload::decode(&plain).map(Some).map_err(StoreError::codec(id))
     }
 
-    /// A message's attempt history, oldest first.
-    pub fn history(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+    /// The attempt history of `rec` (as read), oldest first: its `history` entries, then
+    /// the last attempt its record keeps. An entry numbered from the kept one on was written
+    /// after `rec` was read (the kept attempt moved there): left out, as `rec` knows nothing
+    /// of it.
+    pub fn history(&self, rec: &MessageRecord) -> Result<Vec<AttemptRecord>, StoreError> {
+        let id = rec.id.as_str();
         let prefix = id.as_bytes();
+        let kept = rec.last_attempt.is_some().then_some(rec.history_len);
         let range = (prefix, Some(keys::prefix_end(prefix)));
-        let (out, _) = page(&self.db, keys::HISTORY, range, usize::MAX, |k, v| {
+        let (mut out, _) = page(&self.db, keys::HISTORY, range, usize::MAX, |k, v| {
             // (A longer key is another id that merely starts with this one.)
-            (k.len() == prefix.len() + 4)
-                .then(|| AttemptRecord::decode(v).map_err(StoreError::codec(id)))
+            let number = k
+                .strip_prefix(prefix)
+                .and_then(|n| <[u8; 4]>::try_from(n).ok())
+                .map(u32::from_be_bytes);
+            number
+                .filter(|n| kept.is_none_or(|kept| *n < kept))
+                .map(|_| AttemptRecord::decode(v).map_err(StoreError::codec(id)))
                 .transpose()
         })?;
+        if let Some(last) = rec.last_attempt.clone() {
+            out.push(last.with(rec.last_status, rec.last_error.clone()));
+        }
         Ok(out)
+    }
+
+    /// The history of message `id` (tests): empty when there is no such message.
+    #[cfg(test)]
+    pub fn history_of(&self, id: &str) -> Result<Vec<AttemptRecord>, StoreError> {
+        self.message(id)?.map_or(Ok(Vec::new()), |rec| self.history(&rec))
     }
 
     /// The endpoints of the `endpoint ‖ 0 ‖ …` keys of `cf` (`parked`, `lines`), in key

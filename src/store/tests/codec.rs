@@ -12,6 +12,7 @@ fn message() -> MessageRecord {
         host: "r.example:443".into(),
         route: Some("billing".into()),
         fifo: None,
+        last_attempt: None,
         state: State::Dead,
         attempts: 3,
         history_len: 5,
@@ -45,15 +46,32 @@ fn every_message_version_round_trips() {
         on_dead: OnDead::Block,
         pos: 7,
     };
-    for (fifo, route, version) in [
-        (Some(place), None, 2),
-        (None, Some("billing"), 3),
-        (Some(place), Some("billing"), 3),
-        (Some(Fifo { pos: 0, ..place }), Some(""), 3),
+    // A record that kept its last attempt is version 4, with or without the others.
+    let last = LastAttempt {
+        at_ms: 11,
+        duration_ms: 12,
+        policy_revision: Some(13),
+        span_id: Some("00f067aa0ba902b7".into()),
+    };
+    let bare_last = LastAttempt {
+        policy_revision: None,
+        span_id: None,
+        ..last.clone()
+    };
+    for (fifo, route, last, version) in [
+        (Some(place), None, None, 2),
+        (None, Some("billing"), None, 3),
+        (Some(place), Some("billing"), None, 3),
+        (Some(Fifo { pos: 0, ..place }), Some(""), None, 3),
+        (None, None, Some(&last), 4),
+        (Some(place), None, Some(&bare_last), 4),
+        (None, Some("billing"), Some(&last), 4),
+        (Some(place), Some("billing"), Some(&bare_last), 4),
     ] {
         let rec = MessageRecord {
             fifo,
             route: route.map(str::to_string),
+            last_attempt: last.cloned(),
             ..open.clone()
         };
         let buf = rec.encode();
@@ -67,13 +85,19 @@ fn every_message_version_round_trips() {
 
 #[test]
 fn a_record_is_encoded_into_one_allocation_that_never_grows() {
-    // Every field present (a fifo place, a route, a status and an error): the room made
+    // Every field present (a fifo place, a route, a status, an error and the last attempt): the room made
     // before writing is all it writes; grown, the buffer's capacity would be about twice
     // its length.
     let full = MessageRecord {
         fifo: Some(Fifo {
             on_dead: OnDead::Skip,
             pos: u64::MAX,
+        }),
+        last_attempt: Some(LastAttempt {
+            at_ms: u64::MAX,
+            duration_ms: u32::MAX,
+            policy_revision: Some(u32::MAX),
+            span_id: Some("00f067aa0ba902b7".into()),
         }),
         ..message()
     };

@@ -25,7 +25,7 @@ async fn retention_removes_finished_messages_when_their_time_comes() {
     assert_eq!(store.sweep_expired(1_999, 100).unwrap().removed, 0);
     assert_eq!(store.sweep_expired(2_000, 100).unwrap().removed, 1);
     assert!(store.message("dlv_ok").unwrap().is_none());
-    assert!(store.history("dlv_ok").unwrap().is_empty());
+    assert!(store.history_of("dlv_ok").unwrap().is_empty());
     assert!(store.message("dlv_dead").unwrap().is_some());
     assert_eq!(store.sweep_expired(6_000, 100).unwrap().removed, 1);
     assert!(store.message("dlv_dead").unwrap().is_none());

@@ -30,7 +30,7 @@ async fn claim_then_retry_reschedules_and_keeps_history() {
         (rec.state, rec.attempts, rec.finished_at_ms),
         (State::Delivered, 2, 800)
     );
-    let h = store.history("dlv_a").unwrap();
+    let h = store.history_of("dlv_a").unwrap();
     assert_eq!(
         h.iter().map(|a| a.status).collect::<Vec<_>>(),
         vec![Some(503), Some(200)]
@@ -44,6 +44,90 @@ async fn claim_then_retry_reschedules_and_keeps_history() {
             handed_off: 0
         }
     );
+}
+
+/// The `history` entries of `id`, by number (what is stored there, not the whole history).
+fn history_entries(store: &Store, id: &str) -> Vec<(u32, Option<u16>)> {
+    let prefix = id.as_bytes();
+    let range = (prefix, Some(keys::prefix_end(prefix)));
+    page(&store.db, keys::HISTORY, range, usize::MAX, |k, v| {
+        let n = u32::from_be_bytes(k[prefix.len()..].try_into().unwrap());
+        Ok(Some((n, AttemptRecord::decode(v).unwrap().status)))
+    })
+    .unwrap()
+    .0
+}
+
+/// Store format 2: the record keeps the last attempt, so a message delivered at its first
+/// writes no history entry; each later attempt moves the one before into `history`; a record
+/// of format 1 (every attempt in `history`, none kept) goes on from there; and a history
+/// read with a record read before a later attempt lists what that record knew, once each.
+#[tokio::test]
+async fn the_record_keeps_the_last_attempt_and_the_history_gets_the_ones_before() {
+    let (_d, store) = open();
+    store.accept(message("dlv_a", "e", 100)).await.unwrap();
+    claim(&store, "dlv_a");
+    let rec = store
+        .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 150)
+        .unwrap()
+        .unwrap();
+    assert!(
+        history_entries(&store, "dlv_a").is_empty(),
+        "a first attempt writes no history entry"
+    );
+    assert_eq!(rec.last_attempt.as_ref().map(|a| a.duration_ms), Some(3));
+    assert_eq!(store.history_of("dlv_a").unwrap(), vec![attempt(200)]);
+
+    store.accept(message("dlv_b", "e2", 100)).await.unwrap();
+    let mut read_after = Vec::new();
+    for (n, status) in [503, 502, 200].into_iter().enumerate() {
+        claim(&store, "dlv_b");
+        let transition = if status == 200 {
+            Transition::Delivered
+        } else {
+            Transition::RetryAt(200)
+        };
+        let at = store
+            .finish_attempt("dlv_b", &attempt(status), transition, 150)
+            .unwrap()
+            .unwrap();
+        read_after.push(at);
+        assert_eq!(history_entries(&store, "dlv_b").len(), n, "attempt {}", n + 1);
+    }
+    assert_eq!(history_entries(&store, "dlv_b"), vec![(1, Some(503)), (2, Some(502))]);
+    let statuses = |h: Vec<AttemptRecord>| h.iter().map(|a| a.status).collect::<Vec<_>>();
+    assert_eq!(
+        statuses(store.history_of("dlv_b").unwrap()),
+        [Some(503), Some(502), Some(200)]
+    );
+    // The record as read after the second attempt: the third has moved the second into
+    // `history` since; it is listed once, from the record.
+    assert_eq!(statuses(store.history(&read_after[1]).unwrap()), [Some(503), Some(502)]);
+
+    // A format-1 record: its two attempts in `history`, none kept.
+    store.accept(message("dlv_c", "e3", 100)).await.unwrap();
+    let mut old = store.message("dlv_c").unwrap().unwrap();
+    (old.attempts, old.history_len, old.next_attempt_at_ms) = (2, 2, 100);
+    let mut tx = crate::store::tx::Tx::new(&store.db);
+    for n in [1, 2] {
+        tx.put(
+            keys::HISTORY,
+            keys::history_key("dlv_c", n),
+            attempt(500 + n as u16).encode(),
+        );
+    }
+    tx.put_record(&old);
+    store.commit(tx, false).unwrap();
+    assert_eq!(statuses(store.history_of("dlv_c").unwrap()), [Some(501), Some(502)]);
+    claim(&store, "dlv_c");
+    store
+        .finish_attempt("dlv_c", &attempt(200), Transition::Delivered, 150)
+        .unwrap();
+    assert_eq!(
+        statuses(store.history_of("dlv_c").unwrap()),
+        [Some(501), Some(502), Some(200)]
+    );
+    assert_eq!(history_entries(&store, "dlv_c").len(), 2);
 }
 
 #[tokio::test]
@@ -111,9 +195,9 @@ async fn attempts_finished_together_are_recorded_in_one_batch() {
     let per_ep: HashMap<_, _> = store.open_per_endpoint().unwrap().into_iter().collect();
     assert_eq!(per_ep.get("https://r.example/h"), Some(&2));
     assert_eq!(per_ep.get("https://other.example/h").copied().unwrap_or(0), 0);
-    assert_eq!(store.history("dlv_a").unwrap().len(), 1);
-    assert_eq!(store.history("dlv_c").unwrap().len(), 1);
-    assert!(store.history("dlv_d").unwrap().is_empty());
+    assert_eq!(store.history_of("dlv_a").unwrap().len(), 1);
+    assert_eq!(store.history_of("dlv_c").unwrap().len(), 1);
+    assert!(store.history_of("dlv_d").unwrap().is_empty());
     assert_eq!(store.message("dlv_d").unwrap().unwrap().state, State::Pending);
     assert_eq!(due_ids(&store, 100), vec!["dlv_c".to_string(), "dlv_d".to_string()]);
 }

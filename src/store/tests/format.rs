@@ -29,7 +29,7 @@ fn files(path: &std::path::Path) -> Vec<(String, Vec<u8>)> {
 }
 
 #[test]
-fn a_store_is_marked_with_its_format_at_first_open_and_a_store_without_a_marker_too() {
+fn a_store_is_marked_with_its_format_at_first_open_and_one_unmarked_or_older_too() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     let store = open_at(&path).unwrap();
@@ -42,7 +42,15 @@ fn a_store_is_marked_with_its_format_at_first_open_and_a_store_without_a_marker_
     store.close();
     drop(store);
     let store = open_at(&path).unwrap();
-    assert_eq!(marker(&store), Some(b"1".to_vec()));
+    let current = Some(crate::store::format::FORMAT.to_string().into_bytes());
+    assert_eq!(marker(&store), current);
+    // A store of format 1 (every attempt in `history`): opened, it is this courier's format
+    // from then on, as the records it writes are.
+    store.db.put_cf(store.cf(keys::META), keys::FORMAT, "1").unwrap();
+    store.close();
+    drop(store);
+    let store = open_at(&path).unwrap();
+    assert_eq!(marker(&store), current);
 }
 
 #[test]

@@ -357,7 +357,7 @@ async fn a_carried_record_is_written_unread_and_a_delete_in_flight_makes_it_stal
     let answers = store.finish_attempts(&mut [carried(b.clone(), 300)]);
     assert!(matches!(answers[0], Ok(None)), "stale: {:?}", answers[0]);
     assert!(store.message("dlv_b").unwrap().is_none(), "not brought back");
-    assert!(store.history("dlv_b").unwrap().is_empty());
+    assert!(store.history_of("dlv_b").unwrap().is_empty());
     let counts = store.counts().unwrap();
     assert_eq!((counts.open, counts.delivered), (0, 1));
     assert!(

@@ -280,7 +280,7 @@ async fn a_head_s_failed_result_writes_nothing_and_its_line_stays_whole() {
     let answers = store.finish_attempts(&mut [item("dlv_1"), item("dlv_9")]);
     assert!(answers[0].is_err(), "{:?}", answers[0]);
     assert!(matches!(answers[1], Ok(Some(_))), "{:?}", answers[1]);
-    assert!(store.history("dlv_1").unwrap().is_empty(), "no attempt recorded");
+    assert!(store.history_of("dlv_1").unwrap().is_empty(), "no attempt recorded");
     assert_eq!(due_ids(&store, 1_000), vec!["dlv_1"], "its due entry is where it was");
     assert_eq!(store.counts().unwrap().open, 2, "the head and its member are open");
     assert_eq!(head(&store), Some(("dlv_1".into(), false, 1)));

@@ -59,6 +59,7 @@ pub(crate) fn message(id: &str, event: &str, due: u64) -> NewMessage {
             last_status: None,
             last_error: None,
             fifo: None,
+            last_attempt: None,
         },
         payload: Payload {
             method: "POST".into(),

@@ -42,7 +42,11 @@ async fn dead_messages_replay_with_attempts_reset() {
     store
         .finish_attempt("dlv_a", &attempt(200), Transition::Delivered, 1_100)
         .unwrap();
-    assert_eq!(store.history("dlv_a").unwrap().len(), 2, "history survives the replay");
+    assert_eq!(
+        store.history_of("dlv_a").unwrap().len(),
+        2,
+        "history survives the replay"
+    );
 }
 
 #[tokio::test]
