@@ -233,6 +233,7 @@ impl Ingress {
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|len| len > max_body) {
+            drain(req.into_body()).await;
             return Err(too_large(max_body));
         }
         // Held until the commit is answered, also when the sender leaves before: without
@@ -256,6 +257,7 @@ impl Ingress {
             };
             let Ok(data) = frame.into_data() else { continue };
             if (body.len() + data.len()) as u64 > max_body {
+                drain(incoming).await;
                 return Err(too_large(max_body));
             }
             held.merge(self.hold_bytes(data.len() as u64)?);
@@ -373,6 +375,30 @@ fn body_timeout() -> Refusal {
         BODY_READ_TIMEOUT.as_secs()
     );
     Refusal::new(StatusCode::REQUEST_TIMEOUT, "body_read_timeout", message)
+}
+
+/// What a refused upload may still send, read and dropped, before its 413 goes out.
+const DRAIN_MAX: usize = 64 << 10;
+/// How long a refused upload is read for at most.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads and drops what is left of a refused upload, up to [`DRAIN_MAX`] bytes within
+/// [`DRAIN_TIMEOUT`], so that the answer goes out after the request's last byte. Over
+/// HTTP/2, a client still sending on a stream whose body was dropped could see the stream
+/// reset before the 413 was written: curl printed "Stream error in the HTTP/2 framing
+/// layer" and no status in 4 of 25 runs of the intercept test that found it (inside a TLS
+/// tunnel), none in 100 with the rest read first. A larger or slower upload is cut off as
+/// before, and its client may see that reset.
+async fn drain(mut incoming: Incoming) {
+    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    let mut left = DRAIN_MAX;
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, incoming.frame()).await {
+        let len = frame.data_ref().map_or(0, |d| d.len());
+        match left.checked_sub(len) {
+            Some(l) => left = l,
+            None => return,
+        }
+    }
 }
 
 fn too_large(max: u64) -> Refusal {
