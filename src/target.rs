@@ -174,7 +174,8 @@ fn scheme_prefix_len(s: &str) -> Option<usize> {
 /// slot holds the last target that hashed to it): an app sends to a handful of receivers,
 /// and checking and parsing one (`url`'s WHATWG parser, IDNA) cost about 8,000 instructions,
 /// 4% of a delivered message's (docs/benchmarks.md, issue 43, step 8). Bounded whatever the
-/// texts; a miss costs one parse, as before.
+/// texts (64 slots of at most [`MAX_TARGET_LEN`] bytes and their URL per thread); a miss
+/// costs one parse, as before. Only URLs are kept, never a refusal.
 const MEMO_SLOTS: usize = 64;
 
 /// One slot of the table: the text, whether it came from the path, its URL.
@@ -372,7 +373,7 @@ mod tests {
 
     /// The per-thread table answers exactly what a fresh parse does: for more texts than it
     /// has slots (so texts evict each other), each asked several times, in both forms (the
-    /// collapsed `https:/host` is valid only from the path), and refusals are never kept.
+    /// collapsed `https:/host` is valid only from the path), refusals among them.
     #[test]
     fn remembered_parses_answer_what_a_fresh_parse_does() {
         let mut texts: Vec<String> = (0..3 * MEMO_SLOTS)

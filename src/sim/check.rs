@@ -296,8 +296,7 @@ fn message(
     // Its history as read back (the `history` entries and the attempt the record keeps)
     // lists every attempt the record counts, with the last one's status.
     let history = w.store().history(rec).map_err(|e| format!("{id}: history: {e}"))?;
-    if history.len() != recorded || history.last().map(|a| a.status) != recorded.checked_sub(1).map(|_| rec.last_status)
-    {
+    if history.len() != recorded || history.last().map(|a| a.status) != (recorded > 0).then_some(rec.last_status) {
         return Err(format!(
             "{id}: {recorded} attempts recorded, the history lists {} ending {:?} (record: {:?})",
             history.len(),
