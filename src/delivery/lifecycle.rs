@@ -29,7 +29,9 @@ use crate::outbound::transport::{OutboundRequest, TransportError};
 use crate::policy::circuit::{CircuitChange, HostOutcome};
 use crate::policy::{decide, AttemptResult, Limits};
 use crate::redact::url_for_log;
-use crate::store::{AttemptRecord, Claim, FinishedAttempt, Leased, MessageRecord, StoreError, Transition};
+use crate::store::{
+    AttemptRecord, Claim, Finish, FinishedAttempt, Leased, MessageRecord, ResultWrite, StoreError, Transition,
+};
 
 /// Runs one attempt of a claimed message: build the request, send it, judge the answer,
 /// and hand the result to the store writer, which ends the attempt once it is written
@@ -98,6 +100,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
     // Boxed now, as the writer's job holds it: moved as a pointer from here on.
     let end = Box::new(End {
         d: d.clone(),
+        number: rec.attempts + 1,
         rec,
         ids: (trace_id, span_id),
         sent,
@@ -107,8 +110,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         attempt,
         claim,
     });
-    let (item, note) = end.result();
-    d.record_ending(item, note, end).await;
+    d.record_ending(end).await;
 }
 
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
@@ -240,11 +242,22 @@ pub(super) struct StreakNote {
     pub blocks_line: bool,
 }
 
+/// What a written result means for its endpoint's streak, as its job says it: the
+/// borrowed form of a [`StreakNote`] with the result's transition, status and time.
+pub(super) struct Streak<'a> {
+    pub(super) endpoint: &'a str,
+    /// See [`StreakNote::blocks_line`].
+    pub(super) blocks_line: bool,
+    pub(super) transition: Transition,
+    pub(super) status: Option<u16>,
+    pub(super) now_ms: u64,
+}
+
 /// A written result.
 #[derive(Debug)]
 pub(super) struct Recorded {
-    /// As [`Store::finish_attempts`] answers: the record, or `None` if the result was stale.
-    pub message: Option<MessageRecord>,
+    /// As [`Store::finish_attempts`] answers: written, or stale.
+    pub write: ResultWrite,
     /// What it did to the endpoint (already written).
     pub endpoint: EndpointChange,
 }
@@ -276,6 +289,10 @@ macro_rules! attempt_event {
 /// back in the queue.
 pub(super) struct End {
     pub(super) d: Arc<Deliverer>,
+    /// The attempt's number (`attempts + 1` of the record it started from).
+    pub(super) number: u32,
+    /// The record it started from; one written in flight at accept is the one its result
+    /// is staged on, and is left as staged (see [`End::finish`]).
     pub(super) rec: MessageRecord,
     /// Trace and span ids, for its log lines.
     pub(super) ids: (Option<String>, Option<String>),
@@ -293,14 +310,46 @@ pub(super) struct End {
 }
 
 impl End {
-    /// The result to write, and the streak note that goes with it.
+    /// The result to write, borrowed from the attempt: a message written in flight at
+    /// accept has its result staged on the record the attempt carries (nothing but a delete
+    /// changes it meanwhile), so nothing is copied or read to record a first attempt.
+    pub(super) fn finish(&mut self) -> Finish<'_> {
+        let End {
+            rec,
+            running,
+            attempt,
+            transition,
+            sent,
+            claim,
+            ..
+        } = self;
+        Finish {
+            id: running.id(),
+            attempt,
+            transition: *transition,
+            now_ms: sent.now,
+            carried: (*claim == Claim::AtAccept).then_some(rec),
+        }
+    }
+
+    /// What the result means for its endpoint's streak.
+    pub(super) fn streak(&self) -> Streak<'_> {
+        Streak {
+            endpoint: &self.rec.endpoint,
+            blocks_line: blocks_its_line(&self.rec, self.transition),
+            transition: self.transition,
+            status: self.attempt.status,
+            now_ms: self.sent.now,
+        }
+    }
+
+    /// The result and its streak, owned: to write it again.
     fn result(&self) -> (FinishedAttempt, StreakNote) {
         let item = FinishedAttempt {
             id: self.rec.id.clone(),
             attempt: self.attempt.clone(),
             transition: self.transition,
             now_ms: self.sent.now,
-            claimed: (self.claim == Claim::AtAccept).then(|| Box::new(self.rec.clone())),
         };
         let note = StreakNote {
             endpoint: self.rec.endpoint.clone(),
@@ -323,11 +372,10 @@ impl End {
 
     /// On delivery's runtime, after the store writer failed to write the result (`e`).
     async fn again(self, e: StoreError) {
-        let (mut item, note) = self.result();
         // Tried again on the record as stored, not the one carried: what a failed batch
         // left behind (even written, had it failed after its commit) reads as it is, and a
         // result already applied then comes back stale instead of counted twice.
-        item.claimed = None;
+        let (item, note) = self.result();
         match record_again(&self.d, item, note, e).await {
             Written::Now(recorded) => self.written(*recorded),
             Written::Later => self.later(),
@@ -337,13 +385,14 @@ impl End {
 
     /// The result is written: permits back, the scheduler told, metrics and logs.
     fn written(self, recorded: Recorded) {
-        if recorded.message.is_none() {
+        if recorded.write == ResultWrite::Stale {
             // Someone else moved the message on first (a delete, or a replay of a message
             // this attempt had already finished): this result is not kept.
             tracing::debug!(delivery_id = %self.rec.id, "attempt result was stale; not recorded");
         }
         let End {
             d,
+            number,
             rec,
             ids,
             sent,
@@ -362,7 +411,7 @@ impl End {
         }
         report(
             &d,
-            &rec,
+            (&rec, number),
             (ids.0.as_deref(), ids.1.as_deref()),
             &sent,
             transition,
@@ -395,13 +444,13 @@ impl End {
 /// more than the delivery (metrics count them); a dead letter is always worth a warning.
 fn report(
     d: &Arc<Deliverer>,
-    rec: &MessageRecord,
+    (rec, attempts_made): (&MessageRecord, u32),
     ids: (Option<&str>, Option<&str>),
     sent: &Sent,
     transition: Transition,
     endpoint_change: EndpointChange,
 ) {
-    let (now, status, attempts_made) = (sent.now, sent.status, rec.attempts + 1);
+    let (now, status) = (sent.now, sent.status);
     let error = sent.error.as_deref();
     d.ctx
         .metrics()

@@ -13,38 +13,55 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::lifecycle::{End, Recorded, StreakNote};
+use super::lifecycle::{End, Recorded, Streak, StreakNote};
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
-use crate::store::{EndpointRecord, FinishedAttempt, MessageRecord, StoreError};
+use crate::store::{EndpointRecord, Finish, FinishedAttempt, ResultWrite, StoreError};
 
 pub(super) type Answer = Result<Recorded, StoreError>;
 
-/// A result to record, or (`None`) a barrier answered once everything queued before it is
-/// written.
-pub(super) struct Job {
-    pub(super) item: Option<(FinishedAttempt, StreakNote)>,
-    pub(super) reply: Reply,
-}
-
-/// Who hears how a result went.
-pub(super) enum Reply {
-    /// A task waiting for it (a barrier, a result tried again).
-    Waiting(oneshot::Sender<Answer>),
-    /// An attempt's end, which the writer thread runs: it has no task of its own to wake.
-    /// Boxed: it is large, and the job queue holds thousands.
+/// A result to record, with who hears how it went.
+pub(super) enum Job {
+    /// An attempt's end: the result is read from it, and the writer thread runs it once the
+    /// result is written (it has no task of its own to wake). Boxed: it is large, and the
+    /// job queue holds thousands.
     End(Box<End>),
+    /// A result for a task waiting for it (one written again), or (`None`) a barrier,
+    /// answered once everything queued before it is written.
+    Waiting(Option<(FinishedAttempt, StreakNote)>, oneshot::Sender<Answer>),
 }
 
-impl Reply {
-    fn send(self, answer: Answer) {
+impl Job {
+    /// The result to write, borrowed from the job (`None`: a barrier).
+    fn finish(&mut self) -> Option<Finish<'_>> {
         match self {
-            Reply::Waiting(tx) => {
+            Job::End(end) => Some(end.finish()),
+            Job::Waiting(item, _) => item.as_ref().map(|(item, _)| item.as_finish()),
+        }
+    }
+
+    /// The result's streak (`None`: a barrier).
+    fn streak(&self) -> Option<Streak<'_>> {
+        match self {
+            Job::End(end) => Some(end.streak()),
+            Job::Waiting(item, _) => item.as_ref().map(|(item, note)| Streak {
+                endpoint: &note.endpoint,
+                blocks_line: note.blocks_line,
+                transition: item.transition,
+                status: item.attempt.status,
+                now_ms: item.now_ms,
+            }),
+        }
+    }
+
+    fn answer(self, answer: Answer) {
+        match self {
+            Job::Waiting(_, tx) => {
                 let _ = tx.send(answer);
             }
             // A panic in an attempt's end must not end the thread (every later result
             // would wait for ever); what it held is dropped as after a panicking attempt.
-            Reply::End(end) => {
+            Job::End(end) => {
                 if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| end.recorded(answer))) {
                     tracing::error!(panic = %panic_text(panic.as_ref()), "ending an attempt panicked");
                 }
@@ -71,53 +88,59 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Writer {
-    /// Writes one batch, then ends its attempts. `between` runs after the results are written and before their
-    /// endpoint changes: tests put an operator's resume there.
-    pub(super) fn write_batch(&self, jobs: Vec<Job>, between: &mut dyn FnMut()) {
-        let (mut items, mut notes, mut replies, mut barriers) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for Job { item, reply } in jobs {
-            match item {
-                Some((item, note)) => {
-                    items.push(item);
-                    notes.push(note);
-                    replies.push(reply);
-                }
-                None => barriers.push(reply),
-            }
-        }
+    /// Writes one batch, then ends its attempts. `between` runs after the results are
+    /// written and before their endpoint changes: tests put an operator's resume there.
+    pub(super) fn write_batch(&self, mut jobs: Vec<Job>, between: &mut dyn FnMut()) {
         // Taken before the write that blocks a line, held until its pause is written.
-        let _gate = notes.iter().any(|n| n.blocks_line).then(|| self.ctx.pause_gate());
+        let _gate = jobs
+            .iter()
+            .any(|j| j.streak().is_some_and(|s| s.blocks_line))
+            .then(|| self.ctx.pause_gate());
         // Two results for one message in a batch cannot both apply: the store answers the
         // second as stale, as it would after the first was written.
         // A panic here must not end the thread (every later result would then wait for
         // ever): it fails this batch, whose attempts retry their results as after a failed
         // write, as they did when each result had a blocking task of its own.
-        let answers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.ctx.store().finish_attempts(&mut items)
-        }))
-        .unwrap_or_else(|panic| {
-            let why = panic_text(panic.as_ref());
-            tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
-            items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
-        });
+        let answers = {
+            let mut items: Vec<Finish<'_>> = jobs.iter_mut().filter_map(Job::finish).collect();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.ctx.store().finish_attempts(&mut items)
+            }))
+            .unwrap_or_else(|panic| {
+                let why = panic_text(panic.as_ref());
+                tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
+                items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
+            })
+        };
         between();
-        let now_ms = items.iter().map(|i| i.now_ms).max().unwrap_or(0);
-        let changes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.apply_streaks(&items, &notes, &answers, now_ms)
-        }))
-        .unwrap_or_else(|panic| {
-            tracing::error!(panic = %panic_text(panic.as_ref()), "recording endpoint streaks panicked");
-            vec![EndpointChange::None; notes.len()]
-        });
-        for ((reply, answer), endpoint) in replies.into_iter().zip(answers).zip(changes) {
-            reply.send(answer.map(|message| Recorded { message, endpoint }));
-        }
-        // Everything queued before a barrier was in this batch or an earlier one.
-        for barrier in barriers {
-            barrier.send(Ok(Recorded {
-                message: None,
-                endpoint: EndpointChange::None,
-            }));
+        let changes = {
+            let streaks: Vec<Streak<'_>> = jobs.iter().filter_map(Job::streak).collect();
+            let now_ms = streaks.iter().map(|s| s.now_ms).max().unwrap_or(0);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.apply_streaks(&streaks, &answers, now_ms)
+            }))
+            .unwrap_or_else(|panic| {
+                tracing::error!(panic = %panic_text(panic.as_ref()), "recording endpoint streaks panicked");
+                vec![EndpointChange::None; streaks.len()]
+            })
+        };
+        // Answered once the whole batch is written: everything queued before a barrier was
+        // in this batch or an earlier one.
+        let mut results = answers.into_iter().zip(changes);
+        for job in jobs {
+            let written = match job {
+                Job::Waiting(None, _) => None,
+                _ => results.next(),
+            };
+            let answer = match written {
+                Some((answer, endpoint)) => answer.map(|write| Recorded { write, endpoint }),
+                // A barrier.
+                None => Ok(Recorded {
+                    write: ResultWrite::Stale,
+                    endpoint: EndpointChange::None,
+                }),
+            };
+            job.answer(answer);
         }
     }
 
@@ -128,27 +151,25 @@ impl Writer {
     /// blocks a line.
     fn apply_streaks(
         &self,
-        items: &[FinishedAttempt],
-        notes: &[StreakNote],
-        answers: &[Result<Option<MessageRecord>, StoreError>],
+        streaks: &[Streak<'_>],
+        answers: &[Result<ResultWrite, StoreError>],
         now_ms: u64,
     ) -> Vec<EndpointChange> {
-        let mut changes = Vec::with_capacity(notes.len());
+        let mut changes = Vec::with_capacity(streaks.len());
         // Endpoint → the record its last change in this batch left.
         let mut dirty: foldhash::HashMap<&str, EndpointRecord> = Default::default();
         let mut synced = false;
-        for ((item, note), answer) in items.iter().zip(notes).zip(answers) {
+        for (note, answer) in streaks.iter().zip(answers) {
             let change = match answer {
-                Ok(Some(_)) => {
-                    let (transition, status) = (item.transition, item.attempt.status);
+                Ok(ResultWrite::Written) => {
                     let change = self
                         .ctx
                         .endpoints()
-                        .record(&note.endpoint, transition, status, now_ms, || {
-                            self.ctx.store().endpoint(&note.endpoint)
+                        .record(note.endpoint, note.transition, note.status, now_ms, || {
+                            self.ctx.store().endpoint(note.endpoint)
                         })
                         .unwrap_or_else(|e| {
-                            tracing::error!(endpoint = %crate::redact::url_for_log(&note.endpoint), error = %e,
+                            tracing::error!(endpoint = %crate::redact::url_for_log(note.endpoint), error = %e,
                                 "reading endpoint state failed; its streak starts again");
                             EndpointChange::None
                         });
@@ -156,9 +177,9 @@ impl Writer {
                     // blocked in the result's own batch; the endpoint pauses, as after a
                     // streak (written with this batch's endpoint writes, and alerted).
                     let paused =
-                        matches!(change, EndpointChange::Paused(_)) || self.ctx.endpoints().is_paused(&note.endpoint);
+                        matches!(change, EndpointChange::Paused(_)) || self.ctx.endpoints().is_paused(note.endpoint);
                     if note.blocks_line && !paused {
-                        EndpointChange::Paused(self.ctx.endpoints().set_paused(&note.endpoint, true, now_ms))
+                        EndpointChange::Paused(self.ctx.endpoints().set_paused(note.endpoint, true, now_ms))
                     } else {
                         change
                     }
@@ -167,7 +188,7 @@ impl Writer {
             };
             if let EndpointChange::Changed(rec) | EndpointChange::Paused(rec) = &change {
                 synced |= matches!(change, EndpointChange::Paused(_));
-                dirty.insert(&note.endpoint, rec.clone());
+                dirty.insert(note.endpoint, rec.clone());
             }
             changes.push(change);
         }

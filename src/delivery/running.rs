@@ -26,6 +26,11 @@ impl Running {
         Running { d, id, settled: false }
     }
 
+    /// Its message's id.
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
     /// The attempt ended as it should (its result written, or its message put back by the
     /// attempt itself): the entry goes.
     pub(super) fn settle(mut self) {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::store::tests::{claim, message};
 use crate::store::Store;
-use crate::store::{AttemptRecord, Counts, StoreOptions, Transition};
+use crate::store::{AttemptRecord, Counts, ResultWrite, StoreOptions, Transition};
 
 async fn claimed_store(n: usize) -> (tempfile::TempDir, Arc<Store>) {
     let dir = tempfile::tempdir().unwrap();
@@ -44,10 +44,7 @@ struct ResultWriter(crate::batcher::Batcher<Job>);
 impl ResultWriter {
     async fn record(&self, item: FinishedAttempt, note: StreakNote) -> Answer {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            item: Some((item, note)),
-            reply: Reply::Waiting(reply),
-        };
+        let job = Job::Waiting(Some((item, note)), reply);
         assert!(self.0.send(job).await);
         answer.await.unwrap()
     }
@@ -84,7 +81,6 @@ fn delivered(id: &str) -> FinishedAttempt {
         },
         transition: Transition::Delivered,
         now_ms: 200,
-        claimed: None,
     }
 }
 
@@ -99,8 +95,7 @@ async fn concurrent_results_are_all_recorded() {
         })
         .collect();
     for t in tasks {
-        let rec = t.await.unwrap().unwrap().message.expect("recorded");
-        assert_eq!(rec.state, crate::model::State::Delivered);
+        assert_eq!(t.await.unwrap().unwrap().write, ResultWrite::Written);
     }
     assert_eq!(
         store.counts().unwrap(),
@@ -122,16 +117,13 @@ async fn a_second_result_for_one_message_in_the_same_batch_is_stale_not_doubled(
     let mut answers = Vec::new();
     for id in ["dlv_000", "dlv_001", "dlv_000"] {
         let (reply, answer) = oneshot::channel();
-        jobs.push(Job {
-            item: Some((delivered(id), success())),
-            reply: Reply::Waiting(reply),
-        });
+        jobs.push(Job::Waiting(Some((delivered(id), success())), reply));
         answers.push(answer);
     }
     writer(&context(&store)).write_batch(jobs, &mut || {});
     let mut applied = Vec::new();
     for a in answers {
-        applied.push(a.await.unwrap().unwrap().message.is_some());
+        applied.push(a.await.unwrap().unwrap().write == ResultWrite::Written);
     }
     assert_eq!(applied, vec![true, true, false]);
     assert_eq!(store.history_of("dlv_000").unwrap().len(), 1);
@@ -148,16 +140,10 @@ async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
     for i in 0..200 {
         let (reply, _gone) = oneshot::channel();
         let item = Some((delivered(&format!("dlv_{i:03}")), success()));
-        jobs.push(Job {
-            item,
-            reply: Reply::Waiting(reply),
-        });
+        jobs.push(Job::Waiting(item, reply));
     }
     let (reply, flushed) = oneshot::channel();
-    jobs.push(Job {
-        item: None,
-        reply: Reply::Waiting(reply),
-    });
+    jobs.push(Job::Waiting(None, reply));
     let w = writer(&context(&store));
     let thread = std::thread::spawn(move || w.write_batch(jobs, &mut || {}));
     flushed.await.unwrap().unwrap();
@@ -169,12 +155,7 @@ async fn a_flush_returns_after_every_result_queued_before_it_is_written() {
 async fn dropping_the_writer_ends_its_thread_and_releases_the_store() {
     let (_d, store) = claimed_store(1).await;
     let writer = start(&store);
-    assert!(writer
-        .record(delivered("dlv_000"), success())
-        .await
-        .unwrap()
-        .message
-        .is_some());
+    assert!(writer.record(delivered("dlv_000"), success()).await.unwrap().write == ResultWrite::Written);
     drop(writer);
     assert_eq!(Arc::strong_count(&store), 1);
 }
@@ -209,10 +190,7 @@ async fn streaks_count_written_results_once_and_start_from_the_stored_record() {
     store.put_endpoint("healed", &stored, 50).unwrap();
     for (item, n) in batch {
         let (reply, answer) = oneshot::channel();
-        jobs.push(Job {
-            item: Some((item, n)),
-            reply: Reply::Waiting(reply),
-        });
+        jobs.push(Job::Waiting(Some((item, n)), reply));
         answers.push(answer);
     }
     writer(&ctx).write_batch(jobs, &mut || {});
@@ -293,14 +271,8 @@ async fn a_resume_between_a_line_s_block_and_its_pause_is_not_undone() {
         ..note(EP)
     };
     let item = Some((dead, blocks));
-    w.write_batch(
-        vec![Job {
-            item,
-            reply: Reply::Waiting(reply),
-        }],
-        &mut between,
-    );
-    assert!(answer.await.unwrap().unwrap().message.is_some());
+    w.write_batch(vec![Job::Waiting(item, reply)], &mut between);
+    assert_eq!(answer.await.unwrap().unwrap().write, ResultWrite::Written);
     if let Some(t) = waiting {
         t.join().unwrap();
     }

@@ -120,11 +120,11 @@ impl Deliverer {
 
     async fn send_result(&self, item: Option<(FinishedAttempt, StreakNote)>) -> results::Answer {
         let (reply, answer) = oneshot::channel();
-        let job = results::Job {
-            item,
-            reply: results::Reply::Waiting(reply),
-        };
-        if !self.writer.send(Write::Result(job)).await {
+        if !self
+            .writer
+            .send(Write::Result(results::Job::Waiting(item, reply)))
+            .await
+        {
             return Err(StoreError::Closed);
         }
         answer.await.map_err(|_| StoreError::Closed)?
@@ -136,15 +136,11 @@ impl Deliverer {
         self.send_result(Some((item, note))).await
     }
 
-    /// [`Deliverer::record`], the attempt's `end` run on the writer thread once the batch
+    /// Records the result `end` holds, and runs `end` on the writer thread once the batch
     /// holding it is written: the caller need not wait (nor be woken). Once the writer has
     /// stopped, `end` is dropped unrun.
-    pub(super) async fn record_ending(&self, item: FinishedAttempt, note: StreakNote, end: Box<End>) {
-        let job = results::Job {
-            item: Some((item, note)),
-            reply: results::Reply::End(end),
-        };
-        self.writer.send(Write::Result(job)).await;
+    pub(super) async fn record_ending(&self, end: Box<End>) {
+        self.writer.send(Write::Result(results::Job::End(end))).await;
     }
 
     /// Waits until every result queued before this call is written (or failed). An attempt

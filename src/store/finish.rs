@@ -6,49 +6,48 @@
 //! with their counter changes summed (see `counters`).
 
 use super::tx::Tx;
-use super::{keys, locked, FinishedAttempt, LastAttempt, MessageRecord, State, Store, StoreError, Transition};
+use super::{keys, locked, Finish, LastAttempt, MessageRecord, ResultWrite, State, Store, StoreError, Transition};
 
 impl Store {
     /// Records finished attempts (each attempt number `attempts + 1`) and the transitions
     /// they led to, in one write (one trip through RocksDB's write queue for however many
-    /// attempts ended together). One answer per item: the updated record, or `None` if the
-    /// message was deleted meanwhile; an item whose record cannot be read fails alone, a
-    /// failed write fails them all. A second item for an id already in the call is
-    /// answered `None` (stale), as it would be after the first was written.
-    pub fn finish_attempts(&self, items: &mut [FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
-        let carried: Vec<Option<Box<MessageRecord>>> = items.iter_mut().map(|i| i.claimed.take()).collect();
-        let items = &*items;
-        let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id.as_str()));
+    /// attempts ended together). One answer per item; an item whose record cannot be read
+    /// fails alone, a failed write fails them all. A second item for an id already in the
+    /// call is answered stale, as it would be after the first was written.
+    pub fn finish_attempts(&self, items: &mut [Finish<'_>]) -> Vec<Result<ResultWrite, StoreError>> {
+        let _guards = super::lock_stripes(&self.stripes, items.iter().map(|i| i.id));
         // Each record is had once, here (carried, or read): the ordered ones say which lines
         // to lock (after the id stripes, as every line change does), before anything is
-        // staged.
+        // staged. A second item for an id already in the call has none (`None`): every
+        // record is read before any write lands, so applying it again would count the
+        // attempt twice.
         let mut seen = foldhash::HashSet::with_capacity_and_hasher(items.len(), Default::default());
-        let records: Vec<Option<Result<Option<MessageRecord>, StoreError>>> = items
-            .iter()
-            .zip(carried)
-            .map(|(item, carried)| seen.insert(item.id.as_str()).then(|| self.record_of(&item.id, carried)))
+        let records: Vec<Option<Result<Option<Rec<'_>>, StoreError>>> = items
+            .iter_mut()
+            .map(|item| {
+                seen.insert(item.id)
+                    .then(|| self.record_of(item.id, item.carried.take()))
+            })
             .collect();
         let mut line_endpoints: Vec<String> = Vec::new();
         for (item, rec) in items.iter().zip(&records) {
             match rec {
                 Some(Ok(Some(rec))) if rec.fifo.is_some() => line_endpoints.push(rec.endpoint.clone()),
-                Some(Ok(None)) => line_endpoints.extend(self.lines.ghost_of(&item.id)),
+                Some(Ok(None)) => line_endpoints.extend(self.lines.ghost_of(item.id)),
                 _ => {}
             }
         }
         let _lines = self.lines.lock(line_endpoints.iter().map(String::as_str));
         let mut tx = Tx::reading(&self.db, &self.faults);
-        // A second item for an id already in the call (`None`): every record is read before
-        // any write lands, so applying it again would count the attempt twice.
         let out: Vec<_> = (items.iter().zip(records))
-            .map(|(item, rec)| {
-                rec.map_or(Ok(None), |rec| {
-                    rec.and_then(|rec| self.stage_finish(&mut tx, item, rec))
-                })
+            .map(|(item, rec)| match rec {
+                None => Ok(ResultWrite::Stale),
+                Some(Err(e)) => Err(e),
+                Some(Ok(mut rec)) => self.stage_finish(&mut tx, item, rec.as_deref_mut()),
             })
             .collect();
         // A stale result of a head deleted in flight still moves its line on.
-        let staged = out.iter().any(|r| matches!(r, Ok(Some(_)))) || !tx.lines.is_empty();
+        let staged = out.iter().any(|r| matches!(r, Ok(ResultWrite::Written))) || !tx.lines.is_empty();
         let written = if !staged {
             Ok(())
         } else if self.faults.fail_result() {
@@ -70,10 +69,10 @@ impl Store {
     /// nothing but a delete changes meanwhile (a message in flight is not replayed, parked,
     /// handed off or moved in a line, and is released only by its own attempt, after its
     /// result), so no read and decode per delivered message; else the stored one.
-    fn record_of(&self, id: &str, carried: Option<Box<MessageRecord>>) -> Result<Option<MessageRecord>, StoreError> {
+    fn record_of<'a>(&self, id: &str, carried: Option<&'a mut MessageRecord>) -> Result<Option<Rec<'a>>, StoreError> {
         match carried {
-            Some(rec) => Ok((!locked(&self.deleted_in_flight).contains(id)).then_some(*rec)),
-            None => self.message(id),
+            Some(rec) => Ok((!locked(&self.deleted_in_flight).contains(id)).then_some(Rec::Carried(rec))),
+            None => Ok(self.message(id)?.map(Rec::Read)),
         }
     }
 
@@ -81,24 +80,24 @@ impl Store {
     /// deletes in flight. An item that failed wrote nothing (see [`Store::stage_finish`])
     /// and keeps its lease: its worker retries the result, which must not then be taken for
     /// stale, and the message must not start again meanwhile.
-    fn end_leases(&self, items: &[FinishedAttempt], out: &[Result<Option<MessageRecord>, StoreError>]) {
+    fn end_leases(&self, items: &[Finish<'_>], out: &[Result<ResultWrite, StoreError>]) {
         let failed: foldhash::HashSet<&str> = items
             .iter()
             .zip(out)
             .filter(|(_, r)| r.is_err())
-            .map(|(item, _)| item.id.as_str())
+            .map(|(item, _)| item.id)
             .collect();
         let mut deleted = locked(&self.deleted_in_flight);
-        for item in items.iter().filter(|i| !failed.contains(i.id.as_str())) {
-            self.leases.remove(&item.id);
+        for item in items.iter().filter(|i| !failed.contains(i.id)) {
+            self.leases.remove(item.id);
             if !deleted.is_empty() {
-                deleted.remove(&item.id);
+                deleted.remove(item.id);
             }
         }
     }
 
-    /// Stages one finished attempt's writes on `tx`; the caller holds the id's stripe and,
-    /// for an ordered message, its line's.
+    /// Stages one finished attempt's writes on `tx`, updating `rec` to what is written; the
+    /// caller holds the id's stripe and, for an ordered message, its line's.
     ///
     /// All or nothing: an item that fails adds nothing, because the batch is still written
     /// for the others. Everything that can fail (the reads of its line) comes first and
@@ -107,21 +106,21 @@ impl Store {
     fn stage_finish(
         &self,
         tx: &mut Tx<'_>,
-        item: &FinishedAttempt,
-        rec: Option<MessageRecord>,
-    ) -> Result<Option<MessageRecord>, StoreError> {
-        let FinishedAttempt {
+        item: &Finish<'_>,
+        rec: Option<&mut MessageRecord>,
+    ) -> Result<ResultWrite, StoreError> {
+        let Finish {
             id,
             attempt,
             transition,
             now_ms,
             ..
         } = item;
-        let (id, now_ms) = (id.as_str(), *now_ms);
-        let Some(mut rec) = rec else {
+        let (id, now_ms) = (*id, *now_ms);
+        let Some(rec) = rec else {
             // Deleted while in flight: if it headed a line, the next goes now.
             self.settle_ghost(tx, id, now_ms)?;
-            return Ok(None);
+            return Ok(ResultWrite::Stale);
         };
         // In flight on disk (claimed at accept), or pending on disk and leased (claimed by
         // the scheduler): its due entry goes with this write.
@@ -129,9 +128,17 @@ impl Store {
             State::InFlight => State::InFlight,
             State::Pending if self.leases.contains(id) => State::Pending,
             // Deleted and re-created, or released by recovery: this attempt's result is stale.
-            _ => return Ok(None),
+            _ => return Ok(ResultWrite::Stale),
         };
         let old_due = keys::time_key(rec.next_attempt_at_ms, id);
+        // The only step that can fail, before any write of this item and any change to
+        // `rec` (an ordered one: its line moves on with this result).
+        let state = match *transition {
+            Transition::RetryAt(_) => State::Pending,
+            Transition::Delivered => State::Delivered,
+            Transition::Dead(_) => State::Dead,
+        };
+        tx.after_attempt(rec, state, now_ms)?;
         // The attempt before this one leaves the record for the history (the record keeps
         // only the last); a record from before it kept one has all its attempts there.
         let earlier = rec
@@ -143,16 +150,15 @@ impl Store {
         rec.last_status = attempt.status;
         rec.last_error = attempt.error.clone();
         rec.last_attempt = Some(LastAttempt::of(attempt));
+        rec.state = state;
         match *transition {
-            Transition::RetryAt(at) => (rec.state, rec.next_attempt_at_ms) = (State::Pending, at),
-            Transition::Delivered => rec.state = State::Delivered,
-            Transition::Dead(reason) => (rec.state, rec.dead_reason) = (State::Dead, Some(reason)),
+            Transition::RetryAt(at) => rec.next_attempt_at_ms = at,
+            Transition::Delivered => {}
+            Transition::Dead(reason) => rec.dead_reason = Some(reason),
         }
         if rec.state != State::Pending {
             (rec.next_attempt_at_ms, rec.finished_at_ms) = (0, now_ms);
         }
-        // The only step that can fail: before any write of this item.
-        tx.after_attempt(&rec, now_ms)?;
         if from == State::Pending {
             tx.delete(keys::DUE, old_due);
         }
@@ -160,13 +166,13 @@ impl Store {
             tx.put(keys::HISTORY, keys::history_key(id, number), earlier.encode());
         }
         if rec.state == State::Pending {
-            tx.enqueue(&rec);
+            tx.enqueue(rec);
         } else {
-            self.stage_finished(tx, &rec);
+            self.stage_finished(tx, rec);
         }
         tx.move_state(id, from, rec.state);
-        tx.put_record(&rec);
-        Ok(Some(rec))
+        tx.put_record(rec);
+        Ok(ResultWrite::Written)
     }
 
     /// Puts an in-flight message back in the queue, due at `now_ms`, without counting an
@@ -241,5 +247,33 @@ impl Store {
             }
         }
         Ok((n, unreadable))
+    }
+}
+
+/// The record a result is staged on: the attempt's own (carried), or one read for it.
+// One per result, for the length of the call: boxing the read one would cost an
+// allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Rec<'a> {
+    Carried(&'a mut MessageRecord),
+    Read(MessageRecord),
+}
+
+impl std::ops::Deref for Rec<'_> {
+    type Target = MessageRecord;
+    fn deref(&self) -> &MessageRecord {
+        match self {
+            Rec::Carried(rec) => rec,
+            Rec::Read(rec) => rec,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Rec<'_> {
+    fn deref_mut(&mut self) -> &mut MessageRecord {
+        match self {
+            Rec::Carried(rec) => rec,
+            Rec::Read(rec) => rec,
+        }
     }
 }

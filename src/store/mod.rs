@@ -164,7 +164,8 @@ pub enum Accepted {
     },
 }
 
-/// One finished attempt to record with [`Store::finish_attempts`].
+/// One finished attempt, owned: what a result written again is made of (see
+/// [`FinishedAttempt::as_finish`]).
 #[derive(Debug, Clone)]
 pub struct FinishedAttempt {
     /// The message.
@@ -175,12 +176,49 @@ pub struct FinishedAttempt {
     pub transition: Transition,
     /// When the attempt ended.
     pub now_ms: u64,
+}
+
+impl FinishedAttempt {
+    /// The result as [`Store::finish_attempts`] takes it, staged on the stored record.
+    pub fn as_finish(&self) -> Finish<'_> {
+        Finish {
+            id: &self.id,
+            attempt: &self.attempt,
+            transition: self.transition,
+            now_ms: self.now_ms,
+            carried: None,
+        }
+    }
+}
+
+/// One finished attempt to record with [`Store::finish_attempts`], borrowed from whoever
+/// holds it (an attempt's end, on the store writer's thread): nothing is copied to record
+/// it.
+#[derive(Debug)]
+pub struct Finish<'a> {
+    /// The message.
+    pub id: &'a str,
+    /// What happened (it becomes attempt number `attempts + 1` in the history).
+    pub attempt: &'a AttemptRecord,
+    /// Where the message goes next.
+    pub transition: Transition,
+    /// When the attempt ended.
+    pub now_ms: u64,
     /// The record the attempt started from, when it was written in flight at accept
     /// ([`Claim::AtAccept`]): only a delete can change such a record before its result, so
-    /// the result is staged on it rather than on a read of it (see
-    /// [`Store::finish_attempts`]). `None`: read it. Boxed: a result moves through the
-    /// store writer's queue, whose jobs stay small.
-    pub claimed: Option<Box<MessageRecord>>,
+    /// the result is staged on it rather than on a read of it, and it is left as staged
+    /// (whether or not the write then lands). `None`: read it.
+    pub carried: Option<&'a mut MessageRecord>,
+}
+
+/// What became of one result of [`Store::finish_attempts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultWrite {
+    /// Written.
+    Written,
+    /// Not this attempt's to write: the message was deleted, or moved on, meanwhile (or an
+    /// earlier item of the same call was its result).
+    Stale,
 }
 
 /// One due entry seen by [`Store::scan_due`].
@@ -317,7 +355,7 @@ impl Store {
         if self.faults.payload_missing(id) {
             return Ok(None);
         }
-        let Some(v) = self.db.get_pinned_cf(self.cf(keys::PAYLOADS), id.as_bytes())? else {
+        let Some(v) = get(&self.db, keys::PAYLOADS, id.as_bytes())? else {
             return Ok(None);
         };
         let plain = self
@@ -445,9 +483,17 @@ fn cf_of<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
     db.cf_handle(name).expect("column family opened at start")
 }
 
+/// The value of `key` in `cf`, read with default options made once: `get_pinned_cf` makes
+/// (allocates and frees) fresh ones per read, and the reads on the message path (an
+/// accept's event id, a leased message's record and payload) are per message.
+fn get<'a>(db: &'a DB, cf: &str, key: &[u8]) -> Result<Option<rocksdb::DBPinnableSlice<'a>>, rocksdb::Error> {
+    static DEFAULTS: std::sync::LazyLock<ReadOptions> = std::sync::LazyLock::new(ReadOptions::default);
+    db.get_pinned_cf_opt(cf_of(db, cf), key, &DEFAULTS)
+}
+
 /// The message record of `id` (for the parts that hold the `DB`, not the `Store`).
 fn message_in(db: &DB, id: &str) -> Result<Option<MessageRecord>, StoreError> {
-    let v = db.get_pinned_cf(cf_of(db, keys::MESSAGES), id.as_bytes())?;
+    let v = get(db, keys::MESSAGES, id.as_bytes())?;
     v.map(|v| decode_message(id, &v)).transpose()
 }
 

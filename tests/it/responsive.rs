@@ -72,7 +72,7 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
             return;
         }
         let leased = s.lease_many(&due, later);
-        let mut finished: Vec<FinishedAttempt> = leased
+        let finished: Vec<FinishedAttempt> = leased
             .into_iter()
             .filter_map(|r| r.unwrap())
             .map(|c| FinishedAttempt {
@@ -87,10 +87,10 @@ async fn fill_dead(store: &Arc<Store>, target: &str, n: usize) {
                 },
                 transition: Transition::Dead(DeadReason::PermanentStatus),
                 now_ms: later,
-                claimed: None,
             })
             .collect();
-        for r in s.finish_attempts(&mut finished) {
+        let mut finishes: Vec<_> = finished.iter().map(FinishedAttempt::as_finish).collect();
+        for r in s.finish_attempts(&mut finishes) {
             r.unwrap();
         }
     })

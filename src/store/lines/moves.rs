@@ -122,12 +122,17 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// What the result of `rec`'s attempt does to its line (the caller holds the line
-    /// stripe): delivered, or dead with `skip`, hands over to the next; dead with `block`
-    /// blocks the line; a retry changes nothing.
-    pub(in crate::store) fn after_attempt(&mut self, rec: &MessageRecord, now_ms: u64) -> Result<(), StoreError> {
+    /// What the result of `rec`'s attempt, which leaves it in `state`, does to its line (the
+    /// caller holds the line stripe): delivered, or dead with `skip`, hands over to the
+    /// next; dead with `block` blocks the line; a retry changes nothing.
+    pub(in crate::store) fn after_attempt(
+        &mut self,
+        rec: &MessageRecord,
+        state: State,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
         let Some(fifo) = rec.fifo else { return Ok(()) };
-        match rec.state {
+        match state {
             State::Dead if fifo.on_dead == OnDead::Block => self.block(&rec.endpoint, &rec.id),
             State::Delivered | State::Dead => self.advance(&rec.endpoint, &rec.id, now_ms),
             _ => Ok(()),

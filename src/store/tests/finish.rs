@@ -158,9 +158,8 @@ async fn attempts_finished_together_are_recorded_in_one_batch() {
         attempt: attempt(status),
         transition,
         now_ms: 500,
-        claimed: None,
     };
-    let answers = store.finish_attempts(&mut [
+    let answers = store.finish_owned(&[
         item("dlv_a", 200, Transition::Delivered),
         item("dlv_b", 410, Transition::Dead(DeadReason::PermanentStatus)),
         item("dlv_c", 503, Transition::RetryAt(60)),

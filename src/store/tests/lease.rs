@@ -189,9 +189,8 @@ async fn a_result_that_fails_alone_keeps_its_lease_for_the_retry() {
         attempt: attempt(200),
         transition: Transition::Delivered,
         now_ms: 160,
-        claimed: None,
     };
-    let answers = store.finish_attempts(&mut [item("dlv_a"), item("dlv_b")]);
+    let answers = store.finish_owned(&[item("dlv_a"), item("dlv_b")]);
     assert!(matches!(answers[0], Ok(Some(_))), "{:?}", answers[0]);
     assert!(answers[1].is_err());
     assert!(!store.is_leased("dlv_a"));
@@ -321,14 +320,19 @@ async fn a_reader_never_sees_a_written_retry_still_in_flight() {
 }
 
 /// The result of a message written in flight at accept, carrying its record.
-fn carried(rec: crate::store::MessageRecord, now_ms: u64) -> FinishedAttempt {
-    FinishedAttempt {
-        id: rec.id.clone(),
-        attempt: attempt(200),
+fn carried<'a>(
+    id: &'a str,
+    rec: &'a mut crate::store::MessageRecord,
+    attempt: &'a AttemptRecord,
+    now_ms: u64,
+) -> Vec<crate::store::Finish<'a>> {
+    vec![crate::store::Finish {
+        id,
+        attempt,
         transition: Transition::Delivered,
         now_ms,
-        claimed: Some(Box::new(rec)),
-    }
+        carried: Some(rec),
+    }]
 }
 
 /// A result carrying the record its attempt started from is staged on it, not on a read
@@ -345,17 +349,22 @@ async fn a_carried_record_is_written_unread_and_a_delete_in_flight_makes_it_stal
         (a.claim, b.claim),
         (crate::store::Claim::AtAccept, crate::store::Claim::AtAccept)
     );
-    let (a, b) = (a.record, b.record);
+    let (mut a, mut b) = (a.record, b.record);
+    let done = attempt(200);
     store.faults().make_unreadable("dlv_a");
-    let answers = store.finish_attempts(&mut [carried(a, 200)]);
-    let rec = answers[0].as_ref().unwrap().as_ref().expect("written");
-    assert_eq!((rec.state, rec.attempts), (State::Delivered, 1));
+    let answers = store.finish_attempts(&mut carried("dlv_a", &mut a, &done, 200));
+    assert_eq!(answers[0].as_ref().ok(), Some(&crate::store::ResultWrite::Written));
+    assert_eq!((a.state, a.attempts), (State::Delivered, 1), "left as staged");
     store.faults().heal("dlv_a");
     assert_eq!(store.message("dlv_a").unwrap().unwrap().state, State::Delivered);
 
     assert!(store.delete("dlv_b", 250).unwrap());
-    let answers = store.finish_attempts(&mut [carried(b.clone(), 300)]);
-    assert!(matches!(answers[0], Ok(None)), "stale: {:?}", answers[0]);
+    let answers = store.finish_attempts(&mut carried("dlv_b", &mut b, &done, 300));
+    assert!(
+        matches!(answers[0], Ok(crate::store::ResultWrite::Stale)),
+        "stale: {:?}",
+        answers[0]
+    );
     assert!(store.message("dlv_b").unwrap().is_none(), "not brought back");
     assert!(store.history_of("dlv_b").unwrap().is_empty());
     let counts = store.counts().unwrap();

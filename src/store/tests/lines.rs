@@ -275,9 +275,8 @@ async fn a_head_s_failed_result_writes_nothing_and_its_line_stays_whole() {
         attempt: attempt(200),
         transition: Transition::Delivered,
         now_ms: 500,
-        claimed: None,
     };
-    let answers = store.finish_attempts(&mut [item("dlv_1"), item("dlv_9")]);
+    let answers = store.finish_owned(&[item("dlv_1"), item("dlv_9")]);
     assert!(answers[0].is_err(), "{:?}", answers[0]);
     assert!(matches!(answers[1], Ok(Some(_))), "{:?}", answers[1]);
     assert!(store.history_of("dlv_1").unwrap().is_empty(), "no attempt recorded");

@@ -49,16 +49,28 @@ impl Store {
         transition: Transition,
         now_ms: u64,
     ) -> Result<Option<MessageRecord>, StoreError> {
-        let mut item = FinishedAttempt {
+        let item = FinishedAttempt {
             id: id.to_string(),
             attempt: attempt.clone(),
             transition,
             now_ms,
-            claimed: None,
         };
-        self.finish_attempts(std::slice::from_mut(&mut item))
-            .pop()
-            .unwrap_or(Ok(None))
+        self.finish_owned(&[item]).pop().unwrap_or(Ok(None))
+    }
+
+    /// [`Store::finish_attempts`] of owned results, each answered with its record as
+    /// written (read back), or `None` when stale.
+    pub(crate) fn finish_owned(&self, items: &[FinishedAttempt]) -> Vec<Result<Option<MessageRecord>, StoreError>> {
+        let mut finishes: Vec<_> = items.iter().map(FinishedAttempt::as_finish).collect();
+        let answers = self.finish_attempts(&mut finishes);
+        items
+            .iter()
+            .zip(answers)
+            .map(|(item, answer)| match answer? {
+                ResultWrite::Written => self.message(&item.id),
+                ResultWrite::Stale => Ok(None),
+            })
+            .collect()
     }
 
     /// The earliest due time in the queue, if any.
