@@ -37,7 +37,7 @@ impl Envelope {
     /// The new message, pending and due at once, its id the next of `ids`.
     pub fn into_message(self, now_ms: u64, rng: &mut impl rand::RngCore, ids: &model::IdSeq) -> NewMessage {
         let id = ids.next_delivery_id(now_ms, rng);
-        let event_id = self.event_id.unwrap_or_else(|| model::new_event_id(now_ms, rng));
+        let event_id = self.event_id.unwrap_or_else(|| model::event_id_for(&id));
         let endpoint = self
             .endpoint
             .unwrap_or_else(|| crate::target::default_endpoint_key(&self.target));
@@ -101,7 +101,12 @@ mod tests {
         assert_eq!(m.record.give_up_at_ms, 15_000);
         assert_eq!(m.record.endpoint, "https://r.example/hooks");
         assert_eq!(m.record.host, "r.example:443");
-        assert!(m.record.event_id.starts_with("msg_"));
         assert!(m.record.id.starts_with("dlv_"));
+        assert_eq!(
+            m.record.event_id,
+            format!("msg_{}", &m.record.id[4..]),
+            "the delivery id's ULID"
+        );
+        assert!(crate::model::own_event_id(&m.record.id, &m.record.event_id));
     }
 }

@@ -97,9 +97,34 @@ impl IdSeq {
     }
 }
 
-/// A new event id: `msg_<ULID>` (26 Crockford base32 characters after the prefix).
-pub fn new_event_id(now_ms: u64, rng: &mut impl rand::RngCore) -> String {
-    prefixed(EVENT_ID_PREFIX, ulid_at(now_ms, rng))
+/// The event id made for a message whose app sent none: `msg_` and its delivery id's
+/// ULID. The pair needs no index of its own to be found again: the message whose event id
+/// is [`own_event_id`] of its delivery id is looked up by that id (see `store::accept`).
+pub fn event_id_for(delivery_id: &str) -> String {
+    let ulid = delivery_id.strip_prefix(DELIVERY_ID_PREFIX).unwrap_or(delivery_id);
+    let mut id = String::with_capacity(EVENT_ID_PREFIX.len() + ulid.len());
+    id.push_str(EVENT_ID_PREFIX);
+    id.push_str(ulid);
+    id
+}
+
+/// Whether `event_id` is the one [`event_id_for`] makes for `delivery_id` (made for it,
+/// or, by chance, sent so by the app).
+pub fn own_event_id(delivery_id: &str, event_id: &str) -> bool {
+    match (
+        delivery_id.strip_prefix(DELIVERY_ID_PREFIX),
+        event_id.strip_prefix(EVENT_ID_PREFIX),
+    ) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The delivery id whose own event id `event_id` would be, if it has that form.
+pub fn delivery_id_of_event(event_id: &str) -> Option<String> {
+    let ulid = event_id.strip_prefix(EVENT_ID_PREFIX)?;
+    ulid::Ulid::from_string(ulid).ok()?;
+    Some(format!("{DELIVERY_ID_PREFIX}{ulid}"))
 }
 
 /// `prefix` and the ULID's text, in one allocation (one or two per accept: no formatter).
@@ -322,13 +347,22 @@ mod tests {
     #[test]
     fn generated_ids_are_prefixed_ulids_carrying_their_time() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let id = new_event_id(1_700_000_000_123, &mut rng);
+        let d = new_delivery_id(1_700_000_000_123, &mut rng);
+        let id = event_id_for(&d);
         assert!(id.starts_with("msg_"));
         assert_eq!(id.len(), 4 + 26);
         assert!(id[4..].chars().all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
-        let d = new_delivery_id(1_700_000_000_123, &mut rng);
         assert_eq!(delivery_id_millis(&d), Some(1_700_000_000_123));
         assert_eq!(delivery_id_millis("nope"), None);
+        // The pair finds each other, and nothing else claims to be one.
+        assert!(own_event_id(&d, &id));
+        assert_eq!(delivery_id_of_event(&id).as_deref(), Some(d.as_str()));
+        let other = new_delivery_id(1_700_000_000_123, &mut rng);
+        assert!(!own_event_id(&other, &id));
+        for not_own in ["msg_", "msg_not-a-ulid", "evt_1", &d] {
+            assert_eq!(delivery_id_of_event(not_own), None, "{not_own}");
+            assert!(!own_event_id(&d, not_own), "{not_own}");
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ use super::codec::MessageRecord;
 use super::floor::DueFloor;
 use super::lines::LineLocks;
 use super::tx::Tx;
-use super::{cf_of, keys, sealing, Accepted, Claim, Leased, NewMessage, Payload, Store, StoreError};
-use crate::model::State;
+use super::{keys, sealing, Accepted, Claim, Leased, NewMessage, Payload, Store, StoreError};
+use crate::model::{self, State};
 
 /// One accept ready for its batch. The record and payload are encoded by its caller (see
 /// [`Store::accepting`]), so the one thread that writes batches spends its time on the batch
@@ -192,16 +192,20 @@ impl<'a> Gathered<'a> {
     /// Adds the `i`th accept to the batch, or settles it at once (a duplicate of a stored
     /// message, or a failed read).
     fn add(&mut self, i: usize, mut accepting: Accepting) -> Option<Settled> {
-        let event_key = keys::pair_key(&accepting.record.event_id, &accepting.record.target);
+        let rec = &accepting.record;
+        let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if let Some(id) = self.in_batch.get(&event_key) {
             self.in_batch_duplicates.push((i, id.clone()));
             return None;
         }
-        let db = self.tx.db;
-        match db.get_pinned_cf(cf_of(db, keys::EVENTS), &event_key) {
-            Ok(Some(id)) => Some(Settled::Duplicate {
-                id: String::from_utf8_lossy(&id).into_owned(),
-            }),
+        // An event id made from this message's own (new) delivery id names no earlier
+        // message: there is nothing to look up.
+        let first = match model::own_event_id(&rec.id, &rec.event_id) {
+            true => Ok(None),
+            false => accepted_before(self.tx.db, &event_key, &rec.event_id, &rec.target),
+        };
+        match first {
+            Ok(Some(id)) => Some(Settled::Duplicate { id }),
             Ok(None) => match self.place(&mut accepting) {
                 Ok(queued) => {
                     self.put(&accepting, &event_key, queued);
@@ -215,7 +219,7 @@ impl<'a> Gathered<'a> {
                 }
                 Err(e) => Some(Settled::Failed(e)),
             },
-            Err(e) => Some(Settled::Failed(StoreError::Rocks(e))),
+            Err(e) => Some(Settled::Failed(e)),
         }
     }
 
@@ -246,9 +250,33 @@ impl<'a> Gathered<'a> {
             tx.enqueue(rec);
         }
         tx.put(keys::STATES, keys::state_key(rec.state.to_byte(), id), []);
-        tx.put(keys::EVENTS, event_key, id);
+        // A message whose event id is its own delivery id's is found by that id.
+        if !model::own_event_id(id, &rec.event_id) {
+            tx.put(keys::EVENTS, event_key, id);
+        }
         tx.count_open(&rec.endpoint, 1);
     }
+}
+
+/// The message accepted before with `event_id` for `target`, if any: the `events` index,
+/// else (an event id of the form courier makes from a delivery id) that message, when it
+/// carries the pair.
+fn accepted_before(
+    db: &rocksdb::DB,
+    event_key: &[u8],
+    event_id: &str,
+    target: &str,
+) -> Result<Option<String>, StoreError> {
+    if let Some(id) = super::get(db, keys::EVENTS, event_key)? {
+        return Ok(Some(String::from_utf8_lossy(&id).into_owned()));
+    }
+    let Some(id) = model::delivery_id_of_event(event_id) else {
+        return Ok(None);
+    };
+    let found = super::message_in(db, &id)?;
+    Ok(found
+        .filter(|rec| rec.event_id == event_id && rec.target == target)
+        .map(|_| id))
 }
 
 #[cfg(test)]

@@ -13,8 +13,10 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use super::{cf_of, keys, StoreError};
 
 /// The format this courier writes, and the newest it reads. 2: a message's record keeps its
-/// last attempt (record version 4), which `history` held in format 1.
-pub const FORMAT: u32 = 2;
+/// last attempt (record version 4), which `history` held in format 1. 3: a message whose
+/// event id courier made (its delivery id's ULID) has no `events` entry; it is found by its
+/// delivery id, which a format-2 courier would not look for.
+pub const FORMAT: u32 = 3;
 
 /// The data dir's format as its marker says (`None`: no marker yet, a store first opened
 /// by a courier from before it, or by none).

@@ -19,7 +19,8 @@ pub const STATES: &str = "states";
 /// endpoint ‖ 0 ‖ id → be64(due millis) ‖ routing of the due entry it replaced (empty in
 /// older keys): messages that came due while their endpoint was paused (`store::parking`).
 pub const PARKED: &str = "parked";
-/// event id ‖ 0 ‖ target → id: ingest dedupe.
+/// event id ‖ 0 ‖ target → id: ingest dedupe, for event ids the app chose (one courier
+/// made, `msg_` and the delivery id's ULID, is found by that id: `store::accept`).
 pub const EVENTS: &str = "events";
 /// id ‖ be32(attempt number) → [`AttemptRecord`](super::AttemptRecord).
 pub const HISTORY: &str = "history";

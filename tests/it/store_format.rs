@@ -26,7 +26,7 @@ async fn a_data_dir_a_newer_courier_wrote_is_refused_and_left_as_it_was() {
     let before = snapshot(&c.data_dir);
     let line = refused_start(&c.config_path, &c.data_dir).await;
     assert!(
-        line.contains("written by a newer courier (store format 7; this courier reads format 2")
+        line.contains("written by a newer courier (store format 7; this courier reads format 3")
             && line.contains("nothing was changed"),
         "{line}"
     );

@@ -41,16 +41,18 @@ fn a_store_is_marked_with_its_format_at_first_open_and_one_unmarked_or_older_too
     store.db.delete_cf(store.cf(keys::META), keys::FORMAT).unwrap();
     store.close();
     drop(store);
-    let store = open_at(&path).unwrap();
+    let mut store = open_at(&path).unwrap();
     let current = Some(crate::store::format::FORMAT.to_string().into_bytes());
     assert_eq!(marker(&store), current);
     // A store of format 1 (every attempt in `history`): opened, it is this courier's format
     // from then on, as the records it writes are.
-    store.db.put_cf(store.cf(keys::META), keys::FORMAT, "1").unwrap();
-    store.close();
-    drop(store);
-    let store = open_at(&path).unwrap();
-    assert_eq!(marker(&store), current);
+    for older in ["1", "2"] {
+        store.db.put_cf(store.cf(keys::META), keys::FORMAT, older).unwrap();
+        store.close();
+        drop(store);
+        store = open_at(&path).unwrap();
+        assert_eq!(marker(&store), current, "format {older}");
+    }
 }
 
 #[test]

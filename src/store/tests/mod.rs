@@ -144,6 +144,63 @@ async fn accept_stores_and_dedupes_on_event_and_target() {
     assert_eq!(store.counts().unwrap().open, 2);
 }
 
+/// Store format 3: a message whose event id courier made from its delivery id writes no
+/// `events` entry and looks none up, and is still found as the first of its pair: by a
+/// later accept with that event id for its target (in a later batch or its own), not for
+/// another target; deleting it leaves the entry of a message the app sent with that event
+/// id before it.
+#[tokio::test]
+async fn a_made_event_id_is_found_by_its_delivery_id_without_an_events_entry() {
+    let (_d, store) = open();
+    let events = |store: &Store| {
+        store
+            .db
+            .iterator_cf(store.cf(keys::EVENTS), rocksdb::IteratorMode::Start)
+            .count()
+    };
+    let made = crate::model::event_id_for;
+    let y = "dlv_01HF7YAT00DB736R3MTTWNYTNE";
+    assert_eq!(store.accept(message(y, &made(y), 10)).await.unwrap(), Accepted::New);
+    assert_eq!(events(&store), 0, "no events entry");
+    assert_eq!(
+        store.accept(message("dlv_b", &made(y), 11)).await.unwrap(),
+        Accepted::Duplicate { id: y.into() },
+        "found by its delivery id"
+    );
+    let mut other = message("dlv_c", &made(y), 12);
+    other.record.target = "https://other.example/h".into();
+    assert_eq!(store.accept(other).await.unwrap(), Accepted::New, "another target");
+    assert_eq!(events(&store), 1, "the app's event id for another target has its entry");
+
+    // A made id and the app sending it in the same batch: the second is the duplicate.
+    let z = "dlv_01HF7YAT00TCD3F96H9ZZB5NZT";
+    let both = vec![
+        store.accepting(message(z, &made(z), 13), false),
+        store.accepting(message("dlv_d", &made(z), 13), false),
+    ];
+    let answers: Vec<_> = store.accept_batch(both).iter().map(|s| s.answer().unwrap()).collect();
+    assert_eq!(answers, [Accepted::New, Accepted::Duplicate { id: z.into() }]);
+
+    // The app sent `x`'s made id before `x` existed: both are kept, and deleting `x`
+    // leaves the app's message's entry.
+    let x = "dlv_01HF7YAT00QMRV3YBGQ0WA8KXP";
+    assert_eq!(
+        store.accept(message("dlv_p", &made(x), 14)).await.unwrap(),
+        Accepted::New
+    );
+    assert_eq!(store.accept(message(x, &made(x), 15)).await.unwrap(), Accepted::New);
+    assert!(store.delete(x, 16).unwrap());
+    assert_eq!(
+        store.accept(message("dlv_q", &made(x), 17)).await.unwrap(),
+        Accepted::Duplicate { id: "dlv_p".into() }
+    );
+    assert!(store.delete("dlv_p", 18).unwrap());
+    assert_eq!(
+        store.accept(message("dlv_r", &made(x), 19)).await.unwrap(),
+        Accepted::New
+    );
+}
+
 #[tokio::test]
 async fn concurrent_duplicates_store_exactly_one() {
     let (_d, store) = open();
