@@ -33,9 +33,9 @@ pub(super) enum BuildError {
 /// The secrets a message signs with. A named key's targets are checked again here, at
 /// every attempt, not only at ingress: a message accepted before the key was bound (or
 /// before its binding was narrowed) must not be signed for a target now outside it.
-fn secrets_for(config: &Config, choice: &SigningChoice, target: &str) -> Result<Vec<Secret>, BuildError> {
+fn secrets_for<'a>(config: &'a Config, choice: &SigningChoice, target: &str) -> Result<Cow<'a, [Secret]>, BuildError> {
     Ok(match choice {
-        SigningChoice::Default => config.signing.secrets.clone(),
+        SigningChoice::Default => Cow::Borrowed(&config.signing.secrets),
         SigningChoice::Key(name) => {
             let key = config
                 .signing
@@ -47,9 +47,9 @@ fn secrets_for(config: &Config, choice: &SigningChoice, target: &str) -> Result<
             if !crate::signing::scope::allowed(&key.targets, &target) {
                 return Err(BuildError::KeyNotAllowed(name.clone()));
             }
-            key.secrets.clone()
+            Cow::Borrowed(&key.secrets)
         }
-        SigningChoice::Inline(secret) => vec![Secret::new(secret.clone())],
+        SigningChoice::Inline(secret) => Cow::Owned(vec![Secret::new(secret.clone())]),
     })
 }
 

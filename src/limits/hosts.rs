@@ -147,10 +147,15 @@ impl HostLimiter {
             hosts.prune_at = PRUNE_ABOVE.max(2 * hosts.map.len());
         }
         let (cap, circuit) = (hosts.caps.of(host), hosts.circuit);
-        let h = hosts.map.entry(host.to_string()).or_insert_with(|| Host {
-            sem: Resizable::new(cap),
-            circuit: Circuit::default(),
-        });
+        // Looked up before it is copied: the host is nearly always there already.
+        if !hosts.map.contains_key(host) {
+            let new = Host {
+                sem: Resizable::new(cap),
+                circuit: Circuit::default(),
+            };
+            hosts.map.insert(host.to_string(), new);
+        }
+        let h = hosts.map.get_mut(host).expect("inserted above");
         let permit = h.sem.try_acquire().ok_or(Refusal::HostBusy(None))?;
         // Attempts running besides this one: the breaker's ramp counts them.
         let running = h.sem.in_use() - 1;

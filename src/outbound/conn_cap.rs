@@ -71,11 +71,15 @@ const TRIM_AFTER: Duration = Duration::from_millis(100);
 /// The host a URI's connections are counted under: `host:port`, the host lowercased and
 /// the port the scheme's default when absent. `None` for a URI without a host.
 pub fn host_key(uri: &Uri) -> Option<Arc<str>> {
+    host_key_text(uri).map(Into::into)
+}
+
+fn host_key_text(uri: &Uri) -> Option<String> {
     let host = uri.host()?;
     let port = uri
         .port_u16()
         .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
-    Some(crate::target::host_port(host, Some(port)).into())
+    Some(crate::target::host_port(host, Some(port)))
 }
 
 /// The close switch of one connection, shared by the registry and the connection's IO.
@@ -335,10 +339,14 @@ impl ConnCap {
 
     /// Marks a request to `uri`'s host in progress until the guard is dropped.
     pub fn begin(self: &Arc<Self>, uri: &Uri) -> Busy {
-        let key = host_key(uri);
-        if let Some(k) = &key {
-            lock(&self.0).begin(k, now());
-        }
+        let key = host_key_text(uri).map(|text| {
+            let mut registry = lock(&self.0);
+            // The key the registry holds, when it has one: no second copy per request.
+            let key = registry.hosts.get_key_value(text.as_str()).map(|(k, _)| k.clone());
+            let key = key.unwrap_or_else(|| text.into());
+            registry.begin(&key, now());
+            key
+        });
         Busy { cap: self.clone(), key }
     }
 
@@ -519,8 +527,11 @@ impl Write for CappedIo {
 }
 
 impl Connection for CappedIo {
+    /// What the pool needs of a TCP connection: whether it is proxied. Not the socket
+    /// addresses the TCP stream adds as an extra, which hyper-util would copy into every
+    /// response's extensions (two allocations an attempt, read by nothing).
     fn connected(&self) -> Connected {
-        self.io.connected().proxy(self.proxied)
+        Connected::new().proxy(self.proxied)
     }
 }
 

@@ -270,3 +270,34 @@ async fn the_pools_sweep_once_the_linger_timer_has_closed_connections() {
         "after the closes, not before: {waited:?}"
     );
 }
+
+#[tokio::test]
+async fn a_counted_connection_says_whether_it_is_proxied_and_carries_no_extras() {
+    let cap = ConnCap::new(10);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for proxied in [false, true] {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let io = cap.count(None, TokioIo::new(stream), proxied);
+        let connected = io.connected();
+        assert_eq!(connected.is_proxied(), proxied);
+        let mut extensions = http::Extensions::new();
+        connected.get_extras(&mut extensions);
+        assert!(extensions.is_empty(), "nothing copied into each response");
+    }
+}
+
+#[tokio::test]
+async fn a_request_to_a_known_host_shares_the_registry_s_key() {
+    let cap = ConnCap::new(10);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri: Uri = "http://H.example/x".parse().unwrap();
+    let stream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let io = cap.count(host_key(&uri), TokioIo::new(stream), false);
+    let busy = cap.begin(&uri);
+    let (held, _) = io.registered.as_ref().unwrap();
+    assert_eq!(&**held, "h.example:80");
+    assert!(Arc::ptr_eq(busy.key.as_ref().unwrap(), held), "no copy per request");
+    let other = cap.begin(&"https://other.example/".parse().unwrap());
+    assert_eq!(other.key.as_deref(), Some("other.example:443"));
+}

@@ -212,6 +212,8 @@ pub fn sign(
     }
     let value = match scheme {
         SignatureScheme::Stripe => format!("t={timestamp},{}", entries.join(",")),
+        // One key (as nearly always): its entry is the value.
+        _ if entries.len() == 1 => entries.pop().unwrap_or_default(),
         _ => entries.join(" "),
     };
     headers.push((header, value));
