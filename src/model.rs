@@ -120,11 +120,13 @@ pub fn own_event_id(delivery_id: &str, event_id: &str) -> bool {
     }
 }
 
-/// The delivery id whose own event id `event_id` would be, if it has that form.
+/// The delivery id whose own event id `event_id` would be, if it has that form (the ULID
+/// as courier writes it: a lowercase one names no delivery id).
 pub fn delivery_id_of_event(event_id: &str) -> Option<String> {
-    let ulid = event_id.strip_prefix(EVENT_ID_PREFIX)?;
-    ulid::Ulid::from_string(ulid).ok()?;
-    Some(format!("{DELIVERY_ID_PREFIX}{ulid}"))
+    let text = event_id.strip_prefix(EVENT_ID_PREFIX)?;
+    let mut canonical = [0u8; ulid::ULID_LEN];
+    let ulid = ulid::Ulid::from_string(text).ok()?;
+    (ulid.array_to_str(&mut canonical) == text).then(|| format!("{DELIVERY_ID_PREFIX}{text}"))
 }
 
 /// `prefix` and the ULID's text, in one allocation (one or two per accept: no formatter).
@@ -359,7 +361,8 @@ mod tests {
         assert_eq!(delivery_id_of_event(&id).as_deref(), Some(d.as_str()));
         let other = new_delivery_id(1_700_000_000_123, &mut rng);
         assert!(!own_event_id(&other, &id));
-        for not_own in ["msg_", "msg_not-a-ulid", "evt_1", &d] {
+        let lowercase = id.to_ascii_lowercase();
+        for not_own in ["msg_", "msg_not-a-ulid", "evt_1", &d, &lowercase] {
             assert_eq!(delivery_id_of_event(not_own), None, "{not_own}");
             assert!(!own_event_id(&d, not_own), "{not_own}");
         }

@@ -126,6 +126,11 @@ impl Writer {
         };
         // Answered once the whole batch is written: everything queued before a barrier was
         // in this batch or an earlier one.
+        debug_assert_eq!(
+            answers.len(),
+            jobs.iter().filter(|j| !matches!(j, Job::Waiting(None, _))).count(),
+            "one answer per result"
+        );
         let mut results = answers.into_iter().zip(changes);
         for job in jobs {
             let written = match job {

@@ -194,13 +194,14 @@ impl<'a> Gathered<'a> {
     fn add(&mut self, i: usize, mut accepting: Accepting) -> Option<Settled> {
         let rec = &accepting.record;
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
-        if let Some(id) = self.in_batch.get(&event_key) {
+        // An event id made from this message's own (new) delivery id names no earlier
+        // message, in this batch or the store: there is nothing to look up.
+        let own = model::own_event_id(&rec.id, &rec.event_id);
+        if let Some(id) = self.in_batch.get(&event_key).filter(|_| !own) {
             self.in_batch_duplicates.push((i, id.clone()));
             return None;
         }
-        // An event id made from this message's own (new) delivery id names no earlier
-        // message: there is nothing to look up.
-        let first = match model::own_event_id(&rec.id, &rec.event_id) {
+        let first = match own {
             true => Ok(None),
             false => accepted_before(self.tx.db, &event_key, &rec.event_id, &rec.target),
         };
@@ -273,7 +274,13 @@ fn accepted_before(
     let Some(id) = model::delivery_id_of_event(event_id) else {
         return Ok(None);
     };
-    let found = super::message_in(db, &id)?;
+    let found = match super::message_in(db, &id) {
+        Ok(found) => found,
+        // A record that does not read cannot say it is the same message: this one is
+        // stored (a possible duplicate rather than a refused accept).
+        Err(StoreError::Codec { .. }) => None,
+        Err(e) => return Err(e),
+    };
     Ok(found
         .filter(|rec| rec.event_id == event_id && rec.target == target)
         .map(|_| id))

@@ -199,6 +199,22 @@ async fn a_made_event_id_is_found_by_its_delivery_id_without_an_events_entry() {
         store.accept(message("dlv_r", &made(x), 19)).await.unwrap(),
         Accepted::New
     );
+
+    // The app sent a made id first in the same batch: the made one is stored all the same.
+    let w = "dlv_01HF7YAT00Z3ZJ6QX1G9N3W5TQ";
+    let both = vec![
+        store.accepting(message("dlv_e", &made(w), 20), false),
+        store.accepting(message(w, &made(w), 20), false),
+    ];
+    let answers: Vec<_> = store.accept_batch(both).iter().map(|s| s.answer().unwrap()).collect();
+    assert_eq!(answers, [Accepted::New, Accepted::New]);
+    // A record that does not read cannot be the first of the pair: the accept is stored.
+    let v = "dlv_01HF7YAT00V3ZJ6QX1G9N3W5TQ";
+    store.db.put_cf(store.cf(keys::MESSAGES), v, b"not a record").unwrap();
+    assert_eq!(
+        store.accept(message("dlv_f", &made(v), 21)).await.unwrap(),
+        Accepted::New
+    );
 }
 
 #[tokio::test]
