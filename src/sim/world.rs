@@ -707,7 +707,8 @@ impl World {
     /// when its original is.
     pub fn accept(&mut self, n: usize, fail_write: bool) -> Result<(), String> {
         let now = self.clock.now_ms();
-        let mut batch = Vec::new();
+        let store = self.store();
+        let (mut batch, mut msgs) = (Vec::new(), Vec::new());
         for _ in 0..n {
             // A duplicate of a message still stored (a deleted or swept one frees its event
             // id, and a new message under it would blur what the receiver saw per event).
@@ -716,48 +717,52 @@ impl World {
             let old = if dup_of_old {
                 let i = self.rng.random_range(0..self.model.by_event.len());
                 let (key, id) = self.model.by_event.iter().nth(i).expect("index in range");
-                let stored = self.model.acked.contains_key(id) && store_has(&self.store(), id);
+                let stored = self.model.acked.contains_key(id) && store_has(&store, id);
                 stored.then(|| key.clone())
             } else {
                 None
             };
-            let (event, target) = if let Some(key) = old {
-                key
+            // A duplicate sends its original's event id as an app would, a made one too (it
+            // had it in the 202); a new message sometimes sends none, and courier makes one
+            // from its delivery id (found again by that id: store format 3).
+            let (event, target) = if let Some((e, t)) = old {
+                (Some(e), t)
             } else if dup_in_batch {
                 let i = self.rng.random_range(0..batch.len());
                 let (e, t, _): &(String, String, Vec<u8>) = &batch[i];
-                (e.clone(), t.clone())
+                (Some(e.clone()), t.clone())
             } else {
                 self.model.next_event += 1;
                 let t = TARGETS[self.rng.random_range(0..TARGETS.len())];
-                (format!("evt-{}", self.model.next_event), t.to_string())
+                let made = self.rng.random_bool(0.3);
+                ((!made).then(|| format!("evt-{}", self.model.next_event)), t.to_string())
             };
-            let body = format!("{{\"event\":\"{event}\",\"n\":{}}}", self.rng.random::<u32>()).into_bytes();
-            batch.push((event, target, body));
-        }
-        if fail_write {
-            self.store()
-                .faults()
-                .fail_accepts
-                .store(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        let store = self.store();
-        let mut msgs = Vec::new();
-        for (event, target, body) in &batch {
+            let n = self.rng.random::<u32>();
             let env = Envelope {
-                target: url::Url::parse(target).expect("sim targets are URLs"),
+                target: url::Url::parse(&target).expect("sim targets are URLs"),
                 endpoint: None,
                 route: None,
-                event_id: Some(event.clone()),
+                event_id: event,
                 method: "POST".into(),
                 headers: vec![("content-type".into(), b"application/json".to_vec())],
-                body: body.clone(),
+                body: Vec::new(),
                 scheme: None,
                 signing: SigningChoice::Default,
                 max_attempts: self.config.retry.max_attempts,
                 give_up_after: self.config.retry.give_up_after,
             };
-            msgs.push(env.into_message(now, &mut self.rng, store.ids()));
+            let mut msg = env.into_message(now, &mut self.rng, store.ids());
+            let event = msg.record.event_id.clone();
+            let body = format!("{{\"event\":\"{event}\",\"n\":{n}}}").into_bytes();
+            msg.payload.body = body.clone();
+            batch.push((event, target, body));
+            msgs.push(msg);
+        }
+        if fail_write {
+            store
+                .faults()
+                .fail_accepts
+                .store(1, std::sync::atomic::Ordering::SeqCst);
         }
         let ids: Vec<String> = msgs.iter().map(|m| m.record.id.clone()).collect();
         let d = self.node().d.clone();
