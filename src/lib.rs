@@ -19,7 +19,8 @@
 //! 1. The vocabulary, no I/O of its own: [`model`], [`target`], [`clock`] (the clock and
 //!    randomness seams), [`timefmt`], [`redact`], [`scrub`] (what a message sent, taken out
 //!    of the error text kept about it), [`batcher`] (a thread that handles queued
-//!    jobs in batches), [`sys`] (file descriptors, delivery's runtime, heap trimming).
+//!    jobs in batches), [`sys`] (file descriptors, delivery's runtime, the heap allocator
+//!    and its trimming).
 //! 2. [`policy`] (everything decided after an attempt, pure), [`signing`] (outbound
 //!    signatures and the drain receipt, pure), [`store`] (RocksDB).
 //! 3. [`config`] (the typed settings), [`metrics`], [`limits`] (per-host and per-endpoint

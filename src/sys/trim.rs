@@ -33,8 +33,10 @@ impl Trimmer {
     }
 }
 
-/// Returns the allocator's free memory to the operating system (a blocking call).
+/// Returns the allocators' free memory to the operating system (a blocking call): the
+/// binary's heap (see `heap`), and glibc's, which RocksDB allocates from.
 pub fn trim() {
+    super::heap::collect();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free pages of the allocator's own arenas; it takes
     // the arenas' locks itself and is safe to call from any thread at any time.
