@@ -27,7 +27,7 @@ impl Store {
 
     /// One endpoint's persisted state, if it has one.
     pub fn endpoint(&self, key: &str) -> Result<Option<EndpointRecord>, StoreError> {
-        let v = self.db.get_pinned_cf(self.cf(keys::ENDPOINTS), key.as_bytes())?;
+        let v = super::get(&self.db, keys::ENDPOINTS, key.as_bytes())?;
         Ok(v.map(|v| decode_entry(key.as_bytes(), &v)).transpose()?.map(|(_, r)| r))
     }
 

@@ -157,7 +157,7 @@ impl Store {
         // `accept`); another's may be there under the same pair, and stays.
         let event_key = keys::pair_key(&rec.event_id, &rec.target);
         if !crate::model::own_event_id(id, &rec.event_id)
-            && self.db.get_pinned_cf(self.cf(keys::EVENTS), &event_key)?.as_deref() == Some(id.as_bytes())
+            && super::get(&self.db, keys::EVENTS, &event_key)?.as_deref() == Some(id.as_bytes())
         {
             tx.delete(keys::EVENTS, &event_key);
         }

@@ -6,15 +6,13 @@ use super::decode_line;
 use crate::model::OnDead;
 use crate::store::tx::Tx;
 use crate::store::LineRecord;
-use crate::store::{cf_of, keys, page, Fifo, MessageRecord, State, StoreError};
+use crate::store::{keys, page, Fifo, MessageRecord, State, StoreError};
 
 impl Tx<'_> {
     /// `endpoint`'s line record, read once per batch.
     pub(in crate::store) fn line(&mut self, endpoint: &str) -> Result<&mut Option<LineRecord>, StoreError> {
         if !self.lines.records.contains_key(endpoint) {
-            let stored = self
-                .db
-                .get_pinned_cf(cf_of(self.db, keys::LINES), keys::line_key(endpoint))?;
+            let stored = crate::store::get(self.db, keys::LINES, &keys::line_key(endpoint))?;
             let stored = stored.map(|v| decode_line(endpoint, &v)).transpose()?;
             self.lines.records.insert(endpoint.to_string(), stored);
         }
