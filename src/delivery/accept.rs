@@ -35,20 +35,34 @@ pub(super) struct Job {
     pub(super) accepting: Accepting,
     pub(super) permit: Option<AttemptPermit>,
     pub(super) keep: Box<dyn Send>,
-    pub(super) reply: oneshot::Sender<Result<Accepted, StoreError>>,
+    pub(super) reply: Reply,
+}
+
+/// Where an accept's caller waits for its answer.
+pub(super) type Reply = oneshot::Sender<Result<Accepted, StoreError>>;
+
+/// A first attempt its accept's write claimed, for delivery to start: the message, its
+/// permits, and what the accept holds until the attempt is running (its count, which a
+/// drain waits on, and its body's bytes).
+pub(super) type Start = (Leased, AttemptPermit, Box<dyn Send>);
+
+/// What one batch of accepts gives back once written: the first attempts to start, and
+/// each caller's answer.
+pub(super) struct Written {
+    pub(super) start: Vec<Start>,
+    pub(super) replies: Vec<(Reply, Result<Accepted, StoreError>)>,
 }
 
 impl Deliverer {
-    /// Writes one batch of accepts and settles each: counted, its first attempt started (its
-    /// task spawned on delivery's runtime), or the scheduler woken; then the callers
-    /// answered.
-    pub(super) fn write_accepts(self: &Arc<Self>, jobs: Vec<Job>) {
+    /// Writes one batch of accepts and settles each: counted, its first attempt handed
+    /// back to start, or the scheduler woken; the callers' answers handed back to send.
+    pub(super) fn write_accepts(&self, jobs: Vec<Job>) -> Written {
         let (batch, waiting): (Vec<_>, Vec<_>) = jobs
             .into_iter()
             .map(|j| (j.accepting, (j.permit, j.keep, j.reply)))
             .unzip();
         let settled = self.ctx.store().accept_batch(batch);
-        let mut starting: Vec<(Leased, AttemptPermit, Box<dyn Send>)> = Vec::new();
+        let mut start: Vec<Start> = Vec::new();
         let mut replies = Vec::with_capacity(settled.len());
         let mut queued = false;
         for (settled, (permit, keep, reply)) in settled.into_iter().zip(waiting) {
@@ -57,7 +71,7 @@ impl Deliverer {
                 (Settled::New(claimed), permit) => {
                     self.ctx.metrics().accepted();
                     match claimed.zip(permit) {
-                        Some((claimed, permit)) => starting.push((claimed, permit, keep)),
+                        Some((claimed, permit)) => start.push((claimed, permit, keep)),
                         None => queued = true,
                     }
                 }
@@ -77,16 +91,7 @@ impl Deliverer {
         if queued {
             self.ctx.wake();
         }
-        // Each attempt's task is spawned from here, not from a task of the batch's: a batch
-        // of one (the usual one below saturation) then costs one task and one wake-up of a
-        // delivery thread, not two tasks.
-        for (claimed, permit, keep) in starting {
-            self.dispatch(claimed, permit);
-            drop(keep);
-        }
-        for (reply, answer) in replies {
-            let _ = reply.send(answer);
-        }
+        Written { start, replies }
     }
 
     /// The permits for a new message's first attempt, if it can start the moment it is

@@ -10,9 +10,13 @@
 //! 4. **Decided**: `policy::decide` turns the answer into a [`Transition`] (delivered, retry
 //!    at, dead) and a [`FinishedAttempt`] to record, with its [`StreakNote`].
 //! 5. **Recorded** ([`Recorded`]): the store writer writes the result in its next turn and
-//!    hands the attempt's [`End`] the answer on its thread: the global permit goes back,
-//!    the scheduler is told, the outcome counted and logged, the attempt leaves the
-//!    registry. A failed write is tried again on delivery's runtime ([`End::again`]).
+//!    hands the attempt's [`End`] back with the answer, a value ([`Handback`]); [`settle`],
+//!    on delivery's runtime, ends it: the global permit goes back, the scheduler is told,
+//!    the outcome counted and logged, the attempt leaves the registry. A failed write is
+//!    tried again on a task of its own ([`End::again`]).
+//!
+//! The writer runs no delivery code: what its turns give back (first attempts its accepts
+//! claimed, attempts whose results it wrote) comes back to [`settle`] as values.
 //!
 //! Courier's own failures (a request that cannot be built, a panic, a result that cannot be
 //! written) count no attempt: the message goes back to the queue (`requeue`, `running`).
@@ -111,6 +115,43 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         claim,
     });
     d.record_ending(end).await;
+}
+
+/// What the store writer hands back after a write, in its order: first attempts to start,
+/// or attempts whose results it wrote (or failed to), to end. Values, so that no delivery
+/// code runs on the writer's thread. Its channel has no bound of its own and needs none:
+/// every attempt in it holds a `delivery.max_in_flight` permit.
+pub(super) enum Handback {
+    /// First attempts an accept batch claimed.
+    Start(Vec<super::accept::Start>),
+    /// Attempts whose results a batch wrote, with the writer's answer for each.
+    Ended(Vec<(Box<End>, Answer)>),
+}
+
+/// Delivery's side of the store writer, on delivery's runtime: starts the first attempts
+/// the accepts claimed and ends the attempts whose results were written, in the order the
+/// writer handed them back. One task for all: a turn wakes one thread, not one per attempt.
+pub(super) async fn settle(d: std::sync::Weak<Deliverer>, mut turns: tokio::sync::mpsc::UnboundedReceiver<Handback>) {
+    while let Some(turn) = turns.recv().await {
+        match turn {
+            Handback::Start(start) => {
+                let Some(d) = d.upgrade() else { return };
+                for (claimed, permit, keep) in start {
+                    d.dispatch(claimed, permit);
+                    drop(keep);
+                }
+            }
+            // A panic in an attempt's end must not end this task (every later end would
+            // wait for ever); what it held is dropped as after a panicking attempt.
+            Handback::Ended(ended) => {
+                for (end, answer) in ended {
+                    if let Err(why) = crate::sys::blocking::catch(|| end.recorded(answer)) {
+                        tracing::error!(panic = %why, "ending an attempt panicked");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
@@ -253,6 +294,9 @@ pub(super) struct Streak<'a> {
     pub(super) now_ms: u64,
 }
 
+/// How the store writer answers a result: written (or stale), or why not.
+pub(super) type Answer = Result<Recorded, StoreError>;
+
 /// A written result.
 #[derive(Debug)]
 pub(super) struct Recorded {
@@ -285,7 +329,7 @@ macro_rules! attempt_event {
 }
 
 /// An attempt after its send: what it must do once its result is written (or could not
-/// be). Dropped unrun (the writer stopped at shutdown), its [`Running`] puts the message
+/// be). Dropped unrun (the writer or delivery's runtime stopped at shutdown), its [`Running`] puts the message
 /// back in the queue.
 pub(super) struct End {
     pub(super) d: Arc<Deliverer>,
@@ -358,8 +402,8 @@ impl End {
         (item, note)
     }
 
-    /// On the store writer's thread, once the batch holding the result was written or
-    /// failed: ends the attempt, or tries again on a task of its own (see [`record_again`]).
+    /// Once the batch holding the result was written or failed (see [`settle`]): ends the
+    /// attempt, or tries again on a task of its own (see [`record_again`]).
     pub(super) fn recorded(self, answer: Result<Recorded, StoreError>) {
         match answer {
             Ok(recorded) => self.written(recorded),
@@ -489,7 +533,8 @@ fn report(
             tracing::warn!(endpoint = %url_for_log(&rec.endpoint), streak = ep.streak, last_status = ep.last_status,
                 "endpoint paused after consecutive permanent failures; resume it with `courier endpoints resume`");
         }
-        // Off the writer's thread: the alert is a message accepted like any other.
+        // On a task of its own: the alert is a message accepted like any other, which waits
+        // for the store writer.
         let (d, endpoint) = (d.clone(), rec.endpoint.clone());
         d.ctx
             .runtime()

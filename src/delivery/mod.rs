@@ -110,7 +110,7 @@ impl Deliverer {
             cfg.circuit.settings(settings.policies.longest_request_timeout()),
         ));
         Arc::new_cyclic(|d| Deliverer {
-            writer: writer::StoreWriter::start(d.clone(), results::Writer { ctx: ctx.clone() }),
+            writer: writer::StoreWriter::start(d.clone(), results::Writer { ctx: ctx.clone() }, ctx.runtime()),
             all_attempts: Arc::new(tokio::sync::Semaphore::new(cfg.delivery.max_in_flight as usize)),
             hosts,
             ctx,

@@ -13,18 +13,17 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::lifecycle::{End, Recorded, Streak, StreakNote};
+use super::lifecycle::{Answer, End, Recorded, Streak, StreakNote};
 use crate::context::endpoints::EndpointChange;
 use crate::context::Context;
 use crate::store::{EndpointRecord, Finish, FinishedAttempt, ResultWrite, StoreError};
-
-pub(super) type Answer = Result<Recorded, StoreError>;
+use crate::sys::blocking::catch;
 
 /// A result to record, with who hears how it went.
 pub(super) enum Job {
-    /// An attempt's end: the result is read from it, and the writer thread runs it once the
-    /// result is written (it has no task of its own to wake). Boxed: it is large, and the
-    /// job queue holds thousands.
+    /// An attempt's end: the result is read from it, and it goes back to delivery with its
+    /// answer once the result is written (its task has ended: nothing waits for it). Boxed:
+    /// it is large, and the job queue holds thousands.
     End(Box<End>),
     /// A result for a task waiting for it (one written again), or (`None`) a barrier,
     /// answered once everything queued before it is written.
@@ -54,18 +53,15 @@ impl Job {
         }
     }
 
-    fn answer(self, answer: Answer) {
+    /// Answers a waiting task; an attempt's end comes back with its answer, for delivery
+    /// to run.
+    fn answer(self, answer: Answer) -> Option<(Box<End>, Answer)> {
         match self {
             Job::Waiting(_, tx) => {
                 let _ = tx.send(answer);
+                None
             }
-            // A panic in an attempt's end must not end the thread (every later result
-            // would wait for ever); what it held is dropped as after a panicking attempt.
-            Job::End(end) => {
-                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| end.recorded(answer))) {
-                    tracing::error!(panic = %panic_text(panic.as_ref()), "ending an attempt panicked");
-                }
-            }
+            Job::End(end) => Some((end, answer)),
         }
     }
 }
@@ -79,18 +75,11 @@ pub(super) struct Writer {
     pub(super) ctx: Arc<Context>,
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 impl Writer {
-    /// Writes one batch, then ends its attempts. `between` runs after the results are
-    /// written and before their endpoint changes: tests put an operator's resume there.
-    pub(super) fn write_batch(&self, mut jobs: Vec<Job>, between: &mut dyn FnMut()) {
+    /// Writes one batch and answers its waiting tasks; gives back the attempts' ends with
+    /// their answers. `between` runs after the results are written and before their
+    /// endpoint changes: tests put an operator's resume there.
+    pub(super) fn write_batch(&self, mut jobs: Vec<Job>, between: &mut dyn FnMut()) -> Vec<(Box<End>, Answer)> {
         // Taken before the write that blocks a line, held until its pause is written.
         let _gate = jobs
             .iter()
@@ -103,11 +92,7 @@ impl Writer {
         // write, as they did when each result had a blocking task of its own.
         let answers = {
             let mut items: Vec<Finish<'_>> = jobs.iter_mut().filter_map(Job::finish).collect();
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.ctx.store().finish_attempts(&mut items)
-            }))
-            .unwrap_or_else(|panic| {
-                let why = panic_text(panic.as_ref());
+            catch(|| self.ctx.store().finish_attempts(&mut items)).unwrap_or_else(|why| {
                 tracing::error!(batch = items.len(), panic = %why, "recording attempt results panicked");
                 items.iter().map(|_| Err(StoreError::Panicked(why.clone()))).collect()
             })
@@ -116,11 +101,8 @@ impl Writer {
         let changes = {
             let streaks: Vec<Streak<'_>> = jobs.iter().filter_map(Job::streak).collect();
             let now_ms = streaks.iter().map(|s| s.now_ms).max().unwrap_or(0);
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.apply_streaks(&streaks, &answers, now_ms)
-            }))
-            .unwrap_or_else(|panic| {
-                tracing::error!(panic = %panic_text(panic.as_ref()), "recording endpoint streaks panicked");
+            catch(|| self.apply_streaks(&streaks, &answers, now_ms)).unwrap_or_else(|why| {
+                tracing::error!(panic = %why, "recording endpoint streaks panicked");
                 vec![EndpointChange::None; streaks.len()]
             })
         };
@@ -132,6 +114,7 @@ impl Writer {
             "one answer per result"
         );
         let mut results = answers.into_iter().zip(changes);
+        let mut ended = Vec::with_capacity(jobs.len());
         for job in jobs {
             let written = match job {
                 Job::Waiting(None, _) => None,
@@ -145,8 +128,9 @@ impl Writer {
                     endpoint: EndpointChange::None,
                 }),
             };
-            job.answer(answer);
+            ended.extend(job.answer(answer));
         }
+        ended
     }
 
     /// Applies the written results to their endpoints' streaks and writes the endpoints that

@@ -53,7 +53,7 @@ impl ResultWriter {
 fn start(store: &Arc<Store>) -> ResultWriter {
     let w = writer(&context(store));
     ResultWriter(crate::batcher::Batcher::start("results", 64, 1024, move |jobs| {
-        w.write_batch(jobs, &mut || {})
+        w.write_batch(jobs, &mut || {});
     }))
 }
 

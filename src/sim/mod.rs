@@ -536,25 +536,14 @@ pub fn soak(first: u64, seeds: u64, budget: Duration, twice: bool) -> Result<u64
                     return;
                 }
                 // A panic in the harness or in courier names its seed, as a failure does.
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    if twice {
-                        run_twice(seed)
-                    } else {
-                        run(seed)
-                    }
-                }))
-                .unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    Err(Failure {
-                        seed,
-                        what: format!("panicked: {what}"),
-                        trace: Vec::new(),
-                    })
-                });
+                let outcome = crate::sys::blocking::catch(|| if twice { run_twice(seed) } else { run(seed) })
+                    .unwrap_or_else(|what| {
+                        Err(Failure {
+                            seed,
+                            what: format!("panicked: {what}"),
+                            trace: Vec::new(),
+                        })
+                    });
                 match outcome {
                     Ok(_) => {
                         // A soak may be stopped before its end: it says how far it got.

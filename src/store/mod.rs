@@ -192,7 +192,7 @@ impl FinishedAttempt {
 }
 
 /// One finished attempt to record with [`Store::finish_attempts`], borrowed from whoever
-/// holds it (an attempt's end, on the store writer's thread): nothing is copied to record
+/// holds it (an attempt's end, queued to the store writer): nothing is copied to record
 /// it.
 #[derive(Debug)]
 pub struct Finish<'a> {

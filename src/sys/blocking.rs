@@ -23,6 +23,17 @@ pub fn spawn_on(runtime: &tokio::runtime::Handle, f: impl FnOnce() + Send + 'sta
     runtime.spawn_blocking(f);
 }
 
+/// Calls `f`; `Err` with the panic's text if it panicked: for a thread or task that must go
+/// on after one job's panic (every later job would otherwise wait for ever).
+pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown panic".into())
+    })
+}
+
 /// Tests: blocking calls made on this thread run inline (see the module doc).
 #[cfg(test)]
 pub(crate) mod inline {
@@ -43,11 +54,6 @@ pub(crate) mod inline {
 
     /// Calls `f`, catching its panic as a blocking thread's join would.
     pub(super) fn call<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-            p.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a blocking call panicked".into())
-        })
+        super::catch(f)
     }
 }
