@@ -15,7 +15,7 @@
 //!    the outcome counted and logged, the attempt leaves the registry. A failed write is
 //!    tried again on a task of its own ([`End::again`]).
 //!
-//! The writer runs no delivery code: what its turns give back (first attempts its accepts
+//! The writer starts and ends no attempt: what its turns give back (first attempts its accepts
 //! claimed, attempts whose results it wrote) comes back to [`settle`] as values.
 //!
 //! Courier's own failures (a request that cannot be built, a panic, a result that cannot be
@@ -118,9 +118,11 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
 }
 
 /// What the store writer hands back after a write, in its order: first attempts to start,
-/// or attempts whose results it wrote (or failed to), to end. Values, so that no delivery
-/// code runs on the writer's thread. Its channel has no bound of its own and needs none:
-/// every attempt in it holds a `delivery.max_in_flight` permit.
+/// or attempts whose results it wrote (or failed to), to end. Values, so that no attempt
+/// starts or ends on the writer's thread. Its channel has no bound of its own and needs
+/// none: every attempt in it holds a `delivery.max_in_flight` permit. An end may come after
+/// its message was leased again (its result ended the lease): the registry tells the two
+/// attempts apart (see `running::Key`).
 pub(super) enum Handback {
     /// First attempts an accept batch claimed.
     Start(Vec<super::accept::Start>),
@@ -134,15 +136,17 @@ pub(super) enum Handback {
 pub(super) async fn settle(d: std::sync::Weak<Deliverer>, mut turns: tokio::sync::mpsc::UnboundedReceiver<Handback>) {
     while let Some(turn) = turns.recv().await {
         match turn {
+            // A panic in one start or end must not end this task (every later one would be
+            // dropped with its channel): what it held is dropped as after a panicking attempt.
             Handback::Start(start) => {
                 let Some(d) = d.upgrade() else { return };
                 for (claimed, permit, keep) in start {
-                    d.dispatch(claimed, permit);
+                    if let Err(why) = crate::sys::blocking::catch(|| d.dispatch(claimed, permit)) {
+                        tracing::error!(panic = %why, "starting an attempt panicked");
+                    }
                     drop(keep);
                 }
             }
-            // A panic in an attempt's end must not end this task (every later end would
-            // wait for ever); what it held is dropped as after a panicking attempt.
             Handback::Ended(ended) => {
                 for (end, answer) in ended {
                     if let Err(why) = crate::sys::blocking::catch(|| end.recorded(answer)) {

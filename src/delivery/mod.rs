@@ -66,8 +66,13 @@ pub struct Deliverer {
     waiting_to_read: Arc<std::sync::atomic::AtomicUsize>,
     /// Attempts counted as running, with their task once it is spawned (see `dispatch`).
     /// Ordered by id, so a drain cuts attempts in one order (a simulated run replays).
-    /// Keyed by a shared id: one allocation per attempt for the entry and its guard.
-    in_flight: Mutex<BTreeMap<Arc<str>, Option<AbortHandle>>>,
+    /// Keyed by a shared id and the attempt's dispatch number: one allocation per attempt
+    /// for the entry and its guard, and a message's next attempt, leased again once the
+    /// last one's result is written, has an entry of its own while that one's end is
+    /// still on its way to `lifecycle::settle`.
+    in_flight: Mutex<BTreeMap<running::Key, Option<AbortHandle>>>,
+    /// Attempts dispatched so far: each one's number in the registry.
+    dispatched: std::sync::atomic::AtomicU64,
     /// Set while due messages wait in the queue (the scheduler left some, or an accept
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
@@ -120,6 +125,7 @@ impl Deliverer {
             result_retry_ms: std::sync::atomic::AtomicU64::new(1000),
             waiting_to_read: Default::default(),
             in_flight: Mutex::new(BTreeMap::new()),
+            dispatched: Default::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
             passing: std::sync::atomic::AtomicBool::new(false),
             idle: Notify::new(),
@@ -151,30 +157,33 @@ impl Deliverer {
     /// [`AttemptPermit`] says; it counts as running (see [`Running`]) until its result is
     /// settled, which may be after the task ended (see `lifecycle`).
     pub fn dispatch(self: &Arc<Self>, claimed: Leased, permit: AttemptPermit) {
-        let id: Arc<str> = claimed.record.id.as_str().into();
+        let key = running::Key {
+            id: claimed.record.id.as_str().into(),
+            n: self.dispatched.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
         // In before the task exists (it may end, and leave, before `spawn` returns); no lock
         // is held across the spawn, as a runtime already shut down drops the attempt (and
         // its entry, which takes the lock) inside it.
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), None);
-        let running = Running::new(self.clone(), id.clone());
+            .insert(key.clone(), None);
+        let running = Running::new(self.clone(), key.clone());
         let task = self
             .ctx
             .runtime()
             .spawn(lifecycle::attempt(self.clone(), claimed, permit, running));
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = registry.get_mut(&*id) {
+        if let Some(entry) = registry.get_mut(&key) {
             *entry = Some(task.abort_handle());
         }
     }
 
     /// An attempt's entry leaves the registry; when it was the last, waiters for idle are
     /// told and a burst's freed heap is given back (see `trim`).
-    fn left(&self, id: &str) {
+    fn left(&self, key: &running::Key) {
         let mut registry = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        registry.remove(id);
+        registry.remove(key);
         if registry.is_empty() {
             drop(registry);
             self.idle.notify_waiters();
@@ -198,7 +207,7 @@ impl Deliverer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
-            .map(|id| id.to_string())
+            .map(|key| key.id.to_string())
             .collect()
     }
 

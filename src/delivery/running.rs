@@ -16,19 +16,28 @@ use super::{Deliverer, SELF_FAILURE_DELAY};
 /// One attempt counted as running (see the module doc).
 pub(crate) struct Running {
     d: Arc<Deliverer>,
-    id: Arc<str>,
+    key: Key,
     settled: bool,
 }
 
+/// An attempt's place in the registry: its message's id and its dispatch number. Each
+/// guard leaves with its own key: an attempt's end that comes late never takes away the
+/// entry of the message's next attempt.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Key {
+    pub(super) id: Arc<str>,
+    pub(super) n: u64,
+}
+
 impl Running {
-    /// The entry of `id`; the caller puts it in the registry.
-    pub(super) fn new(d: Arc<Deliverer>, id: Arc<str>) -> Self {
-        Running { d, id, settled: false }
+    /// The entry of `key`; the caller puts it in the registry.
+    pub(super) fn new(d: Arc<Deliverer>, key: Key) -> Self {
+        Running { d, key, settled: false }
     }
 
     /// Its message's id.
     pub(super) fn id(&self) -> &str {
-        &self.id
+        &self.key.id
     }
 
     /// The attempt ended as it should (its result written, or its message put back by the
@@ -44,7 +53,7 @@ impl Running {
         d.ctx.metrics().attempt_abandoned();
         let now = d.ctx.clock().now_ms();
         let due = if panicked {
-            tracing::error!(delivery_id = %self.id, "delivery worker panicked; message requeued without counting an attempt");
+            tracing::error!(delivery_id = %self.key.id, "delivery worker panicked; message requeued without counting an attempt");
             now + SELF_FAILURE_DELAY.as_millis() as u64
         } else {
             now
@@ -53,14 +62,14 @@ impl Running {
         // write land first, so the release below finds the message no longer in flight
         // and leaves it.
         d.flush_results().await;
-        d.requeue(&self.id, due).await;
+        d.requeue(&self.key.id, due).await;
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         if self.settled {
-            self.d.left(&self.id);
+            self.d.left(&self.key);
             return;
         }
         // Still in the registry while its message goes back (shutdown waits for that). On a
@@ -68,7 +77,7 @@ impl Drop for Running {
         // stays in flight on disk, and startup puts it back.
         let rest = Running {
             d: self.d.clone(),
-            id: std::mem::take(&mut self.id),
+            key: self.key.clone(),
             settled: true,
         };
         let panicked = std::thread::panicking();

@@ -694,3 +694,53 @@ async fn a_key_bound_elsewhere_never_signs_a_stored_message() {
         "courier's refusal, not an attempt"
     );
 }
+
+/// An attempt's end reaches `lifecycle::settle` after its result is written, and the
+/// written result ends the lease: the message can be leased and sent again first. The late
+/// end must leave the registry entry of that next attempt alone, or shutdown and the drain
+/// would not wait for (nor cut off) an attempt still sending. Fails with the registry keyed
+/// by message id alone.
+#[tokio::test]
+async fn a_late_end_leaves_the_next_attempt_of_its_message_in_the_registry() {
+    let clock = ManualClock::new(T0);
+    // The first send answers 500 at once; the second is held at the receiver.
+    let t = Scripted::build(clock.clone(), vec![status(500)], Some(Semaphore::new(1)), false);
+    let mut c = config(Jitter::None);
+    c.retry.base_delay = Duration::from_millis(1);
+    let h = Harness::without_scheduler(c, t.clone(), clock.clone());
+    let id = h.accept("/hook", vec![]).await;
+    let lease_and_dispatch = |h: &Harness| {
+        let entries = h.due_now();
+        assert_eq!(entries.len(), 1, "due: {entries:?}");
+        let now = h.clock.now_ms();
+        let claimed = h.d.context().store().lease_many(&entries, now).pop();
+        let claimed = claimed.unwrap().unwrap().expect("leased");
+        let permit = h.d.admit(&claimed.record.host, &claimed.record.endpoint, now);
+        h.d.dispatch(claimed, permit.expect("permits"));
+    };
+    lease_and_dispatch(&h);
+    t.wait_calls(1).await;
+    // The store writer writes the retry on its thread; this test's runtime, where the end
+    // is settled, does not run meanwhile.
+    let written = std::time::Instant::now();
+    while h.record(&id).attempts < 1 {
+        assert!(
+            written.elapsed() < Duration::from_secs(10),
+            "the result was never written"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    clock.set(T0 + 10);
+    lease_and_dispatch(&h);
+    t.wait_calls(2).await;
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        h.d.in_flight_ids(),
+        vec![id.clone()],
+        "the second attempt, still sending, is running"
+    );
+    t.gate.as_ref().unwrap().add_permits(1);
+    h.wait_record(&id, "delivery", |r| r.state == State::Delivered).await;
+}

@@ -9,7 +9,7 @@
 //! made again, which the receiver's dedupe absorbs) and hands their attempts back to be
 //! ended. So an accept waits for no result write; the results wait one synced write more.
 //! What it hands back are values, taken by one task on delivery's runtime
-//! (`lifecycle::settle`): no delivery code runs on this thread, and a turn wakes that task
+//! (`lifecycle::settle`): no attempt starts or ends on this thread, and a turn wakes that task
 //! once, however many attempts it started or ended. Measured against the other order:
 //! 2–12% fewer context switches per delivered message, delivered and CPU unchanged
 //! (docs/benchmarks.md, issue 43 step 5).

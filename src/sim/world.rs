@@ -145,7 +145,7 @@ fn records_in(store: &Arc<Store>, state: State) -> Vec<crate::store::MessageReco
 
 /// Drops the old node's store once this is its last handle, so RocksDB closes here,
 /// before the next open. Threads that outlive a runtime shut down in the background (the
-/// store writer ending the attempts still queued, a scheduler pass on a blocking thread)
+/// store writer writing the results still queued, a scheduler pass on a blocking thread)
 /// hold it a moment longer; an open racing their close could fail on RocksDB's own files
 /// (the info log it rotates), not on its lock, which the opener waits for.
 fn let_go(store: Arc<Store>) {
@@ -439,9 +439,10 @@ impl World {
         let nap = Nap::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         // Inside a pass (between its scan and its writes) the store writer may take a
-        // batch, as they do beside a pass on its blocking thread: results
-        // land, permits come back and accepts are stored while the pass runs, and the
-        // wake-ups they give arrive then.
+        // batch, as it does beside a pass on its blocking thread: results land and accepts
+        // are stored while the pass runs. The attempts those turns hand back are started
+        // and ended (permits back, wake-ups) once the runtime runs again, after the pass; in
+        // courier they may also come during it, which the simulator does not cover.
         let inside = steppers.clone();
         let rng = std::sync::Mutex::new(StdRng::seed_from_u64(self.rng.random()));
         let between: crate::scheduler::Between = Arc::new(move || {
