@@ -130,28 +130,62 @@ pub(super) enum Handback {
     Ended(Vec<(Box<End>, Answer)>),
 }
 
+/// What the store writer handed back and delivery has not started or ended yet, in the
+/// writer's order. A queue rather than a channel so that the simulator can settle it in the
+/// middle of a scheduler pass, as delivery's runtime does beside one.
+#[derive(Default)]
+pub(super) struct Handbacks {
+    queue: std::sync::Mutex<std::collections::VecDeque<Handback>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Handbacks {
+    /// Queues `back` and wakes [`settle`].
+    pub(super) fn push(&self, back: Handback) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(back);
+        self.ready.notify_one();
+    }
+
+    /// Starts and ends everything queued, in order.
+    pub(super) fn settle_now(&self, d: &Arc<Deliverer>) {
+        loop {
+            let next = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            match next {
+                Some(back) => settle_one(d, back),
+                None => return,
+            }
+        }
+    }
+}
+
 /// Delivery's side of the store writer, on delivery's runtime: starts the first attempts
 /// the accepts claimed and ends the attempts whose results were written, in the order the
 /// writer handed them back. One task for all: a turn wakes one thread, not one per attempt.
-pub(super) async fn settle(d: std::sync::Weak<Deliverer>, mut turns: tokio::sync::mpsc::UnboundedReceiver<Handback>) {
-    while let Some(turn) = turns.recv().await {
-        match turn {
-            // A panic in one start or end must not end this task (every later one would be
-            // dropped with its channel): what it held is dropped as after a panicking attempt.
-            Handback::Start(start) => {
-                let Some(d) = d.upgrade() else { return };
-                for (claimed, permit, keep) in start {
-                    if let Err(why) = crate::sys::blocking::catch(|| d.dispatch(claimed, permit)) {
-                        tracing::error!(panic = %why, "starting an attempt panicked");
-                    }
-                    drop(keep);
+pub(super) async fn settle(d: std::sync::Weak<Deliverer>, back: Arc<Handbacks>) {
+    loop {
+        back.ready.notified().await;
+        let Some(d) = d.upgrade() else { return };
+        back.settle_now(&d);
+    }
+}
+
+/// Starts or ends what one writer turn handed back.
+fn settle_one(d: &Arc<Deliverer>, back: Handback) {
+    match back {
+        // A panic in one start or end must not end this task (every later one would
+        // wait for ever): what it held is dropped as after a panicking attempt.
+        Handback::Start(start) => {
+            for (claimed, permit, keep) in start {
+                if let Err(why) = crate::sys::blocking::catch(|| d.dispatch(claimed, permit)) {
+                    tracing::error!(panic = %why, "starting an attempt panicked");
                 }
+                drop(keep);
             }
-            Handback::Ended(ended) => {
-                for (end, answer) in ended {
-                    if let Err(why) = crate::sys::blocking::catch(|| end.recorded(answer)) {
-                        tracing::error!(panic = %why, "ending an attempt panicked");
-                    }
+        }
+        Handback::Ended(ended) => {
+            for (end, answer) in ended {
+                if let Err(why) = crate::sys::blocking::catch(|| end.recorded(answer)) {
+                    tracing::error!(panic = %why, "ending an attempt panicked");
                 }
             }
         }

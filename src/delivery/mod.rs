@@ -200,6 +200,12 @@ impl Deliverer {
         self.all_attempts.available_permits()
     }
 
+    /// Tests: starts and ends at once what the store writer handed back so far.
+    #[cfg(test)]
+    pub(crate) fn settle_handed_back(self: &Arc<Self>) {
+        self.writer.settle_now(self);
+    }
+
     /// Tests: the messages whose attempts are running now.
     #[cfg(test)]
     pub(crate) fn in_flight_ids(&self) -> Vec<String> {

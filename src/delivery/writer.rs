@@ -23,11 +23,11 @@
 //! `QUEUE` jobs, a few turns of `MAX_BATCH`, and the attempt holding it waits to send it.
 
 use std::future::Future;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::lifecycle::{self, End, Handback, StreakNote};
+use super::lifecycle::{self, End, Handback, Handbacks, StreakNote};
 use super::{accept, results, Deliverer};
 use crate::batcher::Batcher;
 use crate::store::{Accepted, FinishedAttempt, NewMessage, StoreError};
@@ -49,14 +49,18 @@ pub(super) enum Write {
 /// Handle to the store writer's thread.
 pub(super) struct StoreWriter {
     batcher: Batcher<Write>,
+    /// What its turns hand back to delivery, for the simulator to settle at will.
+    #[cfg(test)]
+    back: Arc<Handbacks>,
 }
 
 impl StoreWriter {
     /// Starts the thread, which works for `d` while it lives, and hands what its turns
     /// give back to a task on `rt` (see [`lifecycle::settle`]).
     pub(super) fn start(d: Weak<Deliverer>, results: results::Writer, rt: &tokio::runtime::Handle) -> StoreWriter {
-        let (back, turns) = mpsc::unbounded_channel();
-        rt.spawn(lifecycle::settle(d.clone(), turns));
+        let back = Arc::new(Handbacks::default());
+        rt.spawn(lifecycle::settle(d.clone(), back.clone()));
+        let handed = back.clone();
         let batcher = Batcher::start("courier-writer", QUEUE, MAX_BATCH, move |jobs| {
             let (mut accepts, mut ended) = (Vec::new(), Vec::new());
             for job in jobs {
@@ -69,7 +73,7 @@ impl StoreWriter {
                 let written = d.write_accepts(accepts);
                 drop(d);
                 if !written.start.is_empty() {
-                    let _ = back.send(Handback::Start(written.start));
+                    handed.push(Handback::Start(written.start));
                 }
                 for (reply, answer) in written.replies {
                     let _ = reply.send(answer);
@@ -78,11 +82,15 @@ impl StoreWriter {
             if !ended.is_empty() {
                 let ended = results.write_batch(ended, &mut || {});
                 if !ended.is_empty() {
-                    let _ = back.send(Handback::Ended(ended));
+                    handed.push(Handback::Ended(ended));
                 }
             }
         });
-        StoreWriter { batcher }
+        StoreWriter {
+            batcher,
+            #[cfg(test)]
+            back,
+        }
     }
 
     /// Queues a job (see [`Batcher::send`]); `false` once the writer is stopped (the job
@@ -94,6 +102,13 @@ impl StoreWriter {
     /// Stops taking jobs and waits until every queued one is done.
     pub(super) fn stop(&self) {
         self.batcher.stop();
+    }
+
+    /// Tests: starts and ends at once what the turns handed back so far (the simulator,
+    /// in the middle of a scheduler pass).
+    #[cfg(test)]
+    pub(super) fn settle_now(&self, d: &Arc<Deliverer>) {
+        self.back.settle_now(d);
     }
 }
 

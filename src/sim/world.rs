@@ -440,17 +440,21 @@ impl World {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         // Inside a pass (between its scan and its writes) the store writer may take a
         // batch, as it does beside a pass on its blocking thread: results land and accepts
-        // are stored while the pass runs. The attempts those turns hand back are started
-        // and ended (permits back, wake-ups) once the runtime runs again, after the pass; in
-        // courier they may also come during it, which the simulator does not cover.
+        // are stored while the pass runs, and what the writer handed back may be started
+        // and ended then too (permits back, registry entries gone, wake-ups), as delivery's
+        // runtime does beside a pass; else once the runtime runs again.
         let inside = steppers.clone();
         let rng = std::sync::Mutex::new(StdRng::seed_from_u64(self.rng.random()));
+        let handed = d.clone();
         let between: crate::scheduler::Between = Arc::new(move || {
             let mut rng = rng.lock().unwrap_or_else(|p| p.into_inner());
             for s in &inside {
                 if rng.random_bool(0.3) {
                     s.step(rng.random_range(1..4));
                 }
+            }
+            if rng.random_bool(0.5) {
+                handed.settle_handed_back();
             }
         });
         let walks = Walks::default();
