@@ -15,8 +15,8 @@
 //!    the outcome counted and logged, the attempt leaves the registry. A failed write is
 //!    tried again on a task of its own ([`End::again`]).
 //!
-//! The writer starts and ends no attempt: what its turns give back (first attempts its accepts
-//! claimed, attempts whose results it wrote) comes back to [`settle`] as values.
+//! The writer starts and ends no attempt: what its turns give back (first attempts its
+//! accepts claimed, attempts whose results it wrote) comes back to [`settle`] as values.
 //!
 //! Courier's own failures (a request that cannot be built, a panic, a result that cannot be
 //! written) count no attempt: the message goes back to the queue (`requeue`, `running`).
@@ -119,8 +119,8 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
 
 /// What the store writer hands back after a write, in its order: first attempts to start,
 /// or attempts whose results it wrote (or failed to), to end. Values, so that no attempt
-/// starts or ends on the writer's thread. Its channel has no bound of its own and needs
-/// none: every attempt in it holds a `delivery.max_in_flight` permit. An end may come after
+/// starts or ends on the writer's thread. The queue of them ([`Handbacks`]) has no bound of
+/// its own and needs none: every attempt in it holds a `delivery.max_in_flight` permit. An end may come after
 /// its message was leased again (its result ended the lease): the registry tells the two
 /// attempts apart (see `running::Key`).
 pub(super) enum Handback {
@@ -367,8 +367,8 @@ macro_rules! attempt_event {
 }
 
 /// An attempt after its send: what it must do once its result is written (or could not
-/// be). Dropped unrun (the writer or delivery's runtime stopped at shutdown), its [`Running`] puts the message
-/// back in the queue.
+/// be). Dropped unrun (the writer or delivery's runtime stopped at shutdown), its
+/// [`Running`] puts the message back in the queue.
 pub(super) struct End {
     pub(super) d: Arc<Deliverer>,
     /// The attempt's number (`attempts + 1` of the record it started from).

@@ -4,9 +4,10 @@
 //! The registry is what shutdown waits on and cuts off, and what the metrics count. An
 //! attempt's task ends once its result is handed to the store writer, which ends the
 //! attempt when the result is written (see `lifecycle`), so the entry is not the task's: it
-//! is this guard, which moves from the task to the store writer and back to delivery. Dropped before it is settled
-//! (the attempt panicked, or was cut off at shutdown) it first puts the message back in
-//! the queue, with no attempt counted: courier's failure, not the receiver's. A task of
+//! is this guard, which moves from the task to the store writer and back to delivery.
+//! Dropped before it is settled (the attempt panicked, or was cut off at shutdown) it first
+//! puts the message back in the queue, with no attempt counted: courier's failure, not the
+//! receiver's. A task of
 //! its own per attempt used to watch for that; the guard costs no task and no wake-up.
 
 use std::sync::Arc;

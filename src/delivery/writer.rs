@@ -9,8 +9,8 @@
 //! made again, which the receiver's dedupe absorbs) and hands their attempts back to be
 //! ended. So an accept waits for no result write; the results wait one synced write more.
 //! What it hands back are values, taken by one task on delivery's runtime
-//! (`lifecycle::settle`): no attempt starts or ends on this thread, and a turn wakes that task
-//! once, however many attempts it started or ended. Measured against the other order:
+//! (`lifecycle::settle`): no attempt starts or ends on this thread, and a turn wakes that
+//! task once, however many attempts it started or ended. Measured against the other order:
 //! 2–12% fewer context switches per delivered message, delivered and CPU unchanged
 //! (docs/benchmarks.md, issue 43 step 5).
 //!
@@ -119,8 +119,8 @@ impl Deliverer {
     ///
     /// What follows the write (the accept counted, the attempt started or the scheduler
     /// woken) is done by the store writer's turn and delivery's settling task, not by this
-    /// future: once the job is queued, it happens even if the caller has gone. `keep` (an accept's count, its
-    /// body's bytes) is held until the attempt is started.
+    /// future: once the job is queued, it happens even if the caller has gone. `keep` (an
+    /// accept's count, its body's bytes) is held until the attempt is started.
     ///
     /// The job is made when this is called, and queued then unless the queue is full (see
     /// [`Batcher::send`]); the future waits for room if it must, then for the writer's

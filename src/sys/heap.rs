@@ -6,10 +6,11 @@
 //! thread that made it, under that arena's lock, once the freeing thread's small cache of
 //! that size is full: about a third of courier's `futex` calls were those locks
 //! (docs/benchmarks.md, issue 43, steps 8 and 9). mimalloc hands a block freed by another
-//! thread back through a lock-free list. Measured against the same code on glibc: 0.95x
-//! the CPU per delivered message in the closed loop, the held-uploads burst of the
-//! `ingress_limits` test at +69..+71 MiB over its baseline against glibc's +79..+82, idle
-//! RSS 22.2 MiB against 20.8.
+//! thread back through a lock-free list. Measured against the same code on glibc: 1.00x
+//! and 0.86x the CPU per delivered message in the closed loop (two A/B runs), the
+//! held-uploads burst of the `ingress_limits` test at +62..+80 MiB over its baseline
+//! against glibc's +79..+82, idle RSS 22.2-22.6 MiB against 20.6-20.8 (docs/benchmarks.md,
+//! issue 43, step 9).
 //!
 //! Why the setting: mimalloc 2 commits each arena it reserves at once by default, which
 //! put courier's idle RSS at 38.9 MiB; committed as used, 22.2 MiB. mimalloc reads an
