@@ -216,6 +216,11 @@ fn cf_options(name: &str, table: &BlockBasedOptions, write_buffer_bytes: usize, 
         DBCompressionType::None
     });
     o.set_level_compaction_dynamic_level_bytes(true);
+    // Ids, and so the keys of most families, grow with time: a level-0 compaction overlaps
+    // only the newest table below it, and rewrites that one whole. At 8 MiB rather than the
+    // default 64 that rewrite is small (compaction CPU in a 30 s probe at 12,500/s: 1.1 s
+    // against 1.9-2.3 s); the cost is more, smaller tables for the table cache.
+    o.set_target_file_size_base(8 << 20);
     if name == keys::EVENTS {
         // Every accept asks for its event id and nearly every answer is no: a memtable
         // bloom filter answers that without walking the memtable.
