@@ -120,9 +120,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
 /// What the store writer hands back after a write, in its order: first attempts to start,
 /// or attempts whose results it wrote (or failed to), to end. Values, so that no attempt
 /// starts or ends on the writer's thread. The queue of them ([`Handbacks`]) has no bound of
-/// its own and needs none: every attempt in it holds a `delivery.max_in_flight` permit. An end may come after
-/// its message was leased again (its result ended the lease): the registry tells the two
-/// attempts apart (see `running::Key`).
+/// its own and needs none: every attempt in it holds a `delivery.max_in_flight` permit. An
+/// end may come after its message was leased again (its result ended the lease): the
+/// registry tells the two attempts apart (see `running::Key`).
 pub(super) enum Handback {
     /// First attempts an accept batch claimed.
     Start(Vec<super::accept::Start>),
@@ -176,19 +176,22 @@ fn settle_one(d: &Arc<Deliverer>, back: Handback) {
         // wait for ever): what it held is dropped as after a panicking attempt.
         Handback::Start(start) => {
             for (claimed, permit, keep) in start {
-                if let Err(why) = crate::sys::blocking::catch(|| d.dispatch(claimed, permit)) {
-                    tracing::error!(panic = %why, "starting an attempt panicked");
-                }
+                or_log("starting an attempt", || d.dispatch(claimed, permit));
                 drop(keep);
             }
         }
         Handback::Ended(ended) => {
             for (end, answer) in ended {
-                if let Err(why) = crate::sys::blocking::catch(|| end.recorded(answer)) {
-                    tracing::error!(panic = %why, "ending an attempt panicked");
-                }
+                or_log("ending an attempt", || end.recorded(answer));
             }
         }
+    }
+}
+
+/// Runs `f`; a panic in it is logged as `what` panicking, and the settling task goes on.
+fn or_log(what: &str, f: impl FnOnce()) {
+    if let Err(why) = crate::sys::blocking::catch(f) {
+        tracing::error!(panic = %why, "{what} panicked");
     }
 }
 
