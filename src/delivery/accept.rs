@@ -18,38 +18,53 @@
 //! which message is the head is decided in its accept batch (see `store::lines`).
 //!
 //! "No older message waiting" keeps the fast path from overtaking a backlog: once a message
-//! had to go to the queue (a busy host, an endpoint out of tokens, all permits taken), new
-//! messages follow it there until a scheduler pass finds nothing left waiting.
+//! had to go to the queue (an endpoint out of tokens, all permits taken), new messages
+//! follow it there until a scheduler pass finds nothing left waiting. A message held back
+//! only by its host's cap is written claimed too and waits in memory behind the others of
+//! its host (`waiting`), which later messages to that host then join.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::{pace, AttemptPermit, Deliverer};
+use super::waiting::{Turn, Waiter};
+use super::{pace, AttemptPermit, Deliverer, Refusal};
 use crate::store::{Accepted, Accepting, Leased, MessageRecord, Settled, StoreError};
 
-/// One accept waiting for its batch: the message, the permits taken for its first attempt,
-/// what the accept holds until then, and its caller.
+/// One accept waiting for its batch: the message, how its first attempt starts, what the
+/// accept holds until then, and its caller.
 pub(super) struct Job {
     pub(super) accepting: Accepting,
-    pub(super) permit: Option<AttemptPermit>,
+    pub(super) first: First,
     pub(super) keep: Box<dyn Send>,
     pub(super) reply: Reply,
+}
+
+/// How a new message's first attempt starts, decided before its accept is written.
+pub(super) enum First {
+    /// At once, with these permits: written claimed.
+    Now(AttemptPermit),
+    /// Once its host (named) gives a permit back: written claimed, it waits in its host's
+    /// line (`waiting`), where it has a place reserved.
+    Wait(String),
+    /// From the due queue.
+    Queue,
 }
 
 /// Where an accept's caller waits for its answer.
 pub(super) type Reply = oneshot::Sender<Result<Accepted, StoreError>>;
 
 /// A first attempt its accept's write claimed, for delivery to start: the message, its
-/// permits, and what the accept holds until the attempt is running (its count, which a
-/// drain waits on, and its body's bytes).
-pub(super) type Start = (Leased, AttemptPermit, Box<dyn Send>);
+/// permits (`None`: it waits for its host's), and what the accept holds until the attempt
+/// is running (its count, which a drain waits on, and its body's bytes).
+pub(super) type Start = (Leased, Option<AttemptPermit>, Box<dyn Send>);
 
-/// What one batch of accepts gives back once written: the first attempts to start, and
-/// each caller's answer.
+/// What one batch of accepts gives back once written: the first attempts to start,
+/// whether permits went back unused (hosts' lines may move), and each caller's answer.
 pub(super) struct Written {
     pub(super) start: Vec<Start>,
+    pub(super) freed: bool,
     pub(super) replies: Vec<(Reply, Result<Accepted, StoreError>)>,
 }
 
@@ -59,31 +74,43 @@ impl Deliverer {
     pub(super) fn write_accepts(&self, jobs: Vec<Job>) -> Written {
         let (batch, waiting): (Vec<_>, Vec<_>) = jobs
             .into_iter()
-            .map(|j| (j.accepting, (j.permit, j.keep, j.reply)))
+            .map(|j| (j.accepting, (j.first, j.keep, j.reply)))
             .unzip();
         let settled = self.ctx.store().accept_batch(batch);
-        let mut start: Vec<Start> = Vec::new();
+        let (mut start, mut freed): (Vec<Start>, bool) = (Vec::new(), false);
         let mut replies = Vec::with_capacity(settled.len());
         let mut queued = false;
-        for (settled, (permit, keep, reply)) in settled.into_iter().zip(waiting) {
+        for (settled, (first, keep, reply)) in settled.into_iter().zip(waiting) {
             replies.push((reply, settled.answer()));
-            match (settled, permit) {
-                (Settled::New(claimed), permit) => {
+            match (settled, first) {
+                (Settled::New(Some(claimed)), First::Now(permit)) => {
                     self.ctx.metrics().accepted();
-                    match claimed.zip(permit) {
-                        Some((claimed, permit)) => start.push((claimed, permit, keep)),
-                        None => queued = true,
-                    }
+                    start.push((claimed, Some(permit), keep));
                 }
-                (not_stored, permit) => {
-                    if let Settled::Duplicate { .. } = not_stored {
-                        self.ctx.metrics().duplicate();
+                (Settled::New(Some(claimed)), First::Wait(_)) => {
+                    self.ctx.metrics().accepted();
+                    start.push((claimed, None, keep));
+                }
+                (settled, first) => {
+                    match settled {
+                        Settled::New(_) => {
+                            self.ctx.metrics().accepted();
+                            queued = true;
+                        }
+                        Settled::Duplicate { .. } => self.ctx.metrics().duplicate(),
+                        Settled::Failed(_) => {}
                     }
                     // The permits taken for a first attempt that will not run go back: a
                     // pass that found them taken may have left a message waiting for them.
-                    if let Some(permit) = permit {
-                        drop(permit);
-                        self.wake_if_waiting();
+                    // So does a place taken in a host's line.
+                    match first {
+                        First::Now(permit) => {
+                            drop(permit);
+                            self.wake_if_waiting();
+                            freed = true;
+                        }
+                        First::Wait(host) => self.waiting.unreserve(&host),
+                        First::Queue => {}
                     }
                 }
             }
@@ -91,12 +118,12 @@ impl Deliverer {
         if queued {
             self.ctx.wake();
         }
-        Written { start, replies }
+        Written { start, freed, replies }
     }
 
-    /// The permits for a new message's first attempt, if it can start the moment it is
-    /// durable. `None` sends it through the due queue.
-    pub(super) fn start_at_accept(&self, rec: &MessageRecord) -> Option<AttemptPermit> {
+    /// How a new message's first attempt starts: at once (its permits taken), behind its
+    /// host's line, or from the due queue.
+    pub(super) fn start_at_accept(&self, rec: &MessageRecord) -> First {
         // An ordered message starts only as the head of its line, which its accept batch
         // decides: it goes through the queue (and leaves `queue_first` alone, as its wait
         // is its line's, not the host's).
@@ -108,16 +135,97 @@ impl Deliverer {
             || self.queue_first.load(Ordering::Acquire)
             || self.ctx.endpoints().is_paused(&rec.endpoint)
         {
-            return None;
+            return First::Queue;
         }
-        // Without `[fleet]`, admission is the local permits and a rate token.
-        let taken = self.admit(&rec.host, &rec.endpoint, self.ctx.clock().now_ms()).ok();
-        if taken.is_none() {
+        // Behind the messages its host's line holds already, or the host's cap alone in
+        // the way: it waits in memory for the host (see `waiting`).
+        let host_line = || {
+            let total = self.ctx.config().delivery.max_in_flight;
+            self.waiting.reserve(&rec.host, total).then(|| {
+                self.pace.messages_wait();
+                First::Wait(rec.host.clone())
+            })
+        };
+        let taken = match self.waiting.has(&rec.host) {
+            true => host_line().ok_or(Refusal::HostBusy(None)),
+            false => match self.admit(&rec.host, &rec.endpoint, self.ctx.clock().now_ms()) {
+                Ok(permit) => Ok(First::Now(permit)),
+                Err(Refusal::HostBusy(None)) => host_line().ok_or(Refusal::HostBusy(None)),
+                Err(other) => Err(other),
+            },
+        };
+        taken.unwrap_or_else(|_| {
             // This one waits in the queue: later ones must not overtake it.
             self.queue_first.store(true, Ordering::Release);
             self.pace.messages_wait();
+            First::Queue
+        })
+    }
+
+    /// A first attempt written claimed without its host's permit takes its place in its
+    /// host's line, and the line moves if it can (a permit may have come back meanwhile).
+    pub(super) fn wait_for_host(self: &Arc<Self>, claimed: Leased, keep: Box<dyn Send>) {
+        let host = claimed.record.host.clone();
+        match self.waiting.arrive(&host, Waiter { claimed, keep }) {
+            None => self.start_waiting(&host),
+            Some(closed) => self.leave_line(vec![closed]),
         }
-        taken
+    }
+
+    /// Starts the waiters at the head of `host`'s line while their permits can be taken;
+    /// those refused for anything but the host's cap leave for the queue. Called whenever
+    /// the host may have a permit free: one given back, or a waiter arrived.
+    pub(super) fn start_waiting(self: &Arc<Self>, host: &str) {
+        let now = self.ctx.clock().now_ms();
+        let (go, leave) = self.waiting.take(host, |w| {
+            let rec = &w.claimed.record;
+            if self.ctx.endpoints().is_paused(&rec.endpoint) {
+                return Turn::Leave;
+            }
+            match self.admit(host, &rec.endpoint, now) {
+                Ok(permit) => Turn::Go(permit),
+                Err(Refusal::HostBusy(None)) => Turn::Stay,
+                Err(_) => Turn::Leave,
+            }
+        });
+        for (w, permit) in go {
+            self.dispatch(w.claimed, permit);
+            drop(w.keep);
+        }
+        self.leave_line(leave);
+    }
+
+    /// [`Deliverer::start_waiting`] for every host with a line (a permit went back whose
+    /// host is not known here).
+    pub(super) fn start_all_waiting(self: &Arc<Self>) {
+        for host in self.waiting.hosts() {
+            self.start_waiting(&host);
+        }
+    }
+
+    /// Closes the hosts' lines (a drain, a shutdown): what waits goes back to the queue,
+    /// and from now on nothing waits in memory.
+    pub async fn close_lines(&self) {
+        self.requeue_all(self.waiting.close()).await;
+    }
+
+    /// Puts waiters back in the queue (written in flight at their accept, they have no
+    /// due entry), due now, on a task of their own.
+    fn leave_line(self: &Arc<Self>, leave: Vec<Waiter>) {
+        if !leave.is_empty() {
+            // Later messages must not overtake them.
+            self.queue_first.store(true, Ordering::Release);
+            let d = self.clone();
+            self.ctx.runtime().spawn(async move { d.requeue_all(leave).await });
+        }
+    }
+
+    async fn requeue_all(&self, leave: Vec<Waiter>) {
+        let now = self.ctx.clock().now_ms();
+        for w in leave {
+            self.requeue(&w.claimed.record.id, now).await;
+            drop(w.keep);
+        }
     }
 
     /// Gives an attempt's host permit back once the receiver has answered, keeping the
@@ -150,9 +258,10 @@ impl Deliverer {
         }
     }
 
-    /// Whether due messages wait for a permit (see `queue_first`).
+    /// Whether messages wait for a permit: in the due queue (see `queue_first`) or in a
+    /// host's line (see `waiting`).
     pub(crate) fn messages_waiting(&self) -> bool {
-        self.queue_first.load(Ordering::Acquire)
+        self.queue_first.load(Ordering::Acquire) || self.waiting.any()
     }
 
     /// The gate ingest's accepts pass (see `pace`).

@@ -1,8 +1,9 @@
 //! One message's life after its accept, top to bottom. The states are values:
 //!
 //! 1. **Accepted** (`accept`): stored durably in the store writer's synced batch; when its
-//!    first attempt can start at once it is written already leased, else it waits in the
-//!    due queue for the scheduler, which leases it (`scheduler`).
+//!    first attempt can start at once it is written already leased; when only its host's
+//!    cap is in the way it is written so too and waits in memory for its host (`waiting`);
+//!    else it waits in the due queue for the scheduler, which leases it (`scheduler`).
 //! 2. **Leased** ([`Leased`]): record and payload in memory, with an [`AttemptPermit`];
 //!    [`attempt`] runs on a task of its own.
 //! 3. **Sent** ([`Sent`]): the request built and signed afresh (`request`), sent within the
@@ -68,6 +69,7 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
         Ok(req) => req,
         Err(e) => {
             drop(permit);
+            d.start_waiting(&rec.host);
             tracing::error!(delivery_id = %rec.id, event_id = %rec.event_id, error = %e,
                 "cannot build the attempt; message stays pending until the config is fixed");
             // Boxed: a rare path whose future would otherwise size every attempt's.
@@ -124,8 +126,9 @@ pub(super) async fn attempt(d: Arc<Deliverer>, claimed: Leased, permit: AttemptP
 /// end may come after its message was leased again (its result ended the lease): the
 /// registry tells the two attempts apart (see `running::Key`).
 pub(super) enum Handback {
-    /// First attempts an accept batch claimed.
-    Start(Vec<super::accept::Start>),
+    /// First attempts an accept batch claimed (those without a permit wait for their
+    /// host), and whether permits went back unused (hosts' lines may move).
+    Start(Vec<super::accept::Start>, bool),
     /// Attempts whose results a batch wrote, with the writer's answer for each.
     Ended(Vec<(Box<End>, Answer)>),
 }
@@ -174,10 +177,18 @@ fn settle_one(d: &Arc<Deliverer>, back: Handback) {
     match back {
         // A panic in one start or end must not end this task (every later one would
         // wait for ever): what it held is dropped as after a panicking attempt.
-        Handback::Start(start) => {
+        Handback::Start(start, freed) => {
             for (claimed, permit, keep) in start {
-                or_log("starting an attempt", || d.dispatch(claimed, permit));
-                drop(keep);
+                or_log("starting an attempt", || match permit {
+                    Some(permit) => {
+                        d.dispatch(claimed, permit);
+                        drop(keep);
+                    }
+                    None => d.wait_for_host(claimed, keep),
+                });
+            }
+            if freed {
+                d.start_all_waiting();
             }
         }
         Handback::Ended(ended) => {
@@ -198,7 +209,7 @@ fn or_log(what: &str, f: impl FnOnce()) {
 /// Sends the request, counted in its endpoint's in-flight number exactly while it is out;
 /// gives the host permit back once answered and returns the global one.
 async fn send(
-    d: &Deliverer,
+    d: &Arc<Deliverer>,
     config: &Config,
     rec: &MessageRecord,
     req: OutboundRequest,
@@ -216,6 +227,7 @@ async fn send(
     drop(counted);
     host_outcome(d, config, &rec.host, permit.host_epoch(), &answer, now);
     let global = d.host_permit_returned(permit);
+    d.start_waiting(&rec.host);
     let (result, status, error) = match &answer {
         Ok(resp) => (
             AttemptResult::Status {

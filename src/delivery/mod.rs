@@ -16,6 +16,7 @@ mod requeue;
 mod results;
 mod running;
 mod settings;
+mod waiting;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -77,6 +78,8 @@ pub struct Deliverer {
     /// could not start at once): new messages then queue behind them rather than start at
     /// accept, and a freed permit wakes the scheduler. See `accept`.
     queue_first: std::sync::atomic::AtomicBool,
+    /// First attempts that wait in memory for their host's permit (see `waiting`).
+    waiting: waiting::Waiting,
     /// Set while a pass runs, too: a permit freed then (after the pass found none) wakes
     /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
     passing: std::sync::atomic::AtomicBool,
@@ -128,6 +131,7 @@ impl Deliverer {
             dispatched: Default::default(),
             queue_first: std::sync::atomic::AtomicBool::new(true),
             passing: std::sync::atomic::AtomicBool::new(false),
+            waiting: Default::default(),
             idle: Notify::new(),
             pace: Arc::default(),
             trimmer: Default::default(),
@@ -222,9 +226,12 @@ impl Deliverer {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Waits up to `grace` for running attempts to finish, then cuts off the rest (their
-    /// messages go back to the queue with no attempt counted). Returns how many were cut.
+    /// Closes the hosts' lines (see `waiting`), waits up to `grace` for running attempts to
+    /// finish, then cuts off the rest (their messages go back to the queue with no attempt
+    /// counted). Returns how many were cut.
     pub async fn drain(&self, grace: Duration) -> usize {
+        // What waits for its host goes back to the queue first: it is not running.
+        self.close_lines().await;
         let waited = tokio::time::timeout(grace, self.wait_idle()).await;
         if waited.is_ok() {
             return 0;
@@ -302,3 +309,5 @@ mod tests_faults;
 mod tests_many;
 #[cfg(test)]
 mod tests_policy;
+#[cfg(test)]
+mod tests_waiting;

@@ -64,6 +64,8 @@ impl Running {
         // and leaves it.
         d.flush_results().await;
         d.requeue(&self.key.id, due).await;
+        // Its host permit went back with the task, unseen by its host's line.
+        d.start_all_waiting();
     }
 }
 

@@ -72,8 +72,8 @@ impl StoreWriter {
             if let (false, Some(d)) = (accepts.is_empty(), d.upgrade()) {
                 let written = d.write_accepts(accepts);
                 drop(d);
-                if !written.start.is_empty() {
-                    handed.push(Handback::Start(written.start));
+                if !written.start.is_empty() || written.freed {
+                    handed.push(Handback::Start(written.start, written.freed));
                 }
                 for (reply, answer) in written.replies {
                     let _ = reply.send(answer);
@@ -131,12 +131,13 @@ impl Deliverer {
         keep: impl Send + 'static,
     ) -> impl Future<Output = Result<Accepted, StoreError>> + Send + 'static {
         self.order(&mut msg.record);
-        let permit = self.start_at_accept(&msg.record);
-        let accepting = self.ctx.store().accepting(msg, permit.is_some());
+        let first = self.start_at_accept(&msg.record);
+        let claim = !matches!(first, accept::First::Queue);
+        let accepting = self.ctx.store().accepting(msg, claim);
         let (reply, answer) = oneshot::channel();
         let job = accept::Job {
             accepting,
-            permit,
+            first,
             keep: Box::new(keep),
             reply,
         };

@@ -392,6 +392,8 @@ impl DrainControl {
         // Set before the scheduler stops, so no accept dispatches between its last pass and
         // the stop; and again after, as that last pass may have cleared it.
         self.d.set_queue_waiting(true);
+        // What waits in memory for its host goes back to the queue, to be forwarded.
+        self.d.close_lines().await;
         let _ = self.stop_scheduler.send(true);
         let _ = self.scheduler_stopped.clone().wait_for(|s| *s).await;
         self.d.set_queue_waiting(true);

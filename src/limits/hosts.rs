@@ -1,7 +1,8 @@
 //! The per-host in-flight cap and circuit breaker: one semaphore and one
 //! [`Circuit`] per `host:port`, shared by every endpoint on that host. The scheduler takes
-//! a permit *before* claiming a message, so a message is never marked in flight while it
-//! waits for its host, or for its host's breaker to let an attempt through.
+//! a permit *before* leasing a message from the queue. (A new message held back by its
+//! host's cap alone is written in flight at its accept and waits in memory for a permit:
+//! `delivery::waiting`.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

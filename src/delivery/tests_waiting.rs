@@ -1,0 +1,204 @@
+//! First attempts that wait in memory for their host (`waiting`): seeded runs of accepts
+//! through delivery's own accept path (the fast path, the hosts' lines, the queue), with
+//! answers held and let go in random amounts, checking that no host ever has more attempts
+//! out than its cap and that every accepted message is delivered once, nothing left
+//! waiting; and a drain that closes the lines.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tokio::sync::Semaphore;
+
+use super::tests::{config, status, Harness, T0, WAIT};
+use crate::clock::{Clock, ManualClock};
+use crate::envelope::Envelope;
+use crate::model::{Jitter, State};
+use crate::outbound::transport::{OutboundRequest, SendFuture, Transport};
+use crate::store::SigningChoice;
+
+const HOSTS: [&str; 2] = ["https://a.example/h", "https://b.example/h"];
+const CAP: u32 = 2;
+
+/// Holds every request until the test lets answers go (first come, first answered);
+/// counts requests out per host and the most ever out at once, and each event's attempts.
+struct Held {
+    gate: Semaphore,
+    out: Mutex<HashMap<String, usize>>,
+    most: AtomicUsize,
+    seen: Mutex<HashMap<String, usize>>,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            gate: Semaphore::new(0),
+            out: Default::default(),
+            most: Default::default(),
+            seen: Default::default(),
+        }
+    }
+}
+
+impl Transport for Held {
+    fn send(&self, req: OutboundRequest) -> SendFuture<'_> {
+        Box::pin(async move {
+            let host = req.url.host().unwrap().to_string();
+            let event = req.headers.iter().find(|(n, _)| n == "webhook-id").unwrap().1.clone();
+            *self
+                .seen
+                .lock()
+                .unwrap()
+                .entry(String::from_utf8(event).unwrap())
+                .or_default() += 1;
+            let n = {
+                let mut out = self.out.lock().unwrap();
+                let n = out.entry(host.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            self.most.fetch_max(n, Ordering::SeqCst);
+            self.gate.acquire().await.unwrap().forget();
+            *self.out.lock().unwrap().get_mut(&host).unwrap() -= 1;
+            status(200)
+        })
+    }
+}
+
+/// Accepts a message for `target` through delivery's accept (as ingress does): `event`
+/// makes it a duplicate of an earlier one with that id.
+async fn accept(h: &Harness, target: &str, event: &str) {
+    let env = Envelope {
+        target: url::Url::parse(target).unwrap(),
+        endpoint: None,
+        route: None,
+        event_id: Some(event.to_string()),
+        method: "POST".into(),
+        headers: vec![],
+        body: b"{}".to_vec(),
+        scheme: None,
+        signing: SigningChoice::Default,
+        max_attempts: 3,
+        give_up_after: Duration::from_secs(3600),
+    };
+    let store = h.d.context().store();
+    let msg = env.into_message(h.clock.now_ms(), &mut rand::rng(), store.ids());
+    h.d.accept(msg, ()).await.unwrap();
+}
+
+fn harness(held: &Arc<Held>) -> Harness {
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.max_in_flight_per_host = CAP;
+    cfg.delivery.max_in_flight = 64;
+    cfg.delivery.rate_per_second = 1_000_000;
+    Harness::start(cfg, held.clone(), ManualClock::new(T0))
+}
+
+/// Waits until `done` holds, or panics with `what`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(WAIT, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_runs_keep_the_host_caps_and_deliver_every_message_once_with_none_left_waiting() {
+    for seed in 0..12u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let held = Arc::new(Held::default());
+        let h = harness(&held);
+        // (target, event id): a duplicate repeats both.
+        let mut events: Vec<(&str, String)> = Vec::new();
+        for _ in 0..40 {
+            // A burst of accepts (some duplicates), then some answers let go.
+            let burst: Vec<_> = (0..rng.random_range(1..8))
+                .map(|_| {
+                    if events.is_empty() || rng.random_bool(0.85) {
+                        events.push((HOSTS[rng.random_range(0..2)], format!("evt-{seed}-{}", events.len())));
+                        events.last().unwrap().clone()
+                    } else {
+                        events[rng.random_range(0..events.len())].clone()
+                    }
+                })
+                .collect();
+            let accepts = burst.into_iter().map(|(t, e)| {
+                let h = &h;
+                async move { accept(h, t, &e).await }
+            });
+            futures_util::future::join_all(accepts).await;
+            held.gate.add_permits(rng.random_range(0..6));
+            if rng.random_bool(0.3) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // Every answer goes; everything accepted must then be delivered.
+        held.gate.add_permits(10_000);
+        let store = h.d.context().store().clone();
+        until(&format!("seed {seed}: every message delivered"), || {
+            h.d.context().wake();
+            let c = store.counts().unwrap();
+            c.open == 0 && h.d.in_flight_count() == 0
+        })
+        .await;
+        let c = store.counts().unwrap();
+        assert_eq!(c.delivered as usize, events.len(), "seed {seed}");
+        assert!(!h.d.waiting.any(), "seed {seed}: nothing waits for its host");
+        assert!(
+            held.most.load(Ordering::SeqCst) <= CAP as usize,
+            "seed {seed}: a host's cap was passed"
+        );
+        let seen = held.seen.lock().unwrap();
+        assert_eq!(seen.len(), events.len(), "seed {seed}: every event sent");
+        assert!(
+            seen.values().all(|n| *n == 1),
+            "seed {seed}: an event was sent twice: {seen:?}"
+        );
+    }
+}
+
+/// A drain closes the hosts' lines: what waits goes back to the queue (pending, due now,
+/// no attempt counted), later accepts do not wait, and the scheduler delivers them all once
+/// the held attempts answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_lines_puts_their_waiters_back_in_the_queue() {
+    let held = Arc::new(Held::default());
+    let h = harness(&held);
+    for n in 0..5 {
+        accept(&h, HOSTS[0], &format!("evt-{n}")).await;
+    }
+    until("the host's cap reached", || {
+        held.out.lock().unwrap().get("a.example") == Some(&2)
+    })
+    .await;
+    assert!(h.d.waiting.any(), "three wait for the host");
+    let store = h.d.context().store().clone();
+    let in_flight_on_disk = store.counts().unwrap().open;
+    assert_eq!(in_flight_on_disk, 5);
+    h.d.close_lines().await;
+    assert!(!h.d.waiting.any());
+    let filter = crate::store::ListFilter {
+        state: Some(State::Pending),
+        ..Default::default()
+    };
+    let pending = store.list(&filter, 100, None).unwrap().items;
+    assert_eq!(pending.len(), 3, "the waiters are pending again: {pending:?}");
+    assert!(pending
+        .iter()
+        .all(|r| r.attempts == 0 && r.next_attempt_at_ms <= h.clock.now_ms()));
+    // A later message does not wait in a line either.
+    accept(&h, HOSTS[0], "evt-5").await;
+    assert!(!h.d.waiting.any());
+    held.gate.add_permits(100);
+    until("every message delivered", || {
+        h.d.context().wake();
+        store.counts().unwrap().delivered == 6
+    })
+    .await;
+    assert!(held.seen.lock().unwrap().values().all(|n| *n == 1));
+}
