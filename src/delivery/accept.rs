@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::waiting::{Turn, Waiter};
+use super::waiting::Turn;
 use super::{pace, AttemptPermit, Deliverer, Refusal};
 use crate::store::{Accepted, Accepting, Leased, MessageRecord, Settled, StoreError};
 
@@ -166,9 +166,13 @@ impl Deliverer {
     /// host's line, and the line moves if it can (a permit may have come back meanwhile).
     pub(super) fn wait_for_host(self: &Arc<Self>, claimed: Leased, keep: Box<dyn Send>) {
         let host = claimed.record.host.clone();
-        match self.waiting.arrive(&host, Waiter { claimed, keep }) {
-            None => self.start_waiting(&host),
-            Some(closed) => self.leave_line(vec![closed]),
+        match self.waiting.arrive(&host, claimed) {
+            None => {
+                drop(keep);
+                self.start_waiting(&host);
+            }
+            // Held until it is back in the queue: a drain waits for it.
+            Some(closed) => self.leave_line(vec![closed], keep),
         }
     }
 
@@ -178,7 +182,7 @@ impl Deliverer {
     pub(super) fn start_waiting(self: &Arc<Self>, host: &str) {
         let now = self.ctx.clock().now_ms();
         let (go, leave) = self.waiting.take(host, |w| {
-            let rec = &w.claimed.record;
+            let rec = &w.record;
             if self.ctx.endpoints().is_paused(&rec.endpoint) {
                 return Turn::Leave;
             }
@@ -189,10 +193,9 @@ impl Deliverer {
             }
         });
         for (w, permit) in go {
-            self.dispatch(w.claimed, permit);
-            drop(w.keep);
+            self.dispatch(w, permit);
         }
-        self.leave_line(leave);
+        self.leave_line(leave, Box::new(()));
     }
 
     /// [`Deliverer::start_waiting`] for every host with a line (a permit went back whose
@@ -211,20 +214,22 @@ impl Deliverer {
 
     /// Puts waiters back in the queue (written in flight at their accept, they have no
     /// due entry), due now, on a task of their own.
-    fn leave_line(self: &Arc<Self>, leave: Vec<Waiter>) {
+    fn leave_line(self: &Arc<Self>, leave: Vec<Leased>, keep: Box<dyn Send>) {
         if !leave.is_empty() {
             // Later messages must not overtake them.
             self.queue_first.store(true, Ordering::Release);
             let d = self.clone();
-            self.ctx.runtime().spawn(async move { d.requeue_all(leave).await });
+            self.ctx.runtime().spawn(async move {
+                d.requeue_all(leave).await;
+                drop(keep);
+            });
         }
     }
 
-    async fn requeue_all(&self, leave: Vec<Waiter>) {
+    async fn requeue_all(&self, leave: Vec<Leased>) {
         let now = self.ctx.clock().now_ms();
         for w in leave {
-            self.requeue(&w.claimed.record.id, now).await;
-            drop(w.keep);
+            self.requeue(&w.record.id, now).await;
         }
     }
 

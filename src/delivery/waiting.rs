@@ -9,8 +9,8 @@
 //! moment knocked courier into a mode it could not afford, and it stayed there.
 //!
 //! So such a message is written in flight at its accept, as one that starts at once is, and
-//! waits here, behind the others of its host, in arrival order, with the accept's keep (its
-//! count, which a drain waits on, and its body's bytes, which ingest's budget holds). Every
+//! waits here, behind the others of its host, in arrival order (its accept, durable, lets go
+//! of ingest's count and byte budget when it arrives, as for one that starts). Every
 //! host permit given back, and every arrival, tries the head of its host's line; nothing
 //! polls and no pass runs. A waiter refused for anything but its host's cap (all
 //! `delivery.max_in_flight` permits taken, its endpoint's cap or rate, an open breaker, a
@@ -18,23 +18,16 @@
 //! A crash leaves a waiter in flight on disk, which startup puts back in the queue.
 //!
 //! Bounded: all lines hold at most `delivery.max_in_flight` messages (those on their way
-//! from their accept counted), and their bodies are held in ingest's byte budget by their
-//! accepts' keeps. Past that, and whenever messages already wait in the queue, a new message
-//! goes to the queue as before. A drain or a shutdown closes the lines: what waits goes back
-//! to the queue, and nothing waits again.
+//! from their accept counted), so at most as many bodies wait as attempts may hold. Past
+//! that, and whenever messages already wait in the queue, a new message goes to the queue
+//! as before. A drain or a shutdown closes the lines: what waits goes back to the queue, and
+//! nothing waits again.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::store::Leased;
-
-/// One message waiting for its host: what its accept wrote, and what the accept holds
-/// until the attempt starts.
-pub(super) struct Waiter {
-    pub(super) claimed: Leased,
-    pub(super) keep: Box<dyn Send>,
-}
 
 /// A host's line: its waiters in arrival order, and the accepts on their way to it.
 struct Line<W> {
@@ -65,8 +58,8 @@ pub(super) enum Turn<P> {
     Leave,
 }
 
-/// Every host's line (see the module doc); `W` is a waiter ([`Waiter`]).
-pub(super) struct Waiting<W = Waiter> {
+/// Every host's line (see the module doc); `W` is a waiter, what its accept wrote.
+pub(super) struct Waiting<W = Leased> {
     lines: Mutex<Lines<W>>,
     /// Waiters and accepts on their way, all lines: read without the lock by every accept.
     n: AtomicUsize,
