@@ -44,12 +44,31 @@ pub(super) struct Job {
 /// How a new message's first attempt starts, decided before its accept is written.
 pub(super) enum First {
     /// At once, with these permits: written claimed.
-    Now(AttemptPermit),
-    /// Once its host (named) gives a permit back: written claimed, it waits in its host's
-    /// line (`waiting`), where it has a place reserved.
-    Wait(String),
+    Now(AttemptPermit, Unsent),
+    /// Once its host gives a permit back: written claimed, it waits in its host's line
+    /// (`waiting`).
+    Wait,
     /// From the due queue.
     Queue,
+}
+
+/// Wakes the scheduler when dropped with a job never written (its caller went away while
+/// the writer's queue was full): the job's permits then go back unseen by their host's
+/// line, and every pass moves the lines at its end.
+pub(super) struct Unsent(Option<Arc<crate::context::Context>>);
+
+impl Unsent {
+    fn written(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0.take() {
+            ctx.wake();
+        }
+    }
 }
 
 /// Where an accept's caller waits for its answer.
@@ -57,7 +76,8 @@ pub(super) type Reply = oneshot::Sender<Result<Accepted, StoreError>>;
 
 /// A first attempt its accept's write claimed, for delivery to start: the message, its
 /// permits (`None`: it waits for its host's), and what the accept holds until the attempt
-/// is running (its count, which a drain waits on, and its body's bytes).
+/// is running or in its host's line (its count, which a drain waits on, and its body's
+/// bytes).
 pub(super) type Start = (Leased, Option<AttemptPermit>, Box<dyn Send>);
 
 /// What one batch of accepts gives back once written: the first attempts to start,
@@ -83,11 +103,12 @@ impl Deliverer {
         for (settled, (first, keep, reply)) in settled.into_iter().zip(waiting) {
             replies.push((reply, settled.answer()));
             match (settled, first) {
-                (Settled::New(Some(claimed)), First::Now(permit)) => {
+                (Settled::New(Some(claimed)), First::Now(permit, unsent)) => {
+                    unsent.written();
                     self.ctx.metrics().accepted();
                     start.push((claimed, Some(permit), keep));
                 }
-                (Settled::New(Some(claimed)), First::Wait(_)) => {
+                (Settled::New(Some(claimed)), First::Wait) => {
                     self.ctx.metrics().accepted();
                     start.push((claimed, None, keep));
                 }
@@ -101,16 +122,13 @@ impl Deliverer {
                         Settled::Failed(_) => {}
                     }
                     // The permits taken for a first attempt that will not run go back: a
-                    // pass that found them taken may have left a message waiting for them.
-                    // So does a place taken in a host's line.
-                    match first {
-                        First::Now(permit) => {
-                            drop(permit);
-                            self.wake_if_waiting();
-                            freed = true;
-                        }
-                        First::Wait(host) => self.waiting.unreserve(&host),
-                        First::Queue => {}
+                    // pass that found them taken may have left a message waiting for them,
+                    // and so may a host's line.
+                    if let First::Now(permit, unsent) = first {
+                        unsent.written();
+                        drop(permit);
+                        self.wake_if_waiting();
+                        freed = true;
                     }
                 }
             }
@@ -140,16 +158,15 @@ impl Deliverer {
         // Behind the messages its host's line holds already, or the host's cap alone in
         // the way: it waits in memory for the host (see `waiting`).
         let host_line = || {
-            let total = self.ctx.config().delivery.max_in_flight;
-            self.waiting.reserve(&rec.host, total).then(|| {
+            self.waiting.room(self.ctx.config().delivery.max_in_flight).then(|| {
                 self.pace.messages_wait();
-                First::Wait(rec.host.clone())
+                First::Wait
             })
         };
         let taken = match self.waiting.has(&rec.host) {
             true => host_line().ok_or(Refusal::HostBusy(None)),
             false => match self.admit(&rec.host, &rec.endpoint, self.ctx.clock().now_ms()) {
-                Ok(permit) => Ok(First::Now(permit)),
+                Ok(permit) => Ok(First::Now(permit, Unsent(Some(self.ctx.clone())))),
                 Err(Refusal::HostBusy(None)) => host_line().ok_or(Refusal::HostBusy(None)),
                 Err(other) => Err(other),
             },
@@ -164,15 +181,18 @@ impl Deliverer {
 
     /// A first attempt written claimed without its host's permit takes its place in its
     /// host's line, and the line moves if it can (a permit may have come back meanwhile).
-    pub(super) fn wait_for_host(self: &Arc<Self>, claimed: Leased, keep: Box<dyn Send>) {
+    pub(crate) fn wait_for_host(self: &Arc<Self>, claimed: Leased, keep: Box<dyn Send>) {
         let host = claimed.record.host.clone();
-        match self.waiting.arrive(&host, claimed) {
+        match self
+            .waiting
+            .arrive(&host, claimed, self.ctx.config().delivery.max_in_flight)
+        {
             None => {
                 drop(keep);
                 self.start_waiting(&host);
             }
-            // Held until it is back in the queue: a drain waits for it.
-            Some(closed) => self.leave_line(vec![closed], keep),
+            // Closed or full lines: held until it is back in the queue (a drain waits).
+            Some(turned) => self.leave_line(vec![turned], keep),
         }
     }
 
@@ -181,9 +201,10 @@ impl Deliverer {
     /// the host may have a permit free: one given back, or a waiter arrived.
     pub(super) fn start_waiting(self: &Arc<Self>, host: &str) {
         let now = self.ctx.clock().now_ms();
+        let store = self.ctx.store();
         let (go, leave) = self.waiting.take(host, |w| {
             let rec = &w.record;
-            if self.ctx.endpoints().is_paused(&rec.endpoint) {
+            if self.ctx.endpoints().is_paused(&rec.endpoint) || store.deleted_while_taken(&rec.id) {
                 return Turn::Leave;
             }
             match self.admit(host, &rec.endpoint, now) {
@@ -198,9 +219,15 @@ impl Deliverer {
         self.leave_line(leave, Box::new(()));
     }
 
+    /// Whether the hosts' lines have room for a due message a scheduler pass found held
+    /// back by its host's cap alone.
+    pub(crate) fn line_has_room(&self) -> bool {
+        self.waiting.room(self.ctx.config().delivery.max_in_flight)
+    }
+
     /// [`Deliverer::start_waiting`] for every host with a line (a permit went back whose
     /// host is not known here).
-    pub(super) fn start_all_waiting(self: &Arc<Self>) {
+    pub(crate) fn start_all_waiting(self: &Arc<Self>) {
         for host in self.waiting.hosts() {
             self.start_waiting(&host);
         }
@@ -209,7 +236,10 @@ impl Deliverer {
     /// Closes the hosts' lines (a drain, a shutdown): what waits goes back to the queue,
     /// and from now on nothing waits in memory.
     pub async fn close_lines(&self) {
-        self.requeue_all(self.waiting.close()).await;
+        let closed = self.waiting.close();
+        self.waiting.leave(closed.len());
+        self.requeue_all(closed).await;
+        self.waiting.all_back().await;
     }
 
     /// Puts waiters back in the queue (written in flight at their accept, they have no
@@ -218,6 +248,7 @@ impl Deliverer {
         if !leave.is_empty() {
             // Later messages must not overtake them.
             self.queue_first.store(true, Ordering::Release);
+            self.waiting.leave(leave.len());
             let d = self.clone();
             self.ctx.runtime().spawn(async move {
                 d.requeue_all(leave).await;
@@ -226,10 +257,17 @@ impl Deliverer {
         }
     }
 
+    /// Puts each back in the queue, counted back as it is.
     async fn requeue_all(&self, leave: Vec<Leased>) {
         let now = self.ctx.clock().now_ms();
         for w in leave {
-            self.requeue(&w.record.id, now).await;
+            // One a pass leased from the queue is still there: its lease ends where it was.
+            let due = match w.claim {
+                crate::store::Claim::FromQueue => w.record.next_attempt_at_ms,
+                crate::store::Claim::AtAccept => now,
+            };
+            self.requeue(&w.record.id, due).await;
+            self.waiting.back(1);
         }
     }
 

@@ -17,8 +17,9 @@
 //! token bucket, whose rate is lowered while the outage lasts (and raised again after it).
 //!
 //! A refused message stays pending (nothing is claimed, nothing counted, its local permits
-//! go back). Each refusal says what wakes it: a local permit coming back wakes the
-//! scheduler by itself; a fleet refusal gives a time (the first lease in the way expires,
+//! go back), unless its host's cap alone refused it: then it may wait in the host's line
+//! (`waiting`). Each refusal says what wakes it: a local permit coming back wakes the
+//! scheduler (and moves the host's line) by itself; a fleet refusal gives a time (the first lease in the way expires,
 //! or the rate's next slot), and a release elsewhere in the fleet may wake it sooner.
 
 use std::collections::HashMap;

@@ -383,8 +383,10 @@ async fn equal_jitter_stays_within_half_to_full_backoff() {
     );
 }
 
+/// Two attempts run; the other three wait (in the queue, or leased into the host's line,
+/// which the admin API shows `in_flight` too), and none is sent past the cap.
 #[tokio::test]
-async fn the_host_permit_is_taken_before_a_message_is_claimed() {
+async fn the_host_permit_is_taken_before_a_message_is_attempted() {
     let clock = ManualClock::new(T0);
     let t = Scripted::build(clock.clone(), vec![], Some(Semaphore::new(0)), false);
     let mut cfg = config(Jitter::None);
@@ -395,15 +397,13 @@ async fn the_host_permit_is_taken_before_a_message_is_claimed() {
         ids.push(h.accept(&format!("/p{i}"), vec![]).await);
     }
     t.wait_calls(2).await;
-    // With both permits held, a pass may claim nothing more.
+    // With both permits held, a pass may start nothing more.
     h.settle().await;
     let states: Vec<State> = ids.iter().map(|id| h.record(id).state).collect();
-    assert_eq!(
-        states.iter().filter(|s| **s == State::InFlight).count(),
-        2,
+    assert!(
+        states.iter().all(|s| matches!(s, State::InFlight | State::Pending)),
         "{states:?}"
     );
-    assert_eq!(states.iter().filter(|s| **s == State::Pending).count(), 3, "{states:?}");
     assert_eq!(t.calls().len(), 2);
     t.gate.as_ref().unwrap().add_permits(5);
     t.wait_calls(5).await;

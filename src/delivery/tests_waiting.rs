@@ -1,5 +1,6 @@
 //! First attempts that wait in memory for their host (`waiting`): seeded runs of accepts
-//! through delivery's own accept path (the fast path, the hosts' lines, the queue), with
+//! through delivery's own accept path (the fast path, the hosts' lines, the queue) and
+//! straight into the queue (for the scheduler's passes to line up), with
 //! answers held and let go in random amounts, checking that no host ever has more attempts
 //! out than its cap and that every accepted message is delivered once, nothing left
 //! waiting; and a drain that closes the lines.
@@ -113,8 +114,10 @@ async fn seeded_runs_keep_the_host_caps_and_deliver_every_message_once_with_none
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let held = Arc::new(Held::default());
         let h = harness(&held);
-        // (target, event id): a duplicate repeats both.
+        // (target, event id): a duplicate repeats both. Some messages go straight to the
+        // queue instead (as with a busy queue), for passes to put in the hosts' lines.
         let mut events: Vec<(&str, String)> = Vec::new();
+        let mut queued = 0;
         for _ in 0..40 {
             // A burst of accepts (some duplicates), then some answers let go.
             let burst: Vec<_> = (0..rng.random_range(1..8))
@@ -132,6 +135,10 @@ async fn seeded_runs_keep_the_host_caps_and_deliver_every_message_once_with_none
                 async move { accept(h, t, &e).await }
             });
             futures_util::future::join_all(accepts).await;
+            for _ in 0..rng.random_range(0..3) {
+                h.accept_url(HOSTS[rng.random_range(0..2)], vec![]).await;
+                queued += 1;
+            }
             held.gate.add_permits(rng.random_range(0..6));
             if rng.random_bool(0.3) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -147,14 +154,15 @@ async fn seeded_runs_keep_the_host_caps_and_deliver_every_message_once_with_none
         })
         .await;
         let c = store.counts().unwrap();
-        assert_eq!(c.delivered as usize, events.len(), "seed {seed}");
+        let all = events.len() + queued;
+        assert_eq!(c.delivered as usize, all, "seed {seed}");
         assert!(!h.d.waiting.any(), "seed {seed}: nothing waits for its host");
         assert!(
             held.most.load(Ordering::SeqCst) <= CAP as usize,
             "seed {seed}: a host's cap was passed"
         );
         let seen = held.seen.lock().unwrap();
-        assert_eq!(seen.len(), events.len(), "seed {seed}: every event sent");
+        assert_eq!(seen.len(), all, "seed {seed}: every event sent");
         assert!(
             seen.values().all(|n| *n == 1),
             "seed {seed}: an event was sent twice: {seen:?}"
@@ -201,4 +209,31 @@ async fn closing_the_lines_puts_their_waiters_back_in_the_queue() {
     })
     .await;
     assert!(held.seen.lock().unwrap().values().all(|n| *n == 1));
+}
+
+/// A backlog in the queue held back by its host's cap costs one pass, not one per answer:
+/// the pass leases what its host cannot take yet into the host's line, and each answer
+/// starts the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_lines_up_a_hosts_backlog_and_answers_start_it_without_passes() {
+    let held = Arc::new(Held::default());
+    let h = harness(&held);
+    for _ in 0..8 {
+        h.accept_url(HOSTS[0], vec![]).await;
+    }
+    until("the host's cap reached", || {
+        held.out.lock().unwrap().get("a.example") == Some(&2)
+    })
+    .await;
+    h.settle().await;
+    assert!(h.d.waiting.any(), "six wait in the host's line");
+    let metrics = h.d.context().metrics().clone();
+    let passes = metrics.scheduler_passes();
+    let store = h.d.context().store().clone();
+    for n in 1..=8u64 {
+        held.gate.add_permits(1);
+        until("an answer's result written", || store.counts().unwrap().delivered == n).await;
+    }
+    assert!(!h.d.waiting.any());
+    assert_eq!(metrics.scheduler_passes(), passes, "the line needed no pass");
 }

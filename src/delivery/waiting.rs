@@ -1,54 +1,35 @@
 //! First attempts that wait in memory for their host.
 //!
-//! A new message whose only obstacle is its host's cap (every permit of the host taken, or
-//! its breaker's ramp) used to go through the due queue: its accept wrote a due entry, and
-//! each permit the host gave back woke a scheduler pass on a blocking thread, which walked
-//! the queue, read the record and the payload back and leased a few messages. Under load
-//! that is most messages, and a pass per two or three of them cost about twice what the
-//! direct path does (docs/benchmarks.md, issue 43 step 10): a host that slowed for a
-//! moment knocked courier into a mode it could not afford, and it stayed there.
+//! A message whose only obstacle is its host's cap (every permit of the host taken, or its
+//! breaker's ramp) used to wait in the due queue: each permit the host gave back woke a
+//! scheduler pass on a blocking thread, which walked the queue, read the record and the
+//! payload back and leased a few messages. Under load that is most messages, and a pass per
+//! two or three of them cost about twice what the direct path does (docs/benchmarks.md,
+//! issue 43 step 10): a host that slowed for a moment knocked courier into a mode it could
+//! not afford, and it stayed there.
 //!
-//! So such a message is written in flight at its accept, as one that starts at once is, and
-//! waits here, behind the others of its host, in arrival order (its accept, durable, lets go
-//! of ingest's count and byte budget when it arrives, as for one that starts). Every
-//! host permit given back, and every arrival, tries the head of its host's line; nothing
-//! polls and no pass runs. A waiter refused for anything but its host's cap (all
-//! `delivery.max_in_flight` permits taken, its endpoint's cap or rate, an open breaker, a
-//! pause) leaves for the due queue, where the scheduler applies the rule that refused it.
-//! A crash leaves a waiter in flight on disk, which startup puts back in the queue.
+//! So such a message waits here, behind the others of its host, in arrival order: a new one
+//! written in flight at its accept, as one that starts at once is (its accept lets go of
+//! ingest's count and byte budget when it arrives, as for one that starts); a due one that
+//! a scheduler pass leased (no write, as for one it starts). Every host permit given back,
+//! and every arrival, tries the head of its host's line; a permit that goes back unseen
+//! (taken by a pass and not used, dropped with an accept never written) moves the lines at
+//! the end of the pass that follows. Nothing polls. A waiter refused for anything but its
+//! host's cap (all `delivery.max_in_flight` permits taken, its endpoint's cap or rate, an
+//! open breaker, a pause, a delete) leaves for the due queue, where the scheduler applies
+//! the rule that refused it. A crash leaves a waiter in flight on disk, or pending with its
+//! due entry, and startup puts it back in the queue.
 //!
-//! Bounded: all lines hold at most `delivery.max_in_flight` messages (those on their way
-//! from their accept counted), so at most as many bodies wait as attempts may hold. Past
-//! that, and whenever messages already wait in the queue, a new message goes to the queue
-//! as before. A drain or a shutdown closes the lines: what waits goes back to the queue, and
-//! nothing waits again.
+//! Bounded: all lines hold at most `delivery.max_in_flight` messages, so at most as many
+//! bodies wait as attempts may hold. Past that, and (for a new message) whenever messages
+//! already wait in the queue, a message waits in the queue as before. A drain or a shutdown
+//! closes the lines: what waits goes back to the queue, and nothing waits again.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::store::Leased;
-
-/// A host's line: its waiters in arrival order, and the accepts on their way to it.
-struct Line<W> {
-    waiters: VecDeque<W>,
-    coming: usize,
-}
-
-impl<W> Default for Line<W> {
-    fn default() -> Self {
-        Line {
-            waiters: VecDeque::new(),
-            coming: 0,
-        }
-    }
-}
-
-impl<W> Line<W> {
-    fn len(&self) -> usize {
-        self.waiters.len() + self.coming
-    }
-}
 
 /// What becomes of a line's head: it starts (with what it took), waits on, or leaves for the
 /// queue.
@@ -61,12 +42,17 @@ pub(super) enum Turn<P> {
 /// Every host's line (see the module doc); `W` is a waiter, what its accept wrote.
 pub(super) struct Waiting<W = Leased> {
     lines: Mutex<Lines<W>>,
-    /// Waiters and accepts on their way, all lines: read without the lock by every accept.
+    /// Waiters in all lines: read without the lock by every accept.
     n: AtomicUsize,
+    /// Set once the lines are closed (read without the lock too).
+    closed: std::sync::atomic::AtomicBool,
+    /// Waiters on their way back to the queue, which a drain waits for.
+    leaving: AtomicUsize,
+    left: tokio::sync::Notify,
 }
 
 struct Lines<W> {
-    by_host: foldhash::HashMap<String, Line<W>>,
+    by_host: foldhash::HashMap<String, VecDeque<W>>,
     closed: bool,
 }
 
@@ -78,6 +64,9 @@ impl<W> Default for Waiting<W> {
                 closed: false,
             }),
             n: AtomicUsize::new(0),
+            closed: Default::default(),
+            leaving: AtomicUsize::new(0),
+            left: tokio::sync::Notify::new(),
         }
     }
 }
@@ -87,7 +76,7 @@ impl<W> Waiting<W> {
         self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether any message waits in a line, or is on its way to one.
+    /// Whether any message waits in a line.
     pub(super) fn any(&self) -> bool {
         self.n.load(Ordering::Acquire) > 0
     }
@@ -95,50 +84,23 @@ impl<W> Waiting<W> {
     /// Whether a message for `host` must wait behind others already: then it may not start
     /// at its accept even with a permit free (it would overtake them).
     pub(super) fn has(&self, host: &str) -> bool {
-        self.n.load(Ordering::Acquire) > 0 && self.lock().by_host.contains_key(host)
+        self.any() && self.lock().by_host.contains_key(host)
     }
 
-    /// Takes a place in `host`'s line for a message on its way from its accept, if all lines
-    /// hold fewer than `total`.
-    pub(super) fn reserve(&self, host: &str, total: u32) -> bool {
+    /// Whether the lines are open and hold fewer than `total` (checked again on arrival).
+    pub(super) fn room(&self, total: u32) -> bool {
+        !self.closed.load(Ordering::Acquire) && self.n.load(Ordering::Acquire) < total as usize
+    }
+
+    /// A message arrives in `host`'s line; answered back, for the queue, when the lines hold
+    /// `total` already or are closed.
+    pub(super) fn arrive(&self, host: &str, w: W, total: u32) -> Option<W> {
         let mut lines = self.lock();
-        if lines.closed || self.n.load(Ordering::Acquire) >= total as usize {
-            return false;
+        if lines.closed || !self.room(total) {
+            return Some(w);
         }
-        lines.by_host.entry(host.to_string()).or_default().coming += 1;
+        lines.by_host.entry(host.to_string()).or_default().push_back(w);
         self.n.fetch_add(1, Ordering::AcqRel);
-        true
-    }
-
-    /// Gives back a place taken for a message that was not stored (or not claimed).
-    pub(super) fn unreserve(&self, host: &str) {
-        let mut lines = self.lock();
-        if let Some(line) = lines.by_host.get_mut(host) {
-            line.coming = line.coming.saturating_sub(1);
-            self.n.fetch_sub(1, Ordering::AcqRel);
-            if line.len() == 0 {
-                lines.by_host.remove(host);
-            }
-        }
-    }
-
-    /// A message that reserved its place in `host`'s line arrives there; answered back
-    /// when the lines are closed.
-    pub(super) fn arrive(&self, host: &str, w: W) -> Option<W> {
-        let mut lines = self.lock();
-        let closed = lines.closed;
-        let Some(line) = lines.by_host.get_mut(host) else {
-            return Some(w);
-        };
-        line.coming = line.coming.saturating_sub(1);
-        if closed {
-            self.n.fetch_sub(1, Ordering::AcqRel);
-            if line.len() == 0 {
-                lines.by_host.remove(host);
-            }
-            return Some(w);
-        }
-        line.waiters.push_back(w);
         None
     }
 
@@ -147,22 +109,22 @@ impl<W> Waiting<W> {
     #[allow(clippy::type_complexity)]
     pub(super) fn take<P>(&self, host: &str, mut turn: impl FnMut(&W) -> Turn<P>) -> (Vec<(W, P)>, Vec<W>) {
         let (mut go, mut leave) = (Vec::new(), Vec::new());
-        if self.n.load(Ordering::Acquire) == 0 {
+        if !self.any() {
             return (go, leave);
         }
         let mut lines = self.lock();
         let Some(line) = lines.by_host.get_mut(host) else {
             return (go, leave);
         };
-        while let Some(head) = line.waiters.front() {
+        while let Some(head) = line.front() {
             match turn(head) {
                 Turn::Stay => break,
-                Turn::Go(p) => go.push((line.waiters.pop_front().expect("a head"), p)),
-                Turn::Leave => leave.push(line.waiters.pop_front().expect("a head")),
+                Turn::Go(p) => go.push((line.pop_front().expect("a head"), p)),
+                Turn::Leave => leave.push(line.pop_front().expect("a head")),
             }
         }
         self.n.fetch_sub(go.len() + leave.len(), Ordering::AcqRel);
-        if line.len() == 0 {
+        if line.is_empty() {
             lines.by_host.remove(host);
         }
         (go, leave)
@@ -170,24 +132,44 @@ impl<W> Waiting<W> {
 
     /// The hosts with waiters now.
     pub(super) fn hosts(&self) -> Vec<String> {
-        if self.n.load(Ordering::Acquire) == 0 {
+        if !self.any() {
             return Vec::new();
         }
         self.lock().by_host.keys().cloned().collect()
     }
 
-    /// Closes every line (a drain, a shutdown): answers the waiters, for the queue; those
-    /// still on their way are answered back by [`Waiting::arrive`].
+    /// Closes every line (a drain, a shutdown): answers the waiters, for the queue; later
+    /// arrivals are answered back by [`Waiting::arrive`].
     pub(super) fn close(&self) -> Vec<W> {
         let mut lines = self.lock();
         lines.closed = true;
-        let mut all = Vec::new();
-        lines.by_host.retain(|_, line| {
-            all.extend(line.waiters.drain(..));
-            line.coming > 0
-        });
+        self.closed.store(true, Ordering::Release);
+        let all: Vec<W> = lines.by_host.drain().flat_map(|(_, line)| line).collect();
         self.n.fetch_sub(all.len(), Ordering::AcqRel);
         all
+    }
+
+    /// Counts `n` waiters on their way back to the queue until [`Waiting::back`].
+    pub(super) fn leave(&self, n: usize) {
+        self.leaving.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// `n` waiters are back in the queue.
+    pub(super) fn back(&self, n: usize) {
+        if self.leaving.fetch_sub(n, Ordering::AcqRel) == n {
+            self.left.notify_waiters();
+        }
+    }
+
+    /// Waits until no waiter is on its way back to the queue.
+    pub(super) async fn all_back(&self) {
+        loop {
+            let left = self.left.notified();
+            if self.leaving.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            left.await;
+        }
     }
 }
 
@@ -196,12 +178,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_lines_hold_the_total_with_the_accepts_on_their_way() {
-        let w = Waiting::<&str>::default();
-        assert!(w.reserve("a", 3) && w.reserve("a", 3));
-        assert!(w.reserve("b", 3));
-        assert!(!w.reserve("c", 3), "all lines are full, though nobody arrived yet");
-        w.unreserve("b");
+    fn the_lines_hold_the_total_and_an_empty_line_is_forgotten() {
+        let w = Waiting::default();
+        assert!(w.arrive("a", "m1", 3).is_none() && w.arrive("a", "m2", 3).is_none());
+        assert!(w.arrive("b", "m3", 3).is_none());
+        assert!(!w.room(3));
+        assert_eq!(w.arrive("c", "m4", 3), Some("m4"), "all lines are full");
+        let (go, _) = w.take("b", |_| Turn::Go(()));
+        assert_eq!(go.len(), 1);
         assert!(!w.has("b"), "an empty line is forgotten");
         assert!(w.has("a"));
     }
@@ -210,8 +194,7 @@ mod tests {
     fn waiters_go_in_arrival_order_until_one_stays_and_those_refused_otherwise_leave() {
         let w = Waiting::default();
         for id in ["m1", "m2", "m3", "m4"] {
-            assert!(w.reserve("a", 10));
-            assert!(w.arrive("a", id).is_none());
+            assert!(w.arrive("a", id, 10).is_none());
         }
         let mut n = 0;
         let (go, leave) = w.take("a", |id| {
@@ -228,19 +211,31 @@ mod tests {
         assert_eq!(leave, ["m2"]);
         let (go, _) = w.take("a", |_| Turn::Go(()));
         assert_eq!(go.len(), 2);
-        assert!(!w.has("a"));
-        assert_eq!(w.n.load(Ordering::Acquire), 0);
+        assert!(!w.has("a") && !w.any());
     }
 
     #[test]
-    fn closed_lines_answer_their_waiters_and_every_later_arrival_and_take_no_reservation() {
+    fn closed_lines_answer_their_waiters_and_every_later_arrival() {
         let w = Waiting::default();
-        assert!(w.reserve("a", 10) && w.reserve("a", 10));
-        assert!(w.arrive("a", "m1").is_none());
+        assert!(w.arrive("a", "m1", 10).is_none());
         assert_eq!(w.close(), ["m1"]);
-        assert_eq!(w.arrive("a", "m2"), Some("m2"));
-        assert!(!w.reserve("a", 10));
-        assert_eq!(w.n.load(Ordering::Acquire), 0);
-        assert!(!w.has("a"));
+        assert_eq!(w.arrive("a", "m2", 10), Some("m2"));
+        assert!(!w.any() && !w.has("a") && !w.room(10));
+    }
+
+    #[tokio::test]
+    async fn all_back_waits_for_the_waiters_on_their_way_to_the_queue() {
+        let w = std::sync::Arc::new(Waiting::<()>::default());
+        w.all_back().await;
+        w.leave(2);
+        let waiting = tokio::spawn({
+            let w = w.clone();
+            async move { w.all_back().await }
+        });
+        w.back(1);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        w.back(1);
+        waiting.await.unwrap();
     }
 }

@@ -120,7 +120,8 @@ impl Deliverer {
     /// What follows the write (the accept counted, the attempt started or the scheduler
     /// woken) is done by the store writer's turn and delivery's settling task, not by this
     /// future: once the job is queued, it happens even if the caller has gone. `keep` (an
-    /// accept's count, its body's bytes) is held until the attempt is started.
+    /// accept's count, its body's bytes) is held until the attempt is started, or waits in
+    /// its host's line.
     ///
     /// The job is made when this is called, and queued then unless the queue is full (see
     /// [`Batcher::send`]); the future waits for room if it must, then for the writer's

@@ -392,11 +392,12 @@ impl DrainControl {
         // Set before the scheduler stops, so no accept dispatches between its last pass and
         // the stop; and again after, as that last pass may have cleared it.
         self.d.set_queue_waiting(true);
-        // What waits in memory for its host goes back to the queue, to be forwarded.
-        self.d.close_lines().await;
         let _ = self.stop_scheduler.send(true);
         let _ = self.scheduler_stopped.clone().wait_for(|s| *s).await;
         self.d.set_queue_waiting(true);
+        // What waits in memory for its host goes back to the queue, to be forwarded (after
+        // the scheduler's last pass, which may line up more).
+        self.d.close_lines().await;
         // Requests that passed ingress's `draining` check before it was set commit their
         // message now: wait for them, so the walk sees it. Bounded by the time a body has
         // to arrive; one that still commits later is met by the engine's re-count.

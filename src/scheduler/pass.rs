@@ -67,6 +67,9 @@ pub(crate) fn pass_with(
     between();
     walk.park(d, now);
     walk.dispatch(d, now);
+    // Permits this pass took and gave back unused (a stale entry, a rate refused after its
+    // host's permit was taken) went back unseen by their hosts' lines: they move now.
+    d.start_all_waiting();
     // Whether due messages were left waiting: until a pass leaves none, new messages
     // queue behind them instead of starting at accept.
     let exhausted = matches!(scanned, Ok((ScanEnd::Exhausted { .. }, _)));
@@ -92,6 +95,12 @@ struct Walk {
     wanting: Vec<DueEntry>,
     wanting_permits: Vec<AttemptPermit>,
     to_park: Vec<DueEntry>,
+    /// Entries held back by their host's cap alone, leased to wait in its line in memory
+    /// (`delivery::waiting`): the next permits the host gives back start them, with no pass.
+    to_line: Vec<DueEntry>,
+    /// Hosts refused for their cap alone this pass (a local permit coming back starts their
+    /// lines' waiters): not an open breaker, which no returning permit would follow.
+    capped_hosts: HashSet<String>,
     /// The earliest entry this pass leaves in the queue, and the last one it looked at:
     /// together they say how far the due floor may rise. Keys (due time, id): the floor
     /// can rise within a millisecond, which matters when a resume made a whole backlog due
@@ -128,6 +137,9 @@ impl Walk {
         } else if ctx.endpoints().is_paused(endpoint) {
             self.to_park.push(entry);
             true // consumed: parked below
+        } else if self.capped_hosts.contains(host.as_str()) && self.line(d, &entry) {
+            self.to_line.push(entry);
+            true // consumed: leased below, to wait for its host
         } else if self.blocked(host, endpoint) {
             false
         } else {
@@ -163,7 +175,12 @@ impl Walk {
                 }
                 Some(Err(refusal)) => {
                     self.refused(d, refusal, host, endpoint);
-                    false
+                    let waits = refusal == Refusal::HostBusy(None) && self.line(d, &entry);
+                    if waits {
+                        self.capped_hosts.insert(host.to_string());
+                        self.to_line.push(entry);
+                    }
+                    waits
                 }
             }
         };
@@ -179,11 +196,22 @@ impl Walk {
             // goes on past the ones it refuses, as past those a local limit refused.
             self.lease(d, now);
         }
-        if self.ready.len() + self.to_park.len() >= limits.claim_batch {
+        if self.ready.len() + self.to_park.len() + self.to_line.len() >= limits.claim_batch {
+            // What it lines up ends no attempt, which would wake the next pass: it goes on.
+            if !self.to_line.is_empty() {
+                self.pass.wake_no_later_than(now);
+            }
             ScanStep::Stop
         } else {
             ScanStep::Continue
         }
+    }
+
+    /// Whether `entry`, held back by its host's cap alone (no fleet, its endpoint neither
+    /// capped nor out of tokens this pass), takes a place in its host's line.
+    fn line(&self, d: &Arc<Deliverer>, entry: &DueEntry) -> bool {
+        let endpoint = entry.routing.endpoint.as_str();
+        d.fleet().is_none() && !self.limited.contains(endpoint) && !self.capped.contains(endpoint) && d.line_has_room()
     }
 
     /// Whether a limit refused `host` or `endpoint` earlier in this pass.
@@ -281,8 +309,23 @@ impl Walk {
         }
     }
 
-    /// Leases everything admitted (reads, no write), then dispatches with the permits in hand.
+    /// Leases everything admitted (reads, no write), then dispatches with the permits in
+    /// hand; leases those to wait in their hosts' lines and puts them there.
     fn dispatch(&mut self, d: &Arc<Deliverer>, now: u64) {
+        if !self.to_line.is_empty() {
+            let to_line = std::mem::take(&mut self.to_line);
+            let claims = d.context().store().lease_many(&to_line, now);
+            for (entry, claimed) in to_line.iter().zip(claims) {
+                match claimed {
+                    Ok(Some(claimed)) => d.wait_for_host(claimed, Box::new(())),
+                    // Gone or changed since the scan (see below).
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(delivery_id = %entry.id, error = %e, "reading a due message failed; it stays due and is tried again later");
+                    }
+                }
+            }
+        }
         if self.ready.is_empty() {
             return;
         }

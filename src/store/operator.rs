@@ -131,11 +131,19 @@ impl Store {
         let mut tx = Tx::reading(&self.db, &self.faults);
         self.remove(&mut tx, &rec, now_ms)?;
         self.commit(tx, true)?;
-        if rec.state == State::InFlight {
+        if rec.state == State::InFlight || self.leases.contains(&rec.id) {
             // Its attempt's result is staged on the record the attempt carries: stale now.
+            // And one waiting for its host must not start (`deleted_while_taken`).
             locked(&self.deleted_in_flight).insert(rec.id);
         }
         Ok(true)
+    }
+
+    /// Whether `id` was deleted since it was taken for an attempt (written in flight, or
+    /// leased): memory only, for a message that waits in its host's line.
+    pub fn deleted_while_taken(&self, id: &str) -> bool {
+        let deleted = locked(&self.deleted_in_flight);
+        !deleted.is_empty() && deleted.contains(id)
     }
 
     /// Stages the removal of `rec` and everything indexed under it (the caller holds its
