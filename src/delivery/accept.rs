@@ -52,10 +52,10 @@ pub(super) enum First {
     Queue,
 }
 
-/// Wakes the scheduler when dropped with a job never written (its caller went away while
+/// Moves the hosts' lines when dropped with a job never written (its caller went away while
 /// the writer's queue was full): the job's permits then go back unseen by their host's
-/// line, and every pass moves the lines at its end.
-pub(super) struct Unsent(Option<Arc<crate::context::Context>>);
+/// line.
+pub(super) struct Unsent(Option<std::sync::Weak<Deliverer>>);
 
 impl Unsent {
     fn written(mut self) {
@@ -65,8 +65,8 @@ impl Unsent {
 
 impl Drop for Unsent {
     fn drop(&mut self) {
-        if let Some(ctx) = self.0.take() {
-            ctx.wake();
+        if let Some(d) = self.0.take().and_then(|d| d.upgrade()) {
+            d.start_all_waiting();
         }
     }
 }
@@ -166,7 +166,7 @@ impl Deliverer {
         let taken = match self.waiting.has(&rec.host) {
             true => host_line().ok_or(Refusal::HostBusy(None)),
             false => match self.admit(&rec.host, &rec.endpoint, self.ctx.clock().now_ms()) {
-                Ok(permit) => Ok(First::Now(permit, Unsent(Some(self.ctx.clone())))),
+                Ok(permit) => Ok(First::Now(permit, Unsent(Some(self.me.clone())))),
                 Err(Refusal::HostBusy(None)) => host_line().ok_or(Refusal::HostBusy(None)),
                 Err(other) => Err(other),
             },
@@ -199,7 +199,7 @@ impl Deliverer {
     /// Starts the waiters at the head of `host`'s line while their permits can be taken;
     /// those refused for anything but the host's cap leave for the queue. Called whenever
     /// the host may have a permit free: one given back, or a waiter arrived.
-    pub(super) fn start_waiting(self: &Arc<Self>, host: &str) {
+    pub(crate) fn start_waiting(self: &Arc<Self>, host: &str) {
         let now = self.ctx.clock().now_ms();
         let store = self.ctx.store();
         let (go, leave) = self.waiting.take(host, |w| {

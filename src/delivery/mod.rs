@@ -80,6 +80,8 @@ pub struct Deliverer {
     queue_first: std::sync::atomic::AtomicBool,
     /// First attempts that wait in memory for their host's permit (see `waiting`).
     waiting: waiting::Waiting,
+    /// Itself, for an accept dropped unwritten to move the hosts' lines (`accept::Unsent`).
+    me: std::sync::Weak<Deliverer>,
     /// Set while a pass runs, too: a permit freed then (after the pass found none) wakes
     /// the scheduler, which would otherwise learn that messages wait only at the pass's end.
     passing: std::sync::atomic::AtomicBool,
@@ -132,6 +134,7 @@ impl Deliverer {
             queue_first: std::sync::atomic::AtomicBool::new(true),
             passing: std::sync::atomic::AtomicBool::new(false),
             waiting: Default::default(),
+            me: d.clone(),
             idle: Notify::new(),
             pace: Arc::default(),
             trimmer: Default::default(),

@@ -12,9 +12,8 @@
 //! written in flight at its accept, as one that starts at once is (its accept lets go of
 //! ingest's count and byte budget when it arrives, as for one that starts); a due one that
 //! a scheduler pass leased (no write, as for one it starts). Every host permit given back,
-//! and every arrival, tries the head of its host's line; a permit that goes back unseen
-//! (taken by a pass and not used, dropped with an accept never written) moves the lines at
-//! the end of the pass that follows. Nothing polls. A waiter refused for anything but its
+//! and every arrival, tries the head of its host's line, and so does a permit a scheduler
+//! pass took and gave back unused, or an accept dropped unwritten. Nothing polls. A waiter refused for anything but its
 //! host's cap (all `delivery.max_in_flight` permits taken, its endpoint's cap or rate, an
 //! open breaker, a pause, a delete) leaves for the due queue, where the scheduler applies
 //! the rule that refused it. A crash leaves a waiter in flight on disk, or pending with its
@@ -52,7 +51,8 @@ pub(super) struct Waiting<W = Leased> {
 }
 
 struct Lines<W> {
-    by_host: foldhash::HashMap<String, VecDeque<W>>,
+    /// In host order: a replayed simulation moves the lines in the same order.
+    by_host: std::collections::BTreeMap<String, VecDeque<W>>,
     closed: bool,
 }
 
@@ -144,7 +144,7 @@ impl<W> Waiting<W> {
         let mut lines = self.lock();
         lines.closed = true;
         self.closed.store(true, Ordering::Release);
-        let all: Vec<W> = lines.by_host.drain().flat_map(|(_, line)| line).collect();
+        let all: Vec<W> = std::mem::take(&mut lines.by_host).into_values().flatten().collect();
         self.n.fetch_sub(all.len(), Ordering::AcqRel);
         all
     }

@@ -67,9 +67,6 @@ pub(crate) fn pass_with(
     between();
     walk.park(d, now);
     walk.dispatch(d, now);
-    // Permits this pass took and gave back unused (a stale entry, a rate refused after its
-    // host's permit was taken) went back unseen by their hosts' lines: they move now.
-    d.start_all_waiting();
     // Whether due messages were left waiting: until a pass leaves none, new messages
     // queue behind them instead of starting at accept.
     let exhausted = matches!(scanned, Ok((ScanEnd::Exhausted { .. }, _)));
@@ -258,6 +255,8 @@ impl Walk {
                 d.context().metrics().rate_limited();
                 self.limited.insert(endpoint.to_string());
                 self.pass.wake_no_later_than(at);
+                // Its host's permit was taken and given back: that host's line may move.
+                d.start_waiting(host);
             }
             Refusal::HostBusy(retry_at) => {
                 // A local permit coming back wakes us; a fleet-wide cap gives a time (the
@@ -339,14 +338,20 @@ impl Walk {
                 }
                 // Gone or changed since the scan (a delete, a replay): its permits go back
                 // unused, and the entries this pass skipped for want of them must not wait
-                // for the next accept to be looked at again.
-                Ok(None) => self.pass.wake_no_later_than(now),
+                // for the next accept to be looked at again, nor its host's line.
+                Ok(None) => {
+                    drop(permit);
+                    self.pass.wake_no_later_than(now);
+                    d.start_waiting(&entry.routing.host);
+                }
                 // Unreadable: courier's failure, not the receiver's. Nothing is counted, the
                 // others go on, and the store holds this one back until its retry time (see
                 // `store::lease`); its permits go back as a stale entry's do.
                 Err(e) => {
                     tracing::error!(delivery_id = %entry.id, error = %e, "reading a due message failed; it stays due and is tried again later");
+                    drop(permit);
                     self.pass.wake_no_later_than(now);
+                    d.start_waiting(&entry.routing.host);
                 }
             }
         }
