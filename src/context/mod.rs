@@ -28,6 +28,9 @@ pub struct Context {
     clock: SharedClock,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
+    /// Tests: wake-ups asked for so far (see `scheduler::Nap`).
+    #[cfg(test)]
+    wakes: std::sync::atomic::AtomicU64,
     /// What a reload may change, swapped whole: read at each attempt and accept.
     settings: arc_swap::ArcSwap<Settings>,
     /// Counts the settings put in place by reloads: what lives longer than one decision (an
@@ -84,6 +87,8 @@ impl Context {
             clock,
             metrics,
             wake,
+            #[cfg(test)]
+            wakes: Default::default(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             reloads: tokio::sync::watch::Sender::new(0),
             endpoints,
@@ -111,6 +116,15 @@ impl Context {
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
     pub fn wake(&self) {
         self.wake.notify_one();
+        // After the notify: a loop that saw the count before it is woken by it.
+        #[cfg(test)]
+        self.wakes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tests: wake-ups asked for so far (see `scheduler::Nap`).
+    #[cfg(test)]
+    pub(crate) fn wakes(&self) -> u64 {
+        self.wakes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The scheduler's wake-up itself, to wait on.

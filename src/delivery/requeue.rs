@@ -97,7 +97,7 @@ impl Deliverer {
             return false;
         }
         tracing::error!(delivery_id = %id, %error, "{what} failed: its record does not read; tried again in the background until it does");
-        let (wake, count) = (self.ctx.wake_signal().clone(), self.waiting_to_read.clone());
+        let (ctx, count) = (self.ctx.clone(), self.waiting_to_read.clone());
         let (first, most) = (self.result_retry(), self.result_retry() * LONGEST_WAIT);
         self.ctx.runtime().spawn(async move {
             let mut wait = first;
@@ -106,7 +106,7 @@ impl Deliverer {
                 match op().await {
                     Ok(()) => {
                         tracing::info!(delivery_id = %id, "{what} succeeded: its record reads again");
-                        wake.notify_one();
+                        ctx.wake();
                         break;
                     }
                     Err(StoreError::Closed) => break,

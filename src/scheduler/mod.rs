@@ -97,10 +97,11 @@ pub struct Scheduler {
 #[cfg(test)]
 pub(crate) type Between = Arc<dyn Fn() + Send + Sync>;
 
-/// Tests: while the loop waits, until when (`None`: for a wake-up only) and its resume
-/// point; `None` while it works. Set when the wait is first polled and cleared when it
-/// ends, in the same poll as the wake-up's check, so on a current-thread runtime a reader
-/// sees it set only when no wake-up is pending.
+/// Tests: while the loop waits, until when (`None`: for a wake-up only), its resume point
+/// and the wake-ups asked for when it began; `None` while it works. Set when the wait is
+/// first polled and cleared when it ends. A wake-up asked for since leaves it set until the
+/// runtime next polls the loop, which may come after other tasks: the loop is settled only
+/// while no wake-up is newer than its wait ([`Asleep::wakes`]).
 #[cfg(test)]
 pub(crate) type Nap = Arc<std::sync::Mutex<Option<Asleep>>>;
 
@@ -112,6 +113,8 @@ pub(crate) struct Asleep {
     pub until: Option<u64>,
     /// Where its next walk starts, if not at the floor.
     pub resume: Option<(u64, String)>,
+    /// `Context::wakes` when it began: a higher count now is a wake-up still pending.
+    pub wakes: u64,
 }
 
 /// Tests: what the loop did, in order (see [`LoopEvent`]).
@@ -136,8 +139,8 @@ struct Napping<'a>(&'a Nap);
 
 #[cfg(test)]
 impl<'a> Napping<'a> {
-    fn start(nap: &'a Nap, until: Option<u64>, resume: Option<(u64, String)>) -> Self {
-        *nap.lock().unwrap() = Some(Asleep { until, resume });
+    fn start(nap: &'a Nap, until: Option<u64>, resume: Option<(u64, String)>, wakes: u64) -> Self {
+        *nap.lock().unwrap() = Some(Asleep { until, resume, wakes });
         Napping(nap)
     }
 }
@@ -284,7 +287,7 @@ impl Scheduler {
             let _asleep = self
                 .nap
                 .as_ref()
-                .map(|nap| Napping::start(nap, wake_at, self.resume.clone()));
+                .map(|nap| Napping::start(nap, wake_at, self.resume.clone(), self.d.context().wakes()));
             match wake_at {
                 Some(at) => self.d.context().clock().sleep_until(at).await,
                 None => std::future::pending().await,

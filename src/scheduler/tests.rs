@@ -226,8 +226,8 @@ impl Run {
     }
 
     /// Waits until everything that can happen at this time has: the loop asleep, and every
-    /// attempt finished but the held ones. On a current-thread runtime a task woken before
-    /// this one looks runs first (see [`Nap`]), so a set nap is a real sleep.
+    /// attempt finished but the held ones. A nap with no wake-up newer than it is a real
+    /// sleep (see [`Nap`]).
     async fn settle(&self) -> Asleep {
         let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
@@ -235,7 +235,7 @@ impl Run {
                 tokio::task::yield_now().await;
             }
             let nap = self.nap.lock().unwrap().clone();
-            if let Some(asleep) = nap {
+            if let Some(asleep) = nap.filter(|a| a.wakes == self.d.context().wakes()) {
                 if self.d.in_flight_count() == self.held() {
                     return asleep;
                 }

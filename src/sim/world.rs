@@ -119,9 +119,10 @@ impl Node {
         self.steppers.iter().any(|s| s.queued() > 0)
     }
 
-    /// The loop's sleep, if it is asleep.
+    /// The loop's sleep, if it is asleep with no wake-up pending (see `scheduler::Nap`).
     pub fn asleep(&self) -> Option<Asleep> {
-        self.nap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let nap = self.nap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        nap.filter(|a| a.wakes == self.d.context().wakes())
     }
 }
 
