@@ -17,11 +17,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use tokio::sync::Notify;
 
 /// A boxed future, as returned by [`Clock::sleep_until`].
 pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -235,104 +232,119 @@ pub fn rng() -> rand::rngs::ThreadRng {
     rand::rng()
 }
 
-/// A clock for tests: time stands still until [`ManualClock::advance`] or
-/// [`ManualClock::set`] moves it, which wakes every sleeper that is now due. Its wall clock
-/// can be stepped ([`ManualClock::step_wall`]); [`Clock::now_ms`] is then the [`Steady`]
-/// reading of it, as courier's own clock would give.
-#[derive(Debug)]
-pub struct ManualClock {
-    /// The monotonic time: what tests advance.
-    now: AtomicU64,
-    /// How far the wall clock was stepped from it.
-    wall_offset: AtomicI64,
-    steady: std::sync::Mutex<Steady>,
-    moved: Notify,
-}
+#[cfg(test)]
+pub use manual::ManualClock;
 
-impl ManualClock {
-    /// A clock reading `start_ms`.
-    pub fn new(start_ms: u64) -> Arc<Self> {
-        Arc::new(ManualClock {
-            now: AtomicU64::new(start_ms),
-            wall_offset: AtomicI64::new(0),
-            steady: Default::default(),
-            moved: Notify::new(),
-        })
+/// Tests: a clock whose time only a test moves.
+#[cfg(test)]
+mod manual {
+    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::Notify;
+
+    use super::{Clock, Sleep, Steady};
+
+    /// A clock for tests: time stands still until [`ManualClock::advance`] or
+    /// [`ManualClock::set`] moves it, which wakes every sleeper that is now due. Its wall clock
+    /// can be stepped ([`ManualClock::step_wall`]); [`Clock::now_ms`] is then the [`Steady`]
+    /// reading of it, as courier's own clock would give.
+    #[derive(Debug)]
+    pub struct ManualClock {
+        /// The monotonic time: what tests advance.
+        now: AtomicU64,
+        /// How far the wall clock was stepped from it.
+        wall_offset: AtomicI64,
+        steady: std::sync::Mutex<Steady>,
+        moved: Notify,
     }
 
-    /// Moves time forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
-        self.moved.notify_waiters();
-    }
+    impl ManualClock {
+        /// A clock reading `start_ms`.
+        pub fn new(start_ms: u64) -> Arc<Self> {
+            Arc::new(ManualClock {
+                now: AtomicU64::new(start_ms),
+                wall_offset: AtomicI64::new(0),
+                steady: Default::default(),
+                moved: Notify::new(),
+            })
+        }
 
-    /// Sets the monotonic time, forward only (the wall clock steps with
-    /// [`ManualClock::step_wall`]).
-    pub fn set(&self, ms: u64) {
-        debug_assert!(ms >= self.mono_ms(), "a manual clock's monotonic time never goes back");
-        self.now.fetch_max(ms, Ordering::SeqCst);
-        self.moved.notify_waiters();
-    }
+        /// Moves time forward by `by`.
+        pub fn advance(&self, by: Duration) {
+            self.now.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+            self.moved.notify_waiters();
+        }
 
-    /// Moves time forward until [`Clock::now_ms`] reads at least `ms` (while a step back is
-    /// absorbed, that takes twice as long).
-    pub fn advance_to(&self, ms: u64) {
-        loop {
-            let now = self.now_ms();
-            if now >= ms {
-                return;
+        /// Sets the monotonic time, forward only (the wall clock steps with
+        /// [`ManualClock::step_wall`]).
+        pub fn set(&self, ms: u64) {
+            debug_assert!(ms >= self.mono_ms(), "a manual clock's monotonic time never goes back");
+            self.now.fetch_max(ms, Ordering::SeqCst);
+            self.moved.notify_waiters();
+        }
+
+        /// Moves time forward until [`Clock::now_ms`] reads at least `ms` (while a step back is
+        /// absorbed, that takes twice as long).
+        pub fn advance_to(&self, ms: u64) {
+            loop {
+                let now = self.now_ms();
+                if now >= ms {
+                    return;
+                }
+                self.advance(Duration::from_millis(ms - now));
             }
-            self.advance(Duration::from_millis(ms - now));
+        }
+
+        /// Steps the wall clock by `by_ms` (back when negative), as NTP or a resumed VM does.
+        pub fn step_wall(&self, by_ms: i64) {
+            self.wall_offset.fetch_add(by_ms, Ordering::SeqCst);
+            self.moved.notify_waiters();
+        }
+
+        /// Forgets courier's reading of the clock, as a restarted process does.
+        pub fn restart(&self) {
+            *self.steady() = Steady::default();
+        }
+
+        fn steady(&self) -> std::sync::MutexGuard<'_, Steady> {
+            self.steady.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        fn mono_ms(&self) -> u64 {
+            self.now.load(Ordering::SeqCst)
         }
     }
 
-    /// Steps the wall clock by `by_ms` (back when negative), as NTP or a resumed VM does.
-    pub fn step_wall(&self, by_ms: i64) {
-        self.wall_offset.fetch_add(by_ms, Ordering::SeqCst);
-        self.moved.notify_waiters();
-    }
+    impl Clock for ManualClock {
+        fn now_ms(&self) -> u64 {
+            let mut steady = self.steady();
+            steady.read(self.wall_ms(), self.mono_ms())
+        }
 
-    /// Forgets courier's reading of the clock, as a restarted process does.
-    pub fn restart(&self) {
-        *self.steady() = Steady::default();
-    }
-
-    fn steady(&self) -> std::sync::MutexGuard<'_, Steady> {
-        self.steady.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn mono_ms(&self) -> u64 {
-        self.now.load(Ordering::SeqCst)
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        let mut steady = self.steady();
-        steady.read(self.wall_ms(), self.mono_ms())
-    }
-
-    fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
-        Box::pin(async move {
-            loop {
-                // Register interest before reading the time so an advance in between is not missed.
-                let moved = self.moved.notified();
-                if self.now_ms() >= at_ms {
-                    return;
+        fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
+            Box::pin(async move {
+                loop {
+                    // Register interest before reading the time so an advance in between is not missed.
+                    let moved = self.moved.notified();
+                    if self.now_ms() >= at_ms {
+                        return;
+                    }
+                    moved.await;
                 }
-                moved.await;
-            }
-        })
-    }
+            })
+        }
 
-    fn wall_ms(&self) -> u64 {
-        self.mono_ms()
-            .saturating_add_signed(self.wall_offset.load(Ordering::SeqCst))
-    }
+        fn wall_ms(&self) -> u64 {
+            self.mono_ms()
+                .saturating_add_signed(self.wall_offset.load(Ordering::SeqCst))
+        }
 
-    fn hold_at_least(&self, ms: u64) {
-        let mut steady = self.steady();
-        steady.hold_at_least(ms, self.wall_ms(), self.mono_ms());
+        fn hold_at_least(&self, ms: u64) {
+            let mut steady = self.steady();
+            steady.hold_at_least(ms, self.wall_ms(), self.mono_ms());
+        }
     }
 }
 
