@@ -20,7 +20,7 @@
 //!    randomness seams), [`timefmt`], [`redact`], [`scrub`] (what a message sent, taken out
 //!    of the error text kept about it), [`batcher`] (a thread that handles queued
 //!    jobs in batches), [`sys`] (file descriptors, delivery's runtime, the heap allocator
-//!    and its trimming).
+//!    and its trimming, the scheduler's wake-up).
 //! 2. [`policy`] (everything decided after an attempt, pure), [`signing`] (outbound
 //!    signatures and the drain receipt, pure), [`store`] (RocksDB).
 //! 3. [`config`] (the typed settings), [`metrics`], [`limits`] (per-host and per-endpoint

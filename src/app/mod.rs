@@ -289,7 +289,7 @@ fn delivery(
         None => rand::rngs::StdRng::from_os_rng(),
     };
     let metrics = Arc::new(Metrics::default());
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(crate::sys::wake::Wake::default());
     let delivery_rt = DeliveryRuntime::start().map_err(AppError::Runtime)?;
     // Connects in the background: until Redis answers, the fallback limits apply.
     let fleet = Fleet::start(

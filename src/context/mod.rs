@@ -13,12 +13,11 @@ pub mod settings;
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
-
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
+use crate::sys::wake::Wake;
 use endpoints::EndpointTable;
 use settings::{endpoint_rates, Settings};
 
@@ -27,10 +26,7 @@ pub struct Context {
     store: Arc<Store>,
     clock: SharedClock,
     metrics: Arc<Metrics>,
-    wake: Arc<Notify>,
-    /// Tests: wake-ups asked for so far (see `scheduler::Nap`).
-    #[cfg(test)]
-    wakes: std::sync::atomic::AtomicU64,
+    wake: Arc<Wake>,
     /// What a reload may change, swapped whole: read at each attempt and accept.
     settings: arc_swap::ArcSwap<Settings>,
     /// Counts the settings put in place by reloads: what lives longer than one decision (an
@@ -64,7 +60,7 @@ impl Context {
         clock: SharedClock,
         config: Arc<Config>,
         metrics: Arc<Metrics>,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Arc<Context>, StoreError> {
         // A wall clock stepped back before a restart does not set courier's time behind
@@ -87,8 +83,6 @@ impl Context {
             clock,
             metrics,
             wake,
-            #[cfg(test)]
-            wakes: Default::default(),
             settings: arc_swap::ArcSwap::from_pointee(settings),
             reloads: tokio::sync::watch::Sender::new(0),
             endpoints,
@@ -115,20 +109,11 @@ impl Context {
 
     /// Wakes the scheduler (new work, a freed permit, a resumed endpoint).
     pub fn wake(&self) {
-        self.wake.notify_one();
-        // After the notify: a loop that saw the count before it is woken by it.
-        #[cfg(test)]
-        self.wakes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Tests: wake-ups asked for so far (see `scheduler::Nap`).
-    #[cfg(test)]
-    pub(crate) fn wakes(&self) -> u64 {
-        self.wakes.load(std::sync::atomic::Ordering::SeqCst)
+        self.wake.ring();
     }
 
     /// The scheduler's wake-up itself, to wait on.
-    pub fn wake_signal(&self) -> &Arc<Notify> {
+    pub fn wake_signal(&self) -> &Wake {
         &self.wake
     }
 

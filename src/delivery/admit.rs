@@ -167,7 +167,6 @@ mod tests {
     use std::sync::Arc;
 
     use rand::SeedableRng;
-    use tokio::sync::Notify;
 
     use super::*;
     use crate::clock::ManualClock;
@@ -196,7 +195,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let parts = FleetParts {
             runtime: tokio::runtime::Handle::current(),
-            wake: Arc::new(Notify::new()),
+            wake: Arc::new(crate::sys::wake::Wake::default()),
             ca_pem: None,
             metrics: metrics.clone(),
         };
@@ -206,7 +205,7 @@ mod tests {
             clock.clone(),
             Arc::new(config),
             metrics,
-            Arc::new(Notify::new()),
+            Arc::new(crate::sys::wake::Wake::default()),
             tokio::runtime::Handle::current(),
         )
         .unwrap();

@@ -188,7 +188,7 @@ fn settle_one(d: &Arc<Deliverer>, back: Handback) {
                 });
             }
             if freed {
-                d.start_all_waiting();
+                or_log("starting the hosts' lines", || d.start_all_waiting());
             }
         }
         Handback::Ended(ended) => {

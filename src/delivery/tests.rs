@@ -148,7 +148,7 @@ impl Harness {
             clock,
             Arc::new(config),
             Arc::new(Metrics::default()),
-            Arc::new(Notify::new()),
+            Arc::new(crate::sys::wake::Wake::default()),
             tokio::runtime::Handle::current(),
         )
         .unwrap();

@@ -112,7 +112,7 @@ pub struct FleetParts {
     pub runtime: tokio::runtime::Handle,
     /// The scheduler's wake-up, rung when a lease is released somewhere in the fleet while
     /// messages here wait for one.
-    pub wake: Arc<Notify>,
+    pub wake: Arc<crate::sys::wake::Wake>,
     /// The PEM text of `[tls] ca_file` (the files joined), if set: a `rediss://` connection
     /// then trusts these CAs (a Redis behind a private CA) instead of the public roots.
     pub ca_pem: Option<Vec<u8>>,
@@ -365,7 +365,7 @@ impl Inner {
             // Messages the fleet refused sleep until the lease in their way expires (up to
             // `lease_ttl`) or a release is published, which a dead Redis never does: they may
             // go now under the fallback limits.
-            self.parts.wake.notify_one();
+            self.parts.wake.ring();
         }
     }
 
@@ -385,7 +385,7 @@ impl Inner {
                 None => tracing::info!("fleet: Redis reachable; fleet-wide limits in force"),
             }
             // Waiting messages may go now under the fleet's limits instead of the fallback's.
-            self.parts.wake.notify_one();
+            self.parts.wake.ring();
         }
     }
 
@@ -393,7 +393,7 @@ impl Inner {
     /// wait for one.
     fn released(&self) {
         if self.waiting.swap(false, Ordering::AcqRel) {
-            self.parts.wake.notify_one();
+            self.parts.wake.ring();
         }
     }
 }

@@ -126,7 +126,7 @@ impl Courier {
         };
         let parts = FleetParts {
             runtime: rt.handle().clone(),
-            wake: Arc::new(Notify::new()),
+            wake: Arc::new(crate::sys::wake::Wake::default()),
             ca_pem: None,
             metrics: Arc::new(Metrics::default()),
         };

@@ -113,7 +113,8 @@ pub(crate) struct Asleep {
     pub until: Option<u64>,
     /// Where its next walk starts, if not at the floor.
     pub resume: Option<(u64, String)>,
-    /// `Context::wakes` when it began: a higher count now is a wake-up still pending.
+    /// The wake-up's rings when it began (`Wake::rung`): a higher count now is a ring
+    /// still pending.
     pub wakes: u64,
 }
 
@@ -287,7 +288,7 @@ impl Scheduler {
             let _asleep = self
                 .nap
                 .as_ref()
-                .map(|nap| Napping::start(nap, wake_at, self.resume.clone(), self.d.context().wakes()));
+                .map(|nap| Napping::start(nap, wake_at, self.resume.clone(), self.d.context().wake_signal().rung()));
             match wake_at {
                 Some(at) => self.d.context().clock().sleep_until(at).await,
                 None => std::future::pending().await,

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 
 use super::*;
 use crate::clock::{Clock, ManualClock};
@@ -169,7 +169,7 @@ impl Run {
                 clock.clone(),
                 Arc::new(config),
                 Arc::new(Metrics::default()),
-                Arc::new(Notify::new()),
+                Arc::new(crate::sys::wake::Wake::default()),
                 tokio::runtime::Handle::current(),
             )
             .unwrap(),
@@ -235,7 +235,7 @@ impl Run {
                 tokio::task::yield_now().await;
             }
             let nap = self.nap.lock().unwrap().clone();
-            if let Some(asleep) = nap.filter(|a| a.wakes == self.d.context().wakes()) {
+            if let Some(asleep) = nap.filter(|a| a.wakes == self.d.context().wake_signal().rung()) {
                 if self.d.in_flight_count() == self.held() {
                     return asleep;
                 }

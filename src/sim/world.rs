@@ -122,7 +122,7 @@ impl Node {
     /// The loop's sleep, if it is asleep with no wake-up pending (see `scheduler::Nap`).
     pub fn asleep(&self) -> Option<Asleep> {
         let nap = self.nap.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        nap.filter(|a| a.wakes == self.d.context().wakes())
+        nap.filter(|a| a.wakes == self.d.context().wake_signal().rung())
     }
 }
 
@@ -414,7 +414,7 @@ impl World {
                 self.clock.clone(),
                 self.config.clone(),
                 Arc::new(Metrics::default()),
-                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(crate::sys::wake::Wake::default()),
                 rt.handle().clone(),
             )
             .expect("delivery context");
