@@ -5,8 +5,10 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 /// Formats unix millis as `YYYY-MM-DDTHH:MM:SSZ` (UTC; millis appended when non-zero).
+/// Past the year 9999 (a setting of centuries added to now) it reads as that year's end.
 pub fn rfc3339(ms: u64) -> String {
-    let t = OffsetDateTime::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    let t = OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc());
     let frac = match ms % 1000 {
         0 => String::new(),
         frac => format!(".{frac:03}"),
@@ -54,6 +56,10 @@ mod tests {
         assert_eq!(parse_rfc3339("2023-11-14T22:13:20.5Z"), Some(1_700_000_000_500));
         assert_eq!(parse_rfc3339(" 2023-11-14 22:13:20z "), Some(1_700_000_000_000));
         assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), None, "before the epoch");
+        assert!(
+            rfc3339(u64::MAX).starts_with("9999-12-31T23:59:59."),
+            "saturates, never panics"
+        );
         for bad in [
             "",
             "2023-11-14",
