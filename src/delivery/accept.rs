@@ -200,6 +200,10 @@ impl Deliverer {
     /// those refused for anything but the host's cap leave for the queue. Called whenever
     /// the host may have a permit free: one given back, or a waiter arrived.
     pub(crate) fn start_waiting(self: &Arc<Self>, host: &str) {
+        // Called after every answer: nothing more when no line holds anyone.
+        if !self.waiting.any() {
+            return;
+        }
         let now = self.ctx.clock().now_ms();
         let store = self.ctx.store();
         let (go, leave) = self.waiting.take(host, |w| {

@@ -43,7 +43,7 @@ pub(super) struct Waiting<W = Leased> {
     lines: Mutex<Lines<W>>,
     /// Waiters in all lines: read without the lock by every accept.
     n: AtomicUsize,
-    /// Set once the lines are closed (read without the lock too).
+    /// Set once the lines are closed, under the lock (read without it too).
     closed: std::sync::atomic::AtomicBool,
     /// Waiters on their way back to the queue, which a drain waits for.
     leaving: AtomicUsize,
@@ -53,7 +53,6 @@ pub(super) struct Waiting<W = Leased> {
 struct Lines<W> {
     /// In host order: a replayed simulation moves the lines in the same order.
     by_host: std::collections::BTreeMap<String, VecDeque<W>>,
-    closed: bool,
 }
 
 impl<W> Default for Waiting<W> {
@@ -61,7 +60,6 @@ impl<W> Default for Waiting<W> {
         Waiting {
             lines: Mutex::new(Lines {
                 by_host: Default::default(),
-                closed: false,
             }),
             n: AtomicUsize::new(0),
             closed: Default::default(),
@@ -96,7 +94,8 @@ impl<W> Waiting<W> {
     /// `total` already or are closed.
     pub(super) fn arrive(&self, host: &str, w: W, total: u32) -> Option<W> {
         let mut lines = self.lock();
-        if lines.closed || !self.room(total) {
+        // `closed` is set under this lock (see `close`): read here, it is exact.
+        if !self.room(total) {
             return Some(w);
         }
         lines.by_host.entry(host.to_string()).or_default().push_back(w);
@@ -142,7 +141,6 @@ impl<W> Waiting<W> {
     /// arrivals are answered back by [`Waiting::arrive`].
     pub(super) fn close(&self) -> Vec<W> {
         let mut lines = self.lock();
-        lines.closed = true;
         self.closed.store(true, Ordering::Release);
         let all: Vec<W> = std::mem::take(&mut lines.by_host).into_values().flatten().collect();
         self.n.fetch_sub(all.len(), Ordering::AcqRel);
