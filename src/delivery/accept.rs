@@ -158,7 +158,7 @@ impl Deliverer {
         // Behind the messages its host's line holds already, or the host's cap alone in
         // the way: it waits in memory for the host (see `waiting`).
         let host_line = || {
-            self.waiting.room(self.ctx.config().delivery.max_in_flight).then(|| {
+            (self.waiting.room(self.ctx.config().delivery.max_in_flight) > 0).then(|| {
                 self.pace.messages_wait();
                 First::Wait
             })
@@ -223,9 +223,9 @@ impl Deliverer {
         self.leave_line(leave, Box::new(()));
     }
 
-    /// Whether the hosts' lines have room for a due message a scheduler pass found held
-    /// back by its host's cap alone.
-    pub(crate) fn line_has_room(&self) -> bool {
+    /// How many more due messages a scheduler pass found held back by their host's cap
+    /// alone the hosts' lines take.
+    pub(crate) fn line_room(&self) -> usize {
         self.waiting.room(self.ctx.config().delivery.max_in_flight)
     }
 

@@ -237,3 +237,43 @@ async fn a_pass_lines_up_a_hosts_backlog_and_answers_start_it_without_passes() {
     assert!(!h.d.waiting.any());
     assert_eq!(metrics.scheduler_passes(), passes, "the line needed no pass");
 }
+
+/// A pass lines up no more than the lines take: one turned away on arrival would be written
+/// back to the queue, whose next pass would lease it again, for as long as its host stays
+/// busy (a slow receiver's backlog kept both cores of a loaded courier busy so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_lines_up_no_more_than_the_lines_take() {
+    let held = Arc::new(Held::default());
+    let mut cfg = config(Jitter::None);
+    cfg.delivery.max_in_flight_per_host = CAP;
+    // The lines hold at most this many: far fewer than the backlog a pass may lease.
+    cfg.delivery.max_in_flight = 6;
+    cfg.delivery.rate_per_second = 1_000_000;
+    let h = Harness::start(cfg, held.clone(), ManualClock::new(T0));
+    for _ in 0..40 {
+        h.accept_url(HOSTS[0], vec![]).await;
+    }
+    until("the host's cap reached", || {
+        held.out.lock().unwrap().get("a.example") == Some(&2)
+    })
+    .await;
+    // Settled: no pass for a while (a pass per turned-away waiter would never settle).
+    h.settle().await;
+    assert_eq!(h.d.waiting.room(6), 0, "the lines are full");
+    let store = h.d.context().store().clone();
+    for n in 1..=40u64 {
+        held.gate.add_permits(1);
+        until("an answer's result written", || store.counts().unwrap().delivered == n).await;
+    }
+    assert!(!h.d.waiting.any());
+    assert_eq!(
+        held.seen.lock().unwrap().values().sum::<usize>(),
+        40,
+        "each delivered once"
+    );
+    assert_eq!(
+        h.d.waiting.turned_away.load(Ordering::Relaxed),
+        0,
+        "none leased for nothing"
+    );
+}

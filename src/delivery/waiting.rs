@@ -48,6 +48,9 @@ pub(super) struct Waiting<W = Leased> {
     /// Waiters on their way back to the queue, which a drain waits for.
     leaving: AtomicUsize,
     left: tokio::sync::Notify,
+    /// Tests: arrivals turned away (the lines full or closed).
+    #[cfg(test)]
+    pub(super) turned_away: AtomicUsize,
 }
 
 struct Lines<W> {
@@ -65,6 +68,8 @@ impl<W> Default for Waiting<W> {
             closed: Default::default(),
             leaving: AtomicUsize::new(0),
             left: tokio::sync::Notify::new(),
+            #[cfg(test)]
+            turned_away: AtomicUsize::new(0),
         }
     }
 }
@@ -85,9 +90,13 @@ impl<W> Waiting<W> {
         self.any() && self.lock().by_host.contains_key(host)
     }
 
-    /// Whether the lines are open and hold fewer than `total` (checked again on arrival).
-    pub(super) fn room(&self, total: u32) -> bool {
-        !self.closed.load(Ordering::Acquire) && self.n.load(Ordering::Acquire) < total as usize
+    /// How many more the lines take before they hold `total` (none once closed; checked
+    /// again on arrival).
+    pub(super) fn room(&self, total: u32) -> usize {
+        match self.closed.load(Ordering::Acquire) {
+            true => 0,
+            false => (total as usize).saturating_sub(self.n.load(Ordering::Acquire)),
+        }
     }
 
     /// A message arrives in `host`'s line; answered back, for the queue, when the lines hold
@@ -95,7 +104,9 @@ impl<W> Waiting<W> {
     pub(super) fn arrive(&self, host: &str, w: W, total: u32) -> Option<W> {
         let mut lines = self.lock();
         // `closed` is set under this lock (see `close`): read here, it is exact.
-        if !self.room(total) {
+        if self.room(total) == 0 {
+            #[cfg(test)]
+            self.turned_away.fetch_add(1, Ordering::Relaxed);
             return Some(w);
         }
         lines.by_host.entry(host.to_string()).or_default().push_back(w);
@@ -180,7 +191,7 @@ mod tests {
         let w = Waiting::default();
         assert!(w.arrive("a", "m1", 3).is_none() && w.arrive("a", "m2", 3).is_none());
         assert!(w.arrive("b", "m3", 3).is_none());
-        assert!(!w.room(3));
+        assert_eq!(w.room(3), 0);
         assert_eq!(w.arrive("c", "m4", 3), Some("m4"), "all lines are full");
         let (go, _) = w.take("b", |_| Turn::Go(()));
         assert_eq!(go.len(), 1);
@@ -218,7 +229,7 @@ mod tests {
         assert!(w.arrive("a", "m1", 10).is_none());
         assert_eq!(w.close(), ["m1"]);
         assert_eq!(w.arrive("a", "m2", 10), Some("m2"));
-        assert!(!w.any() && !w.has("a") && !w.room(10));
+        assert!(!w.any() && !w.has("a") && w.room(10) == 0);
     }
 
     #[tokio::test]

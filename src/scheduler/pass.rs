@@ -205,10 +205,15 @@ impl Walk {
     }
 
     /// Whether `entry`, held back by its host's cap alone (no fleet, its endpoint neither
-    /// capped nor out of tokens this pass), takes a place in its host's line.
+    /// capped nor out of tokens this pass), takes a place in its host's line. Those this
+    /// pass lines up already count: a place taken past the room would be turned away on
+    /// arrival and written back to the queue, where the next pass would lease it again.
     fn line(&self, d: &Arc<Deliverer>, entry: &DueEntry) -> bool {
         let endpoint = entry.routing.endpoint.as_str();
-        d.fleet().is_none() && !self.limited.contains(endpoint) && !self.capped.contains(endpoint) && d.line_has_room()
+        d.fleet().is_none()
+            && !self.limited.contains(endpoint)
+            && !self.capped.contains(endpoint)
+            && d.line_room() > self.to_line.len()
     }
 
     /// Whether a limit refused `host` or `endpoint` earlier in this pass.
