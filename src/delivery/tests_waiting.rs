@@ -218,29 +218,18 @@ async fn closing_the_lines_puts_their_waiters_back_in_the_queue() {
 async fn a_pass_lines_up_a_hosts_backlog_and_answers_start_it_without_passes() {
     let held = Arc::new(Held::default());
     let h = harness(&held);
-    for _ in 0..8 {
-        h.accept_url(HOSTS[0], vec![]).await;
-    }
-    until("the host's cap reached", || {
-        held.out.lock().unwrap().get("a.example") == Some(&2)
-    })
-    .await;
-    h.settle().await;
+    backlog_at_cap(&h, &held, 8).await;
     assert!(h.d.waiting.any(), "six wait in the host's line");
     let metrics = h.d.context().metrics().clone();
     let passes = metrics.scheduler_passes();
-    let store = h.d.context().store().clone();
-    for n in 1..=8u64 {
-        held.gate.add_permits(1);
-        until("an answer's result written", || store.counts().unwrap().delivered == n).await;
-    }
+    answer_one_by_one(&h, &held, 8).await;
     assert!(!h.d.waiting.any());
     assert_eq!(metrics.scheduler_passes(), passes, "the line needed no pass");
 }
 
 /// A pass lines up no more than the lines take: one turned away on arrival would be written
-/// back to the queue, whose next pass would lease it again, for as long as its host stays
-/// busy (a slow receiver's backlog kept both cores of a loaded courier busy so).
+/// back to the queue, and leased again by the next pass, which every answer wakes (a slow
+/// receiver's backlog kept both cores of a loaded courier busy so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_lines_up_no_more_than_the_lines_take() {
     let held = Arc::new(Held::default());
@@ -250,21 +239,9 @@ async fn a_pass_lines_up_no_more_than_the_lines_take() {
     cfg.delivery.max_in_flight = 6;
     cfg.delivery.rate_per_second = 1_000_000;
     let h = Harness::start(cfg, held.clone(), ManualClock::new(T0));
-    for _ in 0..40 {
-        h.accept_url(HOSTS[0], vec![]).await;
-    }
-    until("the host's cap reached", || {
-        held.out.lock().unwrap().get("a.example") == Some(&2)
-    })
-    .await;
-    // Settled: no pass for a while (a pass per turned-away waiter would never settle).
-    h.settle().await;
+    backlog_at_cap(&h, &held, 40).await;
     assert_eq!(h.d.waiting.room(6), 0, "the lines are full");
-    let store = h.d.context().store().clone();
-    for n in 1..=40u64 {
-        held.gate.add_permits(1);
-        until("an answer's result written", || store.counts().unwrap().delivered == n).await;
-    }
+    answer_one_by_one(&h, &held, 40).await;
     assert!(!h.d.waiting.any());
     assert_eq!(
         held.seen.lock().unwrap().values().sum::<usize>(),
@@ -276,4 +253,28 @@ async fn a_pass_lines_up_no_more_than_the_lines_take() {
         0,
         "none leased for nothing"
     );
+}
+
+/// `n` messages for the first host, queued until its cap is reached and the scheduler settled.
+async fn backlog_at_cap(h: &Harness, held: &Held, n: usize) {
+    for _ in 0..n {
+        h.accept_url(HOSTS[0], vec![]).await;
+    }
+    until("the host's cap reached", || {
+        held.out.lock().unwrap().get("a.example") == Some(&2)
+    })
+    .await;
+    h.settle().await;
+}
+
+/// Lets `n` answers go, one at a time, each once the result before it is written.
+async fn answer_one_by_one(h: &Harness, held: &Held, n: u64) {
+    let store = h.d.context().store().clone();
+    for done in 1..=n {
+        held.gate.add_permits(1);
+        until("an answer's result written", || {
+            store.counts().unwrap().delivered == done
+        })
+        .await;
+    }
 }
