@@ -333,8 +333,8 @@ fn world_start() -> u64 {
     1_750_000_000_000
 }
 
-/// Heals the receivers, resumes every endpoint (again whenever a line blocks anew) and runs
-/// the clock until nothing is open: first with the messages that do not read still broken,
+/// Heals the receivers, resumes every endpoint (again whenever a line blocks anew: see
+/// [`resume_blocked_lines`]) and runs the clock until nothing is open: first with the messages that do not read still broken,
 /// until nothing but them (and what their ordered lines hold behind them) is open, then
 /// with them healed.
 fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
@@ -370,10 +370,7 @@ fn finish(w: &mut World, disturbed: &mut Vec<u64>) -> Result<(), String> {
             w.note_finished();
             return check::quiescent(w, disturbed);
         }
-        // An ordered line's head whose attempt was out at the resume above (its answer a
-        // failure drawn before the heal) can die past its give-up time and block its line,
-        // which pauses the endpoint again: resumed again, as an operator would be alerted to.
-        resume_all(w, false)?;
+        resume_blocked_lines(w)?;
         next_wake(w)?;
     }
     let stuck = w.list(crate::model::State::Pending);
@@ -416,6 +413,24 @@ fn resume_all(w: &mut World, tolerate: bool) -> Result<Vec<&'static str>, String
         }
     }
     Ok(still)
+}
+
+/// An ordered line's head whose attempt was out at the end's resume (its answer a failure
+/// drawn before the heal) can die past its give-up time and block its line, which pauses
+/// its endpoint again: resumed again, as an operator alerted to it would. Any other pause
+/// at the end stays, and the run fails as stuck.
+fn resume_blocked_lines(w: &mut World) -> Result<(), String> {
+    for ep in TARGETS {
+        let blocked = w
+            .store()
+            .line(ep)
+            .map_err(|e| e.to_string())?
+            .is_some_and(|l| l.blocked);
+        if blocked && w.d().context().endpoints().is_paused(ep) {
+            w.d().context().set_paused(ep, false).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs the clock with some messages still broken: every other message must finish, but
